@@ -1,0 +1,9 @@
+"""dra-gpu: a Kubernetes DRA driver for sharing NVIDIA GPUs."""
+
+DRIVER_NAME = "gpu.dra-gpu.io"
+"""The DRA driver name; also the domain of every attribute and capacity we publish."""
+
+CONFIG_API_VERSION = "gpu.dra-gpu.io/v1alpha1"
+CONFIG_KIND = "GpuConfig"
+
+__version__ = "0.1.0"

@@ -1,0 +1,63 @@
+"""Entry point of the `dra-gpu` command: discovers subcommands in `dra_gpu.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from types import ModuleType
+
+from dra_gpu import __version__, commands
+from dra_gpu.flags import add_flag
+from dra_gpu.logs import setup_logging
+
+
+def _command_modules() -> list[ModuleType]:
+    found = []
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        found.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dra-gpu",
+        description="Kubernetes DRA driver that shares NVIDIA GPUs: whole, fractional with enforced "
+        "memory and compute caps, time-sliced or MPS.",
+    )
+    parser.add_argument("--version", action="version", version=f"dra-gpu {__version__}")
+    add_flag(
+        parser,
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity",
+    )
+    add_flag(parser, "--log-format", default="text", choices=["json", "text"], help="log line format")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _command_modules():
+        child = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(child)
+        child.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    setup_logging(args.log_level, args.log_format)
+    try:
+        result: int = args._run(args)
+    except KeyboardInterrupt:
+        return 130
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The opaque configuration API, `gpu.dra-gpu.io/v1alpha1` `GpuConfig`, and how configs merge.
+
+DeviceClasses and claims carry a GpuConfig in `opaque.parameters`; the API server does not look
+inside, so every check a user relies on happens here. The models are the one source of truth: they
+generate the JSON Schema in `api/dra/v1alpha/` and are what the kubelet plugin, the controller and
+the DeviceClasses use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+from dra_gpu.quantity import QuantityError, parse_quantity, to_int
+
+
+class ConfigError(ValueError):
+    """The one error a bad GpuConfig produces; the message names the field and what is allowed."""
+
+
+class Strategy(StrEnum):
+    EXCLUSIVE = "Exclusive"
+    TIME_SLICING = "TimeSlicing"
+    MPS = "MPS"
+    LIMITER = "Limiter"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
+
+
+def _positive_quantity(value: Any, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{field} must be a quantity such as '10Gi' or an integer number of bytes")
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from exc
+    if amount <= 0:
+        raise ValueError(f"{field} must be positive, got {value!r}")
+    return str(value)
+
+
+Percent = Annotated[int, Field(ge=1, le=100)]
+
+
+class TimeSlicingConfig(_Strict):
+    """GPU-wide time slice (`nvidia-smi compute-policy --set-timeslice`); shared by every claim on the GPU."""
+
+    interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
+
+
+class MpsConfig(_Strict):
+    """Defaults for MPS clients when the claim's allocation carries no consumed capacity."""
+
+    defaultActiveThreadPercentage: Percent | None = None
+    defaultPinnedDeviceMemoryLimit: str | None = None
+
+    @field_validator("defaultPinnedDeviceMemoryLimit", mode="before")
+    @classmethod
+    def _memory(cls, v: Any) -> Any:
+        return None if v is None else _positive_quantity(v, "defaultPinnedDeviceMemoryLimit")
+
+
+class LimiterConfig(_Strict):
+    """Limits for API servers without consumable capacity; consumed capacity wins when present."""
+
+    memory: str | None = None
+    cores: Percent | None = None
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: Any) -> Any:
+        return None if v is None else _positive_quantity(v, "memory")
+
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else to_int(self.memory)
+
+
+class Sharing(_Strict):
+    strategy: Strategy = Strategy.EXCLUSIVE
+    timeSlicing: TimeSlicingConfig | None = None
+    mps: MpsConfig | None = None
+    limiter: LimiterConfig | None = None
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy(cls, v: Any) -> Any:
+        allowed = [s.value for s in Strategy]
+        if v not in allowed:
+            raise ValueError(f"unknown sharing strategy {v!r}; allowed: {', '.join(allowed)}")
+        return Strategy(v)
+
+    @model_validator(mode="after")
+    def _section_matches_strategy(self) -> Sharing:
+        sections = {"timeSlicing": Strategy.TIME_SLICING, "mps": Strategy.MPS, "limiter": Strategy.LIMITER}
+        for name, strategy in sections.items():
+            if getattr(self, name) is not None and self.strategy != strategy:
+                raise ValueError(
+                    f"sharing.{name} is set but sharing.strategy is {self.strategy.value}; "
+                    f"set strategy: {strategy.value} or remove sharing.{name}"
+                )
+        return self
+
+
+class PlacementPolicy(StrEnum):
+    BIN_PACK = "BinPack"
+    SPREAD = "Spread"
+
+
+class Placement(_Strict):
+    """Cluster-controller placement for the class's claims (ignored by the kubelet plugin)."""
+
+    policy: PlacementPolicy = PlacementPolicy.BIN_PACK
+    affinityLabel: str | None = None
+    antiAffinityLabel: str | None = None
+    exclusionLabel: str | None = None
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v: Any) -> Any:
+        allowed = [p.value for p in PlacementPolicy]
+        if v not in allowed:
+            raise ValueError(f"unknown placement policy {v!r}; allowed: {', '.join(allowed)}")
+        return PlacementPolicy(v)
+
+
+class GpuConfig(_Strict):
+    """`apiVersion: gpu.dra-gpu.io/v1alpha1`, `kind: GpuConfig`."""
+
+    apiVersion: Literal["gpu.dra-gpu.io/v1alpha1"]
+    kind: Literal["GpuConfig"]
+    sharing: Sharing = Field(default_factory=Sharing)
+    placement: Placement | None = None
+
+    @classmethod
+    def default(cls) -> GpuConfig:
+        return cls.model_validate({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND})
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+_FIELDS_HINT = {
+    (): "apiVersion, kind, sharing, placement",
+    ("sharing",): "strategy, timeSlicing, mps, limiter",
+    ("sharing", "timeSlicing"): "interval",
+    ("sharing", "mps"): "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit",
+    ("sharing", "limiter"): "memory, cores",
+    ("placement",): "policy, affinityLabel, antiAffinityLabel, exclusionLabel",
+}
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        path = ".".join(loc) or "GpuConfig"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            allowed = _FIELDS_HINT.get(loc[:-1], "")
+            msg = f"unknown field; allowed fields here: {allowed}" if allowed else "unknown field"
+        elif err["type"] == "literal_error" and loc in (("apiVersion",), ("kind",)):
+            msg = f"must be {CONFIG_API_VERSION!r}" if loc == ("apiVersion",) else f"must be {CONFIG_KIND!r}"
+        if "input" in err and err["type"] not in ("missing", "extra_forbidden", "value_error"):
+            msg += f" (got {err['input']!r})"
+        parts.append(f"{path}: {msg}")
+    return "invalid GpuConfig: " + "; ".join(parts)
+
+
+def parse_gpu_config(data: Any) -> GpuConfig:
+    """Validate one opaque parameters object; raise ConfigError (and only ConfigError)."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise ConfigError(f"invalid GpuConfig: not JSON: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"invalid GpuConfig: expected an object, got {type(data).__name__}")
+    try:
+        return GpuConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"invalid GpuConfig: {exc}") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema published in `api/dra/v1alpha/`, generated from the models above."""
+    schema = GpuConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://{DRIVER_NAME}/v1alpha1/gpuconfig.schema.json"
+    return schema
+
+
+def _request_matches(config_requests: Iterable[str], request: str) -> tuple[bool, bool]:
+    """(applies, specific): an empty list applies to every request; `req` also covers `req/sub`."""
+    names = list(config_requests)
+    if not names:
+        return True, False
+    base = request.split("/", 1)[0]
+    return (request in names or base in names), True
+
+
+def merge_configs(configs: Iterable[Mapping[str, Any]], request: str, driver: str = DRIVER_NAME) -> GpuConfig:
+    """The effective GpuConfig of one allocated request, as Kubernetes defines the precedence.
+
+    `configs` is `status.allocation.devices.config` (class entries first, then claim entries).
+    From lowest to highest precedence: class configs for all requests, class configs naming the
+    request, claim configs for all requests, claim configs naming the request; within one rank the
+    later entry wins. The most specific config wins as a whole, so a claim config is never half
+    merged with a class config of another strategy. Other drivers' configs are ignored. Any invalid
+    config that applies raises ConfigError naming its source, even if a more specific one overrides it.
+    """
+    best: tuple[int, int] | None = None
+    chosen: GpuConfig | None = None
+    for position, entry in enumerate(configs):
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        applies, specific = _request_matches(entry.get("requests") or [], request)
+        if not applies:
+            continue
+        source = entry.get("source", "FromClaim")
+        try:
+            parsed = parse_gpu_config(opaque.get("parameters"))
+        except ConfigError as exc:
+            raise ConfigError(f"{source} config #{position} for request {request!r}: {exc}") from None
+        rank = (1 if source == "FromClaim" else 0, 1 if specific else 0)
+        if best is None or rank >= best:
+            best, chosen = rank, parsed
+    return chosen if chosen is not None else GpuConfig.default()
+
+
+# --- the node agent's sharing configuration -------------------------------------------------------
+
+
+class GpuSharingMode(StrEnum):
+    """What a GPU on this node may host; published as the device attribute `sharing`.
+
+    `Shared` GPUs host limiter and time-sliced shares side by side (both run in the default compute
+    mode); `MPS` GPUs run an MPS control daemon in exclusive-process mode and host only MPS shares;
+    `Exclusive` GPUs are never shared. A whole-GPU claim may land on any of them.
+    """
+
+    EXCLUSIVE = "Exclusive"
+    SHARED = "Shared"
+    MPS = "MPS"
+
+
+class NodeSharing:
+    """Per-GPU sharing modes parsed from `--sharing` such as `*=Shared,0=MPS,GPU-1234...=Exclusive`."""
+
+    def __init__(self, default: GpuSharingMode, by_key: dict[str, GpuSharingMode]) -> None:
+        self.default = default
+        self.by_key = by_key
+
+    @classmethod
+    def parse(cls, text: str) -> NodeSharing:
+        default = GpuSharingMode.SHARED
+        by_key: dict[str, GpuSharingMode] = {}
+        allowed = ", ".join(m.value for m in GpuSharingMode)
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep:
+                key, value = "*", item
+            key, value = key.strip(), value.strip()
+            match = {m.value.lower(): m for m in GpuSharingMode}.get(value.lower())
+            if match is None:
+                raise ConfigError(f"--sharing: {item!r}: unknown mode {value!r}; allowed: {allowed}")
+            if key == "*":
+                default = match
+            elif key.isdigit() or key.startswith("GPU-"):
+                by_key[key] = match
+            else:
+                raise ConfigError(
+                    f"--sharing: {item!r}: the key must be '*', a GPU index or a GPU UUID (GPU-...)"
+                )
+        return cls(default, by_key)
+
+    def mode_for(self, index: int, uuid: str) -> GpuSharingMode:
+        return self.by_key.get(uuid) or self.by_key.get(str(index)) or self.default
+
+    def __str__(self) -> str:
+        parts = [f"*={self.default.value}"] + [f"{k}={v.value}" for k, v in sorted(self.by_key.items())]
+        return ",".join(parts)

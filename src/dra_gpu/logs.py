@@ -1,0 +1,57 @@
+"""Structured logging: one JSON object per line (for log pipelines) or key=value text (for people)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    """Fields given with `extra={...}` become top-level keys, as in klog's JSON format."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update(_fields(record))
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """Readable `time level logger msg key=value ...` lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        extras = " ".join(
+            f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
+            for k, v in _fields(record).items()
+        )
+        line = f"{stamp} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if extras:
+            line += " " + extras
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def setup_logging(level: str = "info", fmt: str = "json") -> None:
+    """Configure the root logger once for the process (stderr, as containers expect)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
