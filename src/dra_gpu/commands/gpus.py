@@ -1,0 +1,97 @@
+"""`dra-gpu gpus`: show the GPUs the driver would publish for this node.
+
+The same inventory code runs here as in the kubelet plugin, so what this prints (including the
+simulated UUIDs for a given --node-name) is what the node's ResourceSlice will carry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dra_gpu.flags import add_flag
+from dra_gpu.inventory import GpuInfo, InventoryError, NvmlUnavailableError, open_inventory
+from dra_gpu.inventory.models import KNOWN_MODELS
+from dra_gpu.quantity import format_quantity
+
+NAME = "gpus"
+HELP = "list this node's GPUs (real ones through NVML, or simulated ones with --simulate)"
+
+_COLUMNS = ("INDEX", "UUID", "PRODUCT", "ARCHITECTURE", "CC", "MEMORY", "PCI BUS ID", "MIG", "HEALTH")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser,
+        "--simulate",
+        env="DRA_GPU_SIMULATE",
+        default=None,
+        help="show simulated GPUs from a profile such as 2xH100-80GB,1xL4-24GB instead of asking NVML; "
+        f"models: {', '.join(KNOWN_MODELS)}",
+    )
+    add_flag(
+        parser,
+        "--node-name",
+        env="DRA_GPU_NODE_NAME",
+        default=None,
+        help="node whose simulated GPUs to show (simulated UUIDs differ per node)",
+    )
+    parser.add_argument(
+        "-o", "--output", choices=["table", "json"], default="table", help="output format (default: table)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = f"simulated:{args.simulate}" if args.simulate else "nvml"
+    try:
+        inventory = open_inventory(spec, seed=args.node_name or "")
+    except NvmlUnavailableError as err:
+        print(
+            f"{err}; use --simulate PROFILE to show simulated GPUs instead (e.g. --simulate 2xH100-80GB)",
+            file=sys.stderr,
+        )
+        return 1
+    except InventoryError as err:
+        print(err, file=sys.stderr)
+        return 1
+    try:
+        gpus = inventory.gpus()
+    finally:
+        inventory.close()
+    if args.output == "json":
+        print(json.dumps([gpu.to_json() for gpu in gpus], indent=2))
+    else:
+        print(render_table(gpus, inventory.backend))
+    return 0
+
+
+def render_table(gpus: list[GpuInfo], backend: str) -> str:
+    rows = [_COLUMNS, *(_row(gpu) for gpu in gpus)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]) for row in rows
+    ]
+    if gpus:
+        first = gpus[0]
+        lines.append(
+            f"\n{len(gpus)} GPU(s), backend {backend}, driver {first.driver_version}, "
+            f"CUDA {first.cuda_driver_version or 'unknown'}"
+        )
+    else:
+        lines.append(f"\nno GPUs found (backend {backend})")
+    return "\n".join(lines)
+
+
+def _row(gpu: GpuInfo) -> tuple[str, ...]:
+    return (
+        str(gpu.index),
+        gpu.uuid,
+        gpu.product_name,
+        gpu.architecture,
+        gpu.cuda_compute_capability or "?",
+        format_quantity(gpu.memory_bytes),
+        gpu.pci_bus_id,
+        "yes" if gpu.mig_capable else "no",
+        "ok" if gpu.healthy else f"unhealthy: {gpu.health_reason}",
+    )

@@ -1,0 +1,27 @@
+"""Choosing a backend from one flag value, so that every command and manifest spells it the same way."""
+
+from __future__ import annotations
+
+from dra_gpu.inventory.nvml import NvmlInventory
+from dra_gpu.inventory.simulated import SimulatedInventory
+from dra_gpu.inventory.types import Inventory, InventoryError
+
+SIMULATED_PREFIX = "simulated:"
+
+
+def open_inventory(spec: str, seed: str = "") -> Inventory:
+    """Open "nvml" or "simulated:PROFILE"; seed (the node name) makes simulated UUIDs differ per node."""
+    text = spec.strip()
+    if text == "nvml":
+        return NvmlInventory()
+    if text.startswith(SIMULATED_PREFIX):
+        profile = text[len(SIMULATED_PREFIX) :]
+        if not profile.strip():
+            raise InventoryError(
+                f"inventory {spec!r} has no profile: write e.g. simulated:2xH100-80GB,1xL4-24GB"
+            )
+        return SimulatedInventory(profile, seed=seed)
+    raise InventoryError(
+        f"unknown inventory {spec!r}: use 'nvml' for the node's real GPUs "
+        "or 'simulated:PROFILE' (e.g. simulated:2xH100-80GB,1xL4-24GB) for simulated ones"
+    )

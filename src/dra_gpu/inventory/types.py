@@ -1,0 +1,81 @@
+"""The inventory contract: what every backend reports about a node's GPUs.
+
+Everything above the inventory (slice publisher, kubelet plugin, health loop, CLI) codes against
+these names only, so that a simulated node and a real one are indistinguishable to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class InventoryError(Exception):
+    """A backend failure, with a message that says what to do about it."""
+
+
+class NvmlUnavailableError(InventoryError):
+    """NVML cannot be used at all on this machine (no library, no driver, no permission).
+
+    Kept apart from other failures so that callers can suggest the simulated backend.
+    """
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as the node sees it."""
+
+    index: int
+    minor: int
+    uuid: str
+    product_name: str
+    architecture: str
+    cuda_compute_capability: str
+    memory_bytes: int
+    driver_version: str
+    cuda_driver_version: str
+    pci_bus_id: str
+    mig_capable: bool
+    healthy: bool = True
+    health_reason: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """camelCase keys, as the Kubernetes-facing parts of the project spell attributes."""
+        return {
+            "index": self.index,
+            "minor": self.minor,
+            "uuid": self.uuid,
+            "productName": self.product_name,
+            "architecture": self.architecture,
+            "cudaComputeCapability": self.cuda_compute_capability,
+            "memoryBytes": self.memory_bytes,
+            "driverVersion": self.driver_version,
+            "cudaDriverVersion": self.cuda_driver_version,
+            "pciBusId": self.pci_bus_id,
+            "migCapable": self.mig_capable,
+            "healthy": self.healthy,
+            "healthReason": self.health_reason,
+        }
+
+
+class Inventory(Protocol):
+    """A node's GPUs. Implementations are safe to call from a health thread and a main thread."""
+
+    backend: str
+    """"nvml" or "simulated"."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """All GPUs ordered by index, with the health last read."""
+        ...
+
+    def refresh_health(self) -> list[GpuInfo]:
+        """Re-read health now; same GPUs, same order as gpus()."""
+        ...
+
+    def wait_health_event(self, timeout_s: float) -> bool:
+        """Block up to timeout_s; True if health may have changed (call refresh_health then)."""
+        ...
+
+    def close(self) -> None:
+        """Release the backend; idempotent."""
+        ...

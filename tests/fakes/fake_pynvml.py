@@ -1,0 +1,548 @@
+"""A stand-in for the pynvml module (nvidia-ml-py) on machines without an NVIDIA GPU.
+
+It keeps the real bindings' surface: the same function names and arguments, the same
+NVML_ERROR_* codes, an NVMLError whose constructor returns the NVMLError_* subclass for the code
+(generated with pynvml's own naming rule), ctypes structures with the same fields (so .busId is
+bytes and .total an int), and NVML's behaviour where the tests lean on it: calls before nvmlInit
+fail with Uninitialized, no driver means Library Not Found, a GPU that fell off the bus answers
+GPU is lost, registering for an event type the GPU does not support is Not Supported, and the
+event wait blocks up to its timeout and then raises Timeout.
+
+The hardware behind it is a FakeDriver that a test installs with install(); test_inventory_fake
+checks these names and codes against the installed pynvml.
+"""
+
+from __future__ import annotations
+
+import string
+import sys
+import threading
+from collections import deque
+from ctypes import (
+    Structure,
+    Union,
+    c_char,
+    c_double,
+    c_int,
+    c_int64,
+    c_longlong,
+    c_uint,
+    c_uint32,
+    c_ulong,
+    c_ulonglong,
+    c_ushort,
+)
+from dataclasses import dataclass, field
+from typing import Any
+
+MiB = 2**20
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
+NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
+NVML_ERROR_UNKNOWN = 999
+
+NVML_DEVICE_ARCH_KEPLER = 2
+NVML_DEVICE_ARCH_MAXWELL = 3
+NVML_DEVICE_ARCH_PASCAL = 4
+NVML_DEVICE_ARCH_VOLTA = 5
+NVML_DEVICE_ARCH_TURING = 6
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_ADA = 8
+NVML_DEVICE_ARCH_HOPPER = 9
+NVML_DEVICE_ARCH_BLACKWELL = 10
+NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+
+NVML_DEVICE_MIG_DISABLE = 0x0
+NVML_DEVICE_MIG_ENABLE = 0x1
+
+nvmlEventTypeSingleBitEccError = 0x0000000000000001
+nvmlEventTypeDoubleBitEccError = 0x0000000000000002
+nvmlEventTypePState = 0x0000000000000004
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeClock = 0x0000000000000010
+nvmlEventTypeNone = 0x0000000000000000
+
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
+
+NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE = 32
+NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE = 16
+
+
+class NVMLError(Exception):
+    """Same contract as pynvml.NVMLError: NVMLError(code) is an instance of the code's subclass."""
+
+    _valClassMapping: dict[int, type[NVMLError]] = {}
+    _errcode_to_string = {
+        NVML_ERROR_UNINITIALIZED: "Uninitialized",
+        NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+        NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+        NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+        NVML_ERROR_ALREADY_INITIALIZED: "Already Initialized",
+        NVML_ERROR_NOT_FOUND: "Not Found",
+        NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+        NVML_ERROR_INSUFFICIENT_POWER: "Insufficient External Power",
+        NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        NVML_ERROR_TIMEOUT: "Timeout",
+        NVML_ERROR_IRQ_ISSUE: "Interrupt Request Issue",
+        NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+        NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+        NVML_ERROR_CORRUPTED_INFOROM: "Corrupted infoROM",
+        NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+        NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+        NVML_ERROR_OPERATING_SYSTEM: "The operating system has blocked the request.",
+        NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+        NVML_ERROR_MEMORY: "Insufficient Memory",
+        NVML_ERROR_UNKNOWN: "Unknown Error",
+    }
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls is NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __str__(self) -> str:
+        # The real bindings ask the library (nvmlErrorString) for codes outside the table.
+        return NVMLError._errcode_to_string.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+def _extract_errors_as_classes() -> None:
+    """pynvml's rule: NVML_ERROR_ALREADY_INITIALIZED becomes NVMLError_AlreadyInitialized."""
+    module = sys.modules[__name__]
+    for name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
+        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        code = getattr(module, name)
+
+        def make_new(code: int) -> Any:
+            def new(cls: type[NVMLError], *args: object) -> NVMLError:
+                obj = Exception.__new__(cls)
+                obj.value = code
+                return obj
+
+            return new
+
+        subclass = type(class_name, (NVMLError,), {"__new__": make_new(code)})
+        subclass.__module__ = __name__
+        setattr(module, class_name, subclass)
+        NVMLError._valClassMapping[code] = subclass
+
+
+_extract_errors_as_classes()
+
+
+class c_nvmlMemory_t(Structure):
+    _fields_ = [("total", c_ulonglong), ("free", c_ulonglong), ("used", c_ulonglong)]
+
+
+class c_nvmlMemory_v2_t(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("total", c_ulonglong),
+        ("reserved", c_ulonglong),
+        ("free", c_ulonglong),
+        ("used", c_ulonglong),
+    ]
+
+
+nvmlMemory_v2 = 0x02000028
+
+
+class nvmlPciInfo_t(Structure):
+    _fields_ = [
+        ("busIdLegacy", c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE),
+        ("domain", c_uint),
+        ("bus", c_uint),
+        ("device", c_uint),
+        ("pciDeviceId", c_uint),
+        ("pciSubSystemId", c_uint),
+        ("busId", c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE),
+    ]
+
+
+class nvmlPciInfo_v2_t(Structure):
+    """What bindings before NVML 9.0 returned: a 16-byte busId in the legacy 4-digit-domain format."""
+
+    _fields_ = [
+        ("busId", c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE),
+        ("domain", c_uint),
+        ("bus", c_uint),
+        ("device", c_uint),
+        ("pciDeviceId", c_uint),
+        ("pciSubSystemId", c_uint),
+        ("reserved0", c_uint),
+        ("reserved1", c_uint),
+        ("reserved2", c_uint),
+        ("reserved3", c_uint),
+    ]
+
+
+class c_nvmlValue_t(Union):
+    _fields_ = [
+        ("dVal", c_double),
+        ("uiVal", c_uint),
+        ("ulVal", c_ulong),
+        ("ullVal", c_ulonglong),
+        ("sllVal", c_longlong),
+        ("siVal", c_int),
+        ("usVal", c_ushort),
+    ]
+
+
+class c_nvmlFieldValue_t(Structure):
+    _fields_ = [
+        ("fieldId", c_uint32),
+        ("scopeId", c_uint32),
+        ("timestamp", c_int64),
+        ("latencyUsec", c_int64),
+        ("valueType", c_uint),
+        ("nvmlReturn", c_uint),
+        ("value", c_nvmlValue_t),
+    ]
+
+
+class FakeHandle:
+    """Opaque like c_nvmlDevice_t: only the fake knows which GPU it points at."""
+
+    def __init__(self, position: int) -> None:
+        self._position = position
+
+
+@dataclass
+class FakeEventData:
+    """Fields of c_nvmlEventData_t; device is a handle, as in the real structure."""
+
+    device: FakeHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    minor: int | None = None
+    """None: the minor number equals the index."""
+    memory_total: int = 81559 * MiB
+    pci_bus_id: str = "00000000:18:00.0"
+    architecture: int = NVML_DEVICE_ARCH_HOPPER
+    compute_capability: tuple[int, int] = (9, 0)
+    mig_mode: tuple[int, int] | None = (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE)
+    """None: the board has no MIG (the query answers Not Supported)."""
+    supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    """(corrected, uncorrected, pending, failure); None: no row remapping (pre-Ampere)."""
+    recovery_action: int | None = NVML_GPU_RECOVERY_ACTION_NONE
+    """None: the driver predates the recovery-action field."""
+    lost: bool = False
+    """Fallen off the bus: every query on it answers GPU is lost."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Function name -> NVML error code this GPU answers to that function."""
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)
+    queue: deque[FakeEventData] = field(default_factory=deque)
+    freed: bool = False
+
+
+@dataclass
+class FakeDriver:
+    gpus: list[FakeGpu]
+    driver_version: str = "580.95.05"
+    cuda_version: int = 13000
+    init_error: int | None = None
+    missing: set[str] = field(default_factory=set)
+    """Functions this driver's libnvidia-ml lacks: they answer Function Not Found."""
+    strings_as_bytes: bool = False
+    """Bindings before 11.x returned bytes where today's return str."""
+    legacy_pci_info: bool = False
+    refcount: int = 0
+    calls: list[str] = field(default_factory=list)
+    event_sets: list[_EventSet] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    waiting: threading.Event = field(default_factory=threading.Event)
+    """Set while a thread is blocked in nvmlEventSetWait, so a test can act during the wait."""
+    handles: list[FakeHandle] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.handles = [FakeHandle(i) for i in range(len(self.gpus))]
+
+    def inject_xid(self, position: int, xid: int) -> None:
+        """The kernel driver reports an XID on this GPU: every event set watching it gets the event."""
+        with self.cond:
+            for event_set in self.event_sets:
+                if event_set.registered.get(position, 0) & nvmlEventTypeXidCriticalError:
+                    event_set.queue.append(
+                        FakeEventData(self.handles[position], nvmlEventTypeXidCriticalError, xid)
+                    )
+            self.cond.notify_all()
+
+
+_driver: FakeDriver | None = None
+
+
+def install(driver: FakeDriver | None) -> None:
+    """Make `driver` the machine's GPUs; None is a machine without the NVIDIA driver."""
+    global _driver
+    _driver = driver
+
+
+def _enter(function: str) -> FakeDriver:
+    if _driver is None:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    _driver.calls.append(function)
+    if _driver.refcount == 0:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    if function in _driver.missing:
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+    return _driver
+
+
+def _gpu(function: str, handle: FakeHandle) -> FakeGpu:
+    driver = _enter(function)
+    gpu = driver.gpus[handle._position]
+    if gpu.lost:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    if function in gpu.errors:
+        raise NVMLError(gpu.errors[function])
+    return gpu
+
+
+def _str(text: str) -> str | bytes:
+    return text.encode() if _driver is not None and _driver.strings_as_bytes else text
+
+
+def nvmlInitWithFlags(flags: int) -> None:
+    if _driver is None:
+        raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+    _driver.calls.append("nvmlInit")
+    if _driver.init_error is not None:
+        raise NVMLError(_driver.init_error)
+    _driver.refcount += 1
+
+
+def nvmlInit() -> None:
+    nvmlInitWithFlags(0)
+
+
+def nvmlShutdown() -> None:
+    driver = _enter("nvmlShutdown")
+    driver.refcount -= 1
+
+
+def nvmlErrorString(result: int) -> str:
+    return NVMLError._errcode_to_string.get(result, "Unknown Error")
+
+
+def nvmlSystemGetDriverVersion() -> str | bytes:
+    driver = _enter("nvmlSystemGetDriverVersion")
+    return _str(driver.driver_version)
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    return _enter("nvmlSystemGetCudaDriverVersion").cuda_version
+
+
+def nvmlSystemGetCudaDriverVersion_v2() -> int:
+    return _enter("nvmlSystemGetCudaDriverVersion_v2").cuda_version
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_enter("nvmlDeviceGetCount").gpus)
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> FakeHandle:
+    driver = _enter("nvmlDeviceGetHandleByIndex")
+    if not 0 <= index < len(driver.gpus):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if driver.gpus[index].lost:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    return driver.handles[index]
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> FakeHandle:
+    driver = _enter("nvmlDeviceGetHandleByUUID")
+    wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+    for position, gpu in enumerate(driver.gpus):
+        if gpu.uuid == wanted:
+            return driver.handles[position]
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetUUID(handle: FakeHandle) -> str | bytes:
+    gpu = _gpu("nvmlDeviceGetUUID", handle)
+    return _str(gpu.uuid)
+
+
+def nvmlDeviceGetIndex(handle: FakeHandle) -> int:
+    _gpu("nvmlDeviceGetIndex", handle)
+    return handle._position
+
+
+def nvmlDeviceGetMinorNumber(handle: FakeHandle) -> int:
+    gpu = _gpu("nvmlDeviceGetMinorNumber", handle)
+    return handle._position if gpu.minor is None else gpu.minor
+
+
+def nvmlDeviceGetName(handle: FakeHandle) -> str | bytes:
+    gpu = _gpu("nvmlDeviceGetName", handle)
+    return _str(gpu.name)
+
+
+def nvmlDeviceGetArchitecture(device: FakeHandle) -> int:
+    return _gpu("nvmlDeviceGetArchitecture", device).architecture
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: FakeHandle) -> tuple[int, int]:
+    return _gpu("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
+
+
+def nvmlDeviceGetMemoryInfo(
+    handle: FakeHandle, version: int | None = None
+) -> c_nvmlMemory_t | c_nvmlMemory_v2_t:
+    """Like the bindings: no version calls the v1 symbol, a version the v2 one (driver-reserved memory apart)."""
+    if not version:
+        gpu = _gpu("nvmlDeviceGetMemoryInfo", handle)
+        return c_nvmlMemory_t(gpu.memory_total, gpu.memory_total - 512 * MiB, 512 * MiB)
+    gpu = _gpu("nvmlDeviceGetMemoryInfo_v2", handle)
+    reserved = 400 * MiB
+    return c_nvmlMemory_v2_t(
+        version, gpu.memory_total, reserved, gpu.memory_total - reserved - 512 * MiB, 512 * MiB
+    )
+
+
+def nvmlDeviceGetPciInfo(handle: FakeHandle) -> nvmlPciInfo_t | nvmlPciInfo_v2_t:
+    gpu = _gpu("nvmlDeviceGetPciInfo", handle)
+    domain_text, bus_text, rest = gpu.pci_bus_id.split(":")
+    domain, bus, device = int(domain_text, 16), int(bus_text, 16), int(rest.split(".")[0], 16)
+    if _driver is not None and _driver.legacy_pci_info:
+        legacy = f"{domain:04X}:{bus:02X}:{device:02X}.0".encode()
+        return nvmlPciInfo_v2_t(legacy, domain, bus, device, 0x233010DE, 0x16C110DE)
+    info = nvmlPciInfo_t()
+    info.busIdLegacy = f"{domain:04X}:{bus:02X}:{device:02X}.0".encode()
+    info.domain, info.bus, info.device = domain, bus, device
+    info.pciDeviceId, info.pciSubSystemId = 0x233010DE, 0x16C110DE
+    info.busId = gpu.pci_bus_id.encode()
+    return info
+
+
+def nvmlDeviceGetMigMode(device: FakeHandle) -> list[int]:
+    gpu = _gpu("nvmlDeviceGetMigMode", device)
+    if gpu.mig_mode is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return list(gpu.mig_mode)
+
+
+def nvmlDeviceGetRemappedRows(device: FakeHandle) -> tuple[int, int, int, int]:
+    gpu = _gpu("nvmlDeviceGetRemappedRows", device)
+    if gpu.remapped_rows is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return gpu.remapped_rows
+
+
+def nvmlDeviceGetFieldValues(handle: FakeHandle, fieldIds: list[int]) -> Any:
+    """Per-field status as NVML reports it: the call succeeds, a field it lacks has nvmlReturn set."""
+    gpu = _gpu("nvmlDeviceGetFieldValues", handle)
+    values = (c_nvmlFieldValue_t * len(fieldIds))()
+    for i, field_id in enumerate(fieldIds):
+        values[i].fieldId = field_id
+        if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+            values[i].value.uiVal = gpu.recovery_action
+            values[i].nvmlReturn = NVML_SUCCESS
+        else:
+            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+    return values
+
+
+def nvmlDeviceGetSupportedEventTypes(handle: FakeHandle) -> int:
+    return _gpu("nvmlDeviceGetSupportedEventTypes", handle).supported_events
+
+
+def nvmlEventSetCreate() -> _EventSet:
+    driver = _enter("nvmlEventSetCreate")
+    event_set = _EventSet()
+    with driver.cond:
+        driver.event_sets.append(event_set)
+    return event_set
+
+
+def nvmlDeviceRegisterEvents(handle: FakeHandle, eventTypes: int, eventSet: _EventSet) -> None:
+    gpu = _gpu("nvmlDeviceRegisterEvents", handle)
+    if eventTypes & ~gpu.supported_events:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    eventSet.registered[handle._position] = eventSet.registered.get(handle._position, 0) | eventTypes
+
+
+def nvmlEventSetWait_v2(eventSet: _EventSet, timeoutms: int) -> FakeEventData:
+    driver = _enter("nvmlEventSetWait_v2")
+    with driver.cond:
+        if eventSet.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        driver.waiting.set()
+        try:
+            driver.cond.wait_for(lambda: bool(eventSet.queue), timeout=timeoutms / 1000)
+        finally:
+            driver.waiting.clear()
+        if not eventSet.queue:
+            raise NVMLError(NVML_ERROR_TIMEOUT)
+        return eventSet.queue.popleft()
+
+
+def nvmlEventSetWait(eventSet: _EventSet, timeoutms: int) -> FakeEventData:
+    return nvmlEventSetWait_v2(eventSet, timeoutms)
+
+
+def nvmlEventSetFree(eventSet: _EventSet) -> None:
+    driver = _enter("nvmlEventSetFree")
+    with driver.cond:
+        eventSet.freed = True
+        driver.event_sets.remove(eventSet)
