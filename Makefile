@@ -26,6 +26,7 @@ lint: venv
 generated-check: venv
 	$(BIN)/python tools/gen_protos.py --check
 	$(BIN)/dra-gpu schema --check
+	$(BIN)/dra-gpu manifests --check
 
 # Sets up everything the tests need, then runs lint, generated-file checks and every test.
 test: venv limiter lint generated-check

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import ApiError, from_status
 from dra_gpu.kube.resources import RESOURCES, Resource
 
@@ -163,7 +164,7 @@ class KubeClient:
         resource_version: str | None = None,
         timeout_s: float = 60.0,
         stop: threading.Event | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[WatchEvent]:
         query = [("watch", "true"), ("timeoutSeconds", str(int(timeout_s))), ("allowWatchBookmarks", "true")]
         if field_selector:
             query.append(("fieldSelector", field_selector))
@@ -176,7 +177,7 @@ class KubeClient:
         )
         return self._events(raw, stop)
 
-    def _events(self, raw: Any, stop: threading.Event | None) -> Iterator[dict[str, Any]]:
+    def _events(self, raw: Any, stop: threading.Event | None) -> Iterator[WatchEvent]:
         try:
             buffer = b""
             for chunk in raw.stream(4096, decode_content=True):
@@ -193,6 +194,6 @@ class KubeClient:
                         raise from_status(
                             int(status.get("code", 500)), status.get("reason", ""), status.get("message", "")
                         )
-                    yield event
+                    yield WatchEvent(type=event.get("type", ""), object=event.get("object") or {})
         finally:
             raw.release_conn()

@@ -12,8 +12,8 @@ DRAConsumableCapacity off performs. It does not do authentication, RBAC or admis
 
 from __future__ import annotations
 
-import contextlib
 import builtins
+import contextlib
 import copy
 import queue
 import random
@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from dra_gpu.kube.resources import RESOURCES, Resource
 from dra_gpu.kube.selectors import field_matches, label_matches
@@ -334,7 +335,7 @@ class FakeKube:
         resource_version: str | None = None,
         timeout_s: float = 60.0,
         stop: threading.Event | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[WatchEvent]:
         self._resource(kind)
         watcher = _Watcher(kind, namespace, field_selector, label_selector)
         with self._lock:
@@ -351,7 +352,7 @@ class FakeKube:
 
     def _stream(
         self, watcher: _Watcher, timeout_s: float, stop: threading.Event | None
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[WatchEvent]:
         deadline = time.monotonic() + timeout_s
         try:
             while not (stop and stop.is_set()):
@@ -362,7 +363,7 @@ class FakeKube:
                     event, obj = watcher.events.get(timeout=min(remaining, 0.05))
                 except queue.Empty:
                     continue
-                yield {"type": event, "object": obj}
+                yield WatchEvent(type=event, object=obj)
         finally:
             with self._lock:
                 if watcher in self._watchers:

@@ -1,0 +1,105 @@
+"""The DeviceClasses users pick a sharing mode with, built from the same models the driver uses.
+
+Each class pairs a CEL selector on the `sharing` attribute the slice publisher puts on every device
+with an opaque `GpuConfig` that picks the mode. The configs come from `dra_gpu.config.GpuConfig`, so
+the kubelet plugin parses exactly what the classes carry.
+
+| class | matches | strategy |
+|---|---|---|
+| `gpu.dra-gpu.io` | every GPU of the driver | Exclusive: a claim without capacity requests gets the whole GPU (the request policy's default) |
+| `timeslice.gpu.dra-gpu.io` | `sharing == "Shared"` | TimeSlicing |
+| `limiter.gpu.dra-gpu.io` | `sharing == "Shared"` | Limiter |
+| `mps.gpu.dra-gpu.io` | `sharing == "MPS"` | MPS |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
+from dra_gpu.manifests.values import ControllerClass, Values
+from dra_gpu.slices.devices import SHARING_ATTRIBUTE
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    name: str
+    strategy: Strategy
+    mode: GpuSharingMode | None
+    """The GPU sharing mode the class selects; None selects every GPU of the driver."""
+
+
+CLASSES = (
+    ClassSpec(DRIVER_NAME, Strategy.EXCLUSIVE, None),
+    ClassSpec(f"timeslice.{DRIVER_NAME}", Strategy.TIME_SLICING, GpuSharingMode.SHARED),
+    ClassSpec(f"mps.{DRIVER_NAME}", Strategy.MPS, GpuSharingMode.MPS),
+    ClassSpec(f"limiter.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED),
+)
+
+MODE_FOR_STRATEGY = {
+    Strategy.EXCLUSIVE: None,
+    Strategy.TIME_SLICING: GpuSharingMode.SHARED,
+    Strategy.LIMITER: GpuSharingMode.SHARED,
+    Strategy.MPS: GpuSharingMode.MPS,
+}
+
+
+def selector_expression(mode: GpuSharingMode | None, driver: str = DRIVER_NAME) -> str:
+    expression = f'device.driver == "{driver}"'
+    if mode is not None:
+        expression += f' && device.attributes["{driver}"].{SHARING_ATTRIBUTE} == "{mode.value}"'
+    return expression
+
+
+def gpu_config(strategy: Strategy, values: Values, placement: Obj | None = None) -> Obj:
+    sharing: Obj = {"strategy": strategy.value}
+    if strategy is Strategy.TIME_SLICING:
+        sharing["timeSlicing"] = {"interval": values.deviceClasses.timeSlicingInterval}
+    data: Obj = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "sharing": sharing}
+    if placement is not None:
+        data["placement"] = placement
+    return GpuConfig.model_validate(data).to_dict()
+
+
+def device_class(
+    name: str, expression: str, parameters: Obj, extended_resource_name: str | None = None
+) -> Obj:
+    spec: Obj = {
+        "selectors": [{"cel": {"expression": expression}}],
+        "config": [{"opaque": {"driver": DRIVER_NAME, "parameters": parameters}}],
+    }
+    if extended_resource_name:
+        spec["extendedResourceName"] = extended_resource_name
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def device_classes(values: Values) -> list[Obj]:
+    names = values.deviceClasses.extendedResourceNames
+    return [
+        device_class(c.name, selector_expression(c.mode), gpu_config(c.strategy, values), names.get(c.name))
+        for c in CLASSES
+    ]
+
+
+def controller_class(spec: ControllerClass, values: Values) -> Obj:
+    """A class whose claims the cluster controller places; selectors as for the strategy's own class.
+
+    Keeping the scheduler away from these claims (so that the controller allocates them) is the
+    controller's job; the selector only says which GPUs qualify.
+    """
+    placement = spec.placement.model_dump(mode="json", exclude_none=True)
+    parameters = gpu_config(spec.strategy, values, placement)
+    return device_class(spec.name, selector_expression(MODE_FOR_STRATEGY[spec.strategy]), parameters)
+
+
+def controller_classes(values: Values) -> list[Obj]:
+    return [controller_class(c, values) for c in values.controller.classes]

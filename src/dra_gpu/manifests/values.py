@@ -1,0 +1,146 @@
+"""The values the manifests are rendered from: defaults in one file, an admin's overrides merged on top.
+
+The defaults live only in `templates/manifests/values.yaml`; the models below give every key a type
+and refuse unknown keys, so a typo in an admin's values file is an error that names the key instead of
+a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dra_gpu.config import ConfigError, NodeSharing, Placement, Strategy
+
+TEMPLATES = "templates/manifests"
+DEFAULT_VALUES = "values.yaml"
+
+
+class ValuesError(ValueError):
+    """A values file that cannot be used; the message names the file and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Image(_Model):
+    repository: str = Field(min_length=1)
+    tag: str | None
+    pullPolicy: Literal["Always", "IfNotPresent", "Never"]
+
+
+class KubeletPlugin(_Model):
+    kubeletDir: str = Field(pattern=r"^/")
+    cdiDir: str = Field(pattern=r"^/")
+    stateDir: str = Field(pattern=r"^/")
+    gpuBackend: str = Field(pattern=r"^(nvml|simulated:.+)$")
+    sharing: str
+    httpPort: int = Field(ge=1, le=65535)
+    privileged: bool | None
+    runtimeClassName: str | None
+    priorityClassName: str | None
+    nodeSelector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+    resources: dict[str, Any]
+
+    @field_validator("sharing")
+    @classmethod
+    def _sharing(cls, value: str) -> str:
+        try:
+            NodeSharing.parse(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+class ControllerClass(_Model):
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$", max_length=253
+    )
+    strategy: Strategy
+    placement: Placement
+
+
+class Controller(_Model):
+    enabled: bool
+    replicas: int = Field(ge=0)
+    leaderElect: bool
+    httpPort: int = Field(ge=1, le=65535)
+    resources: dict[str, Any]
+    classes: list[ControllerClass]
+
+
+class DeviceClasses(_Model):
+    timeSlicingInterval: Literal["Default", "Short", "Medium", "Long"]
+    extendedResourceNames: dict[str, str]
+
+
+class Switch(_Model):
+    enabled: bool
+
+
+class Values(_Model):
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    image: Image
+    logLevel: Literal["debug", "info", "warning", "error"]
+    logFormat: Literal["json", "text"]
+    kubeletPlugin: KubeletPlugin
+    controller: Controller
+    deviceClasses: DeviceClasses
+    validatingAdmissionPolicy: Switch
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Maps merge key by key; anything else in `override` replaces what `base` has."""
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = merge(base[key], value) if key in base else value
+        return merged
+    return override
+
+
+def default_values_text() -> str:
+    return (resources.files("dra_gpu") / TEMPLATES / DEFAULT_VALUES).read_text()
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif "input" in err and err["type"] not in ("missing", "value_error"):
+            message += f" (got {err['input']!r})"
+        parts.append(f"{path}: {message}")
+    return f"{source}: invalid values: " + "; ".join(parts)
+
+
+def load_values(path: Path | None = None) -> Values:
+    """The defaults, with the file at `path` merged over them."""
+    data = yaml.safe_load(default_values_text())
+    source = "default values"
+    if path is not None:
+        source = str(path)
+        try:
+            override = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ValuesError(f"{path}: cannot read the values file: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ValuesError(f"{path}: not valid YAML: {exc}") from None
+        if override is None:
+            override = {}
+        if not isinstance(override, Mapping):
+            raise ValuesError(f"{path}: expected a mapping of values, got {type(override).__name__}")
+        data = merge(data, override)
+    try:
+        return Values.model_validate(data)
+    except ValidationError as exc:
+        raise ValuesError(_describe(exc, source)) from None

@@ -1,0 +1,66 @@
+"""Noticing fields an API server silently dropped from a slice we wrote.
+
+An API server whose feature gate is off accepts the object and returns it without the gated fields
+(`tests/fixtures/k8s-1.36-real/slice-returned-with-DRAConsumableCapacity-off.json`), with no error. Only
+comparing what was sent with what came back tells the publisher that shared devices or taints are not
+available on this cluster, so that it can publish what the cluster does understand instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+
+CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
+DEVICE_TAINTS = "DRADeviceTaints"
+
+
+@dataclass
+class DroppedFields:
+    """Which feature gates look disabled, and every path that went missing (for the log)."""
+
+    features: set[str] = field(default_factory=set)
+    paths: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.paths)
+
+    def describe(self) -> str:
+        features = ", ".join(sorted(self.features)) or "unknown"
+        shown = ", ".join(self.paths[:5]) + (
+            f" and {len(self.paths) - 5} more" if len(self.paths) > 5 else ""
+        )
+        return f"the API server dropped {shown}; feature gates that look disabled: {features}"
+
+
+def _missing(sent: Any, returned: Any, path: str, out: list[str]) -> None:
+    if isinstance(sent, dict):
+        if not isinstance(returned, dict):
+            out.append(path)
+            return
+        for key, value in sent.items():
+            if value is None:
+                continue
+            if key not in returned:
+                out.append(f"{path}.{key}")
+            else:
+                _missing(value, returned[key], f"{path}.{key}", out)
+    elif isinstance(sent, list) and isinstance(returned, list):
+        if len(returned) < len(sent):
+            out.append(f"{path}[{len(returned)}:]")
+        for i, (a, b) in enumerate(zip(sent, returned, strict=False)):
+            _missing(a, b, f"{path}[{i}]", out)
+
+
+def dropped_fields(sent: Obj, returned: Obj) -> DroppedFields:
+    """Fields of `sent["spec"]` absent from `returned["spec"]`, grouped by the gate that drops them."""
+    result = DroppedFields()
+    _missing(sent.get("spec") or {}, returned.get("spec") or {}, "spec", result.paths)
+    for path in result.paths:
+        if path.endswith(".allowMultipleAllocations") or path.endswith(".requestPolicy"):
+            result.features.add(CONSUMABLE_CAPACITY)
+        elif path.endswith(".taints") or ".taints[" in path:
+            result.features.add(DEVICE_TAINTS)
+    return result

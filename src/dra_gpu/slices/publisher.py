@@ -1,0 +1,418 @@
+"""The node's ResourceSlice publisher: keeps this node's pool equal to its GPUs, whatever happens to it.
+
+Three background threads, each with one job:
+
+- the reconciler publishes the pool now, then again whenever something asks for it (and every
+  `resync_s` regardless), with a short debounce so that a burst of events causes one reconcile;
+- the watcher watches this node's slices of this driver (`spec.nodeName=<node>,spec.driver=<driver>`)
+  and asks for a reconcile when someone else deletes or changes one: the kubelet deletes every slice of
+  its node when it starts and a driver's slices when no plugin of it has been connected for 30 s, so
+  the pool comes back within about a second; an expired watch re-lists;
+- the health poller waits for GPU health events and asks for a reconcile that taints (or untaints)
+  the GPU.
+
+A reconcile compares each slice it writes with what the API server returns. When the server dropped
+`allowMultipleAllocations`/`requestPolicy` (DRAConsumableCapacity off), it warns and publishes every
+GPU unshared; when it dropped taints (DRADeviceTaints off), it leaves unhealthy GPUs out of the pool
+until they recover, since it cannot keep new claims away from them any other way.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.config import NodeSharing
+from dra_gpu.inventory.types import GpuInfo, Inventory
+from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent
+from dra_gpu.kube.validation import slice_errors
+from dra_gpu.slices.devices import build_device, device_errors, unhealthy_taint
+from dra_gpu.slices.dropped import CONSUMABLE_CAPACITY, DEVICE_TAINTS, DroppedFields, dropped_fields
+from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+
+KIND = "ResourceSlice"
+API_VERSION = "resource.k8s.io/v1"
+
+
+class SliceError(ValueError):
+    """A slice the API server would refuse; the message carries the server's wording."""
+
+
+@dataclass
+class PublisherStats:
+    syncs: int = 0
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SlicePublisher:
+    """Publishes the pool `node_name` of `driver` from `inventory`, with per-GPU modes from `sharing`."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        node_name: str,
+        inventory: Inventory,
+        sharing: NodeSharing,
+        driver: str = DRIVER_NAME,
+        *,
+        devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+        debounce_s: float = 0.2,
+        resync_s: float = 600.0,
+        watch_timeout_s: float = 300.0,
+        health_poll_s: float = 1.0,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.inventory = inventory
+        self.sharing = sharing
+        self.driver = driver
+        self.devices_per_slice = devices_per_slice
+        self.debounce_s = debounce_s
+        self.resync_s = resync_s
+        self.watch_timeout_s = watch_timeout_s
+        self.health_poll_s = health_poll_s
+        self.consumable_capacity = True
+        """False once the API server was seen dropping shared-device fields."""
+        self.device_taints = True
+        """False once the API server was seen dropping device taints."""
+        self.stats = PublisherStats()
+        self.last_error: str | None = None
+        self.published = threading.Event()
+        """Set after the first successful reconcile (readiness)."""
+        self._sync_lock = threading.RLock()
+        self._seen_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._own_versions: dict[str, str] = {}
+        self._own_deletes: set[str] = set()
+        self._unhealthy_since: dict[str, str] = {}
+        self._node_uid: str | None = None
+        self._published_health: list[tuple[str, bool, str]] | None = None
+        self._warned: set[str] = set()
+
+    @property
+    def field_selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={self.driver}"
+
+    # -- one reconcile -----------------------------------------------------------------------------
+    def sync(self) -> list[Obj]:
+        """Make the pool match the GPUs now; return its slices as the API server stored them."""
+        with self._sync_lock:
+            conflicts = 0
+            while True:
+                try:
+                    stored, dropped = self._reconcile()
+                except (Conflict, AlreadyExists, NotFound) as exc:
+                    conflicts += 1  # someone wrote meanwhile (the kubelet wiping): plan again
+                    if conflicts >= 3:
+                        raise
+                    log.debug(
+                        "slice write raced with another writer; planning again", extra={"error": str(exc)}
+                    )
+                    continue
+                self.stats.syncs += 1
+                if dropped and self._fall_back(dropped):
+                    continue
+                self.last_error = None
+                self.published.set()
+                return stored
+
+    def _reconcile(self) -> tuple[list[Obj], DroppedFields]:
+        owner_references = self._owner_references()
+        chunks = split_devices(self._devices(), self.devices_per_slice)
+        specs = [
+            {
+                "driver": self.driver,
+                "nodeName": self.node_name,
+                "pool": {"name": self.node_name},
+                "devices": c,
+            }
+            for c in chunks
+        ]
+        listed, _ = self.api.list(KIND, field_selector=self.field_selector)
+        ours = [s for s in listed if (s["spec"].get("pool") or {}).get("name") == self.node_name]
+        foreign_pools = [s for s in listed if s not in ours]
+        plan = plan_pool(ours, specs, owner_references)
+        plan.delete.extend(foreign_pools)
+
+        bodies: dict[int, Obj] = {}
+        for index in [*plan.update, *plan.create]:
+            spec = with_pool(specs[index], plan.generation, plan.slice_count)
+            if index in plan.update:
+                body = copy.deepcopy(plan.update[index])
+                body["spec"] = spec
+                if owner_references is not None:
+                    body["metadata"]["ownerReferences"] = owner_references
+            else:
+                metadata: Obj = {
+                    "generateName": generate_name(index, plan.slice_count, self.driver, self.node_name)
+                }
+                if owner_references is not None:
+                    metadata["ownerReferences"] = owner_references
+                body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+            self._check(body, index)
+            bodies[index] = body
+
+        for obsolete in plan.delete:
+            meta = obsolete["metadata"]
+            with self._seen_lock:
+                self._own_deletes.add(meta["name"])
+            try:
+                self.api.delete(
+                    KIND, meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
+                )
+                self.stats.deletes += 1
+            except NotFound:  # already gone: its DELETED event was someone else's
+                with self._seen_lock:
+                    self._own_deletes.discard(meta["name"])
+        stored = dict(plan.keep)
+        dropped = DroppedFields()
+        for index, body in sorted(bodies.items()):
+            if index in plan.update:
+                result = self.api.update(KIND, body)
+                self.stats.updates += 1
+            else:
+                result = self.api.create(KIND, body)
+                self.stats.creates += 1
+            with self._seen_lock:
+                self._own_versions[result["metadata"]["name"]] = result["metadata"].get("resourceVersion", "")
+            stored[index] = result
+            missing = dropped_fields(body, result)
+            dropped.features |= missing.features
+            dropped.paths += [f"slice {index}: {p}" for p in missing.paths]
+        with self._seen_lock:
+            self._own_versions = {
+                s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in stored.values()
+            }
+        if plan.writes:
+            log.info(
+                "published ResourceSlices",
+                extra={
+                    "node": self.node_name,
+                    "generation": plan.generation,
+                    "slices": plan.slice_count,
+                    "created": len(plan.create),
+                    "updated": len(plan.update),
+                    "deleted": len(plan.delete),
+                },
+            )
+        return [stored[i] for i in sorted(stored)], dropped
+
+    def _check(self, body: Obj, index: int) -> None:
+        errors = slice_errors(body)
+        for i, device in enumerate(body["spec"].get("devices") or []):
+            errors += device_errors(device, f"spec.devices[{i}]")
+        if errors:
+            raise SliceError(
+                f"slice {index} of pool {self.node_name!r} would be refused: " + "; ".join(errors)
+            )
+
+    def _fall_back(self, dropped: DroppedFields) -> bool:
+        """Stop sending what the server drops; True if the next reconcile publishes something else."""
+        changed = False
+        if CONSUMABLE_CAPACITY in dropped.features and self.consumable_capacity:
+            self.consumable_capacity = False
+            changed = True
+            log.warning(
+                "the API server dropped the shared-device fields (DRAConsumableCapacity is off): publishing "
+                "every GPU unshared, so each claim gets a whole GPU; enable DRAConsumableCapacity to share",
+                extra={"node": self.node_name, "dropped": dropped.describe()},
+            )
+        if DEVICE_TAINTS in dropped.features and self.device_taints:
+            self.device_taints = False
+            changed = True
+            log.warning(
+                "the API server dropped device taints (DRADeviceTaints is off): unhealthy GPUs are left out "
+                "of the pool until they recover",
+                extra={"node": self.node_name, "dropped": dropped.describe()},
+            )
+        if not changed:
+            self._warn_once("dropped:" + dropped.describe(), dropped.describe())
+        return changed
+
+    @staticmethod
+    def _health_of(gpus: list[GpuInfo]) -> list[tuple[str, bool, str]]:
+        return [(g.uuid, g.healthy, g.health_reason) for g in gpus]
+
+    def _devices(self) -> list[Obj]:
+        now = _now()
+        devices = []
+        gpus = self.inventory.gpus()
+        self._published_health = self._health_of(gpus)
+        for gpu in gpus:
+            mode = self.sharing.mode_for(gpu.index, gpu.uuid)
+            taints = None
+            if gpu.healthy:
+                if self._unhealthy_since.pop(gpu.uuid, None) is not None:
+                    log.info(
+                        "GPU recovered", extra={"node": self.node_name, "gpu": gpu.index, "uuid": gpu.uuid}
+                    )
+            else:
+                if gpu.uuid not in self._unhealthy_since:
+                    self._unhealthy_since[gpu.uuid] = now
+                    log.warning(
+                        "GPU unhealthy: tainting it so that no new claim lands on it",
+                        extra={
+                            "node": self.node_name,
+                            "gpu": gpu.index,
+                            "uuid": gpu.uuid,
+                            "reason": gpu.health_reason,
+                        },
+                    )
+                if not self.device_taints:
+                    continue
+                taints = [unhealthy_taint(gpu.health_reason or "Unhealthy", self._unhealthy_since[gpu.uuid])]
+            devices.append(
+                build_device(gpu, mode, consumable_capacity=self.consumable_capacity, taints=taints)
+            )
+        return devices
+
+    def _owner_references(self) -> list[Obj] | None:
+        if self._node_uid is None:
+            try:
+                node = self.api.get("Node", self.node_name)
+            except (NotFound, Forbidden) as exc:
+                self._warn_once(
+                    "node",
+                    f"cannot read Node {self.node_name!r} ({exc}): publishing without an owner reference, so "
+                    "the slices are not garbage-collected with the Node",
+                )
+                return None
+            self._node_uid = str(node["metadata"]["uid"])
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": self._node_uid,
+                "controller": True,
+            }
+        ]
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, extra={"node": self.node_name})
+
+    # -- background loops --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Publish now and keep the pool published until stop()."""
+        if self._threads:
+            return
+        self._stop.clear()
+        for target, name in (
+            (self._reconcile_loop, "slices-reconcile"),
+            (self._watch_loop, "slices-watch"),
+            (self._health_loop, "slices-health"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the loops; the slices stay (the kubelet removes them once the plugin is gone)."""
+        self._stop.set()
+        self._dirty.set()
+        for thread in self._threads:
+            # A reconcile may be mid-write; the watch may sit in a quiet HTTP stream (a daemon thread
+            # that exits at its next event or timeout), so it gets only a moment.
+            thread.join(timeout_s if thread.name == "slices-reconcile" else min(timeout_s, 1.0))
+        self._threads = []
+
+    def _reconcile_loop(self) -> None:
+        backoff = 1.0
+        first = True
+        while not self._stop.is_set():
+            if not first:
+                if self._dirty.wait(self.resync_s) and not self._stop.is_set():
+                    self._stop.wait(self.debounce_s)  # let a burst (a DeleteCollection) settle
+                if self._stop.is_set():
+                    return
+            first = False
+            self._dirty.clear()
+            try:
+                self.sync()
+                backoff = 1.0
+            except Exception as exc:
+                self.last_error = str(exc)
+                log.error(
+                    "publishing ResourceSlices failed; retrying",
+                    extra={"node": self.node_name, "error": str(exc)},
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 60.0)
+                self._dirty.set()
+
+    def _is_foreign(self, event: WatchEvent) -> bool:
+        kind = event.get("type")
+        meta = (event.get("object") or {}).get("metadata") or {}
+        name = meta.get("name", "")
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return False
+        with self._seen_lock:
+            if kind == "DELETED":
+                if name in self._own_deletes:
+                    self._own_deletes.discard(name)
+                    return False
+                return True
+            return self._own_versions.get(name) != meta.get("resourceVersion")
+
+    def _watch_loop(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                items, version = self.api.list(KIND, field_selector=self.field_selector)
+                listed = {s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in items}
+                with self._seen_lock:
+                    if listed != self._own_versions:
+                        self._dirty.set()
+                for event in self.api.watch(
+                    KIND,
+                    field_selector=self.field_selector,
+                    resource_version=version,
+                    timeout_s=self.watch_timeout_s,
+                    stop=self._stop,
+                ):
+                    if self._is_foreign(event):
+                        log.debug(
+                            "slice changed by someone else; republishing",
+                            extra={"node": self.node_name, "event": event.get("type")},
+                        )
+                        self._dirty.set()
+                backoff = 0.5
+            except Gone:
+                continue
+            except Exception as exc:
+                log.warning(
+                    "watching ResourceSlices failed; retrying",
+                    extra={"node": self.node_name, "error": str(exc)},
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _health_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.inventory.wait_health_event(self.health_poll_s) and not self._stop.is_set():
+                    self.inventory.refresh_health()
+                    self._dirty.set()
+                elif self._health_of(self.inventory.gpus()) != self._published_health:
+                    self._dirty.set()  # someone else consumed the event (refresh_health) before us
+            except Exception as exc:
+                log.warning("reading GPU health failed", extra={"node": self.node_name, "error": str(exc)})
+                self._stop.wait(5.0)

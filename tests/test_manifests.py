@@ -1,0 +1,271 @@
+"""`dra-gpu manifests` renders deploy/ from one values file, and what it renders is what a cluster needs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra_gpu.cli import main
+from dra_gpu.manifests import ValuesError, load_values, render
+
+DEPLOY = Path("deploy")
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def rendered_objects(
+    values_text: str | None = None, tmp_path: Path | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    path = None
+    if values_text is not None and tmp_path is not None:
+        path = tmp_path / "values.yaml"
+        path.write_text(values_text)
+    return {name: documents(text) for name, text in render(load_values(path)).items()}
+
+
+def find(objects: dict[str, list[dict[str, Any]]], kind: str, name: str) -> dict[str, Any]:
+    for docs in objects.values():
+        for doc in docs:
+            if doc["kind"] == kind and doc["metadata"]["name"] == name:
+                return doc
+    raise AssertionError(f"no {kind} {name}")
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_deploy_is_the_rendered_default() -> None:
+    rendered = render(load_values())
+    for name, text in rendered.items():
+        assert (DEPLOY / name).read_text() == text, f"deploy/{name} is stale: run `dra-gpu manifests --write`"
+    assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == sorted(rendered)
+    assert main(["manifests", "--check"]) == 0
+
+
+def test_kustomization_is_what_kustomize_accepts() -> None:
+    """What `kubectl kustomize` checks: listed files exist and hold objects with unique ids."""
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    assert set(kustomization) <= {"apiVersion", "kind", "resources"}
+    ids = []
+    for resource in kustomization["resources"]:
+        path = DEPLOY / resource
+        assert path.is_file(), f"{resource} is listed but missing"
+        for doc in documents(path.read_text()):
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), f"{resource}: incomplete object"
+            assert doc["metadata"].get("name"), f"{resource}: {doc['kind']} without a name"
+            group = doc["apiVersion"].rpartition("/")[0]
+            ids.append((group, doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]))
+    assert len(ids) == len(set(ids)), "duplicate objects"
+    assert "controller-classes.yaml" not in kustomization["resources"]
+
+
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl is not installed (Debian: kubernetes-client)"
+)
+def test_kubectl_kustomize_builds_deploy() -> None:
+    result = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    kinds = {d["kind"] for d in documents(result.stdout)}
+    assert {
+        "Namespace",
+        "DeviceClass",
+        "DaemonSet",
+        "Deployment",
+        "ClusterRole",
+        "ValidatingAdmissionPolicy",
+    } <= kinds
+
+
+def test_node_agent_rbac_is_least_privilege_and_covers_1_36_claim_status() -> None:
+    role = find(rendered_objects(), "ClusterRole", "dra-gpu-kubelet-plugin")
+    rules = {(tuple(r["resources"]), tuple(r["verbs"])): r for r in role["rules"]}
+    assert (("resourceclaims/driver",), ("associated-node:update", "associated-node:patch")) in rules
+    assert rules[(("resourceclaims/driver",), ("associated-node:update", "associated-node:patch"))][
+        "resourceNames"
+    ] == ["gpu.dra-gpu.io"]
+    granted = {(res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
+    assert ("resourceslices", "delete") in granted and ("nodes", "get") in granted
+    assert not any("*" in (res, verb) for res, verb in granted)
+    assert not any(res in ("secrets", "pods", "resourceclaims/binding") for res, _ in granted)
+    assert ("resourceclaims", "update") not in granted
+
+
+def test_controller_rbac_allows_binding_and_leases_only_in_its_namespace() -> None:
+    objects = rendered_objects()
+    role = find(objects, "ClusterRole", "dra-gpu-controller")
+    granted = {(res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
+    for needed in [
+        ("resourceclaims", "update"),
+        ("resourceclaims/status", "patch"),
+        ("resourceclaims/binding", "update"),
+        ("resourceclaims/binding", "patch"),
+        ("deviceclasses", "watch"),
+        ("pods", "list"),
+        ("events", "create"),
+    ]:
+        assert needed in granted, needed
+    assert not any(res == "leases" for res, _ in granted)
+    lease_role = find(objects, "Role", "dra-gpu-controller-leader-election")
+    assert lease_role["metadata"]["namespace"] == "dra-gpu"
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+
+
+def test_daemonset_passes_the_node_agent_its_settings() -> None:
+    daemonset = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")
+    pod = daemonset["spec"]["template"]["spec"]
+    (plugin,) = pod["containers"]
+    assert plugin["command"] == ["dra-gpu", "kubelet-plugin"]
+    env = env_of(plugin)
+    assert env["DRA_GPU_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["DRA_GPU_DRIVER_NAME"] == "gpu.dra-gpu.io"
+    assert env["DRA_GPU_REGISTRATION_DIR"] == "/var/lib/kubelet/plugins_registry"
+    assert env["DRA_GPU_PLUGINS_DIR"] == "/var/lib/kubelet/plugins"
+    assert env["DRA_GPU_CDI_DIR"] == "/var/run/cdi"
+    assert env["DRA_GPU_STATE_DIR"] == "/var/lib/dra-gpu"
+    assert env["DRA_GPU_GPU_BACKEND"] == "nvml"
+    assert env["DRA_GPU_SHARING"] == "*=Shared"
+    assert env["DRA_GPU_LIMITER_LIBRARY"] == "/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0"
+    assert env["DRA_GPU_HTTP_ADDRESS"] == ":8080"
+    assert env["DRA_GPU_LOG_FORMAT"] == "json"
+    mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+        "/var/lib/dra-gpu",
+    } <= (mounts & host_paths)
+    (init,) = pod["initContainers"]
+    script = init["command"][-1]
+    assert "/usr/lib/dra-gpu/libdragpu-limiter.so.1" in script
+    assert script.rstrip().endswith("/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0")
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in init["securityContext"]
+    assert plugin["securityContext"] == {"privileged": True}  # the nvml backend drives real GPUs
+
+
+def test_simulated_nodes_run_without_privileges(tmp_path: Path) -> None:
+    objects = rendered_objects("kubeletPlugin:\n  gpuBackend: simulated:2xH100-80GB\n", tmp_path)
+    pod = find(objects, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    (plugin,) = pod["containers"]
+    assert env_of(plugin)["DRA_GPU_GPU_BACKEND"] == "simulated:2xH100-80GB"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(plugin)
+    assert plugin["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert plugin["securityContext"].get("privileged") is not True
+
+
+def test_the_e2e_kind_values_render_an_unprivileged_simulated_agent() -> None:
+    objects = {
+        name: documents(text) for name, text in render(load_values(Path("e2e/values-kind.yaml"))).items()
+    }
+    (plugin,) = find(objects, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]["containers"]
+    assert env_of(plugin)["DRA_GPU_GPU_BACKEND"].startswith("simulated:")
+    assert plugin["imagePullPolicy"] == "Never"
+    assert plugin["securityContext"].get("privileged") is not True
+
+
+def test_values_move_kubelet_paths_and_the_image(tmp_path: Path) -> None:
+    objects = rendered_objects(
+        "image: {repository: example.org/dra-gpu, tag: dev}\nkubeletPlugin: {kubeletDir: /var/lib/k0s/kubelet/}\n",
+        tmp_path,
+    )
+    pod = find(objects, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "example.org/dra-gpu:dev"
+    assert env_of(pod["containers"][0])["DRA_GPU_REGISTRATION_DIR"] == "/var/lib/k0s/kubelet/plugins_registry"
+
+
+def test_disabling_the_controller_drops_its_files_from_the_kustomization(tmp_path: Path) -> None:
+    objects = rendered_objects(
+        "controller: {enabled: false}\nvalidatingAdmissionPolicy: {enabled: false}\n", tmp_path
+    )
+    assert "controller.yaml" not in objects and "rbac-controller.yaml" not in objects
+    assert "controller-classes.yaml" not in objects and "validatingadmissionpolicy.yaml" not in objects
+    (kustomization,) = objects["kustomization.yaml"]
+    assert kustomization["resources"] == [
+        "namespace.yaml",
+        "resourceclass.yaml",
+        "rbac-kubelet-plugin.yaml",
+        "kubelet-plugin.yaml",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("kubeletPlugin:\n  sharng: '*=MPS'\n", "kubeletPlugin.sharng: unknown key"),
+        (
+            "kubeletPlugin:\n  sharing: '*=Fast'\n",
+            "kubeletPlugin.sharing: --sharing: '*=Fast': unknown mode 'Fast'",
+        ),
+        ("kubeletPlugin:\n  gpuBackend: cuda\n", "kubeletPlugin.gpuBackend: String should match pattern"),
+        (
+            "controller:\n  classes:\n  - {name: x.io, strategy: Fast, placement: {}}\n",
+            "controller.classes.0.strategy",
+        ),
+        ("- a list\n", "expected a mapping of values, got list"),
+        ("image: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_values_name_the_problem(tmp_path: Path, values: str, message: str) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(values)
+    with pytest.raises(ValuesError) as info:
+        load_values(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_unknown_class_in_extended_resource_names_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text("deviceClasses:\n  extendedResourceNames: {big.gpu.dra-gpu.io: dra-gpu.io/gpu}\n")
+    with pytest.raises(ValuesError, match=r"unknown class 'big.gpu.dra-gpu.io'"):
+        render(load_values(path))
+    path.write_text("deviceClasses:\n  extendedResourceNames: {gpu.dra-gpu.io: dra-gpu.io/gpu}\n")
+    whole = find(
+        {"r": documents(render(load_values(path))["resourceclass.yaml"])}, "DeviceClass", "gpu.dra-gpu.io"
+    )
+    assert whole["spec"]["extendedResourceName"] == "dra-gpu.io/gpu"
+
+
+def test_cli_writes_checks_and_prunes_only_its_own_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "deploy"
+    out.mkdir()
+    (out / "mine.yaml").write_text("kind: ConfigMap\n")
+    (out / "old.yaml").write_text(render(load_values())["namespace.yaml"])  # generated earlier, now gone
+    assert main(["manifests", "--dir", str(out), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{out}/kubelet-plugin.yaml is missing" in err
+    assert f"{out}/old.yaml is no longer generated" in err
+    assert f"run `dra-gpu manifests --dir {out} --write`" in err
+    assert main(["manifests", "--dir", str(out), "--write"]) == 0
+    assert main(["manifests", "--dir", str(out), "--check"]) == 0
+    assert (out / "mine.yaml").exists() and not (out / "old.yaml").exists()
+    (out / "controller.yaml").write_text("edited\n")
+    assert main(["manifests", "--dir", str(out), "--check"]) == 1
+    assert f"{out}/controller.yaml differs" in capsys.readouterr().err
+
+
+def test_cli_prints_an_installable_stream_and_reports_bad_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["manifests"]) == 0
+    kinds = [d["kind"] for d in documents(capsys.readouterr().out)]
+    assert "Kustomization" not in kinds and "DaemonSet" in kinds and kinds.count("DeviceClass") == 4
+    bad = tmp_path / "v.yaml"
+    bad.write_text("namespace: Not_A_Namespace\n")
+    assert main(["manifests", "--values", str(bad)]) == 2
+    assert f"error: {bad}: invalid values: namespace: String should match pattern" in capsys.readouterr().err

@@ -1,0 +1,236 @@
+"""The publisher keeps the node's pool published: owner, republish after wipes, health taints, fallbacks."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dra_gpu.config import NodeSharing
+from dra_gpu.inventory import open_inventory
+from dra_gpu.inventory.simulated import SimulatedInventory
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.slices import SliceError, SlicePublisher
+
+NODE = "node-1"
+SELECTOR = f"spec.nodeName={NODE},spec.driver=gpu.dra-gpu.io"
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll until `condition` holds; the tests assert the outcome, never the time it took."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def make(
+    api: FakeKube, profile: str = "8xH100-80GB", sharing: str = "*=Shared", node: bool = True
+) -> tuple[SlicePublisher, SimulatedInventory]:
+    if node:
+        api.create("Node", {"metadata": {"name": NODE}})
+    inventory = open_inventory(f"simulated:{profile}", seed=NODE)
+    assert isinstance(inventory, SimulatedInventory)
+    return SlicePublisher(
+        api, NODE, inventory, NodeSharing.parse(sharing), debounce_s=0.05, health_poll_s=0.1
+    ), inventory
+
+
+def stored(api: FakeKube) -> list[dict[str, Any]]:
+    return api.list("ResourceSlice", field_selector=SELECTOR)[0]
+
+
+def devices(api: FakeKube) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in stored(api) for d in s["spec"]["devices"]}
+
+
+Running = tuple[FakeKube, SlicePublisher, SimulatedInventory]
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    api = FakeKube()
+    pub, inventory = make(api)
+    pub.start()
+    try:
+        assert pub.published.wait(5), "the first publish never happened"
+        yield api, pub, inventory
+    finally:
+        pub.stop()
+
+
+def test_slices_are_owned_by_the_node_and_a_second_sync_writes_nothing() -> None:
+    api = FakeKube()
+    pub, _ = make(api)
+    first = pub.sync()
+    node_uid = api.get("Node", NODE)["metadata"]["uid"]
+    assert first[0]["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+    ]
+    assert first[0]["metadata"]["name"].startswith(f"00000-gpu.dra-gpu.io-{NODE}-")
+    writes = [c for c in api.calls if c[0] in ("create", "update", "delete")]
+    assert pub.sync() == first
+    assert [c for c in api.calls if c[0] in ("create", "update", "delete")] == writes
+
+
+def test_without_a_node_object_it_publishes_unowned_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKube()
+    pub, _ = make(api, node=False)
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.slices.publisher"):
+        slices = pub.sync()
+    assert "ownerReferences" not in slices[0]["metadata"]
+    assert any("publishing without an owner reference" in r.getMessage() for r in caplog.records)
+    api.create("Node", {"metadata": {"name": NODE}})
+    assert pub.sync()[0]["metadata"]["ownerReferences"][0]["kind"] == "Node"
+
+
+def test_a_node_without_gpus_publishes_one_empty_slice() -> None:
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": NODE}})
+
+    class NoGpus(SimulatedInventory):
+        def gpus(self):  # type: ignore[no-untyped-def]
+            return []
+
+    pub = SlicePublisher(api, NODE, NoGpus("1xL4-24GB", seed=NODE), NodeSharing.parse("*=Shared"))
+    slices = pub.sync()
+    assert len(slices) == 1 and slices[0]["spec"]["devices"] == []
+    assert slices[0]["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+def test_slices_come_back_after_the_kubelet_wipes_them(running: Running) -> None:
+    api, _, _ = running
+    before = {d["name"] for d in devices(api).values()}
+    api.delete_collection(
+        "ResourceSlice", field_selector=f"spec.nodeName={NODE}"
+    )  # what a starting kubelet does
+    assert wait_for(lambda: set(devices(api)) == before), "slices were not republished"
+    assert len(stored(api)) == 1
+
+
+def test_a_foreign_edit_is_undone(running: Running) -> None:
+    api, _, _ = running
+    original = stored(api)[0]
+    edited = copy.deepcopy(original)
+    edited["spec"]["devices"] = edited["spec"]["devices"][:2]
+    api.update("ResourceSlice", edited)
+    assert wait_for(lambda: len(devices(api)) == 8), "a foreign edit stayed"
+
+
+def test_unhealthy_gpu_is_tainted_and_untainted_on_recovery(running: Running) -> None:
+    api, _, inventory = running
+    inventory.set_health(3, False, "XID 79: GPU has fallen off the bus")
+    assert wait_for(lambda: "taints" in devices(api)["gpu-3"]), "no taint after a health event"
+    taint = devices(api)["gpu-3"]["taints"][0]
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        "gpu.dra-gpu.io/unhealthy",
+        "XID-79-GPU-has-fallen-off-the-bus",
+        "NoSchedule",
+    )
+    assert all("taints" not in d for name, d in devices(api).items() if name != "gpu-3")
+    inventory.set_health(3, True)
+    assert wait_for(lambda: "taints" not in devices(api)["gpu-3"]), "the taint stayed after recovery"
+
+
+def test_taint_time_stays_put_while_the_gpu_stays_unhealthy() -> None:
+    api = FakeKube()
+    pub, inventory = make(api)
+    inventory.set_health(1, False, "XID 48")
+    first = devices(api) if pub.sync() else {}
+    writes = pub.stats.creates + pub.stats.updates
+    pub.sync()
+    assert devices(api)["gpu-1"]["taints"] == first["gpu-1"]["taints"]
+    assert pub.stats.creates + pub.stats.updates == writes
+
+
+def test_dropped_consumable_capacity_falls_back_to_unshared_devices(caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKube(consumable_capacity=False)  # an API server with DRAConsumableCapacity off
+    pub, _ = make(api)
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.slices.publisher"):
+        slices = pub.sync()
+    assert pub.consumable_capacity is False
+    assert any("DRAConsumableCapacity is off" in r.getMessage() for r in caplog.records)
+    for device in slices[0]["spec"]["devices"]:
+        assert "allowMultipleAllocations" not in device
+        assert all("requestPolicy" not in c for c in device["capacity"].values())
+        assert device["attributes"]["sharing"] == {"string": "Shared"}
+    writes = pub.stats.creates + pub.stats.updates
+    pub.sync()
+    assert pub.stats.creates + pub.stats.updates == writes, "the fallback must not rewrite the pool forever"
+
+
+class NoTaintsKube(FakeKube):
+    """An API server with DRADeviceTaints off: taints vanish from slices on write, silently."""
+
+    @staticmethod
+    def _strip(obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        for device in obj.get("spec", {}).get("devices") or []:
+            device.pop("taints", None)
+        return obj
+
+    def create(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return super().create(kind, self._strip(obj) if kind == "ResourceSlice" else obj)
+
+    def update(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return super().update(kind, self._strip(obj) if kind == "ResourceSlice" else obj)
+
+
+def test_dropped_taints_leave_the_unhealthy_gpu_out_until_it_recovers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = NoTaintsKube()
+    pub, inventory = make(api)
+    pub.sync()
+    inventory.set_health(5, False, "XID 79")
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.slices.publisher"):
+        pub.sync()
+    assert pub.device_taints is False
+    assert any("DRADeviceTaints is off" in r.getMessage() for r in caplog.records)
+    assert "gpu-5" not in devices(api) and len(devices(api)) == 7
+    assert pub.consumable_capacity is True  # only what was dropped falls back
+    inventory.set_health(5, True)
+    pub.sync()
+    assert "gpu-5" in devices(api)
+
+
+def test_a_slice_the_api_server_would_refuse_is_not_sent() -> None:
+    api = FakeKube()
+    pub, _ = make(api, profile="1xH100-80GB")
+
+    class Broken(SimulatedInventory):
+        def gpus(self):  # type: ignore[no-untyped-def]
+            from dataclasses import replace
+
+            return [replace(g, memory_bytes=-(2**30)) for g in super().gpus()]
+
+    pub.inventory = Broken("1xH100-80GB", seed=NODE)
+    with pytest.raises(
+        SliceError, match=r"slice 0 of pool 'node-1' would be refused: .*must not be negative"
+    ):
+        pub.sync()
+    assert stored(api) == []
+
+
+def test_stop_ends_every_thread() -> None:
+    api = FakeKube()
+    pub, _ = make(api)
+    before = set(threading.enumerate())
+    pub.start()
+    assert pub.published.wait(5)
+    pub.stop()
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def test_retaints_even_when_another_reader_consumed_the_health_event(running: Running) -> None:
+    api, _, inventory = running
+    inventory.set_health(2, False, "XID 48: double-bit ECC error")
+    inventory.refresh_health()  # another reader (the kubelet's health stream) got there first
+    assert wait_for(lambda: "taints" in devices(api)["gpu-2"]), "the health change was missed"
