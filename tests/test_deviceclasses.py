@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, Strategy, parse_gpu_config
+from dra_gpu.controller.classes import MANAGED_SELECTOR
 from dra_gpu.inventory import open_inventory
 from dra_gpu.manifests import load_values
 from dra_gpu.manifests.classes import controller_classes, device_classes
@@ -111,4 +113,9 @@ def test_controller_classes_place_limiter_claims_on_shared_gpus() -> None:
         config = parse_gpu_config(device_class["spec"]["config"][0]["opaque"]["parameters"])
         assert config.sharing.strategy == Strategy.LIMITER
         assert config.placement is not None and config.placement.policy.value == policy
-        assert matches(device_class, node_devices()) == names("Shared")
+        # The scheduler sees no device (the marker selector matches none), so it never allocates
+        # these claims; the controller drops the marker and places them on the shared GPUs.
+        assert matches(device_class, node_devices()) == set()
+        unmarked = copy.deepcopy(device_class)
+        unmarked["spec"]["selectors"] = [s for s in unmarked["spec"]["selectors"] if s != MANAGED_SELECTOR]
+        assert matches(unmarked, node_devices()) == names("Shared")

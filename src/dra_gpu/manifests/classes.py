@@ -14,6 +14,7 @@ the kubelet plugin parses exactly what the classes carry.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,12 +94,16 @@ def device_classes(values: Values) -> list[Obj]:
 def controller_class(spec: ControllerClass, values: Values) -> Obj:
     """A class whose claims the cluster controller places; selectors as for the strategy's own class.
 
-    Keeping the scheduler away from these claims (so that the controller allocates them) is the
-    controller's job; the selector only says which GPUs qualify.
+    The extra `MANAGED_SELECTOR` matches no device, so the scheduler never allocates these claims
+    itself; the controller drops it and allocates them with the class's placement policy.
     """
+    from dra_gpu.controller.classes import MANAGED_SELECTOR
+
     placement = spec.placement.model_dump(mode="json", exclude_none=True)
     parameters = gpu_config(spec.strategy, values, placement)
-    return device_class(spec.name, selector_expression(MODE_FOR_STRATEGY[spec.strategy]), parameters)
+    obj = device_class(spec.name, selector_expression(MODE_FOR_STRATEGY[spec.strategy]), parameters)
+    obj["spec"]["selectors"].append(copy.deepcopy(MANAGED_SELECTOR))
+    return obj
 
 
 def controller_classes(values: Values) -> list[Obj]:

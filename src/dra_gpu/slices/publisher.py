@@ -206,7 +206,7 @@ class SlicePublisher:
                     "node": self.node_name,
                     "generation": plan.generation,
                     "slices": plan.slice_count,
-                    "created": len(plan.create),
+                    "slices_created": len(plan.create),
                     "updated": len(plan.update),
                     "deleted": len(plan.delete),
                 },

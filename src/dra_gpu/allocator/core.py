@@ -1,0 +1,142 @@
+"""The allocator's public face: build it from cluster state, allocate, commit, release."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dra_gpu.allocator.claims import parse_claim
+from dra_gpu.allocator.errors import AllocationError
+from dra_gpu.allocator.index import DeviceIndex
+from dra_gpu.allocator.policies import LabelRules
+from dra_gpu.allocator.pools import Device, gather
+from dra_gpu.allocator.result import build_allocation
+from dra_gpu.allocator.search import Search
+from dra_gpu.allocator.usage import Usage, claim_id
+from dra_gpu.config import Placement
+
+__all__ = ["AllocationError", "AllocationInput", "Allocator"]
+
+
+@dataclass
+class AllocationInput:
+    """Everything an allocation depends on, as the API server returns it."""
+
+    slices: list[dict[str, Any]]
+    classes: dict[str, dict[str, Any]]
+    allocated_claims: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _new_uid() -> str:
+    return str(uuid.uuid4())
+
+
+def claim_name(claim: Mapping[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+
+class Allocator:
+    """Allocates claims against a fixed set of ResourceSlices and DeviceClasses.
+
+    `allocated_claims` (and later `commit`) say what is in use, whoever allocated it (claims without
+    `status.allocation` are skipped, so the whole claim list may be passed); `allocate` never
+    changes that, so the caller commits what it actually wrote. Build a new Allocator when slices or
+    classes change. Not thread-safe.
+
+    `driver_filter` limits the slices (and so the devices) to one driver; `now` and `new_uid` make
+    `allocationTimestamp` and `shareID`s deterministic in tests.
+    """
+
+    def __init__(
+        self,
+        slices: Iterable[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+        allocated_claims: Iterable[Mapping[str, Any]] = (),
+        *,
+        driver_filter: str | None = None,
+        now: Callable[[], str] | None = None,
+        new_uid: Callable[[], str] | None = None,
+    ) -> None:
+        if isinstance(classes, Mapping):
+            self._classes: dict[str, Mapping[str, Any]] = dict(classes)
+        else:
+            self._classes = {str((c.get("metadata") or {}).get("name", "")): c for c in classes}
+        self._index = DeviceIndex(gather(slices, driver_filter))
+        self._now = now or _utc_now
+        self._new_uid = new_uid or _new_uid
+        for claim in allocated_claims:
+            if (claim.get("status") or {}).get("allocation"):
+                self.commit(claim)
+
+    @classmethod
+    def from_input(cls, data: AllocationInput, **kwargs: Any) -> Allocator:
+        return cls(data.slices, data.classes, data.allocated_claims, **kwargs)
+
+    @property
+    def devices(self) -> list[Device]:
+        """Every usable device, in first-fit order."""
+        return self._index.devices
+
+    @property
+    def usage(self) -> Usage:
+        """What committed claims hold (read-only for callers)."""
+        return self._index.usage
+
+    def commit(self, claim_with_allocation: Mapping[str, Any]) -> None:
+        """Count a claim's `status.allocation` as in use, replacing what the same claim held before.
+
+        Claims are recognised by `metadata.uid`, else namespace/name. Results naming devices this
+        allocator does not know (other drivers, pools left out) are ignored.
+        """
+        allocation = (claim_with_allocation.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ValueError(f"claim {claim_name(claim_with_allocation)} has no status.allocation to commit")
+        labels = (claim_with_allocation.get("metadata") or {}).get("labels") or {}
+        self._index.usage.add(claim_id(claim_with_allocation), allocation, labels)
+
+    def release(self, claim: Mapping[str, Any]) -> None:
+        """Forget what a claim holds (deallocated or deleted); unknown claims are ignored."""
+        self._index.usage.remove(claim_id(claim))
+
+    def allocate(
+        self,
+        claim: Mapping[str, Any],
+        *,
+        policy: Placement | None = None,
+        node_filter: Callable[[str], bool] | None = None,
+    ) -> dict[str, Any]:
+        """The `status.allocation` for `claim`, or AllocationError saying why there is none.
+
+        `policy` orders the devices that fit (None: first fit, as the scheduler does) and adds its
+        label rules; `node_filter` limits node-local devices to the nodes it accepts (devices of
+        `allNodes` or `nodeSelector` slices are not filtered). Nothing is in use until `commit`.
+        """
+        name = claim_name(claim)
+        if (claim.get("status") or {}).get("allocation"):
+            raise AllocationError(f"claim {name} is already allocated")
+        try:
+            requests, constraints = parse_claim(claim, self._classes, self._index)
+            labels = (claim.get("metadata") or {}).get("labels") or {}
+            search = Search(
+                self._index,
+                requests,
+                constraints,
+                policy.policy if policy is not None else None,
+                LabelRules.resolve(policy, labels),
+                node_filter,
+            )
+            picks = search.run()
+        except AllocationError as exc:
+            raise AllocationError(f"claim {name}: {exc}") from None
+        if picks is None:
+            raise AllocationError(f"cannot allocate claim {name}: {search.explain()}")
+        return build_allocation(claim, requests, picks, self._index.devices, self._now, self._new_uid)

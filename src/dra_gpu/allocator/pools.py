@@ -1,0 +1,179 @@
+"""ResourceSlices to the flat, ordered device list the allocator searches.
+
+Like Kubernetes' `GatherPools`: per (driver, pool) only the slices of the highest `pool.generation`
+count, and only when all `resourceSliceCount` of them are present; a pool with two devices of the same
+name is invalid. Devices are ordered by pool (driver, name), slice name, then position in the slice,
+which is the order first-fit allocation follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gpu.allocator.capacity import Amount, CapacitySpec
+from dra_gpu.allocator.cel_env import device_variable
+from dra_gpu.quantity import QuantityError
+
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device): how results and the usage index name a GPU."""
+
+
+@dataclass(slots=True, eq=False)
+class Device:
+    index: int
+    driver: str
+    pool: str
+    name: str
+    slice_name: str
+    node: str | None  # node-local devices: the node's name
+    node_selector: dict[str, Any] | None  # devices of slices with a nodeSelector
+    multi: bool  # allowMultipleAllocations
+    specs: tuple[CapacitySpec, ...]
+    spec_key: int  # same for devices with identical capacities and policies
+    attributes: dict[str, Any]
+    cel: dict[str, Any]
+    taints: tuple[dict[str, Any], ...]
+    consumes_counters: bool
+    binding_conditions: tuple[str, ...]
+    binding_failure_conditions: tuple[str, ...]
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.name}"
+
+    @property
+    def capacity_values(self) -> tuple[Amount, ...]:
+        return tuple(s.value for s in self.specs)
+
+
+@dataclass(slots=True)
+class PoolProblem:
+    """A pool whose devices are left out, and why (shown when an allocation fails)."""
+
+    driver: str
+    pool: str
+    why: str
+
+
+@dataclass(slots=True)
+class Inventory:
+    devices: list[Device] = field(default_factory=list)
+    by_key: dict[DeviceKey, Device] = field(default_factory=dict)
+    problems: list[PoolProblem] = field(default_factory=list)
+
+
+def _slice_placement(spec: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    node = spec.get("nodeName") or None
+    selector = spec.get("nodeSelector") if not node else None
+    return node, selector
+
+
+def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None) -> Inventory:
+    """Parse the slices; pools that are incomplete or invalid go to `problems`, not `devices`."""
+    pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        driver = spec.get("driver", "")
+        if driver_filter is not None and driver != driver_filter:
+            continue
+        pool = (spec.get("pool") or {}).get("name", "")
+        pools.setdefault((driver, pool), []).append(s)
+
+    inv = Inventory()
+    spec_keys: dict[tuple[CapacitySpec, ...], int] = {}
+    for (driver, pool), members in sorted(pools.items()):
+        generation = max(int((m["spec"].get("pool") or {}).get("generation", 0)) for m in members)
+        current = [
+            m for m in members if int((m["spec"].get("pool") or {}).get("generation", 0)) == generation
+        ]
+        want = max(int((m["spec"].get("pool") or {}).get("resourceSliceCount", 1)) for m in current)
+        if len(current) < want:
+            inv.problems.append(
+                PoolProblem(
+                    driver, pool, f"incomplete: {len(current)} of {want} slices at generation {generation}"
+                )
+            )
+            continue
+        current.sort(key=lambda m: str((m.get("metadata") or {}).get("name", "")))
+        names: set[str] = set()
+        parsed: list[Device] = []
+        problem = None
+        for m in current:
+            spec = m["spec"]
+            slice_name = str((m.get("metadata") or {}).get("name", ""))
+            slice_node, slice_selector = _slice_placement(spec)
+            per_device = bool(spec.get("perDeviceNodeSelection"))
+            for raw in spec.get("devices") or []:
+                name = raw.get("name", "")
+                if name in names:
+                    problem = f'invalid: device "{name}" is listed twice'
+                    break
+                names.add(name)
+                node, selector = _slice_placement(raw) if per_device else (slice_node, slice_selector)
+                try:
+                    specs = tuple(
+                        CapacitySpec.parse(cname, centry or {})
+                        for cname, centry in sorted((raw.get("capacity") or {}).items())
+                    )
+                    cel_var = device_variable(driver, raw)
+                except (QuantityError, ValueError) as exc:
+                    problem = f'invalid: device "{name}": {exc}'
+                    break
+                parsed.append(
+                    Device(
+                        index=-1,
+                        driver=driver,
+                        pool=pool,
+                        name=name,
+                        slice_name=slice_name,
+                        node=node,
+                        node_selector=selector,
+                        multi=bool(raw.get("allowMultipleAllocations", False)),
+                        specs=specs,
+                        spec_key=spec_keys.setdefault(specs, len(spec_keys)),
+                        attributes=dict(raw.get("attributes") or {}),
+                        cel=cel_var,
+                        taints=tuple(raw.get("taints") or ()),
+                        consumes_counters=bool(raw.get("consumesCounters")),
+                        binding_conditions=tuple(raw.get("bindingConditions") or ()),
+                        binding_failure_conditions=tuple(raw.get("bindingFailureConditions") or ()),
+                    )
+                )
+            if problem:
+                break
+        if problem:
+            inv.problems.append(PoolProblem(driver, pool, problem))
+            continue
+        for d in parsed:
+            d.index = len(inv.devices)
+            inv.devices.append(d)
+            inv.by_key[d.key] = d
+    return inv
+
+
+def lookup_attribute(device: Device, name: str) -> Any:
+    """The value of a fully qualified attribute (`domain/name`), as Kubernetes' constraints see it.
+
+    A name in the driver's own domain also finds the bare attribute. Returns None when absent; list
+    attributes come back as tuples so they compare by value.
+    """
+    attr = device.attributes.get(name)
+    if attr is None:
+        domain, sep, ident = name.partition("/")
+        if sep and domain == device.driver:
+            attr = device.attributes.get(ident)
+    if not attr:
+        return None
+    for k in ("int", "bool", "string", "version"):
+        if k in attr:
+            return (k, attr[k])
+    for k in ("ints", "bools", "strings", "versions"):
+        if k in attr:
+            return (k, tuple(attr[k]))
+    return None

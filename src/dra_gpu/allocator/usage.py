@@ -1,0 +1,133 @@
+"""What allocated claims already hold, indexed per device so each allocation is cheap.
+
+Counting follows the Kubernetes scheduler: a result with a `shareID` on a multi-allocatable device adds
+its `consumedCapacity` to that device's total; any other result takes the whole device. Two deliberate
+safety differences: a result on a device that is *not* multi-allocatable always takes it whole (even
+with a `shareID`), and a share without `consumedCapacity` (a writer whose API server dropped it) is
+counted as the capacity defaults rather than as nothing, and an unreadable or negative amount as the
+whole capacity, so none of them can lead to over-commit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gpu.allocator.capacity import Amount, amount
+from dra_gpu.allocator.pools import DeviceKey, Inventory
+
+UNLABELLED = None
+"""The label value of a claim without the label; exclusion treats it as a value of its own."""
+
+
+def claim_id(claim: Mapping[str, Any]) -> str:
+    """How commit/release recognise a claim: its UID, else namespace/name."""
+    meta = claim.get("metadata") or {}
+    uid = meta.get("uid")
+    return str(uid) if uid else f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+@dataclass(slots=True)
+class Hold:
+    device: DeviceKey
+    whole: bool
+    consumed: tuple[Amount, ...]  # per capacity of the device (empty for whole holds)
+
+
+@dataclass(slots=True)
+class ClaimRecord:
+    holds: list[Hold]
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _recorded(value: Any, total: Amount) -> Amount:
+    """A share's recorded amount; one that is unreadable or negative counts as the whole capacity."""
+    try:
+        parsed = amount(value)
+    except ValueError:
+        return total
+    return parsed if parsed >= 0 else total
+
+
+class Usage:
+    """Per-device holders and consumed totals of committed claims.
+
+    `listener(index)` is called after a device's usage changes (the allocator re-buckets it).
+    """
+
+    def __init__(self, inventory: Inventory, listener: Callable[[int], None] | None = None) -> None:
+        self._inv = inventory
+        self._listener = listener
+        n = len(inventory.devices)
+        self.whole: list[int] = [0] * n  # claims holding the device whole
+        self.used: list[tuple[Amount, ...] | None] = [None] * n  # summed shares (None: no share)
+        self.shares: list[int] = [0] * n
+        self.holders: list[Counter[str]] = [Counter() for _ in range(n)]
+        self.claims: dict[str, ClaimRecord] = {}
+        self.label_devices: dict[tuple[str, str], Counter[int]] = {}
+
+    # --- queries ----------------------------------------------------------------------------------
+
+    def idle(self, index: int) -> bool:
+        return not self.holders[index]
+
+    def label_values(self, index: int, key: str) -> set[str | None]:
+        """The values of label `key` among the claims holding a device (None: a holder without it)."""
+        return {self.claims[uid].labels.get(key, UNLABELLED) for uid in self.holders[index]}
+
+    # --- updates ----------------------------------------------------------------------------------
+
+    def add(self, uid: str, allocation: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+        """Count an allocation (replacing what the same claim held before)."""
+        self.remove(uid)
+        holds: list[Hold] = []
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
+            dev = self._inv.by_key.get(key)
+            if dev is None:  # not in our slices (other driver, or a pool we do not see)
+                continue
+            if dev.multi and result.get("shareID"):
+                consumed_map = result.get("consumedCapacity")
+                if consumed_map is None:
+                    consumed = tuple(s.consumed(None) for s in dev.specs)
+                else:
+                    consumed = tuple(_recorded(consumed_map.get(s.name, 0), s.value) for s in dev.specs)
+                holds.append(Hold(key, False, consumed))
+            else:
+                holds.append(Hold(key, True, ()))
+        record = ClaimRecord(holds, dict(labels))
+        self.claims[uid] = record
+        for hold in holds:
+            self._apply(uid, record, hold, +1)
+
+    def remove(self, uid: str) -> None:
+        record = self.claims.pop(uid, None)
+        if record is None:
+            return
+        for hold in record.holds:
+            self._apply(uid, record, hold, -1)
+
+    def _apply(self, uid: str, record: ClaimRecord, hold: Hold, sign: int) -> None:
+        index = self._inv.by_key[hold.device].index
+        if hold.whole:
+            self.whole[index] += sign
+        else:
+            self.shares[index] += sign
+            prev = self.used[index]
+            if prev is None:
+                prev = tuple(0 for _ in hold.consumed)
+            new = tuple(a + sign * b for a, b in zip(prev, hold.consumed, strict=True))
+            self.used[index] = new if self.shares[index] > 0 else None
+        holders = self.holders[index]
+        holders[uid] += sign
+        if holders[uid] <= 0:
+            del holders[uid]
+        for item in record.labels.items():
+            devices = self.label_devices.setdefault(item, Counter())
+            devices[index] += sign
+            if devices[index] <= 0:
+                del devices[index]
+        if self._listener is not None:
+            self._listener(index)

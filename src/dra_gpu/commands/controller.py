@@ -1,0 +1,129 @@
+"""`dra-gpu controller`: the cluster controller that allocates claims of controller-managed classes.
+
+Runs as a Deployment (two replicas with `--leader-elect`); see `docs/controller.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from types import FrameType
+
+from dra_gpu.controller import Controller
+from dra_gpu.controller.http import HttpServer, parse_address
+from dra_gpu.flags import add_bool_flag, add_flag
+
+NAME = "controller"
+HELP = "run the cluster controller that allocates claims of controller-managed DeviceClasses"
+
+log = logging.getLogger(__name__)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError("must be positive")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser, "--kubeconfig", default=None, help="kubeconfig file; in-cluster configuration when unset"
+    )
+    add_bool_flag(
+        parser,
+        "--leader-elect",
+        env="DRA_GPU_LEADER_ELECT",
+        default=True,
+        help="hold a Lease so that only one replica allocates",
+    )
+    add_flag(parser, "--namespace", default="default", help="namespace of the leader-election Lease")
+    add_flag(parser, "--lease-name", default="dra-gpu-controller", help="name of the leader-election Lease")
+    add_flag(
+        parser,
+        "--identity",
+        default=socket.gethostname(),
+        help="this replica's name in the Lease (the pod name in a Deployment)",
+    )
+    add_flag(
+        parser, "--lease-duration", default=15.0, type=_positive, help="seconds before a lease is taken over"
+    )
+    add_flag(
+        parser,
+        "--renew-deadline",
+        default=10.0,
+        type=_positive,
+        help="seconds a leader keeps trying to renew",
+    )
+    add_flag(parser, "--retry-period", default=2.0, type=_positive, help="seconds between lease attempts")
+    add_flag(parser, "--resync-period", default=30.0, type=_positive, help="seconds between full passes")
+    add_flag(
+        parser,
+        "--http-address",
+        default=":8080",
+        help="address for /metrics, /healthz and /readyz; empty to disable",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.leader_elect and not args.renew_deadline < args.lease_duration:
+        print("error: --renew-deadline must be shorter than --lease-duration", file=sys.stderr)
+        return 2
+    if args.http_address:
+        try:
+            parse_address(args.http_address)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    from dra_gpu.kube.client import KubeClient
+
+    try:
+        api = KubeClient.from_kubeconfig(args.kubeconfig)
+    except Exception as exc:  # the kubernetes client raises several unrelated types here
+        source = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the in-cluster service account"
+        print(f"error: cannot configure the Kubernetes client from {source}: {exc}", file=sys.stderr)
+        return 1
+    controller = Controller(
+        api,
+        identity=args.identity,
+        namespace=args.namespace,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        lease_duration_s=args.lease_duration,
+        renew_deadline_s=args.renew_deadline,
+        retry_period_s=args.retry_period,
+        resync_s=args.resync_period,
+    )
+    server = None
+    if args.http_address:
+        try:
+            server = HttpServer(
+                args.http_address, controller.metrics.registry, controller.healthy, controller.ready
+            )
+        except OSError as exc:
+            print(f"error: --http-address {args.http_address}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    stop = threading.Event()
+
+    def _terminate(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    controller.start()
+    if server is not None:
+        server.start()
+    log.info(
+        "controller started",
+        extra={"identity": args.identity, "leader_elect": args.leader_elect, "http": args.http_address},
+    )
+    stop.wait()
+    log.info("stopping")
+    if server is not None:
+        server.stop()
+    controller.stop()
+    return 0

@@ -1,0 +1,66 @@
+"""Which pods use a claim, read the way Kubernetes links them.
+
+A pod names a claim directly (`spec.resourceClaims[].resourceClaimName`), through a template (the
+generated name is in `status.resourceClaimStatuses[]`, and the claim has a controlling owner reference to
+the pod), or through an extended resource (`status.extendedResourceClaimStatus`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Obj = dict[str, Any]
+ClaimKey = tuple[str, str]  # namespace, name
+
+
+def claim_key(claim: Mapping[str, Any]) -> ClaimKey:
+    meta = claim.get("metadata") or {}
+    return meta.get("namespace") or "default", meta.get("name", "")
+
+
+def claim_names_of(pod: Mapping[str, Any]) -> set[str]:
+    """Names of the ResourceClaims this pod uses (those known so far)."""
+    names = {
+        ref["resourceClaimName"]
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []
+        if ref.get("resourceClaimName")
+    }
+    status = pod.get("status") or {}
+    names.update(
+        s["resourceClaimName"]
+        for s in status.get("resourceClaimStatuses") or []
+        if s.get("resourceClaimName")
+    )
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.add(extended)
+    return names
+
+
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """A pod that may still need its claims: not finished and not being deleted."""
+    phase = (pod.get("status") or {}).get("phase")
+    return phase not in ("Succeeded", "Failed") and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+class PodIndex:
+    """Pods by the claims they use, built once per pass."""
+
+    def __init__(self, pods: Iterable[Obj]) -> None:
+        self._by_claim: dict[ClaimKey, list[Obj]] = defaultdict(list)
+        self._by_uid: dict[str, Obj] = {}
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            self._by_uid[meta.get("uid", "")] = pod
+            for name in claim_names_of(pod):
+                self._by_claim[(meta.get("namespace") or "default", name)].append(pod)
+
+    def consumers(self, claim: Mapping[str, Any]) -> list[Obj]:
+        """Live pods that use the claim, including the owner of a template-generated claim."""
+        found = {p["metadata"].get("uid", ""): p for p in self._by_claim.get(claim_key(claim), [])}
+        for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
+            if owner.get("kind") == "Pod" and owner.get("controller") and owner.get("uid") in self._by_uid:
+                found[owner["uid"]] = self._by_uid[owner["uid"]]
+        return [p for p in found.values() if is_live(p)]

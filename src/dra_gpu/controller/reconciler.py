@@ -1,0 +1,530 @@
+"""One reconcile pass: allocate waiting claims of controller-managed classes, release finished ones.
+
+The pass works on a snapshot of the cluster (slices, classes, claims, pods, nodes). It builds one
+Allocator that counts every allocated claim, whoever allocated it (the scheduler included), releases
+first so freed capacity is usable in the same pass, then allocates waiting claims oldest first, each
+committed to the allocator before the next one is placed.
+
+Writes follow what the API server and the scheduler require (`reference/dra-protocol.md` §2.7):
+our finalizer goes on before `status.allocation` is written, because Kubernetes' claim controller only
+deallocates claims that carry its own finalizer; the allocation carries `allocationTimestamp` (without
+it the scheduler's PreBind fails forever) and a `nodeSelector` naming the node. Every write carries the
+resourceVersion it read; on a 409 the claim is read again and the decision is made again on what came
+back, so a claim that the scheduler reserved or someone deleted in the meantime is never clobbered.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.allocator import AllocationError, Allocator
+from dra_gpu.config import ConfigError, Placement
+from dra_gpu.controller.classes import ClassIndex
+from dra_gpu.controller.consumers import PodIndex, claim_key
+from dra_gpu.controller.eligibility import NodeEligibility
+from dra_gpu.controller.events import EventRecorder, timestamp
+from dra_gpu.controller.metrics import ControllerMetrics
+from dra_gpu.controller.overcommit import overcommitted
+from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+
+FINALIZER = f"{DRIVER_NAME}/allocation"
+"""Our finalizer on claims we allocated: the claim cannot disappear while we still account for it."""
+
+MAX_ATTEMPTS = 5
+
+
+@dataclass
+class Snapshot:
+    slices: list[Obj]
+    classes: list[Obj]
+    claims: list[Obj]
+    pods: list[Obj]
+    nodes: list[Obj]
+
+    @classmethod
+    def read(cls, api: KubeAPI) -> Snapshot:
+        """A snapshot straight from the API (tests, the demo, one-shot runs)."""
+        return cls(
+            *(api.list(kind)[0] for kind in ("ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node"))
+        )
+
+
+@dataclass
+class PassResult:
+    """What one pass did, by claim (`namespace/name`)."""
+
+    allocated: dict[str, Obj] = field(default_factory=dict)  # the allocation written
+    released: dict[str, str] = field(default_factory=dict)  # why
+    failed: dict[str, str] = field(default_factory=dict)  # the AllocationFailed message
+    waiting: list[str] = field(default_factory=list)  # no pod uses it yet
+    reserved: dict[str, list[str]] = field(default_factory=dict)  # pods added to reservedFor
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.allocated or self.released or self.reserved)
+
+
+def _name(claim: Mapping[str, Any]) -> str:
+    namespace, name = claim_key(claim)
+    return f"{namespace}/{name}"
+
+
+def _uid(claim: Mapping[str, Any]) -> str:
+    return str((claim.get("metadata") or {}).get("uid", ""))
+
+
+def _finalizers(claim: Mapping[str, Any]) -> list[str]:
+    return list((claim.get("metadata") or {}).get("finalizers") or [])
+
+
+def _allocation(claim: Mapping[str, Any]) -> Obj | None:
+    allocation: Obj | None = (claim.get("status") or {}).get("allocation")
+    return allocation
+
+
+def _reserved(claim: Mapping[str, Any]) -> list[Obj]:
+    return list((claim.get("status") or {}).get("reservedFor") or [])
+
+
+def allocation_node(allocation: Mapping[str, Any]) -> str | None:
+    """The node named by the allocation's `matchFields metadata.name In [node]` term, if any."""
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for req in term.get("matchFields") or []:
+            if (
+                req.get("key") == "metadata.name"
+                and req.get("operator") == "In"
+                and len(req.get("values") or []) == 1
+            ):
+                return str(req["values"][0])
+    return None
+
+
+def describe_allocation(allocation: Mapping[str, Any]) -> str:
+    """`gpu-0 on node-1 (share: cores 30, memory 10Gi)` for events and the demo."""
+    parts = []
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        text = f"{result.get('pool')}/{result.get('device')}"
+        consumed = result.get("consumedCapacity")
+        if consumed:
+            text += " (share: " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
+        else:
+            text += " (whole)"
+        parts.append(text)
+    node = allocation_node(allocation)
+    return ", ".join(parts) + (f" on node {node}" if node else "")
+
+
+_REASONS = (
+    ("without enough free capacity", "InsufficientCapacity"),
+    ("in use by another claim", "DevicesInUse"),
+    ("excluded by placement rules", "PlacementRules"),
+    ("on nodes the node filter excludes", "NoEligibleNode"),
+    ("cannot serve the capacity request", "CapacityRequestInvalid"),
+    ("tainted, not tolerated", "DevicesTainted"),
+    ("is left out", "PoolUnusable"),
+)
+
+
+def failure_reason(exc: Exception) -> str:
+    """A short, low-cardinality reason for the failures metric, from the allocator's explanation.
+
+    The allocator's message lists, per request, why devices were refused; the first category found
+    here in order of importance names the failure (`Unsatisfiable` when none applies, e.g. no device
+    matches the class at all).
+    """
+    reason = getattr(exc, "reason", None)
+    if reason:
+        return str(reason)
+    text = str(exc)
+    return next((name for phrase, name in _REASONS if phrase in text), "Unsatisfiable")
+
+
+class Reconciler:
+    """The controller's decisions; no threads, so a test can run one pass and look at the result."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        *,
+        recorder: EventRecorder,
+        metrics: ControllerMetrics,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
+        is_leader: Callable[[], bool] = lambda: True,
+        on_write: Callable[[Obj], None] | None = None,
+        avoid_ttl_s: float = 120.0,
+    ) -> None:
+        self.api = api
+        self.recorder = recorder
+        self.metrics = metrics
+        self._clock = clock
+        self._monotonic = monotonic
+        self._is_leader = is_leader
+        self._on_write = on_write or (lambda obj: None)
+        self._avoid_ttl_s = avoid_ttl_s
+        self._placed: dict[str, str] = {}  # claim uid -> node we allocated it on
+        self._avoid: dict[str, dict[str, float]] = {}  # claim uid -> node -> when the scheduler cleared it
+        self._first_seen: dict[str, float] = {}  # claim uid -> when it first waited with a consumer
+
+    # --- the pass ---------------------------------------------------------------------------------
+
+    def reconcile(self, snapshot: Snapshot) -> PassResult:
+        result = PassResult()
+        classes = ClassIndex(snapshot.classes)
+        pods = PodIndex(snapshot.pods)
+        nodes = {n["metadata"]["name"]: n for n in snapshot.nodes}
+        allocator = Allocator(
+            snapshot.slices, classes.for_allocator, [c for c in snapshot.claims if _allocation(c)]
+        )
+        claims = self._undo_overcommit(snapshot.claims, allocator, result)
+        relevant = sorted(
+            (c for c in claims if FINALIZER in _finalizers(c) or classes.managed_classes_of(c)),
+            key=lambda c: (c["metadata"].get("creationTimestamp") or "", _name(c)),
+        )
+        waiting: list[tuple[Obj, list[Obj]]] = []
+        for claim in relevant:
+            if not self._is_leader():
+                return result
+            consumers = pods.consumers(claim)
+            if self._settle(claim, consumers, classes, allocator, result):
+                waiting.append((claim, consumers))
+        self.metrics.pending.set(len(waiting))
+        for claim, consumers in waiting:
+            if not self._is_leader():
+                return result
+            self._allocate(claim, consumers, classes, nodes, allocator, result)
+        self._prune({_uid(c) for c in snapshot.claims})
+        return result
+
+    def _undo_overcommit(self, claims: list[Obj], allocator: Allocator, result: PassResult) -> list[Obj]:
+        """Release our unreserved claims from devices over-committed by a concurrent allocation."""
+        by_uid = {_uid(c): c for c in claims}
+        for problem in overcommitted(allocator):
+            movable = sorted(
+                (by_uid[u] for u in problem.holders if u in by_uid and self._movable(by_uid[u])),
+                key=lambda c: (_allocation(c) or {}).get("allocationTimestamp") or "",
+                reverse=True,
+            )
+            for claim in movable:
+                if not self._is_leader():
+                    break
+                why = (
+                    f"{problem.device}: {problem.why} by allocations made at the same time; placing it again"
+                )
+                released = self._release(claim, allocator, result, why)
+                if released is not None:
+                    by_uid[_uid(claim)] = released
+                if all(p.device != problem.device for p in overcommitted(allocator)):
+                    break
+        return list(by_uid.values())
+
+    @staticmethod
+    def _movable(claim: Obj) -> bool:
+        return (
+            FINALIZER in _finalizers(claim)
+            and _allocation(claim) is not None
+            and not _reserved(claim)
+            and not (claim.get("metadata") or {}).get("deletionTimestamp")
+        )
+
+    def _settle(
+        self,
+        claim: Obj,
+        consumers: list[Obj],
+        classes: ClassIndex,
+        allocator: Allocator,
+        result: PassResult,
+    ) -> bool:
+        """Handle everything but a new allocation; True if the claim waits for one."""
+        ours = FINALIZER in _finalizers(claim)
+        allocation = _allocation(claim)
+        if (claim.get("metadata") or {}).get("deletionTimestamp"):
+            if ours and not _reserved(claim):
+                self._release(claim, allocator, result, "the claim is being deleted")
+            return False
+        if allocation is not None:
+            if not ours:
+                return False  # someone else's allocation: counted, never touched
+            if not _reserved(claim) and not consumers:
+                self._release(claim, allocator, result, "no pod uses the claim any more")
+            else:
+                self._reserve_bound_pods(claim, allocation, consumers, result)
+            return False
+        uid = _uid(claim)
+        if ours and uid in self._placed:
+            node = self._placed.pop(uid)
+            self._avoid.setdefault(uid, {})[node] = self._monotonic()
+            self.recorder.record(
+                claim,
+                "Warning",
+                "AllocationCleared",
+                f"the allocation on node {node} was cleared by someone else (the scheduler does this when the "
+                "pod cannot run there); placing the claim again, avoiding that node for a while",
+            )
+        if not classes.managed_classes_of(claim) or not consumers:
+            if ours:  # nothing allocated and nothing to hold: drop our finalizer
+                self._retrying(claim, self._drop_finalizer_if_unallocated)
+            if not consumers and classes.managed_classes_of(claim):
+                result.waiting.append(_name(claim))
+            return False
+        return True
+
+    # --- allocation -------------------------------------------------------------------------------
+
+    def _allocate(
+        self,
+        claim: Obj,
+        consumers: list[Obj],
+        classes: ClassIndex,
+        nodes: Mapping[str, Obj],
+        allocator: Allocator,
+        result: PassResult,
+    ) -> None:
+        uid = _uid(claim)
+        self._first_seen.setdefault(uid, self._monotonic())
+        try:
+            policy = classes.placement_for(claim)
+        except ConfigError as exc:
+            self._fail(claim, result, "InvalidClassConfig", str(exc))
+            return
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                allocation = self._place(claim, consumers, policy, nodes, allocator)
+            except AllocationError as exc:
+                self._fail(claim, result, failure_reason(exc), str(exc))
+                return
+            try:
+                written = self._write_allocation(claim, allocation)
+            except Conflict:
+                self.metrics.conflicts.inc()
+                try:
+                    claim = self.api.get(
+                        "ResourceClaim", claim["metadata"]["name"], claim["metadata"]["namespace"]
+                    )
+                except NotFound:
+                    return
+                if _allocation(claim) is not None or (claim.get("metadata") or {}).get("deletionTimestamp"):
+                    return  # settled by someone else; the next pass sees it
+                continue
+            except ApiError as exc:
+                self._fail(claim, result, "ApiError", f"writing the allocation failed: {exc}")
+                return
+            self._succeeded(written, allocator, result, policy)
+            return
+        self._fail(
+            claim, result, "Conflict", f"the claim kept changing; gave up after {MAX_ATTEMPTS} attempts"
+        )
+
+    def _place(
+        self,
+        claim: Obj,
+        consumers: list[Obj],
+        policy: Placement | None,
+        nodes: Mapping[str, Obj],
+        allocator: Allocator,
+    ) -> Obj:
+        """Allocate, first avoiding nodes where the scheduler recently cleared this claim.
+
+        An AllocationError's message gains the nodes the claim's pods cannot use and why: the
+        allocator only knows that the node filter refused them.
+        """
+        avoid = self._avoid_nodes(_uid(claim))
+        eligibility = NodeEligibility(nodes, consumers, avoid)
+        try:
+            return allocator.allocate(claim, policy=policy, node_filter=eligibility)
+        except AllocationError as exc:
+            if not avoid:
+                raise self._explained(exc, eligibility) from None
+        eligibility = NodeEligibility(nodes, consumers)
+        try:
+            return allocator.allocate(claim, policy=policy, node_filter=eligibility)
+        except AllocationError as exc:
+            raise self._explained(exc, eligibility) from None
+
+    @staticmethod
+    def _explained(exc: AllocationError, eligibility: NodeEligibility) -> AllocationError:
+        if not eligibility.refused:
+            return exc
+        return AllocationError(f"{exc}; nodes its pods cannot use: {eligibility.summary()}")
+
+    def _write_allocation(self, claim: Obj, allocation: Obj) -> Obj:
+        """Finalizer first, then the allocation, each with the resourceVersion just read."""
+        allocation = copy.deepcopy(allocation)
+        allocation.setdefault("allocationTimestamp", timestamp(self._clock()))
+        if FINALIZER not in _finalizers(claim):
+            claim = copy.deepcopy(claim)
+            claim["metadata"]["finalizers"] = [*_finalizers(claim), FINALIZER]
+            claim = self.api.update("ResourceClaim", claim)
+            self._on_write(claim)
+        claim = copy.deepcopy(claim)
+        claim["status"] = {**(claim.get("status") or {}), "allocation": allocation}
+        written = self.api.update_status("ResourceClaim", claim)
+        self._on_write(written)
+        return written
+
+    def _succeeded(
+        self, claim: Obj, allocator: Allocator, result: PassResult, policy: Placement | None
+    ) -> None:
+        allocator.commit(claim)
+        uid = _uid(claim)
+        allocation = _allocation(claim) or {}
+        node = allocation_node(allocation)
+        if node:
+            self._placed[uid] = node
+        self.metrics.allocations.inc()
+        started = self._first_seen.pop(uid, None)
+        if started is not None:
+            self.metrics.time_to_allocate.observe(max(0.0, self._monotonic() - started))
+        how = f" by policy {policy.policy.value}" if policy else ""
+        message = f"allocated {describe_allocation(allocation)}{how}"
+        self.recorder.record(claim, "Normal", "Allocated", message)
+        log.info(
+            "allocated claim", extra={"claim": _name(claim), "allocation": describe_allocation(allocation)}
+        )
+        result.allocated[_name(claim)] = allocation
+
+    def _fail(self, claim: Obj, result: PassResult, reason: str, message: str) -> None:
+        self.metrics.failures.labels(reason=reason).inc()
+        self.recorder.record(claim, "Warning", "AllocationFailed", message)
+        log.info("claim not allocated", extra={"claim": _name(claim), "reason": reason, "why": message})
+        result.failed[_name(claim)] = message
+
+    # --- release and reservation ------------------------------------------------------------------
+
+    def _release(self, claim: Obj, allocator: Allocator, result: PassResult, why: str) -> Obj | None:
+        allocation = _allocation(claim)
+
+        def attempt(current: Obj) -> Obj | None:
+            meta = current.get("metadata") or {}
+            if FINALIZER not in _finalizers(current) or _reserved(current):
+                return None  # someone reserved it meanwhile, or it is no longer ours
+            if not meta.get("deletionTimestamp") and _allocation(current) is None and allocation is not None:
+                return None  # already released by someone else
+            if _allocation(current) is not None:
+                current = copy.deepcopy(current)
+                current["status"] = {
+                    k: v
+                    for k, v in (current.get("status") or {}).items()
+                    if k not in ("allocation", "reservedFor", "devices")
+                }
+                current = self.api.update_status("ResourceClaim", current)
+            current = copy.deepcopy(current)
+            current["metadata"]["finalizers"] = [f for f in _finalizers(current) if f != FINALIZER]
+            stored = self.api.update("ResourceClaim", current)
+            self._on_write(stored)
+            return stored
+
+        stored = self._retrying(claim, attempt)
+        if stored is None:
+            return None
+        allocator.release(claim)
+        self._placed.pop(_uid(claim), None)
+        self._avoid.pop(_uid(claim), None)
+        self.metrics.releases.inc()
+        if allocation is not None:
+            message = f"released {describe_allocation(allocation)}: {why}"
+            self.recorder.record(claim, "Normal", "Released", message)
+            log.info("released claim", extra={"claim": _name(claim), "why": why})
+            result.released[_name(claim)] = why
+        return stored
+
+    def _drop_finalizer_if_unallocated(self, current: Obj) -> Obj | None:
+        if FINALIZER not in _finalizers(current) or _allocation(current) is not None:
+            return None
+        current = copy.deepcopy(current)
+        current["metadata"]["finalizers"] = [f for f in _finalizers(current) if f != FINALIZER]
+        stored = self.api.update("ResourceClaim", current)
+        self._on_write(stored)
+        return stored
+
+    def _reserve_bound_pods(
+        self, claim: Obj, allocation: Obj, consumers: list[Obj], result: PassResult
+    ) -> None:
+        """Add pods bound without the scheduler (`spec.nodeName` preset) to `reservedFor`.
+
+        The scheduler reserves the claim for the pods it binds; a pod that never went through it is
+        refused by the kubelet unless someone lists it, and the claim is on that pod's node.
+        """
+        node = allocation_node(allocation)
+        listed = {r.get("uid") for r in _reserved(claim)}
+        missing = [
+            p
+            for p in consumers
+            if (p.get("spec") or {}).get("nodeName")
+            and (node is None or p["spec"]["nodeName"] == node)
+            and p["metadata"].get("uid") not in listed
+        ]
+        if not missing:
+            return
+
+        def attempt(current: Obj) -> Obj | None:
+            if _allocation(current) is None or (current.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            have = {r.get("uid") for r in _reserved(current)}
+            add = [
+                {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+                for p in missing
+                if p["metadata"]["uid"] not in have
+            ]
+            if not add:
+                return None
+            current = copy.deepcopy(current)
+            current.setdefault("status", {})["reservedFor"] = [*_reserved(current), *add]
+            stored = self.api.update_status("ResourceClaim", current)
+            self._on_write(stored)
+            return stored
+
+        if self._retrying(claim, attempt) is not None:
+            names = [p["metadata"]["name"] for p in missing]
+            result.reserved[_name(claim)] = names
+            self.recorder.record(
+                claim, "Normal", "Reserved", f"reserved for pod(s) {', '.join(names)} bound to node {node}"
+            )
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _retrying(self, claim: Obj, attempt: Callable[[Obj], Obj | None]) -> Obj | None:
+        """Run `attempt` on the claim; on a 409 read it again and let `attempt` decide again."""
+        current = claim
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                return attempt(current)
+            except Conflict:
+                self.metrics.conflicts.inc()
+            except ApiError as exc:
+                log.warning("claim update failed", extra={"claim": _name(claim), "error": str(exc)})
+                return None
+            try:
+                current = self.api.get(
+                    "ResourceClaim", claim["metadata"]["name"], claim["metadata"]["namespace"]
+                )
+            except NotFound:
+                return None
+        log.warning("claim kept changing; will retry next pass", extra={"claim": _name(claim)})
+        return None
+
+    def _avoid_nodes(self, uid: str) -> set[str]:
+        now = self._monotonic()
+        recent = {n: t for n, t in self._avoid.get(uid, {}).items() if now - t < self._avoid_ttl_s}
+        if recent:
+            self._avoid[uid] = recent
+        else:
+            self._avoid.pop(uid, None)
+        return set(recent)
+
+    def _prune(self, present: Iterable[str]) -> None:
+        keep = set(present)
+        for table in (self._placed, self._avoid, self._first_seen):
+            for uid in [u for u in table if u not in keep]:
+                del table[uid]
+        self.recorder.retain(keep)

@@ -1,0 +1,112 @@
+"""The CEL environment: Kubernetes' `device` variable, quantity and semver functions, error messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra_gpu.allocator.cel_env import CelEnvironment, SelectorError, device_variable, split_qualified
+
+DEVICE: dict[str, Any] = {
+    "name": "gpu-0",
+    "allowMultipleAllocations": True,
+    "attributes": {
+        "index": {"int": 3},
+        "healthy": {"bool": True},
+        "model": {"string": "H100"},
+        "driverVersion": {"version": "580.159.3"},
+        "cudaComputeCapability": {"version": "9.0.0-rc.1"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:18:00.0"},
+        "links": {"ints": [1, 2]},
+    },
+    "capacity": {"memory": {"value": "80Gi"}, "cores": {"value": "100"}, "power": {"value": "700500m"}},
+}
+
+
+@pytest.fixture(scope="module")
+def env() -> CelEnvironment:
+    return CelEnvironment()
+
+
+def test_device_variable_groups_by_domain_and_types_values() -> None:
+    var = device_variable("gpu.dra-gpu.io", DEVICE)
+    assert var["driver"] == "gpu.dra-gpu.io" and var["allowMultipleAllocations"] is True
+    ours = var["attributes"]["gpu.dra-gpu.io"]
+    assert (
+        ours["index"] == 3 and ours["healthy"] is True and ours["model"] == "H100" and ours["links"] == [1, 2]
+    )
+    assert var["attributes"]["resource.kubernetes.io"] == {"pciBusID": "0000:18:00.0"}
+    assert var["capacity"]["gpu.dra-gpu.io"] == {"memory": 80 * 2**30, "cores": 100, "power": 700.5}
+    assert split_qualified("example.com/x", "d") == ("example.com", "x")
+    assert split_qualified("x", "d") == ("d", "x")
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ('quantity("1Gi") == quantity("1024Mi")', True),
+        ('quantity("1.5").compareTo(quantity("1500m")) == 0', True),
+        ('quantity("2Gi").isGreaterThan(quantity("2G"))', True),
+        ('quantity("1k").isLessThan(quantity("1Ki"))', True),
+        ('quantity("1Gi").add(quantity("1Gi")) == quantity("2Gi")', True),
+        ('quantity("1Gi").sub(1073741823) == 1', True),
+        ('quantity("-5").sign() == -1', True),
+        ('quantity("500m").isInteger()', False),
+        ('quantity("2k").asInteger() == 2000', True),
+        ('quantity("500m").asApproximateFloat() == 0.5', True),
+        ('isQuantity("10Gi") && !isQuantity("ten")', True),
+        ('semver("1.10.0").isGreaterThan(semver("1.9.9"))', True),
+        ('semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))', True),
+        ('semver("1.0.0-alpha.2").compareTo(semver("1.0.0-alpha.10")) < 0', True),  # numeric identifiers
+        (
+            'semver("2.3.4").major() == 2 && semver("2.3.4").minor() == 3 && semver("2.3.4").patch() == 4',
+            True,
+        ),
+        ('isSemver("1.2.3+build.7") && !isSemver("v1.2.3") && !isSemver("1.02.3")', True),
+        ('device.capacity["gpu.dra-gpu.io"].power.compareTo(quantity("700")) > 0', True),
+        ('device.attributes["gpu.dra-gpu.io"].cudaComputeCapability.isLessThan(semver("9.0.0"))', True),
+        ('2 in device.attributes["gpu.dra-gpu.io"].links', True),
+        ('[1, 3, 2].max() == 3 && "a,b".split(",").size() == 2', True),
+    ],
+)
+def test_kubernetes_library_functions(env: CelEnvironment, expression: str, expected: bool) -> None:
+    assert env.matches(expression, device_variable("gpu.dra-gpu.io", DEVICE)) is expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ('device.attributes["gpu.dra-gpu.io"].serial == "x"', "no such key: serial"),
+        (
+            'device.capacity["gpu.dra-gpu.io"].memory.compareTo(quantity("lots")) > 0',
+            "quantity(): 'lots' is not a quantity",
+        ),
+        ('semver("1.2") == "1.2"', "semver(): '1.2' is not a semantic version"),
+        ('quantity("500m").asInteger() == 0', "asInteger(): quantity 0.5 is not an integer"),
+        ('device.attributes["gpu.dra-gpu.io"].model', None),  # a string, not a bool
+    ],
+)
+def test_runtime_errors_say_what_went_wrong(
+    env: CelEnvironment, expression: str, message: str | None
+) -> None:
+    with pytest.raises(SelectorError) as err:
+        env.matches(expression, device_variable("gpu.dra-gpu.io", DEVICE))
+    assert str(err.value).startswith(message or "expression returned str 'H100', not a bool")
+
+
+def test_unknown_domains_read_as_empty_maps(env: CelEnvironment) -> None:
+    var = device_variable("gpu.dra-gpu.io", DEVICE)
+    assert env.matches('!has(device.attributes["other.example.com"].x)', var)
+    assert env.matches("!has(device.capacity.other.x)", var)
+    assert "other.example.com" not in var["attributes"]  # the device variable itself is not changed
+    with pytest.raises(SelectorError, match="no such key: x"):
+        env.matches('device.attributes["other.example.com"].x == 1', var)
+
+
+def test_compile_errors_are_reported_once_and_cached(env: CelEnvironment) -> None:
+    with pytest.raises(SelectorError, match=r"^CEL compile error: .*Syntax error"):
+        env.compile("device.driver ==")
+    with pytest.raises(SelectorError, match="CEL compile error"):
+        env.compile("device.driver ==")
+    assert env.compile("true") is env.compile("true")
