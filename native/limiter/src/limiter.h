@@ -1,0 +1,231 @@
+/*
+ * Internal interface of libdragpu-limiter: the pieces the wrappers share.
+ *
+ * Layout of the library:
+ *   log.c      stderr logging with the "dragpu-limiter:" prefix
+ *   config.c   parsing of the DRAGPU_* environment (pure functions, fuzzed by tests/t_env_fuzz.c)
+ *   init.c     lazy, thread-safe initialisation on the first intercepted call; fork handling
+ *   region.c   the claim's shared accounting region (one mapped file, one slot per process)
+ *   driver.c   loading the real libcuda/libnvidia-ml, the dlsym and cuGetProcAddress interposers
+ *   memory.c   allocation wrappers and the capped memory view (CUDA side)
+ *   nvml.c     the capped memory view (NVML side)
+ *   throttle.c the compute cap (launch wrappers and the shared GPU-time rate limiter)
+ */
+#ifndef DRAGPU_LIMITER_H
+#define DRAGPU_LIMITER_H
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nvml_min.h"
+
+/* cuda.h maps these base names to their newest variant; we name exact symbols, old ones included. */
+#undef cuGetProcAddress
+#undef cuEventElapsedTime
+
+#define DL_EXPORT __attribute__((visibility("default")))
+/* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
+ * through our dlsym before their shadow memory exists): never instrumented, even in sanitizer builds. */
+#define DL_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
+#define DL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define DL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define DL_MAX_DEVICES 16  /* CUDA ordinals and region device entries per process / claim */
+#define DL_UUID_LEN 48     /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40) + NUL, rounded up */
+#define DL_NO_LIMIT UINT64_MAX
+
+/* ---- log.c ---- */
+enum { DL_LOG_ERROR = 0, DL_LOG_WARN = 1, DL_LOG_INFO = 2, DL_LOG_DEBUG = 3 };
+extern int dl_log_level;
+/* Tests capture log lines through this hook; NULL (the default) writes them to stderr. */
+extern void (*dl_log_hook)(int level, const char *line);
+void dl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define dl_error(...) dl_log(DL_LOG_ERROR, __VA_ARGS__)
+#define dl_warn(...) dl_log(DL_LOG_WARN, __VA_ARGS__)
+#define dl_info(...) dl_log(DL_LOG_INFO, __VA_ARGS__)
+#define dl_debug(...) dl_log(DL_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- config.c ---- */
+struct dl_uuid_limit {
+    char uuid[DL_UUID_LEN];
+    uint64_t bytes;
+};
+
+struct dl_config {
+    bool has_global_limit;
+    uint64_t global_limit;
+    bool has_ordinal_limit[DL_MAX_DEVICES];
+    uint64_t ordinal_limit[DL_MAX_DEVICES];
+    int n_uuid_limits;
+    struct dl_uuid_limit uuid_limits[DL_MAX_DEVICES];
+    int cores;              /* 1..100; 100 means unthrottled */
+    char state_dir[4096];   /* empty: no shared region, limits apply per process */
+    int log_level;
+};
+
+int dl_parse_bytes(const char *s, uint64_t *out);
+int dl_parse_percent(const char *s, int *out);
+int dl_parse_log_level(const char *s, int *out);
+int dl_parse_uuid_limits(const char *s, struct dl_uuid_limit *out, int max, int *n);
+/* Reads DRAGPU_* from envp (the process environment in production); malformed values are logged and
+ * ignored. */
+void dl_config_load(struct dl_config *cfg, char *const *envp);
+/* The byte limit for a device: by UUID, else by ordinal, else global; DL_NO_LIMIT when none applies.
+ * uuid may be NULL and ordinal may be -1 when unknown. */
+uint64_t dl_config_limit(const struct dl_config *cfg, int ordinal, const char *uuid);
+bool dl_config_has_any_limit(const struct dl_config *cfg);
+bool dl_config_has_ordinal_limits(const struct dl_config *cfg);
+
+/* ---- init.c ---- */
+extern struct dl_config dl_cfg;
+extern _Atomic int dl_core_ready;  /* 1 once dl_core_init has run in this process (reset by fork) */
+void dl_core_init_slow(void);
+static inline void dl_core_init(void) {
+    if (DL_UNLIKELY(!atomic_load_explicit(&dl_core_ready, memory_order_acquire))) dl_core_init_slow();
+}
+void dl_uuid_format(const unsigned char bytes[16], char out[DL_UUID_LEN]);
+uint64_t dl_now_ns(void);
+/* A 64-bit mixer (the murmur3 finaliser) for the process-local hash tables. */
+static inline uint64_t dl_hash64(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+/* ---- region.c ---- */
+/* Opens (or creates) the region file in dir; NULL or failure falls back to a private region. */
+void dl_region_open(const char *dir);
+void dl_region_reset_after_fork(void);
+/* The region's device entry for a GPU UUID, created on first use; -1 if the table is full. */
+int dl_region_device(const char *uuid);
+/* Charges bytes to this process unless the claim's usage would exceed limit; 0 on success. Sweeps the
+ * slots of dead processes once before refusing. */
+int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit);
+void dl_region_release(int dev, uint64_t bytes);
+/* Claim-wide usage of a device (after sweeping dead processes' slots). */
+uint64_t dl_region_used(int dev);
+/* Theoretical arrival time of the compute rate limiter, shared by the claim (ns, CLOCK_MONOTONIC). */
+_Atomic int64_t *dl_region_tat(int dev);
+bool dl_region_is_shared(void);
+
+/* ---- driver.c ---- */
+/* Real driver entry points: hooked ones plus the few the limiter calls itself. */
+#define DL_CUDA_HOOKED(X)                                                     \
+    X(cuGetProcAddress, PFN_cuGetProcAddress_v11030)                          \
+    X(cuGetProcAddress_v2, PFN_cuGetProcAddress_v12000)                       \
+    X(cuMemAlloc_v2, PFN_cuMemAlloc_v3020)                                    \
+    X(cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020)                          \
+    X(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000)                         \
+    X(cuMemFree_v2, PFN_cuMemFree_v3020)                                      \
+    X(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020)                            \
+    X(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz)                  \
+    X(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020)            \
+    X(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz)  \
+    X(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020)                              \
+    X(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz)                    \
+    X(cuMemCreate, PFN_cuMemCreate_v10020)                                    \
+    X(cuMemRelease, PFN_cuMemRelease_v10020)                                  \
+    X(cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                              \
+    X(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                          \
+    X(cuArrayDestroy, PFN_cuArrayDestroy_v2000)                               \
+    X(cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000)               \
+    X(cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000)             \
+    X(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)                                \
+    X(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)                        \
+    X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
+    X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
+    X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \
+    X(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz)                \
+    X(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000)         \
+    X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz) \
+    X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                \
+    X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                      \
+    X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)               \
+    X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz)     \
+    X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
+    X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
+    X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                      \
+    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
+
+#define DL_CUDA_USED(X)                                                       \
+    X(cuInit, PFN_cuInit_v2000)                                               \
+    X(cuDeviceGet, PFN_cuDeviceGet_v2000)                                     \
+    X(cuDeviceGetCount, PFN_cuDeviceGetCount_v2000)                           \
+    X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                         \
+    X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                               \
+    X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                             \
+    X(cuEventCreate, PFN_cuEventCreate_v2000)                                 \
+    X(cuEventRecord, PFN_cuEventRecord_v2000)                                 \
+    X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                       \
+    X(cuEventQuery, PFN_cuEventQuery_v2000)                                   \
+    X(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000)                       \
+    X(cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080)                   \
+    X(cuEventDestroy_v2, PFN_cuEventDestroy_v4000)                            \
+    X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
+    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)
+
+#define DL_NVML_HOOKED(X)                                                     \
+    X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                \
+    X(nvmlDeviceGetMemoryInfo_v2, dl_pfn_nvmlDeviceGetMemoryInfo_v2)
+
+#define DL_NVML_USED(X) X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)
+
+struct dl_real_cuda {
+#define DL_FIELD(name, type) type name;
+    DL_CUDA_HOOKED(DL_FIELD)
+    DL_CUDA_USED(DL_FIELD)
+};
+struct dl_real_nvml {
+    DL_NVML_HOOKED(DL_FIELD)
+    DL_NVML_USED(DL_FIELD)
+#undef DL_FIELD
+};
+
+/* Our wrappers, exported under the driver's exact names. */
+#define DL_DECLARE(name, type) DL_EXPORT extern __typeof__(*(type)0) name;
+DL_CUDA_HOOKED(DL_DECLARE)
+DL_NVML_HOOKED(DL_DECLARE)
+#undef DL_DECLARE
+
+/* The wrapper with exactly this exported name, or NULL if we wrap none. */
+DL_NO_SANITIZE void *dl_cuda_wrapper(const char *name);
+DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name);
+/* The C library's dlsym (never our interposer). */
+typedef void *(*dl_dlsym_fn)(void *, const char *);
+DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void);
+
+extern struct dl_real_cuda dl_cuda;  /* valid after dl_cuda_init() */
+extern struct dl_real_nvml dl_nvml;  /* valid after dl_nvml_init() */
+extern _Atomic int dl_cuda_ready, dl_nvml_ready;
+void dl_cuda_init_slow(void);
+void dl_nvml_init_slow(void);
+void dl_driver_before_fork(void);
+void dl_driver_after_fork(int child);
+static inline void dl_cuda_init(void) {
+    if (DL_UNLIKELY(!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire))) dl_cuda_init_slow();
+}
+static inline void dl_nvml_init(void) {
+    if (DL_UNLIKELY(!atomic_load_explicit(&dl_nvml_ready, memory_order_acquire))) dl_nvml_init_slow();
+}
+
+/* ---- memory.c ---- */
+/* Region device index and limit for a CUDA ordinal (resolved through the UUID once per process). */
+int dl_device_for_ordinal(int ordinal, uint64_t *limit);
+/* The capped (total, free) view shared by the CUDA and NVML queries. */
+void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
+                    uint64_t *free_bytes);
+void dl_memory_reset_after_fork(void);
+
+/* ---- throttle.c ---- */
+extern bool dl_throttle_on;  /* set once by init: cores < 100 */
+void dl_throttle_configure(int cores);
+void dl_throttle_reset_after_fork(void);
+
+#endif

@@ -1,0 +1,467 @@
+/*
+ * Device-memory cap.
+ *
+ * Every allocation family is charged to the claim's region before the driver is called (so that
+ * concurrent processes never overshoot) and refunded if the driver fails; over the limit the wrapper
+ * returns CUDA_ERROR_OUT_OF_MEMORY and the driver is not called. A process-local table remembers what
+ * each live allocation charged, so the matching free/release/destroy gives back exactly that; it is
+ * striped by hash so threads allocating concurrently rarely share a lock.
+ *
+ * What is charged: the requested size (cuMemAlloc, managed, async and pool allocations, cuMemCreate on a
+ * device location); the pitch times height (cuMemAllocPitch, estimated with a 512-byte pitch, then
+ * corrected to the driver's pitch); width x height x depth x element size summed over mip levels for
+ * arrays (an estimate: the driver's tiled layout may round up). The current context's device is charged
+ * for allocations that do not name one.
+ *
+ * Out-parameters are never read before the driver has succeeded, and a NULL out-parameter is passed to
+ * the driver untouched (it answers with its own error).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "limiter.h"
+
+/* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
+
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int dev_index[DL_MAX_DEVICES]; /* region index + 1; 0 = not resolved yet */
+static uint64_t dev_limit[DL_MAX_DEVICES];
+
+static void ordinal_uuid(int ordinal, char uuid[DL_UUID_LEN]) {
+    CUuuid u;
+    if (dl_cuda.cuDeviceGetUuid_v2 && dl_cuda.cuDeviceGetUuid_v2(&u, ordinal) == CUDA_SUCCESS) {
+        dl_uuid_format((const unsigned char *)u.bytes, uuid);
+    } else {
+        /* Without a UUID the ordinal is the best key we have. */
+        snprintf(uuid, DL_UUID_LEN, "CUDA-ORDINAL-%d", ordinal);
+    }
+}
+
+int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
+    if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return -1;
+    int idx = atomic_load_explicit(&dev_index[ordinal], memory_order_acquire);
+    if (DL_UNLIKELY(idx == 0)) {
+        pthread_mutex_lock(&dev_mu);
+        idx = atomic_load_explicit(&dev_index[ordinal], memory_order_relaxed);
+        if (idx == 0) {
+            char uuid[DL_UUID_LEN];
+            ordinal_uuid(ordinal, uuid);
+            int r = dl_region_device(uuid);
+            dev_limit[ordinal] = dl_config_limit(&dl_cfg, ordinal, uuid);
+            idx = r < 0 ? -1 : r + 1;
+            if (dev_limit[ordinal] != DL_NO_LIMIT)
+                dl_debug("device %d (%s): memory limit %llu bytes", ordinal, uuid,
+                         (unsigned long long)dev_limit[ordinal]);
+            atomic_store_explicit(&dev_index[ordinal], idx, memory_order_release);
+        }
+        pthread_mutex_unlock(&dev_mu);
+    }
+    if (limit) *limit = dev_limit[ordinal];
+    return idx < 0 ? -1 : idx - 1;
+}
+
+static int current_ordinal(void) {
+    CUdevice d;
+    if (!dl_cuda.cuCtxGetDevice || dl_cuda.cuCtxGetDevice(&d) != CUDA_SUCCESS) return -1;
+    return (int)d;
+}
+
+void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
+                    uint64_t *free_bytes) {
+    uint64_t t = limit < real_total ? limit : real_total;
+    uint64_t used = dev >= 0 ? dl_region_used(dev) : 0;
+    if (used > t) used = t;
+    uint64_t f = t - used;
+    *total = t;
+    *free_bytes = f < real_free ? f : real_free;
+}
+
+/* ---- what each live allocation charged ---- */
+
+enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4 };
+
+struct entry {
+    uint64_t key;  /* 0 = empty */
+    uint64_t bytes;
+    int16_t dev;
+    uint8_t kind;
+    uint8_t tomb;
+};
+
+#define STRIPES 16
+static struct stripe {
+    pthread_mutex_t mu;
+    struct entry *tab;
+    size_t cap, live, used; /* used counts live entries and tombstones */
+} stripes[STRIPES];
+static pthread_once_t stripes_once = PTHREAD_ONCE_INIT;
+
+static uint64_t mix(uint64_t k, unsigned kind) { return dl_hash64(k ^ (uint64_t)kind * 0x9e3779b97f4a7c15ull); }
+
+static void stripe_before_fork(void) {
+    for (int i = 0; i < STRIPES; i++) pthread_mutex_lock(&stripes[i].mu);
+}
+static void stripe_after_fork_parent(void) {
+    for (int i = STRIPES - 1; i >= 0; i--) pthread_mutex_unlock(&stripes[i].mu);
+}
+static void stripe_after_fork_child(void) {
+    for (int i = 0; i < STRIPES; i++) pthread_mutex_init(&stripes[i].mu, NULL);
+}
+
+static void stripes_init(void) {
+    for (int i = 0; i < STRIPES; i++) pthread_mutex_init(&stripes[i].mu, NULL);
+    pthread_atfork(stripe_before_fork, stripe_after_fork_parent, stripe_after_fork_child);
+}
+
+static struct entry *slot_for(struct stripe *s, uint64_t key, unsigned kind, uint64_t h, int for_insert) {
+    size_t mask = s->cap - 1, i = (size_t)(h >> 4) & mask;
+    struct entry *tomb = NULL;
+    for (size_t n = 0; n < s->cap; n++, i = (i + 1) & mask) {
+        struct entry *e = &s->tab[i];
+        if (e->tomb) {
+            if (!tomb) tomb = e;
+            continue;
+        }
+        if (e->kind == 0) return for_insert ? (tomb ? tomb : e) : NULL; /* empty: the key is absent */
+        if (e->key == key && e->kind == kind) return e;
+    }
+    return for_insert ? tomb : NULL;
+}
+
+static int grow(struct stripe *s) {
+    /* Sized from the live entries only: a rehash also drops the tombstones alloc/free churn leaves. */
+    size_t ncap = 256;
+    while (ncap < (s->live + 1) * 4) ncap *= 2;
+    struct entry *old = s->tab, *nt = calloc(ncap, sizeof *nt);
+    if (!nt) return -1;
+    size_t ocap = s->cap;
+    s->tab = nt;
+    s->cap = ncap;
+    s->used = s->live;
+    for (size_t i = 0; i < ocap; i++) {
+        struct entry *e = &old[i];
+        if (e->tomb || e->kind == 0) continue;
+        *slot_for(s, e->key, e->kind, mix(e->key, e->kind), 1) = *e;
+    }
+    free(old);
+    return 0;
+}
+
+/* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
+static void track(unsigned kind, uint64_t key, int dev, uint64_t bytes) {
+    if (dev < 0 || bytes == 0) return;
+    pthread_once(&stripes_once, stripes_init);
+    uint64_t h = mix(key, kind);
+    struct stripe *s = &stripes[h & (STRIPES - 1)];
+    pthread_mutex_lock(&s->mu);
+    if ((s->used + 1) * 4 > s->cap * 3 && grow(s) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        dl_region_release(dev, bytes);  /* cannot remember it: do not keep charging it either */
+        return;
+    }
+    struct entry *e = slot_for(s, key, kind, h, 1);
+    if (e->key == key && e->kind == kind && !e->tomb) {
+        dl_region_release(e->dev, e->bytes);
+    } else {
+        if (!e->tomb) s->used++;
+        s->live++;
+    }
+    *e = (struct entry){.key = key, .bytes = bytes, .dev = (int16_t)dev, .kind = (uint8_t)kind, .tomb = 0};
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Forgets a charge and reports it; 0 bytes if the key is unknown. */
+static uint64_t untrack(unsigned kind, uint64_t key, int *dev) {
+    pthread_once(&stripes_once, stripes_init);
+    uint64_t h = mix(key, kind);
+    struct stripe *s = &stripes[h & (STRIPES - 1)];
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&s->mu);
+    struct entry *e = s->cap ? slot_for(s, key, kind, h, 0) : NULL;
+    if (e) {
+        bytes = e->bytes;
+        *dev = e->dev;
+        *e = (struct entry){.tomb = 1};
+        s->live--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return bytes;
+}
+
+void dl_memory_reset_after_fork(void) {
+    /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
+    for (int i = 0; i < STRIPES; i++) {
+        free(stripes[i].tab);
+        stripes[i].tab = NULL;
+        stripes[i].cap = stripes[i].live = stripes[i].used = 0;
+    }
+    for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&dev_index[i], 0);
+    pthread_mutex_init(&dev_mu, NULL);
+}
+
+/* ---- charging ---- */
+
+struct charge {
+    int dev;
+    uint64_t bytes;
+};
+
+/* Charges bytes to a device; CUDA_ERROR_OUT_OF_MEMORY over the limit. An unknown device is not
+ * charged: the driver will answer the call with its own error. */
+static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
+    c->dev = -1;
+    c->bytes = 0;
+    dl_core_init();
+    uint64_t limit;
+    int dev = dl_device_for_ordinal(ordinal, &limit);
+    if (dev < 0) return CUDA_SUCCESS;
+    int r = dl_region_reserve(dev, bytes, limit);
+    if (r < 0) {
+        dl_info("refusing %llu bytes on device %d: the claim would exceed its limit of %llu bytes",
+                (unsigned long long)bytes, ordinal, (unsigned long long)limit);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == 0) {
+        c->dev = dev;
+        c->bytes = bytes;
+    }
+    return CUDA_SUCCESS;
+}
+
+static void refund(const struct charge *c) {
+    if (c->bytes) dl_region_release(c->dev, c->bytes);
+}
+
+static void settle(CUresult r, unsigned kind, uint64_t key, const struct charge *c) {
+    if (r == CUDA_SUCCESS) track(kind, key, c->dev, c->bytes);
+    else refund(c);
+}
+
+#define REAL_OR_NOT_FOUND(name) \
+    dl_cuda_init();             \
+    if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND
+
+/* Frees: forget the charge before the driver call, so an address the driver hands out again at once
+ * cannot meet our stale entry; restore it if the driver refuses. */
+#define FREE_WRAPPER(kind, key, call)                      \
+    int dev_ = -1;                                         \
+    uint64_t bytes_ = (key) ? untrack(kind, key, &dev_) : 0; \
+    CUresult r_ = call;                                    \
+    if (bytes_) {                                          \
+        if (r_ == CUDA_SUCCESS) dl_region_release(dev_, bytes_); \
+        else track(kind, key, dev_, bytes_);               \
+    }                                                      \
+    return r_
+
+/* The allocations that return a device pointer for `bytesize` bytes on the current device; the
+ * arguments after the name are the driver call's. */
+#define CHARGED_ALLOC(name, ...)                                           \
+    REAL_OR_NOT_FOUND(name);                                               \
+    if (!dptr || bytesize == 0) return dl_cuda.name(__VA_ARGS__);          \
+    struct charge c;                                                       \
+    CUresult r = charge(current_ordinal(), bytesize, &c);                  \
+    if (r != CUDA_SUCCESS) return r;                                       \
+    r = dl_cuda.name(__VA_ARGS__);                                         \
+    settle(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &c);                   \
+    return r
+
+DL_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    CHARGED_ALLOC(cuMemAlloc_v2, dptr, bytesize);
+}
+
+DL_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    CHARGED_ALLOC(cuMemAllocManaged, dptr, bytesize, flags);
+}
+
+#define PITCH_ESTIMATE 512u
+
+DL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                      unsigned int ElementSizeBytes) {
+    REAL_OR_NOT_FOUND(cuMemAllocPitch_v2);
+    size_t row = (WidthInBytes + PITCH_ESTIMATE - 1) / PITCH_ESTIMATE * PITCH_ESTIMATE;
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 || row < WidthInBytes ||
+        row > SIZE_MAX / Height)
+        return dl_cuda.cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    struct charge c;
+    CUresult r = charge(current_ordinal(), (uint64_t)row * Height, &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r == CUDA_SUCCESS && c.bytes && *pPitch != row && *pPitch <= SIZE_MAX / Height) {
+        /* Settle on the driver's actual pitch (no limit check: the memory exists now). */
+        uint64_t actual = (uint64_t)*pPitch * Height;
+        if (actual > c.bytes) {
+            if (dl_region_reserve(c.dev, actual - c.bytes, DL_NO_LIMIT) == 0) c.bytes = actual;
+        } else {
+            dl_region_release(c.dev, c.bytes - actual);
+            c.bytes = actual;
+        }
+    }
+    settle(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    REAL_OR_NOT_FOUND(cuMemFree_v2);
+    FREE_WRAPPER(K_PTR, dptr, dl_cuda.cuMemFree_v2(dptr));
+}
+
+DL_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    CHARGED_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream);
+}
+DL_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    CHARGED_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+}
+DL_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                           CUstream hStream) {
+    CHARGED_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+}
+DL_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                                CUstream hStream) {
+    CHARGED_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+}
+DL_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    REAL_OR_NOT_FOUND(cuMemFreeAsync);
+    FREE_WRAPPER(K_PTR, dptr, dl_cuda.cuMemFreeAsync(dptr, hStream));
+}
+DL_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    REAL_OR_NOT_FOUND(cuMemFreeAsync_ptsz);
+    FREE_WRAPPER(K_PTR, dptr, dl_cuda.cuMemFreeAsync_ptsz(dptr, hStream));
+}
+
+DL_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+    REAL_OR_NOT_FOUND(cuMemCreate);
+    /* Only device-resident physical memory counts; host and host-NUMA locations do not. */
+    if (!handle || !prop || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return dl_cuda.cuMemCreate(handle, size, prop, flags);
+    struct charge c;
+    CUresult r = charge(prop->location.id, size, &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuMemCreate(handle, size, prop, flags);
+    settle(r, K_HANDLE, r == CUDA_SUCCESS ? *handle : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    REAL_OR_NOT_FOUND(cuMemRelease);
+    FREE_WRAPPER(K_HANDLE, handle, dl_cuda.cuMemRelease(handle));
+}
+
+/* Bytes per element of an array format (channels included where the format fixes them); block
+ * compressed formats are rounded up to a byte per texel, and unknown formats count 16. */
+static uint64_t format_bytes(CUarray_format f, unsigned channels) {
+    uint64_t ch = channels ? channels : 1;
+    switch (f) {
+        case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return ch;
+        case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF:
+            return 2 * ch;
+        case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT:
+            return 4 * ch;
+        case CU_AD_FORMAT_UNORM_INT8X1: case CU_AD_FORMAT_SNORM_INT8X1: return 1;
+        case CU_AD_FORMAT_UNORM_INT8X2: case CU_AD_FORMAT_SNORM_INT8X2: return 2;
+        case CU_AD_FORMAT_UNORM_INT8X4: case CU_AD_FORMAT_SNORM_INT8X4: return 4;
+        case CU_AD_FORMAT_UNORM_INT16X1: case CU_AD_FORMAT_SNORM_INT16X1: return 2;
+        case CU_AD_FORMAT_UNORM_INT16X2: case CU_AD_FORMAT_SNORM_INT16X2: return 4;
+        case CU_AD_FORMAT_UNORM_INT16X4: case CU_AD_FORMAT_SNORM_INT16X4: return 8;
+        default: return 16;
+    }
+}
+
+/* w*h*d*elem with saturation (a saturated size is refused by the limit, as the driver would). */
+static uint64_t volume(uint64_t w, uint64_t h, uint64_t d, uint64_t elem) {
+    uint64_t v = w ? w : 1;
+    const uint64_t f[3] = {h ? h : 1, d ? d : 1, elem};
+    for (int i = 0; i < 3; i++) {
+        if (v > UINT64_MAX / f[i]) return UINT64_MAX;
+        v *= f[i];
+    }
+    return v;
+}
+
+DL_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
+    REAL_OR_NOT_FOUND(cuArrayCreate_v2);
+    if (!pHandle || !pAllocateArray) return dl_cuda.cuArrayCreate_v2(pHandle, pAllocateArray);
+    const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
+    struct charge c;
+    CUresult r = charge(current_ordinal(), volume(d->Width, d->Height, 1, format_bytes(d->Format, d->NumChannels)), &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuArrayCreate_v2(pHandle, pAllocateArray);
+    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray) {
+    REAL_OR_NOT_FOUND(cuArray3DCreate_v2);
+    if (!pHandle || !pAllocateArray) return dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray);
+    const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
+    struct charge c;
+    CUresult r = charge(current_ordinal(),
+                        volume(d->Width, d->Height, d->Depth, format_bytes(d->Format, d->NumChannels)), &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray);
+    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                          unsigned int numMipmapLevels) {
+    REAL_OR_NOT_FOUND(cuMipmappedArrayCreate);
+    if (!pHandle || !pMipmappedArrayDesc)
+        return dl_cuda.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
+    uint64_t elem = format_bytes(d->Format, d->NumChannels), total = 0;
+    uint64_t w = d->Width, h = d->Height, z = d->Depth;
+    for (unsigned l = 0; l < numMipmapLevels && l < 64; l++) {
+        uint64_t v = volume(w, h, z, elem);
+        total = v > UINT64_MAX - total ? UINT64_MAX : total + v;
+        w = w > 1 ? w / 2 : w;
+        h = h > 1 ? h / 2 : h;
+        z = z > 1 ? z / 2 : z;
+    }
+    struct charge c;
+    CUresult r = charge(current_ordinal(), total, &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    settle(r, K_MIPMAP, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuArrayDestroy(CUarray hArray) {
+    REAL_OR_NOT_FOUND(cuArrayDestroy);
+    FREE_WRAPPER(K_ARRAY, (uint64_t)(uintptr_t)hArray, dl_cuda.cuArrayDestroy(hArray));
+}
+
+DL_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+    REAL_OR_NOT_FOUND(cuMipmappedArrayDestroy);
+    FREE_WRAPPER(K_MIPMAP, (uint64_t)(uintptr_t)hMipmappedArray, dl_cuda.cuMipmappedArrayDestroy(hMipmappedArray));
+}
+
+/* ---- the capped view ---- */
+
+DL_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    REAL_OR_NOT_FOUND(cuMemGetInfo_v2);
+    CUresult r = dl_cuda.cuMemGetInfo_v2(free_bytes, total);
+    if (r != CUDA_SUCCESS || (!free_bytes && !total)) return r;
+    dl_core_init();
+    uint64_t limit;
+    int dev = dl_device_for_ordinal(current_ordinal(), &limit);
+    if (dev < 0 || limit == DL_NO_LIMIT) return r;
+    uint64_t t, f;
+    dl_capped_view(dev, limit, total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f);
+    if (total) *total = (size_t)t;
+    if (free_bytes) *free_bytes = (size_t)f;
+    return r;
+}
+
+DL_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuDeviceTotalMem_v2);
+    CUresult r = dl_cuda.cuDeviceTotalMem_v2(bytes, dev);
+    if (r != CUDA_SUCCESS || !bytes) return r;
+    dl_core_init();
+    uint64_t limit;
+    if (dl_device_for_ordinal((int)dev, &limit) >= 0 && limit < *bytes) *bytes = (size_t)limit;
+    return r;
+}

@@ -1,0 +1,74 @@
+/*
+ * The NVML side of the capped memory view: nvmlDeviceGetMemoryInfo(_v2) report the same total and free
+ * as cuMemGetInfo_v2 (both come from dl_capped_view), so nvidia-smi, pynvml and frameworks that size
+ * their pools from NVML see the claim's limit, not the whole GPU.
+ *
+ * An NVML device is identified by its UUID. Its limit is the DRAGPU_MEMORY_LIMIT_BY_UUID entry, else the
+ * DRAGPU_MEMORY_LIMIT_<N> of the CUDA ordinal with that UUID (found through the driver, only when such
+ * per-ordinal limits exist), else DRAGPU_MEMORY_LIMIT.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "limiter.h"
+
+static int ordinal_for_uuid(const char *uuid) {
+    dl_cuda_init();
+    int count = 0;
+    if (!dl_cuda.cuInit || !dl_cuda.cuDeviceGetCount || !dl_cuda.cuDeviceGetUuid_v2) return -1;
+    if (dl_cuda.cuInit(0) != CUDA_SUCCESS || dl_cuda.cuDeviceGetCount(&count) != CUDA_SUCCESS) return -1;
+    for (int i = 0; i < count && i < DL_MAX_DEVICES; i++) {
+        CUdevice d;
+        CUuuid u;
+        char s[DL_UUID_LEN];
+        if (dl_cuda.cuDeviceGet(&d, i) != CUDA_SUCCESS || dl_cuda.cuDeviceGetUuid_v2(&u, d) != CUDA_SUCCESS)
+            continue;
+        dl_uuid_format((const unsigned char *)u.bytes, s);
+        if (strcasecmp(s, uuid) == 0) return i;
+    }
+    return -1;
+}
+
+/* The region entry and limit of an NVML device; -1 when the view stays unchanged. */
+static int nvml_device(nvmlDevice_t device, uint64_t *limit) {
+    dl_core_init();
+    if (!dl_config_has_any_limit(&dl_cfg) || !dl_nvml.nvmlDeviceGetUUID) return -1;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (dl_nvml.nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS) return -1;
+    uuid[sizeof uuid - 1] = '\0';
+    if (strlen(uuid) >= DL_UUID_LEN) return -1;
+    int ordinal = dl_config_has_ordinal_limits(&dl_cfg) ? ordinal_for_uuid(uuid) : -1;
+    *limit = dl_config_limit(&dl_cfg, ordinal, uuid);
+    if (*limit == DL_NO_LIMIT) return -1;
+    return dl_region_device(uuid);
+}
+
+DL_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    dl_nvml_init();
+    if (!dl_nvml.nvmlDeviceGetMemoryInfo) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = dl_nvml.nvmlDeviceGetMemoryInfo(device, memory);
+    uint64_t limit, total, free_bytes;
+    int dev;
+    if (r != NVML_SUCCESS || !memory || (dev = nvml_device(device, &limit)) < 0) return r;
+    dl_capped_view(dev, limit, memory->total, memory->free, &total, &free_bytes);
+    memory->total = total;
+    memory->free = free_bytes;
+    memory->used = total - free_bytes;
+    return r;
+}
+
+DL_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    dl_nvml_init();
+    if (!dl_nvml.nvmlDeviceGetMemoryInfo_v2) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = dl_nvml.nvmlDeviceGetMemoryInfo_v2(device, memory);
+    uint64_t limit, total, free_bytes;
+    int dev;
+    if (r != NVML_SUCCESS || !memory || (dev = nvml_device(device, &limit)) < 0) return r;
+    dl_capped_view(dev, limit, memory->total, memory->free, &total, &free_bytes);
+    uint64_t taken = total - free_bytes;
+    memory->total = total;
+    memory->free = free_bytes;
+    if (memory->reserved > taken) memory->reserved = taken;
+    memory->used = taken - memory->reserved;
+    return r;
+}

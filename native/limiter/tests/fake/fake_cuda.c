@@ -1,0 +1,1156 @@
+/*
+ * A fake CUDA driver (libcuda.so.1) for testing the limiter on machines without a GPU.
+ *
+ * It stands in for NVIDIA's driver and keeps its semantics where the limiter depends on them:
+ *   - it exports every driver symbol of the toolkit (weak stubs returning CUDA_ERROR_NOT_SUPPORTED,
+ *     generated from cudaTypedefs.h), with real implementations for what the tests use;
+ *   - cuGetProcAddress(_v2) resolves (base name, cudaVersion, flags) to the exact ABI variant from a
+ *     static table of its own function pointers (never through dlsym), with the documented statuses:
+ *     SYMBOL_NOT_FOUND / VERSION_NOT_SUFFICIENT with CUDA_SUCCESS and a NULL pointer, and
+ *     CUDA_ERROR_INVALID_VALUE for a cudaVersion newer than the driver;
+ *   - calls before cuInit fail with CUDA_ERROR_NOT_INITIALIZED, calls without a current context with
+ *     CUDA_ERROR_INVALID_CONTEXT, allocations beyond the device's memory with CUDA_ERROR_OUT_OF_MEMORY;
+ *   - device memory is accounted (cuMemGetInfo is truthful);
+ *   - kernels take simulated time: launches return at once and queue on the device (all streams of a
+ *     device run one after another), a launch blocks when 1024 are queued, events complete when the work
+ *     queued before them has, and synchronisation sleeps until the device is idle. A kernel of B blocks
+ *     runs ceil(B / SMs) waves of FAKE_CUDA_WAVE_NS each; a graph runs its kernel nodes back to back.
+ *
+ * Settings: see fake_common.h; FAKE_CUDA_GETPROC_LOG=<file> logs every cuGetProcAddress lookup. Extra exports for tests (not driver API): fakecuda_calls(name),
+ * fakecuda_busy_ns(dev), fakecuda_used_bytes(dev), fakecuda_symbol(name).
+ *
+ * Built with -Bsymbolic so that the addresses it hands out are its own even when a preloaded library
+ * exports the same names.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fake_common.h"
+#include "fake_proctable.h"
+
+/* cuda.h maps these base names to newer variants; the fake defines the exact old symbols too. */
+#undef cuGetProcAddress
+#undef cuMemAlloc
+#undef cuEventElapsedTime
+#undef cuDeviceGetUuid
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---------------------------------------------------------------- call counters */
+
+#define MAX_COUNTERS 256
+static struct {
+    const char *name;
+    _Atomic unsigned long n;
+} counters[MAX_COUNTERS];
+static int n_counters;
+static pthread_mutex_t counters_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int counter_index(const char *name) {
+    pthread_mutex_lock(&counters_mu);
+    int i;
+    for (i = 0; i < n_counters; i++) {
+        if (strcmp(counters[i].name, name) == 0) break;
+    }
+    if (i == n_counters && n_counters < MAX_COUNTERS) counters[n_counters++].name = name;
+    pthread_mutex_unlock(&counters_mu);
+    return i < MAX_COUNTERS ? i : MAX_COUNTERS - 1;
+}
+
+#define COUNT()                                                           \
+    do {                                                                  \
+        static _Atomic int idx_ = -1;                                     \
+        int i_ = atomic_load_explicit(&idx_, memory_order_relaxed);       \
+        if (i_ < 0) atomic_store(&idx_, i_ = counter_index(__func__));    \
+        atomic_fetch_add_explicit(&counters[i_].n, 1, memory_order_relaxed); \
+    } while (0)
+
+EXPORT unsigned long fakecuda_calls(const char *name) {
+    pthread_mutex_lock(&counters_mu);
+    unsigned long n = 0;
+    for (int i = 0; i < n_counters; i++) {
+        if (strcmp(counters[i].name, name) == 0) n = counters[i].n;
+    }
+    pthread_mutex_unlock(&counters_mu);
+    return n;
+}
+
+/* ---------------------------------------------------------------- objects */
+
+#define MAGIC_CTX 0x43545831u
+#define MAGIC_STREAM 0x53545231u
+#define MAGIC_EVENT 0x45564e31u
+#define MAGIC_FUNC 0x46554e31u
+#define MAGIC_MOD 0x4d4f4431u
+#define MAGIC_GRAPH 0x47524131u
+#define MAGIC_EXEC 0x45584531u
+#define MAGIC_POOL 0x504f4f31u
+#define MAGIC_ARRAY 0x41525231u
+
+struct CUctx_st { unsigned magic; int device; };
+struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; };
+struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; };
+struct CUmod_st { unsigned magic; };
+struct CUfunc_st { unsigned magic; char name[64]; };
+struct CUgraph_st { unsigned magic; uint64_t duration_ns; unsigned nodes; };
+struct CUgraphExec_st { unsigned magic; int device; uint64_t duration_ns; };
+struct CUmemPoolHandle_st { unsigned magic; int device; };
+struct CUarray_st { unsigned magic; int device; uint64_t bytes; };
+struct CUmipmappedArray_st { unsigned magic; int device; uint64_t bytes; };
+
+#define QUEUE_DEPTH 1024
+
+static struct device {
+    struct CUctx_st primary;
+    int primary_refs;
+    struct CUmemPoolHandle_st pool;
+    uint64_t used;            /* bytes allocated */
+    uint64_t busy_until;      /* ns, CLOCK_MONOTONIC: when the queued work completes */
+    uint64_t busy_total;      /* ns of kernel time ever queued */
+    uint64_t queue_end[QUEUE_DEPTH];
+    unsigned queue_pos;
+} devices[FAKE_MAX_DEVICES];
+
+static struct {
+    int initialized;
+    int count;
+    uint64_t memory, sms, wave_ns;
+    int driver_version;
+} G;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static __thread CUcontext ctx_stack[16];
+static __thread int ctx_depth; /* ctx_stack[ctx_depth - 1] is current */
+
+static void load_config(void) {
+    G.count = fake_device_count();
+    G.memory = fake_memory_bytes();
+    G.sms = fake_env_u64("FAKE_CUDA_SM_COUNT", 132);
+    if (G.sms == 0) G.sms = 1;
+    G.wave_ns = fake_env_u64("FAKE_CUDA_WAVE_NS", 10000);
+    G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
+    for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
+        devices[i].primary = (struct CUctx_st){MAGIC_CTX, i};
+        devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i};
+    }
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t) {
+    uint64_t now = now_ns();
+    if (t <= now) return;
+    struct timespec ts = {.tv_sec = (time_t)((t - now) / 1000000000ull), .tv_nsec = (long)((t - now) % 1000000000ull)};
+    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
+}
+
+static CUcontext current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+/* Common checks: initialised, and (if need_ctx) a current context. */
+static CUresult check(int need_ctx) {
+    pthread_once(&config_once, load_config);
+    if (!G.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (need_ctx && !current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return CUDA_SUCCESS;
+}
+
+#define CHECK(need_ctx)              \
+    do {                             \
+        CUresult e_ = check(need_ctx); \
+        if (e_ != CUDA_SUCCESS) return e_; \
+    } while (0)
+
+static int cur_device(void) { return current()->device; }
+
+static int valid_device(int d) { return d >= 0 && d < G.count; }
+
+/* ---------------------------------------------------------------- allocation table */
+
+enum { A_DEVICE = 1, A_HANDLE = 2 };
+
+struct alloc {
+    uint64_t key;
+    uint64_t bytes;
+    int device;
+    int kind;   /* 0 empty, -1 tombstone */
+};
+static struct alloc *allocs;
+static size_t allocs_cap, allocs_used;
+static uint64_t next_addr[FAKE_MAX_DEVICES];
+static uint64_t next_handle = 1;
+
+static size_t ahash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static struct alloc *alloc_find(uint64_t key, int kind) {
+    if (!allocs_cap) return NULL;
+    for (size_t i = ahash(key) & (allocs_cap - 1), n = 0; n < allocs_cap; n++, i = (i + 1) & (allocs_cap - 1)) {
+        if (allocs[i].kind == 0) return NULL;
+        if (allocs[i].kind == kind && allocs[i].key == key) return &allocs[i];
+    }
+    return NULL;
+}
+
+static int alloc_insert(uint64_t key, int kind, int device, uint64_t bytes) {
+    if ((allocs_used + 1) * 2 > allocs_cap) {
+        size_t live = 0;
+        for (size_t i = 0; i < allocs_cap; i++) live += allocs[i].kind > 0;
+        size_t ncap = 1024;
+        while (ncap < (live + 1) * 4) ncap *= 2;
+        struct alloc *old = allocs, *nt = calloc(ncap, sizeof *nt);
+        if (!nt) return -1;
+        size_t ocap = allocs_cap;
+        allocs = nt;
+        allocs_cap = ncap;
+        allocs_used = 0;
+        for (size_t i = 0; i < ocap; i++) {
+            if (old[i].kind > 0) alloc_insert(old[i].key, old[i].kind, old[i].device, old[i].bytes);
+        }
+        free(old);
+    }
+    size_t i = ahash(key) & (allocs_cap - 1);
+    while (allocs[i].kind > 0) i = (i + 1) & (allocs_cap - 1);
+    if (allocs[i].kind == 0) allocs_used++;
+    allocs[i] = (struct alloc){key, bytes, device, kind};
+    return 0;
+}
+
+/* Charges the device and returns a fresh device address. Caller holds mu. */
+static CUresult device_alloc(int device, uint64_t bytes, CUdeviceptr *out) {
+    struct device *d = &devices[device];
+    if (bytes > G.memory - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t span = (bytes + 511) & ~511ull;
+    uint64_t base = 0x7f0000000000ull + ((uint64_t)device << 40);
+    uint64_t addr;
+    do {
+        if (next_addr[device] + span >= (1ull << 39)) next_addr[device] = 0;
+        addr = base + 0x200000 + next_addr[device];
+        next_addr[device] += span;
+    } while (alloc_find(addr, A_DEVICE));
+    if (alloc_insert(addr, A_DEVICE, device, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    d->used += bytes;
+    *out = (CUdeviceptr)addr;
+    return CUDA_SUCCESS;
+}
+
+static CUresult device_free(uint64_t addr, int kind) {
+    struct alloc *a = alloc_find(addr, kind);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    devices[a->device].used -= a->bytes;
+    a->kind = -1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT uint64_t fakecuda_used_bytes(int device) {
+    pthread_once(&config_once, load_config);
+    if (device < 0 || device >= FAKE_MAX_DEVICES) return 0;
+    pthread_mutex_lock(&mu);
+    uint64_t u = devices[device].used;
+    pthread_mutex_unlock(&mu);
+    return u;
+}
+
+/* ---------------------------------------------------------------- simulated execution */
+
+static uint64_t kernel_ns(uint64_t blocks) {
+    if (blocks == 0) blocks = 1;
+    return (blocks + G.sms - 1) / G.sms * G.wave_ns;
+}
+
+/* Queues work of the given duration on a device; blocks while QUEUE_DEPTH launches are pending. */
+static void enqueue(int device, uint64_t duration) {
+    struct device *d = &devices[device];
+    pthread_mutex_lock(&mu);
+    uint64_t oldest = d->queue_end[d->queue_pos];
+    while (oldest > now_ns()) {
+        pthread_mutex_unlock(&mu);
+        sleep_until(oldest);
+        pthread_mutex_lock(&mu);
+        oldest = d->queue_end[d->queue_pos];
+    }
+    uint64_t now = now_ns();
+    uint64_t start = d->busy_until > now ? d->busy_until : now;
+    d->busy_until = start + duration;
+    d->busy_total += duration;
+    d->queue_end[d->queue_pos] = d->busy_until;
+    d->queue_pos = (d->queue_pos + 1) % QUEUE_DEPTH;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Device time spent executing kernels so far (queued work that has not run yet is not counted). */
+EXPORT uint64_t fakecuda_busy_ns(int device) {
+    pthread_once(&config_once, load_config);
+    if (device < 0 || device >= FAKE_MAX_DEVICES) return 0;
+    pthread_mutex_lock(&mu);
+    uint64_t now = now_ns(), b = devices[device].busy_total;
+    if (devices[device].busy_until > now) b -= devices[device].busy_until - now;
+    pthread_mutex_unlock(&mu);
+    return b;
+}
+
+static void wait_idle(int device) {
+    pthread_mutex_lock(&mu);
+    uint64_t t = devices[device].busy_until;
+    pthread_mutex_unlock(&mu);
+    sleep_until(t);
+}
+
+static int valid_stream(CUstream s) { return !s || s->magic == MAGIC_STREAM; }
+
+/* A launch: executed, or recorded into the capturing stream's graph. */
+static CUresult launch(CUfunction f, uint64_t blocks, CUstream s) {
+    CHECK(1);
+    if (!f || f->magic != MAGIC_FUNC || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t duration = kernel_ns(blocks);
+    if (s && s->capturing) {
+        s->capture->duration_ns += duration;
+        s->capture->nodes++;
+        return CUDA_SUCCESS;
+    }
+    enqueue(s ? s->device : cur_device(), duration);
+    return CUDA_SUCCESS;
+}
+
+#define GRID(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
+
+/* ---------------------------------------------------------------- init, version, errors */
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    COUNT();
+    pthread_once(&config_once, load_config);
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    G.initialized = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    COUNT();
+    pthread_once(&config_once, load_config);
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = G.driver_version;
+    return CUDA_SUCCESS;
+}
+
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+};
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+    COUNT();
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
+        if (errors[i].code == e) {
+            *s = errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+    COUNT();
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
+        if (errors[i].code == e) {
+            *s = errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------------------------------------------------------------- cuGetProcAddress */
+
+/* FAKE_CUDA_GETPROC_LOG=<file>: one line per lookup, "<name> <version> <flags> <symbol or ->". */
+static FILE *getproc_log;
+static void open_getproc_log(void) {
+    const char *path = getenv("FAKE_CUDA_GETPROC_LOG");
+    if (path && *path) getproc_log = fopen(path, "a");
+}
+
+static void log_lookup(const char *symbol, int version, cuuint64_t flags, const struct fake_proc_entry *pick) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, open_getproc_log);
+    if (!getproc_log) return;
+    fprintf(getproc_log, "%s %d %llu %s\n", symbol[0] ? symbol : "\"\"", version, (unsigned long long)flags,
+            pick ? pick->symbol : "-");
+    fflush(getproc_log);
+}
+
+static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult *status) {
+    pthread_once(&config_once, load_config);
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    if (version > G.driver_version) return CUDA_ERROR_INVALID_VALUE;
+    int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    const struct fake_proc_entry *legacy = NULL, *ptsz = NULL;
+    int known = 0;
+    for (unsigned i = 0; i < fake_proc_table_len; i++) {
+        const struct fake_proc_entry *e = &fake_proc_table[i];
+        if (strcmp(e->base, symbol) != 0) continue;
+        known = 1;
+        if (e->version > version) continue;
+        const struct fake_proc_entry **best = e->per_thread ? &ptsz : &legacy;
+        if (!*best || e->version > (*best)->version) *best = e;
+    }
+    const struct fake_proc_entry *pick = per_thread && ptsz ? ptsz : legacy;
+    log_lookup(symbol, version, flags, pick);
+    *pfn = pick ? (void *)pick->fn : NULL;
+    if (status)
+        *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
+                       : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    COUNT();
+    return resolve(symbol, pfn, version, flags, status);
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    COUNT();
+    return resolve(symbol, pfn, version, flags, NULL);
+}
+
+/* The fake's own definition of an exact symbol (for benchmarks that bypass any interposer). */
+EXPORT void *fakecuda_symbol(const char *name) {
+    for (unsigned i = 0; i < fake_proc_table_len; i++) {
+        if (strcmp(fake_proc_table[i].symbol, name) == 0) return (void *)fake_proc_table[i].fn;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- devices and contexts */
+
+EXPORT CUresult cuDeviceGetCount(int *n) {
+    COUNT();
+    CHECK(0);
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    *n = G.count;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    COUNT();
+    CHECK(0);
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "Fake GPU %d", d);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = (int)G.sms; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = 2048; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+        case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *v = 1; break;
+        case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *v = 1; break;
+        default: *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult uuid(CUuuid *u, CUdevice d) {
+    CHECK(0);
+    if (!u) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    fake_uuid_bytes(d, (unsigned char *)u->bytes);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
+    COUNT();
+    return uuid(u, d);
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
+    COUNT();
+    return uuid(u, d);
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = (size_t)G.memory;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    devices[d].primary_refs++;
+    pthread_mutex_unlock(&mu);
+    *c = &devices[d].primary;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    if (devices[d].primary_refs > 0) devices[d].primary_refs--;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    COUNT();
+    CHECK(0);
+    if (c && c->magic != MAGIC_CTX) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c) {
+        if (ctx_depth) ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!ctx_depth) ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
+    COUNT();
+    CHECK(0);
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    *c = current();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
+    COUNT();
+    CHECK(0);
+    if (!c || c->magic != MAGIC_CTX) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
+    COUNT();
+    CHECK(1);
+    CUcontext top = ctx_stack[--ctx_depth];
+    if (c) *c = top;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
+    COUNT();
+    CHECK(1);
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    *d = cur_device();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    COUNT();
+    CHECK(1);
+    wait_idle(cur_device());
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    COUNT();
+    CHECK(1);
+    if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *total = (size_t)G.memory;
+    *free_bytes = (size_t)(G.memory - devices[cur_device()].used);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_on(int device, CUdeviceptr *p, size_t bytes) {
+    if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = device_alloc(device, bytes, p);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+    COUNT();
+    CHECK(1);
+    return alloc_on(cur_device(), p, bytes);
+}
+
+/* The CUDA 2.0 ABI (32-bit sizes and addresses); exported so that ABI routing can be told apart. */
+EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int bytes) {
+    COUNT();
+    CHECK(1);
+    (void)p;
+    (void)bytes;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t bytes, unsigned int flags) {
+    COUNT();
+    CHECK(1);
+    (void)flags;
+    return alloc_on(cur_device(), p, bytes);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+    COUNT();
+    CHECK(1);
+    if (!p || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t row = (width + 255) / 256 * 256; /* this fake's pitch alignment: 256 bytes */
+    CUresult r = alloc_on(cur_device(), p, row * height);
+    if (r == CUDA_SUCCESS) *pitch = row;
+    return r;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    COUNT();
+    CHECK(1);
+    if (!p) return CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    CUresult r = device_free(p, A_DEVICE);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static int stream_device(CUstream s) { return s ? s->device : cur_device(); }
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t bytes, CUstream s) {
+    COUNT();
+    CHECK(1);
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    return alloc_on(stream_device(s), p, bytes);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t bytes, CUstream s) {
+    COUNT();
+    CHECK(1);
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    return alloc_on(stream_device(s), p, bytes);
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = &devices[d].pool;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
+    COUNT();
+    CHECK(1);
+    if (!pool || pool->magic != MAGIC_POOL || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    return alloc_on(pool->device, p, bytes);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
+    COUNT();
+    CHECK(1);
+    if (!pool || pool->magic != MAGIC_POOL || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    return alloc_on(pool->device, p, bytes);
+}
+
+static CUresult free_async(CUdeviceptr p, CUstream s) {
+    CHECK(1);
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    CUresult r = device_free(p, A_DEVICE);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    COUNT();
+    return free_async(p, s);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    COUNT();
+    return free_async(p, s);
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option) {
+    COUNT();
+    CHECK(0);
+    (void)option;
+    if (!g || !prop) return CUDA_ERROR_INVALID_VALUE;
+    *g = 2u << 20;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    COUNT();
+    CHECK(0);
+    if (!h || !prop || size == 0 || flags != 0 || size % (2u << 20) != 0) return CUDA_ERROR_INVALID_VALUE;
+    int device = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!valid_device(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        device = prop->location.id;
+    }
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    uint64_t key = next_handle++;
+    if (device >= 0) {
+        if (size > G.memory - devices[device].used) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else devices[device].used += size;
+    }
+    if (r == CUDA_SUCCESS) {
+        alloc_insert(key, A_HANDLE, device < 0 ? 0 : device, device < 0 ? 0 : size);
+        *h = key;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    COUNT();
+    CHECK(0);
+    pthread_mutex_lock(&mu);
+    CUresult r = device_free(h, A_HANDLE);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels) {
+    return (uint64_t)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * 4;
+}
+
+static CUresult array_create(CUarray *out, uint64_t bytes) {
+    CHECK(1);
+    struct CUarray_st *a = calloc(1, sizeof *a);
+    if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&mu);
+    int dev = cur_device();
+    CUresult r = bytes > G.memory - devices[dev].used ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) devices[dev].used += bytes;
+    pthread_mutex_unlock(&mu);
+    if (r != CUDA_SUCCESS) {
+        free(a);
+        return r;
+    }
+    *a = (struct CUarray_st){MAGIC_ARRAY, dev, bytes};
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *d) {
+    COUNT();
+    if (!out || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+    return array_create(out, array_bytes(d->Width, d->Height, 1, d->NumChannels));
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    COUNT();
+    if (!out || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+    return array_create(out, array_bytes(d->Width, d->Height, d->Depth, d->NumChannels));
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray a) {
+    COUNT();
+    CHECK(0);
+    if (!a || a->magic != MAGIC_ARRAY) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    devices[a->device].used -= a->bytes;
+    pthread_mutex_unlock(&mu);
+    a->magic = 0;
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    COUNT();
+    if (!out || !d || d->Width == 0 || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUarray a;
+    CUresult r = array_create(&a, array_bytes(d->Width, d->Height, d->Depth, d->NumChannels) * 2);
+    if (r == CUDA_SUCCESS) *out = (CUmipmappedArray)a; /* same layout: magic, device, bytes */
+    return r;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) {
+    COUNT();
+    return cuArrayDestroy((CUarray)m);
+}
+
+/* ---------------------------------------------------------------- modules and launches */
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    COUNT();
+    CHECK(1);
+    if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *mod = calloc(1, sizeof *mod);
+    if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
+    mod->magic = MAGIC_MOD;
+    *m = mod;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    COUNT();
+    CHECK(1);
+    if (!f || !m || m->magic != MAGIC_MOD || !name) return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
+    fn->magic = MAGIC_FUNC;
+    snprintf(fn->name, sizeof fn->name, "%s", name);
+    *f = fn;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
+    COUNT();
+    (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
+    return launch(f, GRID(gx, gy, gz), s);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
+    COUNT();
+    (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
+    return launch(f, GRID(gx, gy, gz), s);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
+    COUNT();
+    (void)bx, (void)by, (void)bz, (void)shm, (void)params;
+    return launch(f, GRID(gx, gy, gz), s);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
+    COUNT();
+    (void)bx, (void)by, (void)bz, (void)shm, (void)params;
+    return launch(f, GRID(gx, gy, gz), s);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    COUNT();
+    (void)params, (void)extra;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, GRID(c->gridDimX, c->gridDimY, c->gridDimZ), c->hStream);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    COUNT();
+    (void)params, (void)extra;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, GRID(c->gridDimX, c->gridDimY, c->gridDimZ), c->hStream);
+}
+
+/* ---------------------------------------------------------------- streams and capture */
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+    COUNT();
+    CHECK(1);
+    (void)flags;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = calloc(1, sizeof *st);
+    if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
+    *st = (struct CUstream_st){MAGIC_STREAM, cur_device(), 0, NULL};
+    *s = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    COUNT();
+    CHECK(0);
+    if (!s || s->magic != MAGIC_STREAM) return CUDA_ERROR_INVALID_HANDLE;
+    s->magic = 0;
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_sync(CUstream s) {
+    CHECK(1);
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    wait_idle(stream_device(s));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    COUNT();
+    return stream_sync(s);
+}
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
+    COUNT();
+    return stream_sync(s);
+}
+
+static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *st) {
+    CHECK(1);
+    if (!st || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    *st = s && s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
+    COUNT();
+    return is_capturing(s, st);
+}
+
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) {
+    COUNT();
+    return is_capturing(s, st);
+}
+
+static CUresult begin_capture(CUstream s) {
+    CHECK(1);
+    if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
+    if (s->magic != MAGIC_STREAM) return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = MAGIC_GRAPH;
+    s->capture = g;
+    s->capturing = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    COUNT();
+    (void)mode;
+    return begin_capture(s);
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+    COUNT();
+    (void)mode;
+    return begin_capture(s);
+}
+
+static CUresult end_capture(CUstream s, CUgraph *g) {
+    CHECK(1);
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    if (!s || s->magic != MAGIC_STREAM || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    *g = s->capture;
+    s->capture = NULL;
+    s->capturing = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    COUNT();
+    return end_capture(s, g);
+}
+
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
+    COUNT();
+    return end_capture(s, g);
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+    COUNT();
+    CHECK(0);
+    if (!g || flags) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *gr = calloc(1, sizeof *gr);
+    if (!gr) return CUDA_ERROR_OUT_OF_MEMORY;
+    gr->magic = MAGIC_GRAPH;
+    *g = gr;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                        const CUDA_KERNEL_NODE_PARAMS *p) {
+    COUNT();
+    CHECK(0);
+    (void)deps, (void)n;
+    if (!node || !g || g->magic != MAGIC_GRAPH || !p) return CUDA_ERROR_INVALID_VALUE;
+    g->duration_ns += kernel_ns(GRID(p->gridDimX, p->gridDimY, p->gridDimZ));
+    g->nodes++;
+    *node = (CUgraphNode)(uintptr_t)g->nodes;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    COUNT();
+    CHECK(1);
+    (void)flags;
+    if (!e || !g || g->magic != MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *x = calloc(1, sizeof *x);
+    if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+    *x = (struct CUgraphExec_st){MAGIC_EXEC, cur_device(), g->duration_ns};
+    *e = x;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s) {
+    CHECK(1);
+    if (!e || e->magic != MAGIC_EXEC || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (s && s->capturing) {
+        s->capture->duration_ns += e->duration_ns;
+        s->capture->nodes++;
+        return CUDA_SUCCESS;
+    }
+    enqueue(e->device, e->duration_ns);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    COUNT();
+    return graph_launch(e, s);
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) {
+    COUNT();
+    return graph_launch(e, s);
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+    COUNT();
+    if (!e || e->magic != MAGIC_EXEC) return CUDA_ERROR_INVALID_VALUE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    COUNT();
+    if (!g || g->magic != MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    g->magic = 0;
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- events */
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    COUNT();
+    CHECK(1);
+    (void)flags;
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    struct CUevent_st *ev = calloc(1, sizeof *ev);
+    if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
+    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0};
+    *e = ev;
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent e, CUstream s) {
+    CHECK(1);
+    if (!e || e->magic != MAGIC_EVENT || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&mu);
+    uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
+    e->ts = busy > now ? busy : now;
+    e->recorded = 1;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+    COUNT();
+    return event_record(e, s);
+}
+
+EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) {
+    COUNT();
+    return event_record(e, s);
+}
+
+EXPORT CUresult cuEventQuery(CUevent e) {
+    COUNT();
+    CHECK(0);
+    if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    return !e->recorded || e->ts <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    COUNT();
+    CHECK(0);
+    if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded) sleep_until(e->ts);
+    return CUDA_SUCCESS;
+}
+
+static CUresult elapsed(float *ms, CUevent a, CUevent b) {
+    CHECK(0);
+    if (!ms) return CUDA_ERROR_INVALID_VALUE;
+    if (!a || !b || a->magic != MAGIC_EVENT || b->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = now_ns();
+    if (a->ts > now || b->ts > now) return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)b->ts - (double)a->ts) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    COUNT();
+    return elapsed(ms, a, b);
+}
+
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
+    COUNT();
+    return elapsed(ms, a, b);
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+    COUNT();
+    CHECK(0);
+    if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}

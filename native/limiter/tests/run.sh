@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs the limiter's test suite against the fake driver and NVML; prints PASS/FAIL per test and exits
+# non-zero if any failed. Called by `make test` (once per build: plain, then sanitized).
+#
+#   tests/run.sh <build dir>
+#
+# LIMITER_ASAN_LIB: path of libasan.so, preloaded first when the build is an AddressSanitizer build.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+B=$(cd "$1" && pwd)
+LIB=$B/libdragpu-limiter.so.1
+PRELOAD="${LIMITER_ASAN_LIB:+$LIMITER_ASAN_LIB }$LIB"
+
+# A clean, known environment: no limiter settings from the caller, the fakes on the library path.
+for v in $(env | sed -n 's/^\(DRAGPU_[A-Za-z0-9_]*\)=.*/\1/p; s/^\(FAKE_CUDA_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+export LD_LIBRARY_PATH="$B/fake"
+export FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+passed=0
+failed=0
+
+# run <name> <command and arguments...>: the command's last output line is shown on success.
+run() {
+    local name=$1 out
+    shift
+    if out=$("$@" 2>&1); then
+        passed=$((passed + 1))
+        printf 'PASS %-28s  %s\n' "$name" "$(printf '%s\n' "$out" | tail -n 1)"
+    else
+        failed=$((failed + 1))
+        printf 'FAIL %s\n' "$name"
+        printf '%s\n' "$out" | tail -n 40 | sed 's/^/    /'
+    fi
+}
+
+# limited VAR=VALUE... -- <command>: runs the command with the limiter preloaded and a fresh state dir.
+limited() {
+    local dir
+    dir=$(mktemp -d "$TMP/claim.XXXX")
+    env LD_PRELOAD="$PRELOAD" DRAGPU_LIMITER_STATE_DIR="$dir" "$@"
+}
+
+run exports "$here/check_exports.sh" "$B"
+run env-parsing+fuzz "$B/tests/t_env_fuzz" 200000
+
+for t in t_linked t_dlsym t_getproc; do
+    run "$t (baseline)" env DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/$t" baseline
+    run "$t" limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/$t" limited
+done
+
+run "t_nvml (baseline)" "$B/tests/t_nvml" baseline
+run "t_nvml global limit" limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_nvml" limited 1073741824
+run "t_nvml limit by UUID" limited DRAGPU_MEMORY_LIMIT=1Gi \
+    DRAGPU_MEMORY_LIMIT_BY_UUID=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=512Mi "$B/tests/t_nvml" limited 536870912
+run "t_nvml limit by ordinal" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0=768Mi \
+    "$B/tests/t_nvml" limited 805306368
+
+run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
+run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
+run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
+run t_failopen "$here/t_failopen.sh" "$B" "$PRELOAD"
+
+if [ -x "$B/tests/t_cudart" ]; then
+    run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \
+        sh -c '"$1" "$2" "$3" 2>"$3"' sh "$B/tests/t_cudart" "$TMP/lookups.log" "$TMP/limiter.log"
+fi
+
+run "compute unlimited" limited "$B/tests/t_compute" 100 1
+for c in 10 30 50 70; do
+    run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
+done
+run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
+
+echo "limiter tests ($(basename "$B")): $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,174 @@
+/*
+ * Compute cap accuracy on the fake driver's simulated GPU. The program launches as fast as it can, mixing
+ * every launch family (cuLaunchKernel and _ptsz, cuLaunchKernelEx and _ptsz, cuLaunchCooperativeKernel and
+ * _ptsz, cuGraphLaunch and _ptsz) and kernel lengths from 10 us to 1 ms; the fake says how long its device
+ * was busy. The busy fraction over the run must be within 5 % (relative) of DRAGPU_CORES_LIMIT.
+ *
+ * Before measuring, it checks how capture is handled: launches recorded into a capturing stream are
+ * neither timed nor charged (no event is recorded on the capturing stream), and while a capture is open the
+ * limiter does not query events (that could invalidate a global-mode capture).
+ *
+ * usage: t_compute <cores%> <seconds> [<processes>]    (cores 100: no limit, the device should saturate)
+ * With several processes (forked before any CUDA call, sharing the claim's region) the sum of their busy
+ * fractions is what must match. T_COMPUTE_VERBOSE=1 also prints each process's share.
+ */
+#include "device.h"
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                        unsigned, CUstream, void **);
+CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+unsigned long fakecuda_calls(const char *name);
+uint64_t fakecuda_busy_ns(int device);
+
+#define SMS 132 /* run.sh sets FAKE_CUDA_SM_COUNT=132 and FAKE_CUDA_WAVE_NS=10000: one wave = 10 us */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static CUfunction fn[3];
+static CUstream stream;
+static CUgraphExec exec;
+
+static void setup(void) {
+    CUmodule mod;
+    use_device0();
+    CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
+    const char *names[3] = {"small", "medium", "large"};
+    for (int i = 0; i < 3; i++) CHECK_CU(cuModuleGetFunction(&fn[i], mod, names[i]), CUDA_SUCCESS);
+    CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+
+    /* A graph of three kernels (10 + 200 + 500 us). */
+    CUgraph g;
+    CHECK_CU(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    const unsigned waves[3] = {1, 20, 50};
+    for (int i = 0; i < 3; i++) {
+        CUDA_KERNEL_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.func = fn[i];
+        p.gridDimX = SMS * waves[i];
+        p.gridDimY = p.gridDimZ = p.blockDimY = p.blockDimZ = 1;
+        p.blockDimX = 128;
+        CUgraphNode node;
+        CHECK_CU(cuGraphAddKernelNode_v2(&node, g, NULL, 0, &p), CUDA_SUCCESS);
+    }
+    CHECK_CU(cuGraphInstantiateWithFlags(&exec, g, 0), CUDA_SUCCESS);
+}
+
+static unsigned lcg = 12345;
+static unsigned next_rand(void) {
+    lcg = lcg * 1103515245u + 12345u;
+    return lcg >> 8;
+}
+
+/* One launch of some family and some length. */
+static void launch_one(unsigned i) {
+    static const unsigned waves[] = {1, 5, 20, 50, 100};
+    unsigned grid = SMS * waves[next_rand() % 5];
+    CUfunction f = fn[next_rand() % 3];
+    CUstream s = (i & 1) ? stream : NULL;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid;
+    cfg.gridDimY = cfg.gridDimZ = cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.blockDimX = 128;
+    cfg.hStream = s;
+    switch (i % 8) {
+        case 0: CHECK_CU(cuLaunchKernel(f, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS); break;
+        case 1: CHECK_CU(cuLaunchKernel_ptsz(f, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS); break;
+        case 2: CHECK_CU(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_SUCCESS); break;
+        case 3: CHECK_CU(cuLaunchKernelEx_ptsz(&cfg, f, NULL, NULL), CUDA_SUCCESS); break;
+        case 4: CHECK_CU(cuLaunchCooperativeKernel(f, grid, 1, 1, 128, 1, 1, 0, s, NULL), CUDA_SUCCESS); break;
+        case 5: CHECK_CU(cuLaunchCooperativeKernel_ptsz(f, grid, 1, 1, 128, 1, 1, 0, s, NULL), CUDA_SUCCESS); break;
+        case 6: CHECK_CU(cuGraphLaunch(exec, s), CUDA_SUCCESS); break;
+        default: CHECK_CU(cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS); break;
+    }
+}
+
+static void check_capture(int limited) {
+    CUstream other;
+    CHECK_CU(cuStreamCreate(&other, 0), CUDA_SUCCESS);
+    unsigned long records = fakecuda_calls("cuEventRecord") + fakecuda_calls("cuEventRecord_ptsz");
+    uint64_t busy = fakecuda_busy_ns(0); /* the device is idle here */
+    CHECK_CU(cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    for (int i = 0; i < 50; i++)
+        CHECK_CU(cuLaunchKernel(fn[2], SMS * 100, 1, 1, 128, 1, 1, 0, stream, NULL, NULL), CUDA_SUCCESS);
+    CHECK_EQ_U64(fakecuda_calls("cuEventRecord") + fakecuda_calls("cuEventRecord_ptsz"), records);
+    CHECK_EQ_U64(fakecuda_busy_ns(0), busy); /* captured, not executed */
+    /* Launches on another stream while the capture is open: timed, but no event is queried. */
+    unsigned long queries = fakecuda_calls("cuEventQuery");
+    for (int i = 0; i < 5; i++)
+        CHECK_CU(cuLaunchKernel(fn[0], SMS, 1, 1, 128, 1, 1, 0, other, NULL, NULL), CUDA_SUCCESS);
+    CHECK_EQ_U64(fakecuda_calls("cuEventQuery"), queries);
+    if (limited)
+        CHECK(fakecuda_calls("cuEventRecord") > records, "launches outside the capture should be timed");
+    CUgraph g;
+    CHECK_CU(cuStreamEndCapture(stream, &g), CUDA_SUCCESS);
+    CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+    CHECK_CU(cuStreamDestroy_v2(other), CUDA_SUCCESS);
+}
+
+/* Runs the launch loop and measures the device's busy time over the window [start, start + seconds] of
+ * CLOCK_MONOTONIC (the same window in every process), in steady state: the loop has been running under
+ * the same load since well before `start` (every kind of launch has been timed, the launch queue or the
+ * limiter's clock has settled) and runs on without a pause. */
+static void measure(double start, double seconds, uint64_t *busy_ns, uint64_t *window_ns) {
+    unsigned i = 0;
+    for (; now_s() < start; i++) launch_one(i);
+    uint64_t b0 = fakecuda_busy_ns(0);
+    double t0 = now_s();
+    for (; now_s() - t0 < seconds; i++) launch_one(i);
+    *busy_ns = fakecuda_busy_ns(0) - b0;
+    *window_ns = (uint64_t)((now_s() - t0) * 1e9);
+    CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc >= 3, "usage: t_compute <cores%%> <seconds> [<processes>]");
+    int cores = atoi(argv[1]);
+    double seconds = atof(argv[2]);
+    int procs = argc > 3 ? atoi(argv[3]) : 1;
+    CHECK(cores >= 1 && cores <= 100 && seconds > 0 && procs >= 1 && procs <= 8, "bad arguments");
+
+    int fds[8][2];
+    pid_t pids[8];
+    double start = now_s() + 0.4; /* time enough to set up and warm up in every process */
+    for (int p = 0; p < procs; p++) {
+        CHECK(pipe(fds[p]) == 0, "pipe");
+        pids[p] = fork();
+        CHECK(pids[p] >= 0, "fork");
+        if (pids[p] == 0) {
+            setup();
+            if (procs == 1) check_capture(cores < 100);
+            uint64_t r[2];
+            measure(start, seconds, &r[0], &r[1]);
+            CHECK(write(fds[p][1], r, sizeof r) == (ssize_t)sizeof r, "write");
+            _exit(0);
+        }
+        close(fds[p][1]);
+    }
+    double busy = 0;
+    for (int p = 0; p < procs; p++) {
+        uint64_t r[2] = {0, 0};
+        CHECK(read(fds[p][0], r, sizeof r) == (ssize_t)sizeof r, "worker %d reported nothing", p);
+        int status;
+        waitpid(pids[p], &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "worker %d failed", p);
+        busy += 100.0 * (double)r[0] / (double)r[1];
+        if (getenv("T_COMPUTE_VERBOSE")) fprintf(stderr, "  worker %d: busy %.2f%% window %.3f s\n", p, 100.0 * (double)r[0] / (double)r[1], (double)r[1] / 1e9);
+    }
+    double error = 100.0 * (busy - cores) / cores;
+    printf("compute cap: target %3d%%  busy %6.2f%%  error %+6.2f%%  (%d process%s, %.1f s)\n", cores, busy, error,
+           procs, procs == 1 ? "" : "es", seconds);
+    if (cores < 100) CHECK(error >= -5.0 && error <= 5.0, "busy %.2f%% is not within 5%% of %d%%", busy, cores);
+    else CHECK(busy >= 90.0, "an unlimited launcher should keep the device busy, got %.2f%%", busy);
+    return 0;
+}

@@ -1,0 +1,170 @@
+/*
+ * Several processes of one claim share one region (the environment - LD_PRELOAD, the limit and the state
+ * directory - is inherited from tests/run.sh). Each process is a limiter-probe, as in a container:
+ *
+ *   1. a holder keeps 768 MiB of the 1 GiB limit; another process then gets only the remaining 256 MiB,
+ *      and `limiter-probe info` reports total 1 GiB, free 256 MiB;
+ *   2. the holder is killed with SIGKILL; its memory comes back (a new process gets the full 1 GiB);
+ *   3. four processes allocating concurrently get exactly 1 GiB between them;
+ *   4. holders in two separate PID namespaces (both are PID 1 there) are told apart and both counted,
+ *      and their memory comes back when they are killed (skipped where user namespaces are unavailable).
+ *
+ * usage: t_multiproc <build dir>
+ */
+#include "check.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char probe[4096];
+
+struct proc {
+    pid_t pid;
+    int out;
+    char buf[8192];
+    size_t len;
+};
+
+static void start(struct proc *p, char *const argv[]) {
+    int fds[2];
+    CHECK(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    p->pid = fork();
+    CHECK(p->pid >= 0, "fork: %s", strerror(errno));
+    if (p->pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execvp(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    p->out = fds[0];
+    p->len = 0;
+    p->buf[0] = '\0';
+}
+
+/* Reads the process's output until it contains `needle` (or the process closes it); 20 s at most. */
+static int read_until(struct proc *p, const char *needle) {
+    for (int waited = 0; !strstr(p->buf, needle) && waited < 20000;) {
+        struct pollfd pfd = {.fd = p->out, .events = POLLIN};
+        int r = poll(&pfd, 1, 100);
+        waited += 100;
+        if (r <= 0) continue;
+        ssize_t n = read(p->out, p->buf + p->len, sizeof p->buf - 1 - p->len);
+        if (n <= 0) break;
+        p->len += (size_t)n;
+        p->buf[p->len] = '\0';
+    }
+    return strstr(p->buf, needle) != NULL;
+}
+
+static void finish(struct proc *p, int kill_it) {
+    if (kill_it) kill(p->pid, SIGKILL);
+    int status;
+    waitpid(p->pid, &status, 0);
+    close(p->out);
+    if (!kill_it) CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe exited with status %d:\n%s", status, p->buf);
+}
+
+static unsigned long long field(const char *text, const char *name) {
+    const char *s = strstr(text, name);
+    CHECK(s, "no %s in:\n%s", name, text);
+    return strtoull(s + strlen(name), NULL, 10);
+}
+
+static void run_probe(struct proc *p, char *const argv[]) {
+    start(p, argv);
+    read_until(p, "\x01"); /* until EOF */
+    finish(p, 0);
+}
+
+static unsigned long long free_now(void) {
+    struct proc p;
+    char *argv[] = {probe, "info", NULL};
+    run_probe(&p, argv);
+    CHECK_EQ_U64(field(p.buf, "total="), 1 * GiB);
+    return field(p.buf, "free=");
+}
+
+/* Waits (5 s at most) until the claim's free memory is `want`: a process killed outside our own children
+ * (in another PID namespace) dies asynchronously. */
+static void wait_free(unsigned long long want) {
+    unsigned long long got = 0;
+    for (int i = 0; i < 50 && (got = free_now()) != want; i++) usleep(100000);
+    CHECK_EQ_U64(got, want);
+}
+
+static int have_user_pid_namespaces(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", 1);
+        dup2(null, 2);
+        execlp("unshare", "unshare", "--user", "--map-root-user", "--pid", "--fork", "true", (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2, "usage: t_multiproc <build dir>");
+    snprintf(probe, sizeof probe, "%s/limiter-probe", argv[1]);
+
+    /* 1. holder + second process */
+    struct proc holder, other;
+    char *hold_argv[] = {probe, "alloc", "268435456", "3", "--hold", NULL};
+    start(&holder, hold_argv);
+    CHECK(read_until(&holder, "holding"), "holder did not get to hold:\n%s", holder.buf);
+    CHECK_EQ_U64(field(holder.buf, "allocated="), 768 * MiB);
+    CHECK_EQ_U64(free_now(), 256 * MiB);
+    char *fill_argv[] = {probe, "alloc", "134217728", NULL};
+    run_probe(&other, fill_argv);
+    CHECK_EQ_U64(field(other.buf, "allocated="), 256 * MiB);
+    CHECK(strstr(other.buf, "last=CUDA_ERROR_OUT_OF_MEMORY"), "expected a refusal:\n%s", other.buf);
+
+    /* 2. SIGKILL gives the memory back */
+    finish(&holder, 1);
+    CHECK_EQ_U64(free_now(), 1 * GiB);
+    run_probe(&other, fill_argv);
+    CHECK_EQ_U64(field(other.buf, "allocated="), 1 * GiB);
+
+    /* 3. concurrent admission never overshoots */
+    struct proc racers[4];
+    char *race_argv[] = {probe, "alloc", "33554432", "--hold", NULL};
+    for (int i = 0; i < 4; i++) start(&racers[i], race_argv);
+    unsigned long long sum = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK(read_until(&racers[i], "holding"), "racer %d:\n%s", i, racers[i].buf);
+        sum += field(racers[i].buf, "allocated=");
+    }
+    CHECK_EQ_U64(sum, 1 * GiB);
+    for (int i = 0; i < 4; i++) finish(&racers[i], 1);
+    CHECK_EQ_U64(free_now(), 1 * GiB);
+
+    /* 4. separate PID namespaces */
+    if (!have_user_pid_namespaces()) {
+        printf("t_multiproc: ok (PID namespace case skipped: unshare --user --pid is not permitted here)\n");
+        return 0;
+    }
+    struct proc ns[2];
+    char *ns_argv[] = {"unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+                       probe, "alloc", "268435456", "1", "--hold", NULL};
+    for (int i = 0; i < 2; i++) {
+        start(&ns[i], ns_argv);
+        CHECK(read_until(&ns[i], "holding"), "namespaced holder %d:\n%s", i, ns[i].buf);
+    }
+    CHECK_EQ_U64(free_now(), 512 * MiB);
+    finish(&ns[0], 1);
+    wait_free(768 * MiB);
+    finish(&ns[1], 1);
+    wait_free(1 * GiB);
+    printf("t_multiproc: ok\n");
+    return 0;
+}

@@ -1,0 +1,243 @@
+"""The native limiter (native/limiter), exercised from pytest so that the project's one test command covers it.
+
+`make -C native/limiter test` runs the limiter's C test suite against the fake driver twice (a plain build and
+an AddressSanitizer + UndefinedBehaviorSanitizer build); each of its cases is reported here as its own test.
+The other tests check, from the outside, the contract the kubelet plugin relies on: the environment variables
+and `limiter-probe`'s output, plus NVML as Python programs see it (pynvml).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITER = ROOT / "native" / "limiter"
+BUILD = LIMITER / "build"
+FAKE_TOTAL = 80 * 2**30  # the fake driver's default memory per GPU
+GiB = 2**30
+
+pytestmark = [pytest.mark.limiter, pytest.mark.timeout(900)]
+
+# The cases tests/run.sh reports for every build.
+CASES = [
+    "exports",
+    "env-parsing+fuzz",
+    "t_linked (baseline)",
+    "t_linked",
+    "t_dlsym (baseline)",
+    "t_dlsym",
+    "t_getproc (baseline)",
+    "t_getproc",
+    "t_nvml (baseline)",
+    "t_nvml global limit",
+    "t_nvml limit by UUID",
+    "t_nvml limit by ordinal",
+    "t_multiproc",
+    "t_fork",
+    "t_threads",
+    "t_failopen",
+    "compute unlimited",
+    "compute 10%",
+    "compute 30%",
+    "compute 50%",
+    "compute 70%",
+    "compute 30%, 2 processes",
+]
+BUILDS = ["build", "sanitize"]
+
+
+def _require_compiler() -> None:
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler (cc) on PATH: the native limiter cannot be built")
+    if shutil.which("make") is None:
+        pytest.skip("no make on PATH: the native limiter cannot be built")
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    _require_compiler()
+    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"make -C native/limiter failed:\n{result.stdout}\n{result.stderr}"
+    return BUILD
+
+
+@pytest.fixture(scope="session")
+def suite(built: Path) -> dict[tuple[str, str], str]:
+    """Runs `make test` once; maps (build, case) to "PASS ..." or the failure report."""
+    result = subprocess.run(
+        ["make", "-C", str(LIMITER), "test"], capture_output=True, text=True, check=False, timeout=850
+    )
+    outcomes: dict[tuple[str, str], str] = {}
+    pending: list[tuple[str, str]] = []
+    current: tuple[str, str] | None = None
+    for line in result.stdout.splitlines():
+        if m := re.match(r"(PASS|FAIL) (.+?)(?:\s{2,}(.*))?$", line):
+            current = (m.group(2).strip(), line)
+            pending.append(current)
+        elif m := re.match(r"limiter tests \((\w+)\): ", line):
+            outcomes.update({(m.group(1), name): text for name, text in pending})
+            pending, current = [], None
+        elif current is not None and line.startswith("    "):
+            pending[-1] = (current[0], pending[-1][1] + "\n" + line)
+    if not outcomes:
+        pytest.fail(f"make -C native/limiter test produced no results:\n{result.stdout}\n{result.stderr}")
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("case", CASES)
+def test_native_suite_case(suite: dict[tuple[str, str], str], build: str, case: str) -> None:
+    report = suite.get((build, case))
+    assert report is not None, f"{case} did not run in the {build} build"
+    assert report.startswith("PASS"), report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", BUILDS)
+def test_real_cuda_runtime_lookups_are_routed(suite: dict[tuple[str, str], str], build: str) -> None:
+    report = suite.get((build, "t_cudart"))
+    if report is None:
+        pytest.skip("the CUDA toolkit's libcudart is not installed, so the real-runtime case was not built")
+    assert report.startswith("PASS"), report
+
+
+@pytest.mark.slow
+def test_compute_cap_within_five_percent_of_target(suite: dict[tuple[str, str], str]) -> None:
+    for build in BUILDS:
+        for target in (10, 30, 50, 70):
+            report = suite[(build, f"compute {target}%")]
+            m = re.search(r"busy\s+([\d.]+)%", report)
+            assert m, report
+            assert abs(float(m.group(1)) - target) <= 0.05 * target, report
+
+
+# ---- the contract with the kubelet plugin, checked from outside ----
+
+
+def _env(built: Path, state_dir: Path | None = None, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env["LD_LIBRARY_PATH"] = str(built / "fake")
+    env["LD_PRELOAD"] = str(built / "libdragpu-limiter.so.1")
+    if state_dir is not None:
+        env["DRAGPU_LIMITER_STATE_DIR"] = str(state_dir)
+    env.update(settings)
+    return env
+
+
+def _probe(built: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(built / "limiter-probe"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_build_outputs_named_in_the_contract(built: Path) -> None:
+    for name in ("libdragpu-limiter.so.1", "fake/libcuda.so.1", "fake/libnvidia-ml.so.1", "limiter-probe"):
+        assert (built / name).exists(), f"make did not produce build/{name}"
+    assert os.path.realpath(built / "libdragpu-limiter.so.1").endswith("libdragpu-limiter.so.1.0.0")
+
+
+def test_probe_info_reports_the_claim_limit(built: Path, tmp_path: Path) -> None:
+    result = _probe(built, _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi"), "info")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"total={GiB} free={GiB}", f"device_total={GiB}"]
+
+
+def test_probe_alloc_reports_each_attempt_and_the_refusal(built: Path, tmp_path: Path) -> None:
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT=str(GiB))
+    result = _probe(built, env, "alloc", str(256 * 2**20), "6")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "alloc 0 ok",
+        "alloc 1 ok",
+        "alloc 2 ok",
+        "alloc 3 ok",
+        "alloc 4 CUDA_ERROR_OUT_OF_MEMORY",
+        f"allocated={GiB} last=CUDA_ERROR_OUT_OF_MEMORY",
+    ]
+
+
+@pytest.fixture
+def holder(built: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi")
+    proc = subprocess.Popen(
+        [str(built / "limiter-probe"), "alloc", str(768 * 2**20), "1", "--hold"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().strip() for _ in range(3)]
+    assert lines == ["alloc 0 ok", f"allocated={768 * 2**20} last=CUDA_SUCCESS", "holding"], lines
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_processes_of_a_claim_share_the_limit_and_a_killed_one_gives_memory_back(
+    built: Path, tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi")
+    assert _probe(built, env, "info").stdout.splitlines()[0] == f"total={GiB} free={256 * 2**20}"
+    refused = _probe(built, env, "alloc", str(512 * 2**20), "1")
+    assert refused.stdout.splitlines()[-1] == "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert _probe(built, env, "info").stdout.splitlines()[0] == f"total={GiB} free={GiB}"
+    assert (
+        _probe(built, env, "alloc", str(GiB), "1").stdout.splitlines()[-1]
+        == f"allocated={GiB} last=CUDA_SUCCESS"
+    )
+
+
+def test_malformed_limit_is_named_in_a_warning_and_ignored(built: Path, tmp_path: Path) -> None:
+    result = _probe(built, _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="10GB", DRAGPU_CORES_LIMIT="0"), "info")
+    assert result.returncode == 0, result.stderr
+    assert (
+        'dragpu-limiter: warn: ignoring malformed DRAGPU_MEMORY_LIMIT="10GB" '
+        "(expected bytes, optionally with a Ki, Mi, Gi or Ti suffix)" in result.stderr
+    )
+    assert (
+        'ignoring malformed DRAGPU_CORES_LIMIT="0" (expected an integer percentage 1..100)' in result.stderr
+    )
+    assert result.stdout.splitlines()[0] == f"total={FAKE_TOTAL} free={FAKE_TOTAL}"
+
+
+def test_fake_driver_memory_is_configurable(built: Path) -> None:
+    env = _env(built, FAKE_CUDA_MEMORY_BYTES=str(4 * GiB))
+    del env["LD_PRELOAD"]
+    result = _probe(built, env, "info")
+    assert result.stdout.splitlines() == [f"total={4 * GiB} free={4 * GiB}", f"device_total={4 * GiB}"]
+
+
+def test_pynvml_sees_the_same_capped_view(built: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is a project dependency but is not installed here")
+    script = (
+        "import pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "m = pynvml.nvmlDeviceGetMemoryInfo(h)\n"
+        "m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)\n"
+        "print(m.total, m.free, m.used, m2.total, m2.free)\n"
+    )
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="3Gi")
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(3 * GiB), str(3 * GiB), "0", str(3 * GiB), str(3 * GiB)]
+    assert result.stderr == ""
