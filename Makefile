@@ -28,8 +28,12 @@ generated-check: venv
 	$(BIN)/dra-gpu schema --check
 	$(BIN)/dra-gpu manifests --check
 
+# The local image the container tests run in (nothing pulled from a registry).
+container-setup: limiter
+	@if command -v podman >/dev/null; then tools/container-image.sh; else echo "podman not installed: container tests will be skipped"; fi
+
 # Sets up everything the tests need, then runs lint, generated-file checks and every test.
-test: venv limiter lint generated-check
+test: venv limiter container-setup lint generated-check
 	$(BIN)/pytest
 
 # The local demo: simulated GPUs, in-process API, real gRPC sockets and CDI files.

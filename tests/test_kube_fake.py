@@ -37,7 +37,9 @@ def test_stale_update_is_a_conflict_with_the_real_message() -> None:
     first["metadata"]["finalizers"] = ["gpu.dra-gpu.io/allocation"]
     api.update("ResourceClaim", first)
     created["metadata"]["labels"] = {"x": "y"}
-    with pytest.raises(Conflict, match='resourceclaims.resource.k8s.io "c": the object has been modified'):
+    with pytest.raises(
+        Conflict, match=r'resourceclaims\.resource\.k8s\.io "c": the object has been modified'
+    ):
         api.update("ResourceClaim", created)
 
 
@@ -70,7 +72,7 @@ def test_status_subresource_and_write_once_allocation() -> None:
     c = api.update_status("ResourceClaim", c)
     changed = copy.deepcopy(c)
     changed["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-1"
-    with pytest.raises(Invalid, match="status.allocation: Invalid value.*field is immutable"):
+    with pytest.raises(Invalid, match=r"status\.allocation: Invalid value.*field is immutable"):
         api.update_status("ResourceClaim", changed)
     bad = copy.deepcopy(c)
     bad["status"] = {

@@ -96,7 +96,7 @@ def test_a_node_without_gpus_publishes_one_empty_slice() -> None:
     api.create("Node", {"metadata": {"name": NODE}})
 
     class NoGpus(SimulatedInventory):
-        def gpus(self):  # type: ignore[no-untyped-def]
+        def gpus(self):
             return []
 
     pub = SlicePublisher(api, NODE, NoGpus("1xL4-24GB", seed=NODE), NodeSharing.parse("*=Shared"))
@@ -206,7 +206,7 @@ def test_a_slice_the_api_server_would_refuse_is_not_sent() -> None:
     pub, _ = make(api, profile="1xH100-80GB")
 
     class Broken(SimulatedInventory):
-        def gpus(self):  # type: ignore[no-untyped-def]
+        def gpus(self):
             from dataclasses import replace
 
             return [replace(g, memory_bytes=-(2**30)) for g in super().gpus()]

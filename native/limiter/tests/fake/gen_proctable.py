@@ -52,8 +52,9 @@ def exported_names(base: str, variants: list[tuple[int, str]]) -> list[tuple[int
 
 
 def check_against_macros(cuda_h: str, table: dict[str, list[tuple[int, str, str]]]) -> None:
-    for base, target in re.findall(r"^\s*#define\s+(cu\w+)\s+(?:__CUDA_API_PT[DS][SZ]\()?(cu\w+)\)?\s*$",
-                                   cuda_h, re.M):
+    for base, target in re.findall(
+        r"^\s*#define\s+(cu\w+)\s+(?:__CUDA_API_PT[DS][SZ]\()?(cu\w+)\)?\s*$", cuda_h, re.M
+    ):
         if base not in table or base in MACRO_EXCEPTIONS or base == target:
             continue
         newest = [n for v, s, n in table[base] if not s][-1]
@@ -76,8 +77,10 @@ def main() -> int:
         "",
         "/* Weak stubs: every exported driver name exists; the fake's real implementations override these. */",
     ]
-    lines += [f"__attribute__((weak)) int {n}(void) {{ return 801; /* CUDA_ERROR_NOT_SUPPORTED */ }}"
-              for n in symbols]
+    lines += [
+        f"__attribute__((weak)) int {n}(void) {{ return 801; /* CUDA_ERROR_NOT_SUPPORTED */ }}"
+        for n in symbols
+    ]
     lines += ["", "const struct fake_proc_entry fake_proc_table[] = {"]
     for base, rows in table.items():
         for version, suffix, name in rows:

@@ -1,0 +1,129 @@
+"""`dra-gpu kubelet-plugin`: the node agent a DaemonSet runs on every GPU node."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.config import ConfigError, NodeSharing
+from dra_gpu.flags import add_bool_flag, add_flag
+from dra_gpu.inventory import InventoryError, open_inventory
+from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
+
+NAME = "kubelet-plugin"
+HELP = "run the node agent: kubelet registration, DRA prepare/unprepare, ResourceSlice publishing"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--node-name", help="name of this node (the downward API's spec.nodeName)")
+    add_flag(parser, "--driver-name", default=DRIVER_NAME, help="DRA driver name")
+    add_flag(
+        parser,
+        "--registration-dir",
+        default="/var/lib/kubelet/plugins_registry",
+        type=Path,
+        help="kubelet plugin registration directory (registration socket <dir>/<driver>-reg.sock)",
+    )
+    add_flag(
+        parser,
+        "--plugins-dir",
+        default="/var/lib/kubelet/plugins",
+        type=Path,
+        help="kubelet plugins directory (service socket <dir>/<driver>/dra.sock)",
+    )
+    add_flag(
+        parser, "--cdi-dir", default="/var/run/cdi", type=Path, help="directory for the claims' CDI specs"
+    )
+    add_flag(
+        parser, "--state-dir", default="/var/lib/dra-gpu", type=Path, help="checkpoint and per-claim state"
+    )
+    add_flag(
+        parser,
+        "--gpu-backend",
+        default="nvml",
+        help="'nvml' for the node's GPUs, or 'simulated:PROFILE' (e.g. simulated:2xH100-80GB)",
+    )
+    add_flag(
+        parser,
+        "--limiter-library",
+        default=str(DEFAULT_LIMITER_LIBRARY),
+        type=Path,
+        help="the limiter library on the host (a versioned file installed by the init container)",
+    )
+    add_flag(parser, "--sharing", default="*=Shared", help="per-GPU sharing modes, e.g. '*=Shared,0=MPS'")
+    add_flag(parser, "--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    add_flag(parser, "--http-address", default=":8080", help="HOST:PORT serving /healthz and /metrics")
+    add_flag(parser, "--dev-root", default="/", type=Path, help="where the host's /dev is visible, as '/'")
+    add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
+
+
+def wait_for_signal(stop: threading.Event | None = None) -> None:
+    """Block until SIGTERM or SIGINT (the kubelet and a developer's Ctrl-C)."""
+    stop = stop or threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.node_name:
+        print("error: --node-name (or DRA_GPU_NODE_NAME) is required", file=sys.stderr)
+        return 2
+    try:
+        sharing = NodeSharing.parse(args.sharing)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        inventory = open_inventory(args.gpu_backend, seed=args.node_name)
+    except InventoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    from dra_gpu.kube.client import KubeClient
+
+    try:
+        api = KubeClient.from_kubeconfig(args.kubeconfig)
+    except Exception as exc:
+        print(f"error: cannot load the Kubernetes client configuration: {exc}", file=sys.stderr)
+        return 1
+    config = PluginConfig(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        registration_dir=args.registration_dir,
+        plugins_dir=args.plugins_dir,
+        cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir,
+        limiter_library=args.limiter_library,
+        dev_root=args.dev_root,
+        http_address=args.http_address or None,
+    )
+    plugin = KubeletPlugin(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
+    try:
+        plugin.start()
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+        inventory.close()
+        return 1
+    try:
+        wait_for_signal()
+    finally:
+        plugin.stop()
+        inventory.close()
+    return 0

@@ -1,0 +1,1 @@
+"""`dra-gpu demo`: the whole driver on one machine, with a simulated cluster and simulated GPUs."""

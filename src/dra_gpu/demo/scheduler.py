@@ -1,0 +1,143 @@
+"""A stand-in for the kube-scheduler's DRA steps, for the local demo (and tests) where none runs.
+
+This is a simulation, not the scheduler: it does what `DynamicResources` does for a pending pod, in the
+same order and with the same API writes, and nothing else (no resource fit, no scoring, no preemption).
+For each pod without a node: every claim the pod uses that is not yet allocated is allocated with the
+allocator against the DeviceClasses *as published* (so a controller-managed class matches no device,
+exactly as with the real scheduler); claims that are already allocated constrain the pod to their node.
+When every claim fits on one node, the allocations are written (with the scheduler's finalizer
+`resource.kubernetes.io/delete-protection`), the pod is added to each claim's `reservedFor`, and the pod
+is bound to the node.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gpu.allocator import AllocationError, Allocator
+from dra_gpu.controller.consumers import claim_names_of
+from dra_gpu.controller.eligibility import why_not
+from dra_gpu.controller.reconciler import allocation_node
+from dra_gpu.kube import KubeAPI, NotFound
+
+Obj = dict[str, Any]
+
+SCHEDULER_FINALIZER = "resource.kubernetes.io/delete-protection"
+GENERIC_FAILURE = "0/{n} nodes are available: {n} cannot allocate all claims."
+"""The real scheduler's only words for a claim that does not fit (`tests/fixtures/k8s-1.36-real/events.json`)."""
+
+
+@dataclass
+class ScheduleResult:
+    bound: dict[str, str] = field(default_factory=dict)  # pod -> node
+    pending: dict[str, str] = field(default_factory=dict)  # pod -> the scheduler's message
+    allocated: dict[str, Obj] = field(default_factory=dict)  # claim -> allocation
+
+
+class SchedulerStandIn:
+    def __init__(self, api: KubeAPI) -> None:
+        self.api = api
+
+    def schedule(self) -> ScheduleResult:
+        """One scheduling round over every pending pod, oldest first."""
+        result = ScheduleResult()
+        slices, _ = self.api.list("ResourceSlice")
+        classes = {c["metadata"]["name"]: c for c in self.api.list("DeviceClass")[0]}
+        nodes = {n["metadata"]["name"]: n for n in self.api.list("Node")[0]}
+        claims = {
+            (c["metadata"]["namespace"], c["metadata"]["name"]): c for c in self.api.list("ResourceClaim")[0]
+        }
+        allocator = Allocator(slices, classes, [c for c in claims.values() if _allocation(c)])
+        pods = sorted(
+            (p for p in self.api.list("Pod")[0] if not (p.get("spec") or {}).get("nodeName")),
+            key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
+        )
+        for pod in pods:
+            namespace = pod["metadata"]["namespace"]
+            names = sorted(claim_names_of(pod))
+            if any((namespace, name) not in claims for name in names):
+                result.pending[pod["metadata"]["name"]] = "waiting for its ResourceClaims to exist"
+                continue
+            used = [claims[(namespace, name)] for name in names]
+            placed = self._place(pod, used, nodes, allocator)
+            if placed is None:
+                result.pending[pod["metadata"]["name"]] = GENERIC_FAILURE.format(n=len(nodes))
+                continue
+            node, new = placed
+            for claim, allocation in new:
+                written = self._write_allocation(claim, allocation)
+                allocator.commit(written)
+                claims[(namespace, claim["metadata"]["name"])] = written
+                result.allocated[f"{namespace}/{claim['metadata']['name']}"] = allocation
+            for claim in used:
+                key = (namespace, claim["metadata"]["name"])
+                claims[key] = self._reserve(claims[key], pod)
+            self._bind(pod, node)
+            result.bound[pod["metadata"]["name"]] = node
+        return result
+
+    def _place(
+        self, pod: Obj, used: list[Obj], nodes: Mapping[str, Obj], allocator: Allocator
+    ) -> tuple[str, list[tuple[Obj, Obj]]] | None:
+        fixed = {allocation_node(a) for c in used if (a := _allocation(c)) is not None} - {None}
+        if len(fixed) > 1:
+            return None
+        candidates = [n for n in sorted(nodes) if why_not(pod, nodes[n]) is None]
+        if fixed:
+            candidates = [n for n in candidates if n in fixed]
+        pending = [c for c in used if _allocation(c) is None]
+        for node in candidates:
+            new: list[tuple[Obj, Obj]] = []
+            only_here = _only(node)
+            try:
+                for claim in pending:
+                    allocation = allocator.allocate(claim, node_filter=only_here)
+                    tentative = {**claim, "status": {"allocation": allocation}}
+                    allocator.commit(tentative)
+                    new.append((claim, allocation))
+            except AllocationError:
+                for claim, _ in new:
+                    allocator.release(claim)
+                continue
+            for claim, _ in new:
+                allocator.release(claim)  # committed again once written
+            return node, new
+        return None
+
+    def _write_allocation(self, claim: Obj, allocation: Obj) -> Obj:
+        claim = copy.deepcopy(claim)
+        finalizers = claim["metadata"].setdefault("finalizers", [])
+        if SCHEDULER_FINALIZER not in finalizers:
+            finalizers.append(SCHEDULER_FINALIZER)
+            claim = self.api.update("ResourceClaim", claim)
+        claim["status"] = {**(claim.get("status") or {}), "allocation": allocation}
+        return self.api.update_status("ResourceClaim", claim)
+
+    def _reserve(self, claim: Obj, pod: Obj) -> Obj:
+        reserved = list((claim.get("status") or {}).get("reservedFor") or [])
+        if any(r.get("uid") == pod["metadata"]["uid"] for r in reserved):
+            return claim
+        claim = copy.deepcopy(claim)
+        reserved.append({"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]})
+        claim["status"]["reservedFor"] = reserved
+        return self.api.update_status("ResourceClaim", claim)
+
+    def _bind(self, pod: Obj, node: str) -> None:
+        try:
+            current = self.api.get("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
+        except NotFound:
+            return
+        current["spec"]["nodeName"] = node
+        self.api.update("Pod", current)
+
+
+def _only(node: str) -> Callable[[str], bool]:
+    return lambda name: name == node
+
+
+def _allocation(claim: Mapping[str, Any]) -> Obj | None:
+    allocation: Obj | None = (claim.get("status") or {}).get("allocation")
+    return allocation

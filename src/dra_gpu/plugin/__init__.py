@@ -1,0 +1,5 @@
+"""The kubelet plugin (node agent): registration, DRA v1/v1beta1 services, prepare/unprepare, sharing."""
+
+from dra_gpu.plugin.server import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
+
+__all__ = ["DEFAULT_LIMITER_LIBRARY", "KubeletPlugin", "PluginConfig"]

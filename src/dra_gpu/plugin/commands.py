@@ -1,0 +1,288 @@
+"""Every GPU-wide change the plugin makes goes through this one small interface.
+
+Time-slice intervals, compute modes and MPS control daemons are settings of the physical GPU, not of
+a container, so the plugin changes them with NVIDIA's tools. Keeping the calls behind ``GpuCommands``
+lets tests and simulated nodes substitute ``SimulatedCommands``, which runs nothing, records what
+was asked, keeps the resulting GPU state (optionally in a file, so that it outlives a plugin
+process as a real GPU's settings do) and fails on demand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class ComputeMode(StrEnum):
+    DEFAULT = "DEFAULT"
+    EXCLUSIVE_PROCESS = "EXCLUSIVE_PROCESS"
+
+
+class CommandError(Exception):
+    """A GPU command failed; the message names the command and what it printed."""
+
+
+class GpuCommands(Protocol):
+    simulated: bool
+    """True when nothing real is run (the log says so once at start)."""
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None: ...
+
+    def set_timeslice(self, gpu_index: int, value: int) -> None:
+        """`nvidia-smi compute-policy --set-timeslice`: 0 Default, 1 Short, 2 Medium, 3 Long."""
+        ...
+
+    def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
+        """Start the control daemon for one GPU and return once it answers."""
+        ...
+
+    def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None: ...
+
+    def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool: ...
+
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+class NvidiaCommands:
+    """The real thing: `nvidia-smi` and `nvidia-cuda-mps-control` from the node's driver."""
+
+    simulated = False
+
+    def __init__(
+        self,
+        nvidia_smi: str = "nvidia-smi",
+        mps_control: str = "nvidia-cuda-mps-control",
+        timeout_s: float = 30.0,
+        start_wait_s: float = 10.0,
+        runner: Runner = subprocess.run,
+    ) -> None:
+        self.nvidia_smi = nvidia_smi
+        self.mps_control = mps_control
+        self.timeout_s = timeout_s
+        self.start_wait_s = start_wait_s
+        self._run_process = runner
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        output: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run to completion; with `output`, stdout and stderr go to that file instead of pipes.
+
+        A command that leaves a daemon behind must not get pipes: the daemon would inherit them and
+        reading them would never end.
+        """
+        full_env = {**os.environ, **env} if env else None
+        shown = " ".join(argv)
+        try:
+            if output is None:
+                return self._run_process(
+                    list(argv),
+                    env=full_env,
+                    input=stdin,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    check=False,
+                )
+            with open(output, "w") as sink:
+                done = self._run_process(
+                    list(argv),
+                    env=full_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    timeout=self.timeout_s,
+                    check=False,
+                )
+            done.stdout = output.read_text(errors="replace")
+            return done
+        except FileNotFoundError:
+            raise CommandError(
+                f"{argv[0]} was not found: the NVIDIA driver's tools must be on the plugin's PATH "
+                "(mount the driver root into the plugin container)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise CommandError(f"`{shown}` did not finish within {self.timeout_s:g}s") from None
+
+    def _check(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        output: Path | None = None,
+    ) -> str:
+        done = self._run(argv, env, stdin, output)
+        if done.returncode != 0:
+            text = (done.stderr or done.stdout or "").strip() or "no output"
+            raise CommandError(f"`{' '.join(argv)}` failed with exit code {done.returncode}: {text}")
+        return done.stdout or ""
+
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        self._check([self.nvidia_smi, "-i", gpu_uuid, "-c", mode.value])
+
+    def set_timeslice(self, gpu_index: int, value: int) -> None:
+        self._check([self.nvidia_smi, "compute-policy", "-i", str(gpu_index), "--set-timeslice", str(value)])
+
+    @staticmethod
+    def _mps_env(gpu_uuid: str, pipe_dir: Path, log_dir: Path | None = None) -> dict[str, str]:
+        env = {"CUDA_VISIBLE_DEVICES": gpu_uuid, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+        if log_dir is not None:
+            env["CUDA_MPS_LOG_DIRECTORY"] = str(log_dir)
+        return env
+
+    def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
+        self._check(
+            [self.mps_control, "-d"],
+            self._mps_env(gpu_uuid, pipe_dir, log_dir),
+            output=log_dir / "control-start.out",
+        )
+        deadline = time.monotonic() + self.start_wait_s
+        while not self.mps_daemon_running(gpu_uuid, pipe_dir):
+            if time.monotonic() >= deadline:
+                raise CommandError(
+                    f"the MPS control daemon for {gpu_uuid} started but does not answer on {pipe_dir} "
+                    f"after {self.start_wait_s:g}s; see its log in {log_dir}"
+                )
+            time.sleep(0.1)
+
+    def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None:
+        if self.mps_daemon_running(gpu_uuid, pipe_dir):
+            self._check([self.mps_control], self._mps_env(gpu_uuid, pipe_dir), stdin="quit\n")
+
+    def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool:
+        # The control client exits non-zero when no daemon listens on the pipe directory.
+        done = self._run([self.mps_control], self._mps_env(gpu_uuid, pipe_dir), stdin="get_server_list\n")
+        return done.returncode == 0
+
+
+class SimulatedCommands:
+    """Stands in for nvidia-smi and the MPS control daemon where there is no GPU.
+
+    It keeps the state the real commands would leave on the GPUs: compute mode per GPU UUID,
+    time-slice value per GPU index, and which GPUs have a running control daemon. Settings equal to
+    the driver's defaults are not stored, so an untouched node has an empty state. With
+    ``state_file`` the state is re-read before and written after every call, so it survives a
+    plugin restart. ``fail`` maps an operation name (``set_compute_mode``, ``set_timeslice``,
+    ``start_mps_daemon``, ``stop_mps_daemon``) to the error message it should raise.
+    """
+
+    simulated = True
+
+    def __init__(self, state_file: Path | None = None, fail: Mapping[str, str] | None = None) -> None:
+        self.state_file = state_file
+        self.fail: dict[str, str] = dict(fail or {})
+        self.calls: list[tuple[str, ...]] = []
+        self._lock = threading.Lock()
+        self._state: dict[str, dict[str, Any]] = {"computeMode": {}, "timeslice": {}, "mps": {}}
+
+    # -- state -----------------------------------------------------------------------------------
+    def _load(self) -> None:
+        if self.state_file is None:
+            return
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            data = {}
+        except ValueError:
+            log.warning(
+                "simulated GPU state unreadable, starting clean", extra={"path": str(self.state_file)}
+            )
+            data = {}
+        self._state = {key: dict(data.get(key) or {}) for key in ("computeMode", "timeslice", "mps")}
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.state_file.parent, prefix=".simulated-gpus.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._state, f, sort_keys=True)
+            os.replace(tmp, self.state_file)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """The GPU-wide state now: `{"computeMode": {...}, "timeslice": {...}, "mps": {...}}`."""
+        with self._lock:
+            self._load()
+            return json.loads(json.dumps(self._state))  # type: ignore[no-any-return]
+
+    def _do(self, op: str, *args: str, change: Callable[[], None] | None = None) -> None:
+        with self._lock:
+            self.calls.append((op, *args))
+            log.debug("simulated GPU command (nothing is run)", extra={"op": op, "argv": list(args)})
+            if op in self.fail:
+                raise CommandError(self.fail[op])
+            if change is not None:
+                self._load()
+                change()
+                self._save()
+
+    # -- GpuCommands -----------------------------------------------------------------------------
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        def change() -> None:
+            if mode == ComputeMode.DEFAULT:
+                self._state["computeMode"].pop(gpu_uuid, None)
+            else:
+                self._state["computeMode"][gpu_uuid] = mode.value
+
+        self._do("set_compute_mode", gpu_uuid, mode.value, change=change)
+
+    def set_timeslice(self, gpu_index: int, value: int) -> None:
+        if value not in (0, 1, 2, 3):
+            raise CommandError(f"nvidia-smi: invalid time-slice value {value} (use 0 to 3)")
+
+        def change() -> None:
+            if value == 0:
+                self._state["timeslice"].pop(str(gpu_index), None)
+            else:
+                self._state["timeslice"][str(gpu_index)] = value
+
+        self._do("set_timeslice", str(gpu_index), str(value), change=change)
+
+    def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
+        def change() -> None:
+            if self._state["computeMode"].get(gpu_uuid) != ComputeMode.EXCLUSIVE_PROCESS.value:
+                log.warning(
+                    "simulated MPS daemon started outside exclusive-process mode", extra={"gpu": gpu_uuid}
+                )
+            self._state["mps"][gpu_uuid] = str(pipe_dir)
+
+        self._do("start_mps_daemon", gpu_uuid, str(pipe_dir), str(log_dir), change=change)
+
+    def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None:
+        self._do(
+            "stop_mps_daemon", gpu_uuid, str(pipe_dir), change=lambda: self._state["mps"].pop(gpu_uuid, None)
+        )
+
+    def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool:
+        with self._lock:
+            self._load()
+            return self._state["mps"].get(gpu_uuid) == str(pipe_dir)
+
+    def kill_mps_daemon(self, gpu_uuid: str) -> None:
+        """What a crashed daemon looks like (tests): it is simply no longer running."""
+        with self._lock:
+            self._load()
+            self._state["mps"].pop(gpu_uuid, None)
+            self._save()

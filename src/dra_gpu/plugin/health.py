@@ -1,0 +1,95 @@
+"""Health: device health streamed to the kubelet (KEP-4680) and a liveness probe over the real sockets.
+
+The probe behind `/healthz` dials both sockets as the kubelet does (registration `GetInfo`, then the
+standard gRPC health check on the DRA socket), so a wedged server or a deleted socket fails it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dra_gpu.inventory import GpuInfo, Inventory
+from dra_gpu.proto import health_v1alpha1, health_v1alpha1_grpc, registration, registration_grpc
+
+MAX_MESSAGE = 1024
+
+
+class DeviceHealthServicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
+    """`v1alpha1.DRAResourceHealth`: the complete list of the node's GPUs, on change and as heartbeat."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        pool: str,
+        device_name: Callable[[GpuInfo], str],
+        stop: threading.Event,
+        poll_s: float = 1.0,
+        heartbeat_s: float = 10.0,
+    ) -> None:
+        self.inventory = inventory
+        self.pool = pool
+        self.device_name = device_name
+        self.stop = stop
+        self.poll_s = poll_s
+        self.heartbeat_s = heartbeat_s
+
+    def _snapshot(self) -> tuple[tuple[str, bool, str], ...]:
+        return tuple((self.device_name(g), g.healthy, g.health_reason) for g in self.inventory.gpus())
+
+    def _message(
+        self, snapshot: tuple[tuple[str, bool, str], ...]
+    ) -> health_v1alpha1.NodeWatchResourcesResponse:
+        now = int(time.time())
+        pb = health_v1alpha1
+        return pb.NodeWatchResourcesResponse(
+            devices=[
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                    health=pb.HEALTHY if healthy else pb.UNHEALTHY,
+                    last_updated_time=now,
+                    health_check_timeout_seconds=int(self.heartbeat_s * 3),
+                    message=reason[:MAX_MESSAGE],
+                )
+                for name, healthy, reason in snapshot
+            ]
+        )
+
+    def NodeWatchResources(
+        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Any
+    ) -> Iterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        last: tuple[tuple[str, bool, str], ...] | None = None
+        sent_at = 0.0
+        while not self.stop.is_set() and context.is_active():
+            snapshot = self._snapshot()
+            if snapshot != last or time.monotonic() - sent_at >= self.heartbeat_s:
+                yield self._message(snapshot)
+                last, sent_at = snapshot, time.monotonic()
+            self.stop.wait(self.poll_s)
+
+
+def probe(registration_socket: Path, service_socket: Path, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """(healthy, why): both sockets answer like a kubelet expects."""
+    for path in (registration_socket, service_socket):
+        if not path.exists():
+            return False, f"socket {path} does not exist"
+    try:
+        with grpc.insecure_channel(f"unix://{registration_socket}") as channel:
+            info = registration_grpc.RegistrationStub(channel).GetInfo(
+                registration.InfoRequest(), timeout=timeout_s
+            )
+        with grpc.insecure_channel(f"unix://{service_socket}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
+    except grpc.RpcError as exc:
+        return False, f"gRPC probe failed: {exc.code().name}: {exc.details()}"
+    if status.status != health_pb2.HealthCheckResponse.SERVING:
+        return False, f"DRA service is {health_pb2.HealthCheckResponse.ServingStatus.Name(status.status)}"
+    return True, f"ok: {info.name} serving {', '.join(info.supported_versions)}"

@@ -1,0 +1,482 @@
+"""Prepare and unprepare claims: the checkpointed, crash-safe core of the kubelet plugin.
+
+Every call runs under the node lock and follows the checkpoint's phases, so a plugin killed at any
+point leaves a state from which the kubelet's repeated call converges:
+
+- prepare writes ``PrepareStarted`` (with the holds it is about to take and the spec it will write)
+  before touching the node, then applies the holds, writes the CDI spec, writes ``PrepareCompleted``;
+  a repeated prepare of a ``PrepareStarted`` claim first undoes the record, then starts over;
+- a repeated prepare of a completed claim returns the recorded answer, unless the node rebooted or the
+  spec file is gone: then the holds are re-applied and the spec is rewritten from the record;
+- unprepare removes the spec, releases the holds (a GPU-wide setting only with its last holder in the
+  checkpoint) and drops the record; it never needs the API. Interrupted, it leaves a completed record
+  without a spec, which the kubelet's next call, prepare or unprepare, brings to the state it asks for.
+
+Reference counts of GPU-wide settings are never stored: they are the holds of the claims in the
+checkpoint, so they survive restarts by construction.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gpu.inventory import GpuInfo, Inventory
+from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.plugin import sharing
+from dra_gpu.plugin.cdi_specs import ClaimSpecs
+from dra_gpu.plugin.checkpoint import (
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    ClaimState,
+    Hold,
+    PreparedClaim,
+    PreparedDevice,
+)
+from dra_gpu.plugin.claims import fetch_claim, shares_of
+from dra_gpu.plugin.commands import CommandError, ComputeMode
+from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.locking import LockTimeout, NodeLock
+from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.plugin.sharing.mps import mps_dir
+from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, HoldHandler, NodeContext, Plan, Share
+from dra_gpu.plugin.sharing.timeslicing import INTERVALS
+from dra_gpu.slices.devices import device_name as slice_device_name
+
+log = logging.getLogger(__name__)
+
+STEPS = (
+    "prepare:checkpoint-started",
+    "prepare:setup-applied",
+    "prepare:cdi-written",
+    "prepare:checkpoint-completed",
+    "unprepare:cdi-removed",
+    "unprepare:holds-released",
+    "unprepare:checkpoint-removed",
+)
+"""The points between the steps of prepare and unprepare; a fault hook is called at each."""
+
+FaultHook = Callable[[str], None]
+
+
+def device_name(gpu: GpuInfo) -> str:
+    """The GPU's device name in the node's pool, as the slice publisher writes it."""
+    return slice_device_name(gpu.index)
+
+
+@dataclass
+class PrepareResult:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        api: KubeAPI,
+        inventory: Inventory,
+        node: NodeContext,
+        store: CheckpointStore,
+        lock: NodeLock,
+        specs: ClaimSpecs,
+        pool: str,
+        boot_id: str,
+        metrics: PluginMetrics | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.api = api
+        self.inventory = inventory
+        self.node = node
+        self.store = store
+        self.lock = lock
+        self.specs = specs
+        self.pool = pool
+        self.boot_id = boot_id
+        self.metrics = metrics or PluginMetrics()
+        self._hook = fault_hook or (lambda _step: None)
+        self._backends = sharing.backends()
+        self._handlers = sharing.hold_handlers()
+
+    # -- entry points ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load (or rebuild) the checkpoint once, before the kubelet can call."""
+        with self.lock.hold():
+            checkpoint = self._load()
+            if checkpoint.rebuildPending or (not self.store.exists() and self.specs.uids_on_disk()):
+                log.warning("rebuilding the state from the claims in the API and the files on disk")
+                checkpoint = self._rebuild(checkpoint)
+            else:
+                for uid in self._uids_on_disk() - set(checkpoint.claims):
+                    # Specs and directories are created after their claim's record: these are from a lost write.
+                    self._remove_leftovers(uid)
+            stale = [c.ref for c in checkpoint.claims.values() if c.bootId != self.boot_id]
+            if stale:
+                log.info(
+                    "the node rebooted since these claims were prepared; their CDI specs and GPU settings "
+                    "are restored when the kubelet prepares them again",
+                    extra={"claims": stale},
+                )
+            self.metrics.refresh(checkpoint)
+
+    def prepare(self, claims: Sequence[ClaimInfo]) -> dict[str, PrepareResult]:
+        started = time.perf_counter()
+        results: dict[str, PrepareResult] = {}
+        try:
+            with self.lock.hold():
+                for claim in claims:
+                    results[claim.uid] = self._guarded("prepare", claim, self._prepare)
+                self.metrics.refresh(self._load())
+        except LockTimeout as exc:
+            for claim in claims:
+                results[claim.uid] = PrepareResult(error=str(exc))
+                self.metrics.errors.labels(operation="prepare", reason="lock_timeout").inc()
+        self.metrics.prepare_seconds.observe(time.perf_counter() - started)
+        return results
+
+    def unprepare(self, claims: Sequence[ClaimInfo]) -> dict[str, str]:
+        started = time.perf_counter()
+        errors: dict[str, str] = {}
+        try:
+            with self.lock.hold():
+                for claim in claims:
+                    errors[claim.uid] = self._guarded("unprepare", claim, self._unprepare).error
+                self.metrics.refresh(self._load())
+        except LockTimeout as exc:
+            for claim in claims:
+                errors[claim.uid] = str(exc)
+                self.metrics.errors.labels(operation="unprepare", reason="lock_timeout").inc()
+        self.metrics.unprepare_seconds.observe(time.perf_counter() - started)
+        return errors
+
+    def _guarded(
+        self,
+        operation: str,
+        claim: ClaimInfo,
+        work: Callable[[Checkpoint, ClaimInfo], list[PreparedDevice]],
+    ) -> PrepareResult:
+        fields = {"claim": claim.ref, "uid": claim.uid}
+        try:
+            devices = work(self._load(), claim)
+        except PrepareError as exc:
+            self.store.invalidate()
+            self.metrics.errors.labels(operation=operation, reason=exc.reason).inc()
+            log.warning(f"{operation} failed", extra={**fields, "reason": exc.reason, "error": exc.message})
+            return PrepareResult(error=exc.message)
+        except Exception as exc:
+            self.store.invalidate()
+            self.metrics.errors.labels(operation=operation, reason="internal").inc()
+            log.exception(f"{operation} failed unexpectedly", extra=fields)
+            return PrepareResult(error=f"internal error in the {self.node.driver} plugin: {exc!r}")
+        log.info(f"{operation} done", extra={**fields, "devices": [d.device for d in devices]})
+        return PrepareResult(devices=devices)
+
+    # -- checkpoint ----------------------------------------------------------------------------------
+    def _load(self) -> Checkpoint:
+        try:
+            return self.store.load()
+        except CheckpointCorrupt as exc:
+            moved = self.store.set_aside()
+            log.error(
+                "checkpoint cannot be trusted; set aside, rebuilding the state from disk and the API",
+                extra={"reason": str(exc), "moved_to": str(moved)},
+            )
+            return self._rebuild(Checkpoint())
+
+    def _save(self, checkpoint: Checkpoint) -> None:
+        self.store.save(checkpoint)
+
+    # -- prepare ---------------------------------------------------------------------------------------
+    def _prepare(self, checkpoint: Checkpoint, claim: ClaimInfo) -> list[PreparedDevice]:
+        entry = checkpoint.claims.get(claim.uid)
+        if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
+            if entry.bootId == self.boot_id and self.specs.exists(claim.uid):
+                return entry.devices
+            return self._restore(checkpoint, entry)
+        if entry is not None:
+            log.info(
+                "finishing an interrupted operation before preparing",
+                extra={"claim": entry.ref, "state": entry.state},
+            )
+            self._undo(checkpoint, entry)
+        obj = fetch_claim(self.api, claim)
+        return self._prepare_fresh(checkpoint, claim, obj)
+
+    def _handler(self, hold: Hold) -> HoldHandler:
+        handler = self._handlers.get(hold.kind)
+        if handler is None:
+            raise PrepareError(
+                f"the checkpoint records node-side setup of kind {hold.kind!r} ({hold.key}), which this "
+                f"version of the plugin cannot apply or undo; run the plugin version that prepared the claim",
+                reason="unknown_setup",
+            )
+        return handler
+
+    def _gpus(self) -> dict[str, GpuInfo]:
+        return {device_name(g): g for g in self.inventory.gpus()}
+
+    def _prepare_fresh(
+        self, checkpoint: Checkpoint, claim: ClaimInfo, obj: dict[str, Any]
+    ) -> list[PreparedDevice]:
+        shares = shares_of(obj, claim, self.node.driver, self.pool, self._gpus())
+        for share in shares:
+            if not share.gpu.healthy:
+                raise PrepareError(
+                    f"GPU {share.device} ({share.gpu.uuid}) is unhealthy: {share.gpu.health_reason}",
+                    reason="unhealthy_device",
+                )
+        plan = self._plan(checkpoint, claim, shares)
+        spec = plan.cdi_spec()
+        entry = PreparedClaim(
+            uid=claim.uid,
+            namespace=claim.namespace,
+            name=claim.name,
+            state=ClaimState.PREPARE_STARTED,
+            bootId=self.boot_id,
+            devices=plan.answer(),
+            shares=plan.share_records(),
+            holds=plan.holds,
+            cdiSpec=spec.to_dict(),
+        )
+        checkpoint.claims[claim.uid] = entry
+        self._save(checkpoint)
+        self._hook("prepare:checkpoint-started")
+        applied: list[Hold] = []
+        try:
+            for hold in entry.holds:
+                self._handler(hold).apply(hold, self.node)
+                applied.append(hold)
+            self._hook("prepare:setup-applied")
+            self.specs.write(claim.uid, spec)
+            self._hook("prepare:cdi-written")
+        except Exception:
+            self._rollback(checkpoint, entry, applied)
+            raise
+        entry.state = ClaimState.PREPARE_COMPLETED
+        self._save(checkpoint)
+        self._hook("prepare:checkpoint-completed")
+        return entry.devices
+
+    def _plan(self, checkpoint: Checkpoint, claim: ClaimInfo, shares: list[Share]) -> Plan:
+        plan = Plan(claim=claim, shares=shares, driver=self.node.driver)
+        for backend in self._backends:
+            backend.contribute(plan, self.node)
+        records = plan.share_records()
+        for share in shares:
+            if share.admin_access:
+                continue
+            others = [
+                Holder(other.ref, record)
+                for other in checkpoint.claims.values()
+                if other.uid != claim.uid
+                for record in other.shares
+                if record.gpu == share.gpu.uuid and not record.adminAccess
+            ]
+            others += [
+                Holder(f"{claim.ref} (request {shares[r.position].request})", records[r.position])
+                for r in shares[: share.position]
+                if r.gpu.uuid == share.gpu.uuid and not r.admin_access
+            ]
+            for backend in self._backends:
+                problem = backend.conflict(share, others)
+                if problem is not None:
+                    raise PrepareError(f"ResourceClaim {claim.ref}: {problem}", reason="conflict")
+        return plan
+
+    def _restore(self, checkpoint: Checkpoint, entry: PreparedClaim) -> list[PreparedDevice]:
+        """A completed claim whose spec or GPU settings are gone (reboot, wiped tmpfs): set up again."""
+        log.info("restoring a prepared claim after a reboot or a lost CDI spec", extra={"claim": entry.ref})
+        for hold in entry.holds:
+            self._handler(hold).apply(hold, self.node)
+        if entry.cdiSpec is None:
+            raise PrepareError(f"the checkpoint has no CDI spec for claim {entry.ref}", reason="internal")
+        self.specs.write(entry.uid, entry.cdiSpec)
+        entry.bootId = self.boot_id
+        self._save(checkpoint)
+        return entry.devices
+
+    def _rollback(self, checkpoint: Checkpoint, entry: PreparedClaim, applied: list[Hold]) -> None:
+        for hold in reversed(applied):
+            try:
+                self._handler(hold).release(hold, self.node, self._last_holder(checkpoint, entry, hold))
+            except PrepareError as exc:
+                log.error(
+                    "rolling back a failed prepare left a setting behind",
+                    extra={"claim": entry.ref, "error": str(exc)},
+                )
+                return  # keep the record: the kubelet's next call retries the undo
+        self.specs.remove(entry.uid)
+        del checkpoint.claims[entry.uid]
+        self._save(checkpoint)
+
+    # -- unprepare -------------------------------------------------------------------------------------
+    def _unprepare(self, checkpoint: Checkpoint, claim: ClaimInfo) -> list[PreparedDevice]:
+        entry = checkpoint.claims.get(claim.uid)
+        if entry is None:
+            self._remove_leftovers(claim.uid)
+            return []
+        self._undo(checkpoint, entry)
+        return []
+
+    @staticmethod
+    def _last_holder(checkpoint: Checkpoint, entry: PreparedClaim, hold: Hold) -> bool:
+        return not any(
+            h.key == hold.key
+            for other in checkpoint.claims.values()
+            if other.uid != entry.uid
+            for h in other.holds
+        )
+
+    def _undo(self, checkpoint: Checkpoint, entry: PreparedClaim) -> None:
+        # The spec goes first: while the record remains, a missing spec makes a repeated prepare
+        # restore everything (see _prepare), so a crash anywhere below is safe without a third phase.
+        self.specs.remove(entry.uid)
+        self._hook("unprepare:cdi-removed")
+        for hold in reversed(entry.holds):
+            self._handler(hold).release(hold, self.node, self._last_holder(checkpoint, entry, hold))
+        self._hook("unprepare:holds-released")
+        del checkpoint.claims[entry.uid]
+        self._save(checkpoint)
+        self._hook("unprepare:checkpoint-removed")
+
+    def _remove_leftovers(self, uid: str) -> None:
+        """Files of a claim the checkpoint does not know (e.g. after it was rebuilt without the API)."""
+        if self.specs.remove(uid):
+            log.info("removed a leftover CDI spec", extra={"uid": uid})
+        claim_dir = self.node.claim_dir(uid)
+        if claim_dir.exists():
+            shutil.rmtree(claim_dir, ignore_errors=True)
+            log.info("removed a leftover claim directory", extra={"path": str(claim_dir)})
+
+    # -- background duties -------------------------------------------------------------------------------
+    def supervise(self) -> None:
+        """Re-apply node-side setup that vanished behind our back (a crashed MPS control daemon)."""
+        with self.lock.hold():
+            checkpoint = self._load()
+            checked: set[str] = set()
+            for entry in checkpoint.claims.values():
+                if entry.state != ClaimState.PREPARE_COMPLETED or entry.bootId != self.boot_id:
+                    continue
+                for hold in entry.holds:
+                    if hold.key in checked:
+                        continue
+                    checked.add(hold.key)
+                    handler = self._handler(hold)
+                    if handler.in_place(hold, self.node):
+                        continue
+                    log.warning(
+                        "node-side setup is gone; re-applying", extra={"hold": hold.key, "claim": entry.ref}
+                    )
+                    try:
+                        handler.apply(hold, self.node)
+                        self.metrics.setup_repairs.labels(kind=hold.kind).inc()
+                    except PrepareError as exc:
+                        log.error(
+                            "re-applying node-side setup failed", extra={"hold": hold.key, "error": str(exc)}
+                        )
+
+    def collect_stale(self) -> None:
+        """Undo records of claims that no longer exist and that the kubelet will not unprepare.
+
+        That is interrupted prepares, and records from before a reboot (the kubelet re-prepares the
+        claims of the pods it restarts; the others may never be unprepared).
+        """
+        with self.lock.hold():
+            checkpoint = self._load()
+            if checkpoint.rebuildPending:
+                checkpoint = self._rebuild(checkpoint)
+            for entry in list(checkpoint.claims.values()):
+                if entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id:
+                    continue
+                try:
+                    obj = self.api.get("ResourceClaim", entry.name, entry.namespace)
+                    if (obj.get("metadata") or {}).get("uid") == entry.uid:
+                        continue
+                except NotFound:
+                    pass
+                except Exception:  # API unreachable: decide next time
+                    continue
+                log.info("undoing an interrupted operation of a deleted claim", extra={"claim": entry.ref})
+                try:
+                    self._undo(checkpoint, entry)
+                except PrepareError as exc:
+                    log.error("undoing a stale claim failed", extra={"claim": entry.ref, "error": str(exc)})
+                    self.store.invalidate()
+                    checkpoint = self._load()
+            self.metrics.refresh(checkpoint)
+
+    def snapshot(self) -> Checkpoint:
+        with self.lock.hold():
+            return self._load().model_copy(deep=True)
+
+    # -- rebuilding a lost checkpoint ---------------------------------------------------------------------
+    def _rebuild(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Complete `checkpoint` from the API (claims allocated here and in use) and the disk.
+
+        Claims in use are prepared again (idempotently: their settings and daemons are kept); files of
+        other claims are removed and GPU-wide settings nobody holds are reset. Without the API nothing
+        is removed and the checkpoint is marked `rebuildPending`: the next start or stale-claim sweep
+        tries again, and meanwhile the kubelet's own unprepare calls clean up claim by claim.
+        """
+        try:
+            items, _ = self.api.list("ResourceClaim")
+        except Exception as exc:  # ApiError or a transport failure: either way, no authoritative list
+            log.error(
+                "cannot list ResourceClaims to rebuild the state; will retry", extra={"error": str(exc)}
+            )
+            checkpoint.rebuildPending = True
+            self._save(checkpoint)
+            return checkpoint
+        for obj in items:
+            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
+            if (
+                meta.get("uid") in checkpoint.claims
+                or not status.get("reservedFor")
+                or not any(
+                    r.get("driver") == self.node.driver and r.get("pool") == self.pool for r in results
+                )
+            ):
+                continue
+            claim = ClaimInfo(
+                uid=str(meta.get("uid")), namespace=str(meta.get("namespace")), name=str(meta.get("name"))
+            )
+            try:
+                self._prepare_fresh(checkpoint, claim, obj)
+                log.info("re-adopted a claim in use", extra={"claim": claim.ref})
+            except PrepareError as exc:
+                log.warning("could not re-adopt a claim", extra={"claim": claim.ref, "error": exc.message})
+        for uid in self._uids_on_disk() - set(checkpoint.claims):
+            self._remove_leftovers(uid)
+        self._reset_unheld_gpus(checkpoint)
+        checkpoint.rebuildPending = False
+        self._save(checkpoint)
+        return checkpoint
+
+    def _uids_on_disk(self) -> set[str]:
+        claims_root = self.node.state_dir / "claims"
+        dirs = {p.name for p in claims_root.iterdir()} if claims_root.is_dir() else set()
+        return self.specs.uids_on_disk() | dirs
+
+    def _reset_unheld_gpus(self, checkpoint: Checkpoint) -> None:
+        held = {h.key for c in checkpoint.claims.values() for h in c.holds}
+        commands = self.node.commands
+        for gpu in self.inventory.gpus():
+            try:
+                if f"mps:{gpu.uuid}" not in held:
+                    pipe = mps_dir(self.node.state_dir, gpu.uuid) / "pipe"
+                    if commands.mps_daemon_running(gpu.uuid, pipe):
+                        commands.stop_mps_daemon(gpu.uuid, pipe)
+                        commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+                    shutil.rmtree(mps_dir(self.node.state_dir, gpu.uuid), ignore_errors=True)
+                if f"timeslice:{gpu.uuid}" not in held:
+                    commands.set_timeslice(gpu.index, INTERVALS["Default"])
+            except CommandError as exc:
+                log.warning(
+                    "could not reset a GPU setting nobody holds", extra={"gpu": gpu.uuid, "error": str(exc)}
+                )

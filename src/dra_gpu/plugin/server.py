@@ -1,0 +1,350 @@
+"""The node agent: sockets, gRPC servers, background duties, wired around one Preparer.
+
+`KubeletPlugin` is usable in-process with any `KubeAPI` (the local demo runs it against `FakeKube`)
+and is what `dra-gpu kubelet-plugin` runs on every GPU node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.config import NodeSharing
+from dra_gpu.inventory import Inventory
+from dra_gpu.kube import KubeAPI
+from dra_gpu.plugin.cdi_specs import ClaimSpecs
+from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
+from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
+from dra_gpu.plugin.health import DeviceHealthServicer, probe
+from dra_gpu.plugin.http_server import HttpServer
+from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
+from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.plugin.prepare import FaultHook, Preparer, device_name
+from dra_gpu.plugin.registration import RegistrationServicer
+from dra_gpu.plugin.service import DraV1beta1Servicer, DraV1Servicer
+from dra_gpu.plugin.sharing.plan import NodeContext
+from dra_gpu.proto import (
+    DRA_V1_SERVICE,
+    DRA_V1BETA1_SERVICE,
+    HEALTH_V1ALPHA1_SERVICE,
+    dra_v1_grpc,
+    dra_v1beta1_grpc,
+    full_service_name,
+    health_v1alpha1_grpc,
+    registration_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMITER_LIBRARY = Path("/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0")
+MAX_SOCKET_PATH = 107
+SUPPORTED_VERSIONS = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, HEALTH_V1ALPHA1_SERVICE)
+
+
+@dataclass
+class PluginConfig:
+    node_name: str
+    state_dir: Path = Path("/var/lib/dra-gpu")
+    cdi_dir: Path = Path("/var/run/cdi")
+    registration_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    driver_name: str = DRIVER_NAME
+    limiter_library: Path = DEFAULT_LIMITER_LIBRARY
+    nvidia_ctk_dirs: tuple[Path, ...] | None = None
+    """Where to look for the NVIDIA Container Toolkit's spec; default `/etc/cdi` and `cdi_dir`."""
+    dev_root: Path = Path("/")
+    """The host's root as this process sees it, for `/dev/nvidia*` (tests point it elsewhere)."""
+    http_address: str | None = None
+    boot_id: str | None = None
+    pool_name: str | None = None
+    """The ResourceSlice pool of this node's GPUs; the node name unless the publisher says otherwise."""
+    lock_timeout_s: float = 30.0
+    supervise_interval_s: float = 5.0
+    stale_claim_interval_s: float = 600.0
+    health_heartbeat_s: float = 10.0
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.plugins_dir / self.driver_name
+
+    @property
+    def service_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registration_dir / f"{self.driver_name}-reg.sock"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.state_dir / "checkpoint.json"
+
+
+def default_commands(inventory: Inventory, state_dir: Path) -> GpuCommands:
+    if inventory.backend == "nvml":
+        return NvidiaCommands()
+    state = state_dir / "simulated-gpus.json"
+    log.warning(
+        "simulated GPUs: nvidia-smi and nvidia-cuda-mps-control are not run; what they would change is "
+        "recorded in the simulated GPU state",
+        extra={"state_file": str(state)},
+    )
+    return SimulatedCommands(state_file=state)
+
+
+def _make_private_dir(path: Path) -> None:
+    """Our own directory (named for the driver, or the state directory): not world-accessible."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o750)
+
+
+def _check_socket_path(path: Path) -> None:
+    if len(str(path)) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"socket path {path} is {len(str(path))} bytes; unix sockets allow at most {MAX_SOCKET_PATH}"
+        )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ValueError(f"{path} exists and is not a socket; refusing to remove it")
+
+
+class KubeletPlugin:
+    """The node agent. `start()` serves; `stop()` removes the sockets (the kubelet's cue that we left)."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        api: KubeAPI,
+        inventory: Inventory,
+        commands: GpuCommands | None = None,
+        *,
+        sharing: NodeSharing | None = None,
+        publish_slices: bool = False,
+        metrics: PluginMetrics | None = None,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.config = config
+        self.api = api
+        self.inventory = inventory
+        self.sharing = sharing or NodeSharing.parse("*=Shared")
+        self.publish_slices = publish_slices
+        self.metrics = metrics or PluginMetrics()
+        self.commands = commands or default_commands(inventory, config.state_dir)
+        self.pool = config.pool_name or config.node_name
+        self.node = NodeContext(
+            driver=config.driver_name,
+            state_dir=config.state_dir,
+            limiter_library=config.limiter_library,
+            dev_root=config.dev_root,
+            commands=self.commands,
+            nvidia_ctk_dirs=config.nvidia_ctk_dirs
+            if config.nvidia_ctk_dirs is not None
+            else (Path("/etc/cdi"), config.cdi_dir),
+        )
+        self.lock = NodeLock(config.plugin_dir / LOCK_FILE_NAME, timeout_s=config.lock_timeout_s)
+        self.preparer = Preparer(
+            api=api,
+            inventory=inventory,
+            node=self.node,
+            store=CheckpointStore(config.checkpoint_file),
+            lock=self.lock,
+            specs=ClaimSpecs(config.cdi_dir, config.driver_name),
+            pool=self.pool,
+            boot_id=config.boot_id if config.boot_id is not None else current_boot_id(),
+            metrics=self.metrics,
+            fault_hook=fault_hook,
+        )
+        self.registered = threading.Event()
+        self.registration_error = ""
+        self._stop = threading.Event()
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self._grpc_health: Any = None
+        self._http: HttpServer | None = None
+        self._background: threading.Thread | None = None
+        self._publisher: Any = None
+        self._sockets: dict[Path, tuple[int, int]] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.config
+        for directory in (cfg.plugin_dir, cfg.state_dir):
+            _make_private_dir(directory)
+        cfg.registration_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.preparer.start()
+            self._dra_server = self._serve_dra()
+            self._reg_server = self._serve_registration()
+            if cfg.http_address:
+                self._http = HttpServer(cfg.http_address, self.metrics.registry, self.healthz)
+                self._http.start()
+            self._background = threading.Thread(
+                target=self._background_loop, name="plugin-duties", daemon=True
+            )
+            self._background.start()
+            if self.publish_slices:
+                self._start_publisher()
+        except BaseException:
+            self.stop(grace_s=0)
+            raise
+        log.info(
+            "kubelet plugin serving",
+            extra={
+                "driver": cfg.driver_name,
+                "node": cfg.node_name,
+                "registration_socket": str(cfg.registration_socket),
+                "service_socket": str(cfg.service_socket),
+                "gpus": len(self.inventory.gpus()),
+            },
+        )
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Leave the kubelet first (registration socket), then finish in-flight calls and clean up.
+
+        Idempotent, and safe after a failed start.
+        """
+        self._stop.set()
+        for path, identity in self._sockets.items():
+            # During a rolling update a newer plugin may have taken the name over: leave its socket alone.
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == identity:
+                    path.unlink()
+        self._sockets.clear()
+        if self._publisher is not None:
+            with contextlib.suppress(Exception):
+                self._publisher.stop()
+            self._publisher = None
+        if self._reg_server is not None:
+            self._reg_server.stop(grace_s).wait()
+            self._reg_server = None
+        if self._grpc_health is not None:
+            self._grpc_health.enter_graceful_shutdown()
+        if self._dra_server is not None:
+            self._dra_server.stop(grace_s).wait()
+            self._dra_server = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+        if self._background is not None:
+            self._background.join(timeout=grace_s + 5)
+            self._background = None
+        self.lock.close()
+        log.info("kubelet plugin stopped", extra={"driver": self.config.driver_name})
+
+    def __enter__(self) -> KubeletPlugin:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def http_port(self) -> int | None:
+        return self._http.port if self._http is not None else None
+
+    def healthz(self) -> tuple[bool, str]:
+        return probe(self.config.registration_socket, self.config.service_socket)
+
+    # -- servers ---------------------------------------------------------------------------------------
+    def _serve_dra(self) -> grpc.Server:
+        path = self.config.service_socket
+        _check_socket_path(path)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
+        dra_v1_grpc.add_DRAPluginServicer_to_server(DraV1Servicer(self.preparer), server)
+        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(DraV1beta1Servicer(self.preparer), server)
+        health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            DeviceHealthServicer(
+                self.inventory, self.pool, device_name, self._stop, heartbeat_s=self.config.health_heartbeat_s
+            ),
+            server,
+        )
+        self._grpc_health = health.HealthServicer()
+        for service in ("", *(full_service_name(v) for v in SUPPORTED_VERSIONS)):
+            self._grpc_health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(self._grpc_health, server)
+        self._listen(server, path)
+        return server
+
+    def _serve_registration(self) -> grpc.Server:
+        path = self.config.registration_socket
+        _check_socket_path(path)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="registration"))
+        registration_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(
+                self.config.driver_name,
+                str(self.config.service_socket),
+                SUPPORTED_VERSIONS,
+                on_status=self._on_registration,
+            ),
+            server,
+        )
+        self._listen(server, path)
+        return server
+
+    def _listen(self, server: grpc.Server, path: Path) -> None:
+        """Serve on `path`, taking the name over atomically from a dead (or older) plugin.
+
+        gRPC removes the path it bound when it stops, whatever is there by then. So it binds a
+        private name (a dot-file, which the kubelet's plugin watcher ignores) that is then renamed to
+        `path`: stopping this server later can never delete the socket of a newer plugin, and
+        `stop()` unlinks `path` only while it is still this socket (inode pinned by the listener).
+        """
+        private = path.with_name(f".{path.name}.{os.getpid()}")
+        _check_socket_path(private)
+        with contextlib.suppress(FileNotFoundError):
+            private.unlink()
+        server.add_insecure_port(f"unix://{private}")
+        server.start()
+        os.chmod(private, 0o600)
+        st = os.lstat(private)
+        if path.exists():
+            log.info("taking over the socket of a previous plugin instance", extra={"path": str(path)})
+        os.replace(private, path)
+        self._sockets[path] = (st.st_dev, st.st_ino)
+
+    def _on_registration(self, registered: bool, error: str) -> None:
+        self.registration_error = "" if registered else error
+        self.metrics.registered.set(1 if registered else 0)
+        if registered:
+            self.registered.set()
+        else:
+            self.registered.clear()
+
+    # -- background ------------------------------------------------------------------------------------
+    def _background_loop(self) -> None:
+        interval = self.config.supervise_interval_s
+        since_gc = self.config.stale_claim_interval_s  # collect once right after start
+        while True:
+            try:
+                if since_gc >= self.config.stale_claim_interval_s:
+                    since_gc = 0.0
+                    self.preparer.collect_stale()
+                self.preparer.supervise()
+            except Exception:
+                log.exception("background duty failed; retrying later")
+            if self._stop.wait(interval):
+                return
+            since_gc += interval
+
+    def _start_publisher(self) -> None:
+        from dra_gpu.slices.publisher import SlicePublisher  # another part's module; loaded only when wanted
+
+        self._publisher = SlicePublisher(
+            self.api, self.config.node_name, self.inventory, self.sharing, driver=self.config.driver_name
+        )
+        self._publisher.start()

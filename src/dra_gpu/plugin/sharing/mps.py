@@ -1,0 +1,169 @@
+"""MPS: one control daemon per GPU, shared by every MPS claim on it, each claim a client with limits.
+
+The peers start one daemon per claim, which cannot serve fractional shares of one GPU to several
+claims. Here the first MPS claim on a GPU sets exclusive-process compute mode and starts the GPU's
+daemon; later claims join it; the last one stops it and restores the default compute mode. A
+claim's limits are client-side (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
+`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`), derived from its consumed `cores` and `memory` capacity or,
+without consumable capacity, from the config's defaults. A CUDA process talks to one daemon (one
+`CUDA_MPS_PIPE_DIRECTORY`), so an MPS claim spans one GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+
+from dra_gpu.config import Strategy
+from dra_gpu.inventory import GpuInfo
+from dra_gpu.plugin.checkpoint import Hold
+from dra_gpu.plugin.commands import CommandError, ComputeMode
+from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
+from dra_gpu.quantity import to_int
+
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+MIB = 1024 * 1024
+
+
+def mps_dir(state_dir: Path, gpu_uuid: str) -> Path:
+    return state_dir / "mps" / gpu_uuid
+
+
+def _cores(share: Share, driver: str) -> int | None:
+    consumed = share.capacity("cores", driver)
+    if consumed is not None:
+        return to_int(consumed)
+    mps = share.config.sharing.mps
+    return mps.defaultActiveThreadPercentage if mps is not None else None
+
+
+def _memory(share: Share, driver: str) -> int | None:
+    consumed = share.capacity("memory", driver)
+    if consumed is not None:
+        return to_int(consumed)
+    mps = share.config.sharing.mps
+    if mps is not None and mps.defaultPinnedDeviceMemoryLimit is not None:
+        return to_int(mps.defaultPinnedDeviceMemoryLimit)
+    return None
+
+
+def _sum(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+class Mps:
+    name = "mps"
+    order = 30
+
+    def conflict(self, share: Share, others: Sequence[Holder]) -> str | None:
+        shared = [o for o in others if o.record.strategy != Strategy.EXCLUSIVE.value]
+        if share.strategy == Strategy.MPS:
+            other = next((o for o in shared if o.record.strategy != Strategy.MPS.value), None)
+            if other is not None:
+                return (
+                    f"GPU {share.device} ({share.gpu.uuid}) hosts a {other.record.strategy} share of claim "
+                    f"{other.claim}; MPS needs the GPU in exclusive-process mode, which would lock those "
+                    f"processes out. Put MPS claims on GPUs that host only MPS shares"
+                )
+        elif share.strategy != Strategy.EXCLUSIVE:
+            other = next((o for o in shared if o.record.strategy == Strategy.MPS.value), None)
+            if other is not None:
+                return (
+                    f"GPU {share.device} ({share.gpu.uuid}) runs an MPS control daemon for claim "
+                    f"{other.claim} in exclusive-process mode; a {share.strategy.value} share cannot run "
+                    f"beside it"
+                )
+        return None
+
+    def contribute(self, plan: Plan, node: NodeContext) -> None:
+        shares = plan.sharing(Strategy.MPS)
+        if not shares:
+            return
+        gpus: dict[str, GpuInfo] = {s.gpu.uuid: s.gpu for s in shares}
+        if len(gpus) > 1:
+            names = ", ".join(sorted({s.device for s in shares}))
+            raise PrepareError(
+                f"claim {plan.claim.ref} asks for MPS on {len(gpus)} GPUs ({names}); a CUDA process "
+                f"connects to one MPS control daemon, so an MPS claim must have exactly one GPU",
+                reason="invalid_config",
+            )
+        gpu = next(iter(gpus.values()))
+        base = mps_dir(node.state_dir, gpu.uuid)
+        plan.hold("mps", f"mps:{gpu.uuid}", gpu=gpu.uuid, device=shares[0].device, dir=str(base))
+        env = plan.claim_edits.env
+        plan.claim_edits.add_mount(base / "pipe", CONTAINER_PIPE_DIR, ["rw", "nosuid", "nodev", "bind"])
+        env["CUDA_MPS_PIPE_DIRECTORY"] = CONTAINER_PIPE_DIR
+        cores = _sum([_cores(s, node.driver) for s in shares])
+        if cores is not None:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(max(cores, 1), 100))
+        memory = _sum([_memory(s, node.driver) for s in shares])
+        if memory is not None:
+            mib = max(int(Fraction(memory, MIB)), 1)
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{plan.ordinal(gpu)}={mib}M"
+
+
+class MpsDaemon:
+    """The GPU's control daemon and its exclusive-process compute mode."""
+
+    kind = "mps"
+
+    @staticmethod
+    def _dirs(hold: Hold) -> tuple[Path, Path, Path]:
+        base = Path(str(hold.params["dir"]))
+        return base, base / "pipe", base / "log"
+
+    def apply(self, hold: Hold, node: NodeContext) -> None:
+        gpu, device = str(hold.params["gpu"]), str(hold.params["device"])
+        _, pipe, log_dir = self._dirs(hold)
+        commands = node.commands
+        try:
+            pipe.mkdir(parents=True, exist_ok=True)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            pipe.chmod(0o777)  # clients run as any user
+            log_dir.chmod(0o755)
+        except OSError as exc:
+            raise setup_failed(f"creating the MPS directories for GPU {device}", exc) from None
+        if commands.mps_daemon_running(gpu, pipe):
+            return
+        try:
+            commands.set_compute_mode(gpu, ComputeMode.EXCLUSIVE_PROCESS)
+        except CommandError as exc:
+            raise setup_failed(
+                f"setting GPU {device} ({gpu}) to exclusive-process compute mode", exc
+            ) from None
+        try:
+            commands.start_mps_daemon(gpu, pipe, log_dir)
+        except CommandError as exc:
+            with contextlib.suppress(CommandError):  # release() retries it on unprepare
+                commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
+            raise setup_failed(
+                f"the MPS control daemon for GPU {device} ({gpu}) failed to start", exc
+            ) from None
+
+    def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
+        if not last:
+            return
+        gpu, device = str(hold.params["gpu"]), str(hold.params["device"])
+        base, pipe, _ = self._dirs(hold)
+        try:
+            node.commands.stop_mps_daemon(gpu, pipe)
+        except CommandError as exc:
+            raise setup_failed(f"stopping the MPS control daemon of GPU {device} ({gpu})", exc) from None
+        try:
+            node.commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
+        except CommandError as exc:
+            raise setup_failed(f"restoring the default compute mode of GPU {device} ({gpu})", exc) from None
+        shutil.rmtree(base, ignore_errors=True)
+
+    def in_place(self, hold: Hold, node: NodeContext) -> bool:
+        _, pipe, _ = self._dirs(hold)
+        return node.commands.mps_daemon_running(str(hold.params["gpu"]), pipe)
+
+
+BACKEND = Mps()
+HOLD_HANDLERS = (MpsDaemon(),)

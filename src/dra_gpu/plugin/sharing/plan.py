@@ -1,0 +1,236 @@
+"""A claim's plan, and the interfaces the enforcement backends implement.
+
+Preparing a claim means: for every allocated device (a *share*), collect CDI edits (per device and
+claim-wide) and node-side setup (*holds*). Each backend looks at the shares and contributes what its
+sharing mode needs; the plan is the sum of the contributions. Holds are recorded in the checkpoint
+and undone by their ``HoldHandler`` on unprepare; holds of different claims with the same ``key``
+are one GPU-wide setting, released only with the last of them. A new enforcement mechanism is a new
+module in this package with a ``BACKEND`` and, if it changes the node, ``HOLD_HANDLERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Protocol
+
+from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
+from dra_gpu.config import GpuConfig, Strategy
+from dra_gpu.inventory import GpuInfo
+from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
+from dra_gpu.plugin.commands import GpuCommands
+from dra_gpu.plugin.errors import PrepareError
+
+CDI_CLASS = "claim"
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    uid: str
+    namespace: str
+    name: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation result of this driver in a claim, with its effective configuration."""
+
+    position: int
+    request: str
+    """Base request name (`req` for a `req/sub` result), as the kubelet matches containers on it."""
+    pool: str
+    device: str
+    gpu: GpuInfo
+    share_id: str | None
+    consumed: Mapping[str, Fraction]
+    admin_access: bool
+    config: GpuConfig
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.config.sharing.strategy
+
+    def capacity(self, name: str, driver: str) -> Fraction | None:
+        """Consumed capacity `name`, whether the slice spelled it `name` or `<driver>/name`."""
+        value = self.consumed.get(name)
+        return value if value is not None else self.consumed.get(f"{driver}/{name}")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Another claim's use of a GPU, as the conflict checks see it."""
+
+    claim: str
+    record: ShareRecord
+
+
+@dataclass
+class NodeContext:
+    """The node facts and tools that backends and hold handlers need."""
+
+    driver: str
+    state_dir: Path
+    limiter_library: Path
+    dev_root: Path
+    commands: GpuCommands
+    nvidia_ctk_dirs: Sequence[Path] = ()
+
+    def claim_dir(self, uid: str) -> Path:
+        return self.state_dir / "claims" / uid
+
+
+@dataclass
+class Edits:
+    """CDI container edits being assembled; env keys are unique, later mounts/nodes replace earlier."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    device_nodes: list[DeviceNode] = field(default_factory=list)
+
+    def add_mount(self, host_path: Path | str, container_path: str, options: list[str]) -> None:
+        self.mounts = [m for m in self.mounts if m.container_path != container_path]
+        self.mounts.append(Mount(host_path=str(host_path), container_path=container_path, options=options))
+
+    def add_device_node(self, node: DeviceNode) -> None:
+        if all(n.path != node.path for n in self.device_nodes):
+            self.device_nodes.append(node)
+
+    def to_cdi(self) -> ContainerEdits:
+        return ContainerEdits(
+            env=[f"{k}={v}" for k, v in self.env.items()] or None,
+            mounts=list(self.mounts) or None,
+            device_nodes=list(self.device_nodes) or None,
+        )
+
+
+@dataclass
+class Plan:
+    """Everything preparing one claim will do; built by the backends, then applied by the preparer."""
+
+    claim: ClaimInfo
+    shares: list[Share]
+    driver: str
+    device_edits: dict[int, Edits] = field(default_factory=dict)
+    claim_edits: Edits = field(default_factory=Edits)
+    extra_cdi_ids: dict[int, list[str]] = field(default_factory=dict)
+    holds: list[Hold] = field(default_factory=list)
+    details: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for share in self.shares:
+            self.device_edits.setdefault(share.position, Edits())
+
+    # -- for backends ----------------------------------------------------------------------------
+    def sharing(self, strategy: Strategy) -> list[Share]:
+        """The shares of one strategy; admin-access results get device access only, never sharing setup."""
+        return [s for s in self.shares if s.strategy == strategy and not s.admin_access]
+
+    def visible_gpus(self) -> list[GpuInfo]:
+        """The claim's distinct GPUs in result order: the order of CUDA ordinals in the container."""
+        seen: dict[str, GpuInfo] = {}
+        for share in self.shares:
+            seen.setdefault(share.gpu.uuid, share.gpu)
+        return list(seen.values())
+
+    def ordinal(self, gpu: GpuInfo) -> int:
+        return [g.uuid for g in self.visible_gpus()].index(gpu.uuid)
+
+    def edits(self, share: Share) -> Edits:
+        return self.device_edits[share.position]
+
+    def hold(self, kind: str, key: str, **params: str | int) -> None:
+        """Ask for node-side setup; asking twice for the same key in one claim is one hold."""
+        if all(h.key != key for h in self.holds):
+            self.holds.append(Hold(kind=kind, key=key, params=dict(params)))
+
+    def detail(self, share: Share, name: str, value: str) -> None:
+        """Record a fact about the share that later claims' conflict checks need (e.g. the interval)."""
+        self.details.setdefault(share.position, {})[name] = value
+
+    # -- results ---------------------------------------------------------------------------------
+    def cdi_device_name(self, share: Share) -> str:
+        """`<claimUID>-<device>`; a second share of the same device in one claim adds its share id."""
+        earlier = [s for s in self.shares if s.device == share.device and s.position < share.position]
+        suffix = f"-{share.share_id or share.position}" if earlier else ""
+        return f"{self.claim.uid}-{share.device}{suffix}"
+
+    def cdi_id(self, share: Share) -> str:
+        return f"{self.driver}/{CDI_CLASS}={self.cdi_device_name(share)}"
+
+    def cdi_spec(self) -> Spec:
+        claim_edits = self.claim_edits.to_cdi()
+        return Spec(
+            kind=f"{self.driver}/{CDI_CLASS}",
+            devices=[
+                Device(name=self.cdi_device_name(s), container_edits=self.edits(s).to_cdi())
+                for s in self.shares
+            ],
+            container_edits=None if claim_edits.is_empty() else claim_edits,
+        )
+
+    def answer(self) -> list[PreparedDevice]:
+        return [
+            PreparedDevice(
+                requestNames=[s.request],
+                pool=s.pool,
+                device=s.device,
+                cdiDeviceIds=[self.cdi_id(s), *self.extra_cdi_ids.get(s.position, [])],
+                shareId=s.share_id,
+            )
+            for s in self.shares
+        ]
+
+    def share_records(self) -> list[ShareRecord]:
+        return [
+            ShareRecord(
+                device=s.device,
+                gpu=s.gpu.uuid,
+                strategy=s.strategy.value,
+                shareId=s.share_id,
+                adminAccess=s.admin_access,
+                detail=self.details.get(s.position, {}),
+            )
+            for s in self.shares
+        ]
+
+
+class Backend(Protocol):
+    """One enforcement mechanism (or device access itself)."""
+
+    name: str
+    order: int
+    """Contributions are made in ascending order (device access first)."""
+
+    def conflict(self, share: Share, others: Sequence[Holder]) -> str | None:
+        """Why `share` cannot join the GPU's other holders, or None. `others` excludes admin access."""
+        ...
+
+    def contribute(self, plan: Plan, node: NodeContext) -> None:
+        """Add edits, holds and details for the shares this backend handles; PrepareError if impossible."""
+        ...
+
+
+class HoldHandler(Protocol):
+    kind: str
+
+    def apply(self, hold: Hold, node: NodeContext) -> None:
+        """Make the setting true; must be idempotent (it runs again after crashes and reboots)."""
+        ...
+
+    def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
+        """Undo; `last` is False while another prepared claim holds the same key."""
+        ...
+
+    def in_place(self, hold: Hold, node: NodeContext) -> bool:
+        """False if the setting has gone away behind our back (a daemon died); the supervisor re-applies."""
+        ...
+
+
+def setup_failed(what: str, exc: Exception) -> PrepareError:
+    return PrepareError(f"{what}: {exc}", reason="setup_failed")

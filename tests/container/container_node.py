@@ -1,0 +1,125 @@
+"""The node side of the container tests: the native limiter's outputs and the kubelet plugin.
+
+The plugin runs in-process on real unix sockets against the in-memory API fake (there is no API
+server here) with simulated GPUs; the test acts as the kubelet over gRPC. Its specs go to the
+runtime's dynamic CDI directory, so the plugin runs under a driver name of its own: a host that runs
+the real driver keeps its spec files, and a spec a crashed run left behind is removed by the next
+run's plugin (which finds it on disk and not in its API).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from container_support import REPO_ROOT, RUNTIME_CDI_DIR, Volume
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # plugin_harness lives in tests/
+
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, cdi_ids, opaque, running_plugin
+
+from dra_gpu.inventory import GpuInfo, SimulatedInventory
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.cdi_specs import ClaimSpecs
+from dra_gpu.plugin.prepare import device_name
+
+TEST_DRIVER = "container-test.gpu.dra-gpu.io"
+NODE = "node-1"
+PROFILE = "2xH100-80GB"
+
+LIMITER_BUILD = REPO_ROOT / "native" / "limiter" / "build"
+CONTAINER_LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+CONTAINER_PROBE = "/usr/local/bin/limiter-probe"
+
+
+@dataclass(frozen=True)
+class Limiter:
+    """What ``make -C native/limiter`` builds (real paths, not the build's symlinks)."""
+
+    library: Path
+    fake_libcuda: Path
+    probe: Path
+
+    @classmethod
+    def in_build(cls, build: Path = LIMITER_BUILD) -> Limiter:
+        return cls(build / "libdragpu-limiter.so.1", build / "fake" / "libcuda.so.1", build / "limiter-probe")
+
+    def resolved(self) -> Limiter:
+        return Limiter(self.library.resolve(), self.fake_libcuda.resolve(), self.probe.resolve())
+
+    def driver_stand_in(self) -> list[Volume]:
+        """The fake CUDA driver where the loader finds libcuda.so.1, and the probe that uses it.
+
+        On a GPU node the NVIDIA toolkit injects the real driver library; this mount is its stand-in.
+        """
+        return [Volume(self.fake_libcuda, CONTAINER_LIBCUDA), Volume(self.probe, CONTAINER_PROBE)]
+
+
+@dataclass
+class Node:
+    """The plugin on this node, and the kubelet's side of its sockets."""
+
+    dirs: PluginDirs
+    api: FakeKube
+    kubelet: Kubelet
+    gpus: dict[str, GpuInfo]
+    prepared: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def prepare(
+        self, name: str, allocs: list[Alloc], strategy_config: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[str]]:
+        """Create, allocate and prepare a claim as scheduler and kubelet do; its CDI ids."""
+        allocs = [replace(a, driver=TEST_DRIVER, pool=NODE) for a in allocs]
+        claim = add_claim(self.api, name, allocs, [opaque(strategy_config, driver=TEST_DRIVER)])
+        uid = claim["metadata"]["uid"]
+        response = self.kubelet.prepare(claim)[uid]
+        assert response.error == "", response.error
+        self.prepared[uid] = claim
+        return claim, cdi_ids(response)
+
+    def unprepare(self, claim: dict[str, Any]) -> None:
+        uid = claim["metadata"]["uid"]
+        assert self.kubelet.unprepare(claim) == {uid: ""}
+        self.prepared.pop(uid, None)
+
+    def unprepare_all(self) -> None:
+        for claim in list(self.prepared.values()):
+            self.unprepare(claim)
+
+    def claim_dir(self, claim: dict[str, Any]) -> Path:
+        return self.dirs.state_dir / "claims" / claim["metadata"]["uid"]
+
+
+@contextmanager
+def plugin_node(limiter: Limiter, cdi_dir: Path = RUNTIME_CDI_DIR) -> Iterator[Node]:
+    """A registered plugin writing its specs to ``cdi_dir``; its spec files are gone afterwards."""
+    dirs = PluginDirs.create(with_limiter=False)
+    specs = ClaimSpecs(cdi_dir, TEST_DRIVER)
+    inventory = SimulatedInventory(PROFILE, seed=NODE)
+    api = FakeKube()
+    try:
+        with running_plugin(
+            dirs,
+            api,
+            inventory=inventory,
+            driver_name=TEST_DRIVER,
+            node_name=NODE,
+            cdi_dir=cdi_dir,
+            nvidia_ctk_dirs=(dirs.ctk_dir,),
+            dev_root=Path("/"),  # the real host: simulated GPUs have no /dev/nvidia* here
+            limiter_library=limiter.library,
+        ):
+            kubelet = Kubelet(dirs.registration_dir, driver=TEST_DRIVER)
+            kubelet.register()
+            try:
+                yield Node(dirs, api, kubelet, {device_name(g): g for g in inventory.gpus()})
+            finally:
+                kubelet.close()
+    finally:
+        for uid in specs.uids_on_disk():
+            specs.remove(uid)
+        dirs.cleanup()

@@ -1,0 +1,92 @@
+"""One limiter claim, several pods: every container of the claim draws on one memory budget.
+
+The containers have separate PID namespaces and meet only in the claim's state directory, which the
+CDI spec mounts into each of them. The fake libcuda.so.1 of the limiter's tests stands in for the
+driver library the NVIDIA toolkit would inject (it has the real driver's return codes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import pytest
+from container_node import Node
+from container_support import Podman, Volume, sections
+from plugin_harness import Alloc, gpu_config
+
+from dra_gpu.quantity import parse_quantity, to_int
+
+pytestmark = pytest.mark.container
+
+MIB = 1024 * 1024
+OOM = "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def _allocated(lines: list[str]) -> tuple[int, str]:
+    """(bytes, last result) from the probe's ``allocated=<bytes> last=<code>`` line."""
+    for line in lines:
+        match = re.fullmatch(r"allocated=(\d+) last=(\S+)", line)
+        if match:
+            return int(match[1]), match[2]
+    raise AssertionError(f"no 'allocated=' line in the probe's output: {lines}")
+
+
+def _info(lines: list[str]) -> dict[str, int]:
+    return {k: int(v) for line in lines for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_returns(
+    node: Node, podman: Podman, driver_stand_in: list[Volume]
+) -> None:
+    memory = "1Gi"
+    cap = to_int(parse_quantity(memory))
+    chunk = 64 * MIB
+    claim_allocs = [
+        Alloc(
+            device="gpu-0",
+            share_id="9b8c7d6e-0000-4000-8000-000000000001",
+            consumed={"memory": memory, "cores": "50"},
+        )
+    ]
+    _, ids = node.prepare("pooled", claim_allocs, gpu_config("Limiter"))
+    physical = 4 * cap
+    driver_env = {"FAKE_CUDA_MEMORY_BYTES": str(physical)}
+    a_chunks = (cap // chunk) * 5 // 8  # well under the cap: all of them succeed
+
+    probe_a = sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk} {a_chunks} --hold")
+    probe_b = sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk} 0 --hold")
+    with contextlib.ExitStack() as pods:
+        pod_a = pods.enter_context(podman.background(probe_a, ids, driver_stand_in, driver_env))
+        a_out = pod_a.read_until("holding")
+        a_held, a_last = _allocated(a_out)
+        assert (a_held, a_last) == (a_chunks * chunk, "CUDA_SUCCESS")
+        assert _info(a_out)["total"] == cap, "cuMemGetInfo reports the claim's cap, not the GPU's memory"
+
+        # B starts once A holds its memory, and allocates until refused.
+        pod_b = pods.enter_context(podman.background(probe_b, ids, driver_stand_in, driver_env))
+        b_out = pod_b.read_until("holding")
+        b_held, b_last = _allocated(b_out)
+        b_info = _info(b_out)
+        assert (b_info["total"], b_info["device_total"], b_info["free"]) == (cap, cap, cap - a_held)
+        # Together they stop at the claim's cap, and the pod that hits it gets the driver's own error.
+        assert b_last == OOM
+        assert cap - chunk < a_held + b_held <= cap
+        assert f"alloc {b_held // chunk} {OOM}" in b_out
+
+        killed = pod_a.kill()
+        assert killed != 0, "pod A ran until killed"
+        assert pod_b.proc.poll() is None, "pod B still holds its memory"
+
+        # A new pod of the claim gets exactly what the killed one held: the cap is still shared with B.
+        after = podman.run(
+            sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk}"),
+            ids,
+            driver_stand_in,
+            driver_env,
+        ).check()
+        assert _info(after.section("info"))["free"] == cap - b_held
+        c_held, c_last = _allocated(after.section("alloc"))
+        assert c_last == OOM
+        assert c_held == ((cap - b_held) // chunk) * chunk
+        assert c_held >= a_held, "the killed pod's memory went back to the claim"

@@ -1,0 +1,535 @@
+"""Helpers to run the kubelet plugin on temporary directories and to act as the kubelet.
+
+- ``PluginDirs``: short temporary paths for every directory the plugin uses (unix socket paths are
+  limited to 107 bytes, so they do not live under pytest's long ``tmp_path``).
+- ``add_claim`` / ``Alloc`` / ``gpu_config`` / ``opaque``: allocated ResourceClaims in the API fake,
+  shaped as a real API server returns them after scheduling.
+- ``Kubelet``: the kubelet's side of the sockets, over real gRPC: registration, prepare, unprepare.
+- ``running_plugin``: the plugin in-process (``KubeletPlugin``) as a context manager.
+- ``PluginProcess``: the plugin in its own process, which a test can kill at a named step of
+  prepare/unprepare (``--crash-at``) and start again. The process reads the cluster from a JSON
+  snapshot (``SnapshotKube``) that the test rewrites between runs, since an in-memory fake cannot be
+  shared between processes. Run as a script, this module is that process's entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cdi.resolver import ContainerConfig, Registry
+from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+from dra_gpu.config import NodeSharing
+from dra_gpu.inventory import Inventory, SimulatedInventory
+from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin import KubeletPlugin, PluginConfig
+from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
+from dra_gpu.plugin.commands import GpuCommands, SimulatedCommands
+from dra_gpu.plugin.prepare import FaultHook
+from dra_gpu.proto import (
+    dra_v1,
+    dra_v1_grpc,
+    dra_v1beta1,
+    dra_v1beta1_grpc,
+    registration,
+    registration_grpc,
+)
+
+NODE = "node-1"
+DRIVER = DRIVER_NAME
+PROFILE = "2xH100-80GB"
+CRASH_EXIT_CODE = 86
+HERE = Path(__file__).resolve().parent
+
+
+# -- directories -------------------------------------------------------------------------------------
+@dataclass
+class PluginDirs:
+    root: Path
+    registration_dir: Path
+    plugins_dir: Path
+    cdi_dir: Path
+    state_dir: Path
+    dev_root: Path
+    ctk_dir: Path
+    limiter_library: Path
+
+    @classmethod
+    def create(cls, with_limiter: bool = True) -> PluginDirs:
+        root = Path(tempfile.mkdtemp(prefix="dg-", dir="/tmp"))
+        dirs = cls(
+            root=root,
+            registration_dir=root / "reg",
+            plugins_dir=root / "plugins",
+            cdi_dir=root / "cdi",
+            state_dir=root / "state",
+            dev_root=root / "host",
+            ctk_dir=root / "etc-cdi",
+            limiter_library=root / "lib" / "libdragpu-limiter.so.0.1.0",
+        )
+        for d in (dirs.cdi_dir, dirs.dev_root, dirs.ctk_dir, dirs.limiter_library.parent):
+            d.mkdir(parents=True)
+        if with_limiter:
+            dirs.limiter_library.write_bytes(b"\x7fELF stand-in for the limiter library\n")
+        return dirs
+
+    def config(self, node_name: str = NODE, **overrides: Any) -> PluginConfig:
+        values: dict[str, Any] = {
+            "node_name": node_name,
+            "state_dir": self.state_dir,
+            "cdi_dir": self.cdi_dir,
+            "registration_dir": self.registration_dir,
+            "plugins_dir": self.plugins_dir,
+            "limiter_library": self.limiter_library,
+            "nvidia_ctk_dirs": (self.ctk_dir, self.cdi_dir),
+            "dev_root": self.dev_root,
+            "boot_id": "boot-1",
+        }
+        values.update(overrides)
+        return PluginConfig(**values)
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registration_dir / f"{DRIVER}-reg.sock"
+
+    @property
+    def service_socket(self) -> Path:
+        return self.plugins_dir / DRIVER / "dra.sock"
+
+    @property
+    def simulated_state(self) -> Path:
+        return self.state_dir / "simulated-gpus.json"
+
+    def make_device_nodes(self, minors: Iterable[int] = (0, 1)) -> None:
+        """Stand-ins for the host's /dev/nvidia* (regular files: only their existence matters here)."""
+        dev = self.dev_root / "dev"
+        dev.mkdir(parents=True, exist_ok=True)
+        for name in [f"nvidia{m}" for m in minors] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+            (dev / name).write_text("")
+
+    def spec_files(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_dir.iterdir() if not p.name.startswith("."))
+
+    def claim_dirs(self) -> list[str]:
+        root = self.state_dir / "claims"
+        return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+    def checkpoint(self) -> Checkpoint:
+        return CheckpointStore(self.state_dir / "checkpoint.json").load()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def simulated_gpu_state(dirs: PluginDirs) -> dict[str, dict[str, Any]]:
+    return SimulatedCommands(state_file=dirs.simulated_state).snapshot()
+
+
+# -- claims ------------------------------------------------------------------------------------------
+def gpu_config(strategy: str = "Exclusive", **sections: Any) -> dict[str, Any]:
+    """Opaque `parameters` of a GpuConfig, e.g. gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})."""
+    return {
+        "apiVersion": CONFIG_API_VERSION,
+        "kind": CONFIG_KIND,
+        "sharing": {"strategy": strategy, **sections},
+    }
+
+
+def opaque(
+    parameters: Any, source: str = "FromClass", requests: Sequence[str] = (), driver: str = DRIVER
+) -> dict[str, Any]:
+    """One `status.allocation.devices.config[]` entry."""
+    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
+    if requests:
+        entry["requests"] = list(requests)
+    return entry
+
+
+@dataclass
+class Alloc:
+    """One `status.allocation.devices.results[]` entry."""
+
+    device: str = "gpu-0"
+    request: str = "gpu"
+    share_id: str | None = None
+    consumed: dict[str, str] | None = None
+    driver: str = DRIVER
+    pool: str = NODE
+    admin_access: bool = False
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "request": self.request,
+            "driver": self.driver,
+            "pool": self.pool,
+            "device": self.device,
+        }
+        if self.share_id:
+            out["shareID"] = self.share_id
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
+        if self.admin_access:
+            out["adminAccess"] = True
+        return out
+
+
+def add_claim(
+    api: KubeAPI,
+    name: str,
+    allocs: Sequence[Alloc] = (Alloc(),),
+    configs: Sequence[dict[str, Any]] = (),
+    *,
+    namespace: str = "default",
+    allocated: bool = True,
+    class_name: str = "gpu.dra-gpu.io",
+) -> dict[str, Any]:
+    """Create a claim and, unless `allocated=False`, allocate and reserve it as the scheduler would."""
+    requests = sorted({a.request.split("/", 1)[0] for a in allocs} or {"gpu"})
+    created = api.create(
+        "ResourceClaim",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": r,
+                            "exactly": {
+                                "deviceClassName": class_name,
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                            },
+                        }
+                        for r in requests
+                    ]
+                }
+            },
+        },
+    )
+    if not allocated:
+        return created
+    created["status"] = {
+        "allocation": {
+            "devices": {"results": [a.result() for a in allocs], "config": list(configs)},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{name}"}],
+    }
+    return api.update_status("ResourceClaim", created)
+
+
+ClaimLike = dict[str, Any] | tuple[str, str, str]
+
+
+def claim_ref(claim: ClaimLike) -> tuple[str, str, str]:
+    """(namespace, name, uid) of a claim object or such a tuple."""
+    if isinstance(claim, tuple):
+        return claim
+    meta = claim["metadata"]
+    return meta["namespace"], meta["name"], meta["uid"]
+
+
+def uid_of(claim: ClaimLike) -> str:
+    return claim_ref(claim)[2]
+
+
+# -- the kubelet's side ------------------------------------------------------------------------------
+class Kubelet:
+    """What the kubelet does over the plugin's sockets (real gRPC, real unix sockets)."""
+
+    def __init__(self, registration_dir: Path, driver: str = DRIVER, timeout_s: float = 45.0) -> None:
+        self.registration_dir = registration_dir
+        self.driver = driver
+        self.timeout_s = timeout_s
+        self.info: Any = None
+        self._channel: grpc.Channel | None = None
+
+    def register(self, accept: bool = True, error: str = "", wait_s: float = 20.0) -> Any:
+        """Find the registration socket, GetInfo, check it, and tell the plugin the verdict."""
+        socket = self.registration_dir / f"{self.driver}-reg.sock"
+        deadline = time.monotonic() + wait_s
+        while not socket.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no registration socket {socket} after {wait_s}s")
+            time.sleep(0.02)
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            stub = registration_grpc.RegistrationStub(channel)
+            info = stub.GetInfo(registration.InfoRequest(), timeout=5)
+            stub.NotifyRegistrationStatus(
+                registration.RegistrationStatus(plugin_registered=accept, error=error), timeout=5
+            )
+        self.info = info
+        self.close()
+        return info
+
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            if self.info is None:
+                raise RuntimeError("register() first: the endpoint comes from GetInfo")
+            self._channel = grpc.insecure_channel(f"unix://{self.info.endpoint}")
+        return self._channel
+
+    @staticmethod
+    def _claims(pb: Any, claims: Iterable[ClaimLike]) -> list[Any]:
+        return [pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in map(claim_ref, claims)]
+
+    def prepare(self, *claims: ClaimLike, version: str = "v1") -> dict[str, Any]:
+        """NodePrepareResources; returns the response's map claim UID -> NodePrepareResourceResponse."""
+        pb, stub = self._stub(version)
+        response = stub.NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=self.timeout_s
+        )
+        return dict(response.claims)
+
+    def unprepare(self, *claims: ClaimLike, version: str = "v1") -> dict[str, str]:
+        """NodeUnprepareResources; returns claim UID -> error ("" for success)."""
+        pb, stub = self._stub(version)
+        response = stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=self.timeout_s
+        )
+        return {uid: entry.error for uid, entry in response.claims.items()}
+
+    def _stub(self, version: str) -> tuple[Any, Any]:
+        if version == "v1":
+            return dra_v1, dra_v1_grpc.DRAPluginStub(self.channel())
+        if version == "v1beta1":
+            return dra_v1beta1, dra_v1beta1_grpc.DRAPluginStub(self.channel())
+        raise ValueError(f"unknown DRA API version {version!r}")
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def cdi_ids(response: Any) -> list[str]:
+    """Every CDI id of a NodePrepareResourceResponse, in device order."""
+    return [cdi for device in response.devices for cdi in device.cdi_device_ids]
+
+
+def resolve(dirs: PluginDirs, ids: Iterable[str]) -> ContainerConfig:
+    """What a runtime configured with the toolkit's and our CDI directories injects for these ids."""
+    return Registry.load([dirs.ctk_dir, dirs.cdi_dir]).resolve(list(ids))
+
+
+# -- the plugin in-process ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def running_plugin(
+    dirs: PluginDirs,
+    api: KubeAPI,
+    *,
+    inventory: Inventory | None = None,
+    commands: GpuCommands | None = None,
+    fault_hook: FaultHook | None = None,
+    publish_slices: bool = False,
+    sharing: str = "*=Shared",
+    **config: Any,
+) -> Iterator[KubeletPlugin]:
+    """`config` overrides PluginConfig fields (see `PluginDirs.config`)."""
+    inventory = inventory or SimulatedInventory(PROFILE, seed=NODE)
+    commands = commands or SimulatedCommands(state_file=dirs.simulated_state)
+    plugin = KubeletPlugin(
+        dirs.config(**config),
+        api,
+        inventory,
+        commands,
+        fault_hook=fault_hook,
+        publish_slices=publish_slices,
+        sharing=NodeSharing.parse(sharing),
+    )
+    plugin.start()
+    try:
+        yield plugin
+    finally:
+        plugin.stop(grace_s=0.5)
+
+
+# -- the plugin as a process -------------------------------------------------------------------------
+class SnapshotKube:
+    """A read-only `KubeAPI` serving the objects of a JSON file, re-read on every call.
+
+    This is a fake for a plugin running in a subprocess: the test owns the cluster state (a
+    `FakeKube`) and writes it with `write_snapshot` before starting the plugin or between runs.
+    Only the reads the kubelet plugin makes are implemented; writes raise NotImplementedError.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _objects(self, kind: str) -> list[dict[str, Any]]:
+        data = json.loads(self.path.read_text())
+        return [o for o in data.get(kind, [])]
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        for obj in self._objects(kind):
+            meta = obj["metadata"]
+            if meta["name"] == name and (namespace is None or meta.get("namespace") == namespace):
+                return obj
+        raise NotFound(f'{kind.lower()}s "{name}" not found')
+
+    def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        items = [
+            o for o in self._objects(kind) if not namespace or o["metadata"].get("namespace") == namespace
+        ]
+        return items, "1"
+
+    def __getattr__(self, verb: str) -> Any:
+        raise NotImplementedError(f"SnapshotKube is read-only: {verb} is not available")
+
+
+def write_snapshot(api: FakeKube, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"ResourceClaim": api.objects("ResourceClaim")}))
+    os.replace(tmp, path)
+
+
+@dataclass
+class PluginProcess:
+    """`python plugin_harness.py serve ...`: the plugin in its own process."""
+
+    dirs: PluginDirs
+    snapshot: Path
+    crash_at: str | None = None
+    boot_id: str = "boot-1"
+    profile: str = PROFILE
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.dirs.root / f"plugin-{time.monotonic_ns()}.log"
+
+    def start(self, wait_s: float = 30.0) -> PluginProcess:
+        argv = [
+            sys.executable,
+            str(HERE / "plugin_harness.py"),
+            "serve",
+            "--root",
+            str(self.dirs.root),
+            "--snapshot",
+            str(self.snapshot),
+            "--boot-id",
+            self.boot_id,
+            "--profile",
+            self.profile,
+        ]
+        if self.crash_at:
+            argv += ["--crash-at", self.crash_at]
+        with open(self.log_path, "wb") as log_file:
+            self.process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+        ready = self.dirs.root / "ready"
+        deadline = time.monotonic() + wait_s
+        while not ready.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"plugin process exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"plugin process not ready after {wait_s}s:\n{self.log()}")
+            time.sleep(0.02)
+        ready.unlink()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout_s)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dra_gpu.commands.kubelet_plugin import wait_for_signal
+    from dra_gpu.logs import setup_logging
+
+    setup_logging("info", "text")
+    dirs_root = Path(args.root)
+    dirs = PluginDirs(
+        root=dirs_root,
+        registration_dir=dirs_root / "reg",
+        plugins_dir=dirs_root / "plugins",
+        cdi_dir=dirs_root / "cdi",
+        state_dir=dirs_root / "state",
+        dev_root=dirs_root / "host",
+        ctk_dir=dirs_root / "etc-cdi",
+        limiter_library=dirs_root / "lib" / "libdragpu-limiter.so.0.1.0",
+    )
+    crash_step, _, nth = (args.crash_at or "").partition("#")
+    remaining = [int(nth or 1)]
+
+    def hook(step: str) -> None:
+        if step == crash_step:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                print(f"crashing at {step}", flush=True)
+                os._exit(CRASH_EXIT_CODE)
+
+    plugin = KubeletPlugin(
+        dirs.config(boot_id=args.boot_id),
+        SnapshotKube(Path(args.snapshot)),
+        SimulatedInventory(args.profile, seed=NODE),
+        SimulatedCommands(state_file=dirs.simulated_state),
+        fault_hook=hook,
+    )
+    plugin.start()
+    (dirs_root / "ready").write_text(str(os.getpid()))
+    stop = threading.Event()
+    try:
+        wait_for_signal(stop)
+    finally:
+        plugin.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run the kubelet plugin for tests")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve")
+    serve.add_argument("--root", required=True)
+    serve.add_argument("--snapshot", required=True)
+    serve.add_argument("--boot-id", default="boot-1")
+    serve.add_argument("--profile", default=PROFILE)
+    serve.add_argument(
+        "--crash-at", help="STEP[#N]: exit abruptly at the Nth time prepare/unprepare reaches STEP"
+    )
+    args = parser.parse_args(argv)
+    return _serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

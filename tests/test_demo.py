@@ -1,0 +1,114 @@
+"""`dra-gpu demo` runs end to end on this machine and its summary says who holds which share."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.cli import main
+from dra_gpu.demo.limiter import find_limiter_build
+from dra_gpu.demo.run import DemoReport, run_demo
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """`main()` configures the root logger for the process; put it back for the tests that follow."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[DemoReport, str]:
+    stream = io.StringIO()
+    report = run_demo(stream)
+    return report, stream.getvalue()
+
+
+def holders(report: DemoReport) -> dict[str, tuple[str, str, str, list[str], str]]:
+    """claim -> (gpu, mode, share, pods, allocated by)."""
+    return {
+        h.claim: (g.device, h.strategy, h.share, h.pods, h.allocated_by)
+        for g in report.gpus
+        for h in g.holders
+    }
+
+
+def test_every_mode_ends_on_the_gpu_that_serves_it(demo: tuple[DemoReport, str]) -> None:
+    report, _ = demo
+    held = holders(report)
+    sharing = {g.device: g.sharing for g in report.gpus}
+    assert (
+        held["whole-gpu"][1:3] == ("Exclusive", "whole GPU") and sharing[held["whole-gpu"][0]] == "Exclusive"
+    )
+    assert held["limited"][1:4] == ("Limiter", "10Gi memory, 30 cores", ["inference"])
+    assert held["mps-share"][1] == "MPS" and sharing[held["mps-share"][0]] == "MPS"
+    assert held["time-sliced"][1] == "TimeSlicing" and sharing[held["time-sliced"][0]] == "Shared"
+    assert held["team-share"][3] == ["team-0", "team-1", "team-2"]  # one claim, three pods
+    assert not report.prepare_errors
+
+
+def test_the_anti_affinity_claims_wait_for_the_controller_and_land_apart(
+    demo: tuple[DemoReport, str],
+) -> None:
+    report, _ = demo
+    assert set(report.first_round_pending) == {"web-0", "web-1"}
+    assert "cannot allocate all claims" in report.first_round_pending["web-0"]
+    held = holders(report)
+    assert held["web-0"][4] == held["web-1"][4] == "controller"
+    assert held["web-0"][0] != held["web-1"][0]
+    assert set(report.controller_allocated) == {"demo/web-0", "demo/web-1"}
+    assert report.bound["web-0"] == report.bound["web-1"] == "demo-node"
+
+
+def test_the_summary_is_readable_and_names_what_is_simulated(demo: tuple[DemoReport, str]) -> None:
+    report, text = demo
+    for part in ("Kubernetes API server", "GPUs", "kube-scheduler", "kubelet", "nvidia-smi", "CUDA driver"):
+        assert re.search(rf"^\s+{re.escape(part)}[\s,]", text, re.M), part
+    gpu = holders(report)["limited"][0]
+    block = text.split(f"\n{gpu}  ")[1].split("\n\n")[0]
+    assert re.search(r"limited\s+Limiter\s+10Gi memory, 30 cores\s+inference\s+scheduler", block)
+    assert re.search(r"team-share\s+Limiter\s+16Gi memory, 40 cores\s+team-0, team-1, team-2", block)
+    assert "pods team-0, team-1, team-2 (claims: team-share)" in text
+    assert "DRAGPU_MEMORY_LIMIT_0=10737418240 (10Gi)" in text
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in text
+    assert any(c.startswith("start_mps_daemon") for c in report.gpu_commands)
+
+
+def test_the_demo_cleans_up(demo: tuple[DemoReport, str]) -> None:
+    report, text = demo
+    assert "CDI specs left after unprepare: 0" in text
+    assert report.workdir is not None and not report.workdir.exists()
+
+
+@pytest.mark.skipif(
+    find_limiter_build() is None, reason="the native limiter is not built (make -C native/limiter)"
+)
+def test_the_limiter_refuses_an_allocation_over_the_cap(demo: tuple[DemoReport, str]) -> None:
+    report, text = demo
+    assert report.limiter is not None and report.limiter.ran
+    assert report.limiter.reported_total == 10 * 2**30
+    assert report.limiter.granted_chunks == 10
+    assert report.limiter.refused_at == 11 and report.limiter.refused_error == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert "allocation 11: CUDA_ERROR_OUT_OF_MEMORY" in text
+
+
+def test_without_the_limiter_built_the_step_is_skipped_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--limiter-build", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "skipped: the native limiter is not built here" in text
+    assert "pods team-0, team-1, team-2" in text
+
+
+def test_a_missing_limiter_build_directory_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--limiter-build", "/nonexistent/build"]) == 2
+    assert "--limiter-build /nonexistent/build: not a directory" in capsys.readouterr().err

@@ -1,0 +1,309 @@
+"""The checkpoint: versioned, checksummed, tolerant of newer writers, and never a reason to crash-loop."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from plugin_harness import (
+    NODE,
+    PROFILE,
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    cdi_ids,
+    gpu_config,
+    opaque,
+    resolve,
+    running_plugin,
+    simulated_gpu_state,
+    uid_of,
+)
+
+from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.kube import ApiError
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.checkpoint import (
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    ClaimState,
+    Hold,
+    PreparedClaim,
+    _checksum,
+)
+
+GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
+
+
+@pytest.fixture
+def dirs() -> Iterator[PluginDirs]:
+    d = PluginDirs.create()
+    yield d
+    d.cleanup()
+
+
+def sample() -> Checkpoint:
+    claim = PreparedClaim(
+        uid="u1",
+        namespace="default",
+        name="c",
+        state=ClaimState.PREPARE_COMPLETED,
+        bootId="b",
+        holds=[Hold(kind="timeslice", key=f"timeslice:{GPU0}", params={"index": 0, "interval": "Long"})],
+    )
+    return Checkpoint(claims={"u1": claim})
+
+
+def test_round_trip_and_file_format(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json")
+    assert store.load() == Checkpoint() and not store.exists()
+    store.save(sample())
+    document = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert document["kind"] == "DraGpuCheckpoint" and document["version"] == 1
+    assert document["checksum"] == _checksum(document["data"])
+    assert CheckpointStore(tmp_path / "checkpoint.json").load() == sample()
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"], "no temporary files left"
+
+
+def test_fields_from_a_newer_plugin_are_ignored_not_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    CheckpointStore(path).save(sample())
+    document = json.loads(path.read_text())
+    document["data"]["claims"]["u1"]["futureField"] = {"x": 1}
+    document["data"]["nodeLabels"] = ["y"]
+    document["checksum"] = _checksum(document["data"])
+    path.write_text(json.dumps(document))
+    assert CheckpointStore(path).load().claims["u1"].holds == sample().claims["u1"].holds
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"{not json", "not JSON"),
+        (b"", "the file is empty"),
+        (b"[]", "not a JSON object"),
+        (json.dumps({"kind": "DraGpuCheckpoint", "version": 9, "data": {}}).encode(), "unknown version 9"),
+        (json.dumps({"kind": "Other", "version": 1}).encode(), "kind is 'Other'"),
+        ("flip", "checksum mismatch"),
+    ],
+)
+def test_untrusted_files_are_reported(tmp_path: Path, content: bytes | str, reason: str) -> None:
+    path = tmp_path / "checkpoint.json"
+    CheckpointStore(path).save(sample())
+    if content == "flip":
+        path.write_text(path.read_text().replace('"Long"', '"Short"'))
+    else:
+        assert isinstance(content, bytes)
+        path.write_bytes(content)
+    with pytest.raises(CheckpointCorrupt, match=reason):
+        CheckpointStore(path).load()
+
+
+def prepare_three(dirs: PluginDirs, api: FakeKube) -> list[dict]:
+    claims = [
+        add_claim(api, "mps", [Alloc(device="gpu-0")], [opaque(gpu_config("MPS"))]),
+        add_claim(
+            api,
+            "lim",
+            [
+                Alloc(
+                    device="gpu-1",
+                    share_id="a0000000-0000-4000-8000-000000000001",
+                    consumed={"memory": "1Gi", "cores": "10"},
+                )
+            ],
+            [opaque(gpu_config("Limiter"))],
+        ),
+        add_claim(
+            api,
+            "ts",
+            [Alloc(device="gpu-1", share_id="a0000000-0000-4000-8000-000000000002")],
+            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Short"}))],
+        ),
+    ]
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert all(r.error == "" for r in kubelet.prepare(*claims).values())
+        kubelet.close()
+    return claims
+
+
+@pytest.mark.parametrize("damage", ["garbage", "checksum", "version", "truncated"])
+def test_a_corrupt_checkpoint_is_set_aside_and_the_state_rebuilt(
+    dirs: PluginDirs, damage: str, caplog
+) -> None:
+    api = FakeKube()
+    mps, lim, ts = prepare_three(dirs, api)
+    path = dirs.state_dir / "checkpoint.json"
+    text = path.read_text()
+    path.write_text(
+        {
+            "garbage": "\x00\x01 definitely not a checkpoint",
+            "checksum": text.replace('"Short"', '"Long"'),
+            "version": text.replace('"version":1', '"version":2'),
+            "truncated": text[: len(text) // 2],
+        }[damage]
+    )
+    api.delete("ResourceClaim", "ts", "default")  # its pod went away while the state was lost
+    caplog.set_level(logging.INFO)
+    with running_plugin(dirs, api) as plugin:
+        assert any(
+            "checkpoint cannot be trusted" in r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.ERROR
+        )
+        assert len(list(dirs.state_dir.glob("checkpoint.json.corrupt-*"))) == 1
+        rebuilt = dirs.checkpoint()
+        assert set(rebuilt.claims) == {uid_of(mps), uid_of(lim)}
+        assert {c.state for c in rebuilt.claims.values()} == {ClaimState.PREPARE_COMPLETED}
+        assert sorted(dirs.spec_files()) == sorted(
+            f"gpu.dra-gpu.io-claim_{uid_of(c)}.json" for c in (mps, lim)
+        ), "the deleted claim's spec is gone, the others are kept"
+        state = simulated_gpu_state(dirs)
+        assert set(state["mps"]) == {GPU0}, "the MPS daemon in use keeps running"
+        assert state["timeslice"] == {}, "nobody holds a time slice any more"
+
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(mps)[uid_of(mps)].error == ""
+        assert set(kubelet.unprepare(mps, lim, ts).values()) == {""}
+        kubelet.close()
+        assert plugin.preparer.snapshot().claims == {}
+    assert dirs.spec_files() == [] and dirs.claim_dirs() == []
+    assert simulated_gpu_state(dirs) == {"computeMode": {}, "timeslice": {}, "mps": {}}
+
+
+class BrokenList(FakeKube):
+    """An API server that stopped answering lists."""
+
+    def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        raise ApiError("connection refused")
+
+
+def test_without_the_api_the_rebuild_removes_nothing_and_unprepare_cleans_up(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    _, lim, _ = prepare_three(dirs, api)
+    (dirs.state_dir / "checkpoint.json").write_text("corrupt")
+    broken = BrokenList()
+    with running_plugin(dirs, broken):
+        assert len(dirs.spec_files()) == 3 and dirs.claim_dirs() == [uid_of(lim)]
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.unprepare(lim) == {uid_of(lim): ""}
+        kubelet.close()
+        assert len(dirs.spec_files()) == 2 and dirs.claim_dirs() == []
+
+
+def test_after_a_reboot_a_repeated_prepare_rewrites_specs_and_settings(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claims = prepare_three(dirs, api)
+    before = {uid_of(c): dirs.checkpoint().claims[uid_of(c)].devices for c in claims}
+    for spec in dirs.cdi_dir.iterdir():  # /var/run/cdi is a tmpfs
+        spec.unlink()
+    dirs.simulated_state.unlink()  # GPU settings and daemons do not survive a reboot
+    with running_plugin(dirs, api, boot_id="boot-2"):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        answers = kubelet.prepare(*claims)
+        for claim in claims:
+            answer = answers[uid_of(claim)]
+            assert [list(d.cdi_device_ids) for d in answer.devices] == [
+                d.cdiDeviceIds for d in before[uid_of(claim)]
+            ]
+            resolve(dirs, cdi_ids(answer))
+        state = simulated_gpu_state(dirs)
+        assert set(state["mps"]) == {GPU0} and state["timeslice"] == {"1": 1}
+        assert state["computeMode"] == {GPU0: "EXCLUSIVE_PROCESS"}
+        assert {c.bootId for c in dirs.checkpoint().claims.values()} == {"boot-2"}
+        kubelet.close()
+
+
+def test_a_lost_spec_is_rewritten_without_the_api(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claims = prepare_three(dirs, api)
+    (dirs.cdi_dir / dirs.spec_files()[0]).unlink()
+    for claim in claims:
+        api.delete("ResourceClaim", claim["metadata"]["name"], "default")
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        answers = kubelet.prepare(*claims)
+        assert {a.error for a in answers.values()} == {""}
+        assert len(dirs.spec_files()) == 3
+        kubelet.close()
+
+
+def test_a_missing_checkpoint_with_specs_on_disk_triggers_a_rebuild(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    mps, lim, ts = prepare_three(dirs, api)
+    (dirs.state_dir / "checkpoint.json").unlink()
+    with running_plugin(dirs, api):
+        assert set(dirs.checkpoint().claims) == {uid_of(mps), uid_of(lim), uid_of(ts)}
+
+
+def test_records_from_before_a_reboot_whose_claims_are_gone_are_collected(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    mps, lim, _ = prepare_three(dirs, api)
+    api.delete("ResourceClaim", "ts", "default")  # its pod did not come back after the reboot
+    with running_plugin(dirs, api, boot_id="boot-2", stale_claim_interval_s=3600) as plugin:
+        plugin.preparer.collect_stale()
+        assert set(dirs.checkpoint().claims) == {uid_of(mps), uid_of(lim)}
+        assert simulated_gpu_state(dirs)["timeslice"] == {}, "its time slice is released"
+
+
+def test_files_of_a_lost_write_are_removed_at_start(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    _, lim, _ = prepare_three(dirs, api)
+    lost = "6b9a3c1e-0000-4000-8000-00000000beef"
+    (dirs.cdi_dir / f"gpu.dra-gpu.io-claim_{lost}.json").write_text(
+        (dirs.cdi_dir / f"gpu.dra-gpu.io-claim_{uid_of(lim)}.json").read_text()
+    )
+    (dirs.state_dir / "claims" / lost / "limiter").mkdir(parents=True)
+    with running_plugin(dirs, api):
+        assert lost not in "".join(dirs.spec_files()) and lost not in dirs.claim_dirs()
+        assert len(dirs.spec_files()) == 3 and dirs.claim_dirs() == [uid_of(lim)]
+
+
+def test_a_rebuild_without_the_api_is_finished_once_the_api_answers(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    mps, lim, _ = prepare_three(dirs, api)
+    (dirs.state_dir / "checkpoint.json").write_text("corrupt")
+    api.delete("ResourceClaim", "ts", "default")
+    with running_plugin(dirs, BrokenList(), stale_claim_interval_s=3600):
+        assert dirs.checkpoint().rebuildPending and len(dirs.spec_files()) == 3
+    with running_plugin(dirs, api, stale_claim_interval_s=3600):
+        checkpoint = dirs.checkpoint()
+        assert not checkpoint.rebuildPending
+        assert set(checkpoint.claims) == {uid_of(mps), uid_of(lim)}
+        assert len(dirs.spec_files()) == 2
+        assert simulated_gpu_state(dirs)["timeslice"] == {}
+
+
+def test_setup_this_version_does_not_know_is_reported_not_guessed(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    _, lim, _ = prepare_three(dirs, api)
+    store = CheckpointStore(dirs.state_dir / "checkpoint.json")
+    checkpoint = store.load()
+    checkpoint.claims[uid_of(lim)].holds.append(Hold(kind="nvml-memcap", key=f"nvml-memcap:{GPU1}"))
+    store.save(checkpoint)  # as a newer plugin would have written it
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.unprepare(lim)[uid_of(lim)] == (
+            f"the checkpoint records node-side setup of kind 'nvml-memcap' (nvml-memcap:{GPU1}), which this "
+            "version of the plugin cannot apply or undo; run the plugin version that prepared the claim"
+        )
+        kubelet.close()

@@ -1,0 +1,110 @@
+"""`dra-gpu kubelet-plugin` as a process: flags and their environment variables, start, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from plugin_harness import Kubelet, PluginDirs
+
+CLI = [sys.executable, "-m", "dra_gpu.cli", "--log-format", "json", "kubelet-plugin"]
+
+
+@pytest.fixture
+def dirs() -> Iterator[PluginDirs]:
+    d = PluginDirs.create()
+    yield d
+    d.cleanup()
+
+
+def env_for(dirs: PluginDirs, kubeconfig: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_GPU_")}
+    env.update(
+        DRA_GPU_NODE_NAME="node-1",
+        DRA_GPU_REGISTRATION_DIR=str(dirs.registration_dir),
+        DRA_GPU_PLUGINS_DIR=str(dirs.plugins_dir),
+        DRA_GPU_CDI_DIR=str(dirs.cdi_dir),
+        DRA_GPU_STATE_DIR=str(dirs.state_dir),
+        DRA_GPU_GPU_BACKEND="simulated:2xH100-80GB",
+        DRA_GPU_LIMITER_LIBRARY=str(dirs.limiter_library),
+        DRA_GPU_KUBECONFIG=str(kubeconfig),
+        DRA_GPU_HTTP_ADDRESS="127.0.0.1:0",
+        DRA_GPU_PUBLISH_SLICES="false",
+        **extra,
+    )
+    return env
+
+
+def unreachable_kubeconfig(path: Path) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    return path
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_help_lists_every_flag_with_its_environment_variable() -> None:
+    text = run_cli("--help").stdout
+    for flag in (
+        "--node-name",
+        "--driver-name",
+        "--registration-dir",
+        "--plugins-dir",
+        "--cdi-dir",
+        "--state-dir",
+        "--gpu-backend",
+        "--limiter-library",
+        "--sharing",
+        "--kubeconfig",
+        "--http-address",
+        "--publish-slices",
+    ):
+        assert flag in text
+        assert "DRA_GPU_" + flag[2:].upper().replace("-", "_") in text.replace("\n", " ").replace("  ", " ")
+
+
+def test_bad_flags_are_named(dirs: PluginDirs, tmp_path: Path) -> None:
+    env = env_for(dirs, unreachable_kubeconfig(tmp_path / "kubeconfig"))
+    del env["DRA_GPU_NODE_NAME"]
+    missing = run_cli(env=env)
+    assert missing.returncode == 2 and "--node-name (or DRA_GPU_NODE_NAME) is required" in missing.stderr
+    bad_sharing = run_cli("--node-name", "n", "--sharing", "0=Fast", env=env)
+    assert bad_sharing.returncode == 2 and "unknown mode 'Fast'" in bad_sharing.stderr
+    bad_backend = run_cli("--node-name", "n", "--gpu-backend", "fake", env=env)
+    assert bad_backend.returncode == 1 and "unknown inventory 'fake'" in bad_backend.stderr
+
+
+def test_runs_registers_answers_and_leaves_on_sigterm(dirs: PluginDirs, tmp_path: Path) -> None:
+    env = env_for(dirs, unreachable_kubeconfig(tmp_path / "kubeconfig"))
+    process = subprocess.Popen(CLI, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kubelet = Kubelet(dirs.registration_dir, timeout_s=30)
+        info = kubelet.register(wait_s=30)
+        assert info.endpoint == str(dirs.service_socket)
+        answer = kubelet.prepare(("default", "c", "3b1f7c7e-0000-4000-8000-000000000001"))
+        error = answer["3b1f7c7e-0000-4000-8000-000000000001"].error
+        assert error.startswith("reading ResourceClaim default/c: the API server could not be reached: ")
+        kubelet.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert "nvidia-smi and nvidia-cuda-mps-control are not run" in stderr
+    assert '"msg": "stopping", "signal": "SIGTERM"' in stderr
+    deadline = time.monotonic() + 5
+    while dirs.service_socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not dirs.registration_socket.exists() and not dirs.service_socket.exists()

@@ -1,0 +1,127 @@
+"""How a claim's plan is assembled from the enforcement backends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from plugin_harness import (
+    NODE,
+    PROFILE,
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    cdi_ids,
+    gpu_config,
+    opaque,
+    resolve,
+    running_plugin,
+    uid_of,
+)
+
+from dra_gpu.config import parse_gpu_config
+from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin import sharing
+from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
+
+GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()
+
+
+@pytest.fixture
+def dirs() -> Iterator[PluginDirs]:
+    d = PluginDirs.create()
+    yield d
+    d.cleanup()
+
+
+def share(position: int, strategy: str, **section: object) -> Share:
+    return Share(
+        position=position,
+        request="gpu",
+        pool=NODE,
+        device="gpu-0",
+        gpu=GPUS[0],
+        share_id=f"00000000-0000-4000-8000-00000000000{position}",
+        consumed={"memory": Fraction(1 << 30), "cores": Fraction(10)},
+        admin_access=False,
+        config=parse_gpu_config(gpu_config(strategy, **section)),
+    )
+
+
+@pytest.mark.parametrize("strategy", ["Exclusive", "TimeSlicing", "MPS", "Limiter"])
+def test_every_hold_a_backend_asks_for_can_be_undone(tmp_path: Path, strategy: str) -> None:
+    library = tmp_path / "lib.so"
+    library.write_text("")
+    node = NodeContext("gpu.dra-gpu.io", tmp_path, library, tmp_path, SimulatedCommands())
+    plan = Plan(
+        claim=ClaimInfo("uid-1", "default", "c"), shares=[share(0, strategy)], driver="gpu.dra-gpu.io"
+    )
+    for backend in sharing.backends():
+        backend.contribute(plan, node)
+    assert {h.kind for h in plan.holds} <= set(sharing.hold_handlers())
+    assert not plan.cdi_spec().devices[0].container_edits.is_empty(), "a device with no edits is invalid CDI"
+
+
+def test_two_shares_of_one_gpu_in_one_claim_get_distinct_cdi_devices(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "two-shares",
+        [
+            Alloc(
+                request="a",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "10"},
+            ),
+            Alloc(
+                request="b",
+                share_id="00000000-0000-4000-8000-00000000000b",
+                consumed={"memory": "2Gi", "cores": "5"},
+            ),
+        ],
+        [opaque(gpu_config("Limiter"))],
+    )
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        response = kubelet.prepare(claim)[uid_of(claim)]
+        ids = cdi_ids(response)
+        assert ids == [
+            f"gpu.dra-gpu.io/claim={uid_of(claim)}-gpu-0",
+            f"gpu.dra-gpu.io/claim={uid_of(claim)}-gpu-0-00000000-0000-4000-8000-00000000000b",
+        ]
+        container = resolve(dirs, ids)
+        assert container.env["DRAGPU_MEMORY_LIMIT_0"] == str(3 << 30), "both shares count against one limit"
+        assert container.env["DRAGPU_CORES_LIMIT"] == "15"
+        assert container.env["CUDA_VISIBLE_DEVICES"] == GPUS[0].uuid
+        kubelet.close()
+
+
+def test_conflicting_intervals_within_one_claim_name_the_request(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "mixed",
+        [
+            Alloc(request="a", share_id="00000000-0000-4000-8000-00000000000a"),
+            Alloc(request="b", share_id="00000000-0000-4000-8000-00000000000b"),
+        ],
+        [
+            opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Short"}), requests=["a"]),
+            opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}), requests=["b"]),
+        ],
+    )
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        error = kubelet.prepare(claim)[uid_of(claim)].error
+        assert (
+            "is time-sliced with interval Short for claim default/mixed (request a); this claim asks for Long"
+            in error
+        )
+        kubelet.close()
