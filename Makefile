@@ -30,7 +30,8 @@ generated-check: venv
 
 # The local image the container tests run in (nothing pulled from a registry).
 container-setup: limiter
-	@if command -v podman >/dev/null; then tools/container-image.sh; else echo "podman not installed: container tests will be skipped"; fi
+	@if command -v podman >/dev/null && [ "$$(id -u)" = 0 ]; then tools/container-image.sh; \
+	else echo "container tests will be skipped: they need podman and root (see docs/container-tests.md)"; fi
 
 # Sets up everything the tests need, then runs lint, generated-file checks and every test.
 test: venv limiter container-setup lint generated-check
