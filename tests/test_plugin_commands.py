@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -177,3 +178,26 @@ def test_simulated_commands_keep_state_across_instances_and_fail_on_demand(tmp_p
     assert first.snapshot() == {"computeMode": {}, "timeslice": {}, "mps": {}}
     with pytest.raises(CommandError, match="invalid time-slice value 7"):
         first.set_timeslice(0, 7)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and util-linux unshare to give the daemon its own /dev/shm",
+)
+def test_mps_daemon_gets_the_gpus_shm_directory_as_its_dev_shm(tmp_path: Path) -> None:
+    """MPS clients mount `<mps dir>/shm` as /dev/shm; the daemon must write to the same place."""
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-d" ]; then echo from-daemon > /dev/shm/marker; touch "$CUDA_MPS_PIPE_DIRECTORY/up"; exit 0; fi\n'
+        '[ -e "$CUDA_MPS_PIPE_DIRECTORY/up" ]\n'
+    )
+    control.chmod(0o755)
+    base = tmp_path / "mps"
+    pipe, logs, shm = base / "pipe", base / "log", base / "shm"
+    for directory in (pipe, logs, shm):
+        directory.mkdir(parents=True)
+    commands = NvidiaCommands(mps_control=str(control), timeout_s=5, start_wait_s=2, isolate_shm=True)
+    commands.start_mps_daemon("GPU-abc", pipe, logs)
+    assert (shm / "marker").read_text() == "from-daemon\n"
+    assert not Path("/dev/shm/marker").exists()  # the node's own /dev/shm is untouched

@@ -85,6 +85,7 @@ def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
         + sections(
             seen=f"cat {CONTAINER_PIPE_DIR}/from-host",
             wrote=f"echo {token} > {CONTAINER_PIPE_DIR}/{token} && echo ok",
+            shm=f"echo {token} > /dev/shm/{token} && echo ok",
         ),
         devices=ids,
     ).check()
@@ -99,6 +100,10 @@ def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
     assert result.section("seen") == [token]
     assert result.section("wrote") == ["ok"]
     assert (host_pipe / token).read_text().strip() == token
+    # Client and server exchange data through POSIX shared memory: the client's /dev/shm is the
+    # GPU's shm directory, which the control daemon gets as its own /dev/shm.
+    assert result.section("shm") == ["ok"]
+    assert (host_pipe.parent / "shm" / token).read_text().strip() == token
     assert "LD_PRELOAD" not in env
 
 

@@ -68,7 +68,13 @@ class NvidiaCommands:
         timeout_s: float = 30.0,
         start_wait_s: float = 10.0,
         runner: Runner = subprocess.run,
+        isolate_shm: bool = False,
     ) -> None:
+        """With `isolate_shm`, the MPS daemon runs in its own mount namespace whose /dev/shm is the
+        GPU's `<mps dir>/shm`, the directory every MPS client of that GPU mounts as its /dev/shm
+        (needs CAP_SYS_ADMIN, which the node agent has where it drives real GPUs).
+        """
+        self.isolate_shm = isolate_shm
         self.nvidia_smi = nvidia_smi
         self.mps_control = mps_control
         self.timeout_s = timeout_s
@@ -148,8 +154,13 @@ class NvidiaCommands:
         return env
 
     def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
+        argv = [self.mps_control, "-d"]
+        if self.isolate_shm:
+            shm = pipe_dir.parent / "shm"
+            script = 'mount --bind "$0" /dev/shm && exec "$@"'
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(shm), *argv]
         self._check(
-            [self.mps_control, "-d"],
+            argv,
             self._mps_env(gpu_uuid, pipe_dir, log_dir),
             output=log_dir / "control-start.out",
         )

@@ -93,7 +93,7 @@ class PluginConfig:
 
 def default_commands(inventory: Inventory, state_dir: Path) -> GpuCommands:
     if inventory.backend == "nvml":
-        return NvidiaCommands()
+        return NvidiaCommands(isolate_shm=True)
     state = state_dir / "simulated-gpus.json"
     log.warning(
         "simulated GPUs: nvidia-smi and nvidia-cuda-mps-control are not run; what they would change is "

@@ -26,6 +26,9 @@ from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_
 from dra_gpu.quantity import to_int
 
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+# MPS clients and their server exchange data through POSIX shared memory, so both must see the same
+# /dev/shm: a per-GPU host directory that the daemon gets as its /dev/shm and every client mounts.
+CONTAINER_SHM_DIR = "/dev/shm"
 MIB = 1024 * 1024
 
 
@@ -97,6 +100,7 @@ class Mps:
         plan.hold("mps", f"mps:{gpu.uuid}", gpu=gpu.uuid, device=shares[0].device, dir=str(base))
         env = plan.claim_edits.env
         plan.claim_edits.add_mount(base / "pipe", CONTAINER_PIPE_DIR, ["rw", "nosuid", "nodev", "bind"])
+        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", "nosuid", "nodev", "bind"])
         env["CUDA_MPS_PIPE_DIRECTORY"] = CONTAINER_PIPE_DIR
         cores = _sum([_cores(s, node.driver) for s in shares])
         if cores is not None:
@@ -119,12 +123,14 @@ class MpsDaemon:
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
         gpu, device = str(hold.params["gpu"]), str(hold.params["device"])
-        _, pipe, log_dir = self._dirs(hold)
+        base, pipe, log_dir = self._dirs(hold)
         commands = node.commands
         try:
             pipe.mkdir(parents=True, exist_ok=True)
             log_dir.mkdir(parents=True, exist_ok=True)
+            (base / "shm").mkdir(exist_ok=True)
             pipe.chmod(0o777)  # clients run as any user
+            (base / "shm").chmod(0o1777)  # like /dev/shm: anyone may create, only owners delete
             log_dir.chmod(0o755)
         except OSError as exc:
             raise setup_failed(f"creating the MPS directories for GPU {device}", exc) from None
