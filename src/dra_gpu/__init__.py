@@ -6,4 +6,10 @@ DRIVER_NAME = "gpu.dra-gpu.io"
 CONFIG_API_VERSION = "gpu.dra-gpu.io/v1alpha1"
 CONFIG_KIND = "GpuConfig"
 
+CONTROLLER_FINALIZER = "gpu.dra-gpu.io/allocation"
+"""Our finalizer on claims the cluster controller allocated (Kubernetes only releases its own)."""
+
+SCHEDULER_FINALIZER = "resource.kubernetes.io/delete-protection"
+"""The finalizer Kubernetes puts on claims it allocated; reserved for Kubernetes itself."""
+
 __version__ = "0.1.0"

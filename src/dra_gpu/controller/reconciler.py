@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu import DRIVER_NAME
+from dra_gpu import CONTROLLER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.config import ConfigError, Placement
 from dra_gpu.controller.classes import ClassIndex
@@ -37,7 +37,7 @@ from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 
-FINALIZER = f"{DRIVER_NAME}/allocation"
+FINALIZER = CONTROLLER_FINALIZER
 """Our finalizer on claims we allocated: the claim cannot disappear while we still account for it."""
 
 MAX_ATTEMPTS = 5

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from cdi.resolver import ContainerConfig
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
+from dra_gpu.text import gib, render_table, share_text
+
+__all__ = ["gib", "render_table", "share_text"]
 
 SHOWN_ENV_PREFIXES = ("NVIDIA_", "CUDA_", "LD_PRELOAD", "DRAGPU_")
-
-
-def render_table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "") -> str:
-    table = [tuple(headers), *(tuple(str(c) for c in r) for r in rows)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    return "\n".join(indent + line for line in lines)
-
-
-def share_text(consumed: Mapping[str, str] | None) -> str:
-    if not consumed:
-        return "whole GPU"
-    order = sorted(consumed, key=lambda k: (k != "memory", k))
-    return ", ".join(f"{consumed[k]} {k}" for k in order)
 
 
 def _amount(text: str) -> Fraction:
@@ -31,12 +20,6 @@ def _amount(text: str) -> Fraction:
         return parse_quantity(text)
     except QuantityError:
         return Fraction(0)
-
-
-def gib(amount: Fraction | int) -> str:
-    """Bytes as GiB with at most one decimal (`79.5 GiB`), for people rather than for the API."""
-    value = f"{float(amount) / 2**30:.1f}".removesuffix(".0")
-    return f"{value} GiB"
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_gpu import SCHEDULER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.eligibility import why_not
@@ -25,7 +26,6 @@ from dra_gpu.kube import KubeAPI, NotFound
 
 Obj = dict[str, Any]
 
-SCHEDULER_FINALIZER = "resource.kubernetes.io/delete-protection"
 GENERIC_FAILURE = "0/{n} nodes are available: {n} cannot allocate all claims."
 """The real scheduler's only words for a claim that does not fit (`tests/fixtures/k8s-1.36-real/events.json`)."""
 

@@ -1,0 +1,175 @@
+"""`Usage` as a table for people and as JSON for scripts.
+
+The JSON keys are a contract: scripts read them, so add keys rather than rename them. Quantities are
+Kubernetes quantity strings (`"31Gi"`, `"91"`), exactly comparable with what the API server shows.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from typing import Any
+
+from dra_gpu.quantity import format_quantity
+from dra_gpu.text import gib, share_text
+from dra_gpu.text import render_table as _table
+from dra_gpu.usage.collect import Gpu, Holder, Pending, PendingRequest, Usage
+
+INDENT = "    "
+
+
+def _order(names: Any) -> list[str]:
+    return sorted(names, key=lambda k: (k != "memory", k))
+
+
+def _amount_text(name: str, amount: Fraction) -> str:
+    return gib(amount) if name == "memory" else format_quantity(amount)
+
+
+def usage_text(gpu: Gpu) -> str:
+    """`memory 26 GiB of 80 GiB, cores 80 of 100 used`, or `free` for a GPU nobody holds."""
+    if not gpu.holders:
+        return "free"
+    used = gpu.used()
+    if not gpu.capacity:
+        return ", ".join(f"{n} {_amount_text(n, used[n])}" for n in _order(used)) + " used"
+    parts = [
+        f"{n} {_amount_text(n, used[n])} of {_amount_text(n, gpu.capacity[n])}" for n in _order(gpu.capacity)
+    ]
+    return ", ".join(parts) + " used"
+
+
+def _gpu_head(gpu: Gpu) -> str:
+    parts = [gpu.device, gpu.uuid or "-"]
+    parts.append(f"sharing {gpu.sharing or 'unknown'}")
+    parts.append(usage_text(gpu))
+    if any(h.whole for h in gpu.holders):
+        parts.append("whole GPU taken")
+    if gpu.overcommitted:
+        parts.append("OVERCOMMITTED")
+    if not gpu.healthy:
+        parts.append("UNHEALTHY")
+    if not gpu.published:
+        parts.append("NOT PUBLISHED (no current ResourceSlice has this device)")
+    return "  ".join(parts)
+
+
+def _holder_row(holder: Holder) -> tuple[str, ...]:
+    return (
+        holder.claim,
+        holder.request,
+        share_text(holder.consumed),
+        ", ".join(holder.pods) or "-",
+        holder.allocated_by,
+        holder.strategy_text,
+    )
+
+
+def _asks(request: PendingRequest) -> str:
+    share = share_text(request.capacity)
+    if request.allocation_mode == "All":
+        return f"all matching GPUs ({share})"
+    return share if request.count == 1 else f"{request.count} x {share}"
+
+
+def _gpu_block(gpu: Gpu) -> str:
+    lines = [INDENT[:2] + _gpu_head(gpu)]
+    lines += [f"{INDENT}taint {taint}" for taint in gpu.taints]
+    if gpu.holders:
+        headers = ("CLAIM", "REQUEST", "SHARE", "PODS", "ALLOCATED BY", "STRATEGY")
+        lines.append(_table(headers, [_holder_row(h) for h in gpu.holders], indent=INDENT))
+    return "\n".join(lines)
+
+
+def render_table(usage: Usage) -> str:
+    blocks = []
+    for node in usage.nodes:
+        count = len(node.gpus)
+        blocks.append(
+            f"node {node.name} ({count} GPU{'s' if count != 1 else ''})\n"
+            + "\n".join(_gpu_block(g) for g in node.gpus)
+        )
+    if not usage.nodes:
+        where = f" on node {usage.node_filter}" if usage.node_filter else ""
+        blocks.append(f"no GPUs of {usage.driver}{where}")
+    if usage.node_filter is None:
+        if usage.pending:
+            rows = [
+                (p.claim, r.request, r.device_class, _asks(r), p.allocator)
+                for p in usage.pending
+                for r in p.requests
+            ]
+            headers = ("CLAIM", "REQUEST", "CLASS", "ASKS FOR", "WAITS FOR")
+            blocks.append("pending claims (not allocated yet)\n" + _table(headers, rows, indent=INDENT[:2]))
+        else:
+            blocks.append("pending claims: none")
+    return "\n\n".join(blocks)
+
+
+def _quantities(values: dict[str, Fraction]) -> dict[str, str]:
+    return {name: format_quantity(values[name]) for name in sorted(values)}
+
+
+def _holder_json(holder: Holder) -> dict[str, Any]:
+    return {
+        "namespace": holder.namespace,
+        "name": holder.name,
+        "request": holder.request,
+        "wholeGpu": holder.whole,
+        "consumed": dict(sorted(holder.consumed.items())),
+        "shareID": holder.share_id,
+        "strategy": holder.strategy,
+        "configError": holder.config_error,
+        "pods": holder.pods,
+        "allocatedBy": holder.allocated_by,
+    }
+
+
+def _gpu_json(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "device": gpu.device,
+        "pool": gpu.pool,
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "sharing": gpu.sharing,
+        "shareable": gpu.shareable,
+        "published": gpu.published,
+        "healthy": gpu.healthy,
+        "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in gpu.taints],
+        "capacity": _quantities(gpu.capacity),
+        "used": _quantities(gpu.used()),
+        "free": _quantities(gpu.free()),
+        "overcommitted": gpu.overcommitted,
+        "claims": [_holder_json(h) for h in gpu.holders],
+    }
+
+
+def _pending_json(pending: Pending) -> dict[str, Any]:
+    return {
+        "namespace": pending.namespace,
+        "name": pending.name,
+        "waitsFor": pending.allocator,
+        "requests": [
+            {
+                "request": r.request,
+                "deviceClassName": r.device_class,
+                "allocationMode": r.allocation_mode,
+                "count": r.count,
+                "capacity": dict(sorted(r.capacity.items())),
+            }
+            for r in pending.requests
+        ],
+    }
+
+
+def to_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "driver": usage.driver,
+        "nodeFilter": usage.node_filter,
+        "nodes": [{"name": n.name, "gpus": [_gpu_json(g) for g in n.gpus]} for n in usage.nodes],
+        "pending": [_pending_json(p) for p in usage.pending],
+    }
+
+
+def render_json(usage: Usage) -> str:
+    return json.dumps(to_json(usage), indent=2)
