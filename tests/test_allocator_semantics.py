@@ -308,6 +308,38 @@ def test_distinct_attribute_spreads_shares_over_devices() -> None:
     assert devices_of(with_distinct) == ["node-1/gpu-0", "node-1/gpu-1"]
 
 
+def test_one_request_may_take_several_shares_of_one_device_as_kubernetes_does() -> None:
+    # Kubernetes' allocator does not mark a multi-allocatable device as in use while it allocates a
+    # request, so `count: 2` gets two shares of the first GPU when both fit there.
+    devices = [gpu(f"gpu-{i}", shared=True, attrs={"uuid": {"string": f"GPU-{i}"}}) for i in range(2)]
+    alloc = make_allocator(one_node(*devices))
+    got = alloc.allocate(claim("c", request(memory="30Gi", cores="30", count=2)))
+    assert devices_of(got) == ["node-1/gpu-0", "node-1/gpu-0"]
+    results = got["devices"]["results"]
+    assert results[0]["shareID"] != results[1]["shareID"]
+    assert [r["consumedCapacity"] for r in results] == [{"cores": "30", "memory": "30Gi"}] * 2
+    # a third share does not fit next to the first two (90Gi of 80Gi): the search moves on
+    three = alloc.allocate(claim("c", request(memory="30Gi", cores="30", count=3)))
+    assert devices_of(three) == ["node-1/gpu-0", "node-1/gpu-0", "node-1/gpu-1"]
+    spread = alloc.allocate(
+        claim(
+            "c",
+            request(memory="30Gi", cores="30", count=2),
+            constraints=[{"distinctAttribute": f"{DRIVER}/uuid"}],
+        )
+    )
+    assert devices_of(spread) == ["node-1/gpu-0", "node-1/gpu-1"]
+
+
+def test_several_shares_of_the_only_device_fail_when_they_do_not_fit_together() -> None:
+    alloc = make_allocator(one_node(gpu("gpu-0", shared=True)))
+    two = alloc.allocate(claim("c", request(memory="40Gi", cores="40", count=2)))
+    assert devices_of(two) == ["node-1/gpu-0"] * 2
+    with pytest.raises(AllocationError) as err:
+        alloc.allocate(claim("c", request(memory="40Gi", cores="40", count=3)))
+    assert "its shares of one GPU must fit that GPU together" in str(err.value)
+
+
 def test_distinct_attribute_fails_with_a_single_device() -> None:
     alloc = make_allocator(one_node(gpu("gpu-0", shared=True, attrs={"uuid": {"string": "GPU-0"}})))
     c = claim(
@@ -635,6 +667,26 @@ def test_an_incomplete_pool_is_left_out_and_the_message_says_so() -> None:
     assert "pool gpu.dra-gpu.io/node-1 is left out (incomplete: 1 of 2 slices at generation 1)" in str(
         err.value
     )
+
+
+@pytest.mark.parametrize(
+    ("counts", "why"),
+    [
+        ((1, 1), "incomplete: 2 of 1 slices at generation 1"),  # a slice more than the pool says
+        ((2, 1), "incomplete: 2 of 1 or 2 slices at generation 1"),  # slices disagree on the count
+    ],
+)
+def test_a_pool_whose_slices_do_not_add_up_is_left_out(counts: tuple[int, int], why: str) -> None:
+    # Kubernetes' poolIsIncomplete: every slice of the newest generation states the same count, and
+    # exactly that many are there; anything else is a pool in the middle of an update.
+    slices = [
+        node_slice("node-1", [gpu(f"gpu-{i}")], count=c, name=f"node-1-part-{i}")
+        for i, c in enumerate(counts)
+    ]
+    alloc = make_allocator(slices)
+    with pytest.raises(AllocationError) as err:
+        alloc.allocate(claim("c", request(device_class=WHOLE_CLASS)))
+    assert f"pool gpu.dra-gpu.io/node-1 is left out ({why})" in str(err.value)
 
 
 def test_a_pool_listing_a_device_twice_is_left_out() -> None:

@@ -270,6 +270,20 @@ def test_a_deleted_claim_is_released_and_its_finalizer_lets_it_go() -> None:
     assert not [o for o in c.api.objects("ResourceClaim") if o["metadata"]["name"] == "share"]
 
 
+def test_a_claim_deleted_while_it_is_being_placed_is_dropped_quietly() -> None:
+    """The snapshot still shows the claim; the user deleted it (no finalizer yet) before our write."""
+    c = Cluster()
+    c.claim("share", BINPACK, 30)
+    c.pod("p", "share")
+    stale = Snapshot.read(c.api)
+    c.api.delete("ResourceClaim", "share", "default")
+    result = c.reconciler.reconcile(stale)
+    assert (result.allocated, result.failed) == ({}, {})
+    assert not c.events("share", "AllocationFailed")
+    assert c.counter("dra_gpu_controller_allocation_failures_total", reason="ApiError") == 0
+    assert not c.api.objects("ResourceClaim")
+
+
 class ConflictOnce(FakeKube):
     """Someone else writes the claim just before our first status write, so that write gets a 409."""
 

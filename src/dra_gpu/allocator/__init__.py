@@ -20,9 +20,10 @@ devices; `tolerations` when the request has some), `devices.config[]` (class con
 
 Semantics (Kubernetes 1.36 with every DRA gate on): class and request CEL selectors (`cel_env`),
 `exactly` with `ExactCount`/`All`, `firstAvailable`, `matchAttribute`/`distinctAttribute` constraints,
-consumable capacity with policy defaults and rounding (`capacity`), taints and tolerations, claims
-already allocated by anyone counted as in use (`usage`), and only complete pools at their newest
-generation (`pools`). Placement policies and label rules are in `policies`.
+consumable capacity with policy defaults and rounding (`capacity`; a multi-allocatable device may
+take several of one request's devices, one share each, unless `distinctAttribute` says otherwise),
+taints and tolerations, claims already allocated by anyone counted as in use (`usage`), and only
+complete pools at their newest generation (`pools`). Placement policies and label rules are in `policies`.
 
 Read-only views for callers that audit usage: `Allocator.devices` (`pools.Device`: `index`, `key`,
 `label`, `node`, `multi`, `specs`) and `Allocator.usage` (`usage.Usage`, per device index: `holders`

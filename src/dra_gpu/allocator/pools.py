@@ -1,8 +1,10 @@
 """ResourceSlices to the flat, ordered device list the allocator searches.
 
 Like Kubernetes' `GatherPools`: per (driver, pool) only the slices of the highest `pool.generation`
-count, and only when all `resourceSliceCount` of them are present; a pool with two devices of the same
-name is invalid. Devices are ordered by pool (driver, name), slice name, then position in the slice,
+count, and only when they all state the same `resourceSliceCount` and exactly that many are present
+(Kubernetes' `poolIsIncomplete`); a pool with two devices of the same name is invalid. Unlike the
+scheduler, which still takes single devices from an incomplete pool, the allocator waits for the
+pool to be complete. Devices are ordered by pool (driver, name), slice name, then position in the slice,
 which is the order first-fit allocation follows.
 """
 
@@ -92,8 +94,9 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         current = [
             m for m in members if int((m["spec"].get("pool") or {}).get("generation", 0)) == generation
         ]
-        want = max(int((m["spec"].get("pool") or {}).get("resourceSliceCount", 1)) for m in current)
-        if len(current) < want:
+        counts = {int((m["spec"].get("pool") or {}).get("resourceSliceCount", 1)) for m in current}
+        if counts != {len(current)}:  # as Kubernetes' poolIsIncomplete: all agree, and all are there
+            want = " or ".join(str(c) for c in sorted(counts))
             inv.problems.append(
                 PoolProblem(
                     driver, pool, f"incomplete: {len(current)} of {want} slices at generation {generation}"

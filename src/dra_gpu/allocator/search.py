@@ -187,10 +187,14 @@ class Search:
         return [i for i in members if i in g.member_set and index.sig_fits(g.sig_of[i], alt.cap)]
 
     def _enough(self, scope: set[int]) -> bool:
-        """Whether each request, counted alone, has enough devices that fit in `scope`."""
-        return all(
-            max(len(self._fitting(scope, a)) - a.min_devices for a in req.alts) >= 0 for req in self.requests
-        )
+        """Whether each request, counted alone, may have enough devices that fit in `scope` (a
+        multi-allocatable device can take several of them)."""
+
+        def enough(alt: Alt) -> bool:
+            fit = self._fitting(scope, alt)
+            return len(fit) >= alt.min_devices or any(self.devices[i].multi for i in fit)
+
+        return all(any(enough(a) for a in req.alts) for req in self.requests)
 
     def _all_scopes(self) -> list[tuple[str, set[int]]]:
         """(where, devices) sets one solution may draw from: each node's devices plus node-independent
@@ -296,7 +300,11 @@ class Search:
         for pos in range(start, len(order)):
             if not self.add(alt, order[pos]):
                 continue
-            if self.pick(r, alt, k + 1, order, pos + 1):
+            # As in Kubernetes, a multi-allocatable device may serve several of the request's devices
+            # (one share each; a distinctAttribute constraint asks for different devices instead).
+            # Starting the next pick at the same position keeps combinations, not permutations.
+            after = pos if self.devices[order[pos]].multi else pos + 1
+            if self.pick(r, alt, k + 1, order, after):
                 return True
             self.undo()
         return False
@@ -398,17 +406,19 @@ class Search:
         for i in g.counters:
             reasons.setdefault(_COUNTERS, []).append(self.devices[i].label)
         fitting = 0
+        shareable = False  # a fitting multi-allocatable device may take several of the devices
         for i in g.members:
             why = self._why_not(i, alt)
             if why is None:
                 fitting += 1
+                shareable = shareable or self.devices[i].multi
             else:
                 category, detail = why
                 label = self.devices[i].label
                 reasons.setdefault(category, []).append(f"{label}: {detail}" if detail else label)
         who = f'"{alt.result_name}" ' if alt.sub else ""
         if alt.mode == "ExactCount":
-            ok = fitting >= alt.count
+            ok = fitting >= alt.count or shareable
             plural = "s" if alt.count > 1 else ""
             need = f"{who}needs {alt.count} device{plural}, {fitting} fit{'s' if fitting == 1 else ''}"
         else:

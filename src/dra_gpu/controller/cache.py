@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dra_gpu.kube import ApiError, Gone, KubeAPI
+from dra_gpu.kube import Gone, KubeAPI
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # namespace ("" for cluster-scoped), name
@@ -67,8 +67,16 @@ class Informer:
         return self._synced.wait(timeout_s)
 
     def assume(self, obj: Obj) -> None:
-        """Put our own write in at once, unless the cache already holds something newer."""
+        """Put our own write in at once, unless the cache already holds something newer.
+
+        A write that removed the last finalizer of an object being deleted deleted it: the object
+        is dropped, not put back (its DELETED event may already have been applied).
+        """
+        meta = obj.get("metadata") or {}
         with self._lock:
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                self._items.pop(object_key(obj), None)
+                return
             current = self._items.get(object_key(obj))
             if current is None or _rv(obj) >= _rv(current):
                 self._items[object_key(obj)] = obj
@@ -103,7 +111,7 @@ class Informer:
                     rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
             except Gone:
                 rv = None
-            except ApiError as exc:
+            except Exception as exc:  # ApiError, or a transport failure (connection reset, timeout)
                 log.warning("watch failed; listing again", extra={"kind": self.kind, "error": str(exc)})
                 rv = None
                 stop.wait(self._retry_s)

@@ -316,6 +316,8 @@ class Reconciler:
                 if _allocation(claim) is not None or (claim.get("metadata") or {}).get("deletionTimestamp"):
                     return  # settled by someone else; the next pass sees it
                 continue
+            except NotFound:
+                return  # deleted while we were placing it: nothing to allocate, nothing to report
             except ApiError as exc:
                 self._fail(claim, result, "ApiError", f"writing the allocation failed: {exc}")
                 return

@@ -140,7 +140,11 @@ class Controller:
             return
         was_leader = False
         while not self._stop.is_set():
-            leading = self.elector.try_acquire_or_renew()
+            try:
+                leading = self.elector.try_acquire_or_renew()
+            except Exception:  # a transport failure: keep the thread, judge by the last renewal
+                log.exception("leader election round failed; retrying")
+                leading = self.elector.is_leader()
             self.metrics.leader.set(1 if leading else 0)
             if leading and not was_leader:
                 log.info("leading: this replica allocates", extra={"identity": self.identity})

@@ -73,8 +73,10 @@ class KubeClient:
             )
         except ApiException as exc:
             raise self._error(exc.status or 500, exc.body) from None
-        if stream:
+        if stream and response.status < 400:
             return response.response
+        # A refused watch is a plain response with a Status body, like any other error: read it
+        # (which also returns the connection to the pool) rather than stream it as events.
         data = response.read() if hasattr(response, "read") else response.data
         if response.status >= 400:
             raise self._error(response.status, data)
@@ -82,11 +84,15 @@ class KubeClient:
 
     @staticmethod
     def _error(status: int, body: Any) -> ApiError:
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
         try:
-            payload = json.loads(body) if body else {}
-        except (TypeError, ValueError):
+            payload = json.loads(text) if text else {}
+        except ValueError:
             payload = {}
-        return from_status(status, payload.get("reason", ""), payload.get("message") or str(body))
+        if not isinstance(payload, dict):
+            payload = {}
+        message = payload.get("message") or text.strip() or f"HTTP {status}"
+        return from_status(status, payload.get("reason", ""), message)
 
     @staticmethod
     def _res(kind: str) -> Resource:
