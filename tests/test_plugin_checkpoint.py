@@ -37,6 +37,7 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     _checksum,
 )
+from dra_gpu.plugin.commands import SimulatedCommands
 
 GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
 
@@ -306,4 +307,53 @@ def test_setup_this_version_does_not_know_is_reported_not_guessed(dirs: PluginDi
             f"the checkpoint records node-side setup of kind 'nvml-memcap' (nvml-memcap:{GPU1}), which this "
             "version of the plugin cannot apply or undo; run the plugin version that prepared the claim"
         )
+        kubelet.close()
+
+
+def reallocate(api: FakeKube, claim: dict[str, Any], results: list[Any], configs: list[Any]) -> None:
+    """Deallocate the claim, then allocate it again (same UID), as after its pods went and new ones came."""
+    name = claim["metadata"]["name"]
+    status = api.get("ResourceClaim", name, "default")["status"]
+    api.update_status("ResourceClaim", {**api.get("ResourceClaim", name, "default"), "status": {}})
+    status["allocation"]["devices"] = {"results": results, "config": configs}
+    api.update_status("ResourceClaim", {**api.get("ResourceClaim", name, "default"), "status": status})
+
+
+def test_a_repeated_prepare_after_a_new_allocation_prepares_the_new_one(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(api, "again", [Alloc(device="gpu-0")])
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert [d.device_name for d in kubelet.prepare(claim)[uid_of(claim)].devices] == ["gpu-0"]
+        # The unprepare never reached us; meanwhile the claim was allocated again, on the other GPU.
+        ts = [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))]
+        reallocate(api, claim, [Alloc(device="gpu-1").result()], ts)
+        answer = kubelet.prepare(claim)[uid_of(claim)]
+        assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-1"]
+        assert resolve(dirs, cdi_ids(answer)).env["NVIDIA_VISIBLE_DEVICES"] == GPU1
+        assert [s.device for s in dirs.checkpoint().claims[uid_of(claim)].shares] == ["gpu-1"]
+        assert simulated_gpu_state(dirs)["timeslice"] == {"1": 3}
+        assert kubelet.prepare(claim)[uid_of(claim)].devices == answer.devices, "and now it is idempotent"
+        assert kubelet.unprepare(claim) == {uid_of(claim): ""}
+        assert simulated_gpu_state(dirs)["timeslice"] == {} and dirs.spec_files() == []
+        kubelet.close()
+
+
+def test_a_repeated_prepare_of_the_same_allocation_leaves_the_claims_setup_alone(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    share = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
+    alloc = Alloc(device="gpu-0", share_id=share, consumed={"memory": "1Gi", "cores": "10"})
+    mps = [opaque(gpu_config("MPS"))]
+    claim = add_claim(api, "same", [alloc], mps)
+    commands = SimulatedCommands(state_file=dirs.simulated_state)
+    with running_plugin(dirs, api, commands=commands):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        first = kubelet.prepare(claim)[uid_of(claim)]
+        # The same allocation as a newer API server returns it, with a field this plugin does not know.
+        reallocate(api, claim, [{**alloc.result(), "bindingConditions": []}], mps)
+        calls = len(commands.calls)
+        assert kubelet.prepare(claim)[uid_of(claim)] == first
+        assert commands.calls[calls:] == [], "the MPS daemon its clients use is neither stopped nor restarted"
         kubelet.close()

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from plugin_harness import Kubelet, PluginDirs
 
+from dra_gpu.manifests import load_values, render
+from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
+
 CLI = [sys.executable, "-m", "dra_gpu.cli", "--log-format", "json", "kubelet-plugin"]
 
 
@@ -108,3 +111,9 @@ def test_runs_registers_answers_and_leaves_on_sigterm(dirs: PluginDirs, tmp_path
     while dirs.service_socket.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not dirs.registration_socket.exists() and not dirs.service_socket.exists()
+
+
+def test_the_default_limiter_library_is_the_one_the_daemonset_installs() -> None:
+    # Both follow the release's version, so a plugin run without DRA_GPU_LIMITER_LIBRARY still finds it.
+    daemonset = render(load_values(None))["kubelet-plugin.yaml"]
+    assert f"value: {DEFAULT_LIMITER_LIBRARY}\n" in daemonset

@@ -185,6 +185,56 @@ def test_mps_claim_on_two_gpus_is_refused(dirs, api, kubelet) -> None:
     )
 
 
+def test_mps_share_beside_another_gpu_of_the_claim_is_refused(dirs, api, kubelet) -> None:
+    # An MPS client sees only its daemon's GPU: the whole GPU of request "b" would vanish.
+    claim = add_claim(
+        api,
+        "mixed",
+        [Alloc(device="gpu-0", request="a", share_id=SHARE_A), Alloc(device="gpu-1", request="b")],
+        [opaque(gpu_config("MPS"), requests=["a"]), opaque(gpu_config("Exclusive"), requests=["b"])],
+    )
+    error = prepare_error(dirs, api, kubelet, claim)
+    assert error == (
+        "claim default/mixed asks for MPS on gpu-0 and also has gpu-1; a CUDA process that connects to an "
+        "MPS control daemon sees only that daemon's GPU, so an MPS claim must have exactly one GPU (put the "
+        "other GPUs in a claim of their own)"
+    )
+    assert simulated_gpu_state(dirs) == {"computeMode": {}, "timeslice": {}, "mps": {}}
+
+
+def test_limiter_compute_limit_beside_a_whole_gpu_of_the_claim_is_refused(dirs, api, kubelet) -> None:
+    # DRAGPU_CORES_LIMIT throttles every GPU a process uses, the whole GPU of request "b" included.
+    claim = add_claim(
+        api,
+        "mixed",
+        [
+            Alloc(device="gpu-0", request="a", share_id=SHARE_A, consumed={"memory": "1Gi", "cores": "30"}),
+            Alloc(device="gpu-1", request="b"),
+        ],
+        [opaque(gpu_config("Limiter"), requests=["a"]), opaque(gpu_config("Exclusive"), requests=["b"])],
+    )
+    error = prepare_error(dirs, api, kubelet, claim)
+    assert error == (
+        "claim default/mixed has a Limiter share with a compute limit of 30% and also gpu-1 (Exclusive); the "
+        "limiter applies one compute limit to every GPU a process uses, so it would throttle gpu-1 too. Put "
+        "the Limiter shares and the other GPUs in separate claims"
+    )
+
+
+def test_limiter_memory_limit_beside_a_whole_gpu_of_the_claim_is_accepted(dirs, api, kubelet) -> None:
+    # Memory limits are per GPU UUID, so they leave the claim's other GPUs alone.
+    claim = add_claim(
+        api,
+        "mixed",
+        [
+            Alloc(device="gpu-0", request="a", share_id=SHARE_A, consumed={"memory": "1Gi", "cores": "100"}),
+            Alloc(device="gpu-1", request="b"),
+        ],
+        [opaque(gpu_config("Limiter"), requests=["a"]), opaque(gpu_config("Exclusive"), requests=["b"])],
+    )
+    assert prepare_error(dirs, api, kubelet, claim) == ""
+
+
 def test_exclusive_claim_on_a_gpu_in_use_is_refused(dirs, api, kubelet) -> None:
     lim = add_claim(
         api,
@@ -199,6 +249,28 @@ def test_exclusive_claim_on_a_gpu_in_use_is_refused(dirs, api, kubelet) -> None:
         assert answers[uid_of(whole)].error == (
             f"ResourceClaim default/whole: GPU gpu-0 ({GPU0}) is already prepared for claim default/lim "
             "(Limiter share); the Exclusive strategy needs the whole GPU"
+        )
+
+
+def test_a_whole_device_allocated_twice_is_refused_whatever_the_strategy(dirs, api, kubelet) -> None:
+    # Results without a shareID took the whole device: two of them on one GPU are a double allocation
+    # (an allocator bug or a stale allocation), even when both ask for a sharing strategy.
+    ts = [opaque(gpu_config("TimeSlicing"))]
+    first = add_claim(api, "first", [Alloc()], ts)
+    second = add_claim(api, "second", [Alloc()], ts)
+    share = add_claim(api, "share", [Alloc(share_id=SHARE_A, consumed={"cores": "10"})], ts)
+    with running_plugin(dirs, api):
+        kubelet.register()
+        answers = kubelet.prepare(first, second, share)
+        assert answers[uid_of(first)].error == ""
+        assert answers[uid_of(second)].error == (
+            f"ResourceClaim default/second: GPU gpu-0 ({GPU0}) is already prepared for claim default/first "
+            "(TimeSlicing share), but this claim was allocated the whole device (its allocation result has "
+            "no shareID): the device is allocated twice"
+        )
+        assert answers[uid_of(share)].error == (
+            f"ResourceClaim default/share: GPU gpu-0 ({GPU0}) is held as a whole device by claim "
+            "default/first; a TimeSlicing share cannot be added to it"
         )
 
 

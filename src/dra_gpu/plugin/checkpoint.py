@@ -100,6 +100,8 @@ class PreparedClaim(_Model):
     holds: list[Hold] = Field(default_factory=list)
     cdiSpec: dict[str, Any] | None = None
     """The claim's CDI spec as written, so it can be rewritten without the API (after a reboot)."""
+    allocation: str | None = None
+    """Digest of this driver's part of the allocation it was prepared from (``claims.allocation_digest``)."""
 
     @property
     def ref(self) -> str:

@@ -7,6 +7,8 @@ what the user finds in the pod's events.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -42,6 +44,31 @@ def fetch_claim(api: KubeAPI, claim: ClaimInfo) -> dict[str, Any]:
             reason="uid_mismatch",
         )
     return obj
+
+
+def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
+    """Which devices and configs of `driver` the claim is allocated, as a digest; None if none.
+
+    An allocation is write-once, but a claim can be deallocated and allocated again under the same
+    UID; a repeated prepare compares digests to notice that its recorded answer is for another
+    allocation. Only the fields that decide what prepare does are covered, so that fields a newer
+    API server adds to the same allocation never look like a new one.
+    """
+    devices = (((obj.get("status") or {}).get("allocation")) or {}).get("devices") or {}
+    results = [
+        [r.get("request"), r.get("pool"), r.get("device"), r.get("shareID")]
+        for r in devices.get("results") or []
+        if r.get("driver") == driver
+    ]
+    if not results:
+        return None
+    configs = [
+        [c.get("source"), c.get("requests"), (c.get("opaque") or {}).get("parameters")]
+        for c in devices.get("config") or []
+        if (c.get("opaque") or {}).get("driver") == driver
+    ]
+    text = json.dumps({"results": results, "config": configs}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _consumed(raw: Mapping[str, Any] | None, where: str) -> dict[str, Fraction]:

@@ -7,7 +7,9 @@ point leaves a state from which the kubelet's repeated call converges:
   before touching the node, then applies the holds, writes the CDI spec, writes ``PrepareCompleted``;
   a repeated prepare of a ``PrepareStarted`` claim first undoes the record, then starts over;
 - a repeated prepare of a completed claim returns the recorded answer, unless the node rebooted or the
-  spec file is gone: then the holds are re-applied and the spec is rewritten from the record;
+  spec file is gone: then the holds are re-applied and the spec is rewritten from the record; or
+  unless the API shows the claim (same UID) allocated anew since: then the record is undone and the new
+  allocation prepared;
 - unprepare removes the spec, releases the holds (a GPU-wide setting only with its last holder in the
   checkpoint) and drops the record; it never needs the API. Interrupted, it leaves a completed record
   without a spec, which the kubelet's next call, prepare or unprepare, brings to the state it asks for.
@@ -38,7 +40,7 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
-from dra_gpu.plugin.claims import fetch_claim, shares_of
+from dra_gpu.plugin.claims import allocation_digest, fetch_claim, shares_of
 from dra_gpu.plugin.commands import CommandError, ComputeMode
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.locking import LockTimeout, NodeLock
@@ -194,18 +196,42 @@ class Preparer:
     # -- prepare ---------------------------------------------------------------------------------------
     def _prepare(self, checkpoint: Checkpoint, claim: ClaimInfo) -> list[PreparedDevice]:
         entry = checkpoint.claims.get(claim.uid)
+        obj: dict[str, Any] | None = None
         if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
-            if entry.bootId == self.boot_id and self.specs.exists(claim.uid):
-                return entry.devices
-            return self._restore(checkpoint, entry)
-        if entry is not None:
+            obj = self._reallocated(entry, claim)
+            if obj is None:
+                if entry.bootId == self.boot_id and self.specs.exists(claim.uid):
+                    return entry.devices
+                return self._restore(checkpoint, entry)
+            log.info(
+                "the claim was allocated again since it was prepared here; preparing the new allocation",
+                extra={"claim": entry.ref, "devices": [d.device for d in entry.devices]},
+            )
+        elif entry is not None:
             log.info(
                 "finishing an interrupted operation before preparing",
                 extra={"claim": entry.ref, "state": entry.state},
             )
+        if entry is not None:
             self._undo(checkpoint, entry)
-        obj = fetch_claim(self.api, claim)
+        if obj is None:
+            obj = fetch_claim(self.api, claim)
         return self._prepare_fresh(checkpoint, claim, obj)
+
+    def _reallocated(self, entry: PreparedClaim, claim: ClaimInfo) -> dict[str, Any] | None:
+        """The claim, if the API shows it with another allocation than `entry` was prepared from.
+
+        Without an answer from the API (or a recorded digest) the record stands: a repeated prepare
+        must work after a reboot without the API.
+        """
+        if entry.allocation is None:
+            return None
+        try:
+            obj = fetch_claim(self.api, claim)
+        except PrepareError:
+            return None
+        digest = allocation_digest(obj, self.node.driver)
+        return obj if digest is not None and digest != entry.allocation else None
 
     def _handler(self, hold: Hold) -> HoldHandler:
         handler = self._handlers.get(hold.kind)
@@ -242,6 +268,7 @@ class Preparer:
             shares=plan.share_records(),
             holds=plan.holds,
             cdiSpec=spec.to_dict(),
+            allocation=allocation_digest(obj, self.node.driver),
         )
         checkpoint.claims[claim.uid] = entry
         self._save(checkpoint)

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from dra_gpu import DRIVER_NAME
+from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
@@ -47,7 +47,8 @@ from dra_gpu.proto import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMITER_LIBRARY = Path("/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0")
+# Versioned like the package: the init container installs the library of this release under this name.
+DEFAULT_LIMITER_LIBRARY = Path(f"/var/lib/dra-gpu/lib/libdragpu-limiter.so.{__version__}")
 MAX_SOCKET_PATH = 107
 SUPPORTED_VERSIONS = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, HEALTH_V1ALPHA1_SERVICE)
 

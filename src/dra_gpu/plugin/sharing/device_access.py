@@ -6,6 +6,10 @@ our spec lists the device nodes that exist on the host: a runtime refuses the wh
 node that does not exist, and simulated GPUs have none. Our spec always names exactly the claim's
 GPUs in ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (claim-wide, in result order, so CUDA
 ordinals follow the allocation).
+
+Known limit: runtimes merge CDI environment variables last-wins, so a container that references
+several claims of this driver (or one request of a claim whose requests are on different GPUs) gets
+another claim's (or the whole claim's) GPU list in these variables, not the GPUs it was given.
 """
 
 from __future__ import annotations

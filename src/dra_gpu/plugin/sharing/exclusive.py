@@ -2,6 +2,8 @@
 
 The scheduler should never put two claims on a GPU one of them holds exclusively, but a third-party
 allocator or a stale allocation can; the plugin is the last line of defence against double use.
+A result without a share id took the whole device, whatever its sharing strategy (only results on
+multi-allocatable devices carry one), so it is refused beside any other claim as well.
 """
 
 from __future__ import annotations
@@ -25,10 +27,21 @@ class Exclusive:
                 f"GPU {share.device} ({share.gpu.uuid}) is already prepared for claim {other.claim} "
                 f"({other.record.strategy} share); the Exclusive strategy needs the whole GPU"
             )
-        holder = next((o for o in others if o.record.strategy == Strategy.EXCLUSIVE.value), None)
-        if holder is not None:
+        if share.share_id is None:
+            other = others[0]
             return (
-                f"GPU {share.device} ({share.gpu.uuid}) is held exclusively by claim {holder.claim}; "
+                f"GPU {share.device} ({share.gpu.uuid}) is already prepared for claim {other.claim} "
+                f"({other.record.strategy} share), but this claim was allocated the whole device (its "
+                f"allocation result has no shareID): the device is allocated twice"
+            )
+        holder = next(
+            (o for o in others if o.record.strategy == Strategy.EXCLUSIVE.value or o.record.shareId is None),
+            None,
+        )
+        if holder is not None:
+            how = "exclusively" if holder.record.strategy == Strategy.EXCLUSIVE.value else "as a whole device"
+            return (
+                f"GPU {share.device} ({share.gpu.uuid}) is held {how} by claim {holder.claim}; "
                 f"a {share.strategy.value} share cannot be added to it"
             )
         return None

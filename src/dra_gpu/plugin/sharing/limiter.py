@@ -4,7 +4,8 @@ The library comes from a versioned file on the host (installed by the DaemonSet'
 and is mounted read-only; a per-claim state directory is mounted read-write so that all processes
 of all pods of the claim count against one limit. Limits come from the consumed capacity, or from
 the config where the API server has no consumable capacity. The environment is the contract the
-native limiter reads (see native/limiter).
+native limiter reads (see native/limiter). ``DRAGPU_CORES_LIMIT`` applies to every GPU a process uses,
+so a compute limit is refused in a claim that also has GPUs without a Limiter share.
 """
 
 from __future__ import annotations
@@ -79,7 +80,22 @@ class Limiter:
                     edits.env[f"DRAGPU_MEMORY_LIMIT_{plan.ordinal(gpu)}"] = str(memory[gpu.uuid])
         if cores:
             # One compute share for the whole claim: the smallest, so no GPU runs above its share.
-            edits.env["DRAGPU_CORES_LIMIT"] = str(min(max(min(cores.values()), 1), 100))
+            limit = min(max(min(cores.values()), 1), 100)
+            limited = {s.gpu.uuid for s in shares}
+            unlimited = [s for s in plan.shares if s.gpu.uuid not in limited]
+            if limit < 100 and unlimited:
+                # The variable throttles every GPU the process uses; one that is not a Limiter share
+                # (a whole GPU, a time-sliced one) must not be slowed down to another GPU's share.
+                other = unlimited[0]
+                kind = "admin-access" if other.admin_access else other.strategy.value
+                raise PrepareError(
+                    f"claim {plan.claim.ref} has a Limiter share with a compute limit of {limit}% and also "
+                    f"{other.device} ({kind}); the limiter applies one compute limit to every GPU a process "
+                    f"uses, so it would throttle {other.device} too. Put the Limiter shares and the other "
+                    f"GPUs in separate claims",
+                    reason="invalid_config",
+                )
+            edits.env["DRAGPU_CORES_LIMIT"] = str(limit)
 
 
 BACKEND = Limiter()

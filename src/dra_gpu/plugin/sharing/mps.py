@@ -96,6 +96,17 @@ class Mps:
                 reason="invalid_config",
             )
         gpu = next(iter(gpus.values()))
+        others = sorted({s.device for s in plan.shares if s.gpu.uuid != gpu.uuid})
+        if others:
+            # The pipe directory is claim-wide, and an MPS client sees only its daemon's GPU: the
+            # claim's other GPUs would silently vanish from every container of the claim.
+            names = ", ".join(others)
+            raise PrepareError(
+                f"claim {plan.claim.ref} asks for MPS on {shares[0].device} and also has {names}; a CUDA "
+                f"process that connects to an MPS control daemon sees only that daemon's GPU, so an MPS "
+                f"claim must have exactly one GPU (put the other GPUs in a claim of their own)",
+                reason="invalid_config",
+            )
         base = mps_dir(node.state_dir, gpu.uuid)
         plan.hold("mps", f"mps:{gpu.uuid}", gpu=gpu.uuid, device=shares[0].device, dir=str(base))
         env = plan.claim_edits.env
