@@ -51,6 +51,7 @@ CASES = [
     "compute 50%",
     "compute 70%",
     "compute 30%, 2 processes",
+    "compute fails open without events",
 ]
 BUILDS = ["build", "sanitize"]
 

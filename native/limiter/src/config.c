@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "limiter.h"
 
@@ -209,10 +210,24 @@ void dl_config_load(struct dl_config *cfg, char *const *envp) {
     }
 }
 
+static bool uuid_prefixed(const char *u) { return strncasecmp(u, "GPU-", 4) == 0 || strncasecmp(u, "MIG-", 4) == 0; }
+
+bool dl_uuid_equal(const char *a, const char *b) {
+    if (uuid_prefixed(a) && uuid_prefixed(b)) a += 4, b += 4;
+    return strcasecmp(a, b) == 0;
+}
+
+bool dl_config_has_uuid_limit(const struct dl_config *cfg, const char *uuid) {
+    for (int i = 0; uuid && i < cfg->n_uuid_limits; i++) {
+        if (dl_uuid_equal(cfg->uuid_limits[i].uuid, uuid)) return true;
+    }
+    return false;
+}
+
 uint64_t dl_config_limit(const struct dl_config *cfg, int ordinal, const char *uuid) {
     if (uuid) {
         for (int i = 0; i < cfg->n_uuid_limits; i++) {
-            if (strcasecmp(cfg->uuid_limits[i].uuid, uuid) == 0) return cfg->uuid_limits[i].bytes;
+            if (dl_uuid_equal(cfg->uuid_limits[i].uuid, uuid)) return cfg->uuid_limits[i].bytes;
         }
     }
     if (ordinal >= 0 && ordinal < DL_MAX_DEVICES && cfg->has_ordinal_limit[ordinal])

@@ -78,6 +78,10 @@ void dl_config_load(struct dl_config *cfg, char *const *envp);
  * uuid may be NULL and ordinal may be -1 when unknown. */
 uint64_t dl_config_limit(const struct dl_config *cfg, int ordinal, const char *uuid);
 bool dl_config_has_any_limit(const struct dl_config *cfg);
+bool dl_config_has_uuid_limit(const struct dl_config *cfg, const char *uuid);
+/* Whether two UUIDs name the same device: case-insensitive, and "GPU-" and "MIG-" are the same prefix (CUDA
+ * reports a MIG instance's UUID as plain bytes, NVML prints it "MIG-..."). */
+bool dl_uuid_equal(const char *a, const char *b);
 bool dl_config_has_ordinal_limits(const struct dl_config *cfg);
 
 /* ---- init.c ---- */
@@ -132,6 +136,9 @@ bool dl_region_is_shared(void);
     X(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz)                    \
     X(cuMemCreate, PFN_cuMemCreate_v10020)                                    \
     X(cuMemRelease, PFN_cuMemRelease_v10020)                                  \
+    X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)    \
+    X(cuMemMap, PFN_cuMemMap_v10020)                                          \
+    X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                      \
     X(cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                              \
     X(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                          \
     X(cuArrayDestroy, PFN_cuArrayDestroy_v2000)                               \

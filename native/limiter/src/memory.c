@@ -10,8 +10,15 @@
  * What is charged: the requested size (cuMemAlloc, managed, async and pool allocations, cuMemCreate on a
  * device location); the pitch times height (cuMemAllocPitch, estimated with a 512-byte pitch, then
  * corrected to the driver's pitch); width x height x depth x element size summed over mip levels for
- * arrays (an estimate: the driver's tiled layout may round up). The current context's device is charged
+ * arrays (an estimate: the driver's tiled layout may round up; sparse and deferred-mapping arrays have no
+ * memory of their own - what backs them comes from cuMemCreate). The current context's device is charged
  * for allocations that do not name one.
+ *
+ * Physical memory from cuMemCreate lives as long as its handle is unreleased *or* mapped somewhere: the
+ * common idiom (llama.cpp's VMM pool, the CUDA samples) maps it and releases the handle at once. So a
+ * handle's charge is reference-counted like the driver's object - cuMemCreate and each
+ * cuMemRetainAllocationHandle and cuMemMap take a reference, cuMemRelease and cuMemUnmap drop one - and
+ * refunded when the last one goes.
  *
  * Out-parameters are never read before the driver has succeeded, and a NULL out-parameter is passed to
  * the driver untouched (it answers with its own error).
@@ -30,14 +37,18 @@ static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int dev_index[DL_MAX_DEVICES]; /* region index + 1; 0 = not resolved yet */
 static uint64_t dev_limit[DL_MAX_DEVICES];
 
-static void ordinal_uuid(int ordinal, char uuid[DL_UUID_LEN]) {
+/* 0 with the device's UUID; -1 when the driver cannot tell it now (not initialised, no such device): the
+ * caller then charges nothing and caches nothing, and the driver answers the call with its own error. */
+static int ordinal_uuid(int ordinal, char uuid[DL_UUID_LEN]) {
     CUuuid u;
-    if (dl_cuda.cuDeviceGetUuid_v2 && dl_cuda.cuDeviceGetUuid_v2(&u, ordinal) == CUDA_SUCCESS) {
-        dl_uuid_format((const unsigned char *)u.bytes, uuid);
-    } else {
-        /* Without a UUID the ordinal is the best key we have. */
+    if (!dl_cuda.cuDeviceGetUuid_v2) {
+        /* A driver older than CUDA 11.4: the ordinal is the best key we have. */
         snprintf(uuid, DL_UUID_LEN, "CUDA-ORDINAL-%d", ordinal);
+        return 0;
     }
+    if (dl_cuda.cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return -1;
+    dl_uuid_format((const unsigned char *)u.bytes, uuid);
+    return 0;
 }
 
 int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
@@ -46,9 +57,8 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
     if (DL_UNLIKELY(idx == 0)) {
         pthread_mutex_lock(&dev_mu);
         idx = atomic_load_explicit(&dev_index[ordinal], memory_order_relaxed);
-        if (idx == 0) {
-            char uuid[DL_UUID_LEN];
-            ordinal_uuid(ordinal, uuid);
+        char uuid[DL_UUID_LEN];
+        if (idx == 0 && ordinal_uuid(ordinal, uuid) == 0) {
             int r = dl_region_device(uuid);
             dev_limit[ordinal] = dl_config_limit(&dl_cfg, ordinal, uuid);
             idx = r < 0 ? -1 : r + 1;
@@ -58,6 +68,7 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
             atomic_store_explicit(&dev_index[ordinal], idx, memory_order_release);
         }
         pthread_mutex_unlock(&dev_mu);
+        if (idx == 0) return -1;
     }
     if (limit) *limit = dev_limit[ordinal];
     return idx < 0 ? -1 : idx - 1;
@@ -81,11 +92,15 @@ void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_
 
 /* ---- what each live allocation charged ---- */
 
-enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4 };
+/* K_MAP: a mapping made by cuMemMap, keyed by its address: bytes is its size, handle what it maps (0 when
+ * the handle is not one we charged). */
+enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4, K_MAP = 5 };
 
 struct entry {
     uint64_t key;  /* 0 = empty */
     uint64_t bytes;
+    uint64_t handle;
+    uint32_t refs; /* K_HANDLE: the driver's references to the allocation that we have seen */
     int16_t dev;
     uint8_t kind;
     uint8_t tomb;
@@ -150,45 +165,92 @@ static int grow(struct stripe *s) {
     return 0;
 }
 
-/* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
-static void track(unsigned kind, uint64_t key, int dev, uint64_t bytes) {
-    if (dev < 0 || bytes == 0) return;
+/* Inserts e, replacing an entry of the same key and kind, which is copied to *old (old->kind 0 if there
+ * was none); -1 if the table cannot grow. */
+static int insert(const struct entry *e, struct entry *old) {
     pthread_once(&stripes_once, stripes_init);
-    uint64_t h = mix(key, kind);
+    uint64_t h = mix(e->key, e->kind);
     struct stripe *s = &stripes[h & (STRIPES - 1)];
+    memset(old, 0, sizeof *old);
     pthread_mutex_lock(&s->mu);
     if ((s->used + 1) * 4 > s->cap * 3 && grow(s) != 0) {
         pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    struct entry *slot = slot_for(s, e->key, e->kind, h, 1);
+    if (slot->key == e->key && slot->kind == e->kind && !slot->tomb) {
+        *old = *slot;
+    } else {
+        if (!slot->tomb) s->used++;
+        s->live++;
+    }
+    *slot = *e;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
+static void track(unsigned kind, uint64_t key, int dev, uint64_t bytes) {
+    if (dev < 0 || bytes == 0) return;
+    struct entry old, e = {.key = key, .bytes = bytes, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+    if (insert(&e, &old) != 0) {
         dl_region_release(dev, bytes);  /* cannot remember it: do not keep charging it either */
         return;
     }
-    struct entry *e = slot_for(s, key, kind, h, 1);
-    if (e->key == key && e->kind == kind && !e->tomb) {
-        dl_region_release(e->dev, e->bytes);
-    } else {
-        if (!e->tomb) s->used++;
-        s->live++;
-    }
-    *e = (struct entry){.key = key, .bytes = bytes, .dev = (int16_t)dev, .kind = (uint8_t)kind, .tomb = 0};
-    pthread_mutex_unlock(&s->mu);
+    if (old.kind) dl_region_release(old.dev, old.bytes);
 }
 
-/* Forgets a charge and reports it; 0 bytes if the key is unknown. */
-static uint64_t untrack(unsigned kind, uint64_t key, int *dev) {
+/* Looks an entry up under its stripe's lock and applies op to it; op returns 1 to delete the entry. The
+ * entry as it was is copied to *out; returns whether it was found. */
+static int update(unsigned kind, uint64_t key, int (*op)(struct entry *), struct entry *out) {
     pthread_once(&stripes_once, stripes_init);
     uint64_t h = mix(key, kind);
     struct stripe *s = &stripes[h & (STRIPES - 1)];
-    uint64_t bytes = 0;
     pthread_mutex_lock(&s->mu);
     struct entry *e = s->cap ? slot_for(s, key, kind, h, 0) : NULL;
     if (e) {
-        bytes = e->bytes;
-        *dev = e->dev;
-        *e = (struct entry){.tomb = 1};
-        s->live--;
+        *out = *e;
+        if (op(e)) {
+            *e = (struct entry){.tomb = 1};
+            s->live--;
+        }
     }
     pthread_mutex_unlock(&s->mu);
-    return bytes;
+    return e != NULL;
+}
+
+static int op_delete(struct entry *e) { (void)e; return 1; }
+static int op_ref(struct entry *e) { e->refs++; return 0; }
+static int op_unref(struct entry *e) { return --e->refs == 0; }
+
+/* Forgets a charge and reports it; 0 bytes if the key is unknown. */
+static uint64_t untrack(unsigned kind, uint64_t key, int *dev) {
+    struct entry e;
+    if (!update(kind, key, op_delete, &e)) return 0;
+    *dev = e.dev;
+    return e.bytes;
+}
+
+/* A reference to a charged handle; 0 if the handle is not one we charged. */
+static int handle_ref(uint64_t handle) {
+    struct entry e;
+    return handle && update(K_HANDLE, handle, op_ref, &e);
+}
+
+/* Drops a reference to a charged handle. Returns the bytes to refund when it was the last one (the entry
+ * is gone then), else 0; *known says whether the handle is one we charged. */
+static uint64_t handle_unref(uint64_t handle, int *dev, int *known) {
+    struct entry e;
+    *known = handle && update(K_HANDLE, handle, op_unref, &e);
+    if (!*known || e.refs != 1) return 0;
+    *dev = e.dev;
+    return e.bytes;
+}
+
+/* Undoes handle_unref after the driver refused the call. */
+static void handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes) {
+    if (bytes) track(K_HANDLE, handle, dev, bytes);
+    else if (known) handle_ref(handle);
 }
 
 void dl_memory_reset_after_fork(void) {
@@ -345,9 +407,87 @@ DL_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     return r;
 }
 
+/* Releases and unmaps drop their references before the driver call (as frees forget theirs), so that a
+ * handle value the driver hands out again at once cannot meet our stale entry; undone if it refuses. */
 DL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     REAL_OR_NOT_FOUND(cuMemRelease);
-    FREE_WRAPPER(K_HANDLE, handle, dl_cuda.cuMemRelease(handle));
+    int dev = -1, known;
+    uint64_t bytes = handle_unref(handle, &dev, &known);
+    CUresult r = dl_cuda.cuMemRelease(handle);
+    if (r != CUDA_SUCCESS) handle_unref_undo(handle, known, dev, bytes);
+    else if (bytes) dl_region_release(dev, bytes);
+    return r;
+}
+
+DL_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    REAL_OR_NOT_FOUND(cuMemRetainAllocationHandle);
+    CUresult r = dl_cuda.cuMemRetainAllocationHandle(handle, addr);
+    /* The driver returns the very handle value that was mapped there. */
+    if (r == CUDA_SUCCESS && handle) handle_ref(*handle);
+    return r;
+}
+
+DL_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                            unsigned long long flags) {
+    REAL_OR_NOT_FOUND(cuMemMap);
+    CUresult r = dl_cuda.cuMemMap(ptr, size, offset, handle, flags);
+    if (r != CUDA_SUCCESS || !ptr || size == 0) return r;
+    /* Mappings of handles we did not charge are remembered too (handle 0), so that an unmap spanning
+     * several mappings can walk them all. */
+    struct entry old, e = {.key = ptr, .bytes = size, .handle = handle_ref(handle) ? handle : 0, .kind = K_MAP};
+    /* Not remembered (no memory): this mapping's reference goes; replaced: the driver mapped over an old
+     * one, which is therefore gone (an unmap we did not see), and so is its reference. */
+    uint64_t drop = insert(&e, &old) != 0 ? e.handle : old.kind ? old.handle : 0;
+    int dev = -1, known;
+    uint64_t bytes = handle_unref(drop, &dev, &known);
+    if (bytes) dl_region_release(dev, bytes);
+    return r;
+}
+
+/* What cuMemUnmap took apart before the driver call, to put back if the driver refuses. */
+struct unmapped {
+    struct entry map;
+    int known, dev;
+    uint64_t bytes; /* refund due: the mapping held the handle's last reference */
+};
+
+DL_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    REAL_OR_NOT_FOUND(cuMemUnmap);
+    /* The range covers whole mappings, back to back (the driver refuses anything else): walk them. */
+    struct unmapped *list = NULL;
+    size_t n = 0, cap = 0;
+    for (uint64_t va = ptr; ptr && va - ptr < size;) {
+        struct entry m;
+        if (!update(K_MAP, va, op_delete, &m)) break;
+        if (n == cap) {
+            struct unmapped *grown = realloc(list, (cap = cap ? cap * 2 : 8) * sizeof *list);
+            if (!grown) {
+                struct entry old;
+                (void)insert(&m, &old);
+                break;
+            }
+            list = grown;
+        }
+        struct unmapped *u = &list[n++];
+        u->map = m;
+        u->dev = -1;
+        u->bytes = handle_unref(m.handle, &u->dev, &u->known);
+        va += m.bytes;
+    }
+    CUresult r = dl_cuda.cuMemUnmap(ptr, size);
+    /* Backwards when undoing: a handle mapped twice in the range comes back before it is referenced. */
+    for (size_t k = 0; k < n; k++) {
+        struct unmapped *u = &list[r == CUDA_SUCCESS ? k : n - 1 - k];
+        if (r == CUDA_SUCCESS) {
+            if (u->bytes) dl_region_release(u->dev, u->bytes);
+        } else {
+            struct entry old;
+            handle_unref_undo(u->map.handle, u->known, u->dev, u->bytes);
+            (void)insert(&u->map, &old);
+        }
+    }
+    free(list);
+    return r;
 }
 
 /* Bytes per element of an array format (channels included where the format fixes them); block
@@ -393,9 +533,14 @@ DL_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTO
     return r;
 }
 
+/* Sparse and deferred-mapping arrays are created without memory: what backs them is mapped later from
+ * cuMemCreate allocations, which are charged. */
+#define UNBACKED_ARRAY(d) (((d)->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0)
+
 DL_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray) {
     REAL_OR_NOT_FOUND(cuArray3DCreate_v2);
-    if (!pHandle || !pAllocateArray) return dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray);
+    if (!pHandle || !pAllocateArray || UNBACKED_ARRAY(pAllocateArray))
+        return dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
     struct charge c;
     CUresult r = charge(current_ordinal(),
@@ -409,7 +554,7 @@ DL_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCR
 DL_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
                                           unsigned int numMipmapLevels) {
     REAL_OR_NOT_FOUND(cuMipmappedArrayCreate);
-    if (!pHandle || !pMipmappedArrayDesc)
+    if (!pHandle || !pMipmappedArrayDesc || UNBACKED_ARRAY(pMipmappedArrayDesc))
         return dl_cuda.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
     uint64_t elem = format_bytes(d->Format, d->NumChannels), total = 0;

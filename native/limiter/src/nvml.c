@@ -4,19 +4,29 @@
  * their pools from NVML see the claim's limit, not the whole GPU.
  *
  * An NVML device is identified by its UUID. Its limit is the DRAGPU_MEMORY_LIMIT_BY_UUID entry, else the
- * DRAGPU_MEMORY_LIMIT_<N> of the CUDA ordinal with that UUID (found through the driver, only when such
- * per-ordinal limits exist), else DRAGPU_MEMORY_LIMIT.
+ * DRAGPU_MEMORY_LIMIT_<N> of the CUDA ordinal with that UUID, else DRAGPU_MEMORY_LIMIT. The ordinal is
+ * found through the driver only if the process has initialised CUDA itself: an NVML query never calls
+ * cuInit (nor loads libcuda) - initialising CUDA behind the back of, say, a Python parent that asks pynvml
+ * before forking its CUDA workers would break the workers, as CUDA does not survive fork().
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <string.h>
 
 #include "limiter.h"
 
+/* The CUDA ordinal of the GPU with this UUID, if CUDA is already initialised in this process; else -1. */
 static int ordinal_for_uuid(const char *uuid) {
-    dl_cuda_init();
+    if (!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire)) {
+        void *loaded = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!loaded) return -1;
+        dlclose(loaded);
+        dl_cuda_init();
+    }
     int count = 0;
-    if (!dl_cuda.cuInit || !dl_cuda.cuDeviceGetCount || !dl_cuda.cuDeviceGetUuid_v2) return -1;
-    if (dl_cuda.cuInit(0) != CUDA_SUCCESS || dl_cuda.cuDeviceGetCount(&count) != CUDA_SUCCESS) return -1;
+    if (!dl_cuda.cuDeviceGetCount || !dl_cuda.cuDeviceGet || !dl_cuda.cuDeviceGetUuid_v2) return -1;
+    /* Without cuInit this fails with CUDA_ERROR_NOT_INITIALIZED unless the application initialised CUDA. */
+    if (dl_cuda.cuDeviceGetCount(&count) != CUDA_SUCCESS) return -1;
     for (int i = 0; i < count && i < DL_MAX_DEVICES; i++) {
         CUdevice d;
         CUuuid u;
@@ -24,7 +34,7 @@ static int ordinal_for_uuid(const char *uuid) {
         if (dl_cuda.cuDeviceGet(&d, i) != CUDA_SUCCESS || dl_cuda.cuDeviceGetUuid_v2(&u, d) != CUDA_SUCCESS)
             continue;
         dl_uuid_format((const unsigned char *)u.bytes, s);
-        if (strcasecmp(s, uuid) == 0) return i;
+        if (dl_uuid_equal(s, uuid)) return i;
     }
     return -1;
 }
@@ -37,7 +47,11 @@ static int nvml_device(nvmlDevice_t device, uint64_t *limit) {
     if (dl_nvml.nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS) return -1;
     uuid[sizeof uuid - 1] = '\0';
     if (strlen(uuid) >= DL_UUID_LEN) return -1;
-    int ordinal = dl_config_has_ordinal_limits(&dl_cfg) ? ordinal_for_uuid(uuid) : -1;
+    /* The region keys devices as the CUDA side formats them: "GPU-" even for a MIG instance. */
+    if (strncmp(uuid, "MIG-", 4) == 0) memcpy(uuid, "GPU-", 4);
+    int ordinal = !dl_config_has_uuid_limit(&dl_cfg, uuid) && dl_config_has_ordinal_limits(&dl_cfg)
+                      ? ordinal_for_uuid(uuid)
+                      : -1;
     *limit = dl_config_limit(&dl_cfg, ordinal, uuid);
     if (*limit == DL_NO_LIMIT) return -1;
     return dl_region_device(uuid);

@@ -25,6 +25,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -73,6 +74,13 @@ static struct {
     int slot;
     char path[4200];
 } R = {NULL, -1, 0, ""};
+
+/* OFD locks exclude other processes, not the threads of this one (they share the open file): two threads
+ * would both "win" byte 0 and add one UUID to the device table twice (charges then split between the
+ * copies), or both "win" a dead slot's lock, the second one's in_use = 0 landing after a third process has
+ * claimed the slot (never swept then when that process dies). The private region has no file lock at all.
+ * So the threads of a process take turns here, around the file locks. */
+static pthread_mutex_t proc_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static struct region_header *hdr(void) { return (struct region_header *)R.base; }
 static struct region_slot *slot_at(int i) {
@@ -228,6 +236,7 @@ void dl_region_reset_after_fork(void) {
     }
     R.base = NULL;
     R.fd = -1;
+    pthread_mutex_init(&proc_mu, NULL);
 }
 
 static int find_device(const char *uuid) {
@@ -241,7 +250,11 @@ static int find_device(const char *uuid) {
 int dl_region_device(const char *uuid) {
     int idx = find_device(uuid);
     if (idx >= 0) return idx;
-    if (R.fd >= 0 && lock_byte(0, F_WRLCK, 1) != 0) return -1;
+    pthread_mutex_lock(&proc_mu);
+    if (R.fd >= 0 && lock_byte(0, F_WRLCK, 1) != 0) {
+        pthread_mutex_unlock(&proc_mu);
+        return -1;
+    }
     idx = find_device(uuid);
     for (int i = 0; idx < 0 && i < DL_MAX_DEVICES; i++) {
         struct region_dev *d = &hdr()->devs[i];
@@ -252,13 +265,15 @@ int dl_region_device(const char *uuid) {
         }
     }
     if (R.fd >= 0) unlock_byte(0);
+    pthread_mutex_unlock(&proc_mu);
     if (idx < 0) dl_warn("the region's device table is full; %s is not accounted", uuid);
     return idx;
 }
 
-/* Returns the bytes of dead processes to the totals. Only ever takes non-blocking locks. */
+/* Returns the bytes of dead processes to the totals. Only ever takes non-blocking file locks. */
 static void sweep(void) {
     if (R.fd < 0) return;
+    pthread_mutex_lock(&proc_mu);
     for (int i = 0; i < REGION_SLOTS; i++) {
         if (i == R.slot || !atomic_load(&slot_at(i)->in_use)) continue;
         if (lock_byte(1 + i, F_WRLCK, 0) != 0) continue;  /* owner alive */
@@ -267,6 +282,7 @@ static void sweep(void) {
         unlock_byte(1 + i);
         dl_debug("returned the memory of an exited process (slot %d)", i);
     }
+    pthread_mutex_unlock(&proc_mu);
 }
 
 int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {

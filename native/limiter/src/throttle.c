@@ -222,12 +222,16 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     pthread_mutex_lock(&mu);
     if (!atomic_load(&captures)) poll_completed();
     t->key = key;
-    t->charged_ns = estimate(key);
     int can_measure = ring_count < RING && can_time(ptsz) && dl_cuda.cuCtxGetCurrent(&t->ctx) == CUDA_SUCCESS && t->ctx;
     if (can_measure && get_event(t->ctx, &t->start) == 0) {
         if (get_event(t->ctx, &t->end) == 0) t->measure = 1;
         else put_event(t->ctx, t->start);
     }
+    /* Fail open: a launch that cannot be timed while nothing has ever been timed in this process would be
+     * charged the prior forever, never corrected - a throttle to PRIOR_NS per launch whatever the kernels
+     * really take. Charge such launches nothing (other processes' charges on the clock still apply). */
+    int cold = average_ns == 0;
+    t->charged_ns = t->measure || !cold ? estimate(key) : 0;
     pthread_mutex_unlock(&mu);
 
     t->dev = dev;
@@ -236,6 +240,10 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         t->measure = 0;
+        if (cold) {
+            atomic_fetch_sub(dl_region_tat(dev), wall_cost(t->charged_ns));
+            t->charged_ns = 0;
+        }
     }
 }
 

@@ -23,6 +23,21 @@ $(diff <(echo "$expected") <(echo "$exported"))"
 [ "$expected" = "$mapped" ] || fail "the version script differs from the hook tables:
 $(diff <(echo "$expected") <(echo "$mapped"))"
 
+# Each wrapper is declared with the type of the PFN_<base>_v<version>[_ptsz] typedef paired with it in
+# limiter.h (the compiler checks the prototype); the pairing itself must name the exported symbol of that
+# ABI variant, as the fake's table derives it from cudaTypedefs.h and checks it against cuda.h.
+table=$1/fake/proctable.c
+[ -f "$table" ] || fail "no generated proc table at $table"
+for list in DL_CUDA_HOOKED DL_CUDA_USED; do
+    awk -v m="#define $list(X)" 'index($0, m) == 1 {on = 1; next} on {print; if ($0 !~ /\\$/) exit}' \
+        "$here/src/limiter.h" | sed -n 's/^ *X(\([A-Za-z0-9_]*\), *PFN_\([A-Za-z0-9]*\)_v\([0-9]*\)\(_pt[sd][sz]\)\{0,1\}).*/\1 \2 \3 \4/p'
+done >"$1/pfn-pairs.txt"
+[ "$(wc -l <"$1/pfn-pairs.txt")" -gt 40 ] || fail "could not read the PFN pairings of src/limiter.h"
+while read -r name base version pt; do
+    grep -qF "{\"$base\", $version, $([ -n "$pt" ] && echo 1 || echo 0), \"$name\"," "$table" ||
+        fail "$name is paired with PFN_${base}_v${version}${pt}, which is the ABI of another symbol"
+done <"$1/pfn-pairs.txt"
+
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = libdragpu-limiter.so.1 ] || fail "SONAME is '$soname'"
 needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -vE '^(libc\.so|ld-linux|libasan|libubsan|libpthread|libdl)' || true)

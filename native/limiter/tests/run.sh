@@ -53,10 +53,12 @@ done
 
 run "t_nvml (baseline)" "$B/tests/t_nvml" baseline
 run "t_nvml global limit" limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_nvml" limited 1073741824
-run "t_nvml limit by UUID" limited DRAGPU_MEMORY_LIMIT=1Gi \
+# By UUID and by ordinal, as the kubelet plugin writes them: the UUID's wins.
+run "t_nvml limit by UUID" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0=768Mi \
     DRAGPU_MEMORY_LIMIT_BY_UUID=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=512Mi "$B/tests/t_nvml" limited 536870912
+# By ordinal only: NVML cannot tell the ordinal before the program initialises CUDA (the global limit then).
 run "t_nvml limit by ordinal" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0=768Mi \
-    "$B/tests/t_nvml" limited 805306368
+    "$B/tests/t_nvml" limited 805306368 1073741824
 
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
@@ -73,6 +75,9 @@ for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
+# No timing events to be had: the limiter fails open (the device saturates, as without a limit).
+run "compute fails open without events" limited DRAGPU_CORES_LIMIT=10 FAKE_CUDA_EVENT_CREATE_FAILS=1 \
+    "$B/tests/t_compute" 100 0.5
 
 echo "limiter tests ($(basename "$B")): $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

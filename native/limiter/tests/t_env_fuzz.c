@@ -107,6 +107,14 @@ static void unit_cases(void) {
     CHECK_EQ_U64(dl_config_limit(&cfg, 1, "GPU-other"), 2ull << 30);       /* by ordinal */
     CHECK_EQ_U64(dl_config_limit(&cfg, 1, u1), 4ull << 30);                /* by UUID wins */
     CHECK_EQ_U64(dl_config_limit(&cfg, 5, "gpu-4A5C1E2D-7B3F-4E11-9A60-000000000000"), 3ull << 30);
+    /* A MIG instance: NVML prints "MIG-<uuid>", CUDA reports the same UUID's bytes (formatted "GPU-"). */
+    const char *mig[] = {"DRAGPU_MEMORY_LIMIT=1Gi",
+                         "DRAGPU_MEMORY_LIMIT_BY_UUID=MIG-1b2c3d4e-0000-4e11-9a60-0000000000aa=5Gi", NULL};
+    load(&cfg, mig);
+    CHECK(n_lines == 0, "a MIG UUID limit logged: %s", lines[0]);
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000aa"), 5ull << 30);
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "MIG-1B2C3D4E-0000-4E11-9A60-0000000000AA"), 5ull << 30);
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000ab"), 1ull << 30);
     const char *none[] = {NULL};
     load(&cfg, none);
     CHECK(dl_config_limit(&cfg, 0, u0) == DL_NO_LIMIT && cfg.cores == 100 && !dl_config_has_any_limit(&cfg),

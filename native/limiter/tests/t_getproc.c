@@ -68,6 +68,9 @@ int main(int argc, char **argv) {
     expect("cuMemFreeAsync", 11020, PT, "cuMemFreeAsync_ptsz", 1);
     expect("cuMemCreate", 10020, 0, "cuMemCreate", 1);
     expect("cuMemRelease", 10020, 0, "cuMemRelease", 1);
+    expect("cuMemMap", 10020, 0, "cuMemMap", 1);
+    expect("cuMemUnmap", 10020, 0, "cuMemUnmap", 1);
+    expect("cuMemRetainAllocationHandle", 11000, 0, "cuMemRetainAllocationHandle", 1);
     expect("cuArrayCreate", 3020, 0, "cuArrayCreate_v2", 1);
     expect("cuArray3DCreate", 3020, 0, "cuArray3DCreate_v2", 1);
     expect("cuMipmappedArrayCreate", 5000, 0, "cuMipmappedArrayCreate", 1);

@@ -136,8 +136,49 @@ int main(int argc, char **argv) {
     expect_free(256 * MiB);
     CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
 
+    /* Physical memory lives while its handle is unreleased or mapped. The idiom of llama.cpp's VMM pool and
+     * the CUDA samples - map, then release the handle at once - keeps it charged until it is unmapped. */
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h2, h3;
+    CHECK_CU(cuMemAddressReserve(&va, 256 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemCreate(&h, 128 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va, 128 * MiB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    expect_free(128 * MiB);
+    CHECK_CU(cuMemCreate(&h2, 128 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va + 128 * MiB, 128 * MiB, 0, h2, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(h2), CUDA_SUCCESS);
+    expect_free(0);
+    OVER(cuMemCreate(&h3, 2 * MiB, &prop, 0), "cuMemCreate");
+    if (!limited) CHECK_CU(cuMemRelease(h3), CUDA_SUCCESS);
+    /* NCCL's free path: retain the handle behind an address, release it again: nothing changes. */
+    CHECK_CU(cuMemRetainAllocationHandle(&h3, (void *)(uintptr_t)(va + 4096)), CUDA_SUCCESS);
+    CHECK(h3 == h, "cuMemRetainAllocationHandle returned another handle");
+    CHECK_CU(cuMemRelease(h3), CUDA_SUCCESS);
+    expect_free(0);
+    /* A range that is not whole mappings is refused, and nothing is given back. */
+    CHECK_CU(cuMemUnmap(va, 64 * MiB), CUDA_ERROR_INVALID_VALUE);
+    expect_free(0);
+    /* One unmap over both mappings frees both allocations. */
+    CHECK_CU(cuMemUnmap(va, 256 * MiB), CUDA_SUCCESS);
+    expect_free(256 * MiB);
+    /* PyTorch's order (expandable segments): unmap, then release; a handle mapped twice counts once. */
+    CHECK_CU(cuMemCreate(&h, 64 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va, 64 * MiB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va + 64 * MiB, 64 * MiB, 0, h, 0), CUDA_SUCCESS);
+    expect_free(192 * MiB);
+    CHECK_CU(cuMemUnmap(va, 128 * MiB), CUDA_SUCCESS);
+    expect_free(192 * MiB);
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    expect_free(256 * MiB);
+    CHECK_CU(cuMemAddressFree(va, 256 * MiB), CUDA_SUCCESS);
+    CHECK_EQ_U64(fakecuda_used_bytes(0), 768 * MiB);
+
     /* Arrays and mipmapped arrays (width x height x depth x element size, summed over levels). */
     CUarray arr;
+    CUmipmappedArray mip;
     CUDA_ARRAY_DESCRIPTOR d2 = {.Width = 16384, .Height = 16384, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
     OVER(cuArrayCreate_v2(&arr, &d2), "cuArrayCreate_v2");
     if (!limited) CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
@@ -154,7 +195,16 @@ int main(int argc, char **argv) {
     CHECK_CU(cuArray3DCreate_v2(&arr, &d3), CUDA_SUCCESS);
     expect_free(192 * MiB);
     CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
-    CUmipmappedArray mip;
+    /* Sparse and deferred-mapping arrays have no memory of their own (it comes from cuMemCreate). */
+    CUDA_ARRAY3D_DESCRIPTOR sparse = {.Width = 1024, .Height = 1024, .Depth = 1024, .Format = CU_AD_FORMAT_FLOAT,
+                                      .NumChannels = 1, .Flags = CUDA_ARRAY3D_SPARSE};
+    CHECK_CU(cuArray3DCreate_v2(&arr, &sparse), CUDA_SUCCESS);
+    expect_free(256 * MiB);
+    CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
+    sparse.Flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
+    CHECK_CU(cuMipmappedArrayCreate(&mip, &sparse, 3), CUDA_SUCCESS);
+    expect_free(256 * MiB);
+    CHECK_CU(cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);
     CUDA_ARRAY3D_DESCRIPTOR dm = {.Width = 8192, .Height = 8192, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
     OVER(cuMipmappedArrayCreate(&mip, &dm, 2), "cuMipmappedArrayCreate");
     if (!limited) CHECK_CU(cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);

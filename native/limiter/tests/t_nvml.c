@@ -2,17 +2,22 @@
  * The capped view is the same through NVML and through CUDA: after allocating through the driver,
  * nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2 and cuMemGetInfo_v2 report the same total and free,
  * and the total is the limit the environment gives for that GPU (global, by ordinal, or by UUID).
+ * An NVML query never initialises CUDA (a process that forks CUDA workers after asking NVML would break
+ * them): before the program initialises CUDA, a limit by ordinal cannot be told and the next one applies.
  *
- * usage: t_nvml limited <expected limit in bytes> | t_nvml baseline
+ * usage: t_nvml limited <expected limit in bytes> [<expected limit before cuInit>] | t_nvml baseline
  */
 #include "device.h"
 
 #include "nvml_min.h"
 
+unsigned long fakecuda_calls(const char *name);
+
 int main(int argc, char **argv) {
     int limited = limited_mode(argc, argv);
     unsigned long long limit = limited && argc > 2 ? strtoull(argv[2], NULL, 10) : 0;
-    CHECK(!limited || limit > 0, "limited mode needs the expected limit");
+    unsigned long long early_limit = limited && argc > 3 ? strtoull(argv[3], NULL, 10) : limit;
+    CHECK(!limited || (limit > 0 && early_limit > 0), "limited mode needs the expected limit");
 
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     CHECK(h, "dlopen(libnvidia-ml.so.1): %s", dlerror());
@@ -31,10 +36,20 @@ int main(int argc, char **argv) {
     nvmlMemory_t m;
     CHECK_CU(info(nd, &m), NVML_SUCCESS);
     if (limited) {
-        CHECK_EQ_U64(m.total, limit);
-        CHECK_EQ_U64(m.free, limit);
+        CHECK_EQ_U64(m.total, early_limit);
+        CHECK_EQ_U64(m.free, early_limit);
     }
     CHECK_CU(info(nd, NULL), NVML_ERROR_INVALID_ARGUMENT); /* NULL goes to NVML */
+    CHECK(fakecuda_calls("cuInit") == 0, "an NVML query initialised CUDA");
+
+    /* A driver call that names a device before cuInit fails; the limiter must not remember that device
+     * under some other key than its UUID (its charges would then be apart from the claim's). */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle handle;
+    CHECK_CU(cuMemCreate(&handle, 2 * MiB, &prop, 0), CUDA_ERROR_NOT_INITIALIZED);
 
     use_device0();
     CUdeviceptr p;

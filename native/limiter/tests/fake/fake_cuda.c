@@ -124,6 +124,7 @@ static struct {
     int count;
     uint64_t memory, sms, wave_ns;
     int driver_version;
+    int event_create_fails;
 } G;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -138,6 +139,7 @@ static void load_config(void) {
     if (G.sms == 0) G.sms = 1;
     G.wave_ns = fake_env_u64("FAKE_CUDA_WAVE_NS", 10000);
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
+    G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
         devices[i].primary = (struct CUctx_st){MAGIC_CTX, i};
         devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i};
@@ -179,13 +181,19 @@ static int valid_device(int d) { return d >= 0 && d < G.count; }
 
 /* ---------------------------------------------------------------- allocation table */
 
-enum { A_DEVICE = 1, A_HANDLE = 2 };
+/* A_HANDLE: physical memory from cuMemCreate; it is freed when its references (the handle's own, retains
+ * and mappings) are all gone, as in the real driver. A_MAP: a mapping made by cuMemMap, keyed by address. */
+enum { A_DEVICE = 1, A_HANDLE = 2, A_MAP = 3 };
 
 struct alloc {
     uint64_t key;
-    uint64_t bytes;
+    uint64_t bytes;  /* device memory held (A_MAP: the mapping's size) */
     int device;
-    int kind;   /* 0 empty, -1 tombstone */
+    int kind;        /* 0 empty, -1 tombstone */
+    uint64_t size;   /* A_HANDLE: the allocation's size, whatever its location */
+    uint64_t handle; /* A_MAP: the handle mapped */
+    int refs;        /* A_HANDLE: the handle's own reference and retains (cuMemRelease drops one) */
+    int maps;        /* A_HANDLE: mappings */
 };
 static struct alloc *allocs;
 static size_t allocs_cap, allocs_used;
@@ -208,7 +216,7 @@ static struct alloc *alloc_find(uint64_t key, int kind) {
     return NULL;
 }
 
-static int alloc_insert(uint64_t key, int kind, int device, uint64_t bytes) {
+static int alloc_put(struct alloc a) {
     if ((allocs_used + 1) * 2 > allocs_cap) {
         size_t live = 0;
         for (size_t i = 0; i < allocs_cap; i++) live += allocs[i].kind > 0;
@@ -221,15 +229,19 @@ static int alloc_insert(uint64_t key, int kind, int device, uint64_t bytes) {
         allocs_cap = ncap;
         allocs_used = 0;
         for (size_t i = 0; i < ocap; i++) {
-            if (old[i].kind > 0) alloc_insert(old[i].key, old[i].kind, old[i].device, old[i].bytes);
+            if (old[i].kind > 0) alloc_put(old[i]);
         }
         free(old);
     }
-    size_t i = ahash(key) & (allocs_cap - 1);
+    size_t i = ahash(a.key) & (allocs_cap - 1);
     while (allocs[i].kind > 0) i = (i + 1) & (allocs_cap - 1);
     if (allocs[i].kind == 0) allocs_used++;
-    allocs[i] = (struct alloc){key, bytes, device, kind};
+    allocs[i] = a;
     return 0;
+}
+
+static int alloc_insert(uint64_t key, int kind, int device, uint64_t bytes) {
+    return alloc_put((struct alloc){.key = key, .bytes = bytes, .device = device, .kind = kind});
 }
 
 /* Charges the device and returns a fresh device address. Caller holds mu. */
@@ -753,24 +765,124 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
         else devices[device].used += size;
     }
     if (r == CUDA_SUCCESS) {
-        alloc_insert(key, A_HANDLE, device < 0 ? 0 : device, device < 0 ? 0 : size);
+        alloc_put((struct alloc){.key = key, .bytes = device < 0 ? 0 : size, .device = device < 0 ? 0 : device,
+                                 .kind = A_HANDLE, .size = size, .refs = 1});
         *h = key;
     }
     pthread_mutex_unlock(&mu);
     return r;
 }
 
+/* Frees a handle's memory once nothing refers to it any more. Caller holds mu. */
+static void handle_settle(struct alloc *a) {
+    if (a->refs > 0 || a->maps > 0) return;
+    devices[a->device].used -= a->bytes;
+    a->kind = -1;
+}
+
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     COUNT();
     CHECK(0);
     pthread_mutex_lock(&mu);
-    CUresult r = device_free(h, A_HANDLE);
+    struct alloc *a = alloc_find(h, A_HANDLE);
+    CUresult r = a && a->refs > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        a->refs--;
+        handle_settle(a);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static uint64_t next_va = 0x600000000000ull;
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    COUNT();
+    CHECK(0);
+    (void)alignment;
+    (void)addr;
+    if (!ptr || size == 0 || flags != 0 || size % (2u << 20) != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *ptr = (CUdeviceptr)next_va;
+    next_va += size + (2u << 20); /* a guard gap: reservations never touch */
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    COUNT();
+    CHECK(0);
+    return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags) {
+    COUNT();
+    CHECK(0);
+    if (!ptr || size == 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(h, A_HANDLE);
+    CUresult r = CUDA_SUCCESS;
+    if (!a || a->refs == 0 || offset > a->size || size > a->size - offset || alloc_find(ptr, A_MAP))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && alloc_put((struct alloc){.key = ptr, .bytes = size, .kind = A_MAP, .handle = h}) != 0)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) alloc_find(h, A_HANDLE)->maps++; /* found again: the insert may have rehashed */
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* The range must be whole mappings, back to back; anything else is refused and nothing is unmapped. */
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    COUNT();
+    CHECK(0);
+    pthread_mutex_lock(&mu);
+    uint64_t va = ptr;
+    while (va - ptr < size) {
+        struct alloc *m = alloc_find(va, A_MAP);
+        if (!m) break;
+        va += m->bytes;
+    }
+    CUresult r = ptr && size && va - ptr == size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    for (va = ptr; r == CUDA_SUCCESS && va - ptr < size;) {
+        struct alloc *m = alloc_find(va, A_MAP);
+        struct alloc *a = alloc_find(m->handle, A_HANDLE);
+        va += m->bytes;
+        m->kind = -1;
+        a->maps--;
+        handle_settle(a);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+    COUNT();
+    CHECK(0);
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < allocs_cap; i++) {
+        struct alloc *m = &allocs[i];
+        if (m->kind != A_MAP || (uint64_t)(uintptr_t)addr - m->key >= m->bytes) continue;
+        alloc_find(m->handle, A_HANDLE)->refs++;
+        *h = m->handle;
+        r = CUDA_SUCCESS;
+        break;
+    }
     pthread_mutex_unlock(&mu);
     return r;
 }
 
 static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned channels) {
     return (uint64_t)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * 4;
+}
+
+/* Sparse and deferred-mapping arrays get no memory of their own (it is mapped in later). */
+static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) return 0;
+    return array_bytes(d->Width, d->Height, d->Depth, d->NumChannels);
 }
 
 static CUresult array_create(CUarray *out, uint64_t bytes) {
@@ -800,7 +912,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *d) {
 EXPORT CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     COUNT();
     if (!out || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
-    return array_create(out, array_bytes(d->Width, d->Height, d->Depth, d->NumChannels));
+    return array_create(out, array3d_bytes(d));
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray a) {
@@ -819,7 +931,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D
     COUNT();
     if (!out || !d || d->Width == 0 || levels == 0) return CUDA_ERROR_INVALID_VALUE;
     CUarray a;
-    CUresult r = array_create(&a, array_bytes(d->Width, d->Height, d->Depth, d->NumChannels) * 2);
+    CUresult r = array_create(&a, array3d_bytes(d) * 2);
     if (r == CUDA_SUCCESS) *out = (CUmipmappedArray)a; /* same layout: magic, device, bytes */
     return r;
 }
@@ -1081,6 +1193,7 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     CHECK(1);
     (void)flags;
     if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (G.event_create_fails) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUevent_st *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
     *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0};
