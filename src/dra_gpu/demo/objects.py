@@ -66,7 +66,7 @@ def pod(
     node_name: str | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (),
     node_selector: Mapping[str, str] | None = None,
-    image: str = "registry.k8s.io/pause:3.10",
+    image: str = "busybox:1.36",
 ) -> Obj:
     """A pod whose one container uses each named claim (`spec.resourceClaims[].resourceClaimName`)."""
     refs = [{"name": f"claim-{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
