@@ -45,6 +45,11 @@ def status_body(code: int, reason: str, message: str) -> bytes:
     ).encode()
 
 
+def _first(query: dict[str, list[str]], key: str) -> str | None:
+    values = query.get(key)
+    return values[0] if values else None
+
+
 class Request:
     def __init__(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> None:
         self.method, self.path, self.query, self.body = method, path, query, body
@@ -136,8 +141,8 @@ class ApiServer:
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Obj]:
         kind, namespace, name, sub = self.parse(path)
-        field = (query.get("fieldSelector") or [None])[0]
-        label = (query.get("labelSelector") or [None])[0]
+        field = _first(query, "fieldSelector")
+        label = _first(query, "labelSelector")
         if method == "GET" and name:
             return 200, self.fake.get(kind, name, namespace)
         if method == "GET":
@@ -192,9 +197,9 @@ class ApiServer:
             events = self.fake.watch(
                 kind,
                 namespace,
-                (query.get("fieldSelector") or [None])[0],
-                (query.get("labelSelector") or [None])[0],
-                (query.get("resourceVersion") or [None])[0],
+                _first(query, "fieldSelector"),
+                _first(query, "labelSelector"),
+                _first(query, "resourceVersion"),
                 timeout_s=float(query["timeoutSeconds"][0]),
             )
             for event in events:
