@@ -48,9 +48,28 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is at the time of the record, not when logging was set up.
+
+    Background threads (the slice publisher, the gRPC server) may log after a caller swapped or closed
+    the stream it had when `setup_logging` ran (an embedding program, a test's captured output).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
     """Configure the root logger once for the process (stderr, as containers expect)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
