@@ -90,3 +90,34 @@ def test_an_object_deleted_by_our_own_write_is_not_put_back_into_the_cache() -> 
     informer.assume(gone)  # then the writer hands the cache the object its PUT returned
     assert informer.get("ns", "c") is None
     assert claim["metadata"]["uid"] == gone["metadata"]["uid"]
+
+
+class DeafWatches(FakeKube):
+    """Watches that, like a real API server's, notice `stop` only when their next event arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release_watches = threading.Event()
+
+    def watch(self, kind: str, *args: Any, **kwargs: Any) -> Iterator[WatchEvent]:
+        kwargs.pop("stop", None)
+        self.release_watches.wait(30)
+        return super().watch(kind, *args, timeout_s=0.1, **kwargs)
+
+
+def test_stopping_hands_the_lease_over_before_waiting_for_the_watches() -> None:
+    api = DeafWatches()
+    controller = Controller(api, identity="a", namespace="kube-system", retry_period_s=0.05, resync_s=1)
+    controller.start()
+    stopper = threading.Thread(target=controller.stop, kwargs={"timeout_s": 10})
+    try:
+        wait_for(controller.is_leader)
+        stopper.start()
+        wait_for(
+            lambda: api.get("Lease", "dra-gpu-controller", "kube-system")["spec"]["holderIdentity"] == ""
+        )
+        assert stopper.is_alive()  # still waiting for the watches, yet the standby can take over now
+    finally:
+        api.release_watches.set()
+        stopper.join(15)
+    assert not stopper.is_alive()

@@ -108,13 +108,23 @@ class Controller:
             self._threads.append(thread)
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop allocating, hand the lease over, then wait for the watches.
+
+        The lease goes as soon as the leader and worker threads have stopped (they notice `stop` at
+        once), not after the informers: a real watch only notices `stop` with its next event, and the
+        standby replica should not wait for that.
+        """
         self._stop.set()
         self._wake.set()
-        for thread in self._threads:
+        deciding = [t for t in self._threads if t.name in ("controller-leader", "controller-worker")]
+        for thread in deciding:
             thread.join(timeout_s)
         if self.elector is not None:
             self.elector.release()
         self.metrics.leader.set(0)
+        for thread in self._threads:
+            if thread not in deciding:
+                thread.join(timeout_s)
 
     def run_pass(self) -> PassResult:
         """One pass on the cached state, if this replica leads."""
