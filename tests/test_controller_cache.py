@@ -101,8 +101,9 @@ class DeafWatches(FakeKube):
 
     def watch(self, kind: str, *args: Any, **kwargs: Any) -> Iterator[WatchEvent]:
         kwargs.pop("stop", None)
+        kwargs["timeout_s"] = 0.1
         self.release_watches.wait(30)
-        return super().watch(kind, *args, timeout_s=0.1, **kwargs)
+        return super().watch(kind, *args, **kwargs)
 
 
 def test_stopping_hands_the_lease_over_before_waiting_for_the_watches() -> None:
