@@ -107,12 +107,25 @@ def test_deploy_resourceclass_yaml_holds_these_classes() -> None:
 
 def test_controller_classes_place_limiter_claims_on_shared_gpus() -> None:
     classes = {c["metadata"]["name"]: c for c in controller_classes(load_values())}
-    assert set(classes) == {"binpack.limiter.gpu.dra-gpu.io", "spread.limiter.gpu.dra-gpu.io"}
-    for name, policy in (("binpack", "BinPack"), ("spread", "Spread")):
+    expected = {
+        "binpack": ("BinPack", None, None, None),
+        "spread": ("Spread", None, None, None),
+        "affinity": ("BinPack", "dra-gpu.io/group", None, None),
+        "antiaffinity": ("BinPack", None, "app", None),
+        "exclusion": ("BinPack", None, None, "dra-gpu.io/tenant"),
+    }
+    assert set(classes) == {f"{name}.limiter.gpu.dra-gpu.io" for name in expected}
+    for name, (policy, affinity, anti_affinity, exclusion) in expected.items():
         device_class = classes[f"{name}.limiter.gpu.dra-gpu.io"]
         config = parse_gpu_config(device_class["spec"]["config"][0]["opaque"]["parameters"])
         assert config.sharing.strategy == Strategy.LIMITER
-        assert config.placement is not None and config.placement.policy.value == policy
+        placement = config.placement
+        assert placement is not None and placement.policy.value == policy
+        assert (placement.affinityLabel, placement.antiAffinityLabel, placement.exclusionLabel) == (
+            affinity,
+            anti_affinity,
+            exclusion,
+        )
         # The scheduler sees no device (the marker selector matches none), so it never allocates
         # these claims; the controller drops the marker and places them on the shared GPUs.
         assert matches(device_class, node_devices()) == set()
