@@ -242,3 +242,37 @@ def test_pynvml_sees_the_same_capped_view(built: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(3 * GiB), str(3 * GiB), "0", str(3 * GiB), str(3 * GiB)]
     assert result.stderr == ""
+
+
+def _probe_info(built: Path, tmp_path: Path, env: dict[str, str]) -> dict[str, int]:
+    state = tmp_path / "claim"
+    state.mkdir(exist_ok=True)
+    result = subprocess.run(
+        [str(built / "limiter-probe"), "info"],
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LD_LIBRARY_PATH": str(built / "fake"),
+            "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),
+            "DRAGPU_LIMITER_STATE_DIR": str(state),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", result.stdout)}
+
+
+@pytest.mark.limiter
+def test_per_uuid_limits_follow_the_gpu_not_its_ordinal(built: Path, tmp_path: Path) -> None:
+    """A container using only some of a claim's GPUs renumbers them: ordinal 0 may be a GPU the
+    claim's ordinal limit was never meant for. The by-UUID list decides for every GPU it can name."""
+    shared = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+    whole = "GPU-11111111-2222-3333-4444-555555555555"
+    limits = {"DRAGPU_MEMORY_LIMIT_0": str(2**30), "DRAGPU_MEMORY_LIMIT_BY_UUID": f"{shared}={2 * 2**30}"}
+    # The fake driver, like the real one, exposes exactly the GPUs CUDA_VISIBLE_DEVICES names.
+    only_whole = _probe_info(built, tmp_path, {"CUDA_VISIBLE_DEVICES": whole, **limits})
+    assert only_whole["total"] == only_whole["device_total"] == 80 * 2**30  # not capped by ordinal 0
+    only_shared = _probe_info(built, tmp_path, {"CUDA_VISIBLE_DEVICES": shared, **limits})
+    assert only_shared["total"] == only_shared["device_total"] == 2 * 2**30

@@ -224,11 +224,18 @@ bool dl_config_has_uuid_limit(const struct dl_config *cfg, const char *uuid) {
     return false;
 }
 
+/*
+ * DRAGPU_MEMORY_LIMIT_BY_UUID, when set, is the complete list for every device whose UUID is known: a
+ * device it does not name is not limited by an ordinal or global limit. Ordinals are relative to what a
+ * container sees, so in a container that uses only some of a claim's GPUs, ordinal N can be a GPU the
+ * limit was never meant for; the UUID cannot.
+ */
 uint64_t dl_config_limit(const struct dl_config *cfg, int ordinal, const char *uuid) {
-    if (uuid) {
+    if (uuid && cfg->n_uuid_limits > 0) {
         for (int i = 0; i < cfg->n_uuid_limits; i++) {
             if (dl_uuid_equal(cfg->uuid_limits[i].uuid, uuid)) return cfg->uuid_limits[i].bytes;
         }
+        return DL_NO_LIMIT;
     }
     if (ordinal >= 0 && ordinal < DL_MAX_DEVICES && cfg->has_ordinal_limit[ordinal])
         return cfg->ordinal_limit[ordinal];

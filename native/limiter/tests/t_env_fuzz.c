@@ -103,9 +103,13 @@ static void unit_cases(void) {
     load(&cfg, good);
     CHECK(n_lines == 0, "a valid environment logged: %s", lines[0]);
     CHECK(cfg.cores == 30 && strcmp(cfg.state_dir, "/var/run/claim") == 0, "cores %d dir %s", cfg.cores, cfg.state_dir);
-    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-other"), 1ull << 30);       /* global */
-    CHECK_EQ_U64(dl_config_limit(&cfg, 1, "GPU-other"), 2ull << 30);       /* by ordinal */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, NULL), 1ull << 30);              /* UUID unknown: global */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 1, NULL), 2ull << 30);              /* UUID unknown: by ordinal */
     CHECK_EQ_U64(dl_config_limit(&cfg, 1, u1), 4ull << 30);                /* by UUID wins */
+    /* The by-UUID list is complete: a GPU it does not name is not capped by an ordinal or global limit,
+     * even when its ordinal (relative to what this container sees) has one. */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 1, "GPU-other"), DL_NO_LIMIT);
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-other"), DL_NO_LIMIT);
     CHECK_EQ_U64(dl_config_limit(&cfg, 5, "gpu-4A5C1E2D-7B3F-4E11-9A60-000000000000"), 3ull << 30);
     /* A MIG instance: NVML prints "MIG-<uuid>", CUDA reports the same UUID's bytes (formatted "GPU-"). */
     const char *mig[] = {"DRAGPU_MEMORY_LIMIT=1Gi",
@@ -114,7 +118,7 @@ static void unit_cases(void) {
     CHECK(n_lines == 0, "a MIG UUID limit logged: %s", lines[0]);
     CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000aa"), 5ull << 30);
     CHECK_EQ_U64(dl_config_limit(&cfg, 0, "MIG-1B2C3D4E-0000-4E11-9A60-0000000000AA"), 5ull << 30);
-    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000ab"), 1ull << 30);
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000ab"), DL_NO_LIMIT); /* not in the complete list */
     const char *none[] = {NULL};
     load(&cfg, none);
     CHECK(dl_config_limit(&cfg, 0, u0) == DL_NO_LIMIT && cfg.cores == 100 && !dl_config_has_any_limit(&cfg),

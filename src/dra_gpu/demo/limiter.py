@@ -2,8 +2,9 @@
 
 The probe gets the environment the limiter claim's CDI spec gives its containers, with the container
 paths of the spec's mounts mapped back to their host paths (no container runtime runs here), plus
-`LD_LIBRARY_PATH` to the fake `libcuda.so.1`. The fake driver has a single device of its own, so the
-GPU selection variables (`NVIDIA_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`) are left out.
+`LD_LIBRARY_PATH` to the fake `libcuda.so.1`. Like the real driver, the fake exposes the GPUs that
+`CUDA_VISIBLE_DEVICES` names by UUID, so the limiter matches them to the spec's per-UUID limits;
+`NVIDIA_VISIBLE_DEVICES` (read by the NVIDIA container runtime, not by CUDA) is left out.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PROBE = "limiter-probe"
 FAKE_DRIVER_DIR = "fake"
 CHUNK = 2**30
 MAX_CHUNKS = 16
-LEFT_OUT = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+LEFT_OUT = ("NVIDIA_VISIBLE_DEVICES",)
 
 
 @dataclass
