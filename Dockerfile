@@ -34,5 +34,10 @@ COPY --from=python /opt/dra-gpu /opt/dra-gpu
 # The DaemonSet's init container copies this file to a versioned file in the node's state directory.
 COPY --from=limiter /out/libdragpu-limiter.so.1 /usr/lib/dra-gpu/libdragpu-limiter.so.1
 ENV PATH=/opt/dra-gpu/bin:$PATH PYTHONUNBUFFERED=1
+# What the node agent runs besides the driver's tools: `unshare` and `mount` (util-linux) put each MPS
+# control daemon in a mount namespace of its own, and the init container runs `sh`, `cp` and `mv`.
+RUN for tool in sh cp mv unshare mount; do \
+        command -v "$tool" >/dev/null || { echo "the image lacks $tool" >&2; exit 1; }; \
+    done
 ENTRYPOINT ["dra-gpu"]
 CMD ["--help"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,15 @@ import pytest
 import yaml
 
 from dra_gpu.cli import main
+from dra_gpu.config import NodeSharing
+from dra_gpu.controller.events import EventRecorder
+from dra_gpu.inventory import open_inventory
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.kube.resources import RESOURCES
 from dra_gpu.manifests import ValuesError, load_values, render
+from dra_gpu.plugin import KubeletPlugin, PluginConfig
+from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.slices.publisher import SlicePublisher
 
 DEPLOY = Path("deploy")
 
@@ -86,18 +96,44 @@ def test_kubectl_kustomize_builds_deploy() -> None:
     } <= kinds
 
 
-def test_node_agent_rbac_is_least_privilege_and_covers_1_36_claim_status() -> None:
-    role = find(rendered_objects(), "ClusterRole", "dra-gpu-kubelet-plugin")
-    rules = {(tuple(r["resources"]), tuple(r["verbs"])): r for r in role["rules"]}
-    assert (("resourceclaims/driver",), ("associated-node:update", "associated-node:patch")) in rules
-    assert rules[(("resourceclaims/driver",), ("associated-node:update", "associated-node:patch"))][
-        "resourceNames"
-    ] == ["gpu.dra-gpu.io"]
-    granted = {(res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
-    assert ("resourceslices", "delete") in granted and ("nodes", "get") in granted
+def granted_by(objects: dict[str, list[dict[str, Any]]], name: str) -> set[tuple[str, str]]:
+    role = find(objects, "ClusterRole", name)
+    return {(res, verb) for r in role["rules"] for res in r["resources"] for verb in r["verbs"]}
+
+
+def requests_of(api: FakeKube) -> set[tuple[str, str]]:
+    """The (resource, RBAC verb) pairs of the calls the fake API server saw."""
+    verbs = {"update_status": ("status", "update")}
+    needed = set()
+    for call, kind in api.calls:
+        plural = RESOURCES[kind].plural
+        subresource, verb = verbs.get(call, ("", call))
+        needed.add((f"{plural}/{subresource}" if subresource else plural, verb))
+    return needed
+
+
+def test_node_agent_rbac_grants_what_the_agent_calls_and_no_claim_writes() -> None:
+    granted = granted_by(rendered_objects(), "dra-gpu-kubelet-plugin")
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": "node-1"}})
+    api.calls.clear()
+    inventory = open_inventory("simulated:8xH100-80GB", seed="node-1")
+    SlicePublisher(api, "node-1", inventory, NodeSharing.parse("*=Shared")).sync()
+    # A smaller slice size replaces the pool: obsolete slices are deleted, the rest updated.
+    SlicePublisher(api, "node-1", inventory, NodeSharing.parse("*=MPS"), devices_per_slice=3).sync()
+    publisher = SlicePublisher(api, "node-1", inventory, NodeSharing.parse("*=Shared"), debounce_s=0.01)
+    publisher.start()
+    deadline = time.monotonic() + 10
+    while ("watch", "ResourceSlice") not in api.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    publisher.stop()
+    needed = requests_of(api) | {("resourceclaims", "get"), ("resourceclaims", "list")}  # prepare, sweep
+    assert {"create", "update", "delete", "watch"} <= {verb for _, verb in needed}
+    assert needed <= granted, f"the node agent calls without permission: {sorted(needed - granted)}"
+    # Nothing more: one node must not be able to write claims (status or allocation) of the whole cluster.
+    assert not any(res.startswith("resourceclaims") and verb not in ("get", "list") for res, verb in granted)
     assert not any("*" in (res, verb) for res, verb in granted)
-    assert not any(res in ("secrets", "pods", "resourceclaims/binding") for res, _ in granted)
-    assert ("resourceclaims", "update") not in granted
+    assert not any(res in ("secrets", "pods") for res, _ in granted)
 
 
 def test_controller_rbac_allows_binding_and_leases_only_in_its_namespace() -> None:
@@ -120,6 +156,62 @@ def test_controller_rbac_allows_binding_and_leases_only_in_its_namespace() -> No
     assert lease_role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
     ]
+
+
+def test_controller_rbac_lets_its_events_count_repeats() -> None:
+    granted = granted_by(rendered_objects(), "dra-gpu-controller")
+    api = FakeKube()
+    claim = api.create("ResourceClaim", {"metadata": {"name": "c", "namespace": "ns"}, "spec": {}})
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    recorder = EventRecorder(api, "test", lambda: now[0], repeat_after_s=60)
+    recorder.record(claim, "Warning", "AllocationFailed", "no GPU has 90 cores left")
+    now[0] += timedelta(minutes=5)
+    recorder.record(claim, "Warning", "AllocationFailed", "no GPU has 90 cores left")
+    (event,) = api.list("Event", namespace="ns")[0]
+    assert event["count"] == 2
+    needed = requests_of(api) - {("resourceclaims", "create"), ("events", "list")}  # the test's own calls
+    assert needed <= granted, f"the controller calls without permission: {sorted(needed - granted)}"
+
+
+def test_daemonset_runs_on_gpu_nodes_whatever_their_taints() -> None:
+    pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+
+    def tolerated(taint: dict[str, str]) -> bool:
+        for tol in pod.get("tolerations", []):
+            if tol.get("effect") not in (None, "", taint["effect"]):
+                continue
+            if tol.get("operator") == "Exists" and tol.get("key") in (None, "", taint["key"]):
+                return True
+            if tol.get("key") == taint["key"] and tol.get("value") == taint.get("value"):
+                return True
+        return False
+
+    for taint in [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        {"key": "dedicated", "value": "gpu", "effect": "NoExecute"},
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+    ]:
+        assert tolerated(taint), taint
+    assert pod["priorityClassName"] == "system-node-critical"
+
+
+def test_nvml_agent_sees_the_host_nvidia_toolkit_cdi_specs(tmp_path: Path) -> None:
+    """The agent looks for `nvidia.com/gpu` specs in fixed directories: each must be the host's, read-only."""
+    plugin = KubeletPlugin(
+        PluginConfig(node_name="n", state_dir=tmp_path / "state", plugins_dir=tmp_path / "plugins"),
+        FakeKube(),
+        open_inventory("simulated:1xH100-80GB", seed="n"),
+        SimulatedCommands(),
+    )
+    looked_in = {str(d) for d in plugin.node.nvidia_ctk_dirs if d != plugin.config.cdi_dir}
+    assert looked_in == {"/etc/cdi"}
+    pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for directory in looked_in:
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+        assert mount.get("readOnly") is True
+        assert volumes[mount["name"]]["hostPath"]["path"] == directory
 
 
 def test_daemonset_passes_the_node_agent_its_settings() -> None:
@@ -154,6 +246,18 @@ def test_daemonset_passes_the_node_agent_its_settings() -> None:
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in init["securityContext"]
     assert plugin["securityContext"] == {"privileged": True}  # the nvml backend drives real GPUs
+
+
+def test_the_image_holds_what_the_daemonset_runs() -> None:
+    """No Docker here: the final stage of the Dockerfile must carry the file and the tools the pods use."""
+    final = Path("Dockerfile").read_text().rpartition("\nFROM ")[2]
+    pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    script = pod["initContainers"][0]["command"][-1]
+    copied = [line.split()[-1] for line in final.splitlines() if line.startswith("COPY --from=limiter")]
+    assert copied and all(path in script for path in copied)
+    checked = [line for line in final.splitlines() if "command -v" in line or line.startswith("RUN for tool")]
+    for tool in ("unshare", "mount", "sh", "cp", "mv"):  # MPS namespaces; the init container's script
+        assert any(f" {tool}" in line for line in checked), f"the image build does not check for {tool}"
 
 
 def test_simulated_nodes_run_without_privileges(tmp_path: Path) -> None:
@@ -214,6 +318,7 @@ def test_disabling_the_controller_drops_its_files_from_the_kustomization(tmp_pat
             "controller:\n  classes:\n  - {name: x.io, strategy: Fast, placement: {}}\n",
             "controller.classes.0.strategy",
         ),
+        ("controller:\n  leaderElect: false\n", "controller: replicas: 2 replicas need leaderElect: true"),
         ("- a list\n", "expected a mapping of values, got list"),
         ("image: [\n", "not valid YAML"),
     ],

@@ -120,6 +120,7 @@ def _context(values: Values) -> dict[str, Any]:
         "registration_dir": f"{kubelet_dir}/plugins_registry",
         "plugins_dir": f"{kubelet_dir}/plugins",
         "privileged": privileged,
+        "nvidia_cdi": plugin.gpuBackend == "nvml",
         "device_classes": device_classes(values),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "resources": [f for f in INSTALLED if f in files],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dra_gpu.config import ConfigError, NodeSharing, Placement, Strategy
 
@@ -74,6 +74,13 @@ class Controller(_Model):
     httpPort: int = Field(ge=1, le=65535)
     resources: dict[str, Any]
     classes: list[ControllerClass]
+
+    @model_validator(mode="after")
+    def _one_active_replica(self) -> Controller:
+        # Without the Lease every replica allocates, and two of them hand out the same capacity.
+        if self.enabled and self.replicas > 1 and not self.leaderElect:
+            raise ValueError(f"replicas: {self.replicas} replicas need leaderElect: true")
+        return self
 
 
 class DeviceClasses(_Model):
