@@ -474,7 +474,7 @@ class PluginProcess:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from dra_gpu.commands.kubelet_plugin import wait_for_signal
+    from dra_gpu.commands._process import wait_for_signal
     from dra_gpu.logs import setup_logging
 
     setup_logging("info", "text")

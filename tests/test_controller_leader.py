@@ -13,8 +13,8 @@ import pytest
 from test_controller_reconcile import BINPACK, Cluster
 
 from dra_gpu.controller import Controller, Snapshot
-from dra_gpu.controller.http import HttpServer, parse_address
 from dra_gpu.controller.leader import LeaderElector
+from dra_gpu.http_endpoint import HttpServer, bool_check, parse_address
 from dra_gpu.kube.fake import FakeKube
 
 
@@ -134,7 +134,9 @@ def test_running_controllers_allocate_once_and_serve_metrics() -> None:
     c = Cluster()
     a = Controller(c.api, identity="a", namespace="kube-system", retry_period_s=0.1, resync_s=1)
     b = Controller(c.api, identity="b", namespace="kube-system", retry_period_s=0.1, resync_s=1)
-    server = HttpServer("127.0.0.1:0", a.metrics.registry, a.healthy, a.ready)
+    server = HttpServer(
+        "127.0.0.1:0", a.metrics.registry, {"/healthz": bool_check(a.healthy), "/readyz": bool_check(a.ready)}
+    )
     a.start()
     server.start()
     try:

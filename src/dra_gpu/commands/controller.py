@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
-import threading
-from types import FrameType
 
+from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.controller import Controller
-from dra_gpu.controller.http import HttpServer, parse_address
 from dra_gpu.flags import add_bool_flag, add_flag
+from dra_gpu.http_endpoint import HttpServer, bool_check, parse_address
 
 NAME = "controller"
 HELP = "run the cluster controller that allocates claims of controller-managed DeviceClasses"
@@ -79,13 +77,12 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    from dra_gpu.kube.client import KubeClient
+    from dra_gpu.kube.client import KubeClient, KubeConfigError
 
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the kubernetes client raises several unrelated types here
-        source = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the in-cluster service account"
-        print(f"error: cannot configure the Kubernetes client from {source}: {exc}", file=sys.stderr)
+    except KubeConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     controller = Controller(
         api,
@@ -102,18 +99,14 @@ def run(args: argparse.Namespace) -> int:
     if args.http_address:
         try:
             server = HttpServer(
-                args.http_address, controller.metrics.registry, controller.healthy, controller.ready
+                args.http_address,
+                controller.metrics.registry,
+                {"/healthz": bool_check(controller.healthy), "/readyz": bool_check(controller.ready)},
+                name="controller-http",
             )
         except OSError as exc:
             print(f"error: --http-address {args.http_address}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-    stop = threading.Event()
-
-    def _terminate(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
     controller.start()
     if server is not None:
         server.start()
@@ -121,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
         "controller started",
         extra={"identity": args.identity, "leader_elect": args.leader_elect, "http": args.http_address},
     )
-    stop.wait()
-    log.info("stopping")
+    wait_for_signal()
     if server is not None:
         server.stop()
     controller.stop()

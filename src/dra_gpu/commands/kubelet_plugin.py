@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag
 from dra_gpu.inventory import InventoryError, open_inventory
@@ -65,23 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
 
 
-def wait_for_signal(stop: threading.Event | None = None) -> None:
-    """Block until SIGTERM or SIGINT (the kubelet and a developer's Ctrl-C)."""
-    stop = stop or threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("stopping", extra={"signal": signal.Signals(signum).name})
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("error: --node-name (or DRA_GPU_NODE_NAME) is required", file=sys.stderr)
@@ -96,12 +77,12 @@ def run(args: argparse.Namespace) -> int:
     except InventoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    from dra_gpu.kube.client import KubeClient
+    from dra_gpu.kube.client import KubeClient, KubeConfigError
 
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:
-        print(f"error: cannot load the Kubernetes client configuration: {exc}", file=sys.stderr)
+    except KubeConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     config = PluginConfig(
         node_name=args.node_name,

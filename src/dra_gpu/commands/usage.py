@@ -47,13 +47,12 @@ class UsageError(Exception):
 
 def build_api(args: argparse.Namespace) -> KubeAPI:
     """The API client for `args`; tests replace this function to inject a fake."""
-    from dra_gpu.kube.client import KubeClient
+    from dra_gpu.kube.client import KubeClient, KubeConfigError
 
     try:
         return KubeClient.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the kubernetes client raises several unrelated types here
-        source = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the in-cluster service account"
-        raise UsageError(f"cannot configure the Kubernetes client from {source}: {_one_line(exc)}") from None
+    except KubeConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -21,8 +21,21 @@ from dra_gpu.kube.resources import RESOURCES, Resource
 Obj = dict[str, Any]
 
 
+class KubeConfigError(Exception):
+    """The client cannot be configured: no kubeconfig file, no in-cluster service account, a bad file."""
+
+
 def load_api_client(kubeconfig: str | None = None) -> Any:
-    """In-cluster configuration unless a kubeconfig path is given."""
+    """In-cluster configuration unless a kubeconfig path is given; KubeConfigError when neither works."""
+    try:
+        return _load_api_client(kubeconfig)
+    except Exception as exc:  # the kubernetes client raises several unrelated types here
+        source = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise KubeConfigError(f"cannot configure the Kubernetes client from {source}: {reason}") from exc
+
+
+def _load_api_client(kubeconfig: str | None) -> Any:
     from kubernetes import client, config
 
     if kubeconfig:

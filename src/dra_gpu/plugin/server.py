@@ -21,13 +21,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.config import NodeSharing
+from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
 from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.health import DeviceHealthServicer, probe
-from dra_gpu.plugin.http_server import HttpServer
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.prepare import FaultHook, Preparer, device_name
@@ -191,7 +191,11 @@ class KubeletPlugin:
             self._dra_server = self._serve_dra()
             self._reg_server = self._serve_registration()
             if cfg.http_address:
-                self._http = HttpServer(cfg.http_address, self.metrics.registry, self.healthz)
+                self._http = HttpServer(
+                    cfg.http_address,
+                    self.metrics.registry,
+                    {"/healthz": self.healthz, "/livez": self.healthz, "/readyz": self.healthz},
+                )
                 self._http.start()
             self._background = threading.Thread(
                 target=self._background_loop, name="plugin-duties", daemon=True

@@ -15,26 +15,19 @@ from collections.abc import Sequence
 from dra_gpu.config import Strategy
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
-from dra_gpu.quantity import to_int
 
 CONTAINER_LIBRARY = "/usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
 CONTAINER_STATE_DIR = "/var/run/dra-gpu/limiter"
 
 
 def memory_limit(share: Share, driver: str) -> int | None:
-    consumed = share.capacity("memory", driver)
-    if consumed is not None:
-        return to_int(consumed)
     config = share.config.sharing.limiter
-    return config.memory_bytes() if config is not None else None
+    return share.amount("memory", driver, config.memory_bytes() if config is not None else None)
 
 
 def cores_limit(share: Share, driver: str) -> int | None:
-    consumed = share.capacity("cores", driver)
-    if consumed is not None:
-        return to_int(consumed)
     config = share.config.sharing.limiter
-    return config.cores if config is not None else None
+    return share.amount("cores", driver, config.cores if config is not None else None)
 
 
 class Limiter:

@@ -37,21 +37,14 @@ def mps_dir(state_dir: Path, gpu_uuid: str) -> Path:
 
 
 def _cores(share: Share, driver: str) -> int | None:
-    consumed = share.capacity("cores", driver)
-    if consumed is not None:
-        return to_int(consumed)
     mps = share.config.sharing.mps
-    return mps.defaultActiveThreadPercentage if mps is not None else None
+    return share.amount("cores", driver, mps.defaultActiveThreadPercentage if mps is not None else None)
 
 
 def _memory(share: Share, driver: str) -> int | None:
-    consumed = share.capacity("memory", driver)
-    if consumed is not None:
-        return to_int(consumed)
     mps = share.config.sharing.mps
-    if mps is not None and mps.defaultPinnedDeviceMemoryLimit is not None:
-        return to_int(mps.defaultPinnedDeviceMemoryLimit)
-    return None
+    limit = mps.defaultPinnedDeviceMemoryLimit if mps is not None else None
+    return share.amount("memory", driver, to_int(limit) if limit is not None else None)
 
 
 def _sum(values: list[int | None]) -> int | None:

@@ -22,6 +22,7 @@ from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
 from dra_gpu.plugin.commands import GpuCommands
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.quantity import to_int
 
 CDI_CLASS = "claim"
 
@@ -60,6 +61,15 @@ class Share:
         """Consumed capacity `name`, whether the slice spelled it `name` or `<driver>/name`."""
         value = self.consumed.get(name)
         return value if value is not None else self.consumed.get(f"{driver}/{name}")
+
+    def amount(self, name: str, driver: str, configured: int | None) -> int | None:
+        """The consumed capacity `name` rounded up to a whole number, else the config's value.
+
+        Consumed capacity is what the scheduler accounted for; the config only stands in where the API
+        server has no consumable capacity.
+        """
+        consumed = self.capacity(name, driver)
+        return to_int(consumed) if consumed is not None else configured
 
 
 @dataclass(frozen=True)
