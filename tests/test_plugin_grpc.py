@@ -12,6 +12,7 @@ import stat
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -437,6 +438,35 @@ def test_the_node_agent_publishes_its_gpus(dirs, api) -> None:
         (published,) = api.objects("ResourceSlice")
         assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["name"] == NODE
         assert [d["name"] for d in published["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+
+def test_a_mode_change_waits_for_a_share_prepared_on_the_node(dirs, api, kubelet) -> None:
+    """gpu-0 turns Exclusive while a share prepared here still runs, and its claim is already gone
+    from the API: the checkpoint alone keeps the GPU published shareable."""
+    api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    claim = add_claim(
+        api,
+        "lim",
+        [Alloc(share_id=SHARE_A, consumed={"memory": "1Gi", "cores": "5"})],
+        [opaque(gpu_config("Limiter"))],
+    )
+    with running_plugin(dirs, api) as plugin:
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        assert plugin.prepared_claims() == {"gpu-0": {"default/lim": True}}
+    api.delete("ResourceClaim", "lim", "default")
+
+    def published() -> dict[str, Any]:
+        return {d["name"]: d for s in api.objects("ResourceSlice") for d in s["spec"]["devices"]}
+
+    kubelet.close()
+    with running_plugin(dirs, api, publish_slices=True, sharing="*=Exclusive"):
+        deadline = time.monotonic() + 20
+        while len(published()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert published()["gpu-0"].get("allowMultipleAllocations") is True
+        assert published()["gpu-0"]["attributes"]["sharing"] == {"string": "Shared"}
+        assert "allowMultipleAllocations" not in published()["gpu-1"]
 
 
 def test_during_a_rolling_update_the_old_plugin_leaves_the_new_ones_sockets(dirs, api, kubelet) -> None:

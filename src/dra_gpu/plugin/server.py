@@ -357,6 +357,27 @@ class KubeletPlugin:
         from dra_gpu.slices.publisher import SlicePublisher  # another part's module; loaded only when wanted
 
         self._publisher = SlicePublisher(
-            self.api, self.config.node_name, self.inventory, self.sharing, driver=self.config.driver_name
+            self.api,
+            self.config.node_name,
+            self.inventory,
+            self.sharing,
+            driver=self.config.driver_name,
+            prepared_claims=self.prepared_claims,
         )
         self._publisher.start()
+
+    def prepared_claims(self) -> dict[str, dict[str, bool]]:
+        """Device -> claim -> whether it holds a share, from the checkpoint (claims prepared here).
+
+        The publisher keeps a GPU's shareability while any of them (or any allocation) holds it.
+        """
+        held: dict[str, dict[str, bool]] = {}
+        for entry in self.preparer.snapshot().claims.values():
+            for device in entry.devices:
+                if device.pool == self.pool:
+                    claims = held.setdefault(device.device, {})
+                    claims[entry.ref] = claims.get(entry.ref, False) or device.shareId is not None
+            for share in entry.shares:
+                claims = held.setdefault(share.device, {})
+                claims[entry.ref] = claims.get(entry.ref, False) or share.shareId is not None
+        return held
