@@ -221,6 +221,33 @@ def test_a_slice_the_api_server_would_refuse_is_not_sent() -> None:
     assert stored(api) == []
 
 
+def test_an_attribute_named_with_the_drivers_own_domain_is_refused_at_build_time() -> None:
+    """Kubernetes 1.38's publishing helpers refuse `<driver>/<name>`; so do we, before sending."""
+    api = FakeKube()
+    pub, _ = make(api, profile="1xH100-80GB")
+    real_devices = pub._devices
+
+    def qualified(published: Any) -> list[dict[str, Any]]:
+        out = real_devices(published)
+        for device in out:
+            device["attributes"]["gpu.dra-gpu.io/model"] = {"string": "H100"}
+            device["capacity"]["gpu.dra-gpu.io/memory"] = device["capacity"].pop("memory")
+        return out
+
+    pub._devices = qualified  # type: ignore[method-assign]
+    with pytest.raises(SliceError) as refused:
+        pub.sync()
+    message = str(refused.value)
+    assert message.startswith("slice 0 of pool 'node-1' would be refused: ")
+    assert (
+        'spec.devices[0].attributes: Invalid value: "gpu.dra-gpu.io/model": must not carry the '
+        'driver\'s own domain "gpu.dra-gpu.io/" (write "model"' in message
+    )
+    assert 'spec.devices[0].capacity: Invalid value: "gpu.dra-gpu.io/memory"' in message
+    assert "resource.kubernetes.io/pciBusID" not in message, "another domain is fine"
+    assert stored(api) == []
+
+
 def test_stop_ends_every_thread() -> None:
     api = FakeKube()
     pub, _ = make(api)

@@ -39,7 +39,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory.types import GpuInfo, Inventory
 from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent
-from dra_gpu.kube.validation import slice_errors
+from dra_gpu.kube.validation import driver_name_errors, slice_errors
 from dra_gpu.slices.devices import (
     SHAREABLE_MODES,
     SHARING_ATTRIBUTE,
@@ -255,6 +255,7 @@ class SlicePublisher:
         errors = slice_errors(body)
         for i, device in enumerate(body["spec"].get("devices") or []):
             errors += device_errors(device, f"spec.devices[{i}]")
+            errors += driver_name_errors(device, self.driver, f"spec.devices[{i}]")
         if errors:
             raise SliceError(
                 f"slice {index} of pool {self.node_name!r} would be refused: " + "; ".join(errors)
