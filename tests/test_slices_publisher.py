@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from plugin_harness import Alloc, add_claim
 
-from dra_gpu.config import NodeSharing
+from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.simulated import SimulatedInventory
 from dra_gpu.kube import Forbidden
@@ -389,3 +391,52 @@ def test_the_running_publisher_applies_a_waiting_change_once_the_shares_are_gone
         assert wait_for(lambda: "allowMultipleAllocations" not in devices(api)["gpu-0"], timeout_s=20)
     finally:
         pub.stop()
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s-1.36-real"
+
+
+def _real_cluster() -> FakeKube:
+    """The slice and claims a real 1.36 control plane stored (node-1: gpu-0 shared, gpu-1 whole)."""
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": NODE}})
+    api.create("ResourceSlice", json.loads((FIXTURES / "resourceslice-as-stored.json").read_text()))
+    for recorded in json.loads((FIXTURES / "resourceclaims-after-scheduling.json").read_text())["items"]:
+        created = api.create("ResourceClaim", {k: v for k, v in recorded.items() if k != "status"})
+        if recorded.get("status"):
+            api.update_status("ResourceClaim", {**created, "status": recorded["status"]})
+    return api
+
+
+@pytest.mark.parametrize("wiped", [False, True], ids=["pool-published", "pool-wiped"])
+def test_real_136_pool_and_claims_keep_their_shareability_across_a_mode_swap(wiped: bool) -> None:
+    """Both GPUs swap modes while the recorded claims live: neither flips, whether the agent reads the
+    published pool or (after the kubelet wiped it) only the claims' share IDs."""
+    api = _real_cluster()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert "allowMultipleAllocations" not in devices(api)["gpu-1"]
+    if wiped:
+        for item in stored(api):
+            api.delete("ResourceSlice", item["metadata"]["name"])
+    pub = SlicePublisher(
+        api,
+        NODE,
+        open_inventory("simulated:2xH100-80GB", seed=NODE),
+        NodeSharing.parse("*=Shared,0=Exclusive"),
+    )
+    pub.sync()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert "allowMultipleAllocations" not in devices(api)["gpu-1"]
+    assert pub.pending["gpu-0"].claims == (
+        "default/ctrl-alloc",
+        "default/ctrl-alloc-ts",
+        "default/rbac-probe",
+        "default/share-a",
+        "default/share-b",
+        "default/shared",
+    )
+    assert pub.pending["gpu-1"].claims == ("default/pod-t-gpu-fmmjp",)
+    assert (pub.pending["gpu-1"].published, pub.pending["gpu-1"].wanted) == (
+        GpuSharingMode.EXCLUSIVE,
+        GpuSharingMode.SHARED,
+    )
