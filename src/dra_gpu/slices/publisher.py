@@ -381,7 +381,11 @@ class SlicePublisher:
                     holders = live.setdefault(str(result.get("device", "")), {})
                     holders[ref] = holders.get(ref, False) or bool(result.get("shareID"))
         if self.prepared_claims is not None:
-            for name, refs in self.prepared_claims().items():
+            try:
+                prepared = self.prepared_claims()
+            except Exception as exc:  # the node lock timed out, say: decide on the next look
+                return f"unknown (cannot read the claims prepared on this node: {exc})"
+            for name, refs in prepared.items():
                 holders = live.setdefault(name, {})
                 for ref, is_share in refs.items():
                     holders[ref] = holders.get(ref, False) or is_share
