@@ -120,8 +120,9 @@ class SlicePublisher:
         self.prepared_claims = prepared_claims
         """The node agent's prepared claims per device (its checkpoint); None outside the agent."""
         self.pending: dict[str, PendingModeChange] = {}
-        self._published_modes: dict[str, tuple[bool, GpuSharingMode]] = {}
         """Devices whose mode change waits for their claims to go (see the module docstring)."""
+        self._published_modes: dict[str, tuple[bool, GpuSharingMode]] = {}
+        """What this process last published per device, for when the kubelet wiped the pool."""
         self.consumable_capacity = True
         """False once the API server was seen dropping shared-device fields."""
         self.device_taints = True
