@@ -42,14 +42,7 @@ from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
 from dra_gpu.plugin.commands import GpuCommands, SimulatedCommands
 from dra_gpu.plugin.prepare import FaultHook
-from dra_gpu.proto import (
-    dra_v1,
-    dra_v1_grpc,
-    dra_v1beta1,
-    dra_v1beta1_grpc,
-    registration,
-    registration_grpc,
-)
+from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 
 NODE = "node-1"
 DRIVER = DRIVER_NAME
@@ -295,28 +288,22 @@ class Kubelet:
     def _claims(pb: Any, claims: Iterable[ClaimLike]) -> list[Any]:
         return [pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in map(claim_ref, claims)]
 
-    def prepare(self, *claims: ClaimLike, version: str = "v1") -> dict[str, Any]:
+    def prepare(self, *claims: ClaimLike) -> dict[str, Any]:
         """NodePrepareResources; returns the response's map claim UID -> NodePrepareResourceResponse."""
-        pb, stub = self._stub(version)
-        response = stub.NodePrepareResources(
-            pb.NodePrepareResourcesRequest(claims=self._claims(pb, claims)), timeout=self.timeout_s
+        response = self._stub().NodePrepareResources(
+            dra_v1.NodePrepareResourcesRequest(claims=self._claims(dra_v1, claims)), timeout=self.timeout_s
         )
         return dict(response.claims)
 
-    def unprepare(self, *claims: ClaimLike, version: str = "v1") -> dict[str, str]:
+    def unprepare(self, *claims: ClaimLike) -> dict[str, str]:
         """NodeUnprepareResources; returns claim UID -> error ("" for success)."""
-        pb, stub = self._stub(version)
-        response = stub.NodeUnprepareResources(
-            pb.NodeUnprepareResourcesRequest(claims=self._claims(pb, claims)), timeout=self.timeout_s
+        response = self._stub().NodeUnprepareResources(
+            dra_v1.NodeUnprepareResourcesRequest(claims=self._claims(dra_v1, claims)), timeout=self.timeout_s
         )
         return {uid: entry.error for uid, entry in response.claims.items()}
 
-    def _stub(self, version: str) -> tuple[Any, Any]:
-        if version == "v1":
-            return dra_v1, dra_v1_grpc.DRAPluginStub(self.channel())
-        if version == "v1beta1":
-            return dra_v1beta1, dra_v1beta1_grpc.DRAPluginStub(self.channel())
-        raise ValueError(f"unknown DRA API version {version!r}")
+    def _stub(self) -> dra_v1_grpc.DRAPluginStub:
+        return dra_v1_grpc.DRAPluginStub(self.channel())
 
     def close(self) -> None:
         if self._channel is not None:

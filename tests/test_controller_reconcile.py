@@ -393,6 +393,31 @@ def test_a_pod_bound_without_the_scheduler_is_added_to_reserved_for() -> None:
     assert [r["name"] for r in c.get("share")["status"]["reservedFor"]] == ["bound"]
 
 
+def test_a_claim_reserved_for_a_pod_group_is_neither_mixed_with_pods_nor_released() -> None:
+    """A workload claim: `reservedFor` names a PodGroup, never the pods themselves."""
+    c = Cluster()
+    c.claim("train", BINPACK, 10)
+    c.pod("worker-0", "train")
+    assert "default/train" in c.run().allocated
+    claim = c.get("train")
+    group = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "trainers", "uid": "uid-g"}
+    claim["status"]["reservedFor"] = [group]
+    c.api.update_status("ResourceClaim", claim)
+    c.pod("worker-1", "train", node_name="node-0")  # bound without the scheduler, a member of the group
+    result = c.run()
+    assert result.reserved == {} and result.released == {}
+    assert c.get("train")["status"]["reservedFor"] == [group]
+    # Every pod gone, the group still holds the claim: kept.
+    c.api.delete("Pod", "worker-0", "default")
+    c.api.delete("Pod", "worker-1", "default")
+    assert c.run().released == {}
+    assert "allocation" in c.get("train")["status"]
+    claim = c.get("train")
+    claim["status"]["reservedFor"] = []
+    c.api.update_status("ResourceClaim", claim)
+    assert c.run().released == {"default/train": "no pod uses the claim any more"}
+
+
 def test_an_allocation_cleared_by_the_scheduler_is_placed_on_another_node() -> None:
     c = Cluster(nodes=2, gpus=1)
     c.claim("share", BINPACK, 10)

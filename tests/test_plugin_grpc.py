@@ -12,6 +12,7 @@ import stat
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -37,7 +38,7 @@ from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_STATE_DIR
-from dra_gpu.proto import health_v1alpha1, health_v1alpha1_grpc
+from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
 
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
@@ -64,15 +65,18 @@ def kubelet(dirs: PluginDirs) -> Iterator[Kubelet]:
     k.close()
 
 
-def test_registration_advertises_both_dra_versions_and_the_service_socket(dirs, api, kubelet) -> None:
+def test_registration_advertises_dra_v1_both_health_versions_and_the_service_socket(
+    dirs, api, kubelet
+) -> None:
     with running_plugin(dirs, api) as plugin:
         info = kubelet.register()
         assert info.type == "DRAPlugin"
         assert info.name == DRIVER
         assert info.endpoint == str(dirs.service_socket)
+        # DRA v1 only (no v1beta1 fallback); health v1 first, the order a 1.37+ kubelet reads in.
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
-            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
         assert plugin.registered.is_set()
@@ -301,22 +305,18 @@ def test_a_crashed_mps_daemon_is_restarted(dirs, api, kubelet) -> None:
         assert plugin.metrics.setup_repairs.labels(kind="mps")._value.get() == 1
 
 
-def test_v1beta1_serves_the_same_claims_without_share_ids(dirs, api, kubelet) -> None:
-    claim = add_claim(
-        api,
-        "beta",
-        [Alloc(share_id=SHARE_A, consumed={"memory": "1Gi", "cores": "5"})],
-        [opaque(gpu_config("Limiter"))],
-    )
+def test_the_deprecated_v1beta1_dra_service_is_not_served(dirs, api, kubelet) -> None:
+    """What a kubelet dialling v1beta1 gets: UNIMPLEMENTED, never a half-answer."""
     with running_plugin(dirs, api):
         kubelet.register()
-        response = kubelet.prepare(claim, version="v1beta1")[uid_of(claim)]
-        assert response.error == ""
-        assert not hasattr(response.devices[0], "share_id")
-        assert list(response.devices[0].cdi_device_ids) == [f"{DRIVER}/claim={uid_of(claim)}-gpu-0"]
-        assert kubelet.prepare(claim, version="v1")[uid_of(claim)].devices[0].share_id == SHARE_A
-        assert kubelet.unprepare(claim, version="v1beta1") == {uid_of(claim): ""}
-        assert dirs.spec_files() == []
+        call = kubelet.channel().unary_unary(
+            "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
+            request_serializer=lambda _: b"",
+            response_deserializer=lambda data: data,
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            call(None, timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_subrequest_results_answer_with_the_base_request_name(dirs, api, kubelet) -> None:
@@ -358,20 +358,32 @@ def test_health_services_and_http_endpoints(dirs, api, kubelet) -> None:
         with grpc.insecure_channel(f"unix://{dirs.service_socket}") as channel:
             check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert check.status == health_pb2.HealthCheckResponse.SERVING
-            stream = health_v1alpha1_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                health_v1alpha1.NodeWatchResourcesRequest(), timeout=20
-            )
-            first = next(stream)
-            assert [(d.device.pool_name, d.device.device_name, d.health) for d in first.devices] == [
-                (NODE, "gpu-0", health_v1alpha1.HEALTHY),
-                (NODE, "gpu-1", health_v1alpha1.HEALTHY),
-            ]
+            for service in ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"):
+                check = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=5
+                )
+                assert check.status == health_pb2.HealthCheckResponse.SERVING, service
+            # The same stream over both versions at once: v1 (a 1.37+ kubelet) and v1alpha1 (older).
+            streams = {
+                pb: grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(
+                    pb.NodeWatchResourcesRequest(), timeout=20
+                )
+                for pb, grpc_mod in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc))
+            }
+            for pb, stream in streams.items():
+                first = next(stream)
+                assert [(d.device.pool_name, d.device.device_name, d.health) for d in first.devices] == [
+                    (NODE, "gpu-0", pb.HEALTHY),
+                    (NODE, "gpu-1", pb.HEALTHY),
+                ]
             inventory.set_health(1, False, "XID 79: GPU has fallen off the bus")
-            for message in stream:
-                if message.devices[1].health == health_v1alpha1.UNHEALTHY:
-                    assert message.devices[1].message == "XID 79: GPU has fallen off the bus"
-                    break
-            stream.cancel()
+            for pb, stream in streams.items():
+                for message in stream:
+                    if message.devices[1].health == pb.UNHEALTHY:
+                        assert message.devices[1].message == "XID 79: GPU has fallen off the bus"
+                        assert message.devices[0].health == pb.HEALTHY
+                        break
+                stream.cancel()
 
         base = f"http://127.0.0.1:{plugin.http_port}"
         with urllib.request.urlopen(f"{base}/healthz") as reply:
@@ -426,6 +438,35 @@ def test_the_node_agent_publishes_its_gpus(dirs, api) -> None:
         (published,) = api.objects("ResourceSlice")
         assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["name"] == NODE
         assert [d["name"] for d in published["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+
+def test_a_mode_change_waits_for_a_share_prepared_on_the_node(dirs, api, kubelet) -> None:
+    """gpu-0 turns Exclusive while a share prepared here still runs, and its claim is already gone
+    from the API: the checkpoint alone keeps the GPU published shareable."""
+    api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    claim = add_claim(
+        api,
+        "lim",
+        [Alloc(share_id=SHARE_A, consumed={"memory": "1Gi", "cores": "5"})],
+        [opaque(gpu_config("Limiter"))],
+    )
+    with running_plugin(dirs, api) as plugin:
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        assert plugin.prepared_claims() == {"gpu-0": {"default/lim": True}}
+    api.delete("ResourceClaim", "lim", "default")
+
+    def published() -> dict[str, Any]:
+        return {d["name"]: d for s in api.objects("ResourceSlice") for d in s["spec"]["devices"]}
+
+    kubelet.close()
+    with running_plugin(dirs, api, publish_slices=True, sharing="*=Exclusive"):
+        deadline = time.monotonic() + 20
+        while len(published()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert published()["gpu-0"].get("allowMultipleAllocations") is True
+        assert published()["gpu-0"]["attributes"]["sharing"] == {"string": "Shared"}
+        assert "allowMultipleAllocations" not in published()["gpu-1"]
 
 
 def test_during_a_rolling_update_the_old_plugin_leaves_the_new_ones_sockets(dirs, api, kubelet) -> None:

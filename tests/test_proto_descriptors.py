@@ -1,7 +1,7 @@
 """The generated stubs must speak exactly the kubelet's wire contracts.
 
-The expected tables below are transcribed from the kubelet's api.proto files (DRA v1/v1beta1,
-dra-health v1alpha1, pluginregistration). A renamed field, changed number or type, a lost
+The expected tables below are transcribed from the kubelet's api.proto files (DRA v1,
+dra-health v1 and v1alpha1, pluginregistration). A renamed field, changed number or type, a lost
 ``optional`` or a different package line would make the kubelet fail to talk to the driver,
 so every one of them is checked here against the loaded descriptors.
 """
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 GEN = REPO / "tools" / "gen_protos.py"
 
 # message -> field name -> (number, type as written in the .proto)
-_DRA_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
+_DRA_V1_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
     "NodePrepareResourcesRequest": {"claims": (1, "repeated Claim")},
     "NodePrepareResourcesResponse": {"claims": (1, "map<string, NodePrepareResourceResponse>")},
     "NodePrepareResourceResponse": {"devices": (1, "repeated Device"), "error": (2, "string")},
@@ -35,15 +35,32 @@ _DRA_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
         "pool_name": (2, "string"),
         "device_name": (3, "string"),
         "cdi_device_ids": (4, "repeated string"),
+        "share_id": (5, "optional string"),
     },
     "NodeUnprepareResourcesRequest": {"claims": (1, "repeated Claim")},
     "NodeUnprepareResourcesResponse": {"claims": (1, "map<string, NodeUnprepareResourceResponse>")},
     "NodeUnprepareResourceResponse": {"error": (1, "string")},
     "Claim": {"namespace": (1, "string"), "uid": (2, "string"), "name": (3, "string")},
 }
-_DRA_V1_MESSAGES = {
-    **_DRA_MESSAGES,
-    "Device": {**_DRA_MESSAGES["Device"], "share_id": (5, "optional string")},
+
+# dra-health v1 (kubelet 1.37+) has exactly the messages of v1alpha1, under the package `v1`.
+_HEALTH_MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
+    "NodeWatchResourcesRequest": {},
+    "DeviceIdentifier": {"pool_name": (1, "string"), "device_name": (2, "string")},
+    "DeviceHealth": {
+        "device": (1, "DeviceIdentifier"),
+        "health": (2, "HealthStatus"),
+        "last_updated_time": (3, "int64"),
+        "health_check_timeout_seconds": (4, "int64"),
+        "message": (5, "string"),
+    },
+    "NodeWatchResourcesResponse": {"devices": (1, "repeated DeviceHealth")},
+}
+_HEALTH_ENUMS = {"HealthStatus": {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}}
+_HEALTH_SERVICES = {
+    "DRAResourceHealth": {
+        "NodeWatchResources": ("NodeWatchResourcesRequest", "NodeWatchResourcesResponse", False, True),
+    }
 }
 
 # (file name, package, messages, enums: name -> {value: number},
@@ -70,53 +87,8 @@ EXPECTED = {
             }
         },
     ),
-    "dra/v1beta1/api.proto": (
-        "k8s.io.kubelet.pkg.apis.dra.v1beta1",
-        _DRA_MESSAGES,
-        {},
-        {
-            "DRAPlugin": {
-                "NodePrepareResources": (
-                    "NodePrepareResourcesRequest",
-                    "NodePrepareResourcesResponse",
-                    False,
-                    False,
-                ),
-                "NodeUnprepareResources": (
-                    "NodeUnprepareResourcesRequest",
-                    "NodeUnprepareResourcesResponse",
-                    False,
-                    False,
-                ),
-            }
-        },
-    ),
-    "drahealth/v1alpha1/api.proto": (
-        "v1alpha1",
-        {
-            "NodeWatchResourcesRequest": {},
-            "DeviceIdentifier": {"pool_name": (1, "string"), "device_name": (2, "string")},
-            "DeviceHealth": {
-                "device": (1, "DeviceIdentifier"),
-                "health": (2, "HealthStatus"),
-                "last_updated_time": (3, "int64"),
-                "health_check_timeout_seconds": (4, "int64"),
-                "message": (5, "string"),
-            },
-            "NodeWatchResourcesResponse": {"devices": (1, "repeated DeviceHealth")},
-        },
-        {"HealthStatus": {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}},
-        {
-            "DRAResourceHealth": {
-                "NodeWatchResources": (
-                    "NodeWatchResourcesRequest",
-                    "NodeWatchResourcesResponse",
-                    False,
-                    True,
-                ),
-            }
-        },
-    ),
+    "drahealth/v1/api.proto": ("v1", _HEALTH_MESSAGES, _HEALTH_ENUMS, _HEALTH_SERVICES),
+    "drahealth/v1alpha1/api.proto": ("v1alpha1", _HEALTH_MESSAGES, _HEALTH_ENUMS, _HEALTH_SERVICES),
     "pluginregistration/v1/api.proto": (
         "pluginregistration",
         {
@@ -149,8 +121,7 @@ EXPECTED = {
 EXPECTED_METHOD_PATHS = {
     "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
     "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
-    "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
-    "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
+    "/v1.DRAResourceHealth/NodeWatchResources",
     "/v1alpha1.DRAResourceHealth/NodeWatchResources",
     "/pluginregistration.Registration/GetInfo",
     "/pluginregistration.Registration/NotifyRegistrationStatus",
@@ -158,7 +129,7 @@ EXPECTED_METHOD_PATHS = {
 
 MODULES = {
     "dra/v1/api.proto": proto.dra_v1,
-    "dra/v1beta1/api.proto": proto.dra_v1beta1,
+    "drahealth/v1/api.proto": proto.health_v1,
     "drahealth/v1alpha1/api.proto": proto.health_v1alpha1,
     "pluginregistration/v1/api.proto": proto.registration,
 }
@@ -244,10 +215,33 @@ def test_method_paths_are_the_ones_the_kubelet_dials() -> None:
     assert paths == EXPECTED_METHOD_PATHS
 
 
-def test_share_id_is_a_proto3_optional_only_in_v1() -> None:
-    v1 = proto.dra_v1.Device.DESCRIPTOR.fields_by_name["share_id"]
-    assert v1.has_presence
-    assert "share_id" not in proto.dra_v1beta1.Device.DESCRIPTOR.fields_by_name
+def test_share_id_is_a_proto3_optional() -> None:
+    assert proto.dra_v1.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+
+
+def test_health_v1_and_v1alpha1_are_the_same_on_the_wire() -> None:
+    """A kubelet reading either version gets every field the other wrote."""
+    for write, read in ((proto.health_v1, proto.health_v1alpha1), (proto.health_v1alpha1, proto.health_v1)):
+        sent = write.NodeWatchResourcesResponse(
+            devices=[
+                write.DeviceHealth(
+                    device=write.DeviceIdentifier(pool_name="node-a", device_name="gpu-0"),
+                    health=write.UNHEALTHY,
+                    last_updated_time=1_800_000_000,
+                    health_check_timeout_seconds=30,
+                    message="XID 79",
+                )
+            ]
+        )
+        got = read.NodeWatchResourcesResponse.FromString(sent.SerializeToString())
+        (device,) = got.devices
+        assert (device.device.pool_name, device.device.device_name) == ("node-a", "gpu-0")
+        assert device.health == read.UNHEALTHY
+        assert (device.last_updated_time, device.health_check_timeout_seconds, device.message) == (
+            1_800_000_000,
+            30,
+            "XID 79",
+        )
 
 
 def test_all_files_load_together_into_one_fresh_pool() -> None:
@@ -266,12 +260,15 @@ def test_all_files_load_together_into_one_fresh_pool() -> None:
 def test_advertised_identifiers_map_to_full_service_names() -> None:
     assert proto.PLUGIN_TYPE == "DRAPlugin"
     assert proto.full_service_name(proto.DRA_V1_SERVICE) == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-    assert (
-        proto.full_service_name(proto.DRA_V1BETA1_SERVICE) == "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
-    )
+    assert proto.full_service_name(proto.HEALTH_V1_SERVICE) == "v1.DRAResourceHealth"
     assert proto.full_service_name(proto.HEALTH_V1ALPHA1_SERVICE) == "v1alpha1.DRAResourceHealth"
-    with pytest.raises(ValueError, match=r"unknown service identifier 'v1alpha3\.NodeService'"):
-        proto.full_service_name("v1alpha3.NodeService")
+    # The identifiers the kubelet's own constants define (`DRAResourceHealthService` per package).
+    assert (proto.HEALTH_V1_SERVICE, proto.HEALTH_V1ALPHA1_SERVICE) == (
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    )
+    with pytest.raises(ValueError, match=r"unknown service identifier 'v1beta1\.DRAPlugin'"):
+        proto.full_service_name("v1beta1.DRAPlugin")
 
 
 # --- the committed stubs are what the generator produces ------------------------------------------
@@ -341,23 +338,10 @@ class _V1(proto.dra_v1_grpc.DRAPluginServicer):
         return resp
 
 
-class _V1beta1(proto.dra_v1beta1_grpc.DRAPluginServicer):
-    def NodePrepareResources(
-        self, request: proto.dra_v1beta1.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> proto.dra_v1beta1.NodePrepareResourcesResponse:
-        resp = proto.dra_v1beta1.NodePrepareResourcesResponse()
-        for claim in request.claims:
-            resp.claims[claim.uid].devices.add(
-                pool_name="node-a", device_name="gpu-0", cdi_device_ids=_cdi_ids(claim.uid)
-            )
-        return resp
-
-
 @pytest.fixture
 def channel(socket_dir: Path) -> Iterator[grpc.Channel]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     proto.dra_v1_grpc.add_DRAPluginServicer_to_server(_V1(), server)
-    proto.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_V1beta1(), server)
     sock = socket_dir / "dra.sock"
     assert server.add_insecure_port(f"unix://{sock}") != 0
     server.start()
@@ -390,19 +374,6 @@ def test_server_serves_v1_with_share_id_presence(channel: grpc.Channel) -> None:
     assert set(unprep.claims) == {"uid-1"} and unprep.claims["uid-1"].error == ""
 
 
-def test_server_serves_v1beta1_on_the_same_socket(channel: grpc.Channel) -> None:
-    stub = proto.dra_v1beta1_grpc.DRAPluginStub(channel)
-    req = proto.dra_v1beta1.NodePrepareResourcesRequest(
-        claims=[proto.dra_v1beta1.Claim(namespace="ns", uid="uid-9", name="c")]
-    )
-    resp = stub.NodePrepareResources(req, timeout=10)
-    assert resp.claims["uid-9"].devices[0].device_name == "gpu-0"
-    # Unimplemented methods answer UNIMPLEMENTED, as the kubelet expects from a partial plugin.
-    with pytest.raises(grpc.RpcError) as err:
-        stub.NodeUnprepareResources(proto.dra_v1beta1.NodeUnprepareResourcesRequest(), timeout=10)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-
 def test_kubelet_method_path_reaches_the_server(channel: grpc.Channel) -> None:
     """Dial the literal path the kubelet uses, bypassing our generated client stub."""
     call = channel.unary_unary(
@@ -414,19 +385,3 @@ def test_kubelet_method_path_reaches_the_server(channel: grpc.Channel) -> None:
         claims=[proto.dra_v1.Claim(namespace="shared", uid="u", name="n")]
     )
     assert call(req, timeout=10).claims["u"].devices[0].share_id == "share-n"
-
-
-def test_v1_share_id_is_skipped_by_a_v1beta1_reader() -> None:
-    """What an older kubelet sees: the unknown field 5 is ignored, everything else survives."""
-    wire = proto.dra_v1.Device(
-        request_names=["gpu"], pool_name="p", device_name="d", cdi_device_ids=["v.x/c=1"], share_id="s"
-    ).SerializeToString()
-    old = proto.dra_v1beta1.Device.FromString(wire)
-    assert (list(old.request_names), old.pool_name, old.device_name, list(old.cdi_device_ids)) == (
-        ["gpu"],
-        "p",
-        "d",
-        ["v.x/c=1"],
-    )
-    with pytest.raises(ValueError, match="share_id"):
-        proto.dra_v1beta1.Device(share_id="s")  # type: ignore[call-arg]

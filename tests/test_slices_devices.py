@@ -56,6 +56,8 @@ def test_eight_h100_slices_respect_every_api_limit() -> None:
             domain, _, ident = name.rpartition("/")
             assert C_IDENT.match(ident), name
             assert not domain or (DNS_SUBDOMAIN.match(domain) and len(domain) <= 63), name
+            # 1.38: never our own domain (an unqualified name already is ours), at most one slash.
+            assert domain != DRIVER_NAME and name.count("/") <= 1, name
         for name, value in device["attributes"].items():
             assert len(value) == 1, f"{name} must carry exactly one value type"
             if "string" in value:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_harness import Alloc, add_claim
 
-from dra_gpu.config import NodeSharing
+from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.simulated import SimulatedInventory
+from dra_gpu.kube import Forbidden
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.slices import SliceError, SlicePublisher
 
@@ -219,6 +223,33 @@ def test_a_slice_the_api_server_would_refuse_is_not_sent() -> None:
     assert stored(api) == []
 
 
+def test_an_attribute_named_with_the_drivers_own_domain_is_refused_at_build_time() -> None:
+    """Kubernetes 1.38's publishing helpers refuse `<driver>/<name>`; so do we, before sending."""
+    api = FakeKube()
+    pub, _ = make(api, profile="1xH100-80GB")
+    real_devices = pub._devices
+
+    def qualified(published: Any) -> list[dict[str, Any]]:
+        out = real_devices(published)
+        for device in out:
+            device["attributes"]["gpu.dra-gpu.io/model"] = {"string": "H100"}
+            device["capacity"]["gpu.dra-gpu.io/memory"] = device["capacity"].pop("memory")
+        return out
+
+    pub._devices = qualified  # type: ignore[method-assign]
+    with pytest.raises(SliceError) as refused:
+        pub.sync()
+    message = str(refused.value)
+    assert message.startswith("slice 0 of pool 'node-1' would be refused: ")
+    assert (
+        'spec.devices[0].attributes: Invalid value: "gpu.dra-gpu.io/model": must not carry the '
+        'driver\'s own domain "gpu.dra-gpu.io/" (write "model"' in message
+    )
+    assert 'spec.devices[0].capacity: Invalid value: "gpu.dra-gpu.io/memory"' in message
+    assert "resource.kubernetes.io/pciBusID" not in message, "another domain is fine"
+    assert stored(api) == []
+
+
 def test_stop_ends_every_thread() -> None:
     api = FakeKube()
     pub, _ = make(api)
@@ -234,3 +265,178 @@ def test_retaints_even_when_another_reader_consumed_the_health_event(running: Ru
     inventory.set_health(2, False, "XID 48: double-bit ECC error")
     inventory.refresh_health()  # another reader (the kubelet's health stream) got there first
     assert wait_for(lambda: "taints" in devices(api)["gpu-2"]), "the health change was missed"
+
+
+# --- a sharing mode change never flips allowMultipleAllocations under live shares -------------------
+
+
+def _restart(api: FakeKube, sharing: str, **kwargs: Any) -> SlicePublisher:
+    """The node agent started again with another `--sharing` (how a GPU's mode changes)."""
+    inventory = open_inventory("simulated:8xH100-80GB", seed=NODE)
+    return SlicePublisher(
+        api, NODE, inventory, NodeSharing.parse(sharing), debounce_s=0.05, health_poll_s=0.1, **kwargs
+    )
+
+
+def test_mode_change_keeps_shareability_while_shares_exist(caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKube()
+    pub, _ = make(api, sharing="*=Shared")
+    pub.sync()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    share = Alloc(device="gpu-0", share_id="0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01", consumed={"memory": "1Gi"})
+    add_claim(api, "share-a", [share], namespace="team")
+
+    # gpu-0 (one share) and gpu-1 (none) become Exclusive: only gpu-0 has to wait.
+    pub = _restart(api, "*=Shared,0=Exclusive,1=Exclusive")
+    with caplog.at_level(logging.INFO, logger="dra_gpu.slices.publisher"):
+        pub.sync()
+    published = devices(api)
+    assert published["gpu-0"]["allowMultipleAllocations"] is True
+    assert published["gpu-0"]["attributes"]["sharing"] == {"string": "Shared"}
+    assert "requestPolicy" in published["gpu-0"]["capacity"]["memory"]
+    assert "allowMultipleAllocations" not in published["gpu-1"]
+    assert published["gpu-1"]["attributes"]["sharing"] == {"string": "Exclusive"}
+    waits = [r for r in caplog.records if "sharing mode change waits" in r.getMessage()]
+    assert len(waits) == 1
+    assert getattr(waits[0], "device", None) == "gpu-0"
+    assert getattr(waits[0], "claims", None) == ["team/share-a"]
+    assert getattr(waits[0], "configured_mode", None) == "Exclusive"
+    assert set(pub.pending) == {"gpu-0"}
+
+    # A republish (resync, or the kubelet wiping the slices) still keeps it while the share lives.
+    for item in stored(api):
+        api.delete("ResourceSlice", item["metadata"]["name"])
+    pub.sync()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert len([r for r in caplog.records if "sharing mode change waits" in r.getMessage()]) == 1
+    # Even a restarted agent facing a wiped pool: the claim's share ID says the GPU was shareable.
+    for item in stored(api):
+        api.delete("ResourceSlice", item["metadata"]["name"])
+    pub = _restart(api, "*=Shared,0=Exclusive,1=Exclusive")
+    pub.sync()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert "allowMultipleAllocations" not in devices(api)["gpu-1"]
+
+    api.delete("ResourceClaim", "share-a", "team")
+    with caplog.at_level(logging.INFO, logger="dra_gpu.slices.publisher"):
+        pub.sync()
+    assert "allowMultipleAllocations" not in devices(api)["gpu-0"]
+    assert devices(api)["gpu-0"]["attributes"]["sharing"] == {"string": "Exclusive"}
+    assert pub.pending == {}
+    assert any("sharing mode change applied" in r.getMessage() for r in caplog.records)
+
+
+def test_mode_change_waits_for_claims_still_prepared_on_the_node() -> None:
+    """A claim gone from the API whose pod still runs here (not unprepared yet) holds the GPU too."""
+    api = FakeKube()
+    pub, _ = make(api, sharing="*=Exclusive")
+    pub.sync()
+    assert "allowMultipleAllocations" not in devices(api)["gpu-2"]
+    prepared: dict[str, dict[str, bool]] = {"gpu-2": {"team/whole": False}}
+    pub = _restart(api, "*=Exclusive,2=MPS", prepared_claims=lambda: prepared)
+    pub.sync()
+    assert "allowMultipleAllocations" not in devices(api)["gpu-2"]
+    assert devices(api)["gpu-2"]["attributes"]["sharing"] == {"string": "Exclusive"}
+    prepared = {}
+    pub.sync()
+    assert devices(api)["gpu-2"]["allowMultipleAllocations"] is True
+    assert devices(api)["gpu-2"]["attributes"]["sharing"] == {"string": "MPS"}
+
+
+def test_a_mode_change_within_shareable_modes_does_not_wait() -> None:
+    api = FakeKube()
+    pub, _ = make(api, sharing="*=Shared")
+    pub.sync()
+    add_claim(api, "share-a", [Alloc(device="gpu-0", share_id="7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d")])
+    pub = _restart(api, "*=Shared,0=MPS")
+    pub.sync()
+    assert devices(api)["gpu-0"]["attributes"]["sharing"] == {"string": "MPS"}
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert pub.pending == {}
+
+
+class NoClaimsKube(FakeKube):
+    """An API server that refuses to list ResourceClaims (RBAC without `list`)."""
+
+    def list(self, kind: str, *args: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+        if kind == "ResourceClaim":
+            raise Forbidden(
+                'resourceclaims.resource.k8s.io is forbidden: cannot list resource "resourceclaims"'
+            )
+        return super().list(kind, *args, **kwargs)
+
+
+def test_unreadable_claims_keep_every_changed_gpu_as_published() -> None:
+    api = NoClaimsKube()
+    pub, _ = make(api, sharing="*=Shared")
+    pub.sync()
+    pub = _restart(api, "*=Exclusive")
+    pub.sync()
+    assert all(d["allowMultipleAllocations"] is True for d in devices(api).values())
+    assert set(pub.pending) == {f"gpu-{i}" for i in range(8)}
+
+
+def test_the_running_publisher_applies_a_waiting_change_once_the_shares_are_gone() -> None:
+    api = FakeKube()
+    pub, _ = make(api, sharing="*=Shared")
+    pub.sync()
+    add_claim(api, "share-a", [Alloc(device="gpu-0", share_id="0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01")])
+    pub = _restart(api, "*=Exclusive", pending_poll_s=0.1, resync_s=600.0)
+    pub.start()
+    try:
+        assert pub.published.wait(5)
+        assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+        assert "allowMultipleAllocations" not in devices(api)["gpu-1"]
+        api.delete("ResourceClaim", "share-a", "default")
+        assert wait_for(lambda: "allowMultipleAllocations" not in devices(api)["gpu-0"], timeout_s=20)
+    finally:
+        pub.stop()
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s-1.36-real"
+
+
+def _real_cluster() -> FakeKube:
+    """The slice and claims a real 1.36 control plane stored (node-1: gpu-0 shared, gpu-1 whole)."""
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": NODE}})
+    api.create("ResourceSlice", json.loads((FIXTURES / "resourceslice-as-stored.json").read_text()))
+    for recorded in json.loads((FIXTURES / "resourceclaims-after-scheduling.json").read_text())["items"]:
+        created = api.create("ResourceClaim", {k: v for k, v in recorded.items() if k != "status"})
+        if recorded.get("status"):
+            api.update_status("ResourceClaim", {**created, "status": recorded["status"]})
+    return api
+
+
+@pytest.mark.parametrize("wiped", [False, True], ids=["pool-published", "pool-wiped"])
+def test_real_136_pool_and_claims_keep_their_shareability_across_a_mode_swap(wiped: bool) -> None:
+    """Both GPUs swap modes while the recorded claims live: neither flips, whether the agent reads the
+    published pool or (after the kubelet wiped it) only the claims' share IDs."""
+    api = _real_cluster()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert "allowMultipleAllocations" not in devices(api)["gpu-1"]
+    if wiped:
+        for item in stored(api):
+            api.delete("ResourceSlice", item["metadata"]["name"])
+    pub = SlicePublisher(
+        api,
+        NODE,
+        open_inventory("simulated:2xH100-80GB", seed=NODE),
+        NodeSharing.parse("*=Shared,0=Exclusive"),
+    )
+    pub.sync()
+    assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
+    assert "allowMultipleAllocations" not in devices(api)["gpu-1"]
+    assert pub.pending["gpu-0"].claims == (
+        "default/ctrl-alloc",
+        "default/ctrl-alloc-ts",
+        "default/rbac-probe",
+        "default/share-a",
+        "default/share-b",
+        "default/shared",
+    )
+    assert pub.pending["gpu-1"].claims == ("default/pod-t-gpu-fmmjp",)
+    assert (pub.pending["gpu-1"].published, pub.pending["gpu-1"].wanted) == (
+        GpuSharingMode.EXCLUSIVE,
+        GpuSharingMode.SHARED,
+    )

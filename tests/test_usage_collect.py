@@ -231,6 +231,21 @@ def test_a_claim_on_two_gpus_appears_under_both_and_counts_on_each() -> None:
         assert gpu.used() == {"cores": 50, "memory": parse_quantity("20Gi")}
 
 
+def test_a_workload_claim_reserved_for_a_pod_group_shows_the_group() -> None:
+    """Workload claims (1.37 beta) put a PodGroup, not Pods, into `reservedFor`."""
+    slices = [slice_of("node-a", [device("gpu-0", 0)])]
+    workload = claim("train", [result("node-a", "gpu-0", {"memory": "40Gi", "cores": "50"})])
+    workload["status"]["reservedFor"] = [
+        {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "trainers", "uid": "uid-g"},
+        {"resource": "pods", "name": "debug", "uid": "uid-d"},
+    ]
+    usage = collect(slices, [workload])
+    (holder,) = gpu_of(usage, "gpu-0").holders
+    assert holder.pods == ["debug", "podgroups/trainers"]
+    assert "debug, podgroups/trainers" in render_table(usage)
+    assert gpu_of(usage, "gpu-0").used() == {"cores": 50, "memory": parse_quantity("40Gi")}
+
+
 def test_node_filter_keeps_one_node_and_leaves_out_pending_claims() -> None:
     slices = [slice_of("node-a", [device("gpu-0", 0)]), slice_of("node-b", [device("gpu-0", 0)])]
     claims = [

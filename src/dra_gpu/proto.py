@@ -9,23 +9,23 @@ from __future__ import annotations
 
 from dra_gpu._proto.dra.v1 import api_pb2 as dra_v1
 from dra_gpu._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from dra_gpu._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from dra_gpu._proto.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from dra_gpu._proto.drahealth.v1 import api_pb2 as health_v1
+from dra_gpu._proto.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from dra_gpu._proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from dra_gpu._proto.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dra_gpu._proto.pluginregistration.v1 import api_pb2 as registration
 from dra_gpu._proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 
 __all__ = [
-    "DRA_V1BETA1_SERVICE",
     "DRA_V1_SERVICE",
     "HEALTH_V1ALPHA1_SERVICE",
+    "HEALTH_V1_SERVICE",
     "PLUGIN_TYPE",
     "dra_v1",
     "dra_v1_grpc",
-    "dra_v1beta1",
-    "dra_v1beta1_grpc",
     "full_service_name",
+    "health_v1",
+    "health_v1_grpc",
     "health_v1alpha1",
     "health_v1alpha1_grpc",
     "registration",
@@ -34,8 +34,11 @@ __all__ = [
 
 # Identifiers a plugin advertises in PluginInfo.supported_versions. They are NOT the gRPC service
 # names (those come from the proto package line); the kubelet maps them to the services it calls.
+# Only DRA v1: the driver publishes `resource.k8s.io/v1` slices, which need Kubernetes 1.34+, and every
+# 1.34+ kubelet speaks `v1.DRAPlugin`. Health v1 is what a 1.37+ kubelet prefers; v1alpha1 serves older
+# kubelets (the kubelet keeps it until 1.40).
 DRA_V1_SERVICE = "v1.DRAPlugin"
-DRA_V1BETA1_SERVICE = "v1beta1.DRAPlugin"
+HEALTH_V1_SERVICE = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1_SERVICE = "v1alpha1.DRAResourceHealth"
 
 # PluginInfo.type for a DRA driver.
@@ -43,7 +46,7 @@ PLUGIN_TYPE = "DRAPlugin"
 
 _FULL_SERVICE_NAMES = {
     DRA_V1_SERVICE: dra_v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name,
-    DRA_V1BETA1_SERVICE: dra_v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name,
+    HEALTH_V1_SERVICE: health_v1.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name,
     HEALTH_V1ALPHA1_SERVICE: health_v1alpha1.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name,
 }
 

@@ -3,6 +3,9 @@
 A pod names a claim directly (`spec.resourceClaims[].resourceClaimName`), through a template (the
 generated name is in `status.resourceClaimStatuses[]`, and the claim has a controlling owner reference to
 the pod), or through an extended resource (`status.extendedResourceClaimStatus`).
+
+`status.reservedFor` does not always list pods: a workload claim (DRAWorkloadResourceClaims, beta in
+1.37) is reserved for a PodGroup, whose pods the kubelet admits through that one entry.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ def claim_names_of(pod: Mapping[str, Any]) -> set[str]:
     if extended:
         names.add(extended)
     return names
+
+
+def is_pod_reference(ref: Mapping[str, Any]) -> bool:
+    """A `reservedFor` entry that names a Pod (core group, resource `pods`)."""
+    return ref.get("resource") == "pods" and not ref.get("apiGroup")
+
+
+def reserved_for_workload(claim: Mapping[str, Any]) -> bool:
+    """True when `reservedFor` holds anything but Pods (a PodGroup of a workload claim)."""
+    return any(not is_pod_reference(ref) for ref in (claim.get("status") or {}).get("reservedFor") or [])
 
 
 def is_live(pod: Mapping[str, Any]) -> bool:

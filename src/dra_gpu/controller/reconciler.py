@@ -27,7 +27,7 @@ from dra_gpu import CONTROLLER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.config import ConfigError, Placement
 from dra_gpu.controller.classes import ClassIndex
-from dra_gpu.controller.consumers import PodIndex, claim_key
+from dra_gpu.controller.consumers import PodIndex, claim_key, is_pod_reference, reserved_for_workload
 from dra_gpu.controller.eligibility import NodeEligibility
 from dra_gpu.controller.events import EventRecorder, timestamp
 from dra_gpu.controller.metrics import ControllerMetrics
@@ -455,10 +455,14 @@ class Reconciler:
         """Add pods bound without the scheduler (`spec.nodeName` preset) to `reservedFor`.
 
         The scheduler reserves the claim for the pods it binds; a pod that never went through it is
-        refused by the kubelet unless someone lists it, and the claim is on that pod's node.
+        refused by the kubelet unless someone lists it, and the claim is on that pod's node. A claim
+        reserved for a PodGroup (a workload claim) is left as it is: its pods are admitted through the
+        group, and pods are not mixed into a workload's reservation.
         """
+        if reserved_for_workload(claim):
+            return
         node = allocation_node(allocation)
-        listed = {r.get("uid") for r in _reserved(claim)}
+        listed = {r.get("uid") for r in _reserved(claim) if is_pod_reference(r)}
         missing = [
             p
             for p in consumers
@@ -470,9 +474,13 @@ class Reconciler:
             return
 
         def attempt(current: Obj) -> Obj | None:
-            if _allocation(current) is None or (current.get("metadata") or {}).get("deletionTimestamp"):
+            if (
+                _allocation(current) is None
+                or (current.get("metadata") or {}).get("deletionTimestamp")
+                or reserved_for_workload(current)
+            ):
                 return None
-            have = {r.get("uid") for r in _reserved(current)}
+            have = {r.get("uid") for r in _reserved(current) if is_pod_reference(r)}
             add = [
                 {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
                 for p in missing

@@ -1,6 +1,9 @@
 """ResourceSlice validation with the API server's limits and wording (1.36, `k8s-1.36-real/`).
 
 Used by the fake API server, and by the slice publisher to refuse a bad slice before sending it.
+`driver_name_errors` adds the rule Kubernetes 1.38's publishing helpers enforce on the driver side
+(the API server still accepts such names): attribute and capacity names are written without the
+driver's own domain, since an unqualified name already belongs to it.
 """
 
 from __future__ import annotations
@@ -129,6 +132,25 @@ def _capacity_errors(where: str, cap: dict[str, Any], shared: bool) -> list[str]
                 f'{where}.requestPolicy.validRange.min: Invalid value: "{policy["default"]}": default is less than min: '
                 f"{valid_range['min']}"
             )
+    return errors
+
+
+def driver_name_errors(device: dict[str, Any], driver: str, where: str = "device") -> list[str]:
+    """Attribute and capacity names that carry the driver's own domain (`<driver>/<name>`).
+
+    Kubernetes 1.38's slice-publishing helpers refuse them: `<driver>/memory` and `memory` are the
+    same name, and only the short form is canonical. Other domains (`resource.kubernetes.io/...`)
+    are fine. Requests and CEL may still use either form.
+    """
+    errors: list[str] = []
+    for field in ("attributes", "capacity"):
+        for name in device.get(field) or {}:
+            domain, sep, ident = str(name).rpartition("/")
+            if sep and domain == driver:
+                errors.append(
+                    f'{where}.{field}: Invalid value: "{name}": must not carry the driver\'s own domain '
+                    f'"{driver}/" (write "{ident}"; Kubernetes 1.38 refuses the qualified form)'
+                )
     return errors
 
 

@@ -1,4 +1,4 @@
-"""The kubelet plugin (node agent): registration, DRA v1/v1beta1 services, prepare/unprepare, sharing."""
+"""The kubelet plugin (node agent): registration, DRA v1 and health services, prepare/unprepare, sharing."""
 
 from dra_gpu.plugin.server import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
 

@@ -1,5 +1,7 @@
 """Health: device health streamed to the kubelet (KEP-4680) and a liveness probe over the real sockets.
 
+The stream is served as health API v1 (kubelet 1.37+ prefers it) and v1alpha1 (older kubelets).
+
 The probe behind `/healthz` dials both sockets as the kubelet does (registration `GetInfo`, then the
 standard gRPC health check on the DRA socket), so a wedged server or a deleted socket fails it.
 """
@@ -10,19 +12,31 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dra_gpu.inventory import GpuInfo, Inventory
-from dra_gpu.proto import health_v1alpha1, health_v1alpha1_grpc, registration, registration_grpc
+from dra_gpu.proto import (
+    health_v1,
+    health_v1_grpc,
+    health_v1alpha1,
+    health_v1alpha1_grpc,
+    registration,
+    registration_grpc,
+)
 
 MAX_MESSAGE = 1024
 
 
-class DeviceHealthServicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
-    """`v1alpha1.DRAResourceHealth`: the complete list of the node's GPUs, on change and as heartbeat."""
+class DeviceHealthStream:
+    """The complete list of the node's GPUs, on change and as heartbeat.
+
+    Health v1 and v1alpha1 have the same messages under different packages, so one stream serves
+    both; `watch` gets the generated module of the version the kubelet called.
+    """
 
     def __init__(
         self,
@@ -43,11 +57,8 @@ class DeviceHealthServicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
     def _snapshot(self) -> tuple[tuple[str, bool, str], ...]:
         return tuple((self.device_name(g), g.healthy, g.health_reason) for g in self.inventory.gpus())
 
-    def _message(
-        self, snapshot: tuple[tuple[str, bool, str], ...]
-    ) -> health_v1alpha1.NodeWatchResourcesResponse:
+    def _message(self, pb: ModuleType, snapshot: tuple[tuple[str, bool, str], ...]) -> Any:
         now = int(time.time())
-        pb = health_v1alpha1
         return pb.NodeWatchResourcesResponse(
             devices=[
                 pb.DeviceHealth(
@@ -61,17 +72,39 @@ class DeviceHealthServicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
             ]
         )
 
-    def NodeWatchResources(
-        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Any
-    ) -> Iterator[health_v1alpha1.NodeWatchResourcesResponse]:
+    def watch(self, pb: ModuleType, context: Any) -> Iterator[Any]:
         last: tuple[tuple[str, bool, str], ...] | None = None
         sent_at = 0.0
         while not self.stop.is_set() and context.is_active():
             snapshot = self._snapshot()
             if snapshot != last or time.monotonic() - sent_at >= self.heartbeat_s:
-                yield self._message(snapshot)
+                yield self._message(pb, snapshot)
                 last, sent_at = snapshot, time.monotonic()
             self.stop.wait(self.poll_s)
+
+
+class DeviceHealthServicer(health_v1_grpc.DRAResourceHealthServicer):
+    """`v1.DRAResourceHealth` (kubelet 1.37+ prefers it)."""
+
+    def __init__(self, stream: DeviceHealthStream) -> None:
+        self.stream = stream
+
+    def NodeWatchResources(
+        self, request: health_v1.NodeWatchResourcesRequest, context: Any
+    ) -> Iterator[health_v1.NodeWatchResourcesResponse]:
+        return self.stream.watch(health_v1, context)
+
+
+class DeviceHealthV1alpha1Servicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
+    """`v1alpha1.DRAResourceHealth`, the same stream for kubelets before 1.37."""
+
+    def __init__(self, stream: DeviceHealthStream) -> None:
+        self.stream = stream
+
+    def NodeWatchResources(
+        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Any
+    ) -> Iterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        return self.stream.watch(health_v1alpha1, context)
 
 
 def probe(registration_socket: Path, service_socket: Path, timeout_s: float = 2.0) -> tuple[bool, str]:

@@ -27,20 +27,25 @@ from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
 from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
-from dra_gpu.plugin.health import DeviceHealthServicer, probe
+from dra_gpu.plugin.health import (
+    DeviceHealthServicer,
+    DeviceHealthStream,
+    DeviceHealthV1alpha1Servicer,
+    probe,
+)
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.prepare import FaultHook, Preparer, device_name
 from dra_gpu.plugin.registration import RegistrationServicer
-from dra_gpu.plugin.service import DraV1beta1Servicer, DraV1Servicer
+from dra_gpu.plugin.service import DraV1Servicer
 from dra_gpu.plugin.sharing.plan import NodeContext
 from dra_gpu.proto import (
     DRA_V1_SERVICE,
-    DRA_V1BETA1_SERVICE,
+    HEALTH_V1_SERVICE,
     HEALTH_V1ALPHA1_SERVICE,
     dra_v1_grpc,
-    dra_v1beta1_grpc,
     full_service_name,
+    health_v1_grpc,
     health_v1alpha1_grpc,
     registration_grpc,
 )
@@ -50,7 +55,9 @@ log = logging.getLogger(__name__)
 # Versioned like the package: the init container installs the library of this release under this name.
 DEFAULT_LIMITER_LIBRARY = Path(f"/var/lib/dra-gpu/lib/libdragpu-limiter.so.{__version__}")
 MAX_SOCKET_PATH = 107
-SUPPORTED_VERSIONS = (DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, HEALTH_V1ALPHA1_SERVICE)
+SUPPORTED_VERSIONS = (DRA_V1_SERVICE, HEALTH_V1_SERVICE, HEALTH_V1ALPHA1_SERVICE)
+"""What the registration advertises: DRA v1 only (slices are `resource.k8s.io/v1`, so 1.34+, whose
+kubelets all speak it) and both health versions (a 1.37+ kubelet picks v1, an older one v1alpha1)."""
 
 
 @dataclass
@@ -271,12 +278,12 @@ class KubeletPlugin:
         _check_socket_path(path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra"))
         dra_v1_grpc.add_DRAPluginServicer_to_server(DraV1Servicer(self.preparer), server)
-        dra_v1beta1_grpc.add_DRAPluginServicer_to_server(DraV1beta1Servicer(self.preparer), server)
+        stream = DeviceHealthStream(
+            self.inventory, self.pool, device_name, self._stop, heartbeat_s=self.config.health_heartbeat_s
+        )
+        health_v1_grpc.add_DRAResourceHealthServicer_to_server(DeviceHealthServicer(stream), server)
         health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            DeviceHealthServicer(
-                self.inventory, self.pool, device_name, self._stop, heartbeat_s=self.config.health_heartbeat_s
-            ),
-            server,
+            DeviceHealthV1alpha1Servicer(stream), server
         )
         self._grpc_health = health.HealthServicer()
         for service in ("", *(full_service_name(v) for v in SUPPORTED_VERSIONS)):
@@ -350,6 +357,27 @@ class KubeletPlugin:
         from dra_gpu.slices.publisher import SlicePublisher  # another part's module; loaded only when wanted
 
         self._publisher = SlicePublisher(
-            self.api, self.config.node_name, self.inventory, self.sharing, driver=self.config.driver_name
+            self.api,
+            self.config.node_name,
+            self.inventory,
+            self.sharing,
+            driver=self.config.driver_name,
+            prepared_claims=self.prepared_claims,
         )
         self._publisher.start()
+
+    def prepared_claims(self) -> dict[str, dict[str, bool]]:
+        """Device -> claim -> whether it holds a share, from the checkpoint (claims prepared here).
+
+        The publisher keeps a GPU's shareability while any of them (or any allocation) holds it.
+        """
+        held: dict[str, dict[str, bool]] = {}
+        for entry in self.preparer.snapshot().claims.values():
+            for device in entry.devices:
+                if device.pool == self.pool:
+                    claims = held.setdefault(device.device, {})
+                    claims[entry.ref] = claims.get(entry.ref, False) or device.shareId is not None
+            for share in entry.shares:
+                claims = held.setdefault(share.device, {})
+                claims[entry.ref] = claims.get(entry.ref, False) or share.shareId is not None
+        return held

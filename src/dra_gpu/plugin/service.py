@@ -1,30 +1,27 @@
-"""The kubelet's DRA services, v1 and v1beta1, over one Preparer.
+"""The kubelet's DRA service, `v1.DRAPlugin`, over one Preparer.
 
-The two versions have the same messages except `Device.share_id`, which only v1 has (since 1.35).
-A problem with one claim is that claim's `error`; the call itself only fails for what the kubelet
-would treat as a transport problem anyway.
+Only v1: the driver publishes `resource.k8s.io/v1` slices, which need Kubernetes 1.34+, and every
+1.34+ kubelet speaks v1 (v1beta1 is deprecated in the kubelet). A problem with one claim is that
+claim's `error`; the call itself only fails for what the kubelet would treat as a transport problem.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 from dra_gpu.plugin.prepare import Preparer
 from dra_gpu.plugin.sharing.plan import ClaimInfo
-from dra_gpu.proto import dra_v1, dra_v1_grpc, dra_v1beta1, dra_v1beta1_grpc
+from dra_gpu.proto import dra_v1, dra_v1_grpc
 
 
-class _DraCore:
-    """`DRAPlugin` for the pb2 module of one API version."""
-
-    def __init__(self, preparer: Preparer, pb: ModuleType, with_share_id: bool) -> None:
+class DraV1Servicer(dra_v1_grpc.DRAPluginServicer):
+    def __init__(self, preparer: Preparer) -> None:
         self.preparer = preparer
-        self.pb = pb
-        self.with_share_id = with_share_id
 
     @staticmethod
-    def _claims(request: Any) -> tuple[list[ClaimInfo], dict[str, str]]:
+    def _claims(
+        request: dra_v1.NodePrepareResourcesRequest | dra_v1.NodeUnprepareResourcesRequest,
+    ) -> tuple[list[ClaimInfo], dict[str, str]]:
         valid: list[ClaimInfo] = []
         invalid: dict[str, str] = {}
         for c in request.claims:
@@ -35,9 +32,11 @@ class _DraCore:
                 valid.append(ClaimInfo(uid=c.uid, namespace=c.namespace, name=c.name))
         return valid, invalid
 
-    def prepare(self, request: Any) -> Any:
+    def NodePrepareResources(
+        self, request: dra_v1.NodePrepareResourcesRequest, context: Any
+    ) -> dra_v1.NodePrepareResourcesResponse:
         claims, invalid = self._claims(request)
-        response = self.pb.NodePrepareResourcesResponse()
+        response = dra_v1.NodePrepareResourcesResponse()
         for uid, error in invalid.items():
             response.claims[uid].error = error
         if not claims:
@@ -54,13 +53,15 @@ class _DraCore:
                     device_name=device.device,
                     cdi_device_ids=device.cdiDeviceIds,
                 )
-                if self.with_share_id and device.shareId:
+                if device.shareId:
                     out.share_id = device.shareId
         return response
 
-    def unprepare(self, request: Any) -> Any:
+    def NodeUnprepareResources(
+        self, request: dra_v1.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
         claims, invalid = self._claims(request)
-        response = self.pb.NodeUnprepareResourcesResponse()
+        response = dra_v1.NodeUnprepareResourcesResponse()
         for uid, error in invalid.items():
             response.claims[uid].error = error
         if not claims:
@@ -68,33 +69,3 @@ class _DraCore:
         for uid, error in self.preparer.unprepare(claims).items():
             response.claims[uid].error = error
         return response
-
-
-class DraV1Servicer(dra_v1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: Preparer) -> None:
-        self._core = _DraCore(preparer, dra_v1, with_share_id=True)
-
-    def NodePrepareResources(
-        self, request: dra_v1.NodePrepareResourcesRequest, context: Any
-    ) -> dra_v1.NodePrepareResourcesResponse:
-        return self._core.prepare(request)  # type: ignore[no-any-return]
-
-    def NodeUnprepareResources(
-        self, request: dra_v1.NodeUnprepareResourcesRequest, context: Any
-    ) -> dra_v1.NodeUnprepareResourcesResponse:
-        return self._core.unprepare(request)  # type: ignore[no-any-return]
-
-
-class DraV1beta1Servicer(dra_v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, preparer: Preparer) -> None:
-        self._core = _DraCore(preparer, dra_v1beta1, with_share_id=False)
-
-    def NodePrepareResources(
-        self, request: dra_v1beta1.NodePrepareResourcesRequest, context: Any
-    ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        return self._core.prepare(request)  # type: ignore[no-any-return]
-
-    def NodeUnprepareResources(
-        self, request: dra_v1beta1.NodeUnprepareResourcesRequest, context: Any
-    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        return self._core.unprepare(request)  # type: ignore[no-any-return]

@@ -11,6 +11,14 @@ Three background threads, each with one job:
 - the health poller waits for GPU health events and asks for a reconcile that taints (or untaints)
   the GPU.
 
+A GPU's shareability (`allowMultipleAllocations`) never flips while claims are allocated on it: the
+scheduler could otherwise hand a GPU with live shares to an exclusive claim (fixed in the scheduler
+only from 1.38). When the configured sharing mode of such a GPU changes, the publisher keeps
+publishing its previous mode, warns which claims it waits for, looks again every `pending_poll_s`,
+and publishes the new mode once they are gone. Live claims are the allocations naming the device in
+the API, plus what the node agent still has prepared (its checkpoint), so that neither an allocated
+but not yet started claim nor a running one is missed.
+
 A reconcile compares each slice it writes with what the API server returns. When the server dropped
 `allowMultipleAllocations`/`requestPolicy` (DRAConsumableCapacity off), it warns and publishes every
 GPU unshared; when it dropped taints (DRADeviceTaints off), it leaves unhealthy GPUs out of the pool
@@ -22,16 +30,24 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.config import NodeSharing
+from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory.types import GpuInfo, Inventory
 from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent
-from dra_gpu.kube.validation import slice_errors
-from dra_gpu.slices.devices import build_device, device_errors, unhealthy_taint
+from dra_gpu.kube.validation import driver_name_errors, slice_errors
+from dra_gpu.slices.devices import (
+    SHAREABLE_MODES,
+    SHARING_ATTRIBUTE,
+    build_device,
+    device_errors,
+    device_name,
+    unhealthy_taint,
+)
 from dra_gpu.slices.dropped import CONSUMABLE_CAPACITY, DEVICE_TAINTS, DroppedFields, dropped_fields
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
 
@@ -44,6 +60,19 @@ API_VERSION = "resource.k8s.io/v1"
 
 class SliceError(ValueError):
     """A slice the API server would refuse; the message carries the server's wording."""
+
+
+LiveClaims = Mapping[str, Mapping[str, bool]]
+"""Device name -> the claims (`namespace/name`) that hold it -> whether it was allocated as a share."""
+
+
+@dataclass(frozen=True)
+class PendingModeChange:
+    """A sharing-mode change that waits, because it would flip shareability under live claims."""
+
+    published: GpuSharingMode
+    wanted: GpuSharingMode
+    claims: tuple[str, ...]
 
 
 @dataclass
@@ -74,6 +103,8 @@ class SlicePublisher:
         resync_s: float = 600.0,
         watch_timeout_s: float = 300.0,
         health_poll_s: float = 1.0,
+        pending_poll_s: float = 10.0,
+        prepared_claims: Callable[[], LiveClaims] | None = None,
     ) -> None:
         self.api = api
         self.node_name = node_name
@@ -85,6 +116,13 @@ class SlicePublisher:
         self.resync_s = resync_s
         self.watch_timeout_s = watch_timeout_s
         self.health_poll_s = health_poll_s
+        self.pending_poll_s = pending_poll_s
+        self.prepared_claims = prepared_claims
+        """The node agent's prepared claims per device (its checkpoint); None outside the agent."""
+        self.pending: dict[str, PendingModeChange] = {}
+        """Devices whose mode change waits for their claims to go (see the module docstring)."""
+        self._published_modes: dict[str, tuple[bool, GpuSharingMode]] = {}
+        """What this process last published per device, for when the kubelet wiped the pool."""
         self.consumable_capacity = True
         """False once the API server was seen dropping shared-device fields."""
         self.device_taints = True
@@ -134,7 +172,11 @@ class SlicePublisher:
 
     def _reconcile(self) -> tuple[list[Obj], DroppedFields]:
         owner_references = self._owner_references()
-        chunks = split_devices(self._devices(), self.devices_per_slice)
+        listed, _ = self.api.list(KIND, field_selector=self.field_selector)
+        ours = [s for s in listed if (s["spec"].get("pool") or {}).get("name") == self.node_name]
+        foreign_pools = [s for s in listed if s not in ours]
+        published = {**self._published_modes, **_published_shareability(ours)}
+        chunks = split_devices(self._devices(published), self.devices_per_slice)
         specs = [
             {
                 "driver": self.driver,
@@ -144,9 +186,6 @@ class SlicePublisher:
             }
             for c in chunks
         ]
-        listed, _ = self.api.list(KIND, field_selector=self.field_selector)
-        ours = [s for s in listed if (s["spec"].get("pool") or {}).get("name") == self.node_name]
-        foreign_pools = [s for s in listed if s not in ours]
         plan = plan_pool(ours, specs, owner_references)
         plan.delete.extend(foreign_pools)
 
@@ -217,6 +256,7 @@ class SlicePublisher:
         errors = slice_errors(body)
         for i, device in enumerate(body["spec"].get("devices") or []):
             errors += device_errors(device, f"spec.devices[{i}]")
+            errors += driver_name_errors(device, self.driver, f"spec.devices[{i}]")
         if errors:
             raise SliceError(
                 f"slice {index} of pool {self.node_name!r} would be refused: " + "; ".join(errors)
@@ -249,13 +289,26 @@ class SlicePublisher:
     def _health_of(gpus: list[GpuInfo]) -> list[tuple[str, bool, str]]:
         return [(g.uuid, g.healthy, g.health_reason) for g in gpus]
 
-    def _devices(self) -> list[Obj]:
+    def _devices(self, published: Mapping[str, tuple[bool, GpuSharingMode]]) -> list[Obj]:
         now = _now()
         devices = []
         gpus = self.inventory.gpus()
         self._published_health = self._health_of(gpus)
+        live: LiveClaims | str | None = None
+        pending: dict[str, PendingModeChange] = {}
         for gpu in gpus:
             mode = self.sharing.mode_for(gpu.index, gpu.uuid)
+            name = device_name(gpu.index)
+            record = published.get(name)
+            if self.consumable_capacity and (record is None or record[0] != (mode in SHAREABLE_MODES)):
+                if live is None:
+                    live = self._live_claims()
+                held = _held(live, name, record)
+                if held is not None and held[0] != (mode in SHAREABLE_MODES):
+                    was_mode, holders = held[1], held[2]
+                    pending[name] = PendingModeChange(was_mode, mode, holders)
+                    mode = was_mode
+            self._published_modes[name] = (mode in SHAREABLE_MODES and self.consumable_capacity, mode)
             taints = None
             if gpu.healthy:
                 if self._unhealthy_since.pop(gpu.uuid, None) is not None:
@@ -280,7 +333,64 @@ class SlicePublisher:
             devices.append(
                 build_device(gpu, mode, consumable_capacity=self.consumable_capacity, taints=taints)
             )
+        self._report_pending(pending)
         return devices
+
+    def _report_pending(self, pending: dict[str, PendingModeChange]) -> None:
+        for name, change in pending.items():
+            if self.pending.get(name) != change:
+                log.warning(
+                    "sharing mode change waits: the GPU keeps its published mode (and whether it can be "
+                    "shared) until the claims allocated on it are gone",
+                    extra={
+                        "node": self.node_name,
+                        "device": name,
+                        "published_mode": change.published.value,
+                        "configured_mode": change.wanted.value,
+                        "claims": list(change.claims),
+                    },
+                )
+        for name, change in self.pending.items():
+            if name not in pending:
+                log.info(
+                    "sharing mode change applied: no claim holds the GPU any more",
+                    extra={"node": self.node_name, "device": name, "mode": change.wanted.value},
+                )
+        self.pending = pending
+
+    def _live_claims(self) -> LiveClaims | str:
+        """Claims that hold each device of this pool: allocated in the API or still prepared here.
+
+        When the claims cannot be listed, a string saying so: every device counts as held by it.
+        """
+        live: dict[str, dict[str, bool]] = {}
+        try:
+            claims, _ = self.api.list("ResourceClaim")
+        except Exception as exc:
+            self._warn_once(
+                "claims",
+                f"cannot list ResourceClaims ({exc}): a GPU whose sharing mode changed keeps its published "
+                "mode until they can be read",
+            )
+            return f"unknown (cannot list ResourceClaims: {exc})"
+        for claim in claims:
+            meta = claim.get("metadata") or {}
+            ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            allocation = (claim.get("status") or {}).get("allocation") or {}
+            for result in (allocation.get("devices") or {}).get("results") or []:
+                if result.get("driver") == self.driver and result.get("pool") == self.node_name:
+                    holders = live.setdefault(str(result.get("device", "")), {})
+                    holders[ref] = holders.get(ref, False) or bool(result.get("shareID"))
+        if self.prepared_claims is not None:
+            try:
+                prepared = self.prepared_claims()
+            except Exception as exc:  # the node lock timed out, say: decide on the next look
+                return f"unknown (cannot read the claims prepared on this node: {exc})"
+            for name, refs in prepared.items():
+                holders = live.setdefault(name, {})
+                for ref, is_share in refs.items():
+                    holders[ref] = holders.get(ref, False) or is_share
+        return live
 
     def _owner_references(self) -> list[Obj] | None:
         if self._node_uid is None:
@@ -339,7 +449,9 @@ class SlicePublisher:
         first = True
         while not self._stop.is_set():
             if not first:
-                if self._dirty.wait(self.resync_s) and not self._stop.is_set():
+                # A waiting mode change is looked at again soon: its claims may be gone by then.
+                wait_s = min(self.resync_s, self.pending_poll_s) if self.pending else self.resync_s
+                if self._dirty.wait(wait_s) and not self._stop.is_set():
                     self._stop.wait(self.debounce_s)  # let a burst (a DeleteCollection) settle
                 if self._stop.is_set():
                     return
@@ -416,3 +528,39 @@ class SlicePublisher:
             except Exception as exc:
                 log.warning("reading GPU health failed", extra={"node": self.node_name, "error": str(exc)})
                 self._stop.wait(5.0)
+
+
+def _held(
+    live: LiveClaims | str, name: str, record: tuple[bool, GpuSharingMode] | None
+) -> tuple[bool, GpuSharingMode, tuple[str, ...]] | None:
+    """(shareable, mode, claims) the device must keep for its live claims; None when nothing holds it.
+
+    Without a published record (the kubelet wiped the pool), the claims say it: the scheduler gives
+    a share ID to every allocation of a device published as shareable, and to no other.
+    """
+    if isinstance(live, str):
+        return (*record, (live,)) if record is not None else None
+    holders = live.get(name) or {}
+    if not holders:
+        return None
+    if record is None:
+        shared = any(holders.values())
+        record = (shared, GpuSharingMode.SHARED if shared else GpuSharingMode.EXCLUSIVE)
+    return (*record, tuple(sorted(holders)))
+
+
+def _published_shareability(slices: list[Obj]) -> dict[str, tuple[bool, GpuSharingMode]]:
+    """Device name -> (allowMultipleAllocations, mode) as the pool is published now."""
+    published: dict[str, tuple[bool, GpuSharingMode]] = {}
+    for item in slices:
+        for device in (item.get("spec") or {}).get("devices") or []:
+            shared = bool(device.get("allowMultipleAllocations"))
+            text = ((device.get("attributes") or {}).get(SHARING_ATTRIBUTE) or {}).get("string")
+            try:
+                mode = GpuSharingMode(str(text))
+            except ValueError:
+                mode = GpuSharingMode.SHARED if shared else GpuSharingMode.EXCLUSIVE
+            if (mode in SHAREABLE_MODES) != shared:  # an attribute that disagrees: trust the flag
+                mode = GpuSharingMode.SHARED if shared else GpuSharingMode.EXCLUSIVE
+            published[str(device.get("name", ""))] = (shared, mode)
+    return published
