@@ -88,6 +88,7 @@ def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_
     # ancestors' dmem.min back from the record instead (tests/test_cdi_hook_memory.py).
     records = node_615.claim_dir(claim) / "memory-limits"
     assert not list(records.rglob("*.json"))
+    assert len(hook.read_text().splitlines()) == 1, "no NVML clear call: the leaf was already gone"
     assert not (cgroup_v2_root() / own.strip("/")).exists()
     node_615.unprepare(claim)
     assert not records.exists()
