@@ -195,10 +195,16 @@ def clear_recorded(record_dir: Path, container_id: str | None = None) -> list[st
     problems: list[str] = []
     try:
         for path in paths:
-            record = json.loads(path.read_text())
+            try:
+                record = json.loads(path.read_text())
+            except ValueError as exc:
+                problems.append(
+                    f"unreadable record {path}: {exc}; clear its limits with nvidia-smi memory-limits"
+                )
+                continue
             if nvml is None and Path(record["cgroup"]).is_dir():
-                nvml = _open_nvml()
-            found = _clear(nvml, record) if nvml is not None or not Path(record["cgroup"]).is_dir() else []
+                nvml = _open_nvml()  # only a live leaf needs the driver
+            found = _clear(nvml, record)
             problems += found
             if not found:
                 path.unlink(missing_ok=True)
