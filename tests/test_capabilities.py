@@ -122,3 +122,13 @@ def test_isolated_class_is_never_allocated_on_the_old_driver_node() -> None:
         claim("p", request(device_class="limiter.gpu.dra-gpu.io", memory="20Gi", cores="30"))
     )
     assert plain["devices"]["results"][0]["pool"] == "old"
+
+
+def test_the_choice_is_logged_per_gpu_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    from dra_gpu.inventory.capabilities import log_choice
+
+    caplog.set_level("INFO", logger="dra_gpu.inventory.capabilities")
+    log_choice(open_inventory("simulated:1xH100-80GB").gpus())
+    (record,) = caplog.records
+    assert record.getMessage() == "GPU memory isolation"
+    assert record.memory_isolation == "limiter" and "predates 615" in record.reason  # type: ignore[attr-defined]
