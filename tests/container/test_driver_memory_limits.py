@@ -67,13 +67,18 @@ def hook(tmp_path: Path, node_615: Node, monkeypatch: pytest.MonkeyPatch) -> Pat
 
 
 def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_it_starts(
-    node_615: Node, podman: Podman, hook: Path
+    node_615: Node, podman: Podman, hook: Path, driver_stand_in: list[Volume]
 ) -> None:
     alloc = Alloc(device="gpu-0", share_id="3c2b1a00-0000-4000-8000-000000000001", consumed={"memory": "2Gi"})
     config = gpu_config("Limiter", limiter={"memoryLimit": "3Gi"})
     claim, ids = node_615.prepare("driver-limits", [alloc], config)
-    script = sections(cgroup="cat /proc/self/cgroup", limits="cat /nvml-calls.jsonl")
-    result = podman.run(script, devices=ids, volumes=[Volume(hook, "/nvml-calls.jsonl")]).check()
+    script = sections(
+        cgroup="cat /proc/self/cgroup", limits="cat /nvml-calls.jsonl", probe="limiter-probe info"
+    )
+    volumes = [Volume(hook, "/nvml-calls.jsonl"), *driver_stand_in]
+    result = podman.run(
+        script, devices=ids, volumes=volumes, env={"FAKE_CUDA_MEMORY_BYTES": str(16 * GIB)}
+    ).check()
 
     (own,) = [line[3:] for line in result.section("cgroup") if line.startswith("0::")]
     seen = [json.loads(line) for line in result.section("limits") if line.strip()]
@@ -83,6 +88,8 @@ def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_
         {"uuid": uuid, "cgroup": str(cgroup_v2_root()) + own, "soft": 2 * GIB, "hard": 3 * GIB}
     ]
     assert own.strip("/"), "the container has a cgroup of its own, not the root"
+    # The reported total is the claim's limit (the ceiling), as the driver reports the hard limit.
+    assert result.section("probe") == [f"total={3 * GIB} free={3 * GIB}", f"device_total={3 * GIB}"]
     # Teardown: the poststop hook ran and took the record. runc removes the container's cgroup before
     # poststop hooks run, so there was no leaf left to clear through NVML; under dmem the hook gives the
     # ancestors' dmem.min back from the record instead (tests/test_cdi_hook_memory.py).
