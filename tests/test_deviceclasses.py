@@ -91,6 +91,7 @@ def test_each_class_carries_the_gpu_config_of_its_mode() -> None:
         "timeslice.gpu.dra-gpu.io": Strategy.TIME_SLICING,
         "mps.gpu.dra-gpu.io": Strategy.MPS,
         "limiter.gpu.dra-gpu.io": Strategy.LIMITER,
+        "isolated.gpu.dra-gpu.io": Strategy.LIMITER,
     }
     classes = by_name()
     assert set(classes) == set(expected)

@@ -14,6 +14,10 @@ from dra_gpu.cli import main
 from dra_gpu.inventory import KNOWN_MODELS, SimulatedInventory
 
 CAMEL_KEYS = {
+    "memoryIsolation",
+    "memoryLimitBackend",
+    "mpsNamespaces",
+    "isolationReason",
     "index",
     "minor",
     "uuid",

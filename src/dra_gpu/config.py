@@ -68,18 +68,37 @@ class MpsConfig(_Strict):
 
 
 class LimiterConfig(_Strict):
-    """Limits for API servers without consumable capacity; consumed capacity wins when present."""
+    """Limits for API servers without consumable capacity; consumed capacity wins when present.
+
+    `memory` (or the consumed `memory` capacity) is the request: the guaranteed share, the driver's
+    soft limit. `memoryLimit` is the ceiling: the driver's hard limit and the limiter's claim-wide
+    budget; unset, the ceiling is the request.
+    """
 
     memory: str | None = None
+    memoryLimit: str | None = None
     cores: Percent | None = None
 
-    @field_validator("memory", mode="before")
+    @field_validator("memory", "memoryLimit", mode="before")
     @classmethod
-    def _memory(cls, v: Any) -> Any:
-        return None if v is None else _positive_quantity(v, "memory")
+    def _memory(cls, v: Any, info: Any) -> Any:
+        return None if v is None else _positive_quantity(v, info.field_name)
+
+    @model_validator(mode="after")
+    def _limit_not_below_request(self) -> LimiterConfig:
+        request, limit = self.memory_bytes(), self.memory_limit_bytes()
+        if request is not None and limit is not None and limit < request:
+            raise ValueError(
+                f"memoryLimit {self.memoryLimit} is below memory {self.memory}; the limit is the ceiling "
+                f"and must be at least the request: raise memoryLimit or lower memory"
+            )
+        return self
 
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else to_int(self.memory)
+
+    def memory_limit_bytes(self) -> int | None:
+        return None if self.memoryLimit is None else to_int(self.memoryLimit)
 
 
 class Sharing(_Strict):
@@ -151,7 +170,7 @@ _FIELDS_HINT = {
     ("sharing",): "strategy, timeSlicing, mps, limiter",
     ("sharing", "timeSlicing"): "interval",
     ("sharing", "mps"): "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit",
-    ("sharing", "limiter"): "memory, cores",
+    ("sharing", "limiter"): "memory, memoryLimit, cores",
     ("placement",): "policy, affinityLabel, antiAffinityLabel, exclusionLabel",
 }
 

@@ -95,11 +95,11 @@ class Node:
 
 
 @contextmanager
-def plugin_node(limiter: Limiter, cdi_dir: Path = RUNTIME_CDI_DIR) -> Iterator[Node]:
+def plugin_node(limiter: Limiter, cdi_dir: Path = RUNTIME_CDI_DIR, profile: str = PROFILE) -> Iterator[Node]:
     """A registered plugin writing its specs to ``cdi_dir``; its spec files are gone afterwards."""
     dirs = PluginDirs.create(with_limiter=False)
     specs = ClaimSpecs(cdi_dir, TEST_DRIVER)
-    inventory = SimulatedInventory(PROFILE, seed=NODE)
+    inventory = SimulatedInventory(profile, seed=NODE)
     api = FakeKube()
     try:
         with running_plugin(

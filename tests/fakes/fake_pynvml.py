@@ -546,3 +546,150 @@ def nvmlEventSetFree(eventSet: _EventSet) -> None:
     with driver.cond:
         eventSet.freed = True
         driver.event_sets.remove(eventSet)
+
+
+# ==== NVML 615 per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1 / GetMemoryLimits_v1) ====
+# Semantics from the NVML reference (structs nvmlSetMemoryLimits_v1_t / nvmlGetMemoryLimits_v1_t) and
+# NVIDIA's MPS v3 memory-partitioning guide:
+# - absent from drivers before 615: Function Not Found (pynvml's lookup raises exactly that);
+# - Set needs root ("Requires root/admin permissions"): No Permission otherwise; Get does not;
+# - MIG handles are not supported: Not Supported on a GPU in MIG mode;
+# - nameSpace is a cgroup-v2 directory; a path that is not one is Invalid Argument (unverified code);
+# - soft above hard, or a hard limit above the GPU's memory (other than the "none" value), is
+#   Invalid Argument (unverified code);
+# - clear = soft 0, hard NVML_DEVICE_MEMORY_LIMIT_MAX; no limit reads back as (0, MAX);
+# - backend "dmem": the leaf's dmem.max / dmem.min carry hard / soft and the soft limit is added to
+#   every ancestor's dmem.min (removing the leaf does not take it back); a leaf without dmem files
+#   (controller not delegated) is Not Supported (unverified code). Backend "misc": driver-internal,
+#   no files. The region name `nvidia/<pci bus id>` is this fake's; the real name is unverified.
+# A hook process loads this module by name (DRA_GPU_NVML_MODULE) and gets its GPUs from the JSON file
+# named by FAKE_NVML_CONFIG; each successful Set is appended to the config's "log" file as JSON.
+
+import json as _json  # noqa: E402
+import os as _os  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+NVML_DEVICE_MEMORY_LIMIT_MAX = 0xFFFFFFFFFFFFFFFF
+MEMORY_LIMITS_MIN_MAJOR = 615
+
+
+@dataclass
+class MemoryLimitState:
+    backend: str = "dmem"
+    privileged: bool = True
+    cgroup_root: str = "/sys/fs/cgroup"
+    log: str | None = None
+    limits: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    """(gpu uuid, cgroup dir) -> (soft, hard)."""
+
+
+memory_limits = MemoryLimitState()
+
+
+def _region(gpu: FakeGpu) -> str:
+    return f"nvidia/{gpu.pci_bus_id}"
+
+
+def _dmem_write(path: _Path, region: str, value: str) -> None:
+    lines = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            key, _, val = line.rpartition(" ")
+            lines[key] = val
+    lines[region] = value
+    path.write_text("".join(f"{k} {v}\n" for k, v in lines.items()))
+
+
+def _dmem_read(path: _Path, region: str) -> int:
+    for line in path.read_text().splitlines() if path.exists() else []:
+        key, _, val = line.rpartition(" ")
+        if key == region and val.isdigit():
+            return int(val)
+    return 0
+
+
+def _limits_entry(function: str, device: FakeHandle) -> tuple[FakeDriver, FakeGpu]:
+    driver = _enter(function)
+    major = int(driver.driver_version.split(".")[0])
+    if major < MEMORY_LIMITS_MIN_MAJOR:
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+    gpu = _gpu(function, device)
+    if gpu.mig_mode is not None and gpu.mig_mode[0] == NVML_DEVICE_MIG_ENABLE:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return driver, gpu
+
+
+def _cgroup_dir(name_space: Any) -> _Path:
+    text = name_space.decode() if isinstance(name_space, bytes) else str(name_space or "")
+    path = _Path(text)
+    if not text or not (path / "cgroup.controllers").is_file():
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return path
+
+
+def nvmlDeviceSetMemoryLimits_v1(device: FakeHandle, limits: Any) -> None:
+    _driver, gpu = _limits_entry("nvmlDeviceSetMemoryLimits_v1", device)
+    if not memory_limits.privileged:
+        raise NVMLError(NVML_ERROR_NO_PERMISSION)
+    leaf = _cgroup_dir(limits.nameSpace)
+    soft, hard = int(limits.softLimit), int(limits.hardLimit)
+    if soft > hard or (hard != NVML_DEVICE_MEMORY_LIMIT_MAX and hard > gpu.memory_total):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    key = (gpu.uuid, str(leaf))
+    old_soft = memory_limits.limits.get(key, (0, 0))[0]
+    if memory_limits.backend == "dmem":
+        if not (leaf / "dmem.max").exists():
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        region = _region(gpu)
+        _dmem_write(leaf / "dmem.max", region, "max" if hard == NVML_DEVICE_MEMORY_LIMIT_MAX else str(hard))
+        _dmem_write(leaf / "dmem.min", region, str(soft))
+        root = _Path(memory_limits.cgroup_root)
+        parent = leaf.parent
+        while parent != root and root in parent.parents:
+            if (parent / "dmem.min").exists():
+                value = _dmem_read(parent / "dmem.min", region) + soft - old_soft
+                _dmem_write(parent / "dmem.min", region, str(max(value, 0)))
+            parent = parent.parent
+    if soft == 0 and hard == NVML_DEVICE_MEMORY_LIMIT_MAX:
+        memory_limits.limits.pop(key, None)
+    else:
+        memory_limits.limits[key] = (soft, hard)
+    if memory_limits.log:
+        with open(memory_limits.log, "a") as out:
+            out.write(_json.dumps({"uuid": gpu.uuid, "cgroup": str(leaf), "soft": soft, "hard": hard}) + "\n")
+
+
+def nvmlDeviceGetMemoryLimits_v1(device: FakeHandle, limits: Any) -> None:
+    _driver, gpu = _limits_entry("nvmlDeviceGetMemoryLimits_v1", device)
+    leaf = _cgroup_dir(limits.nameSpace)
+    soft, hard = memory_limits.limits.get((gpu.uuid, str(leaf)), (0, NVML_DEVICE_MEMORY_LIMIT_MAX))
+    limits.softLimit, limits.hardLimit, limits.currentUsed = soft, hard, 0
+
+
+def _install_from_environment() -> None:
+    """A hook process: the GPUs and memory-limit state from the JSON file in FAKE_NVML_CONFIG."""
+    global memory_limits
+    path = _os.environ.get("FAKE_NVML_CONFIG")
+    if not path:
+        return
+    config = _json.loads(_Path(path).read_text())
+    mig_on = (NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE)
+    gpus = [
+        FakeGpu(
+            uuid=g["uuid"],
+            pci_bus_id=g.get("pci_bus_id", f"00000000:{0x18 + i:02x}:00.0"),
+            memory_total=int(g.get("memory_total", 81559 * MiB)),
+            mig_mode=mig_on if g.get("mig") else (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE),
+        )
+        for i, g in enumerate(config["gpus"])
+    ]
+    install(FakeDriver(gpus=gpus, driver_version=config.get("driver_version", "615.71.09")))
+    memory_limits = MemoryLimitState(
+        backend=config.get("backend", "dmem"),
+        privileged=bool(config.get("privileged", True)),
+        cgroup_root=config.get("cgroup_root", "/sys/fs/cgroup"),
+        log=config.get("log"),
+    )
+
+
+_install_from_environment()

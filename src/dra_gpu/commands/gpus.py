@@ -18,7 +18,18 @@ from dra_gpu.quantity import format_quantity
 NAME = "gpus"
 HELP = "list this node's GPUs (real ones through NVML, or simulated ones with --simulate)"
 
-_COLUMNS = ("INDEX", "UUID", "PRODUCT", "ARCHITECTURE", "CC", "MEMORY", "PCI BUS ID", "MIG", "HEALTH")
+_COLUMNS = (
+    "INDEX",
+    "UUID",
+    "PRODUCT",
+    "ARCHITECTURE",
+    "CC",
+    "MEMORY",
+    "PCI BUS ID",
+    "MIG",
+    "ISOLATION",
+    "HEALTH",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,5 +104,6 @@ def _row(gpu: GpuInfo) -> tuple[str, ...]:
         format_quantity(gpu.memory_bytes),
         gpu.pci_bus_id,
         "yes" if gpu.mig_capable else "no",
+        gpu.memory_isolation + (f" ({gpu.memory_limit_backend})" if gpu.memory_isolation == "driver" else ""),
         "ok" if gpu.healthy else f"unhealthy: {gpu.health_reason}",
     )

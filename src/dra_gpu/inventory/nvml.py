@@ -23,6 +23,7 @@ from dra_gpu.inventory.arch import (
     architecture_from_compute_capability,
     compute_capability_from_name,
 )
+from dra_gpu.inventory.capabilities import CgroupLayout, detect, read_cgroup_layout, with_capabilities
 from dra_gpu.inventory.types import GpuInfo, InventoryError, NvmlUnavailableError
 from dra_gpu.inventory.xid import describe_recovery_action, describe_xid, xid_is_fatal
 
@@ -110,8 +111,9 @@ class NvmlInventory:
 
     backend = "nvml"
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, cgroup_layout: CgroupLayout | None = None) -> None:
         self._nvml = nvml if nvml is not None else _import_pynvml()
+        self._cgroup_layout = cgroup_layout if cgroup_layout is not None else read_cgroup_layout()
         self._error_names = {
             value: name
             for name in dir(self._nvml)
@@ -204,6 +206,7 @@ class NvmlInventory:
         minor = self._optional("nvmlDeviceGetMinorNumber", handle)
         name = _text(nvml.nvmlDeviceGetName(handle))
         cc = self._compute_capability(handle, name)
+        mig_mode = self._optional("nvmlDeviceGetMigMode", handle)
         gpu = GpuInfo(
             index=index,
             minor=index if minor is None else int(minor),
@@ -215,8 +218,10 @@ class NvmlInventory:
             driver_version=driver,
             cuda_driver_version=cuda_version,
             pci_bus_id=self._pci_bus_id(handle, position),
-            mig_capable=self._optional("nvmlDeviceGetMigMode", handle) is not None,
+            mig_capable=mig_mode is not None,
         )
+        mig_enabled = mig_mode is not None and int(mig_mode[0]) == 1  # NVML_DEVICE_MIG_ENABLE
+        gpu = with_capabilities(gpu, detect(driver, self._cgroup_layout, mig_enabled))
         self._handles[uuid] = handle
         return gpu
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from dra_gpu.inventory.capabilities import CgroupLayout, detect, driver_major, with_capabilities
 from dra_gpu.inventory.models import KNOWN_MODELS, GpuModel, find_model
 from dra_gpu.inventory.types import GpuInfo, InventoryError
 
@@ -62,6 +63,43 @@ def parse_profile(profile: str) -> list[GpuModel]:
     return gpus
 
 
+_CGROUP_LAYOUTS = {
+    "dmem": CgroupLayout(v2=True, dmem=True),
+    "misc": CgroupLayout(v2=True, dmem=False),
+    "v1": CgroupLayout(v2=False, dmem=False),
+}
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Node facts a profile may set after the GPUs: `driver=615.71.09`, `cgroup=dmem|misc|v1`."""
+
+    driver_version: str = SIMULATED_DRIVER_VERSION
+    cgroup: CgroupLayout = _CGROUP_LAYOUTS["dmem"]
+
+
+def split_options(profile: str) -> tuple[str, NodeOptions]:
+    """The GPU part of a profile and its node options (`2xH100-80GB,driver=615.71.09`)."""
+    gpus: list[str] = []
+    driver, cgroup = SIMULATED_DRIVER_VERSION, _CGROUP_LAYOUTS["dmem"]
+    for raw in profile.split(","):
+        key, sep, value = raw.partition("=")
+        if not sep:
+            gpus.append(raw)
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if key == "driver" and driver_major(value) is not None:
+            driver = value
+        elif key == "cgroup" and value.lower() in _CGROUP_LAYOUTS:
+            cgroup = _CGROUP_LAYOUTS[value.lower()]
+        else:
+            raise InventoryError(
+                f"bad GPU profile {profile!r}: option {raw.strip()!r} is not driver=VERSION (e.g. "
+                f"driver=615.71.09) or cgroup=dmem|misc|v1"
+            )
+    return ",".join(gpus), NodeOptions(driver, cgroup)
+
+
 def simulated_uuid(seed: str, index: int, model: GpuModel) -> str:
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{seed}/{index}/{model.key}')}"
 
@@ -79,24 +117,30 @@ class SimulatedInventory:
     def __init__(self, profile: str, seed: str = "") -> None:
         self.profile = profile
         self.seed = seed
+        gpu_profile, options = split_options(profile)
+        self.options = options
         self._lock = threading.Condition()
         self._changes = 0
         self._seen = 0
+        caps = detect(options.driver_version, options.cgroup, mig_enabled=False)
         self._gpus = [
-            GpuInfo(
-                index=i,
-                minor=i,
-                uuid=simulated_uuid(seed, i, model),
-                product_name=model.product_name,
-                architecture=model.architecture,
-                cuda_compute_capability=model.compute_capability,
-                memory_bytes=model.memory_bytes,
-                driver_version=SIMULATED_DRIVER_VERSION,
-                cuda_driver_version=SIMULATED_CUDA_VERSION,
-                pci_bus_id=simulated_pci_bus_id(i),
-                mig_capable=model.mig_capable,
+            with_capabilities(
+                GpuInfo(
+                    index=i,
+                    minor=i,
+                    uuid=simulated_uuid(seed, i, model),
+                    product_name=model.product_name,
+                    architecture=model.architecture,
+                    cuda_compute_capability=model.compute_capability,
+                    memory_bytes=model.memory_bytes,
+                    driver_version=options.driver_version,
+                    cuda_driver_version=SIMULATED_CUDA_VERSION,
+                    pci_bus_id=simulated_pci_bus_id(i),
+                    mig_capable=model.mig_capable,
+                ),
+                caps,
             )
-            for i, model in enumerate(parse_profile(profile))
+            for i, model in enumerate(parse_profile(gpu_profile))
         ]
 
     def gpus(self) -> list[GpuInfo]:

@@ -38,6 +38,11 @@ class GpuInfo:
     mig_capable: bool
     healthy: bool = True
     health_reason: str = ""
+    memory_isolation: str = "limiter"
+    """"driver" or "limiter" (see inventory.capabilities), published as the `memoryIsolation` attribute."""
+    memory_limit_backend: str = "none"
+    mps_namespaces: bool = False
+    isolation_reason: str = ""
 
     def to_json(self) -> dict[str, object]:
         """camelCase keys, as the Kubernetes-facing parts of the project spell attributes."""
@@ -55,6 +60,10 @@ class GpuInfo:
             "migCapable": self.mig_capable,
             "healthy": self.healthy,
             "healthReason": self.health_reason,
+            "memoryIsolation": self.memory_isolation,
+            "memoryLimitBackend": self.memory_limit_backend,
+            "mpsNamespaces": self.mps_namespaces,
+            "isolationReason": self.isolation_reason,
         }
 
 

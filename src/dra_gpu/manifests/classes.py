@@ -10,6 +10,7 @@ the kubelet plugin parses exactly what the classes carry.
 | `timeslice.gpu.dra-gpu.io` | `sharing == "Shared"` | TimeSlicing |
 | `limiter.gpu.dra-gpu.io` | `sharing == "Shared"` | Limiter |
 | `mps.gpu.dra-gpu.io` | `sharing == "MPS"` | MPS |
+| `isolated.gpu.dra-gpu.io` | `sharing == "Shared" && memoryIsolation == "driver"` | Limiter, with the memory cap enforced by the NVIDIA driver on the container's cgroup (hard isolation: never allocated on a node whose driver cannot) |
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
+from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
-from dra_gpu.slices.devices import SHARING_ATTRIBUTE
+from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, SHARING_ATTRIBUTE
 
 Obj = dict[str, Any]
 
@@ -32,6 +34,8 @@ class ClassSpec:
     strategy: Strategy
     mode: GpuSharingMode | None
     """The GPU sharing mode the class selects; None selects every GPU of the driver."""
+    isolation: MemoryIsolation | None = None
+    """The memory isolation the class requires; None accepts any."""
 
 
 CLASSES = (
@@ -39,6 +43,7 @@ CLASSES = (
     ClassSpec(f"timeslice.{DRIVER_NAME}", Strategy.TIME_SLICING, GpuSharingMode.SHARED),
     ClassSpec(f"mps.{DRIVER_NAME}", Strategy.MPS, GpuSharingMode.MPS),
     ClassSpec(f"limiter.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED),
+    ClassSpec(f"isolated.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED, MemoryIsolation.DRIVER),
 )
 
 MODE_FOR_STRATEGY = {
@@ -49,10 +54,14 @@ MODE_FOR_STRATEGY = {
 }
 
 
-def selector_expression(mode: GpuSharingMode | None, driver: str = DRIVER_NAME) -> str:
+def selector_expression(
+    mode: GpuSharingMode | None, driver: str = DRIVER_NAME, isolation: MemoryIsolation | None = None
+) -> str:
     expression = f'device.driver == "{driver}"'
     if mode is not None:
         expression += f' && device.attributes["{driver}"].{SHARING_ATTRIBUTE} == "{mode.value}"'
+    if isolation is not None:
+        expression += f' && device.attributes["{driver}"].{MEMORY_ISOLATION_ATTRIBUTE} == "{isolation.value}"'
     return expression
 
 
@@ -86,7 +95,12 @@ def device_class(
 def device_classes(values: Values) -> list[Obj]:
     names = values.deviceClasses.extendedResourceNames
     return [
-        device_class(c.name, selector_expression(c.mode), gpu_config(c.strategy, values), names.get(c.name))
+        device_class(
+            c.name,
+            selector_expression(c.mode, isolation=c.isolation),
+            gpu_config(c.strategy, values),
+            names.get(c.name),
+        )
         for c in CLASSES
     ]
 

@@ -23,6 +23,7 @@ from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.config import NodeSharing
 from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
+from dra_gpu.inventory.capabilities import log_choice as log_isolation_choice
 from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
@@ -223,6 +224,7 @@ class KubeletPlugin:
                 "gpus": len(self.inventory.gpus()),
             },
         )
+        log_isolation_choice(self.inventory.gpus())
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Leave the kubelet first (registration socket), then finish in-flight calls and clean up.

@@ -35,6 +35,9 @@ MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"
 FULL_CORES = 100
 SHARING_ATTRIBUTE = "sharing"
+MEMORY_ISOLATION_ATTRIBUTE = "memoryIsolation"
+"""`driver` (the NVIDIA driver caps each container's cgroup) or `limiter` (our LD_PRELOAD limiter)."""
+MPS_NAMESPACES_ATTRIBUTE = "mpsNamespaces"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 MAX_STRING = 64
 UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
@@ -117,6 +120,8 @@ def build_device(
             "cudaDriverVersion": version_attribute(gpu.cuda_driver_version),
             PCI_BUS_ID_ATTRIBUTE: {"string": gpu.pci_bus_id},
             SHARING_ATTRIBUTE: {"string": mode.value},
+            MEMORY_ISOLATION_ATTRIBUTE: {"string": gpu.memory_isolation},
+            MPS_NAMESPACES_ATTRIBUTE: {"bool": gpu.mps_namespaces},
         },
         "capacity": {
             MEMORY_CAPACITY: {"value": memory_text},

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from dra_gpu.config import Strategy
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
 CONTAINER_LIBRARY = "/usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
@@ -21,8 +22,8 @@ CONTAINER_STATE_DIR = "/var/run/dra-gpu/limiter"
 
 
 def memory_limit(share: Share, driver: str) -> int | None:
-    config = share.config.sharing.limiter
-    return share.amount("memory", driver, config.memory_bytes() if config is not None else None)
+    """The claim-wide budget is the share's ceiling (`memoryLimit`, else the request)."""
+    return memory_share(share, driver).limit
 
 
 def cores_limit(share: Share, driver: str) -> int | None:

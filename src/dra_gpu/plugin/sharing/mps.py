@@ -47,6 +47,12 @@ def _memory(share: Share, driver: str) -> int | None:
     return share.amount("memory", driver, to_int(limit) if limit is not None else None)
 
 
+def _served_by_v3(share: Share) -> bool:
+    from dra_gpu.plugin.sharing.mps_v3 import uses_v3
+
+    return uses_v3(share)
+
+
 def _sum(values: list[int | None]) -> int | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
@@ -77,7 +83,8 @@ class Mps:
         return None
 
     def contribute(self, plan: Plan, node: NodeContext) -> None:
-        shares = plan.sharing(Strategy.MPS)
+        # GPUs with MPS v3 namespaces are served by mps_v3 (server-side limits).
+        shares = [s for s in plan.sharing(Strategy.MPS) if not _served_by_v3(s)]
         if not shares:
             return
         gpus: dict[str, GpuInfo] = {s.gpu.uuid: s.gpu for s in shares}

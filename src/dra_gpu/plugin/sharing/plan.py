@@ -16,7 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Protocol
 
-from cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
+from cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from dra_gpu.config import GpuConfig, Strategy
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
@@ -102,6 +102,7 @@ class Edits:
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
     device_nodes: list[DeviceNode] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
 
     def add_mount(self, host_path: Path | str, container_path: str, options: list[str]) -> None:
         self.mounts = [m for m in self.mounts if m.container_path != container_path]
@@ -116,6 +117,7 @@ class Edits:
             env=[f"{k}={v}" for k, v in self.env.items()] or None,
             mounts=list(self.mounts) or None,
             device_nodes=list(self.device_nodes) or None,
+            hooks=list(self.hooks) or None,
         )
 
 
