@@ -18,7 +18,8 @@ from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.commands import SimulatedCommands
-from dra_gpu.plugin.sharing.mps_v3 import CONTAINER_PIPE_DIR, SERVER
+from dra_gpu.plugin.sharing.mps import CONTAINER_PIPE_DIR
+from dra_gpu.plugin.sharing.mps_v3 import SERVER
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GIB = 2**30
