@@ -1,0 +1,124 @@
+"""The limiter's compute cap, measured with the GPU's own clock.
+
+`gc_rt busy` launches spin kernels (one block per SM) for a few seconds; every kernel records its
+start and end on the GPU's global timer. The busy fraction is the union of those intervals over the
+window (less a margin at each edge), so two processes of one claim are measured together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucheck.context import Context
+from gpucheck.parse import busy_fraction, intervals_from_bytes
+from gpucheck.proc import Background, Ran
+from gpucheck.report import Result, failed, skipped, verdict
+
+TARGETS = (10, 30, 50, 70)
+# name: (kernel microseconds, kernels per CUDA graph (0: plain launches), processes)
+VARIANTS = {
+    "short": (50.0, 0, 1),
+    "long": (5000.0, 0, 1),
+    "graph": (100.0, 20, 1),
+    "two-processes": (50.0, 0, 2),
+}
+WINDOW_S = 4.0
+QUICK_WINDOW_S = 1.5
+TRIM_NS = 200_000_000
+"""Left out at each edge: start-up of the processes and the limiter's first estimates."""
+BASELINE_MIN_BUSY = 0.9
+
+
+def tolerance(target: int) -> float:
+    """Allowed absolute error in percentage points: 10 % of the target, at least 2 points."""
+    return max(2.0, 0.1 * target)
+
+
+def measure(
+    ctx: Context, env: dict[str, str] | None, kernel_us: float, graph_n: int, processes: int, tag: str
+) -> tuple[float, int, list[Ran]]:
+    """Busy fraction and window (ns) of `processes` concurrent `gc_rt busy` runs started together."""
+    binary = ctx.program("gc_rt_shared")
+    assert binary is not None
+    seconds = QUICK_WINDOW_S if ctx.quick else WINDOW_S
+    outs = [ctx.work / f"busy-{tag}-{i}.bin" for i in range(processes)]
+    argv: list[str | Path] = [binary, "busy", f"{seconds:g}", f"{kernel_us:g}", "--ready"]
+    if graph_n:
+        argv += ["--graph", str(graph_n)]
+    procs = [
+        Background([*argv, "--out", str(o)], env, ctx.work / f"busy-{tag}-{i}.log")
+        for i, o in enumerate(outs)
+    ]
+    try:
+        for p in procs:
+            if not p.wait_for("ready", 120):
+                break
+        for p in procs:
+            p.release()  # all start together
+        ran = [p.collect(seconds + 120) for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+    intervals = []
+    for o in outs:
+        if Path(o).is_file():
+            intervals += intervals_from_bytes(Path(o).read_bytes())
+    busy, window = busy_fraction(intervals, TRIM_NS)
+    return busy, window, ran
+
+
+def baseline(ctx: Context) -> Result:
+    name = "compute.baseline"
+    missing = ctx.missing("gc_rt_shared")
+    if missing:
+        return skipped(name, missing)
+    busy, window, ran = measure(ctx, ctx.base_env(), VARIANTS["short"][0], 0, 1, "baseline")
+    result = verdict(
+        name,
+        all(r.ok for r in ran) and busy >= BASELINE_MIN_BUSY,
+        f"unthrottled short kernels keep the GPU {busy * 100:.1f} % busy (the method needs >= "
+        f"{BASELINE_MIN_BUSY * 100:.0f} %)",
+        busy=busy,
+        window_ns=window,
+    )
+    for r in ran:
+        result.details += r.describe()
+    return result
+
+
+def accuracy(ctx: Context) -> list[Result]:
+    out = []
+    for target in TARGETS:
+        for variant, (kernel_us, graph_n, processes) in VARIANTS.items():
+            name = f"compute.{target}pct.{variant}"
+            missing = ctx.missing("gc_rt_shared", "limiter")
+            if missing:
+                out.append(skipped(name, missing))
+                continue
+            env = ctx.limiter_env(cores=target, state_dir=ctx.state_dir(name))
+            busy, window, ran = measure(ctx, env, kernel_us, graph_n, processes, f"{target}-{variant}")
+            out.append(judge_accuracy(name, target, busy, window, ran))
+    return out
+
+
+def judge_accuracy(name: str, target: int, busy: float, window_ns: int, ran: list[Ran]) -> Result:
+    if not all(r.ok for r in ran) or window_ns == 0:
+        bad = next((r for r in ran if not r.ok), None)
+        result = failed(name, f"no measurement: {bad.why() if bad else 'no kernel intervals recorded'}")
+    else:
+        percent = busy * 100
+        error = percent - target
+        result = verdict(
+            name,
+            abs(error) <= tolerance(target),
+            f"busy {percent:.2f} % for a {target} % cap (error {error:+.2f} points, "
+            f"{error / target * 100:+.1f} % relative; allowed +/-{tolerance(target):.1f} points)",
+            target=target,
+            busy_percent=round(percent, 3),
+            error_points=round(error, 3),
+            relative_error=round(error / target, 4),
+            window_ns=window_ns,
+        )
+    for r in ran:
+        result.details += r.describe()
+    return result
