@@ -149,6 +149,9 @@ def main(argv: list[str]) -> int:
         mounts = [(m.container_path, m.host_path) for m in container.mounts]
         env = host_environment(container.env, mounts)
         env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+        if "LD_LIBRARY_PATH" in os.environ and "LD_LIBRARY_PATH" not in env:
+            # Where the driver's libraries are, which the NVIDIA runtime's hooks provide in a container.
+            env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
         figures["environment"] = {
             k: v for k, v in env.items() if k.startswith(("DRAGPU_", "LD_PRELOAD", "CUDA_"))
         }

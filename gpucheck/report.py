@@ -105,7 +105,7 @@ def load_results(data: dict[str, Any]) -> list[Result]:
     return [Result(**entry) for entry in data["results"]]
 
 
-def render_summary(results: list[Result], width: int = 100) -> str:
+def render_summary(results: list[Result], width: int = 160) -> str:
     """One line per result, failures again at the end with their details, then the counts."""
     name_width = max([len(r.name) for r in results] + [10])
     lines = []

@@ -73,6 +73,11 @@ def baseline(ctx: Context) -> Result:
     if missing:
         return skipped(name, missing)
     busy, window, ran = measure(ctx, ctx.base_env(), VARIANTS["short"][0], 0, 1, "baseline")
+    if not all(r.ok for r in ran):
+        result = failed(name, f"no measurement: {next(r for r in ran if not r.ok).why()}")
+        for r in ran:
+            result.details += r.describe()
+        return result
     result = verdict(
         name,
         all(r.ok for r in ran) and busy >= BASELINE_MIN_BUSY,

@@ -7,6 +7,7 @@ result is a skip that quotes the driver.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 from pathlib import Path
@@ -45,6 +46,13 @@ def refused(text: str) -> bool:
     )
 
 
+def _refusal(name: str, what: str, exc: Exception, **figures: Any) -> Result:
+    """A skip when the driver refused (the node does not allow it), a failure when the command broke."""
+    if refused(str(exc)):
+        return skipped(name, f"the driver refused {what}: {exc}", **figures)
+    return failed(name, f"{what} failed: {exc}", **figures)
+
+
 def compute_mode(ctx: Context) -> Result:
     name = "gpu.compute-mode"
     try:
@@ -57,7 +65,7 @@ def compute_mode(ctx: Context) -> Result:
     try:
         commands.set_compute_mode(ctx.gpu.uuid, ComputeMode.EXCLUSIVE_PROCESS)
     except CommandError as exc:
-        return (skipped if refused(str(exc)) else failed)(name, f"the driver refused: {exc}", before=before)
+        return _refusal(name, "setting EXCLUSIVE_PROCESS", exc, before=before)
     during = _compute_mode(ctx.gpu.uuid)
     try:
         commands.set_compute_mode(ctx.gpu.uuid, ComputeMode.DEFAULT)
@@ -90,10 +98,10 @@ def timeslice(ctx: Context) -> Result:
         try:
             commands.set_timeslice(ctx.gpu.index, value)
         except CommandError as exc:
-            status = skipped if refused(str(exc)) else failed
-            return status(
-                name, f"the driver refused --set-timeslice {value} ({interval}): {exc}", accepted=accepted
-            )
+            if accepted:
+                with contextlib.suppress(CommandError):
+                    commands.set_timeslice(ctx.gpu.index, TIMESLICES["Default"])
+            return _refusal(name, f"--set-timeslice {value} ({interval})", exc, accepted=accepted)
         accepted.append(interval)
         listed = run([smi, "compute-policy", "-i", str(ctx.gpu.index), "-l"], timeout_s=60)
         readback[interval] = listed.stdout.strip()[-200:] if listed.ok else f"no read-back ({listed.why()})"
@@ -139,8 +147,7 @@ def mps(ctx: Context) -> list[Result]:
             commands.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
             commands.start_mps_daemon(uuid, pipe, log_dir)
         except CommandError as exc:
-            status = skipped if refused(str(exc)) else failed
-            return [status("mps.start", f"as the agent starts it: {exc}")]
+            return [_refusal("mps.start", "starting the daemon as the agent does", exc)]
         results.append(passed("mps.start", f"daemon answers on its pipe; compute mode {_compute_mode(uuid)}"))
         results += _mps_clients(ctx, pipe, shm)
         servers = run(
