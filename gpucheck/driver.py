@@ -43,6 +43,11 @@ def _env_path(name: str, default: str) -> Path:
     return value if value.is_absolute() else ROOT / value
 
 
+def _related(name: str, wanted: str) -> bool:
+    """Whether `--only wanted` selects the check or result `name` (by whole dotted parts)."""
+    return name == wanted or name.startswith(wanted + ".") or wanted.startswith(name + ".")
+
+
 def run_check(name: str, check: object, ctx: Context) -> list[Result]:
     """One check; whatever it raises becomes a failed result, so the next check still runs."""
     started = time.monotonic()
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(name for name, _ in CHECKS))
         return 0
-    unknown = [p for p in args.only if not any(n.startswith(p) or p.startswith(n) for n, _ in CHECKS)]
+    unknown = [p for p in args.only if not any(_related(n, p) for n, _ in CHECKS)]
     if unknown:
         print(f"gpu-check: no check named {unknown[0]!r}; --list shows them", file=sys.stderr)
         return EXIT_USAGE
@@ -142,12 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: the project does not import: {report.environment['import_problem']}")
 
     for name, check in CHECKS:
-        if args.only and not any(name.startswith(p) or p.startswith(name) for p in args.only):
+        if args.only and not any(_related(name, p) for p in args.only):
             continue
         for result in run_check(name, check, ctx):
-            if args.only and not any(
-                result.name.startswith(p) or p.startswith(result.name) for p in args.only
-            ):
+            if args.only and not any(_related(result.name, p) for p in args.only):
                 continue
             report.results.append(result)
             print(f"  {result.status.upper():<5} {result.name}: {result.summary}", flush=True)
