@@ -1,7 +1,8 @@
 """The node path end to end, run in its own process by the node-path check (it needs the project).
 
-`python3 -m gpucheck.nodepath GC_DRV LIMITER CAP_BYTES CORES` starts the kubelet plugin with the
-NVML inventory and the real `nvidia-smi` commands, against the in-memory API server; registers and
+`python3 -m gpucheck.nodepath GC_DRV LIMITER CAP_BYTES CORES [INVENTORY]` starts the kubelet plugin
+with the NVML inventory (or INVENTORY, e.g. `simulated:1xH100-80GB` for a test against the limiter's
+fake driver) and the real `nvidia-smi` commands, against the in-memory API server; registers and
 prepares a Limiter claim over gRPC on the plugin's unix sockets; resolves the claim's CDI devices;
 runs GC_DRV with exactly that environment, each mount's container path replaced by its host path (no
 container runtime here); checks the cap it sees; unprepares; and prints one JSON result on stdout.
@@ -90,10 +91,13 @@ def _result(status: str, summary: str, figures: dict[str, Any], details: list[st
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        print("usage: python3 -m gpucheck.nodepath GC_DRV LIMITER CAP_BYTES CORES", file=sys.stderr)
+    if len(argv) not in (4, 5):
+        print(
+            "usage: python3 -m gpucheck.nodepath GC_DRV LIMITER CAP_BYTES CORES [INVENTORY]", file=sys.stderr
+        )
         return 2
     program, limiter, cap, cores = Path(argv[0]), Path(argv[1]).resolve(), int(argv[2]), int(argv[3])
+    inventory_spec = argv[4] if len(argv) == 5 else "nvml"
 
     from cdi.resolver import Registry
     from dra_gpu.config import NodeSharing
@@ -116,7 +120,7 @@ def main(argv: list[str]) -> int:
         limiter_library=limiter,
     )
     config.cdi_dir.mkdir(parents=True)
-    inventory = open_inventory("nvml")
+    inventory = open_inventory(inventory_spec, seed=NODE)
     wanted = os.environ.get("GPU_CHECK_UUID", "")
     gpus = inventory.gpus()
     gpu = next((g for g in gpus if g.uuid == wanted), gpus[0] if gpus else None)
@@ -181,7 +185,13 @@ def main(argv: list[str]) -> int:
         figures.update(reported_total=total, allocated=allocated, last=values.get("last"))
         errors = kubelet.unprepare([claim])
         left = sorted(p.name for p in config.cdi_dir.iterdir() if not p.name.startswith("."))
-        figures.update(unprepare_error=errors.get(claim["metadata"]["uid"], ""), cdi_specs_left=left)
+        claims_dir = config.state_dir / "claims"
+        claim_dirs = sorted(p.name for p in claims_dir.iterdir()) if claims_dir.is_dir() else []
+        figures.update(
+            unprepare_error=errors.get(claim["metadata"]["uid"], ""),
+            cdi_specs_left=left,
+            claim_dirs_left=claim_dirs,
+        )
         problems = []
         if env.get("DRAGPU_CORES_LIMIT") != str(cores):
             problems.append(f"DRAGPU_CORES_LIMIT={env.get('DRAGPU_CORES_LIMIT')}, expected {cores}")
@@ -189,8 +199,10 @@ def main(argv: list[str]) -> int:
             problems.append(f"the program sees total {total}, not the claim's {cap}")
         if not 0 < allocated <= cap:
             problems.append(f"allocated {allocated} under a cap of {cap}")
-        if figures["unprepare_error"] or left:
-            problems.append(f"unprepare: error {figures['unprepare_error']!r}, CDI specs left {left}")
+        if figures["unprepare_error"] or left or claim_dirs:
+            problems.append(
+                f"unprepare: error {figures['unprepare_error']!r}, CDI specs left {left}, claim state left {claim_dirs}"
+            )
         if problems:
             return _result("fail", "; ".join(problems), figures, details)
         return _result(

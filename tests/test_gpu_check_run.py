@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpucheck.build import build_programs
+
 ROOT = Path(__file__).resolve().parents[1]
+
 FAKE = ROOT / "native/limiter/build/fake"
 NO_GPU_LINE = "gpu-check: no NVIDIA GPU found ("
 
@@ -109,3 +114,34 @@ def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path)
     assert done.returncode == data["exit_status"] == 1
     assert "FAIL  limiter.cap.runtime-shared" in done.stdout
     assert done.stdout.rstrip().endswith(f"report: {out / 'report.json'}")
+
+
+@pytest.mark.slow
+@pytest.mark.limiter
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA programs cannot be built"
+)
+@pytest.mark.skipif(
+    not (FAKE / "libcuda.so.1").is_file(),
+    reason="the limiter and its fake driver are not built (make limiter)",
+)
+def test_the_node_path_prepares_runs_under_the_claims_cdi_environment_and_unprepares() -> None:
+    """The node-path program with a simulated inventory: the fake driver takes the claim's GPU UUID."""
+    built = build_programs(ROOT / "build/gpu-check")
+    assert "gc_drv" in built.programs, built.errors
+    cap = 3000 * 2**20
+    env = _environment(LD_LIBRARY_PATH=str(FAKE), PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'src'}")
+    argv = [sys.executable, "-m", "gpucheck.nodepath", str(built.programs["gc_drv"])]
+    argv += [str(FAKE.parent / "libdragpu-limiter.so.1"), str(cap), "30", "simulated:1xH100-80GB"]
+    done = _run(argv, env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["status"] == "pass", result
+    figures = result["figures"]
+    assert figures["reported_total"] == cap
+    assert figures["allocated"] == cap
+    assert figures["environment"]["DRAGPU_CORES_LIMIT"] == "30"
+    assert figures["environment"]["LD_PRELOAD"].endswith("libdragpu-limiter.so.1.0.0"), (
+        "the mounted host file"
+    )
+    assert figures["cdi_specs_left"] == [] and figures["claim_dirs_left"] == []
