@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"gpu-check: built {len(built.programs)} CUDA programs with {built.nvcc} into {build_dir / 'bin'}"
         )
+    for name, error in built.lenient.items():
+        print(f"gpu-check: {name}: built only without warnings as errors ({error})")
 
     gpus, why = find_gpus()
     if not gpus:
@@ -136,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         python=sys.executable,
         quick=os.environ.get("GPU_CHECK_QUICK", "") not in ("", "0"),
     )
-    report = Report(gpu=gpu.to_json(), build={"nvcc": built.nvcc, "errors": built.errors, "log": built.log})
+    report = Report(
+        gpu=gpu.to_json(),
+        build={"nvcc": built.nvcc, "errors": built.errors, "lenient": built.lenient, "log": built.log},
+    )
     report.environment = _python_environment(ctx, _env_path("GPU_CHECK_WHEELS", ".gpu-check-wheels"))
     ctx.limiter, ctx.limiter_error = build_limiter(ROOT)
     report.build["limiter"] = str(ctx.limiter) if ctx.limiter else ctx.limiter_error

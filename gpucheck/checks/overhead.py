@@ -1,4 +1,4 @@
-"""The limiter's cost on real work: the same PyTorch workload with and without the preload, interleaved.
+"""The limiter's cost on real work: the same PyTorch workloads with and without the preload, interleaved.
 
 With the preload the limiter is active but generous: a memory cap of the whole GPU (so every
 allocation is accounted) and no compute cap (the unthrottled launch path, which is what a claim
@@ -19,48 +19,36 @@ MAX_RATIO = 1.05
 
 
 def overhead(ctx: Context) -> list[Result]:
-    out = []
+    names = [f"overhead.{w}" for w in WORKLOADS]
+    if ctx.limiter is None:
+        return [skipped(n, ctx.missing("limiter")) for n in names]
     script = ctx.root / "gpucheck/workloads/torch_bench.py"
-    for workload, iterations in WORKLOADS.items():
-        name = f"overhead.{workload}"
-        if ctx.limiter is None:
-            out.append(skipped(name, ctx.missing("limiter")))
-            continue
-        times: dict[str, list[float]] = {"bare": [], "preload": []}
-        details: list[str] = []
-        problem = ""
-        rounds = QUICK_ROUNDS if ctx.quick else ROUNDS
-        for i in range(rounds):
-            order = ("bare", "preload") if i % 2 == 0 else ("preload", "bare")
-            for kind in order:
-                env = (
-                    ctx.base_env()
-                    if kind == "bare"
-                    else ctx.limiter_env(memory=ctx.gpu.memory_bytes, state_dir=ctx.state_dir(name))
-                )
-                ran = run([ctx.python, script, workload, str(iterations)], env=env, timeout_s=300)
-                values = key_values(ran.stdout)
-                if "skip" in values:
-                    problem = "skip:" + values["skip"]
-                    break
-                seconds = float_of(values, "seconds")
-                if not ran.ok or seconds is None:
-                    problem = f"{kind} run failed: {ran.why()}"
-                    details += ran.describe()
-                    break
-                times[kind].append(seconds)
-            if problem:
-                break
-        if problem.startswith("skip:"):
-            out.append(skipped(name, problem[5:]))
-            continue
-        if problem:
-            result = failed(name, problem)
-            result.details += details
-            out.append(result)
-            continue
-        out.append(judge_overhead(name, times["bare"], times["preload"]))
-    return out
+    argv = [ctx.python, str(script), *(f"{w}={n}" for w, n in WORKLOADS.items())]
+    times: dict[str, dict[str, list[float]]] = {w: {"bare": [], "preload": []} for w in WORKLOADS}
+    for i in range(QUICK_ROUNDS if ctx.quick else ROUNDS):
+        for kind in ("bare", "preload") if i % 2 == 0 else ("preload", "bare"):
+            env = (
+                ctx.base_env()
+                if kind == "bare"
+                else ctx.limiter_env(memory=ctx.gpu.memory_bytes, state_dir=ctx.state_dir("overhead"))
+            )
+            ran = run(argv, env=env, timeout_s=600)
+            values = key_values(ran.stdout)
+            if "skip" in values:
+                return [skipped(n, values["skip"]) for n in names]
+            missing = [w for w in WORKLOADS if float_of(values, f"{w}_seconds") is None]
+            if not ran.ok or missing:
+                out = []
+                for n in names:
+                    result = failed(n, f"the {kind} run failed: {ran.why()}")
+                    result.details += ran.describe()
+                    out.append(result)
+                return out
+            for w in WORKLOADS:
+                seconds = float_of(values, f"{w}_seconds")
+                assert seconds is not None
+                times[w][kind].append(seconds)
+    return [judge_overhead(f"overhead.{w}", times[w]["bare"], times[w]["preload"]) for w in WORKLOADS]
 
 
 def judge_overhead(name: str, bare: list[float], preload: list[float]) -> Result:
