@@ -52,7 +52,17 @@ class Context:
             if not k.startswith(("DRAGPU_", "CUDA_MPS_")) and k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")
         }
         env["CUDA_VISIBLE_DEVICES"] = self.gpu.uuid
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in self.pythonpath)
+        return env
+
+    def project_env(self) -> dict[str, str]:
+        """`base_env` for a Python process that imports the project (and its bundled dependencies).
+
+        Workloads (PyTorch) do not get them, so that they run with the node's own packages.
+        """
+        env = self.base_env()
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(p) for p in [*self.pythonpath, *env.get("PYTHONPATH", "").split(os.pathsep)] if str(p)
+        )
         return env
 
     def state_dir(self, name: str) -> Path:

@@ -67,14 +67,12 @@ def _python_environment(ctx: Context, wheels: Path) -> dict[str, object]:
     """Unpack the bundled wheels and see whether the project imports with them."""
     site = ctx.build / "site"
     unpacked = bundle.unpack(wheels, site)
-    ctx.pythonpath = [ROOT, ROOT / "src"] + ([site] if unpacked else [])
-    if unpacked:
-        ctx.pythonpath = [site, ROOT, ROOT / "src"]
+    ctx.pythonpath = ([site] if unpacked else []) + [ROOT, ROOT / "src"]
     for path in reversed(ctx.pythonpath):
         sys.path.insert(0, str(path))
     probe = run(
         [ctx.python, "-c", "import dra_gpu.plugin, dra_gpu.cli, cdi.resolver"],
-        env=ctx.base_env(),
+        env=ctx.project_env(),
         timeout_s=120,
     )
     return {

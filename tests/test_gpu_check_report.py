@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpucheck import bundle, parse, report
 from gpucheck.checks import compute, gpu_settings, inventory, memory, overhead
+from gpucheck.context import Context
 from gpucheck.driver import run_check
-from gpucheck.gpu import gpus_from_smi, pick
+from gpucheck.gpu import Gpu, gpus_from_smi, pick
 from gpucheck.proc import Ran
 
 MIB = 1024 * 1024
@@ -287,3 +288,62 @@ def test_wheels_unpack_into_one_folder_with_data_purelib_merged(tmp_path: Path) 
     bundle.unpack(wheels, site)
     assert (site / "demo/__init__.py").read_text() == "changed\n", "the same wheels are not unpacked twice"
     assert bundle.unpack(tmp_path / "none", tmp_path / "site2") == []
+
+
+# -- the agent's GPU commands, against a stand-in nvidia-smi ------------------------------------------------
+FAKE_SMI = r"""#!/bin/sh
+# Keeps the compute mode in $STATE like the driver does; refuses everything when $REFUSE is set.
+echo "$*" >> "$STATE.calls"
+if [ -n "$REFUSE" ]; then echo "Insufficient Permissions"; exit 4; fi
+case "$*" in
+  *"-c EXCLUSIVE_PROCESS"*) echo Exclusive_Process > "$STATE" ;;
+  *"-c DEFAULT"*) echo Default > "$STATE" ;;
+  *"--query-gpu=compute_mode"*) cat "$STATE" 2>/dev/null || echo Default ;;
+  *"compute-policy"*"--set-timeslice"*) echo "Set timeslice" ;;
+  *"compute-policy"*"-l"*) echo "Timeslice: $(tail -1 "$STATE.calls")" ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+@pytest.fixture
+def smi_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_SMI)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("STATE", str(tmp_path / "state"))
+    gpu = Gpu(0, UUID, "NVIDIA H100 80GB HBM3", 81559 * MIB, "580.95.05")
+    return Context(
+        root=Path(__file__).resolve().parents[1], build=tmp_path, out=tmp_path, gpu=gpu, work=tmp_path
+    )
+
+
+def test_compute_mode_is_set_read_back_and_restored(smi_context: Context, tmp_path: Path) -> None:
+    result = gpu_settings.compute_mode(smi_context)
+    assert result.status == report.PASS, result.summary
+    assert result.figures == {"before": "Default", "during": "Exclusive_Process", "after": "Default"}
+    calls = (tmp_path / "state.calls").read_text().splitlines()
+    assert f"-i {UUID} -c EXCLUSIVE_PROCESS" in calls and calls.count(f"-i {UUID} -c DEFAULT") == 1
+
+
+def test_timeslice_intervals_are_accepted_and_default_comes_last(
+    smi_context: Context, tmp_path: Path
+) -> None:
+    result = gpu_settings.timeslice(smi_context)
+    assert result.status == report.PASS, result.summary
+    assert result.figures["accepted"] == ["Short", "Medium", "Long", "Default"]
+    sets = [c for c in (tmp_path / "state.calls").read_text().splitlines() if "--set-timeslice" in c]
+    assert sets[-1] == "compute-policy -i 0 --set-timeslice 0"
+
+
+def test_a_refusing_driver_is_reported_as_a_skip_quoting_it(
+    smi_context: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REFUSE", "1")
+    result = gpu_settings.compute_mode(smi_context)
+    assert result.status == report.SKIP
+    assert result.summary.startswith("the driver refused setting EXCLUSIVE_PROCESS:")
+    assert "Insufficient Permissions" in result.summary
+    assert gpu_settings.timeslice(smi_context).status == report.SKIP

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gpucheck import agent
 from gpucheck.context import MIB, Context
 from gpucheck.parse import int_of, key_values, smi_csv
 from gpucheck.proc import Ran, background, run, which
@@ -25,9 +26,8 @@ TIMESLICES = {"Short": 1, "Medium": 2, "Long": 3, "Default": 0}
 
 
 def _commands() -> Any:
-    from dra_gpu.plugin.commands import NvidiaCommands
-
-    return NvidiaCommands(isolate_shm=True)
+    """The agent's commands, as the agent makes them on a node with real GPUs."""
+    return agent.commands().NvidiaCommands(isolate_shm=True)
 
 
 def _compute_mode(uuid: str) -> str:
@@ -55,12 +55,8 @@ def _refusal(name: str, what: str, exc: Exception, **figures: Any) -> Result:
 
 def compute_mode(ctx: Context) -> Result:
     name = "gpu.compute-mode"
-    try:
-        from dra_gpu.plugin.commands import CommandError, ComputeMode
-
-        commands = _commands()
-    except ImportError as exc:
-        return failed(name, f"the project is not importable: {exc}")
+    CommandError, ComputeMode = agent.commands().CommandError, agent.commands().ComputeMode
+    commands = _commands()
     before = _compute_mode(ctx.gpu.uuid)
     try:
         commands.set_compute_mode(ctx.gpu.uuid, ComputeMode.EXCLUSIVE_PROCESS)
@@ -85,12 +81,8 @@ def compute_mode(ctx: Context) -> Result:
 def timeslice(ctx: Context) -> Result:
     """`nvidia-smi compute-policy --set-timeslice` for each interval, back to Default."""
     name = "gpu.timeslice"
-    try:
-        from dra_gpu.plugin.commands import CommandError
-
-        commands = _commands()
-    except ImportError as exc:
-        return failed(name, f"the project is not importable: {exc}")
+    CommandError = agent.commands().CommandError
+    commands = _commands()
     accepted: list[str] = []
     readback: dict[str, str] = {}
     smi = which("nvidia-smi") or "nvidia-smi"
@@ -129,12 +121,8 @@ def mps(ctx: Context) -> list[Result]:
         return [skipped("mps", missing)]
     if which("unshare") is None:
         return [skipped("mps", "unshare not found (util-linux): clients cannot get the daemon's /dev/shm")]
-    try:
-        from dra_gpu.plugin.commands import CommandError, ComputeMode
-
-        commands = _commands()
-    except ImportError as exc:
-        return [failed("mps", f"the project is not importable: {exc}")]
+    CommandError, ComputeMode = agent.commands().CommandError, agent.commands().ComputeMode
+    commands = _commands()
     uuid = ctx.gpu.uuid
     base = ctx.work / "mps" / uuid
     pipe, log_dir, shm = base / "pipe", base / "log", base / "shm"

@@ -20,7 +20,7 @@ def inventory(ctx: Context) -> Result:
     smi = which("nvidia-smi")
     if smi is None:
         return skipped(name, "nvidia-smi not found: nothing to compare NVML's inventory with")
-    ours = run([ctx.python, "-m", "dra_gpu.cli", "gpus", "-o", "json"], env=ctx.base_env(), timeout_s=120)
+    ours = run([ctx.python, "-m", "dra_gpu.cli", "gpus", "-o", "json"], env=ctx.project_env(), timeout_s=120)
     query = run([smi, f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits"], timeout_s=60)
     header = run([smi], timeout_s=60)
     details = ours.describe() + query.describe()

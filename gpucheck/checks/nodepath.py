@@ -17,7 +17,7 @@ def nodepath(ctx: Context) -> Result:
     missing = ctx.missing("gc_drv", "limiter")
     if missing:
         return skipped(name, missing)
-    env = ctx.base_env()
+    env = ctx.project_env()
     env["GPU_CHECK_UUID"] = ctx.gpu.uuid
     env.pop("CUDA_VISIBLE_DEVICES", None)  # the plugin sees the node's GPUs, the claim's spec sets it
     ran = run(
