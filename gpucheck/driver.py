@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from gpucheck import bundle
-from gpucheck.build import build_limiter, build_programs
+from gpucheck.build import PROGRAMS, Built, build_limiter, build_programs
 from gpucheck.checks import CHECKS
 from gpucheck.context import Context
 from gpucheck.gpu import find_gpus, pick
@@ -29,6 +29,8 @@ from gpucheck.report import (
     EXIT_NO_GPU,
     EXIT_USAGE,
     FAIL,
+    PASS,
+    SKIP,
     Report,
     Result,
     exit_status,
@@ -81,6 +83,28 @@ def _python_environment(ctx: Context, wheels: Path) -> dict[str, object]:
         "project_importable": probe.ok,
         "import_problem": "" if probe.ok else probe.why(),
     }
+
+
+def build_results(built: Built, ctx: Context) -> list[Result]:
+    """What could not be built cannot be checked: on a GPU node that is a failure, not a skip."""
+    out = []
+    for program in PROGRAMS:
+        name = f"build.{program.name}"
+        if built.nvcc is None:
+            out.append(Result(name, SKIP, "nvcc not found: the checks that run this program are skipped"))
+        elif program.name in built.errors:
+            out.append(Result(name, FAIL, built.errors[program.name]))
+        elif program.name in built.lenient:
+            out.append(
+                Result(name, PASS, f"built only without warnings as errors: {built.lenient[program.name]}")
+            )
+        else:
+            out.append(Result(name, PASS, str(built.programs[program.name])))
+    if ctx.limiter is None:
+        out.append(Result("build.limiter", FAIL, ctx.limiter_error))
+    else:
+        out.append(Result("build.limiter", PASS, str(ctx.limiter)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {ctx.limiter_error}")
     if not report.environment["project_importable"]:
         print(f"gpu-check: the project does not import: {report.environment['import_problem']}")
+    if not args.only:
+        for result in build_results(built, ctx):
+            report.results.append(result)
+            print(f"  {result.status.upper():<5} {result.name}: {result.summary}")
 
     for name, check in CHECKS:
         if args.only and not any(_related(name, p) for p in args.only):
