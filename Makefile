@@ -45,7 +45,8 @@ demo: venv
 
 # The GPU check (gpucheck/, README "Checking a GPU node"): the system python3, no .venv. Exits 77
 # where there is no NVIDIA GPU, after building the CUDA programs. gpu-check-bundle fetches the wheels
-# a GPU node lacks into GPU_CHECK_WHEELS (needs a package registry).
+# a GPU node lacks into GPU_CHECK_WHEELS (needs a package registry), for CPython 3.12 unless
+# GPU_CHECK_PYTHON_VERSION says otherwise.
 GPU_CHECK_WHEELS ?= .gpu-check-wheels
 GPU_CHECK_PYTHON ?= python3
 

@@ -1,9 +1,9 @@
 """The project's Python dependencies that a GPU node may lack, as wheels that travel with the tree.
 
 `python -m gpucheck.bundle DIR` (run by `make gpu-check-bundle` on a machine with a package
-registry, in the project's environment) downloads, for CPython 3.12 on manylinux x86_64, the wheels
-of `BUNDLED` at the versions installed in the running environment (the versions the tests ran
-with). On the GPU node, `unpack` extracts them into a folder that goes first on PYTHONPATH; no pip,
+registry, in the project's environment) downloads, for CPython 3.12 (GPU_CHECK_PYTHON_VERSION) on
+manylinux x86_64, the wheels of `BUNDLED` at the versions installed in the running environment (the
+versions the tests ran with). On the GPU node, `unpack` extracts them into a folder that goes first on PYTHONPATH; no pip,
 no network. The Kubernetes client is not bundled: the node path imports it only when it talks to
 a real API server.
 """
@@ -11,6 +11,8 @@ a real API server.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,8 @@ BUNDLED = (
     # The CLI imports every command, the controller's allocator (CEL) included.
     "common-expression-language",
 )
-PYTHON_VERSION = "3.12"
+PYTHON_VERSION = os.environ.get("GPU_CHECK_PYTHON_VERSION") or "3.12"
+"""The GPU node's Python (`make gpu-check-bundle GPU_CHECK_PYTHON_VERSION=3.11` for another one)."""
 PLATFORMS = (
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
@@ -101,6 +104,12 @@ def unpack(wheels: Path, site: Path) -> list[str]:
                     shutil.copyfileobj(src, out)
     marker.write_text(json.dumps(found))
     return found
+
+
+def foreign(wheels: list[str], version: tuple[int, int] = sys.version_info[:2]) -> list[str]:
+    """The wheels built for another CPython than `version` (they will not import)."""
+    tag = f"cp{version[0]}{version[1]}"
+    return [w for w in wheels if (m := re.search(r"-(cp3\d+)-(cp3\d+)-", w)) and m.group(2) != tag]
 
 
 def main(argv: list[str]) -> int:

@@ -77,9 +77,13 @@ def _python_environment(ctx: Context, wheels: Path) -> dict[str, object]:
         env=ctx.project_env(),
         timeout_s=120,
     )
+    other = bundle.foreign(unpacked)
+    if other:
+        print(f"gpu-check: wheels for another Python than {sys.version.split()[0]}: {', '.join(other)}")
     return {
         "python": sys.version.split()[0],
         "wheels": unpacked,
+        "wheels_for_another_python": other,
         "project_importable": probe.ok,
         "import_problem": "" if probe.ok else probe.why(),
     }

@@ -347,3 +347,13 @@ def test_a_refusing_driver_is_reported_as_a_skip_quoting_it(
     assert result.summary.startswith("the driver refused setting EXCLUSIVE_PROCESS:")
     assert "Insufficient Permissions" in result.summary
     assert gpu_settings.timeslice(smi_context).status == report.SKIP
+
+
+def test_wheels_for_another_python_are_named() -> None:
+    wheels = [
+        "grpcio-1.85.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+        "pydantic-2.14.3-py3-none-any.whl",
+    ]
+    assert bundle.foreign(wheels, (3, 12)) == []
+    assert bundle.foreign(wheels, (3, 11)) == [wheels[0]]
