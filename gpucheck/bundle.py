@@ -2,8 +2,8 @@
 
 `python -m gpucheck.bundle DIR` (run by `make gpu-check-bundle` on a machine with a package
 registry, in the project's environment) downloads, for CPython 3.12 (GPU_CHECK_PYTHON_VERSION) on
-manylinux x86_64, the wheels of `BUNDLED` at the versions installed in the running environment (the
-versions the tests ran with). On the GPU node, `unpack` extracts them into a folder that goes first on PYTHONPATH; no pip,
+manylinux x86_64, the wheels of `ROOTS` and what they require, less what the node has, at the
+versions installed in the running environment (the versions the tests ran with). On the GPU node, `unpack` extracts them into a folder that goes first on PYTHONPATH; no pip,
 no network. The Kubernetes client is not bundled: the node path imports it only when it talks to
 a real API server.
 """
@@ -20,12 +20,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-BUNDLED = (
+ROOTS = (
     "pydantic",
-    "pydantic-core",
-    "annotated-types",
-    "typing-extensions",
-    "typing-inspection",
     # The generated gRPC and protobuf modules check the runtime's version: bring the one they need.
     "grpcio",
     "grpcio-health-checking",
@@ -33,6 +29,8 @@ BUNDLED = (
     # The CLI imports every command, the controller's allocator (CEL) included.
     "common-expression-language",
 )
+NODE_HAS = ("jinja2", "markupsafe", "pyyaml", "prometheus-client", "nvidia-ml-py")
+"""What the GPU node provides itself (with PyTorch and CuPy): not bundled."""
 PYTHON_VERSION = os.environ.get("GPU_CHECK_PYTHON_VERSION") or "3.12"
 """The GPU node's Python (`make gpu-check-bundle GPU_CHECK_PYTHON_VERSION=3.11` for another one)."""
 PLATFORMS = (
@@ -44,18 +42,35 @@ PLATFORMS = (
 MARKER = ".unpacked.json"
 
 
-def pins() -> list[str]:
-    """`name==version` of each bundled distribution as installed here."""
-    out = []
-    for name in BUNDLED:
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def closure(roots: tuple[str, ...] = ROOTS) -> list[str]:
+    """The roots and every distribution they require (extras left out), as installed here."""
+    seen: dict[str, str] = {}
+    todo = list(roots)
+    while todo:
+        name = _norm(todo.pop())
+        if name in seen or name in NODE_HAS:
+            continue
         try:
-            out.append(f"{name}=={metadata.version(name)}")
+            dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            raise SystemExit(
-                f"gpu-check-bundle: {name} is not installed in this environment ({sys.executable}); "
-                "run it with the project's environment (make venv)"
-            ) from None
-    return out
+            if name in map(_norm, roots):
+                raise SystemExit(
+                    f"gpu-check-bundle: {name} is not installed in this environment ({sys.executable}); "
+                    "run it with the project's environment (make venv)"
+                ) from None
+            continue  # a requirement for another platform or Python
+        seen[name] = dist.version
+        for requirement in dist.requires or []:
+            if "extra" in requirement.partition(";")[2]:
+                continue
+            match = re.match(r"[A-Za-z0-9._-]+", requirement)
+            if match:
+                todo.append(match.group(0))
+    return sorted(f"{name}=={version}" for name, version in seen.items())
 
 
 def download(target: Path) -> int:
@@ -67,7 +82,7 @@ def download(target: Path) -> int:
     argv += ["--abi", f"cp{PYTHON_VERSION.replace('.', '')}", "--abi", "abi3", "--abi", "none"]
     for platform in PLATFORMS:
         argv += ["--platform", platform]
-    argv += ["--dest", str(target), *pins()]
+    argv += ["--dest", str(target), *closure()]
     done = subprocess.run(argv, check=False)
     if done.returncode != 0:
         print(f"gpu-check-bundle: pip download failed (exit {done.returncode})", file=sys.stderr)

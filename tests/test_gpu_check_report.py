@@ -357,3 +357,10 @@ def test_wheels_for_another_python_are_named() -> None:
     ]
     assert bundle.foreign(wheels, (3, 12)) == []
     assert bundle.foreign(wheels, (3, 11)) == [wheels[0]]
+
+
+def test_the_bundle_is_what_the_node_path_needs_less_what_the_node_has() -> None:
+    pinned = {p.split("==")[0] for p in bundle.closure()}
+    assert {"pydantic", "pydantic-core", "grpcio", "protobuf", "common-expression-language"} <= pinned
+    assert not pinned & {"jinja2", "pyyaml", "prometheus-client", "nvidia-ml-py"}, "the node has those"
+    assert "kubernetes" not in pinned, "imported only when talking to a real API server"
