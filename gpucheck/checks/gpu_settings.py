@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,46 +136,44 @@ def mps(ctx: Context) -> list[Result]:
             commands.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
             commands.start_mps_daemon(uuid, pipe, log_dir)
         except CommandError as exc:
-            return [_refusal("mps.start", "starting the daemon as the agent does", exc)]
-        results.append(passed("mps.start", f"daemon answers on its pipe; compute mode {_compute_mode(uuid)}"))
-        results += _mps_clients(ctx, pipe, shm)
-        servers = run(
-            [control], env={**ctx.base_env(), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, stdin="get_server_list\n"
-        )
-        results.append(
-            verdict(
-                "mps.server",
-                servers.ok and bool(servers.stdout.strip()),
-                f"get_server_list: {servers.stdout.strip() or servers.why()} (empty: clients did not go through MPS)",
+            results.append(_refusal("mps.start", "starting the daemon as the agent does", exc))
+        else:
+            results.append(
+                passed("mps.start", f"daemon answers on its pipe; compute mode {_compute_mode(uuid)}")
             )
-        )
+            results += _mps_clients(ctx, control, pipe, shm)
     finally:
-        problems = []
-        try:
-            commands.stop_mps_daemon(uuid, pipe)
-        except CommandError as exc:
-            problems.append(str(exc))
-        try:
-            commands.set_compute_mode(uuid, ComputeMode.DEFAULT)
-        except CommandError as exc:
-            problems.append(str(exc))
-        still = commands.mps_daemon_running(uuid, pipe)
-        mode = _compute_mode(uuid)
-        if still:
-            problems.append("the daemon still answers after quit")
-        results.append(
-            verdict(
-                "mps.stop",
-                not problems,
-                "; ".join(problems) or f"daemon stopped; compute mode {mode}",
-                compute_mode=mode,
-            )
-        )
+        results.append(_stop_mps(commands, CommandError, ComputeMode, uuid, pipe))
         shutil.rmtree(base, ignore_errors=True)
     return results
 
 
-def _mps_clients(ctx: Context, pipe: Path, shm: Path) -> list[Result]:
+def _stop_mps(commands: Any, error: Any, modes: Any, uuid: str, pipe: Path) -> Result:
+    """As the agent's last MPS claim does: quit the daemon, then the default compute mode."""
+    problems = []
+    try:
+        commands.stop_mps_daemon(uuid, pipe)
+    except error as exc:
+        problems.append(str(exc))
+    deadline = time.monotonic() + 15
+    while commands.mps_daemon_running(uuid, pipe) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the server exits after the daemon; the compute mode cannot change before
+    if commands.mps_daemon_running(uuid, pipe):
+        problems.append("the daemon still answers 15 s after quit")
+    try:
+        commands.set_compute_mode(uuid, modes.DEFAULT)
+    except error as exc:
+        problems.append(str(exc))
+    mode = _compute_mode(uuid)
+    return verdict(
+        "mps.stop",
+        not problems,
+        "; ".join(problems) or f"daemon stopped; compute mode {mode}",
+        compute_mode=mode,
+    )
+
+
+def _mps_clients(ctx: Context, control: str, pipe: Path, shm: Path) -> list[Result]:
     binary = ctx.program("gc_rt_shared")
     assert binary is not None
     envs = {}
@@ -192,13 +191,23 @@ def _mps_clients(ctx: Context, pipe: Path, shm: Path) -> list[Result]:
         ctx.work / "mps-a.log",
     ) as holder:
         holder.wait_for("holding", 120)
+        servers = run(
+            [control], env={**ctx.base_env(), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, stdin="get_server_list\n"
+        )
         second = run(
             _client([str(binary), "family", "malloc", str(64 * MIB), str(2 * limit_b)], shm),
             env=envs[b],
             timeout_s=120,
         )
         first = holder.collect(30)
-    results = []
+    results = [
+        verdict(
+            "mps.server",
+            servers.ok and bool(servers.stdout.strip()),
+            f"get_server_list while a client runs: {servers.stdout.strip() or servers.why()} "
+            "(empty: the client did not go through MPS)",
+        )
+    ]
     for (client, percent, limit), ran in zip(MPS_CLIENTS, (first, second), strict=True):
         sms = run(_client([str(binary), "sms", "4096", "2000"], shm), env=envs[client], timeout_s=120)
         results.append(

@@ -124,7 +124,8 @@ def views(ctx: Context) -> list[Result]:
     for view in ("torch", "nvml"):
         name = f"limiter.view.{view}"
         env = ctx.limiter_env(memory=cap, state_dir=ctx.state_dir(name))
-        ran = run([ctx.python, script, view, str(CHUNK)], env=env, timeout_s=300)
+        argv = [ctx.python, str(script), view] + ([str(CHUNK), str(2 * cap)] if view == "torch" else [])
+        ran = run(argv, env=env, timeout_s=300)
         values = key_values(ran.stdout)
         if "skip" in values:
             out.append(skipped(name, values["skip"]))

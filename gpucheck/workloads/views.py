@@ -1,7 +1,7 @@
-"""What a Python process sees of the GPU's memory: `views.py torch CHUNK` or `views.py nvml`.
+"""What a Python process sees of the GPU's memory: `views.py torch CHUNK MAX` or `views.py nvml`.
 
-Prints `key=value` lines: total=, free= and, for torch, allocated= (tensors of CHUNK bytes until
-out of memory, at most twice the reported total); `skip=<reason>` when the library is missing.
+Prints `key=value` lines: total=, free= and, for torch, allocated= (tensors of CHUNK bytes, then
+smaller ones, until out of memory or MAX bytes); `skip=<reason>` when the library is missing.
 Run under the limiter's environment by the GPU check.
 """
 
@@ -11,7 +11,7 @@ import os
 import sys
 
 
-def torch_view(chunk: int) -> int:
+def torch_view(chunk: int, most: int) -> int:
     try:
         import torch  # type: ignore[import-not-found, unused-ignore]
     except ImportError as exc:
@@ -25,7 +25,7 @@ def torch_view(chunk: int) -> int:
     held = []
     allocated = 0
     size = chunk
-    while size >= 1 << 20 and allocated + size <= 2 * total:
+    while size >= 1 << 20 and allocated + size <= most:
         try:
             held.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
             allocated += size
@@ -62,11 +62,11 @@ def nvml_view() -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 1 and argv[0] == "torch":
-        return torch_view(int(argv[1]) if len(argv) > 1 else 256 << 20)
-    if len(argv) >= 1 and argv[0] == "nvml":
+    if len(argv) == 3 and argv[0] == "torch":
+        return torch_view(int(argv[1]), int(argv[2]))
+    if argv == ["nvml"]:
         return nvml_view()
-    print("usage: views.py torch [CHUNK] | views.py nvml", file=sys.stderr)
+    print("usage: views.py torch CHUNK MAX | views.py nvml", file=sys.stderr)
     return 2
 
 
