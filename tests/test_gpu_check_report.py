@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 import sys
 import zipfile
@@ -364,3 +366,51 @@ def test_the_bundle_is_what_the_node_path_needs_less_what_the_node_has() -> None
     assert {"pydantic", "pydantic-core", "grpcio", "protobuf", "common-expression-language"} <= pinned
     assert not pinned & {"jinja2", "pyyaml", "prometheus-client", "nvidia-ml-py"}, "the node has those"
     assert "kubernetes" not in pinned, "imported only when talking to a real API server"
+
+
+FAKE_MPS_CONTROL = r"""#!/bin/sh
+# Stands in for nvidia-cuda-mps-control: `-d` starts a daemon (a file in the pipe directory), the
+# control client answers while it runs; a client's program creates the server.
+echo "$* $(cat 2>/dev/null | tr '\n' ' ')" >> "$STATE.mps"
+dir="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then touch "$dir/daemon"; exit 0; fi
+[ -e "$dir/daemon" ] || exit 1
+case "$(tail -1 "$STATE.mps")" in
+  *get_server_list*) [ -e "$dir/server" ] && echo 4242 ;;
+  *quit*) rm -f "$dir/daemon" "$dir/server" ;;
+esac
+exit 0
+"""
+FAKE_CLIENT = r"""#!/bin/sh
+# A CUDA program under MPS: it finds the GPU's /dev/shm (mounted by the check) and the daemon.
+[ -e "$CUDA_MPS_PIPE_DIRECTORY/daemon" ] || { echo "error=cudaErrorMpsConnectionFailed"; exit 3; }
+touch "$CUDA_MPS_PIPE_DIRECTORY/server"
+mib=${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT#0=}; mib=${mib%M}
+pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+case "$1" in
+  family) echo "allocated=$(( (mib - 64) * 1048576 ))"; echo "last=cudaErrorMemoryAllocation"
+          if [ "$5" = "--hold" ]; then echo holding; cat >/dev/null; fi ;;
+  sms) echo "sms_used=$(( 132 * pct / 100 ))"; echo "sms=132" ;;
+esac
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_mps_is_started_as_the_agent_does_each_client_checked_and_stopped(
+    smi_context: Context, tmp_path: Path
+) -> None:
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "nvidia-cuda-mps-control").write_text(FAKE_MPS_CONTROL)
+    (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    client = bin_dir / "client"
+    client.write_text(FAKE_CLIENT)
+    client.chmod(0o755)
+    smi_context.programs["gc_rt_shared"] = client
+    results = {r.name: r for r in gpu_settings.mps(smi_context)}
+    assert [r.status for r in results.values()] == [report.PASS] * 5, [r.summary for r in results.values()]
+    assert list(results) == ["mps.start", "mps.server", "mps.client-a", "mps.client-b", "mps.stop"]
+    assert results["mps.start"].summary.endswith("compute mode Exclusive_Process")
+    assert results["mps.client-a"].figures["sms_used"] == 33
+    assert results["mps.client-b"].figures["allocated"] == (2048 - 64) * MIB
+    assert results["mps.stop"].figures["compute_mode"] == "Default"
+    assert "quit" in (tmp_path / "state.mps").read_text()
