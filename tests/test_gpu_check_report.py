@@ -414,3 +414,65 @@ def test_mps_is_started_as_the_agent_does_each_client_checked_and_stopped(
     assert results["mps.client-b"].figures["allocated"] == (2048 - 64) * MIB
     assert results["mps.stop"].figures["compute_mode"] == "Default"
     assert "quit" in (tmp_path / "state.mps").read_text()
+
+
+FAKE_BUSY = r"""#!/usr/bin/env python3
+# Stands in for `gc_rt busy ... --ready --out FILE`: busy for DRAGPU_CORES_LIMIT % of a 2 s window
+# (100 % without it), in kernels of 50 us; a second process of the claim takes turns with the first.
+import os, struct, sys
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+print("ready", flush=True)
+sys.stdin.read(1)
+share = int(os.environ.get("DRAGPU_CORES_LIMIT", "100")) / 100
+index = int(out.rsplit("-", 1)[1].split(".")[0])
+period = 1_000_000  # 1 ms periods; in each, the claim's processes run one after the other
+with open(out, "wb") as f:
+    for p in range(2000):
+        start = p * period + index * int(share * period / 2)
+        length = int(share * period / 2) if "two" in out else int(share * period)
+        if index == 0 or "two" in out:
+            f.write(struct.pack("<QQ", start, start + length))
+print("launches=2000")
+"""
+
+
+def test_compute_accuracy_runs_the_processes_of_a_claim_together_and_unions_their_kernels(
+    smi_context: Context, tmp_path: Path
+) -> None:
+    busy = tmp_path / "bin" / "busy"
+    busy.write_text(FAKE_BUSY)
+    busy.chmod(0o755)
+    smi_context.programs["gc_rt_shared"] = busy
+    smi_context.limiter = tmp_path / "libdragpu-limiter.so.1"
+    smi_context.quick = True
+    assert compute.baseline(smi_context).status == report.PASS
+    results = {r.name: r for r in compute.accuracy(smi_context)}
+    assert len(results) == 16
+    assert all(r.status == report.PASS for r in results.values()), [r.summary for r in results.values()]
+    assert results["compute.30pct.two-processes"].figures["busy_percent"] == pytest.approx(30.0, abs=0.1)
+    assert results["compute.70pct.graph"].figures["target"] == 70
+
+
+def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Context, tmp_path: Path) -> None:
+    python = tmp_path / "bin" / "python"
+    python.write_text(
+        '#!/bin/sh\nif [ -n "$LD_PRELOAD" ]; then t=1.02; else t=1.00; fi\n'
+        'echo "preload=${LD_PRELOAD:-none}" >> "$STATE.runs"\n'
+        "echo matmul_seconds=$t; echo train_seconds=$t; echo graph_seconds=1.5\n"
+    )
+    python.chmod(0o755)
+    smi_context.python = str(python)
+    smi_context.limiter = tmp_path / "libdragpu-limiter.so.1"
+    results = {r.name: r for r in overhead.overhead(smi_context)}
+    assert results["overhead.matmul"].figures["ratio"] == pytest.approx(1.02)
+    assert results["overhead.graph"].figures["ratio"] == pytest.approx(1.0)
+    assert all(r.status == report.PASS for r in results.values())
+    runs = (tmp_path / "state.runs").read_text().splitlines()
+    assert runs[:4] == [
+        "preload=none",
+        f"preload={smi_context.limiter}",
+        f"preload={smi_context.limiter}",
+        "preload=none",
+    ]
+    assert len(runs) == 2 * overhead.ROUNDS
