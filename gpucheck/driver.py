@@ -1,8 +1,8 @@
 """`python3 -m gpucheck` (`make gpu-check`): build, find the GPU, run every check, report.
 
-Exit status: 0 all checks passed (skips and known limits included), 1 a check failed, 2 bad usage,
-77 no NVIDIA GPU here (after building the CUDA programs, so that a GPU-less machine still proves
-they compile).
+Exit status: 0 all checks passed (skips and known limits included), 1 a check failed (or, without a
+GPU, a CUDA program failed to build), 2 bad usage, 77 no NVIDIA GPU here (after building the CUDA
+programs, so that a GPU-less machine still proves they compile).
 
 Environment: GPU_CHECK_OUT (report directory, default gpu-check-out), GPU_CHECK_BUILD (default
 build/gpu-check), GPU_CHECK_WHEELS (bundled wheels, default .gpu-check-wheels), GPU_CHECK_GPU
@@ -26,6 +26,7 @@ from gpucheck.context import Context
 from gpucheck.gpu import find_gpus, pick
 from gpucheck.proc import run
 from gpucheck.report import (
+    EXIT_FAILED,
     EXIT_NO_GPU,
     EXIT_USAGE,
     FAIL,
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     gpus, why = find_gpus()
     if not gpus:
         print(f"gpu-check: no NVIDIA GPU found ({why}): nothing to check here")
-        return EXIT_NO_GPU
+        # Building the programs is the part of the check that runs everywhere: a failure fails.
+        return EXIT_FAILED if built.nvcc and built.errors else EXIT_NO_GPU
     gpu = pick(gpus, os.environ.get("GPU_CHECK_GPU", ""))
     if gpu is None:
         names = ", ".join(f"{g.index} ({g.uuid})" for g in gpus)

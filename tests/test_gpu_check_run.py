@@ -145,3 +145,19 @@ def test_the_node_path_prepares_runs_under_the_claims_cdi_environment_and_unprep
         "the mounted host file"
     )
     assert figures["cdi_specs_left"] == [] and figures["claim_dirs_left"] == []
+
+
+def test_a_cuda_program_that_does_not_build_fails_the_run_even_without_a_gpu(tmp_path: Path) -> None:
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\necho \"nvcc fatal   : Unsupported gpu architecture 'compute_80'\" >&2\nexit 1\n"
+    )
+    nvcc.chmod(0o755)
+    env = _environment(NVCC=str(nvcc), GPU_CHECK_BUILD=str(tmp_path / "build"), PATH="/usr/bin:/bin")
+    done = _run([sys.executable, "-m", "gpucheck"], env, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "gpu-check: gc_rt_shared: build failed: exit 1: nvcc fatal   : Unsupported gpu architecture 'compute_80'"
+        in done.stdout
+    )
+    assert done.stdout.splitlines()[-1].startswith(NO_GPU_LINE)
