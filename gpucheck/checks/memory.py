@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpucheck.context import GIB, MIB, Context
 from gpucheck.parse import int_of, key_values, mib_to_bytes, smi_csv
 from gpucheck.proc import Ran, background, run, which
@@ -48,9 +50,55 @@ def _fill(ctx: Context, program: str, family: str, chunk: int, max_bytes: int, e
     return run([binary, "family", family, str(chunk), str(max_bytes)], env=env, timeout_s=HERE_TIMEOUT_S)
 
 
+def context_bytes(ctx: Context) -> int | None:
+    """What the driver holds for a process that has a context and allocated nothing (NVML, per process).
+
+    The goal for usable memory under a cap C is C minus this.
+    """
+    binary = ctx.program("gc_drv")
+    if binary is None:
+        return None
+    try:
+        import pynvml  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    with background(
+        [binary, "family", "mem", str(MIB), "0", "--hold"], ctx.base_env(), ctx.work / "ctx.log"
+    ) as p:
+        if not p.wait_for("holding", 60):
+            return None
+        try:
+            return _nvml_process_memory(pynvml, ctx.gpu.uuid, p.process.pid)
+        except Exception:  # an optional figure: any NVML or binding problem just leaves it out
+            return None
+    return None
+
+
+def _nvml_process_memory(pynvml: Any, uuid: str, pid: int) -> int | None:
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        for suffix in ("_v3", "_v2", ""):  # the bindings refuse an unversioned call to another NVML
+            query = getattr(pynvml, f"nvmlDeviceGetComputeRunningProcesses{suffix}", None)
+            if query is None:
+                continue
+            try:
+                processes = query(handle)
+            except Exception:
+                continue
+            for proc in processes:
+                if proc.pid == pid and isinstance(proc.usedGpuMemory, int):
+                    return int(proc.usedGpuMemory)
+            return None
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def cap_precision(ctx: Context) -> list[Result]:
     """Per API (driver, runtime shared, runtime static): reported total is C, usable stops at C."""
     cap = cap_for(ctx)
+    context = context_bytes(ctx)
     out = []
     for program, family, label in (
         ("gc_drv", "mem", "driver-api"),
@@ -68,6 +116,11 @@ def cap_precision(ctx: Context) -> list[Result]:
         info = run([binary, "info"], env=env, timeout_s=HERE_TIMEOUT_S)
         fill = _fill(ctx, program, family, CHUNK, 2 * cap, env)
         result = judge_cap(name, cap, ctx.gpu.memory_bytes, key_values(info.stdout), key_values(fill.stdout))
+        result.figures["context_bytes"] = context
+        if context is not None:
+            result.summary += (
+                f" (the process's context: {context / MIB:.0f} MiB; goal: usable = cap - context)"
+            )
         if not info.ok or not fill.ok:
             result.status = FAIL
             result.summary = f"the program failed: {(info if not info.ok else fill).why()}"
