@@ -7,13 +7,14 @@ programs, so that a GPU-less machine still proves they compile).
 Environment: GPU_CHECK_OUT (report directory, default gpu-check-out), GPU_CHECK_BUILD (default
 build/gpu-check), GPU_CHECK_WHEELS (bundled wheels, default .gpu-check-wheels), GPU_CHECK_GPU
 (index or UUID of the GPU to check, default the first), GPU_CHECK_QUICK=1 (shorter windows),
-NVCC (the compiler, default nvcc on PATH).
+GPU_CHECK_KEEP=1 (keep the working files: logs, kernel intervals), NVCC (default nvcc on PATH).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -193,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {result.status.upper():<5} {result.name}: {result.summary}", flush=True)
         report.write(out_dir)
     report.finished = time.time()
+    if os.environ.get("GPU_CHECK_KEEP", "") in ("", "0"):
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    else:
+        print(f"gpu-check: working files kept in {ctx.work}")
     path = report.write(out_dir)
     print()
     print(render_summary(report.results))
