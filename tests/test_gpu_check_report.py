@@ -20,6 +20,7 @@ from gpucheck.context import Context
 from gpucheck.driver import run_check
 from gpucheck.gpu import Gpu, gpus_from_smi, pick
 from gpucheck.proc import Ran
+from gpucheck.sampler import UtilizationSampler
 
 MIB = 1024 * 1024
 CAP = 3000 * MIB
@@ -476,3 +477,11 @@ def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Con
         "preload=none",
     ]
     assert len(runs) == 2 * overhead.ROUNDS
+
+
+def test_nvml_utilization_leaves_out_the_edges_and_is_absent_without_samples() -> None:
+    sampler = UtilizationSampler(UUID)
+    sampler.samples = [0, 100, 100, 30, 30, 30, 100, 100, 0]
+    assert sampler.mean(skip=3) == 30
+    sampler.samples = [30, 30]
+    assert sampler.mean() is None

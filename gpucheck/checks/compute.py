@@ -7,12 +7,14 @@ window (less a margin at each edge), so two processes of one claim are measured 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpucheck.context import Context
 from gpucheck.parse import busy_fraction, intervals_from_bytes
 from gpucheck.proc import Background, Ran
 from gpucheck.report import Result, failed, skipped, verdict
+from gpucheck.sampler import UtilizationSampler
 
 TARGETS = (10, 30, 50, 70)
 # name: (kernel microseconds, kernels per CUDA graph (0: plain launches), processes)
@@ -34,9 +36,17 @@ def tolerance(target: int) -> float:
     return max(2.0, 0.1 * target)
 
 
+@dataclass
+class Measurement:
+    busy: float
+    window_ns: int
+    ran: list[Ran]
+    nvml_utilization: float | None = None
+
+
 def measure(
     ctx: Context, env: dict[str, str] | None, kernel_us: float, graph_n: int, processes: int, tag: str
-) -> tuple[float, int, list[Ran]]:
+) -> Measurement:
     """Busy fraction and window (ns) of `processes` concurrent `gc_rt busy` runs started together."""
     binary = ctx.program("gc_rt_shared")
     assert binary is not None
@@ -53,9 +63,10 @@ def measure(
         for p in procs:
             if not p.wait_for("ready", 120):
                 break
-        for p in procs:
-            p.release()  # all start together
-        ran = [p.collect(seconds + 120) for p in procs]
+        with UtilizationSampler(ctx.gpu.uuid) as sampler:
+            for p in procs:
+                p.release()  # all start together
+            ran = [p.collect(seconds + 120) for p in procs]
     finally:
         for p in procs:
             p.stop()
@@ -64,7 +75,7 @@ def measure(
         if Path(o).is_file():
             intervals += intervals_from_bytes(Path(o).read_bytes())
     busy, window = busy_fraction(intervals, TRIM_NS)
-    return busy, window, ran
+    return Measurement(busy, window, ran, sampler.mean())
 
 
 def baseline(ctx: Context) -> Result:
@@ -72,7 +83,8 @@ def baseline(ctx: Context) -> Result:
     missing = ctx.missing("gc_rt_shared")
     if missing:
         return skipped(name, missing)
-    busy, window, ran = measure(ctx, ctx.base_env(), VARIANTS["short"][0], 0, 1, "baseline")
+    m = measure(ctx, ctx.base_env(), VARIANTS["short"][0], 0, 1, "baseline")
+    busy, window, ran = m.busy, m.window_ns, m.ran
     if not all(r.ok for r in ran):
         result = failed(name, f"no measurement: {next(r for r in ran if not r.ok).why()}")
         for r in ran:
@@ -85,6 +97,7 @@ def baseline(ctx: Context) -> Result:
         f"{BASELINE_MIN_BUSY * 100:.0f} %)",
         busy=busy,
         window_ns=window,
+        nvml_utilization_percent=m.nvml_utilization,
     )
     for r in ran:
         result.details += r.describe()
@@ -101,8 +114,12 @@ def accuracy(ctx: Context) -> list[Result]:
                 out.append(skipped(name, missing))
                 continue
             env = ctx.limiter_env(cores=target, state_dir=ctx.state_dir(name))
-            busy, window, ran = measure(ctx, env, kernel_us, graph_n, processes, f"{target}-{variant}")
-            out.append(judge_accuracy(name, target, busy, window, ran))
+            m = measure(ctx, env, kernel_us, graph_n, processes, f"{target}-{variant}")
+            result = judge_accuracy(name, target, m.busy, m.window_ns, m.ran)
+            result.figures["nvml_utilization_percent"] = m.nvml_utilization
+            if m.nvml_utilization is not None:
+                result.summary += f"; NVML utilization {m.nvml_utilization:.0f} %"
+            out.append(result)
     return out
 
 
