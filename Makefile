@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv limiter lint generated-check test demo container-setup clean
+.PHONY: venv limiter lint generated-check test demo container-setup clean gpu-check gpu-check-bundle gpu-check-smoke
 
 $(BIN)/dra-gpu: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,7 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any tests
 	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any bench e2e
+	$(BIN)/mypy gpucheck
 
 generated-check: venv
 	$(BIN)/python tools/gen_protos.py --check
@@ -34,7 +35,7 @@ container-setup: limiter
 	else echo "container tests will be skipped: they need podman and root (see docs/container-tests.md)"; fi
 
 # Sets up everything the tests need, then runs lint, generated-file checks and every test.
-test: venv limiter container-setup lint generated-check
+test: venv limiter container-setup lint generated-check gpu-check-smoke
 	$(BIN)/pytest
 
 # The local demo: simulated GPUs, in-process API, real gRPC sockets and CDI files.
@@ -42,5 +43,23 @@ demo: venv
 	-$(MAKE) -s -C native/limiter
 	$(BIN)/dra-gpu demo
 
+# The GPU check (gpucheck/, README "Checking a GPU node"): the system python3, no .venv. Exits 77
+# where there is no NVIDIA GPU, after building the CUDA programs. gpu-check-bundle fetches the wheels
+# a GPU node lacks into GPU_CHECK_WHEELS (needs a package registry), for CPython 3.12 unless
+# GPU_CHECK_PYTHON_VERSION says otherwise.
+GPU_CHECK_WHEELS ?= .gpu-check-wheels
+GPU_CHECK_PYTHON ?= python3
+
+gpu-check:
+	GPU_CHECK_WHEELS=$(GPU_CHECK_WHEELS) $(GPU_CHECK_PYTHON) -m gpucheck
+
+gpu-check-bundle: venv
+	$(BIN)/python -m gpucheck.bundle $(GPU_CHECK_WHEELS)
+
+# In `make test`: 77 (no GPU here) counts as success.
+gpu-check-smoke:
+	@command -v nvcc >/dev/null || echo "gpu-check: nvcc not found, the CUDA programs are not built"
+	@$(GPU_CHECK_PYTHON) -m gpucheck; rc=$$?; [ $$rc = 0 ] || [ $$rc = 77 ] || { echo "gpu-check failed (exit $$rc)"; exit 1; }
+
 clean:
-	rm -rf $(VENV) native/limiter/build
+	rm -rf $(VENV) native/limiter/build build/gpu-check

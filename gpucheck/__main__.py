@@ -1,0 +1,5 @@
+import sys
+
+from gpucheck.driver import main
+
+sys.exit(main())

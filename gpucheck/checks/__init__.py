@@ -1,0 +1,26 @@
+"""The checks, in the order they run. Each takes the `Context` and returns one or more `Result`s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpucheck.checks import compute, gpu_settings, inventory, memory, nodepath, overhead
+from gpucheck.context import Context
+from gpucheck.report import Result
+
+Check = Callable[[Context], "Result | list[Result]"]
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("inventory", inventory.inventory),
+    ("limiter.cap", memory.cap_precision),
+    ("limiter.view", memory.views),
+    ("limiter.pooled", memory.pooled),
+    ("limiter.family", memory.families),
+    ("compute.baseline", compute.baseline),
+    ("compute", compute.accuracy),
+    ("overhead", overhead.overhead),
+    ("gpu.compute-mode", gpu_settings.compute_mode),
+    ("gpu.timeslice", gpu_settings.timeslice),
+    ("mps", gpu_settings.mps),
+    ("nodepath", nodepath.nodepath),
+)

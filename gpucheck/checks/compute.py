@@ -1,0 +1,146 @@
+"""The limiter's compute cap, measured with the GPU's own clock.
+
+`gc_rt busy` launches spin kernels (one block per SM) for a few seconds; every kernel records its
+start and end on the GPU's global timer. The busy fraction is the union of those intervals over the
+window (less a margin at each edge), so two processes of one claim are measured together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucheck.context import Context
+from gpucheck.parse import busy_fraction, intervals_from_bytes
+from gpucheck.proc import Background, Ran
+from gpucheck.report import Result, failed, skipped, verdict
+from gpucheck.sampler import UtilizationSampler
+
+TARGETS = (10, 30, 50, 70)
+# name: (kernel microseconds, kernels per CUDA graph (0: plain launches), processes)
+VARIANTS = {
+    "short": (50.0, 0, 1),
+    "long": (5000.0, 0, 1),
+    "graph": (100.0, 20, 1),
+    "two-processes": (50.0, 0, 2),
+}
+WINDOW_S = 4.0
+QUICK_WINDOW_S = 1.5
+TRIM_NS = 200_000_000
+"""Left out at each edge: start-up of the processes and the limiter's first estimates."""
+BASELINE_MIN_BUSY = 0.9
+
+
+def tolerance(target: int) -> float:
+    """Allowed absolute error in percentage points: 10 % of the target, at least 2 points."""
+    return max(2.0, 0.1 * target)
+
+
+@dataclass
+class Measurement:
+    busy: float
+    window_ns: int
+    ran: list[Ran]
+    nvml_utilization: float | None = None
+
+
+def measure(
+    ctx: Context, env: dict[str, str] | None, kernel_us: float, graph_n: int, processes: int, tag: str
+) -> Measurement:
+    """Busy fraction and window (ns) of `processes` concurrent `gc_rt busy` runs started together."""
+    binary = ctx.program("gc_rt_shared")
+    assert binary is not None
+    seconds = QUICK_WINDOW_S if ctx.quick else WINDOW_S
+    outs = [ctx.work / f"busy-{tag}-{i}.bin" for i in range(processes)]
+    argv: list[str | Path] = [binary, "busy", f"{seconds:g}", f"{kernel_us:g}", "--ready"]
+    if graph_n:
+        argv += ["--graph", str(graph_n)]
+    procs = [
+        Background([*argv, "--out", str(o)], env, ctx.work / f"busy-{tag}-{i}.log")
+        for i, o in enumerate(outs)
+    ]
+    try:
+        for p in procs:
+            if not p.wait_for("ready", 120):
+                break
+        with UtilizationSampler(ctx.gpu.uuid) as sampler:
+            for p in procs:
+                p.release()  # all start together
+            ran = [p.collect(seconds + 120) for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+    intervals = []
+    for o in outs:
+        if Path(o).is_file():
+            intervals += intervals_from_bytes(Path(o).read_bytes())
+    busy, window = busy_fraction(intervals, TRIM_NS)
+    return Measurement(busy, window, ran, sampler.mean())
+
+
+def baseline(ctx: Context) -> Result:
+    name = "compute.baseline"
+    missing = ctx.missing("gc_rt_shared")
+    if missing:
+        return skipped(name, missing)
+    m = measure(ctx, ctx.base_env(), VARIANTS["short"][0], 0, 1, "baseline")
+    busy, window, ran = m.busy, m.window_ns, m.ran
+    if not all(r.ok for r in ran):
+        result = failed(name, f"no measurement: {next(r for r in ran if not r.ok).why()}")
+        for r in ran:
+            result.details += r.describe()
+        return result
+    result = verdict(
+        name,
+        all(r.ok for r in ran) and busy >= BASELINE_MIN_BUSY,
+        f"unthrottled short kernels keep the GPU {busy * 100:.1f} % busy (the method needs >= "
+        f"{BASELINE_MIN_BUSY * 100:.0f} %)",
+        busy=busy,
+        window_ns=window,
+        nvml_utilization_percent=m.nvml_utilization,
+    )
+    for r in ran:
+        result.details += r.describe()
+    return result
+
+
+def accuracy(ctx: Context) -> list[Result]:
+    out = []
+    for target in TARGETS:
+        for variant, (kernel_us, graph_n, processes) in VARIANTS.items():
+            name = f"compute.{target}pct.{variant}"
+            missing = ctx.missing("gc_rt_shared", "limiter")
+            if missing:
+                out.append(skipped(name, missing))
+                continue
+            env = ctx.limiter_env(cores=target, state_dir=ctx.state_dir(name))
+            m = measure(ctx, env, kernel_us, graph_n, processes, f"{target}-{variant}")
+            result = judge_accuracy(name, target, m.busy, m.window_ns, m.ran)
+            result.figures["nvml_utilization_percent"] = m.nvml_utilization
+            if m.nvml_utilization is not None:
+                result.summary += f"; NVML utilization {m.nvml_utilization:.0f} %"
+            out.append(result)
+    return out
+
+
+def judge_accuracy(name: str, target: int, busy: float, window_ns: int, ran: list[Ran]) -> Result:
+    if not all(r.ok for r in ran) or window_ns == 0:
+        bad = next((r for r in ran if not r.ok), None)
+        result = failed(name, f"no measurement: {bad.why() if bad else 'no kernel intervals recorded'}")
+    else:
+        percent = busy * 100
+        error = percent - target
+        result = verdict(
+            name,
+            abs(error) <= tolerance(target),
+            f"busy {percent:.2f} % for a {target} % cap (error {error:+.2f} points, "
+            f"{error / target * 100:+.1f} % relative; allowed +/-{tolerance(target):.1f} points)",
+            target=target,
+            busy_percent=round(percent, 3),
+            error_points=round(error, 3),
+            relative_error=round(error / target, 4),
+            window_ns=window_ns,
+        )
+    for r in ran:
+        result.details += r.describe()
+    return result

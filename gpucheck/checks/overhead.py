@@ -1,0 +1,64 @@
+"""The limiter's cost on real work: the same PyTorch workloads with and without the preload, interleaved.
+
+With the preload the limiter is active but generous: a memory cap of the whole GPU (so every
+allocation is accounted) and no compute cap (the unthrottled launch path, which is what a claim
+without a cores limit runs). The figure is the ratio of the medians of the timed sections.
+"""
+
+from __future__ import annotations
+
+from gpucheck.context import Context
+from gpucheck.parse import float_of, key_values, median
+from gpucheck.proc import run
+from gpucheck.report import Result, failed, skipped, verdict
+
+WORKLOADS = {"matmul": 2000, "train": 300, "graph": 300}
+ROUNDS = 5
+QUICK_ROUNDS = 2
+MAX_RATIO = 1.05
+
+
+def overhead(ctx: Context) -> list[Result]:
+    names = [f"overhead.{w}" for w in WORKLOADS]
+    if ctx.limiter is None:
+        return [skipped(n, ctx.missing("limiter")) for n in names]
+    script = ctx.root / "gpucheck/workloads/torch_bench.py"
+    argv = [ctx.python, str(script), *(f"{w}={n}" for w, n in WORKLOADS.items())]
+    times: dict[str, dict[str, list[float]]] = {w: {"bare": [], "preload": []} for w in WORKLOADS}
+    for i in range(QUICK_ROUNDS if ctx.quick else ROUNDS):
+        for kind in ("bare", "preload") if i % 2 == 0 else ("preload", "bare"):
+            env = (
+                ctx.base_env()
+                if kind == "bare"
+                else ctx.limiter_env(memory=ctx.gpu.memory_bytes, state_dir=ctx.state_dir("overhead"))
+            )
+            ran = run(argv, env=env, timeout_s=600)
+            values = key_values(ran.stdout)
+            if "skip" in values:
+                return [skipped(n, values["skip"]) for n in names]
+            missing = [w for w in WORKLOADS if float_of(values, f"{w}_seconds") is None]
+            if not ran.ok or missing:
+                out = []
+                for n in names:
+                    result = failed(n, f"the {kind} run failed: {ran.why()}")
+                    result.details += ran.describe()
+                    out.append(result)
+                return out
+            for w in WORKLOADS:
+                seconds = float_of(values, f"{w}_seconds")
+                assert seconds is not None
+                times[w][kind].append(seconds)
+    return [judge_overhead(f"overhead.{w}", times[w]["bare"], times[w]["preload"]) for w in WORKLOADS]
+
+
+def judge_overhead(name: str, bare: list[float], preload: list[float]) -> Result:
+    ratio = median(preload) / median(bare)
+    return verdict(
+        name,
+        ratio <= MAX_RATIO,
+        f"with the preload / without: {ratio:.4f} (medians {median(preload) * 1000:.2f} / "
+        f"{median(bare) * 1000:.2f} ms over {len(bare)} interleaved rounds; goal <= {MAX_RATIO})",
+        ratio=round(ratio, 5),
+        bare_seconds=bare,
+        preload_seconds=preload,
+    )

@@ -1,0 +1,487 @@
+"""The GPU check's parsing, verdicts, summary and exit status, on recorded program and tool output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpucheck import bundle, parse, report
+from gpucheck.checks import compute, gpu_settings, inventory, memory, overhead
+from gpucheck.context import Context
+from gpucheck.driver import run_check
+from gpucheck.gpu import Gpu, gpus_from_smi, pick
+from gpucheck.proc import Ran
+from gpucheck.sampler import UtilizationSampler
+
+MIB = 1024 * 1024
+CAP = 3000 * MIB
+UUID = "GPU-5e8b4c2a-1d3f-4a6b-9c7d-0e1f2a3b4c5d"
+
+# `gc_drv info` and `gc_drv family mem` under the limiter with a 3000 MiB cap (recorded).
+INFO = f"total={CAP}\nfree={CAP}\ndevice_total={CAP}\nuuid={UUID}\n"
+FILL = (
+    f"allocated={CAP}\ncount=26\nlast=CUDA_ERROR_OUT_OF_MEMORY\nstopped=refused\n"
+    f"after_total={CAP}\nafter_free=0\n"
+)
+# The same program without the limiter on an 80 GiB GPU: nothing stops it before its maximum.
+FILL_UNLIMITED = f"allocated={2 * CAP}\ncount=23\nlast=CUDA_SUCCESS\nstopped=max\n"
+
+SMI_QUERY = (
+    f"0, {UUID}, NVIDIA H100 80GB HBM3, 81559, 580.95.05, Default, Disabled\n"
+    "1, GPU-00000000-1111-2222-3333-444444444444, NVIDIA L4, 23034, 580.95.05, Default, [N/A]\n"
+)
+
+
+def ran(stdout: str = "", rc: int | None = 0, problem: str = "") -> Ran:
+    return Ran(["prog"], rc, stdout, "", 0.1, problem)
+
+
+# -- parsing -----------------------------------------------------------------------------------------
+def test_key_values_takes_assignments_and_ignores_other_lines() -> None:
+    values = parse.key_values("alloc 0 ok\nallocated=42\nholding\nlast=CUDA_SUCCESS\nallocated=43\n")
+    assert values == {"allocated": "43", "last": "CUDA_SUCCESS"}
+    assert parse.int_of(values, "allocated") == 43
+    assert parse.int_of(values, "last") is None
+    assert parse.int_of(values, "missing") is None
+
+
+def test_nvidia_smi_query_rows_with_not_available_fields() -> None:
+    gpus = gpus_from_smi(SMI_QUERY)
+    assert [g.uuid for g in gpus] == [UUID, "GPU-00000000-1111-2222-3333-444444444444"]
+    assert gpus[0].memory_bytes == 81559 * MIB
+    assert gpus[0].mig_mode == "Disabled"
+    assert gpus[1].mig_mode == "", "[N/A] is no value"
+    assert pick(gpus, "") is gpus[0]
+    assert pick(gpus, "1") is gpus[1]
+    assert pick(gpus, UUID) is gpus[0]
+    assert pick(gpus, "7") is None
+
+
+def test_nvidia_smi_row_of_the_wrong_width_is_an_error() -> None:
+    with pytest.raises(ValueError, match="printed 2 fields where 3 were asked"):
+        parse.smi_csv("a, b\n", ("x", "y", "z"))
+
+
+def test_nvidia_smi_list_skips_mig_devices() -> None:
+    text = (
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee)\n"
+        "  MIG 1g.5gb     Device  0: (UUID: MIG-11111111-2222-3333-4444-555555555555)\n"
+    )
+    assert parse.smi_gpus(text) == [
+        {"index": "0", "name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"}
+    ]
+
+
+def test_busy_fraction_is_the_union_of_intervals_over_the_trimmed_window() -> None:
+    # Two processes: [0,10) and [5,20) overlap, [30,40) alone; window 0..40.
+    intervals = [(0, 10), (5, 20), (30, 40)]
+    busy, window = parse.busy_fraction(intervals)
+    assert window == 40
+    assert busy == pytest.approx(30 / 40)
+    busy, window = parse.busy_fraction(intervals, trim_ns=5)  # window 5..35: busy 5..20 and 30..35
+    assert window == 30
+    assert busy == pytest.approx(20 / 30)
+    assert parse.busy_fraction([]) == (0.0, 0)
+
+
+def test_intervals_are_read_as_little_endian_pairs_and_empty_ones_dropped() -> None:
+    data = struct.pack("<QQQQ", 100, 250, 300, 300) + b"\x01\x02"  # a torn tail is ignored
+    assert parse.intervals_from_bytes(data) == [(100, 250)]
+
+
+# -- verdicts on recorded output ------------------------------------------------------------------------
+def test_cap_passes_when_total_is_exactly_the_cap_and_allocation_stops_there() -> None:
+    result = memory.judge_cap(
+        "limiter.cap.driver-api", CAP, 80 * 1024 * MIB, parse.key_values(INFO), parse.key_values(FILL)
+    )
+    assert result.status == report.PASS
+    assert result.figures["reported_total"] == CAP
+    assert result.figures["shortfall"] == 0
+
+
+def test_cap_fails_when_the_limiter_did_not_hold() -> None:
+    info = parse.key_values(f"total={80 * 1024 * MIB}\nfree=1\n")
+    result = memory.judge_cap("c", CAP, 80 * 1024 * MIB, info, parse.key_values(FILL_UNLIMITED))
+    assert result.status == report.FAIL
+    assert f"memory-info total {80 * 1024 * MIB} != cap {CAP}" in result.summary
+    assert "allocated 6000 MiB > cap 3000 MiB" in result.summary
+    assert "ended with CUDA_SUCCESS, not out-of-memory" in result.summary
+
+
+def test_cap_fails_when_usable_memory_stops_far_below_the_cap() -> None:
+    fill = parse.key_values(f"allocated={CAP - 1024 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")
+    result = memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), fill)
+    assert result.status == report.FAIL
+    assert "stopped 1024 MiB below the cap" in result.summary
+
+
+def test_pooled_budget_counts_both_processes() -> None:
+    first = parse.key_values(f"allocated={1472 * MIB}\nholding\n")
+    second = parse.key_values(f"allocated={1528 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\nafter_total={CAP}\n")
+    result = memory.judge_pooled("p", CAP, first, second, [])
+    assert result.status == report.PASS
+    assert result.summary.startswith("1472 + 1528 = 3000 MiB of a 3000 MiB cap")
+    # Each process alone under the cap, together over it: the budget is not pooled.
+    second = parse.key_values(f"allocated={CAP}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")
+    assert memory.judge_pooled("p", CAP, first, second, []).status == report.FAIL
+
+
+@pytest.mark.parametrize(
+    ("family", "output", "status"),
+    [
+        ("mem", f"allocated={1024 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n", report.PASS),
+        ("vmm", f"allocated={2048 * MIB}\nlast=CUDA_SUCCESS\nstopped=max\n", report.FAIL),
+        ("graph", f"allocated={2048 * MIB}\nlast=CUDA_SUCCESS\nstopped=max\n", report.KNOWN),
+        ("graph", f"allocated={1024 * MIB}\nlast=cudaErrorMemoryAllocation\n", report.PASS),
+        ("pool", "setup_error=CUDA_ERROR_NOT_SUPPORTED\n", report.SKIP),
+        ("pool", "setup_error=CUDA_ERROR_INVALID_VALUE\n", report.FAIL),
+        ("vmm", "allocated=0\nlast=CUDA_ERROR_NOT_SUPPORTED\n", report.SKIP),
+    ],
+)
+def test_family_verdicts(family: str, output: str, status: str) -> None:
+    result = memory.judge_family(
+        f"limiter.family.driver.{family}", "what", family, parse.key_values(output), ran(output)
+    )
+    assert result.status == status, result.summary
+
+
+def test_compute_accuracy_within_and_outside_tolerance() -> None:
+    ok = compute.judge_accuracy("compute.30pct.short", 30, 0.3105, 3_600_000_000, [ran()])
+    assert ok.status == report.PASS
+    assert ok.figures["busy_percent"] == pytest.approx(31.05)
+    assert "error +1.05 points" in ok.summary
+    off = compute.judge_accuracy("compute.30pct.short", 30, 0.40, 3_600_000_000, [ran()])
+    assert off.status == report.FAIL
+    broken = compute.judge_accuracy(
+        "compute.30pct.short", 30, 0.0, 0, [ran(rc=3, stdout="error=cudaErrorNoDevice")]
+    )
+    assert broken.status == report.FAIL
+    assert "no measurement: exit 3: error=cudaErrorNoDevice" in broken.summary
+    assert compute.tolerance(10) == 2.0
+    assert compute.tolerance(70) == pytest.approx(7.0)
+
+
+def test_overhead_is_the_ratio_of_medians() -> None:
+    result = overhead.judge_overhead("overhead.matmul", [1.0, 1.2, 0.9], [1.02, 5.0, 1.01])
+    assert result.figures["ratio"] == pytest.approx(1.02)
+    assert result.status == report.PASS
+    assert overhead.judge_overhead("o", [1.0], [1.2]).status == report.FAIL
+
+
+def test_mps_client_verdict_checks_threads_and_pinned_memory() -> None:
+    fill = parse.key_values(f"allocated={960 * MIB}\nlast=cudaErrorMemoryAllocation\n")
+    sms = parse.key_values("sms_used=33\nsms=132\nelapsed_ns=8000000\n")
+    assert (
+        gpu_settings.judge_mps_client("mps.client-a", 25, 1024 * MIB, fill, sms, [ran()]).status
+        == report.PASS
+    )
+    all_sms = parse.key_values("sms_used=132\nsms=132\n")
+    result = gpu_settings.judge_mps_client("mps.client-a", 25, 1024 * MIB, fill, all_sms, [ran()])
+    assert result.status == report.FAIL
+    assert "132 of 132 SMs used at 25 % active threads" in result.summary
+    over = parse.key_values(f"allocated={2048 * MIB}\n")
+    assert gpu_settings.judge_mps_client("m", 25, 1024 * MIB, over, sms, [ran()]).status == report.FAIL
+
+
+def test_refusals_are_told_apart_from_breakage() -> None:
+    assert gpu_settings.refused("`nvidia-smi -c 3` failed with exit code 4: Insufficient Permissions")
+    assert gpu_settings.refused("Setting compute mode is not supported for GPU 00000000:17:00.0")
+    assert not gpu_settings.refused("`nvidia-smi` did not finish within 30s")
+
+
+def test_inventory_compare_names_each_difference() -> None:
+    rows = parse.smi_csv(
+        f"0, {UUID}, 81559, 580.95.05, 9.0, Disabled\n",
+        ("index", "uuid", "memory.total", "driver_version", "compute_cap", "mig.mode.current"),
+    )
+    ours = [
+        {
+            "index": 0,
+            "uuid": UUID,
+            "memoryBytes": 81559 * MIB,
+            "driverVersion": "580.95.05",
+            "cudaComputeCapability": "9.0",
+            "cudaDriverVersion": "13.0",
+            "migCapable": True,
+        }
+    ]
+    header = "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |"
+    assert inventory.compare(ours, rows, header).status == report.PASS
+    ours[0].update(memoryBytes=80 * 1024 * MIB, cudaDriverVersion="12.9", migCapable=False)
+    result = inventory.compare(ours, rows, header)
+    assert result.status == report.FAIL
+    assert "GPU 0: memory 81920 MiB vs 81559 MiB" in result.summary
+    assert "GPU 0: CUDA version 12.9 vs 13.0" in result.summary
+    assert "MIG capable False vs MIG mode Disabled" in result.summary
+
+
+# -- report, summary, exit status -----------------------------------------------------------------------
+def test_summary_shows_failures_with_their_details_and_the_counts() -> None:
+    results = [
+        report.passed("limiter.cap.driver-api", "total = cap"),
+        report.Result(
+            "limiter.family.driver.vmm",
+            report.FAIL,
+            "not enforced: 2048 MiB",
+            details=["$ gc_drv family vmm", "  allocated=2147483648"],
+        ),
+        report.skipped("mps", "nvidia-cuda-mps-control not found"),
+        report.Result("limiter.family.driver.graph", report.KNOWN, "graph memory not charged"),
+    ]
+    text = report.render_summary(results)
+    assert "FAIL  limiter.family.driver.vmm" in text
+    assert "Failures:\n  limiter.family.driver.vmm: not enforced: 2048 MiB\n    $ gc_drv family vmm" in text
+    assert text.endswith("1 passed, 1 failed, 1 skipped, 1 known limits (4 checks)")
+    assert report.exit_status(results) == report.EXIT_FAILED
+    assert report.exit_status([r for r in results if r.status != report.FAIL]) == report.EXIT_OK
+    assert report.exit_status([]) == report.EXIT_OK
+
+
+def test_report_round_trips_through_its_json_file(tmp_path: Path) -> None:
+    rep = report.Report(gpu={"uuid": UUID})
+    rep.results = [report.passed("a", "fine", ratio=1.01), report.failed("b", "broken")]
+    path = rep.write(tmp_path / "out")
+    data = json.loads(path.read_text())
+    assert data["counts"] == {"pass": 1, "fail": 1, "skip": 0, "known": 0}
+    assert data["exit_status"] == 1
+    assert report.load_results(data) == rep.results
+
+
+def test_a_result_with_an_unknown_status_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown status 'ok'"):
+        report.Result("x", "ok")
+
+
+def test_a_crashing_check_becomes_a_failure_and_the_next_check_still_runs() -> None:
+    def crashes(ctx: object) -> report.Result:
+        raise KeyError("total")
+
+    results = run_check("limiter.cap", crashes, None)  # type: ignore[arg-type]
+    assert [r.status for r in results] == [report.FAIL]
+    assert results[0].summary == "the check crashed: KeyError: 'total'"
+    assert any("KeyError" in line for line in results[0].details)
+    fine = run_check("x", lambda ctx: [report.passed("x.a", ""), report.passed("x.b", "")], None)  # type: ignore[arg-type]
+    assert [r.name for r in fine] == ["x.a", "x.b"]
+
+
+# -- wheels ---------------------------------------------------------------------------------------------
+def test_wheels_unpack_into_one_folder_with_data_purelib_merged(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "demo-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("demo/__init__.py", "VALUE = 1\n")
+        zf.writestr("demo-1.0.data/purelib/demo_extra.py", "EXTRA = 2\n")
+        zf.writestr("demo-1.0.data/scripts/demo-tool", "#!/bin/sh\n")
+        zf.writestr("demo-1.0.dist-info/METADATA", "Name: demo\n")
+    site = tmp_path / "site"
+    assert bundle.unpack(wheels, site) == ["demo-1.0-py3-none-any.whl"]
+    assert (site / "demo/__init__.py").read_text() == "VALUE = 1\n"
+    assert (site / "demo_extra.py").is_file()
+    assert not (site / "demo-tool").exists() and not (site / "demo-1.0.data").exists()
+    (site / "demo/__init__.py").write_text("changed\n")
+    bundle.unpack(wheels, site)
+    assert (site / "demo/__init__.py").read_text() == "changed\n", "the same wheels are not unpacked twice"
+    assert bundle.unpack(tmp_path / "none", tmp_path / "site2") == []
+
+
+# -- the agent's GPU commands, against a stand-in nvidia-smi ------------------------------------------------
+FAKE_SMI = r"""#!/bin/sh
+# Keeps the compute mode in $STATE like the driver does; refuses everything when $REFUSE is set.
+echo "$*" >> "$STATE.calls"
+if [ -n "$REFUSE" ]; then echo "Insufficient Permissions"; exit 4; fi
+case "$*" in
+  *"-c EXCLUSIVE_PROCESS"*) echo Exclusive_Process > "$STATE" ;;
+  *"-c DEFAULT"*) echo Default > "$STATE" ;;
+  *"--query-gpu=compute_mode"*) cat "$STATE" 2>/dev/null || echo Default ;;
+  *"compute-policy"*"--set-timeslice"*) echo "Set timeslice" ;;
+  *"compute-policy"*"-l"*) echo "Timeslice: $(tail -1 "$STATE.calls")" ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+@pytest.fixture
+def smi_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_SMI)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("STATE", str(tmp_path / "state"))
+    gpu = Gpu(0, UUID, "NVIDIA H100 80GB HBM3", 81559 * MIB, "580.95.05")
+    return Context(
+        root=Path(__file__).resolve().parents[1], build=tmp_path, out=tmp_path, gpu=gpu, work=tmp_path
+    )
+
+
+def test_compute_mode_is_set_read_back_and_restored(smi_context: Context, tmp_path: Path) -> None:
+    result = gpu_settings.compute_mode(smi_context)
+    assert result.status == report.PASS, result.summary
+    assert result.figures == {"before": "Default", "during": "Exclusive_Process", "after": "Default"}
+    calls = (tmp_path / "state.calls").read_text().splitlines()
+    assert f"-i {UUID} -c EXCLUSIVE_PROCESS" in calls and calls.count(f"-i {UUID} -c DEFAULT") == 1
+
+
+def test_timeslice_intervals_are_accepted_and_default_comes_last(
+    smi_context: Context, tmp_path: Path
+) -> None:
+    result = gpu_settings.timeslice(smi_context)
+    assert result.status == report.PASS, result.summary
+    assert result.figures["accepted"] == ["Short", "Medium", "Long", "Default"]
+    sets = [c for c in (tmp_path / "state.calls").read_text().splitlines() if "--set-timeslice" in c]
+    assert sets[-1] == "compute-policy -i 0 --set-timeslice 0"
+
+
+def test_a_refusing_driver_is_reported_as_a_skip_quoting_it(
+    smi_context: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REFUSE", "1")
+    result = gpu_settings.compute_mode(smi_context)
+    assert result.status == report.SKIP
+    assert result.summary.startswith("the driver refused setting EXCLUSIVE_PROCESS:")
+    assert "Insufficient Permissions" in result.summary
+    assert gpu_settings.timeslice(smi_context).status == report.SKIP
+
+
+def test_wheels_for_another_python_are_named() -> None:
+    wheels = [
+        "grpcio-1.85.1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "protobuf-7.36.2-cp310-abi3-manylinux2014_x86_64.whl",
+        "pydantic-2.14.3-py3-none-any.whl",
+    ]
+    assert bundle.foreign(wheels, (3, 12)) == []
+    assert bundle.foreign(wheels, (3, 11)) == [wheels[0]]
+
+
+def test_the_bundle_is_what_the_node_path_needs_less_what_the_node_has() -> None:
+    pinned = {p.split("==")[0] for p in bundle.closure()}
+    assert {"pydantic", "pydantic-core", "grpcio", "protobuf", "common-expression-language"} <= pinned
+    assert not pinned & {"jinja2", "pyyaml", "prometheus-client", "nvidia-ml-py"}, "the node has those"
+    assert "kubernetes" not in pinned, "imported only when talking to a real API server"
+
+
+FAKE_MPS_CONTROL = r"""#!/bin/sh
+# Stands in for nvidia-cuda-mps-control: `-d` starts a daemon (a file in the pipe directory), the
+# control client answers while it runs; a client's program creates the server.
+echo "$* $(cat 2>/dev/null | tr '\n' ' ')" >> "$STATE.mps"
+dir="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then touch "$dir/daemon"; exit 0; fi
+[ -e "$dir/daemon" ] || exit 1
+case "$(tail -1 "$STATE.mps")" in
+  *get_server_list*) [ -e "$dir/server" ] && echo 4242 ;;
+  *quit*) rm -f "$dir/daemon" "$dir/server" ;;
+esac
+exit 0
+"""
+FAKE_CLIENT = r"""#!/bin/sh
+# A CUDA program under MPS: it finds the GPU's /dev/shm (mounted by the check) and the daemon.
+[ -e "$CUDA_MPS_PIPE_DIRECTORY/daemon" ] || { echo "error=cudaErrorMpsConnectionFailed"; exit 3; }
+touch "$CUDA_MPS_PIPE_DIRECTORY/server"
+mib=${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT#0=}; mib=${mib%M}
+pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+case "$1" in
+  family) echo "allocated=$(( (mib - 64) * 1048576 ))"; echo "last=cudaErrorMemoryAllocation"
+          if [ "$5" = "--hold" ]; then echo holding; cat >/dev/null; fi ;;
+  sms) echo "sms_used=$(( 132 * pct / 100 ))"; echo "sms=132" ;;
+esac
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_mps_is_started_as_the_agent_does_each_client_checked_and_stopped(
+    smi_context: Context, tmp_path: Path
+) -> None:
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "nvidia-cuda-mps-control").write_text(FAKE_MPS_CONTROL)
+    (bin_dir / "nvidia-cuda-mps-control").chmod(0o755)
+    client = bin_dir / "client"
+    client.write_text(FAKE_CLIENT)
+    client.chmod(0o755)
+    smi_context.programs["gc_rt_shared"] = client
+    results = {r.name: r for r in gpu_settings.mps(smi_context)}
+    assert [r.status for r in results.values()] == [report.PASS] * 5, [r.summary for r in results.values()]
+    assert list(results) == ["mps.start", "mps.server", "mps.client-a", "mps.client-b", "mps.stop"]
+    assert results["mps.start"].summary.endswith("compute mode Exclusive_Process")
+    assert results["mps.client-a"].figures["sms_used"] == 33
+    assert results["mps.client-b"].figures["allocated"] == (2048 - 64) * MIB
+    assert results["mps.stop"].figures["compute_mode"] == "Default"
+    assert "quit" in (tmp_path / "state.mps").read_text()
+
+
+FAKE_BUSY = r"""#!/usr/bin/env python3
+# Stands in for `gc_rt busy ... --ready --out FILE`: busy for DRAGPU_CORES_LIMIT % of a 2 s window
+# (100 % without it), in kernels of 50 us; a second process of the claim takes turns with the first.
+import os, struct, sys
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+print("ready", flush=True)
+sys.stdin.read(1)
+share = int(os.environ.get("DRAGPU_CORES_LIMIT", "100")) / 100
+index = int(out.rsplit("-", 1)[1].split(".")[0])
+period = 1_000_000  # 1 ms periods; in each, the claim's processes run one after the other
+with open(out, "wb") as f:
+    for p in range(2000):
+        start = p * period + index * int(share * period / 2)
+        length = int(share * period / 2) if "two" in out else int(share * period)
+        if index == 0 or "two" in out:
+            f.write(struct.pack("<QQ", start, start + length))
+print("launches=2000")
+"""
+
+
+def test_compute_accuracy_runs_the_processes_of_a_claim_together_and_unions_their_kernels(
+    smi_context: Context, tmp_path: Path
+) -> None:
+    busy = tmp_path / "bin" / "busy"
+    busy.write_text(FAKE_BUSY)
+    busy.chmod(0o755)
+    smi_context.programs["gc_rt_shared"] = busy
+    smi_context.limiter = tmp_path / "libdragpu-limiter.so.1"
+    smi_context.quick = True
+    assert compute.baseline(smi_context).status == report.PASS
+    results = {r.name: r for r in compute.accuracy(smi_context)}
+    assert len(results) == 16
+    assert all(r.status == report.PASS for r in results.values()), [r.summary for r in results.values()]
+    assert results["compute.30pct.two-processes"].figures["busy_percent"] == pytest.approx(30.0, abs=0.1)
+    assert results["compute.70pct.graph"].figures["target"] == 70
+
+
+def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Context, tmp_path: Path) -> None:
+    python = tmp_path / "bin" / "python"
+    python.write_text(
+        '#!/bin/sh\nif [ -n "$LD_PRELOAD" ]; then t=1.02; else t=1.00; fi\n'
+        'echo "preload=${LD_PRELOAD:-none}" >> "$STATE.runs"\n'
+        "echo matmul_seconds=$t; echo train_seconds=$t; echo graph_seconds=1.5\n"
+    )
+    python.chmod(0o755)
+    smi_context.python = str(python)
+    smi_context.limiter = tmp_path / "libdragpu-limiter.so.1"
+    results = {r.name: r for r in overhead.overhead(smi_context)}
+    assert results["overhead.matmul"].figures["ratio"] == pytest.approx(1.02)
+    assert results["overhead.graph"].figures["ratio"] == pytest.approx(1.0)
+    assert all(r.status == report.PASS for r in results.values())
+    runs = (tmp_path / "state.runs").read_text().splitlines()
+    assert runs[:4] == [
+        "preload=none",
+        f"preload={smi_context.limiter}",
+        f"preload={smi_context.limiter}",
+        "preload=none",
+    ]
+    assert len(runs) == 2 * overhead.ROUNDS
+
+
+def test_nvml_utilization_leaves_out_the_edges_and_is_absent_without_samples() -> None:
+    sampler = UtilizationSampler(UUID)
+    sampler.samples = [0, 100, 100, 30, 30, 30, 100, 100, 0]
+    assert sampler.mean(skip=3) == 30
+    sampler.samples = [30, 30]
+    assert sampler.mean() is None
