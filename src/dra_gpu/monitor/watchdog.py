@@ -117,7 +117,7 @@ class Watchdog:
                     message += "; it could not be terminated"
             log.warning(
                 "process escapes its share",
-                extra={"reason": v.reason.value, "claim": v.claim.name, "message": message},
+                extra={"reason": v.reason.value, "claim": v.claim.name, "detail": message},
             )
             self._events.record(_claim_object(v.claim), "Warning", v.reason.value, message)
             self._events.record(_pod_object(v.pod), "Warning", v.reason.value, message)
