@@ -1,0 +1,70 @@
+"""The Python mirror of the limiter's region reads what the real library writes (drift fails here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITER = ROOT / "native" / "limiter"
+BUILD = LIMITER / "build"
+MiB = 2**20
+GiB = 2**30
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
+        pytest.skip("no C compiler or make: the native limiter cannot be built")
+    if not Path("/usr/local/cuda/include/cuda.h").exists() and "CUDA_INCLUDE" not in os.environ:
+        pytest.skip("the CUDA headers the limiter builds against are not installed (CUDA_INCLUDE)")
+    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return BUILD
+
+
+def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env.update(
+        LD_LIBRARY_PATH=str(built / "fake"),
+        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+        DRAGPU_LIMITER_STATE_DIR=str(state),
+        DRAGPU_MEMORY_LIMIT_BY_UUID=f"{UUID}={GiB}",
+        CUDA_VISIBLE_DEVICES=UUID,
+    )
+    return subprocess.Popen([str(built / "limiter-probe"), *args], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_region_written_by_the_library_reads_back(built: Path, tmp_path: Path) -> None:
+    assert read_region(tmp_path) is None, "no region before the first limited process"
+    holder = _probe(built, tmp_path, "alloc", str(768 * MiB), "1", "--hold")
+    try:
+        assert holder.stdout is not None
+        lines = [holder.stdout.readline().strip() for _ in range(3)]
+        assert lines[-1] == "holding", lines
+        assert (tmp_path / REGION_FILE).stat().st_size == REGION_BYTES
+        refused = _probe(built, tmp_path, "alloc", str(512 * MiB), "1")
+        out, _ = refused.communicate(timeout=60)
+        assert out.splitlines()[-1] == "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY"
+        devices = read_region(tmp_path)
+        assert devices is not None and len(devices) == 1
+        (device,) = devices
+        assert device.uuid.lower() == UUID.lower()
+        assert device.used_bytes == 768 * MiB
+        assert device.refused == 1
+        assert device.throttled_seconds == 0.0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_region_of_another_layout_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / REGION_FILE).write_bytes(b"\0" * REGION_BYTES)
+    assert read_region(tmp_path) is None
