@@ -13,6 +13,7 @@ systemd spells the UID's dashes as underscores. The agent reads the host's `/pro
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,17 +52,24 @@ class ProcReader:
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self.root = proc_root
+        self._prefix = f"{proc_root}/"  # plain strings: this runs for every GPU process every interval
 
     def pod_of(self, pid: int) -> PodRef | None:
         try:
-            return parse_cgroup((self.root / str(pid) / "cgroup").read_text())
-        except (OSError, UnicodeDecodeError):
+            fd = os.open(f"{self._prefix}{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
             return None  # gone, or not ours to read
+        try:
+            return parse_cgroup(os.read(fd, 65536).decode("utf-8", "replace"))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def has_limiter(self, pid: int) -> bool | None:
         """Whether the process has the limiter library mapped; None if its maps cannot be read."""
         try:
-            with open(self.root / str(pid) / "maps", "rb") as f:
+            with open(f"{self._prefix}{pid}/maps", "rb") as f:
                 for line in f:
                     if LIMITER_MARK in line:
                         return True

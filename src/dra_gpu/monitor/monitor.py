@@ -276,7 +276,7 @@ class Monitor:
         return self._limiter_cache[key]
 
     def _region(self, h: Held) -> RegionDevice | None:
-        devices = read_region(self._claims_dir / h.claim.uid / "limiter")
+        devices = read_region(f"{self._claims_dir}/{h.claim.uid}/limiter")
         if devices is None:
             return None
         wanted = h.gpu.lower().removeprefix("gpu-").removeprefix("mig-")

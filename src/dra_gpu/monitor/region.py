@@ -72,14 +72,14 @@ def parse_header(header: bytes) -> list[RegionDevice] | None:
     return out
 
 
-def read_region(state_dir: Path) -> list[RegionDevice] | None:
+def read_region(state_dir: Path | str) -> list[RegionDevice] | None:
     """The figures of the region in a claim's limiter state directory; None if there is none (yet).
 
     Bytes of processes that died are returned to the totals by the next limited process of the claim,
     so after a crash the figure can stay high until another process of the claim runs.
     """
     try:
-        fd = os.open(state_dir / REGION_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
