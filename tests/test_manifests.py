@@ -136,7 +136,7 @@ def test_node_agent_rbac_grants_what_the_agent_calls_and_no_claim_writes() -> No
     assert not any(res.startswith("resourceclaims") and verb not in ("get", "list") for res, verb in granted)
     assert not any("*" in (res, verb) for res, verb in granted)
     assert not any(res == "secrets" for res, _ in granted)
-    assert {verb for res, verb in granted if res.startswith("pods")} == {"list"}, "pods: read only
+    assert {verb for res, verb in granted if res.startswith("pods")} == {"list"}, "pods: read only"
 
 
 def test_controller_rbac_allows_binding_and_leases_only_in_its_namespace() -> None:
