@@ -78,7 +78,7 @@ def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:
 
 @contextlib.contextmanager
 def plugin_with_nvml(
-    dirs: PluginDirs, api: FakeKube, proc_root: Path, interval_s: float = 3600.0
+    dirs: PluginDirs, api: FakeKube, proc_root: Path, interval_s: float = 3600.0, publish_slices: bool = False
 ) -> Iterator[tuple[KubeletPlugin, fake_pynvml.FakeDriver]]:
     inventory = SimulatedInventory(PROFILE, seed=NODE)
     driver = fake_driver(inventory)
@@ -89,6 +89,7 @@ def plugin_with_nvml(
         inventory,
         sharing=NodeSharing.parse("*=Shared"),
         nvml=fake_pynvml,
+        publish_slices=publish_slices,
     )
     plugin.start()
     try:
