@@ -258,3 +258,24 @@ def test_process_on_a_gpu_its_claims_do_not_hold_is_reported(dirs: PluginDirs, t
         assert [e["reason"] for e in events] == ["GpuNotAllocated"]
         assert driver.gpus[1].uuid in events[0]["message"]
         kubelet.close()
+
+
+def test_a_claim_config_cannot_loosen_the_class_watchdog_policy(dirs: PluginDirs, tmp_path: Path) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "tenant",
+        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            opaque(limiter_config("Terminate"), source="FromClass"),
+            opaque(limiter_config("Report"), source="FromClaim"),
+        ],
+    )
+    with plugin_with_nvml(dirs, api, tmp_path / "proc") as _:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert not kubelet.prepare(claim)[uid_of(claim)].error
+        (share,) = dirs.checkpoint().claims[uid_of(claim)].shares
+        assert share.detail["watchdog"] == "Terminate"
+        assert share.detail["memoryLimit"] == str(2**30)
+        kubelet.close()

@@ -28,6 +28,12 @@ def _configured(share: Share) -> tuple[int | None, int | None]:
     return None, None
 
 
+def watchdog_policy(share: Share) -> WatchdogPolicy:
+    """The class's policy; a claim's own config may make it stricter (Terminate), never looser."""
+    policies = [c.watchdog.policy for c in (share.config, share.class_config) if c is not None and c.watchdog]
+    return WatchdogPolicy.TERMINATE if WatchdogPolicy.TERMINATE in policies else WatchdogPolicy.REPORT
+
+
 class UsageFacts:
     name = "usage-facts"
     order = 90
@@ -51,9 +57,7 @@ class UsageFacts:
                 plan.detail(share, MEMORY, str(memory))
             if cores is not None:
                 plan.detail(share, CORES, str(cores))
-            watchdog = share.config.watchdog
-            policy = watchdog.policy if watchdog is not None else WatchdogPolicy.REPORT
-            plan.detail(share, WATCHDOG, policy.value)
+            plan.detail(share, WATCHDOG, watchdog_policy(share).value)
 
 
 BACKEND = UsageFacts()
