@@ -68,3 +68,29 @@ def test_region_written_by_the_library_reads_back(built: Path, tmp_path: Path) -
 def test_a_region_of_another_layout_is_skipped(tmp_path: Path) -> None:
     (tmp_path / REGION_FILE).write_bytes(b"\0" * REGION_BYTES)
     assert read_region(tmp_path) is None
+
+
+def test_throttled_and_measured_time_are_counted_for_the_claim(built: Path, tmp_path: Path) -> None:
+    compute = built / "tests" / "t_compute"
+    result = subprocess.run(
+        ["make", "-C", str(LIMITER), "build/tests/t_compute"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env.update(
+        LD_LIBRARY_PATH=str(built / "fake"),
+        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+        DRAGPU_LIMITER_STATE_DIR=str(tmp_path),
+        DRAGPU_CORES_LIMIT="30",
+        FAKE_CUDA_SM_COUNT="132",
+        FAKE_CUDA_WAVE_NS="10000",
+    )
+    # The accuracy is the native suite's business; here only that the region carries the figures.
+    subprocess.run(
+        [str(compute), "30", "0.5"], env=env, capture_output=True, text=True, check=False, timeout=120
+    )
+    devices = read_region(tmp_path)
+    assert devices is not None and len(devices) == 1
+    assert devices[0].throttled_seconds > 0, "a throttled claim's waiting time is in the region"
+    assert devices[0].busy_seconds > 0, "measured GPU time is in the region"
+    assert devices[0].refused == 0
