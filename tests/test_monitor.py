@@ -279,3 +279,12 @@ def test_a_claim_config_cannot_loosen_the_class_watchdog_policy(dirs: PluginDirs
         assert share.detail["watchdog"] == "Terminate"
         assert share.detail["memoryLimit"] == str(2**30)
         kubelet.close()
+
+
+def test_a_negative_monitor_interval_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra_gpu.cli import main
+
+    assert main(["kubelet-plugin", "--node-name", "n", "--monitor-interval=-1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --monitor-interval must be 0 (off) or a positive number of seconds"
+    )

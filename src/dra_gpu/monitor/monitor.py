@@ -113,6 +113,7 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.on_stop: Callable[[], None] | None = None
 
     # -- lifecycle --
     def start(self) -> None:
@@ -126,6 +127,8 @@ class Monitor:
             self._thread = None
         if self._sampler is not None:
             self._sampler.close()
+        if self.on_stop is not None:
+            self.on_stop()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -52,6 +52,8 @@ def start_monitor(
         proc=proc,
         interval_s=config.monitor_interval_s,
     )
-    registry.register(MonitorCollector(monitor))
+    collector = MonitorCollector(monitor)
+    registry.register(collector)
     monitor.start()
+    monitor.on_stop = lambda: registry.unregister(collector)  # a restarted agent registers anew
     return monitor
