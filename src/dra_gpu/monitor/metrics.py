@@ -70,7 +70,7 @@ class MonitorCollector(Collector):
             m["dra_gpu_claim_allocations_refused_total"],
             labels=CLAIM_LABELS,
         )
-        for fig in snap.claims.values():
+        for fig in list(snap.claims.values()):
             h = fig.held
             labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
             if fig.memory_used is not None:
@@ -92,7 +92,7 @@ class MonitorCollector(Collector):
             m["dra_gpu_container_compute_busy_seconds_total"],
             labels=CONTAINER_LABELS,
         )
-        for (_, pod, container, gpu), (h, cfig) in snap.containers.items():
+        for (_, pod, container, gpu), (h, cfig) in list(snap.containers.items()):
             labels = [h.claim.namespace, h.claim.name, pod, container, gpu, h.sharing]
             c_used.add_metric(labels, cfig.memory_used)
             c_busy.add_metric(labels, cfig.busy_seconds)
@@ -104,14 +104,14 @@ class MonitorCollector(Collector):
             m["dra_gpu_watchdog_violations_total"],
             labels=WATCHDOG_LABELS,
         )
-        for key, count in wd.violations_total.items():
+        for key, count in list(wd.violations_total.items()):  # the monitor thread adds
             violations.add_metric(list(key), count)
         terminations = CounterMetricFamily(
             _name("dra_gpu_watchdog_terminations_total"),
             m["dra_gpu_watchdog_terminations_total"],
             labels=WATCHDOG_LABELS,
         )
-        for key, count in wd.terminated_total.items():
+        for key, count in list(wd.terminated_total.items()):
             terminations.add_metric(list(key), count)
         active = GaugeMetricFamily(
             "dra_gpu_watchdog_violating_processes",
@@ -119,7 +119,7 @@ class MonitorCollector(Collector):
             labels=WATCHDOG_LABELS,
         )
         counts: dict[tuple[str, str, str, str, str], int] = {}
-        for v in wd.active:
+        for v in list(wd.active):
             active_key = (v.claim.namespace, v.claim.name, v.pod.name, v.gpu, v.reason.value)
             counts[active_key] = counts.get(active_key, 0) + 1
         for active_key, n in counts.items():

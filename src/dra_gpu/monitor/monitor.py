@@ -174,17 +174,13 @@ class Monitor:
                 owner = next((held[(c.uid, gpu)] for c in claims if (c.uid, gpu) in held), None)
                 container = pod.container(ref.container_id)
                 if owner is None:
-                    first = held_of(claims[0])
+                    # The pod's strictest policy: any of its claims may ask to terminate such a process.
                     policy = (
                         WatchdogPolicy.TERMINATE
                         if any(h.policy == WatchdogPolicy.TERMINATE for c in claims for h in held_of(c))
                         else WatchdogPolicy.REPORT
                     )
-                    claim_ref = (
-                        first[0].claim
-                        if first
-                        else ClaimRef(claims[0].uid, claims[0].namespace, claims[0].name)
-                    )
+                    claim_ref = ClaimRef(claims[0].uid, claims[0].namespace, claims[0].name)
                     violations.append(
                         Violation(
                             Reason.GPU,
