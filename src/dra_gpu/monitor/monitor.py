@@ -244,7 +244,7 @@ class Monitor:
             cfig.busy_seconds = self._container_busy.get(ckey, 0.0)
         self._busy = {k: v for k, v in self._busy.items() if k in held}
         self._container_busy = {k: v for k, v in self._container_busy.items() if (k[0], k[3]) in held}
-        self.watchdog.retain(set(by_name))
+        self.watchdog.retain({key: c.uid for key, c in by_name.items()})
         self.watchdog.handle(violations, live)
         self.snapshot = snap
         self.samples += 1

@@ -133,8 +133,9 @@ class Watchdog:
             return False
         return True
 
-    def retain(self, claim_keys: set[tuple[str, str]]) -> None:
-        """Drop the series of claims (namespace, name) that are no longer prepared."""
+    def retain(self, claims: dict[tuple[str, str], str]) -> None:
+        """Drop the series and event state of claims ((namespace, name) -> uid) no longer prepared."""
         for table in (self.violations_total, self.terminated_total):
-            for key in [k for k in table if (k[0], k[1]) not in claim_keys]:
+            for key in [k for k in table if (k[0], k[1]) not in claims]:
                 del table[key]
+        self._events.retain(set(claims.values()) | {v.pod.uid for v in self.active})
