@@ -288,3 +288,26 @@ def test_a_negative_monitor_interval_is_one_line_and_exit_2(capsys: pytest.Captu
     assert capsys.readouterr().err.strip() == (
         "error: --monitor-interval must be 0 (off) or a positive number of seconds"
     )
+
+
+def test_fake_per_process_calls_have_the_bindings_names_and_fields() -> None:
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    for name in (
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetProcessesUtilizationInfo",
+    ):
+        assert callable(getattr(pynvml, name)) and callable(getattr(fake_pynvml, name))
+    for struct in ("c_nvmlProcessUtilizationSample_t", "c_nvmlProcessUtilizationInfo_v1_t"):
+        real = [f[0] for f in getattr(pynvml, struct)._fields_]
+        assert [f[0] for f in getattr(fake_pynvml, struct)._fields_] == real
+    real_process = [f[0] for f in pynvml.c_nvmlProcessInfo_v3_t._fields_]
+    gpu = fake_pynvml.FakeGpu(uuid="GPU-00000000-0000-0000-0000-000000000002", processes={1: 5})
+    fake_pynvml.install(fake_pynvml.FakeDriver(gpus=[gpu]))
+    try:
+        fake_pynvml.nvmlInit()
+        (proc,) = fake_pynvml.nvmlDeviceGetComputeRunningProcesses(fake_pynvml.nvmlDeviceGetHandleByIndex(0))
+        assert sorted(vars(proc)) == sorted(real_process)
+    finally:
+        fake_pynvml.install(None)
