@@ -12,6 +12,8 @@ CPU they take at the default sampling interval and a 15 s scrape interval. Goal:
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import struct
 import sys
 import tempfile
@@ -42,8 +44,9 @@ SCRAPE_INTERVAL_S = 15.0
 GiB = 2**30
 
 
-def write_region(path: Path, uuid: str, used: int) -> None:
-    """A region file as the limiter lays it out, with one device entry (bench only)."""
+def write_region(path: Path, uuid: str, used: int) -> int:
+    """A region file as the limiter lays it out: one device, one live process slot whose lock the
+    returned descriptor holds (as a limited process would). Bench only."""
     header = bytearray(layout.HEADER_BYTES)
     struct.pack_into(
         "<QIIIIII",
@@ -60,10 +63,15 @@ def write_region(path: Path, uuid: str, used: int) -> None:
     header[64 : 64 + len(uuid)] = uuid.encode()
     struct.pack_into("<I", header, 64 + 48, 1)
     struct.pack_into("<q", header, 64 + 64, used)
+    slot = bytearray(layout.SLOT_BYTES)
+    struct.pack_into("<Iiq", slot, 0, 1, 1, used)
     path.mkdir(parents=True, exist_ok=True)
     with open(path / layout.REGION_FILE, "wb") as f:
-        f.write(header)
+        f.write(header + slot)
         f.truncate(layout.REGION_BYTES)
+    fd = os.open(path / layout.REGION_FILE, os.O_RDWR)
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 1, 1, 0))
+    return fd
 
 
 def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegistry]:
@@ -74,6 +82,7 @@ def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegist
     fake_pynvml.install(driver)
     checkpoint = Checkpoint()
     proc_root = root / "proc"
+    held: list[int] = []  # the slot locks of the claims' "processes", held while the bench runs
     pid = 10000
     for g, gpu in enumerate(driver.gpus):
         for c in range(per_gpu):
@@ -94,7 +103,7 @@ def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegist
                     )
                 ],
             )
-            write_region(root / "claims" / claim_uid / "limiter", gpu.uuid, GiB // 2)
+            held.append(write_region(root / "claims" / claim_uid / "limiter", gpu.uuid, GiB // 2))
             pod = api.create(
                 "Pod",
                 {
@@ -134,6 +143,12 @@ def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegist
     )
     registry = CollectorRegistry()
     registry.register(MonitorCollector(monitor))
+
+    def release() -> None:
+        for fd in held:
+            os.close(fd)
+
+    monitor.on_stop = release
     return monitor, registry
 
 
@@ -162,6 +177,9 @@ def main() -> int:
         per_sample = sample_cpu / args.rounds
         per_scrape = scrape_cpu / args.rounds
         percent = 100 * (per_sample / DEFAULT_INTERVAL_S + per_scrape / SCRAPE_INTERVAL_S)
+        used = sum(f.memory_used or 0 for f in monitor.snapshot.claims.values())
+        assert used == len(monitor.snapshot.claims) * GiB // 2, "every region's live slot was read"
+        monitor.stop()
         claims = args.gpus * args.claims_per_gpu
         print(f"{args.gpus} GPUs x {args.claims_per_gpu} claims ({claims} claims, {claims} GPU processes)")
         print(f"sampling: {per_sample * 1000:.1f} ms CPU every {DEFAULT_INTERVAL_S:g} s")

@@ -63,6 +63,8 @@ def test_region_written_by_the_library_reads_back(built: Path, tmp_path: Path) -
     finally:
         holder.kill()
         holder.wait()
+    (after,) = read_region(tmp_path) or []
+    assert after.used_bytes == 0, "a dead process's bytes are not reported, though no sweep has run yet"
 
 
 def test_a_region_of_another_layout_is_skipped(tmp_path: Path) -> None:
@@ -94,3 +96,98 @@ def test_throttled_and_measured_time_are_counted_for_the_claim(built: Path, tmp_
     assert devices[0].throttled_seconds > 0, "a throttled claim's waiting time is in the region"
     assert devices[0].busy_seconds > 0, "measured GPU time is in the region"
     assert devices[0].refused == 0
+
+
+def _scrape(port: int) -> dict[tuple[str, str | None], tuple[dict[str, str], float]]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, s.labels.get("claim")): (s.labels, s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path) -> None:
+    """Simulated GPUs (no NVML): memory in use and refusals on /metrics come from the claim's region."""
+
+    from plugin_harness import (
+        Alloc,
+        Kubelet,
+        PluginDirs,
+        add_claim,
+        cdi_ids,
+        gpu_config,
+        opaque,
+        resolve,
+        running_plugin,
+        uid_of,
+    )
+
+    from dra_gpu.kube.fake import FakeKube
+
+    dirs = PluginDirs.create()
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "batch",
+        [Alloc(device="gpu-1", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [opaque(gpu_config("Limiter"))],
+        namespace="team-a",
+    )
+    try:
+        with running_plugin(dirs, api, http_address="127.0.0.1:0") as plugin:
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            response = kubelet.prepare(claim)[uid_of(claim)]
+            assert not response.error
+            container = resolve(dirs, cdi_ids(response))
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))
+            }
+            env.update(
+                LD_LIBRARY_PATH=str(built / "fake"),
+                LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+                DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
+                DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
+                CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+            )
+            worker = subprocess.Popen(
+                [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                assert worker.stdout is not None
+                lines = [worker.stdout.readline().strip() for _ in range(5)]
+                assert lines[-2:] == [f"allocated={768 * MiB} last=CUDA_ERROR_OUT_OF_MEMORY", "holding"], (
+                    lines
+                )
+                plugin.monitor.sample_once()
+                values = _scrape(plugin.http_port)
+                labels, used = values[("dra_gpu_claim_memory_used_bytes", "batch")]
+                assert used == 768 * MiB
+                assert labels == {
+                    "namespace": "team-a",
+                    "claim": "batch",
+                    "gpu_uuid": container.env["CUDA_VISIBLE_DEVICES"],
+                    "sharing": "Limiter",
+                }
+                assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1
+                assert values[("dra_gpu_claim_memory_limit_bytes", "batch")][1] == GiB
+            finally:
+                worker.kill()
+                worker.wait()
+            # Killed: the region still counts its bytes until the claim's next process sweeps, the agent not.
+            plugin.monitor.sample_once()
+            assert _scrape(plugin.http_port)[("dra_gpu_claim_memory_used_bytes", "batch")][1] == 0
+            kubelet.close()
+    finally:
+        dirs.cleanup()
