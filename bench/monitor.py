@@ -49,7 +49,7 @@ def write_region(path: Path, uuid: str, used: int) -> int:
     returned descriptor holds (as a limited process would). Bench only."""
     header = bytearray(layout.HEADER_BYTES)
     struct.pack_into(
-        "<QIIIIII",
+        "=QIIIIII",
         header,
         0,
         layout.MAGIC,
@@ -61,10 +61,10 @@ def write_region(path: Path, uuid: str, used: int) -> int:
         0,
     )
     header[64 : 64 + len(uuid)] = uuid.encode()
-    struct.pack_into("<I", header, 64 + 48, 1)
-    struct.pack_into("<q", header, 64 + 64, used)
+    struct.pack_into("=I", header, 64 + 48, 1)
+    struct.pack_into("=q", header, 64 + 64, used)
     slot = bytearray(layout.SLOT_BYTES)
-    struct.pack_into("<Iiq", slot, 0, 1, 1, used)
+    struct.pack_into("=Iiq", slot, 0, 1, 1, used)
     path.mkdir(parents=True, exist_ok=True)
     with open(path / layout.REGION_FILE, "wb") as f:
         f.write(header + slot)

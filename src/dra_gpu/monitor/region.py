@@ -26,9 +26,9 @@ SLOT_BYTES = 192
 DEVICE_COUNT = 16
 REGION_BYTES = HEADER_BYTES + SLOT_COUNT * SLOT_BYTES
 
-_HEAD = struct.Struct(
-    "<QIIIIII"
-)  # magic, version, header_bytes, slot_count, slot_bytes, device_count, reserved
+# Native byte order, standard sizes: the file is the C structs as this machine lays them out.
+# magic, version, header_bytes, slot_count, slot_bytes, device_count, reserved
+_HEAD = struct.Struct("=QIIIIII")
 _DEVS_AT = 64  # struct region_dev is _Alignas(64)
 _DEV_BYTES = 192  # uuid[48], ready u32 | used i64 (own cache line) | tat_ns i64 (own cache line)
 _UUID_LEN = 48
