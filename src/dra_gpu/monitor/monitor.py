@@ -167,7 +167,7 @@ class Monitor:
         for gpu, figures in processes.items():
             for pid, used in figures.memory.items():
                 live.add(pid)
-                attributed = self._attribute(pid, gpu, held, by_name)
+                attributed = self._attribute(pid, by_name)
                 if attributed is None:
                     continue
                 pod, ref, claims = attributed
@@ -251,12 +251,9 @@ class Monitor:
         return snap
 
     def _attribute(
-        self,
-        pid: int,
-        gpu: str,
-        held: dict[tuple[str, str], Held],
-        by_name: dict[tuple[str, str], PreparedClaim],
+        self, pid: int, by_name: dict[tuple[str, str], PreparedClaim]
     ) -> tuple[PodInfo, PodRef, list[PreparedClaim]] | None:
+        """The process's pod, cgroup reference and the pod's claims prepared here; None if not ours."""
         ref = self._proc.pod_of(pid)
         if ref is None:
             return None  # not in a pod (the host, an MPS server): not ours to judge
