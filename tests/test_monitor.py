@@ -231,7 +231,9 @@ def test_process_beyond_its_share_without_the_limiter_is_caught(
             if policy == "Terminate":
                 offender.wait(timeout=30)
                 assert offender.returncode == -9
-                assert metrics["dra_gpu_watchdog_terminations_total"]
+                assert sum(v for _, v in metrics["dra_gpu_watchdog_terminations_total"]) == 1, "killed once"
+                killed = [e for e in _events(api, "Pod", "greedy-pod") if "was terminated" in e["message"]]
+                assert len(killed) == 2, "both violations say what happened"
             else:
                 assert offender.poll() is None, "Report never kills"
             assert bystander.poll() is None, "a process of another claim is never touched"

@@ -100,6 +100,7 @@ class Watchdog:
     def handle(self, violations: list[Violation], live_pids: set[int]) -> None:
         self._seen = {key for key in self._seen if key[0] in live_pids}
         self.active = violations
+        killed: set[int] = set()  # one process may break several rules at once: one kill, one count
         for v in violations:
             key = (v.pid, v.reason, v.gpu)
             if key in self._seen:
@@ -110,7 +111,10 @@ class Watchdog:
             where = f"container {v.container or '?'} of pod {v.pod.namespace}/{v.pod.name}"
             message = f"process {v.pid} in {where} on GPU {v.gpu}: {v.detail}"
             if v.policy == WatchdogPolicy.TERMINATE:
-                if self._terminate(v):
+                if v.pid in killed:
+                    message += "; the process was terminated (watchdog policy Terminate)"
+                elif self._terminate(v):
+                    killed.add(v.pid)
                     self.terminated_total[labels] = self.terminated_total.get(labels, 0) + 1
                     message += "; the process was terminated (watchdog policy Terminate)"
                 else:
