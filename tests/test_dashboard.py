@@ -48,7 +48,7 @@ def _exported(tmp_path: Path) -> set[str]:
     )
     held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
     snap = Snapshot()
-    snap.claims[("u", "GPU-1")] = ClaimFigures(held, memory_used=1)
+    snap.claims[("u", "GPU-1")] = ClaimFigures(held, memory_used=1, throttled_seconds=0.5, refused=2)
     snap.containers[("u", "p", "main", "GPU-1")] = (held, ContainerFigures(1, 1.0))
     monitor.snapshot = snap
     pod = PodInfo("pu", "ns", "p", {}, frozenset({"c"}))

@@ -80,8 +80,10 @@ class MonitorCollector(Collector):
             if h.cores is not None:
                 share.add_metric(labels, h.cores / 100)
             busy.add_metric(labels, fig.busy_seconds)
-            throttled.add_metric(labels, fig.throttled_seconds)
-            refused.add_metric(labels, fig.refused)
+            if fig.throttled_seconds is not None:
+                throttled.add_metric(labels, fig.throttled_seconds)
+            if fig.refused is not None:
+                refused.add_metric(labels, fig.refused)
         c_used = GaugeMetricFamily(
             "dra_gpu_container_memory_used_bytes",
             m["dra_gpu_container_memory_used_bytes"],

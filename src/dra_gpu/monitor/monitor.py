@@ -46,8 +46,9 @@ class ClaimFigures:
     held: Held
     memory_used: int | None = None
     busy_seconds: float = 0.0
-    throttled_seconds: float = 0.0
-    refused: int = 0
+    throttled_seconds: float | None = None
+    """None without a limiter region: nothing throttles or refuses for the claim."""
+    refused: int | None = None
 
 
 @dataclass
