@@ -239,7 +239,7 @@ class Monitor:
                 and procs
                 and nvml_used > h.memory_limit + allowance
             ):
-                violations.extend(self._memory_offenders(h, procs, nvml_used, snap))
+                violations.extend(self._memory_offenders(h, procs, nvml_used))
 
         for ckey, (_, cfig) in snap.containers.items():
             cfig.busy_seconds = self._container_busy.get(ckey, 0.0)
@@ -282,7 +282,7 @@ class Monitor:
         )
 
     def _memory_offenders(
-        self, h: Held, procs: list[tuple[int, int, bool | None]], used: int, snap: Snapshot
+        self, h: Held, procs: list[tuple[int, int, bool | None]], used: int
     ) -> list[Violation]:
         # The processes that bypass the limiter are the culprits; without one, the largest user.
         culprits = [p for p in procs if p[2] is False] or [max(procs, key=lambda p: p[1])]
