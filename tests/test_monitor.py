@@ -155,7 +155,9 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         assert ({**a, "pod": "infer", "container": "main"}, GiB) in containers
         assert ({**b, "pod": "train", "container": "main"}, 3 * GiB) in containers
         assert "dra_gpu_watchdog_violations_total" not in metrics, "nothing escaped its share"
-        throttled = [labels["claim"] for labels, _ in metrics.get("dra_gpu_claim_throttled_seconds_total", [])]
+        throttled = [
+            labels["claim"] for labels, _ in metrics.get("dra_gpu_claim_throttled_seconds_total", [])
+        ]
         assert "whole" not in throttled, "only claims with a limiter region can be throttled"
 
         assert kubelet.unprepare(whole)[uid_of(whole)] == ""
