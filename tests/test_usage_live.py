@@ -73,3 +73,56 @@ def test_use_beside_allocation_and_allocations_alone_without_agents(
     out, err = capsys.readouterr()
     assert "default/inference" in out and "USE" not in out
     assert f"no use shown for the GPUs of unreachable node agents: {url}" in err
+
+
+class _ProxyApi(FakeKube):
+    """The API fake plus the API server's pod proxy, answering for the agents it knows."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__()
+        self.answers = answers
+        self.paths: list[str] = []
+
+    def get_text(self, path: str, timeout: float = 10.0) -> str:
+        from dra_gpu.kube import NotFound
+
+        self.paths.append(path)
+        if path not in self.answers:
+            raise NotFound("the server could not find the requested resource")
+        return self.answers[path]
+
+
+def _agent_pod(api: FakeKube, name: str) -> None:
+    pod = api.create(
+        "Pod",
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "dra-gpu",
+                "labels": {
+                    "app.kubernetes.io/name": "dra-gpu",
+                    "app.kubernetes.io/component": "kubelet-plugin",
+                },
+            },
+            "spec": {"containers": [{"name": "plugin", "ports": [{"name": "http", "containerPort": 8080}]}]},
+        },
+    )
+    api.update_status("Pod", {**pod, "status": {"phase": "Running"}})
+
+
+def test_agents_are_read_through_the_pod_proxy() -> None:
+    metrics = (
+        "# TYPE dra_gpu_claim_memory_used_bytes gauge\n"
+        'dra_gpu_claim_memory_used_bytes{namespace="ns",claim="c",gpu_uuid="GPU-1",sharing="Limiter"} 42\n'
+    )
+    api = _ProxyApi({"/api/v1/namespaces/dra-gpu/pods/agent-a:8080/proxy/metrics": metrics})
+    _agent_pod(api, "agent-a")
+    _agent_pod(api, "agent-b")
+    args = argparse.Namespace(metrics_url=[], agents="proxy", agent_namespace="dra-gpu")
+    live = usage_command.read_live(args, api)
+    assert live is not None
+    use = live.get("ns", "c", "GPU-1")
+    assert use is not None and use.memory_used == 42
+    assert live.reached == ["dra-gpu/agent-a"]
+    assert list(live.unreachable) == ["dra-gpu/agent-b"]
+    assert usage_command.read_live(argparse.Namespace(metrics_url=[], agents="none"), api) is None
