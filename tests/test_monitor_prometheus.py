@@ -108,7 +108,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
             CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
         )
-        worker = subprocess.Popen(
+        workload = subprocess.Popen(
             [str(built / "limiter-probe"), "alloc", str(256 * MiB), "3", "--hold"],
             env=env,
             stdout=subprocess.PIPE,
@@ -132,8 +132,8 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115 - closed with the process
         )
         try:
-            assert worker.stdout is not None
-            lines = [worker.stdout.readline().strip() for _ in range(5)]
+            assert workload.stdout is not None
+            lines = [workload.stdout.readline().strip() for _ in range(5)]
             assert lines[-1] == "holding", lines
             promql = 'dra_gpu_claim_memory_used_bytes{namespace="default", claim="llm"}'
             try:
@@ -158,6 +158,6 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             except subprocess.TimeoutExpired:
                 prometheus.kill()
                 prometheus.wait()
-            worker.kill()
-            worker.wait()
+            workload.kill()
+            workload.wait()
             kubelet.close()

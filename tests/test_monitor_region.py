@@ -158,15 +158,15 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
                 CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
             )
-            worker = subprocess.Popen(
+            workload = subprocess.Popen(
                 [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
                 env=env,
                 stdout=subprocess.PIPE,
                 text=True,
             )
             try:
-                assert worker.stdout is not None
-                lines = [worker.stdout.readline().strip() for _ in range(5)]
+                assert workload.stdout is not None
+                lines = [workload.stdout.readline().strip() for _ in range(5)]
                 assert lines[-2:] == [f"allocated={768 * MiB} last=CUDA_ERROR_OUT_OF_MEMORY", "holding"], (
                     lines
                 )
@@ -183,8 +183,8 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1
                 assert values[("dra_gpu_claim_memory_limit_bytes", "batch")][1] == GiB
             finally:
-                worker.kill()
-                worker.wait()
+                workload.kill()
+                workload.wait()
             # Killed: the region still counts its bytes until the claim's next process sweeps, the agent not.
             plugin.monitor.sample_once()
             assert _scrape(plugin.http_port)[("dra_gpu_claim_memory_used_bytes", "batch")][1] == 0
