@@ -149,6 +149,26 @@ class Placement(_Strict):
         return PlacementPolicy(v)
 
 
+class WatchdogPolicy(StrEnum):
+    REPORT = "Report"
+    TERMINATE = "Terminate"
+
+
+class Watchdog(_Strict):
+    """What the node agent does with a process that escapes its claim's share (it always reports it):
+    `Report` only, or `Terminate` the offending process (never a process of another claim)."""
+
+    policy: WatchdogPolicy = WatchdogPolicy.REPORT
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v: Any) -> Any:
+        allowed = [p.value for p in WatchdogPolicy]
+        if v not in allowed:
+            raise ValueError(f"unknown watchdog policy {v!r}; allowed: {', '.join(allowed)}")
+        return WatchdogPolicy(v)
+
+
 class GpuConfig(_Strict):
     """`apiVersion: gpu.dra-gpu.io/v1alpha1`, `kind: GpuConfig`."""
 
@@ -156,6 +176,7 @@ class GpuConfig(_Strict):
     kind: Literal["GpuConfig"]
     sharing: Sharing = Field(default_factory=Sharing)
     placement: Placement | None = None
+    watchdog: Watchdog | None = None
 
     @classmethod
     def default(cls) -> GpuConfig:
@@ -166,12 +187,13 @@ class GpuConfig(_Strict):
 
 
 _FIELDS_HINT = {
-    (): "apiVersion, kind, sharing, placement",
+    (): "apiVersion, kind, sharing, placement, watchdog",
     ("sharing",): "strategy, timeSlicing, mps, limiter",
     ("sharing", "timeSlicing"): "interval",
     ("sharing", "mps"): "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit",
     ("sharing", "limiter"): "memory, memoryLimit, cores",
     ("placement",): "policy, affinityLabel, antiAffinityLabel, exclusionLabel",
+    ("watchdog",): "policy",
 }
 
 

@@ -284,6 +284,11 @@ class FakeGpu:
     """Fallen off the bus: every query on it answers GPU is lost."""
     errors: dict[str, int] = field(default_factory=dict)
     """Function name -> NVML error code this GPU answers to that function."""
+    # --- per-process figures (see the block at the end of this file) ---
+    processes: dict[int, int | None] = field(default_factory=dict)
+    """Running compute processes: host pid -> used GPU memory in bytes (None: not available)."""
+    utilization: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """Per-process utilization samples, as the driver keeps them: (pid, timeStamp us, smUtil, memUtil)."""
 
 
 @dataclass
@@ -693,3 +698,83 @@ def _install_from_environment() -> None:
 
 
 _install_from_environment()
+
+# --- per-process memory and utilization -----------------------------------------------------------
+# What the bindings return, not the C calls beneath them: the bindings size the arrays themselves
+# (the C calls' NVML_ERROR_INSUFFICIENT_SIZE never reaches Python), an empty process list is [], a
+# process whose memory the driver cannot tell has usedGpuMemory None, and the utilization queries
+# raise NVML_ERROR_NOT_FOUND when the driver has no sample newer than the timestamp given.
+
+
+class nvmlFriendlyObject:
+    def __init__(self, dictionary: dict[str, Any]) -> None:
+        for key, value in dictionary.items():
+            setattr(self, key, value)
+
+
+class c_nvmlProcessUtilizationSample_t(Structure):
+    _fields_ = [
+        ("pid", c_uint),
+        ("timeStamp", c_ulonglong),
+        ("smUtil", c_uint),
+        ("memUtil", c_uint),
+        ("encUtil", c_uint),
+        ("decUtil", c_uint),
+    ]
+
+
+class c_nvmlProcessUtilizationInfo_v1_t(Structure):
+    _fields_ = [
+        ("timeStamp", c_ulonglong),
+        ("pid", c_uint),
+        ("smUtil", c_uint),
+        ("memUtil", c_uint),
+        ("encUtil", c_uint),
+        ("decUtil", c_uint),
+        ("jpgUtil", c_uint),
+        ("ofaUtil", c_uint),
+    ]
+
+
+def _running(function: str, handle: FakeHandle) -> list[nvmlFriendlyObject]:
+    gpu = _gpu(function, handle)
+    return [
+        nvmlFriendlyObject(
+            {"pid": pid, "usedGpuMemory": used, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
+        )
+        for pid, used in list(gpu.processes.items())
+    ]
+
+
+def nvmlDeviceGetComputeRunningProcesses_v3(handle: FakeHandle) -> list[nvmlFriendlyObject]:
+    return _running("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+
+
+def nvmlDeviceGetComputeRunningProcesses_v2(handle: FakeHandle) -> list[nvmlFriendlyObject]:
+    return _running("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: FakeHandle) -> list[nvmlFriendlyObject]:
+    return nvmlDeviceGetComputeRunningProcesses_v3(handle)
+
+
+def _samples(function: str, handle: FakeHandle, timeStamp: int) -> list[tuple[int, int, int, int]]:
+    gpu = _gpu(function, handle)
+    newer = [s for s in list(gpu.utilization) if s[1] > timeStamp]
+    if not newer:
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return newer
+
+
+def nvmlDeviceGetProcessUtilization(handle: FakeHandle, timeStamp: int) -> list[Any]:
+    return [
+        c_nvmlProcessUtilizationSample_t(pid, ts, sm, mem, 0, 0)
+        for pid, ts, sm, mem in _samples("nvmlDeviceGetProcessUtilization", handle, timeStamp)
+    ]
+
+
+def nvmlDeviceGetProcessesUtilizationInfo(handle: FakeHandle, timeStamp: int) -> list[Any]:
+    return [
+        c_nvmlProcessUtilizationInfo_v1_t(ts, pid, sm, mem, 0, 0, 0, 0)
+        for pid, ts, sm, mem in _samples("nvmlDeviceGetProcessesUtilizationInfo", handle, timeStamp)
+    ]

@@ -117,6 +117,9 @@ void dl_region_release(int dev, uint64_t bytes);
 uint64_t dl_region_used(int dev);
 /* Theoretical arrival time of the compute rate limiter, shared by the claim (ns, CLOCK_MONOTONIC). */
 _Atomic int64_t *dl_region_tat(int dev);
+/* Claim-wide counters for the node agent: time slept by the compute limiter, measured GPU time. */
+void dl_region_add_throttled(int dev, int64_t ns);
+void dl_region_add_busy(int dev, int64_t ns);
 bool dl_region_is_shared(void);
 
 /* ---- driver.c ---- */

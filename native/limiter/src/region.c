@@ -47,6 +47,15 @@ struct region_dev {
     _Alignas(64) _Atomic int64_t tat_ns;  /* compute limiter clock, see throttle.c */
 };
 
+/* Counters the node agent reads (src/dra_gpu/monitor/region.py mirrors this layout). They live in what
+ * was spare header space, so files made by a library without them read as zeros, never as garbage. */
+struct region_stats {
+    _Atomic uint64_t refused;       /* allocations refused for the claim's limit */
+    _Atomic uint64_t throttled_ns;  /* time launching threads slept in the compute limiter */
+    _Atomic uint64_t busy_ns;       /* measured GPU time of throttled launches */
+    uint64_t spare;
+};
+
 struct region_header {
     uint64_t magic;
     uint32_t version;
@@ -56,6 +65,7 @@ struct region_header {
     uint32_t device_count;
     uint32_t reserved;
     struct region_dev devs[DL_MAX_DEVICES];
+    struct region_stats stats[DL_MAX_DEVICES];
 };
 
 struct region_slot {
@@ -300,6 +310,7 @@ int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
         }
         if (attempt == 0) sweep();
     }
+    atomic_fetch_add_explicit(&hdr()->stats[dev].refused, 1, memory_order_relaxed);
     return -1;
 }
 
@@ -315,3 +326,11 @@ uint64_t dl_region_used(int dev) {
 }
 
 _Atomic int64_t *dl_region_tat(int dev) { return &hdr()->devs[dev].tat_ns; }
+
+void dl_region_add_throttled(int dev, int64_t ns) {
+    if (ns > 0) atomic_fetch_add_explicit(&hdr()->stats[dev].throttled_ns, (uint64_t)ns, memory_order_relaxed);
+}
+
+void dl_region_add_busy(int dev, int64_t ns) {
+    if (ns > 0) atomic_fetch_add_explicit(&hdr()->stats[dev].busy_ns, (uint64_t)ns, memory_order_relaxed);
+}

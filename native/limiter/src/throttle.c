@@ -145,6 +145,7 @@ static void poll_completed(void) {
         if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
             int64_t actual = (int64_t)((double)ms * 1e6);
             atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual - p->charged_ns));
+            dl_region_add_busy(p->dev, actual);
             learn(p->key, actual);
             put_event(p->ctx, p->start);
             put_event(p->ctx, p->end);
@@ -179,6 +180,7 @@ static void admit(int dev, int64_t wall) {
         if (base - now > BURST_NS) {
             int64_t wait = base - now - BURST_NS;
             sleep_ns(wait < SLICE_NS ? wait : SLICE_NS);
+            dl_region_add_throttled(dev, (int64_t)dl_now_ns() - now);
             poll_if_no_capture();
             continue;
         }

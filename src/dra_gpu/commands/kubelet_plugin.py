@@ -60,12 +60,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
     add_flag(parser, "--http-address", default=":8080", help="HOST:PORT serving /healthz and /metrics")
     add_flag(parser, "--dev-root", default="/", type=Path, help="where the host's /dev is visible, as '/'")
+    add_flag(
+        parser,
+        "--monitor-interval",
+        default=5.0,
+        type=float,
+        help="seconds between usage samplings and watchdog checks (0: no usage monitor)",
+    )
+    add_flag(
+        parser,
+        "--proc-root",
+        default="/proc",
+        type=Path,
+        help="the host's /proc (the agent runs with hostPID)",
+    )
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("error: --node-name (or DRA_GPU_NODE_NAME) is required", file=sys.stderr)
+        return 2
+    if args.monitor_interval < 0:
+        print("error: --monitor-interval must be 0 (off) or a positive number of seconds", file=sys.stderr)
         return 2
     try:
         sharing = NodeSharing.parse(args.sharing)
@@ -94,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         limiter_library=args.limiter_library,
         dev_root=args.dev_root,
         http_address=args.http_address or None,
+        monitor_interval_s=args.monitor_interval,
+        proc_root=args.proc_root,
     )
     plugin = KubeletPlugin(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
     try:

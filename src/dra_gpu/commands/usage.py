@@ -1,7 +1,9 @@
-"""`dra-gpu usage`: per node and GPU, which claims hold it, with what share, for which pods.
+"""`dra-gpu usage`: per node and GPU, which claims hold it, with what share, for which pods, using what.
 
-Read-only: it lists ResourceSlices, ResourceClaims (all namespaces) and DeviceClasses, so it needs
-`list` on those three and nothing else.
+Read-only: it lists ResourceSlices, ResourceClaims (all namespaces) and DeviceClasses. For the use
+beside each allocation it reads the node agents' /metrics, through the API server's pod proxy (`list`
+pods and `get` pods/proxy in the agents' namespace) or from `--metrics-url`; without them it shows
+allocations only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.flags import add_flag
 from dra_gpu.kube import RESOURCES, ApiError, KubeAPI
 from dra_gpu.usage import collect, render_json, render_table
+from dra_gpu.usage.live import AGENT_SELECTOR, LiveUsage, fetch_url, read_agents
 
 NAME = "usage"
 HELP = "show who uses which GPU share, per node: claims, shares, pods, and pending claims"
@@ -35,6 +38,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env="DRA_GPU_NODE",
         default=None,
         help="show only this node's GPUs (pending claims, which have no node yet, are then left out)",
+    )
+    add_flag(
+        parser,
+        "--agents",
+        default="proxy",
+        choices=["proxy", "none"],
+        help="read the node agents' /metrics through the API server's pod proxy, or not at all",
+    )
+    add_flag(parser, "--agent-namespace", default="dra-gpu", help="namespace of the node agents' pods")
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="read this agent's /metrics directly (repeatable); replaces --agents proxy",
     )
     parser.add_argument(
         "-o", "--output", choices=["table", "json"], default="table", help="output format (default: table)"
@@ -94,8 +112,47 @@ def run_with_api(args: argparse.Namespace, api: KubeAPI) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     usage = collect(slices, claims, classes, node=args.node or None)
-    print(render_json(usage) if args.output == "json" else render_table(usage))
+    live = read_live(args, api)
+    if live is not None and live.unreachable:
+        agents = ", ".join(f"{a} ({why})" for a, why in sorted(live.unreachable.items()))
+        print(f"note: no use shown for the GPUs of unreachable node agents: {agents}", file=sys.stderr)
+    print(render_json(usage, live) if args.output == "json" else render_table(usage, live))
     return 0
+
+
+def read_live(args: argparse.Namespace, api: KubeAPI) -> LiveUsage | None:
+    """The agents' figures; None when not asked for. Never fails: an unreachable agent is noted."""
+    urls = list(getattr(args, "metrics_url", None) or [])
+    if urls:
+        return read_agents(urls, fetch_url)
+    if getattr(args, "agents", "none") != "proxy":
+        return None
+    get_text = getattr(api, "get_text", None)
+    namespace = getattr(args, "agent_namespace", "dra-gpu")
+    if get_text is None:
+        return None  # an API without a proxy (the tests' fake): allocations only
+    try:
+        with _quiet_retries():
+            pods, _ = api.list("Pod", namespace=namespace, label_selector=AGENT_SELECTOR)
+    except Exception as exc:
+        return LiveUsage(unreachable={f"pods in {namespace}": _one_line(exc)})
+    agents = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        ports = [
+            p.get("containerPort")
+            for c in (pod.get("spec") or {}).get("containers") or []
+            for p in c.get("ports") or []
+            if p.get("name") == "http"
+        ]
+        if ports:
+            agents[f"{namespace}/{meta.get('name')}"] = (
+                f"/api/v1/namespaces/{namespace}/pods/{meta.get('name')}:{ports[0]}/proxy/metrics"
+            )
+    with _quiet_retries():
+        return read_agents(agents, lambda agent: str(get_text(agents[agent])))
 
 
 def run(args: argparse.Namespace) -> int:

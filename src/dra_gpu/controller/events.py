@@ -30,9 +30,15 @@ class EventRecorder:
     """Writes core/v1 Events; failures are logged, never raised (an event is not worth a retry loop)."""
 
     def __init__(
-        self, api: KubeAPI, instance: str, clock: Callable[[], datetime], repeat_after_s: float = 300.0
+        self,
+        api: KubeAPI,
+        instance: str,
+        clock: Callable[[], datetime],
+        repeat_after_s: float = 300.0,
+        component: str = COMPONENT,
     ) -> None:
         self._api = api
+        self._component = component
         self._repeat_after_s = repeat_after_s
         self._instance = instance
         self._clock = clock
@@ -90,8 +96,8 @@ class EventRecorder:
             "type": event_type,
             "reason": reason,
             "message": message,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
+            "source": {"component": self._component},
+            "reportingComponent": self._component,
             "reportingInstance": self._instance,
             "firstTimestamp": now,
             "lastTimestamp": now,

@@ -95,6 +95,25 @@ class KubeClient:
             raise self._error(response.status, data)
         return json.loads(data) if data else {}
 
+    def get_text(self, path: str, timeout: float = 10.0) -> str:
+        """GET a non-JSON path (a pod's /metrics through the API server's proxy); ApiError on failure."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            _, url, headers, _, _ = self._api.param_serialize(
+                method="GET",
+                resource_path=path,
+                header_params={"Accept": "text/plain"},
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api("GET", url, header_params=headers, _request_timeout=timeout)
+        except ApiException as exc:
+            raise self._error(exc.status or 500, exc.body) from None
+        data = response.read() if hasattr(response, "read") else response.data
+        if response.status >= 400:
+            raise self._error(response.status, data)
+        return bytes(data).decode("utf-8", "replace")
+
     @staticmethod
     def _error(status: int, body: Any) -> ApiError:
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")

@@ -14,6 +14,7 @@ import yaml
 
 from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.manifests.classes import CLASSES, controller_classes, device_classes
+from dra_gpu.manifests.dashboard import dashboard_json
 from dra_gpu.manifests.values import TEMPLATES, Values, ValuesError
 
 HEADER = (
@@ -87,7 +88,7 @@ def files_for(values: Values) -> list[str]:
     """The files `values` produce: the installed set, controller ones when enabled, the kustomization."""
     wanted = [
         f
-        for f in (*INSTALLED, "controller-classes.yaml")
+        for f in (*INSTALLED, "controller-classes.yaml", "grafana-dashboard.yaml")
         if (values.controller.enabled or f not in CONTROLLER_FILES)
         and (values.validatingAdmissionPolicy.enabled or f != "validatingadmissionpolicy.yaml")
     ]
@@ -124,6 +125,7 @@ def _context(values: Values) -> dict[str, Any]:
         "device_classes": device_classes(values),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "resources": [f for f in INSTALLED if f in files],
+        "dashboard_json": dashboard_json(),
     }
 
 

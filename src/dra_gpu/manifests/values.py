@@ -42,6 +42,7 @@ class KubeletPlugin(_Model):
     gpuBackend: str = Field(pattern=r"^(nvml|simulated:.+)$")
     sharing: str
     httpPort: int = Field(ge=1, le=65535)
+    monitorInterval: float = Field(ge=0)
     privileged: bool | None
     runtimeClassName: str | None
     priorityClassName: str | None

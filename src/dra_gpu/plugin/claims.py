@@ -119,6 +119,8 @@ def shares_of(
             )
         try:
             config = merge_configs(configs, request, driver)
+            from_class = [c for c in configs if c.get("source") == "FromClass"]
+            class_config = merge_configs(from_class, request, driver) if from_class else None
         except ConfigError as exc:
             raise PrepareError(f"ResourceClaim {claim.ref}: {exc}", reason="invalid_config") from None
         shares.append(
@@ -132,6 +134,7 @@ def shares_of(
                 consumed=_consumed(result.get("consumedCapacity"), where),
                 admin_access=bool(result.get("adminAccess")),
                 config=config,
+                class_config=class_config,
             )
         )
     return shares

@@ -82,6 +82,10 @@ class PluginConfig:
     supervise_interval_s: float = 5.0
     stale_claim_interval_s: float = 600.0
     health_heartbeat_s: float = 10.0
+    monitor_interval_s: float = 5.0
+    """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
+    proc_root: Path = Path("/proc")
+    """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -145,8 +149,12 @@ class KubeletPlugin:
         publish_slices: bool = False,
         metrics: PluginMetrics | None = None,
         fault_hook: FaultHook | None = None,
+        nvml: Any = None,
     ) -> None:
         self.config = config
+        self._nvml = nvml
+        """The pynvml module for the usage monitor (tests pass a fake); None: pynvml on NVML nodes."""
+        self.monitor: Any = None
         self.api = api
         self.inventory = inventory
         self.sharing = sharing or NodeSharing.parse("*=Shared")
@@ -209,6 +217,7 @@ class KubeletPlugin:
                 target=self._background_loop, name="plugin-duties", daemon=True
             )
             self._background.start()
+            self._start_monitor()
             if self.publish_slices:
                 self._start_publisher()
         except BaseException:
@@ -254,6 +263,9 @@ class KubeletPlugin:
         if self._http is not None:
             self._http.stop()
             self._http = None
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
         if self._background is not None:
             self._background.join(timeout=grace_s + 5)
             self._background = None
@@ -354,6 +366,13 @@ class KubeletPlugin:
             if self._stop.wait(interval):
                 return
             since_gc += interval
+
+    def _start_monitor(self) -> None:
+        if self.config.monitor_interval_s <= 0:
+            return
+        from dra_gpu.monitor import start_monitor
+
+        self.monitor = start_monitor(self.config, self.api, self.inventory, self.metrics.registry, self._nvml)
 
     def _start_publisher(self) -> None:
         from dra_gpu.slices.publisher import SlicePublisher  # another part's module; loaded only when wanted

@@ -14,6 +14,7 @@ from dra_gpu.quantity import format_quantity
 from dra_gpu.text import gib, share_text
 from dra_gpu.text import render_table as _table
 from dra_gpu.usage.collect import Gpu, Holder, Pending, PendingRequest, Usage
+from dra_gpu.usage.live import ClaimUse, LiveUsage
 
 INDENT = "    "
 
@@ -72,22 +73,45 @@ def _asks(request: PendingRequest) -> str:
     return share if request.count == 1 else f"{request.count} x {share}"
 
 
-def _gpu_block(gpu: Gpu) -> str:
+def use_text(use: ClaimUse | None) -> str:
+    """`1.0 GiB in use, 3 refused, 1 violation`, from the agent's figures; `-` where it has none."""
+    if use is None:
+        return "-"
+    parts = []
+    if use.memory_used is not None:
+        parts.append(f"{gib(Fraction(int(use.memory_used)))} in use")
+    if use.refused:
+        parts.append(f"{int(use.refused)} refused")
+    if use.violations:
+        parts.append(f"{int(use.violations)} violation{'s' if use.violations != 1 else ''}")
+    return ", ".join(parts) or "-"
+
+
+def _gpu_block(gpu: Gpu, live: LiveUsage | None = None) -> str:
     lines = [INDENT[:2] + _gpu_head(gpu)]
     lines += [f"{INDENT}taint {taint}" for taint in gpu.taints]
     if gpu.holders:
-        headers = ("CLAIM", "REQUEST", "SHARE", "PODS", "ALLOCATED BY", "STRATEGY")
-        lines.append(_table(headers, [_holder_row(h) for h in gpu.holders], indent=INDENT))
+        headers: tuple[str, ...] = ("CLAIM", "REQUEST", "SHARE", "PODS", "ALLOCATED BY", "STRATEGY")
+        rows = [_holder_row(h) for h in gpu.holders]
+        if live is not None:
+            headers += ("USE",)
+            rows = [
+                (*row, use_text(live.get(h.namespace, h.name, gpu.uuid or "")))
+                for row, h in zip(rows, gpu.holders, strict=True)
+            ]
+        lines.append(_table(headers, rows, indent=INDENT))
     return "\n".join(lines)
 
 
-def render_table(usage: Usage) -> str:
+def render_table(usage: Usage, live: LiveUsage | None = None) -> str:
+    """`live`: the agents' figures, shown in a USE column (omitted when no agent could be read)."""
+    live = live if live is not None and live.reached else None
     blocks = []
     for node in usage.nodes:
         count = len(node.gpus)
         blocks.append(
             f"node {node.name} ({count} GPU{'s' if count != 1 else ''})\n"
-            + "\n".join(_gpu_block(g) for g in node.gpus)
+            + "\n".join(_gpu_block(g, live) for g in node.gpus)
         )
     if not usage.nodes:
         where = f" on node {usage.node_filter}" if usage.node_filter else ""
@@ -162,14 +186,36 @@ def _pending_json(pending: Pending) -> dict[str, Any]:
     }
 
 
-def to_json(usage: Usage) -> dict[str, Any]:
+def _use_json(use: ClaimUse | None) -> dict[str, Any] | None:
+    if use is None:
+        return None
     return {
+        "memoryUsedBytes": use.memory_used,
+        "memoryLimitBytes": use.memory_limit,
+        "computeBusySeconds": use.busy_seconds,
+        "throttledSeconds": use.throttled_seconds,
+        "allocationsRefused": use.refused,
+        "watchdogViolations": use.violations,
+    }
+
+
+def to_json(usage: Usage, live: LiveUsage | None = None) -> dict[str, Any]:
+    """With `live`, every claim entry gets `use` (null where its agent had no figure) and the document
+    `agents` (which answered, which not)."""
+    out: dict[str, Any] = {
         "driver": usage.driver,
         "nodeFilter": usage.node_filter,
         "nodes": [{"name": n.name, "gpus": [_gpu_json(g) for g in n.gpus]} for n in usage.nodes],
         "pending": [_pending_json(p) for p in usage.pending],
     }
+    if live is not None:
+        for node_json, node in zip(out["nodes"], usage.nodes, strict=True):
+            for gpu_json, gpu in zip(node_json["gpus"], node.gpus, strict=True):
+                for claim_json, h in zip(gpu_json["claims"], gpu.holders, strict=True):
+                    claim_json["use"] = _use_json(live.get(h.namespace, h.name, gpu.uuid or ""))
+        out["agents"] = {"reached": live.reached, "unreachable": live.unreachable}
+    return out
 
 
-def render_json(usage: Usage) -> str:
-    return json.dumps(to_json(usage), indent=2)
+def render_json(usage: Usage, live: LiveUsage | None = None) -> str:
+    return json.dumps(to_json(usage, live), indent=2)

@@ -52,6 +52,8 @@ class Share:
     consumed: Mapping[str, Fraction]
     admin_access: bool
     config: GpuConfig
+    class_config: GpuConfig | None = None
+    """The DeviceClass's configs alone, for what a claim may tighten but not loosen (the watchdog)."""
 
     @property
     def strategy(self) -> Strategy:

@@ -1,0 +1,22 @@
+"""Who uses what on this node's GPUs: NVML per-process figures and the limiter's per-claim regions,
+mapped to claims, pods and containers; Prometheus series; the watchdog for processes that escape."""
+
+from dra_gpu.monitor.cgroup import ProcReader
+from dra_gpu.monitor.metrics import METRICS, MonitorCollector
+from dra_gpu.monitor.monitor import DEFAULT_INTERVAL_S, Monitor
+from dra_gpu.monitor.node import start_monitor
+from dra_gpu.monitor.nvml import NvmlSampler
+from dra_gpu.monitor.pods import PodDirectory
+from dra_gpu.monitor.watchdog import Watchdog
+
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "METRICS",
+    "Monitor",
+    "MonitorCollector",
+    "NvmlSampler",
+    "PodDirectory",
+    "ProcReader",
+    "Watchdog",
+    "start_monitor",
+]

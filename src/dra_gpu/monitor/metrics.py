@@ -1,0 +1,133 @@
+"""The monitor's Prometheus series, built at scrape time from the latest snapshot.
+
+Series exist only for prepared claims: when a claim is unprepared its series are gone at the next
+sampling, which bounds the label cardinality by what the node holds. `METRICS` is the one list of
+names (the dashboard test checks every query against it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dra_gpu.monitor.monitor import Monitor
+
+CLAIM_LABELS = ["namespace", "claim", "gpu_uuid", "sharing"]
+CONTAINER_LABELS = ["namespace", "claim", "pod", "container", "gpu_uuid", "sharing"]
+WATCHDOG_LABELS = ["namespace", "claim", "pod", "gpu_uuid", "reason"]
+
+METRICS = {
+    "dra_gpu_claim_memory_used_bytes": "GPU memory in use by the claim's processes on the GPU.",
+    "dra_gpu_claim_memory_limit_bytes": "GPU memory the claim holds on the GPU (its share, or the whole GPU).",
+    "dra_gpu_claim_compute_share_ratio": "Compute share the claim holds on the GPU (1 = the whole GPU).",
+    "dra_gpu_claim_compute_busy_seconds_total": "GPU time the claim's processes kept the GPU busy.",
+    "dra_gpu_claim_throttled_seconds_total": "Time the claim's launching threads waited in the limiter.",
+    "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit.",
+    "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML.",
+    "dra_gpu_container_compute_busy_seconds_total": "GPU time one container of a claim kept the GPU busy.",
+    "dra_gpu_watchdog_violations_total": "Processes found escaping their claim's share, by reason.",
+    "dra_gpu_watchdog_terminations_total": "Processes the watchdog terminated (policy Terminate).",
+    "dra_gpu_watchdog_violating_processes": "Processes escaping their claim's share at the last sampling.",
+    "dra_gpu_monitor_samples_total": "Samplings the usage monitor has completed.",
+}
+
+
+def _name(metric: str) -> str:
+    """prometheus_client adds `_total` to counters itself."""
+    return metric.removesuffix("_total")
+
+
+class MonitorCollector(Collector):
+    def __init__(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        m = METRICS
+        snap = self._monitor.snapshot
+        used = GaugeMetricFamily(
+            "dra_gpu_claim_memory_used_bytes", m["dra_gpu_claim_memory_used_bytes"], labels=CLAIM_LABELS
+        )
+        limit = GaugeMetricFamily(
+            "dra_gpu_claim_memory_limit_bytes", m["dra_gpu_claim_memory_limit_bytes"], labels=CLAIM_LABELS
+        )
+        share = GaugeMetricFamily(
+            "dra_gpu_claim_compute_share_ratio", m["dra_gpu_claim_compute_share_ratio"], labels=CLAIM_LABELS
+        )
+        busy = CounterMetricFamily(
+            _name("dra_gpu_claim_compute_busy_seconds_total"),
+            m["dra_gpu_claim_compute_busy_seconds_total"],
+            labels=CLAIM_LABELS,
+        )
+        throttled = CounterMetricFamily(
+            _name("dra_gpu_claim_throttled_seconds_total"),
+            m["dra_gpu_claim_throttled_seconds_total"],
+            labels=CLAIM_LABELS,
+        )
+        refused = CounterMetricFamily(
+            _name("dra_gpu_claim_allocations_refused_total"),
+            m["dra_gpu_claim_allocations_refused_total"],
+            labels=CLAIM_LABELS,
+        )
+        for fig in list(snap.claims.values()):
+            h = fig.held
+            labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
+            if fig.memory_used is not None:
+                used.add_metric(labels, fig.memory_used)
+            if h.memory_limit is not None:
+                limit.add_metric(labels, h.memory_limit)
+            if h.cores is not None:
+                share.add_metric(labels, h.cores / 100)
+            busy.add_metric(labels, fig.busy_seconds)
+            if fig.throttled_seconds is not None:
+                throttled.add_metric(labels, fig.throttled_seconds)
+            if fig.refused is not None:
+                refused.add_metric(labels, fig.refused)
+        c_used = GaugeMetricFamily(
+            "dra_gpu_container_memory_used_bytes",
+            m["dra_gpu_container_memory_used_bytes"],
+            labels=CONTAINER_LABELS,
+        )
+        c_busy = CounterMetricFamily(
+            _name("dra_gpu_container_compute_busy_seconds_total"),
+            m["dra_gpu_container_compute_busy_seconds_total"],
+            labels=CONTAINER_LABELS,
+        )
+        for (_, pod, container, gpu), (h, cfig) in list(snap.containers.items()):
+            labels = [h.claim.namespace, h.claim.name, pod, container, gpu, h.sharing]
+            c_used.add_metric(labels, cfig.memory_used)
+            c_busy.add_metric(labels, cfig.busy_seconds)
+        yield from (used, limit, share, busy, throttled, refused, c_used, c_busy)
+
+        wd = self._monitor.watchdog
+        violations = CounterMetricFamily(
+            _name("dra_gpu_watchdog_violations_total"),
+            m["dra_gpu_watchdog_violations_total"],
+            labels=WATCHDOG_LABELS,
+        )
+        for key, count in list(wd.violations_total.items()):  # the monitor thread adds
+            violations.add_metric(list(key), count)
+        terminations = CounterMetricFamily(
+            _name("dra_gpu_watchdog_terminations_total"),
+            m["dra_gpu_watchdog_terminations_total"],
+            labels=WATCHDOG_LABELS,
+        )
+        for key, count in list(wd.terminated_total.items()):
+            terminations.add_metric(list(key), count)
+        active = GaugeMetricFamily(
+            "dra_gpu_watchdog_violating_processes",
+            m["dra_gpu_watchdog_violating_processes"],
+            labels=WATCHDOG_LABELS,
+        )
+        counts: dict[tuple[str, str, str, str, str], int] = {}
+        for v in list(wd.active):
+            active_key = (v.claim.namespace, v.claim.name, v.pod.name, v.gpu, v.reason.value)
+            counts[active_key] = counts.get(active_key, 0) + 1
+        for active_key, n in counts.items():
+            active.add_metric(list(active_key), n)
+        samples = CounterMetricFamily(
+            _name("dra_gpu_monitor_samples_total"), m["dra_gpu_monitor_samples_total"]
+        )
+        samples.add_metric([], self._monitor.samples)
+        yield from (violations, terminations, active, samples)

@@ -1,0 +1,304 @@
+"""The node agent's usage monitor: every interval, who uses what on this node's GPUs.
+
+For every prepared claim (the checkpoint says which GPUs and limits it holds) and every GPU it holds:
+memory in use (the limiter's region where the claim has one, else the sum of its processes in NVML),
+compute busy time (NVML's per-process utilization, else the limiter's measured launch time), time
+throttled and allocations refused (the limiter's region). Processes are mapped to pod, container and
+claim through their cgroup and the node's pods. The figures feed the metrics and the watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dra_gpu.config import Strategy, WatchdogPolicy
+from dra_gpu.monitor.cgroup import PodRef, ProcReader
+from dra_gpu.monitor.nvml import GpuProcesses, NvmlSampler
+from dra_gpu.monitor.pods import PodDirectory, PodInfo
+from dra_gpu.monitor.region import RegionDevice, read_region
+from dra_gpu.monitor.watchdog import CONTEXT_ALLOWANCE, ClaimRef, Reason, Violation, Watchdog
+from dra_gpu.plugin.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, PreparedClaim
+from dra_gpu.plugin.sharing.usage_facts import CORES, MEMORY, WATCHDOG
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one claim holds of one GPU (several shares of a GPU in one claim add up)."""
+
+    claim: ClaimRef
+    gpu: str
+    sharing: str
+    memory_limit: int | None
+    cores: int | None
+    policy: WatchdogPolicy
+
+
+@dataclass
+class ClaimFigures:
+    held: Held
+    memory_used: int | None = None
+    busy_seconds: float = 0.0
+    throttled_seconds: float | None = None
+    """None without a limiter region: nothing throttles or refuses for the claim."""
+    refused: int | None = None
+
+
+@dataclass
+class ContainerFigures:
+    memory_used: int = 0
+    busy_seconds: float = 0.0
+
+
+@dataclass
+class Snapshot:
+    claims: dict[tuple[str, str], ClaimFigures] = field(default_factory=dict)
+    """(claim uid, gpu) -> figures."""
+    containers: dict[tuple[str, str, str, str], tuple[Held, ContainerFigures]] = field(default_factory=dict)
+    """(claim uid, pod name, container, gpu) -> figures."""
+
+
+def held_of(claim: PreparedClaim) -> list[Held]:
+    ref = ClaimRef(claim.uid, claim.namespace, claim.name)
+    merged: dict[str, Held] = {}
+    for share in claim.shares:
+        if share.adminAccess:
+            continue
+        memory = int(share.detail[MEMORY]) if MEMORY in share.detail else None
+        cores = int(share.detail[CORES]) if CORES in share.detail else None
+        policy = WatchdogPolicy(share.detail.get(WATCHDOG, WatchdogPolicy.REPORT.value))
+        prev = merged.get(share.gpu)
+        if prev is not None:
+            memory = None if memory is None or prev.memory_limit is None else memory + prev.memory_limit
+            cores = None if cores is None or prev.cores is None else min(cores + prev.cores, 100)
+            if prev.policy == WatchdogPolicy.TERMINATE:
+                policy = WatchdogPolicy.TERMINATE
+        merged[share.gpu] = Held(ref, share.gpu, share.strategy, memory, cores, policy)
+    return list(merged.values())
+
+
+class Monitor:
+    """Samples on its own thread; `snapshot` is replaced whole, so readers need no lock."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        claims_dir: Path,
+        gpus: Callable[[], list[str]],
+        pods: PodDirectory,
+        watchdog: Watchdog,
+        sampler: NvmlSampler | None = None,
+        proc: ProcReader | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self._store = store
+        self._claims_dir = claims_dir
+        self._gpus = gpus
+        self._pods = pods
+        self.watchdog = watchdog
+        self._sampler = sampler
+        self._proc = proc or ProcReader()
+        self.interval_s = interval_s
+        self.snapshot = Snapshot()
+        self.samples = 0
+        self._busy: dict[tuple[str, str], float] = {}
+        self._container_busy: dict[tuple[str, str, str, str], float] = {}
+        self._limiter_cache: dict[tuple[int, PodRef], bool | None] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.on_stop: Callable[[], None] | None = None
+
+    # -- lifecycle --
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="usage-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 10)
+            self._thread = None
+        if self._sampler is not None:
+            self._sampler.close()
+        if self.on_stop is not None:
+            self.on_stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:
+                log.exception("usage sampling failed; retrying at the next interval")
+            self._stop.wait(self.interval_s)
+
+    # -- one sampling --
+    def _prepared(self) -> list[PreparedClaim]:
+        try:
+            checkpoint = self._store.load()
+        except CheckpointCorrupt:
+            return []
+        return [c for c in checkpoint.claims.values() if c.state == ClaimState.PREPARE_COMPLETED]
+
+    def sample_once(self) -> Snapshot:
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> Snapshot:
+        prepared = self._prepared()
+        held = {(h.claim.uid, h.gpu): h for c in prepared for h in held_of(c)}
+        by_name = {(c.namespace, c.name): c for c in prepared}
+        snap = Snapshot()
+        for key, h in held.items():
+            snap.claims[key] = ClaimFigures(h)
+
+        processes: dict[str, GpuProcesses] = {}
+        if self._sampler is not None:
+            processes = self._sampler.sample(self._gpus())
+        violations: list[Violation] = []
+        nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]] = {}
+        live: set[int] = set()
+        for gpu, figures in processes.items():
+            for pid, used in figures.memory.items():
+                live.add(pid)
+                attributed = self._attribute(pid, by_name)
+                if attributed is None:
+                    continue
+                pod, ref, claims = attributed
+                owner = next((held[(c.uid, gpu)] for c in claims if (c.uid, gpu) in held), None)
+                container = pod.container(ref.container_id)
+                if owner is None:
+                    # The pod's strictest policy: any of its claims may ask to terminate such a process.
+                    policy = (
+                        WatchdogPolicy.TERMINATE
+                        if any(h.policy == WatchdogPolicy.TERMINATE for c in claims for h in held_of(c))
+                        else WatchdogPolicy.REPORT
+                    )
+                    claim_ref = ClaimRef(claims[0].uid, claims[0].namespace, claims[0].name)
+                    violations.append(
+                        Violation(
+                            Reason.GPU,
+                            pid,
+                            gpu,
+                            claim_ref,
+                            pod,
+                            container,
+                            policy,
+                            "the pod's claims do not hold this GPU",
+                        )
+                    )
+                    continue
+                key = (owner.claim.uid, gpu)
+                has_limiter = self._has_limiter(pid, ref) if owner.sharing == Strategy.LIMITER.value else None
+                nvml_memory.setdefault(key, []).append((pid, used or 0, has_limiter))
+                if has_limiter is False:
+                    violations.append(
+                        Violation(
+                            Reason.LIMITER,
+                            pid,
+                            gpu,
+                            owner.claim,
+                            pod,
+                            container,
+                            owner.policy,
+                            "the claim's class enforces its share with the limiter, which this process has not loaded",
+                        )
+                    )
+                ckey = (owner.claim.uid, pod.name, container, gpu)
+                cfig = snap.containers.setdefault(ckey, (owner, ContainerFigures()))[1]
+                cfig.memory_used += used or 0
+                busy = figures.busy_seconds.get(pid, 0.0)
+                self._container_busy[ckey] = self._container_busy.get(ckey, 0.0) + busy
+                self._busy[key] = self._busy.get(key, 0.0) + busy
+        self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
+
+        for key, fig in snap.claims.items():
+            h = fig.held
+            region = self._region(h) if h.sharing == Strategy.LIMITER.value else None
+            procs = nvml_memory.get(key, [])
+            nvml_used = sum(p[1] for p in procs) if key[1] in processes else None
+            fig.memory_used = region.used_bytes if region is not None else nvml_used
+            if region is not None:
+                fig.throttled_seconds, fig.refused = region.throttled_seconds, region.refused
+            utilization = processes.get(key[1])
+            if utilization is not None and utilization.utilization_known:
+                fig.busy_seconds = self._busy.get(key, 0.0)
+            elif region is not None:
+                fig.busy_seconds = region.busy_seconds
+            allowance = CONTEXT_ALLOWANCE * len(procs)
+            if (
+                h.memory_limit is not None
+                and nvml_used is not None
+                and procs
+                and nvml_used > h.memory_limit + allowance
+            ):
+                violations.extend(self._memory_offenders(h, procs, nvml_used))
+
+        for ckey, (_, cfig) in snap.containers.items():
+            cfig.busy_seconds = self._container_busy.get(ckey, 0.0)
+        self._busy = {k: v for k, v in self._busy.items() if k in held}
+        self._container_busy = {k: v for k, v in self._container_busy.items() if (k[0], k[3]) in held}
+        self.watchdog.retain({key: c.uid for key, c in by_name.items()})
+        self.watchdog.handle(violations, live)
+        self.snapshot = snap
+        self.samples += 1
+        return snap
+
+    def _attribute(
+        self, pid: int, by_name: dict[tuple[str, str], PreparedClaim]
+    ) -> tuple[PodInfo, PodRef, list[PreparedClaim]] | None:
+        """The process's pod, cgroup reference and the pod's claims prepared here; None if not ours."""
+        ref = self._proc.pod_of(pid)
+        if ref is None:
+            return None  # not in a pod (the host, an MPS server): not ours to judge
+        pod = self._pods.lookup(ref.pod_uid, ref.container_id)
+        if pod is None:
+            return None
+        claims = [by_name[(pod.namespace, n)] for n in sorted(pod.claims) if (pod.namespace, n) in by_name]
+        if not claims:
+            return None  # a pod without claims of this driver on this node
+        return pod, ref, claims
+
+    def _has_limiter(self, pid: int, ref: PodRef) -> bool | None:
+        key = (pid, ref)
+        if key not in self._limiter_cache:
+            self._limiter_cache[key] = self._proc.has_limiter(pid)
+        return self._limiter_cache[key]
+
+    def _region(self, h: Held) -> RegionDevice | None:
+        devices = read_region(f"{self._claims_dir}/{h.claim.uid}/limiter")
+        if devices is None:
+            return None
+        wanted = h.gpu.lower().removeprefix("gpu-").removeprefix("mig-")
+        return next(
+            (d for d in devices if d.uuid.lower().removeprefix("gpu-").removeprefix("mig-") == wanted), None
+        )
+
+    def _memory_offenders(
+        self, h: Held, procs: list[tuple[int, int, bool | None]], used: int
+    ) -> list[Violation]:
+        # The processes that bypass the limiter are the culprits; without one, the largest user.
+        culprits = [p for p in procs if p[2] is False] or [max(procs, key=lambda p: p[1])]
+        out = []
+        for pid, mine, _ in culprits:
+            ref = self._proc.pod_of(pid)
+            pod = self._pods.lookup(ref.pod_uid) if ref is not None else None
+            if pod is None or ref is None:
+                continue
+            detail = (
+                f"the claim uses {used} bytes of GPU memory on this GPU, over its limit of {h.memory_limit} "
+                f"bytes; this process holds {mine} bytes"
+            )
+            out.append(
+                Violation(
+                    Reason.MEMORY, pid, h.gpu, h.claim, pod, pod.container(ref.container_id), h.policy, detail
+                )
+            )
+        return out

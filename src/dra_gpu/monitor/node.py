@@ -1,0 +1,59 @@
+"""Builds the node agent's monitor from its configuration and starts it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+
+from dra_gpu.inventory import Inventory
+from dra_gpu.kube import KubeAPI
+from dra_gpu.monitor.cgroup import ProcReader
+from dra_gpu.monitor.metrics import MonitorCollector
+from dra_gpu.monitor.monitor import Monitor
+from dra_gpu.monitor.nvml import NvmlSampler
+from dra_gpu.monitor.pods import PodDirectory
+from dra_gpu.monitor.watchdog import Watchdog
+from dra_gpu.plugin.checkpoint import CheckpointStore
+
+if TYPE_CHECKING:
+    from dra_gpu.plugin.server import PluginConfig
+
+log = logging.getLogger(__name__)
+
+
+def _sampler(inventory: Inventory, nvml: Any) -> NvmlSampler | None:
+    if nvml is None and inventory.backend != "nvml":
+        return None  # simulated GPUs: the limiter's regions are the only figures
+    try:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        return NvmlSampler(nvml)
+    except Exception as exc:  # the inventory opened NVML; failing here only costs the per-process figures
+        log.warning("NVML per-process figures are unavailable", extra={"error": str(exc)})
+        return None
+
+
+def start_monitor(
+    config: PluginConfig, api: KubeAPI, inventory: Inventory, registry: CollectorRegistry, nvml: Any = None
+) -> Monitor:
+    proc = ProcReader(config.proc_root)
+    monitor = Monitor(
+        # A store of its own: the preparer's is used under the node lock only.
+        store=CheckpointStore(config.checkpoint_file),
+        claims_dir=config.state_dir / "claims",
+        gpus=lambda: [g.uuid for g in inventory.gpus()],
+        pods=PodDirectory(api, config.node_name, min_refresh_s=config.monitor_interval_s),
+        watchdog=Watchdog(api, config.node_name, proc),
+        sampler=_sampler(inventory, nvml),
+        proc=proc,
+        interval_s=config.monitor_interval_s,
+    )
+    collector = MonitorCollector(monitor)
+    registry.register(collector)
+    monitor.start()
+    monitor.on_stop = lambda: registry.unregister(collector)  # a restarted agent registers anew
+    return monitor

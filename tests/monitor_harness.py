@@ -1,0 +1,110 @@
+"""Helpers for the usage monitor's tests: pods in the API fake, fake /proc entries, a plugin with NVML.
+
+A GPU process is known to the monitor by its host pid: through fake NVML (which lists it with its
+memory) and through `<proc_root>/<pid>/cgroup` and `maps` (which name its pod and container and say
+whether the limiter is loaded). The pids may be real child processes, so the watchdog's kill is real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fakes import fake_pynvml
+from plugin_harness import NODE, PROFILE, PluginDirs
+
+from dra_gpu.config import NodeSharing
+from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin import KubeletPlugin
+
+GiB = 2**30
+
+
+def add_pod(api: FakeKube, name: str, claims: list[str], namespace: str = "default") -> tuple[str, str]:
+    """A running pod on this node using `claims`; returns (pod uid, container id)."""
+    container_id = secrets.token_hex(32)
+    pod = api.create(
+        "Pod",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": NODE,
+                "containers": [{"name": "main", "image": "app"}],
+                "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+            },
+        },
+    )
+    pod["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "main", "containerID": f"containerd://{container_id}"}],
+    }
+    api.update_status("Pod", pod)
+    return pod["metadata"]["uid"], container_id
+
+
+def fake_proc(
+    proc_root: Path, pid: int, pod_uid: str, container_id: str, *, limiter: bool, systemd: bool = True
+) -> None:
+    """`/proc/<pid>/cgroup` as the kubelet's cgroup driver names it, and `maps` with or without the limiter."""
+    d = proc_root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    if systemd:
+        path = (
+            f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/"
+            f"cri-containerd-{container_id}.scope"
+        )
+    else:
+        path = f"/kubepods/burstable/pod{pod_uid}/{container_id}"
+    (d / "cgroup").write_text(f"0::{path}\n")
+    lines = ["7f0000000000-7f0000001000 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6"]
+    if limiter:
+        lines.append(
+            "7f0000002000-7f0000003000 r-xp 00000000 08:01 2 /usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
+        )
+    (d / "maps").write_text("\n".join(lines) + "\n")
+
+
+def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:
+    """NVML's view of the simulated GPUs: the same UUIDs."""
+    return fake_pynvml.FakeDriver(gpus=[fake_pynvml.FakeGpu(uuid=g.uuid) for g in inventory.gpus()])
+
+
+@contextlib.contextmanager
+def plugin_with_nvml(
+    dirs: PluginDirs, api: FakeKube, proc_root: Path, interval_s: float = 3600.0, publish_slices: bool = False
+) -> Iterator[tuple[KubeletPlugin, fake_pynvml.FakeDriver]]:
+    inventory = SimulatedInventory(PROFILE, seed=NODE)
+    driver = fake_driver(inventory)
+    fake_pynvml.install(driver)
+    plugin = KubeletPlugin(
+        dirs.config(http_address="127.0.0.1:0", monitor_interval_s=interval_s, proc_root=proc_root),
+        api,
+        inventory,
+        sharing=NodeSharing.parse("*=Shared"),
+        nvml=fake_pynvml,
+        publish_slices=publish_slices,
+    )
+    plugin.start()
+    try:
+        yield plugin, driver
+    finally:
+        plugin.stop(grace_s=0.5)
+        fake_pynvml.install(None)
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)

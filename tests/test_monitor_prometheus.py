@@ -1,0 +1,163 @@
+"""A real Prometheus scrapes a running node agent (simulated GPUs) while a limiter claim's process
+really allocates through the fake CUDA driver; PromQL returns that claim's memory in use.
+
+Needs the `prometheus` binary (Debian's package; CI installs it) and the native limiter build.
+Everything listens on loopback; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from monitor_harness import wait_for
+from plugin_harness import (
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    cdi_ids,
+    gpu_config,
+    opaque,
+    resolve,
+    running_plugin,
+    uid_of,
+)
+
+from dra_gpu.kube.fake import FakeKube
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITER = ROOT / "native" / "limiter"
+BUILD = LIMITER / "build"
+MiB = 2**20
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="the prometheus binary is not installed (Debian package prometheus)",
+)
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
+        pytest.skip("no C compiler or make: the native limiter cannot be built")
+    if not Path("/usr/local/cuda/include/cuda.h").exists() and "CUDA_INCLUDE" not in os.environ:
+        pytest.skip("the CUDA headers the limiter builds against are not installed (CUDA_INCLUDE)")
+    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return BUILD
+
+
+@pytest.fixture
+def dirs() -> Iterator[PluginDirs]:
+    d = PluginDirs.create()
+    yield d
+    d.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _query(port: int, promql: str) -> list[dict[str, Any]]:
+    try:
+        answer = _get(f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    except OSError:
+        return []
+    return list(answer["data"]["result"]) if answer.get("status") == "success" else []
+
+
+def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, tmp_path: Path) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "llm",
+        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [opaque(gpu_config("Limiter"))],
+    )
+    with running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        response = kubelet.prepare(claim)[uid_of(claim)]
+        assert not response.error
+        container = resolve(dirs, cdi_ids(response))
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))
+        }
+        env.update(
+            LD_LIBRARY_PATH=str(built / "fake"),
+            LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+            # The claim's state directory as the host has it (a container sees it at its mount point).
+            DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
+            DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
+            CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+        )
+        workload = subprocess.Popen(
+            [str(built / "limiter-probe"), "alloc", str(256 * MiB), "3", "--hold"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        port = _free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+            "scrape_configs:\n- job_name: dra-gpu-kubelet-plugin\n"
+            f"  static_configs:\n  - targets: ['127.0.0.1:{plugin.http_port}']\n"
+        )
+        prometheus = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "prometheus.log", "w"),  # noqa: SIM115 - closed with the process
+        )
+        try:
+            assert workload.stdout is not None
+            lines = [workload.stdout.readline().strip() for _ in range(5)]
+            assert lines[-1] == "holding", lines
+            promql = 'dra_gpu_claim_memory_used_bytes{namespace="default", claim="llm"}'
+            try:
+                result = wait_for(
+                    lambda: [r for r in _query(port, promql) if float(r["value"][1]) == 768 * MiB],
+                    timeout_s=120,
+                    what=f"Prometheus to answer {promql} with 768 MiB",
+                )
+            except AssertionError as exc:
+                log = (tmp_path / "prometheus.log").read_text()[-3000:]
+                raise AssertionError(
+                    f"{exc}; last answer {_query(port, promql)}; prometheus log:\n{log}"
+                ) from None
+            assert result[0]["metric"]["gpu_uuid"] == container.env["CUDA_VISIBLE_DEVICES"]
+            assert result[0]["metric"]["sharing"] == "Limiter"
+            limit = _query(port, 'dra_gpu_claim_memory_limit_bytes{claim="llm"}')
+            assert limit and float(limit[0]["value"][1]) == 1024 * MiB
+        finally:
+            prometheus.terminate()
+            try:
+                prometheus.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                prometheus.kill()
+                prometheus.wait()
+            workload.kill()
+            workload.wait()
+            kubelet.close()

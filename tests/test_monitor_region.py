@@ -1,0 +1,193 @@
+"""The Python mirror of the limiter's region reads what the real library writes (drift fails here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITER = ROOT / "native" / "limiter"
+BUILD = LIMITER / "build"
+MiB = 2**20
+GiB = 2**30
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
+        pytest.skip("no C compiler or make: the native limiter cannot be built")
+    if not Path("/usr/local/cuda/include/cuda.h").exists() and "CUDA_INCLUDE" not in os.environ:
+        pytest.skip("the CUDA headers the limiter builds against are not installed (CUDA_INCLUDE)")
+    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return BUILD
+
+
+def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env.update(
+        LD_LIBRARY_PATH=str(built / "fake"),
+        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+        DRAGPU_LIMITER_STATE_DIR=str(state),
+        DRAGPU_MEMORY_LIMIT_BY_UUID=f"{UUID}={GiB}",
+        CUDA_VISIBLE_DEVICES=UUID,
+    )
+    return subprocess.Popen([str(built / "limiter-probe"), *args], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_region_written_by_the_library_reads_back(built: Path, tmp_path: Path) -> None:
+    assert read_region(tmp_path) is None, "no region before the first limited process"
+    holder = _probe(built, tmp_path, "alloc", str(768 * MiB), "1", "--hold")
+    try:
+        assert holder.stdout is not None
+        lines = [holder.stdout.readline().strip() for _ in range(3)]
+        assert lines[-1] == "holding", lines
+        assert (tmp_path / REGION_FILE).stat().st_size == REGION_BYTES
+        refused = _probe(built, tmp_path, "alloc", str(512 * MiB), "1")
+        out, _ = refused.communicate(timeout=60)
+        assert out.splitlines()[-1] == "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY"
+        devices = read_region(tmp_path)
+        assert devices is not None and len(devices) == 1
+        (device,) = devices
+        assert device.uuid.lower() == UUID.lower()
+        assert device.used_bytes == 768 * MiB
+        assert device.refused == 1
+        assert device.throttled_seconds == 0.0
+    finally:
+        holder.kill()
+        holder.wait()
+    (after,) = read_region(tmp_path) or []
+    assert after.used_bytes == 0, "a dead process's bytes are not reported, though no sweep has run yet"
+
+
+def test_a_region_of_another_layout_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / REGION_FILE).write_bytes(b"\0" * REGION_BYTES)
+    assert read_region(tmp_path) is None
+
+
+def test_throttled_and_measured_time_are_counted_for_the_claim(built: Path, tmp_path: Path) -> None:
+    compute = built / "tests" / "t_compute"
+    result = subprocess.run(
+        ["make", "-C", str(LIMITER), "build/tests/t_compute"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env.update(
+        LD_LIBRARY_PATH=str(built / "fake"),
+        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+        DRAGPU_LIMITER_STATE_DIR=str(tmp_path),
+        DRAGPU_CORES_LIMIT="30",
+        FAKE_CUDA_SM_COUNT="132",
+        FAKE_CUDA_WAVE_NS="10000",
+    )
+    # The accuracy is the native suite's business; here only that the region carries the figures.
+    subprocess.run(
+        [str(compute), "30", "0.5"], env=env, capture_output=True, text=True, check=False, timeout=120
+    )
+    devices = read_region(tmp_path)
+    assert devices is not None and len(devices) == 1
+    assert devices[0].throttled_seconds > 0, "a throttled claim's waiting time is in the region"
+    assert devices[0].busy_seconds > 0, "measured GPU time is in the region"
+    assert devices[0].refused == 0
+
+
+def _scrape(port: int) -> dict[tuple[str, str | None], tuple[dict[str, str], float]]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, s.labels.get("claim")): (s.labels, s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path) -> None:
+    """Simulated GPUs (no NVML): memory in use and refusals on /metrics come from the claim's region."""
+
+    from plugin_harness import (
+        Alloc,
+        Kubelet,
+        PluginDirs,
+        add_claim,
+        cdi_ids,
+        gpu_config,
+        opaque,
+        resolve,
+        running_plugin,
+        uid_of,
+    )
+
+    from dra_gpu.kube.fake import FakeKube
+
+    dirs = PluginDirs.create()
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "batch",
+        [Alloc(device="gpu-1", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [opaque(gpu_config("Limiter"))],
+        namespace="team-a",
+    )
+    try:
+        with running_plugin(dirs, api, http_address="127.0.0.1:0") as plugin:
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            response = kubelet.prepare(claim)[uid_of(claim)]
+            assert not response.error
+            container = resolve(dirs, cdi_ids(response))
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))
+            }
+            env.update(
+                LD_LIBRARY_PATH=str(built / "fake"),
+                LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+                DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
+                DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
+                CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+            )
+            workload = subprocess.Popen(
+                [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                assert workload.stdout is not None
+                lines = [workload.stdout.readline().strip() for _ in range(5)]
+                assert lines[-2:] == [f"allocated={768 * MiB} last=CUDA_ERROR_OUT_OF_MEMORY", "holding"], (
+                    lines
+                )
+                plugin.monitor.sample_once()
+                values = _scrape(plugin.http_port)
+                labels, used = values[("dra_gpu_claim_memory_used_bytes", "batch")]
+                assert used == 768 * MiB
+                assert labels == {
+                    "namespace": "team-a",
+                    "claim": "batch",
+                    "gpu_uuid": container.env["CUDA_VISIBLE_DEVICES"],
+                    "sharing": "Limiter",
+                }
+                assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1
+                assert values[("dra_gpu_claim_memory_limit_bytes", "batch")][1] == GiB
+            finally:
+                workload.kill()
+                workload.wait()
+            # Killed: the region still counts its bytes until the claim's next process sweeps, the agent not.
+            plugin.monitor.sample_once()
+            assert _scrape(plugin.http_port)[("dra_gpu_claim_memory_used_bytes", "batch")][1] == 0
+            kubelet.close()
+    finally:
+        dirs.cleanup()

@@ -1,0 +1,128 @@
+"""`dra-gpu usage` shows use beside allocation from a running agent's /metrics, and allocations alone
+where no agent answers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
+from plugin_harness import NODE, Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, uid_of
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.cli import main
+from dra_gpu.commands import usage as usage_command
+from dra_gpu.kube import KubeAPI
+from dra_gpu.kube.fake import FakeKube
+
+
+@pytest.fixture
+def dirs() -> Iterator[PluginDirs]:
+    d = PluginDirs.create()
+    yield d
+    d.cleanup()
+
+
+def test_use_beside_allocation_and_allocations_alone_without_agents(
+    dirs: PluginDirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": NODE}})
+
+    def build_api(args: argparse.Namespace) -> KubeAPI:
+        return api
+
+    monkeypatch.setattr(usage_command, "build_api", build_api)
+    claim = add_claim(
+        api,
+        "inference",
+        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "4Gi"})],
+        [opaque(gpu_config("Limiter"))],
+    )
+    proc_root = tmp_path / "proc"
+    with plugin_with_nvml(dirs, api, proc_root, publish_slices=True) as (plugin, driver):
+        wait_for(
+            lambda: api.list("ResourceSlice", field_selector=f"spec.driver={DRIVER_NAME}")[0], what="slices"
+        )
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert not kubelet.prepare(claim)[uid_of(claim)].error
+        pod, cid = add_pod(api, "inference-pod", ["inference"])
+        fake_proc(proc_root, 7001, pod, cid, limiter=True)
+        driver.gpus[0].processes = {7001: 3 * GiB}
+        plugin.monitor.sample_once()
+        url = f"http://127.0.0.1:{plugin.http_port}/metrics"
+
+        assert main(["usage", "--metrics-url", url]) == 0
+        out, err = capsys.readouterr()
+        assert "USE" in out and "3 GiB in use" in out, out
+        assert "no use shown" not in err
+
+        assert main(["usage", "--metrics-url", url, "-o", "json"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        (entry,) = [c for n in document["nodes"] for g in n["gpus"] for c in g["claims"]]
+        assert entry["use"]["memoryUsedBytes"] == 3 * GiB and entry["use"]["memoryLimitBytes"] == 4 * GiB
+        assert document["agents"]["reached"] == [url]
+        kubelet.close()
+
+    # The agent is gone: the same command still shows the allocation, and says why there is no use.
+    assert main(["usage", "--metrics-url", url]) == 0
+    out, err = capsys.readouterr()
+    assert "default/inference" in out and "USE" not in out
+    assert f"no use shown for the GPUs of unreachable node agents: {url}" in err
+
+
+class _ProxyApi(FakeKube):
+    """The API fake plus the API server's pod proxy, answering for the agents it knows."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__()
+        self.answers = answers
+        self.paths: list[str] = []
+
+    def get_text(self, path: str, timeout: float = 10.0) -> str:
+        from dra_gpu.kube import NotFound
+
+        self.paths.append(path)
+        if path not in self.answers:
+            raise NotFound("the server could not find the requested resource")
+        return self.answers[path]
+
+
+def _agent_pod(api: FakeKube, name: str) -> None:
+    pod = api.create(
+        "Pod",
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "dra-gpu",
+                "labels": {
+                    "app.kubernetes.io/name": "dra-gpu",
+                    "app.kubernetes.io/component": "kubelet-plugin",
+                },
+            },
+            "spec": {"containers": [{"name": "plugin", "ports": [{"name": "http", "containerPort": 8080}]}]},
+        },
+    )
+    api.update_status("Pod", {**pod, "status": {"phase": "Running"}})
+
+
+def test_agents_are_read_through_the_pod_proxy() -> None:
+    metrics = (
+        "# TYPE dra_gpu_claim_memory_used_bytes gauge\n"
+        'dra_gpu_claim_memory_used_bytes{namespace="ns",claim="c",gpu_uuid="GPU-1",sharing="Limiter"} 42\n'
+    )
+    api = _ProxyApi({"/api/v1/namespaces/dra-gpu/pods/agent-a:8080/proxy/metrics": metrics})
+    _agent_pod(api, "agent-a")
+    _agent_pod(api, "agent-b")
+    args = argparse.Namespace(metrics_url=[], agents="proxy", agent_namespace="dra-gpu")
+    live = usage_command.read_live(args, api)
+    assert live is not None
+    use = live.get("ns", "c", "GPU-1")
+    assert use is not None and use.memory_used == 42
+    assert live.reached == ["dra-gpu/agent-a"]
+    assert list(live.unreachable) == ["dra-gpu/agent-b"]
+    assert usage_command.read_live(argparse.Namespace(metrics_url=[], agents="none"), api) is None
