@@ -37,7 +37,8 @@ def limiter_config(policy: str | None = None, **limits: Any) -> dict[str, Any]:
     return config
 
 
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape(port: int | None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    assert port is not None, "the agent serves no HTTP endpoint"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -150,7 +151,10 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         assert (b, whole_gpu) in metrics["dra_gpu_claim_memory_limit_bytes"], "a whole GPU's limit is the GPU"
 
         assert (a, 0.3) in metrics["dra_gpu_claim_compute_share_ratio"]
-        assert (b, pytest.approx(1.0)) in metrics["dra_gpu_claim_compute_busy_seconds_total"]
+        busy = dict(
+            (labels["claim"], value) for labels, value in metrics["dra_gpu_claim_compute_busy_seconds_total"]
+        )
+        assert busy["whole"] == pytest.approx(1.0)
         containers = metrics["dra_gpu_container_memory_used_bytes"]
         assert ({**a, "pod": "infer", "container": "main"}, GiB) in containers
         assert ({**b, "pod": "train", "container": "main"}, 3 * GiB) in containers

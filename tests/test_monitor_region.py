@@ -98,7 +98,8 @@ def test_throttled_and_measured_time_are_counted_for_the_claim(built: Path, tmp_
     assert devices[0].refused == 0
 
 
-def _scrape(port: int) -> dict[tuple[str, str | None], tuple[dict[str, str], float]]:
+def _scrape(port: int | None) -> dict[tuple[str, str | None], tuple[dict[str, str], float]]:
+    assert port is not None, "the agent serves no HTTP endpoint"
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
