@@ -1,42 +1,63 @@
 # syntax=docker/dockerfile:1
 # The dra-gpu image: the `dra-gpu` command (node agent and cluster controller) and the limiter library.
 #
-#   docker build -t dra-gpu:0.1.0 .
+#   make image        (tools/build-image.sh: docker, podman or buildah, whichever is installed)
 #
-# The limiter is LD_PRELOADed into workload containers of every distribution, so it is built against an
-# old glibc (Ubuntu 20.04: 2.31) and links nothing but the C library. NVML, nvidia-smi and the MPS
-# binaries are not in the image: on GPU nodes the NVIDIA container toolkit injects the host driver's.
+# Plain Debian images only, no CUDA image: the limiter builds against the project's own CUDA
+# declarations. It is LD_PRELOADed into workload containers of every distribution, so it is built on an
+# old glibc (Debian 11: 2.31, as Ubuntu 20.04) and links nothing but the C library. NVML, nvidia-smi and
+# the MPS binaries are not in the image: on GPU nodes the NVIDIA container toolkit injects the host
+# driver's. Where no registry is reachable, tools/base-images.sh produces both base images locally.
 
-ARG CUDA_DEVEL_IMAGE=nvidia/cuda:12.4.1-devel-ubuntu20.04
-ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+ARG BUILD_IMAGE=debian:bullseye-slim
+ARG RUNTIME_IMAGE=debian:bookworm-slim
 
-FROM ${CUDA_DEVEL_IMAGE} AS limiter
+FROM ${BUILD_IMAGE} AS limiter
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src/native/limiter
 COPY native/limiter/ ./
 # Only the library: the fakes and the probe are for tests.
-RUN make CUDA_INCLUDE=/usr/local/cuda/include build/libdragpu-limiter.so.1 \
+RUN make build/libdragpu-limiter.so.1 \
     && install -D -m 0755 "$(readlink -f build/libdragpu-limiter.so.1)" /out/libdragpu-limiter.so.1
 
-FROM ${PYTHON_IMAGE} AS python
+# What the node agent runs besides the driver's tools: python3; `unshare` and `mount` (util-linux,
+# mount) put each MPS control daemon in a mount namespace of its own; the init container runs `sh`,
+# `cp` and `mv`.
+FROM ${RUNTIME_IMAGE} AS runtime
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 mount util-linux \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM runtime AS python
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv \
+    && rm -rf /var/lib/apt/lists/*
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/dra-gpu
+# Dependencies first, in a layer of their own: a change to the sources reinstalls only the project.
+RUN python3 -m venv /opt/dra-gpu
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# Behind a proxy with its own certificate authority, pass its bundle as the build secret `pip-ca`
+# (tools/build-image.sh passes $PIP_CERT); it is used for the download only, not kept in the image.
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && mkdir -p src/dra_gpu && touch src/dra_gpu/__init__.py \
+    && /opt/dra-gpu/bin/pip install --quiet . && /opt/dra-gpu/bin/pip uninstall --quiet -y dra-gpu \
+    && rm -rf src build
 COPY src/ src/
-RUN /opt/dra-gpu/bin/pip install . \
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && /opt/dra-gpu/bin/pip install --quiet --no-deps . \
     && /opt/dra-gpu/bin/dra-gpu --version
 
-FROM ${PYTHON_IMAGE}
+FROM runtime
 COPY --from=python /opt/dra-gpu /opt/dra-gpu
 # The DaemonSet's init container copies this file to a versioned file in the node's state directory.
 COPY --from=limiter /out/libdragpu-limiter.so.1 /usr/lib/dra-gpu/libdragpu-limiter.so.1
 ENV PATH=/opt/dra-gpu/bin:$PATH PYTHONUNBUFFERED=1
-# What the node agent runs besides the driver's tools: `unshare` and `mount` (util-linux) put each MPS
-# control daemon in a mount namespace of its own, and the init container runs `sh`, `cp` and `mv`.
-RUN for tool in sh cp mv unshare mount; do \
+RUN for tool in dra-gpu sh cp mv unshare mount; do \
         command -v "$tool" >/dev/null || { echo "the image lacks $tool" >&2; exit 1; }; \
     done
 ENTRYPOINT ["dra-gpu"]

@@ -106,8 +106,8 @@ def test_without_a_gpu_says_so_and_suggests_simulation(
     assert "Traceback" not in captured.err
 
 
-def test_bad_profile_exits_1_naming_the_bad_part(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["gpus", "--simulate", "2xH100-80GB,3xFOO"]) == 1
+def test_bad_profile_exits_2_naming_the_bad_part(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpus", "--simulate", "2xH100-80GB,3xFOO"]) == 2
     err = capsys.readouterr().err
     assert "'3xFOO'" in err and "unknown GPU model 'FOO'" in err and "H100-80GB" in err
     assert "Traceback" not in err

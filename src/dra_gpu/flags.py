@@ -1,7 +1,9 @@
 """Command-line flags that also read an environment variable, as Kubernetes components do.
 
 A DaemonSet sets most knobs through `env:`; a developer passes flags. The flag wins over the variable,
-the variable over the default, and `--help` shows the variable's name.
+the variable over the default, and `--help` shows the variable's name and the default. The only flags
+without a variable are the ones that pick what a one-shot command does (`add_mode_flag`: `--write`,
+`--check`), besides `--help` and `--version`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,22 @@ from typing import Any
 
 ENV_PREFIX = "DRA_GPU_"
 
+ENV_ATTR = "dra_gpu_env"
+"""Set on every argparse action a helper here adds: its variable's name, or None for a mode flag."""
+
 
 def env_name(flag: str) -> str:
     """`--node-name` -> `DRA_GPU_NODE_NAME`."""
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _invalid(variable: str, raw: str, why: object) -> SystemExit:
+    return SystemExit(f"error: environment variable {variable}={raw!r} is invalid: {why}")
+
+
+def _help(help: str, variable: str, default_text: str) -> str:
+    text = f"{help} [env {variable}]" if help else f"[env {variable}]"
+    return f"{text} (default: {default_text})"
 
 
 def add_flag(
@@ -29,8 +43,13 @@ def add_flag(
     type: Callable[[str], Any] | None = None,
     choices: list[str] | None = None,
     short: str | None = None,
+    unset: str = "none",
+    metavar: str | None = None,
 ) -> None:
-    """Add `flag` whose default comes from `env` (derived from the flag name when omitted)."""
+    """Add `flag` whose default comes from `env` (derived from the flag name when omitted).
+
+    `unset` says in `--help` what a flag without a default does (shown as its default).
+    """
     variable = env or env_name(flag)
     raw = os.environ.get(variable)
     value: Any = default
@@ -38,19 +57,39 @@ def add_flag(
         try:
             value = type(raw) if type is not None else raw
         except (TypeError, ValueError) as exc:
-            raise SystemExit(f"error: environment variable {variable}={raw!r} is invalid: {exc}") from exc
+            raise _invalid(variable, raw, exc) from exc
         if choices is not None and value not in choices:
-            raise SystemExit(
-                f"error: environment variable {variable}={raw!r} is invalid: choose from {', '.join(choices)}"
-            )
+            raise _invalid(variable, raw, f"choose from {', '.join(choices)}")
     names = [short, flag] if short else [flag]
-    text = f"{help} [env {variable}]" if help else f"[env {variable}]"
-    if default is not None:
-        text += " (default: %(default)s)"
-    kwargs: dict[str, Any] = {"default": value, "choices": choices, "help": text}
+    default_text = "%(default)s" if default is not None else unset
+    kwargs: dict[str, Any] = {
+        "default": value,
+        "choices": choices,
+        "help": _help(help, variable, default_text),
+    }
     if type is not None:
         kwargs["type"] = type
-    parser.add_argument(*names, **kwargs)
+    if metavar is not None:
+        kwargs["metavar"] = metavar
+    action = parser.add_argument(*names, **kwargs)
+    setattr(action, ENV_ATTR, variable)
+
+
+def add_list_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    *,
+    env: str | None = None,
+    help: str = "",
+    metavar: str | None = None,
+) -> None:
+    """A repeatable flag; its variable holds the values separated by commas. Default: empty."""
+    variable = env or env_name(flag)
+    raw = os.environ.get(variable) or ""
+    value = [item.strip() for item in raw.split(",") if item.strip()]
+    text = _help(help, variable, "none").replace(f"[env {variable}]", f"[env {variable}, comma-separated]")
+    action = parser.add_argument(flag, action="append", default=value, metavar=metavar, help=text)
+    setattr(action, ENV_ATTR, variable)
 
 
 def add_bool_flag(
@@ -72,7 +111,24 @@ def add_bool_flag(
         elif lowered in ("0", "false", "no", "off"):
             value = False
         else:
-            raise SystemExit(f"error: environment variable {variable}={raw!r} is invalid: use true or false")
-    parser.add_argument(
-        flag, default=value, action=argparse.BooleanOptionalAction, help=f"{help} [env {variable}]"
+            raise _invalid(variable, raw, "use true or false")
+    action = parser.add_argument(flag, default=value, action=argparse.BooleanOptionalAction)
+    # Set after construction: Python 3.11's BooleanOptionalAction appends its own default, 3.12's not.
+    action.help = _help(help, variable, "true" if default else "false")
+    setattr(action, ENV_ATTR, variable)
+
+
+def add_mode_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *, help: str) -> None:
+    """A switch that picks what a one-shot command does (`--write`, `--check`): no variable, off."""
+    action = parser.add_argument(flag, action="store_true", help=help)
+    setattr(action, ENV_ATTR, None)
+
+
+def add_kubeconfig_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--kubeconfig`, for every command that talks to the API (sources: `dra_gpu.kube.kubeconfig`)."""
+    add_flag(
+        parser,
+        "--kubeconfig",
+        help="kubeconfig file",
+        unset="$KUBECONFIG, then ~/.kube/config, then the in-cluster service account",
     )

@@ -12,7 +12,7 @@ import sys
 
 from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.controller import Controller
-from dra_gpu.flags import add_bool_flag, add_flag
+from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.http_endpoint import HttpServer, bool_check, parse_address
 
 NAME = "controller"
@@ -29,9 +29,7 @@ def _positive(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(
-        parser, "--kubeconfig", default=None, help="kubeconfig file; in-cluster configuration when unset"
-    )
+    add_kubeconfig_flag(parser)
     add_bool_flag(
         parser,
         "--leader-elect",
@@ -64,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--http-address",
         default=":8080",
         help="address for /metrics, /healthz and /readyz; empty to disable",
+        unset="off",
     )
 
 

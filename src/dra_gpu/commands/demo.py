@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_gpu.flags import add_flag
+from dra_gpu.flags import add_bool_flag, add_flag
 
 NAME = "demo"
 HELP = "run the local demo: simulated GPUs and API server, real node agent, allocator, controller and CDI"
@@ -23,12 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env="DRA_GPU_LIMITER_BUILD",
         default=None,
         type=Path,
-        help="directory of the built native limiter (default: native/limiter/build when present)",
+        help="directory of the built native limiter",
+        unset="native/limiter/build when present",
     )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the temporary files (CDI specs, checkpoint)"
-    )
-    parser.add_argument("--verbose", action="store_true", help="show the components' own log lines")
+    add_bool_flag(parser, "--keep", help="keep the temporary files (CDI specs, checkpoint)")
+    add_bool_flag(parser, "--verbose", help="show the components' own log lines")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="show simulated GPUs from a profile such as 2xH100-80GB,1xL4-24GB instead of asking NVML; "
         f"models: {', '.join(KNOWN_MODELS)}",
+        unset="NVML",
     )
     add_flag(
         parser,
@@ -47,14 +48,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env="DRA_GPU_NODE_NAME",
         default=None,
         help="node whose simulated GPUs to show (simulated UUIDs differ per node)",
+        unset="none: the UUIDs of an unnamed node",
     )
-    parser.add_argument(
-        "-o", "--output", choices=["table", "json"], default="table", help="output format (default: table)"
-    )
+    add_flag(parser, "--output", short="-o", choices=["table", "json"], default="table", help="output format")
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = f"simulated:{args.simulate}" if args.simulate else "nvml"
+    if args.simulate is not None and not args.simulate.strip():
+        print(
+            "error: --simulate needs a profile such as 2xH100-80GB (leave it out for NVML)", file=sys.stderr
+        )
+        return 2
+    spec = f"simulated:{args.simulate}" if args.simulate is not None else "nvml"
     try:
         inventory = open_inventory(spec, seed=args.node_name or "")
     except NvmlUnavailableError as err:
@@ -64,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     except InventoryError as err:
-        print(err, file=sys.stderr)
-        return 1
+        print(f"error: {err}", file=sys.stderr)
+        return 2 if args.simulate is not None else 1
     try:
         gpus = inventory.gpus()
     finally:

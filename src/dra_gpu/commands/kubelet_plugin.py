@@ -10,8 +10,8 @@ from pathlib import Path
 from dra_gpu import DRIVER_NAME
 from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
-from dra_gpu.flags import add_bool_flag, add_flag
-from dra_gpu.inventory import InventoryError, open_inventory
+from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
+from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
 
 NAME = "kubelet-plugin"
@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "--node-name", help="name of this node (the downward API's spec.nodeName)")
+    add_flag(
+        parser, "--node-name", help="name of this node (the downward API's spec.nodeName)", unset="required"
+    )
     add_flag(parser, "--driver-name", default=DRIVER_NAME, help="DRA driver name")
     add_flag(
         parser,
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the limiter library on the host (a versioned file installed by the init container)",
     )
     add_flag(parser, "--sharing", default="*=Shared", help="per-GPU sharing modes, e.g. '*=Shared,0=MPS'")
-    add_flag(parser, "--kubeconfig", help="kubeconfig file (default: in-cluster configuration)")
+    add_kubeconfig_flag(parser)
     add_flag(parser, "--http-address", default=":8080", help="HOST:PORT serving /healthz and /metrics")
     add_flag(parser, "--dev-root", default="/", type=Path, help="where the host's /dev is visible, as '/'")
     add_flag(
@@ -77,6 +79,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
 
 
+def unknown_sharing_keys(sharing: NodeSharing, gpus: list[GpuInfo]) -> str:
+    """What in `--sharing` names no GPU of this node ('' when all is well): a typo there would
+    otherwise leave the GPU it meant in the default mode without a word."""
+    known = {str(g.index) for g in gpus} | {g.uuid for g in gpus}
+    missing = sorted(key for key in sharing.by_key if key not in known)
+    if not missing:
+        return ""
+    present = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+    return f"no GPU {', '.join(missing)} on this node; its GPUs: {present}"
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("error: --node-name (or DRA_GPU_NODE_NAME) is required", file=sys.stderr)
@@ -94,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     except InventoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if unknown := unknown_sharing_keys(sharing, inventory.gpus()):
+        print(f"error: --sharing {args.sharing!r}: {unknown}", file=sys.stderr)
+        inventory.close()
+        return 2
     from dra_gpu.kube.client import KubeClient, KubeConfigError
 
     try:

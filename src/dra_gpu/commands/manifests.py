@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from dra_gpu.manifests import ManifestError, ValuesError, install_stream, load_values, render
+from dra_gpu.flags import add_flag, add_mode_flag
+from dra_gpu.manifests import ManifestError, ValuesError, image_reference, install_stream, load_values, render
 from dra_gpu.manifests.render import HEADER
 
 NAME = "manifests"
@@ -15,15 +16,25 @@ DEFAULT_DIR = Path("deploy")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--values", type=Path, default=None, help="YAML file merged over the default values (optional)"
+    add_flag(
+        parser,
+        "--values",
+        type=Path,
+        help="YAML file merged over the default values",
+        unset="the default values only",
     )
-    parser.add_argument(
-        "--dir", type=Path, default=DEFAULT_DIR, help="manifest directory (default: %(default)s)"
+    add_flag(
+        parser,
+        "--dir",
+        env="DRA_GPU_MANIFESTS_DIR",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="manifest directory",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="write the files into --dir, removing stale ones")
-    mode.add_argument("--check", action="store_true", help="exit 1 if --dir differs from the rendered files")
+    add_mode_flag(mode, "--write", help="write the files into --dir, removing stale ones")
+    add_mode_flag(mode, "--check", help="exit 1 if --dir differs from the rendered files")
+    add_mode_flag(mode, "--image", help="print the image reference the manifests use (for building it)")
 
 
 def _generated(path: Path) -> bool:
@@ -49,7 +60,11 @@ def _stale(directory: Path, rendered: dict[str, str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        rendered = render(load_values(args.values))
+        values = load_values(args.values)
+        if args.image:
+            print(image_reference(values))
+            return 0
+        rendered = render(values)
     except (ValuesError, ManifestError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -59,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         if problems:
-            values = f" --values {args.values}" if args.values else ""
-            print(f"run `dra-gpu manifests{values} --dir {directory} --write`", file=sys.stderr)
+            given = f" --values {args.values}" if args.values else ""
+            print(f"run `dra-gpu manifests{given} --dir {directory} --write`", file=sys.stderr)
             return 1
         return 0
     if args.write:

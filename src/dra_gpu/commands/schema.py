@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dra_gpu.config import json_schema
+from dra_gpu.flags import add_flag, add_mode_flag
 
 NAME = "schema"
 HELP = "print, write (--write) or verify (--check) the GpuConfig JSON Schema"
@@ -19,22 +20,30 @@ def render() -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--path", type=Path, default=DEFAULT_PATH, help="schema file (default: %(default)s)")
+    add_flag(parser, "--path", env="DRA_GPU_SCHEMA_PATH", type=Path, default=DEFAULT_PATH, help="schema file")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="write the schema file")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the schema file is stale")
+    add_mode_flag(mode, "--write", help="write the schema file")
+    add_mode_flag(mode, "--check", help="exit 1 if the schema file is missing or stale")
 
 
 def run(args: argparse.Namespace) -> int:
     text = render()
+    path: Path = args.path
     if args.write:
-        args.path.parent.mkdir(parents=True, exist_ok=True)
-        args.path.write_text(text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
         return 0
     if args.check:
-        current = args.path.read_text() if args.path.exists() else ""
+        try:
+            current = path.read_text()
+        except FileNotFoundError:
+            print(f"{path} is missing: run `dra-gpu schema --write`", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"error: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         if current != text:
-            print(f"{args.path} is stale: run `dra-gpu schema --write`", file=sys.stderr)
+            print(f"{path} is stale: run `dra-gpu schema --write`", file=sys.stderr)
             return 1
         return 0
     sys.stdout.write(text)

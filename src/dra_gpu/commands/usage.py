@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.flags import add_flag
+from dra_gpu.flags import add_flag, add_kubeconfig_flag, add_list_flag
 from dra_gpu.kube import RESOURCES, ApiError, KubeAPI
 from dra_gpu.usage import collect, render_json, render_table
 from dra_gpu.usage.live import AGENT_SELECTOR, LiveUsage, fetch_url, read_agents
@@ -25,19 +25,14 @@ HELP = "show who uses which GPU share, per node: claims, shares, pods, and pendi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(
-        parser,
-        "--kubeconfig",
-        env="DRA_GPU_KUBECONFIG",
-        default=None,
-        help="kubeconfig file; in-cluster configuration when unset",
-    )
+    add_kubeconfig_flag(parser)
     add_flag(
         parser,
         "--node",
         env="DRA_GPU_NODE",
         default=None,
         help="show only this node's GPUs (pending claims, which have no node yet, are then left out)",
+        unset="every node",
     )
     add_flag(
         parser,
@@ -47,16 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read the node agents' /metrics through the API server's pod proxy, or not at all",
     )
     add_flag(parser, "--agent-namespace", default="dra-gpu", help="namespace of the node agents' pods")
-    parser.add_argument(
+    add_list_flag(
+        parser,
         "--metrics-url",
-        action="append",
-        default=[],
         metavar="URL",
         help="read this agent's /metrics directly (repeatable); replaces --agents proxy",
     )
-    parser.add_argument(
-        "-o", "--output", choices=["table", "json"], default="table", help="output format (default: table)"
-    )
+    add_flag(parser, "--output", short="-o", choices=["table", "json"], default="table", help="output format")
 
 
 class UsageError(Exception):

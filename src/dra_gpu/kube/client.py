@@ -1,6 +1,6 @@
 """The real KubeAPI: the official `kubernetes` client's transport, with JSON in and out.
 
-We use the client for configuration (in-cluster or kubeconfig), authentication, TLS and retries, but
+We use the client for configuration (`dra_gpu.kube.kubeconfig` picks the source), authentication, TLS and retries, but
 not its generated models: 37.x models are strict pydantic classes (quantities must be strings, unknown
 kwargs rejected) and its `Watch` cannot decode ResourceClaims (it looks for a `V1ResourceClaim` model
 that is named `ResourceV1ResourceClaim`). Raw JSON keeps the objects exactly as the API server sent
@@ -16,37 +16,12 @@ from typing import Any
 
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import ApiError, from_status
+from dra_gpu.kube.kubeconfig import KubeConfigError, load_api_client
 from dra_gpu.kube.resources import RESOURCES, Resource
 
+__all__ = ["KubeClient", "KubeConfigError", "load_api_client"]
+
 Obj = dict[str, Any]
-
-
-class KubeConfigError(Exception):
-    """The client cannot be configured: no kubeconfig file, no in-cluster service account, a bad file."""
-
-
-def load_api_client(kubeconfig: str | None = None) -> Any:
-    """In-cluster configuration unless a kubeconfig path is given; KubeConfigError when neither works."""
-    try:
-        return _load_api_client(kubeconfig)
-    except Exception as exc:  # the kubernetes client raises several unrelated types here
-        source = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise KubeConfigError(f"cannot configure the Kubernetes client from {source}: {reason}") from exc
-
-
-def _load_api_client(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
-
-    if kubeconfig:
-        configuration = client.Configuration()
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    else:
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
 
 
 class KubeClient:

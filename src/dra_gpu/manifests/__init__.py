@@ -5,7 +5,7 @@ Templates and the default values live in `dra_gpu/templates/manifests/` so that 
 """
 
 from dra_gpu.manifests.render import INSTALLED, ManifestError, files_for, install_stream, render
-from dra_gpu.manifests.values import Values, ValuesError, load_values
+from dra_gpu.manifests.values import Values, ValuesError, image_reference, load_values
 
 __all__ = [
     "INSTALLED",
@@ -13,6 +13,7 @@ __all__ = [
     "Values",
     "ValuesError",
     "files_for",
+    "image_reference",
     "install_stream",
     "load_values",
     "render",

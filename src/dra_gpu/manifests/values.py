@@ -15,7 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dra_gpu import __version__
 from dra_gpu.config import ConfigError, NodeSharing, Placement, Strategy
+from dra_gpu.inventory.simulated import parse_profile, split_options
+from dra_gpu.inventory.types import InventoryError
 
 TEMPLATES = "templates/manifests"
 DEFAULT_VALUES = "values.yaml"
@@ -49,6 +52,18 @@ class KubeletPlugin(_Model):
     nodeSelector: dict[str, str]
     tolerations: list[dict[str, Any]]
     resources: dict[str, Any]
+
+    @field_validator("gpuBackend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        # The agent's own parser: a profile the agent would refuse at start is refused here.
+        if value.startswith("simulated:"):
+            profile = value.removeprefix("simulated:")
+            try:
+                parse_profile(split_options(profile)[0])
+            except InventoryError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("sharing")
     @classmethod
@@ -102,6 +117,11 @@ class Values(_Model):
     controller: Controller
     deviceClasses: DeviceClasses
     validatingAdmissionPolicy: Switch
+
+
+def image_reference(values: Values) -> str:
+    """The image every pod of the install runs (and that `make image` builds): repository:tag."""
+    return f"{values.image.repository}:{values.image.tag or __version__}"
 
 
 def merge(base: Any, override: Any) -> Any:
