@@ -58,7 +58,7 @@ class Request:
 class ApiServer:
     """A kube-apiserver look-alike on 127.0.0.1 in front of a FakeKube."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.fake = FakeKube()
         self.requests: list[Request] = []
         self.watch_lines: list[bytes] | None = None
@@ -86,7 +86,7 @@ class ApiServer:
             def do_DELETE(self) -> None:
                 server.handle(self, "DELETE")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()

@@ -100,12 +100,14 @@ def run(args: argparse.Namespace) -> int:
             server = HttpServer(
                 args.http_address,
                 controller.metrics.registry,
-                {"/healthz": bool_check(controller.healthy), "/readyz": bool_check(controller.ready)},
+                {"/healthz": bool_check(controller.healthy), "/readyz": controller.readiness},
                 name="controller-http",
             )
         except OSError as exc:
             print(f"error: --http-address {args.http_address}: {exc.strerror or exc}", file=sys.stderr)
             return 2
+    # urllib3 logs every retry of every call; the controller says once that the API server is down.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     controller.start()
     if server is not None:
         server.start()

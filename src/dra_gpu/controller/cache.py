@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dra_gpu.controller.backoff import ApiReachability, Backoff
 from dra_gpu.kube import Gone, KubeAPI
 
 Obj = dict[str, Any]
@@ -43,11 +44,14 @@ class Informer:
         *,
         watch_timeout_s: float = 300.0,
         retry_s: float = 1.0,
+        max_retry_s: float = 60.0,
+        reachability: ApiReachability | None = None,
     ) -> None:
         self.api, self.kind = api, kind
         self._on_change = on_change
         self._watch_timeout_s = watch_timeout_s
-        self._retry_s = retry_s
+        self._backoff = Backoff(retry_s, max(retry_s, max_retry_s))
+        self._reachability = reachability or ApiReachability()
         self._lock = threading.Lock()
         self._items: dict[Key, Obj] = {}
         self._synced = threading.Event()
@@ -94,12 +98,16 @@ class Informer:
         return rv
 
     def run(self, stop: threading.Event) -> None:
-        """List, then watch from the list's resourceVersion; start over on 410 Gone or an error."""
+        """List, then watch from the list's resourceVersion; start over on 410 Gone, and after an error
+        (the API server down, a dropped connection) once the backoff has passed."""
         rv: str | None = None
+        caller = f"informer {self.kind}"
         while not stop.is_set():
             try:
                 if rv is None:
                     rv = self.relist()
+                    self._backoff.reset()
+                    self._reachability.succeeded(caller)
                 for event in self.api.watch(
                     self.kind, resource_version=rv, timeout_s=self._watch_timeout_s, stop=stop
                 ):
@@ -112,9 +120,10 @@ class Informer:
             except Gone:
                 rv = None
             except Exception as exc:  # ApiError, or a transport failure (connection reset, timeout)
-                log.warning("watch failed; listing again", extra={"kind": self.kind, "error": str(exc)})
                 rv = None
-                stop.wait(self._retry_s)
+                delay = self._backoff.next_delay()
+                self._reachability.failed(caller, exc, delay)
+                stop.wait(delay)
 
     def _apply(self, event_type: str, obj: Obj) -> None:
         key = object_key(obj)

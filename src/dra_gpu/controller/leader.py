@@ -56,6 +56,9 @@ class LeaderElector:
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # when we last successfully wrote the lease as holder
+        self.last_error: ApiError | None = None
+        """What the API server answered in the last round when that was an error (None: it worked).
+        The caller decides what to log and when to retry: this class logs no failure per round."""
 
     def is_leader(self) -> bool:
         """True while our last successful renewal is within the renew deadline."""
@@ -65,13 +68,15 @@ class LeaderElector:
         return self._observed[0] if self._observed else ""
 
     def try_acquire_or_renew(self) -> bool:
+        """One round; an ApiError is kept in `last_error`, a transport failure is raised."""
         now = self._monotonic()
+        self.last_error = None
         try:
             lease = self.api.get("Lease", self.name, self.namespace)
         except NotFound:
             return self._create(now)
         except ApiError as exc:
-            log.warning("reading the leader lease failed", extra={"error": str(exc)})
+            self.last_error = exc
             return self.is_leader()
         spec = lease.setdefault("spec", {})
         holder = spec.get("holderIdentity") or ""
@@ -95,7 +100,7 @@ class LeaderElector:
         except Conflict:
             return False  # someone else wrote it first; the next round reads their record
         except ApiError as exc:
-            log.warning("renewing the leader lease failed", extra={"error": str(exc)})
+            self.last_error = exc
             return self.is_leader()
         return self._became(stored, now)
 
@@ -118,7 +123,7 @@ class LeaderElector:
         except (AlreadyExists, Conflict):
             return False
         except ApiError as exc:
-            log.warning("creating the leader lease failed", extra={"error": str(exc)})
+            self.last_error = exc
             return False
         log.info("acquired the new leader lease")
         return self._became(stored, now)

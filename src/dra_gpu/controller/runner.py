@@ -13,16 +13,20 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gpu.controller.backoff import ApiReachability, Backoff
 from dra_gpu.controller.cache import Informer, start_all
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.events import EventRecorder
 from dra_gpu.controller.leader import DEFAULT_LEASE_NAME, LeaderElector
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.reconciler import PassResult, Reconciler, Snapshot
-from dra_gpu.kube import KubeAPI
+from dra_gpu.kube import ApiError, KubeAPI
+from dra_gpu.kube.errors import transport_errors
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
+
+_API_DOWN: tuple[type[Exception], ...] = (ApiError, OSError, *transport_errors())
 
 WATCHED = ("ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node")
 
@@ -41,6 +45,8 @@ class Controller:
         retry_period_s: float = 2.0,
         resync_s: float = 30.0,
         debounce_s: float = 0.1,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -63,7 +69,19 @@ class Controller:
             if leader_elect
             else None
         )
-        self.informers = {kind: Informer(api, kind, self._on_change(kind)) for kind in WATCHED}
+        self.reachability = ApiReachability()
+        self._backoff_s, self._max_backoff_s = backoff_s, max(backoff_s, max_backoff_s)
+        self.informers = {
+            kind: Informer(
+                api,
+                kind,
+                self._on_change(kind),
+                retry_s=backoff_s,
+                max_retry_s=self._max_backoff_s,
+                reachability=self.reachability,
+            )
+            for kind in WATCHED
+        }
         self.reconciler = Reconciler(
             api,
             recorder=self.recorder,
@@ -90,6 +108,20 @@ class Controller:
         return all(t.is_alive() for t in self._threads) if self._threads else False
 
     def ready(self) -> bool:
+        """Every cache filled once and the API server answering (what /readyz reports)."""
+        return self.reachability.reachable() and self.synced()
+
+    def readiness(self) -> tuple[bool, str]:
+        """`ready()` with the reason a probe shows when not."""
+        failing = self.reachability.failing()
+        if failing:
+            caller, error = sorted(failing.items())[0]
+            return False, f"the API server does not answer ({caller}: {error})"
+        if not self.synced():
+            return False, "the caches are not filled yet"
+        return True, "ok"
+
+    def synced(self) -> bool:
         return all(i.has_synced() for i in self.informers.values())
 
     def snapshot(self) -> Snapshot:
@@ -149,12 +181,23 @@ class Controller:
             self._stop.wait()
             return
         was_leader = False
+        period = self.elector.retry_period_s
+        backoff = Backoff(period, max(period, self._max_backoff_s))
         while not self._stop.is_set():
+            error: BaseException | None
             try:
                 leading = self.elector.try_acquire_or_renew()
-            except Exception:  # a transport failure: keep the thread, judge by the last renewal
-                log.exception("leader election round failed; retrying")
-                leading = self.elector.is_leader()
+                error = self.elector.last_error
+            except Exception as exc:  # a transport failure: keep the thread, judge by the last renewal
+                leading, error = self.elector.is_leader(), exc
+            if error is None:
+                backoff.reset()
+                self.reachability.succeeded("leader election")
+                wait = period
+            else:
+                # A leader keeps its pace (its renew deadline bounds the retries); the others back off.
+                wait = period if leading else backoff.next_delay()
+                self.reachability.failed("leader election", error, wait)
             self.metrics.leader.set(1 if leading else 0)
             if leading and not was_leader:
                 log.info("leading: this replica allocates", extra={"identity": self.identity})
@@ -162,10 +205,10 @@ class Controller:
             elif was_leader and not leading:
                 log.warning("lost the leader lease; standing by", extra={"identity": self.identity})
             was_leader = leading
-            self._stop.wait(self.elector.retry_period_s)
+            self._stop.wait(wait)
 
     def _work(self) -> None:
-        while not self._stop.is_set() and not self.ready():
+        while not self._stop.is_set() and not self.synced():
             self._stop.wait(0.05)
         while not self._stop.is_set():
             self._wake.wait(self._resync_s)
@@ -175,5 +218,10 @@ class Controller:
             self._stop.wait(self._debounce_s)  # let a burst of events land in one pass
             try:
                 self.run_pass()
+            except _API_DOWN as exc:
+                # The API server went away mid-pass: said once, not with a traceback per pass.
+                self.reachability.failed("reconcile", exc, self._resync_s)
             except Exception:
                 log.exception("reconcile pass failed; retrying on the next change or resync")
+            else:
+                self.reachability.succeeded("reconcile")

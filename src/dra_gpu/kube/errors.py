@@ -58,3 +58,13 @@ def from_status(status: int, reason: str, message: str) -> ApiError:
     err = cls(message)
     err.status = status
     return err
+
+
+def transport_errors() -> tuple[type[Exception], ...]:
+    """What the real client raises when the API server cannot be reached or the connection drops
+    (besides OSError): urllib3's own errors, which are not ApiErrors."""
+    try:
+        import urllib3.exceptions
+    except ImportError:  # pragma: no cover - the kubernetes client depends on urllib3
+        return ()
+    return (urllib3.exceptions.HTTPError,)
