@@ -14,8 +14,7 @@
 #ifndef DRAGPU_LIMITER_H
 #define DRAGPU_LIMITER_H
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "cuda_min.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>

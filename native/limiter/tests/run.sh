@@ -5,6 +5,7 @@
 #   tests/run.sh <build dir>
 #
 # LIMITER_ASAN_LIB: path of libasan.so, preloaded first when the build is an AddressSanitizer build.
+# LIMITER_CUDA_INCLUDE: the CUDA toolkit's include directory, if any (src/cuda_min.h is checked against it).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=$(cd "$1" && pwd)
@@ -44,6 +45,11 @@ limited() {
 }
 
 run exports "$here/check_exports.sh" "$B"
+# Our CUDA declarations against the toolkit's, where it is installed (the build never needs it).
+if [ -f "${LIMITER_CUDA_INCLUDE:-}/cuda.h" ]; then
+    run "cuda_min.h = toolkit" "${PYTHON:-python3}" "$here/check_cuda_min.py" "$here/../src/cuda_min.h" \
+        "$LIMITER_CUDA_INCLUDE" "${CC:-cc}"
+fi
 run env-parsing+fuzz "$B/tests/t_env_fuzz" 200000
 
 for t in t_linked t_dlsym t_getproc; do
