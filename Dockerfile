@@ -15,7 +15,7 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 FROM ${BUILD_IMAGE} AS limiter
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 WORKDIR /src/native/limiter
 COPY native/limiter/ ./
 # Only the library: the fakes and the probe are for tests.
@@ -28,12 +28,12 @@ RUN make build/libdragpu-limiter.so.1 \
 FROM ${RUNTIME_IMAGE} AS runtime
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 mount util-linux \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 
 FROM runtime AS python
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Dependencies first, in a layer of their own: a change to the sources reinstalls only the project.
 RUN python3 -m venv /opt/dra-gpu
@@ -51,6 +51,11 @@ RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && /opt/dra-gpu/bin/pip install --quiet --no-deps . \
     && /opt/dra-gpu/bin/dra-gpu --version
+# Out of the image: the installer (nothing installs at run time) and the kubernetes client's asyncio
+# variant (68 MB; only its synchronous transport and configuration are used).
+RUN rm -rf /opt/dra-gpu/lib/python3*/site-packages/kubernetes/aio \
+    && /opt/dra-gpu/bin/python -m pip uninstall --quiet -y pip setuptools \
+    && /opt/dra-gpu/bin/python -c 'import dra_gpu.kube.client, kubernetes.client, kubernetes.config' 
 
 FROM runtime
 COPY --from=python /opt/dra-gpu /opt/dra-gpu

@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv limiter lint generated-check test demo container-setup clean gpu-check gpu-check-bundle gpu-check-smoke
+.PHONY: venv limiter lint generated-check test demo container-setup clean gpu-check gpu-check-bundle gpu-check-smoke \
+	image base-images
 
 $(BIN)/dra-gpu: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,16 @@ container-setup: limiter
 # Sets up everything the tests need, then runs lint, generated-file checks and every test.
 test: venv limiter container-setup lint generated-check gpu-check-smoke
 	$(BIN)/pytest
+
+# The install image (README "Install on a cluster"), with docker, podman or buildah, whichever is there.
+# Its reference is image.repository:image.tag of the values (VALUES=file: the same file the manifests
+# are rendered from). PUSH=1 pushes it; ARCHIVE=file also saves it for `kind load image-archive`.
+image: venv
+	tools/build-image.sh $(if $(VALUES),--values $(VALUES)) $(if $(PUSH),--push) $(if $(ARCHIVE),--archive $(ARCHIVE))
+
+# The Debian base images of the Dockerfile, made locally from the apt mirror (no registry needed).
+base-images:
+	tools/base-images.sh
 
 # The local demo: simulated GPUs, in-process API, real gRPC sockets and CDI files.
 demo: venv

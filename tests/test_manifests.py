@@ -377,3 +377,23 @@ def test_cli_prints_an_installable_stream_and_reports_bad_values(
     bad.write_text("namespace: Not_A_Namespace\n")
     assert main(["manifests", "--values", str(bad)]) == 2
     assert f"error: {bad}: invalid values: namespace: String should match pattern" in capsys.readouterr().err
+
+
+def test_the_image_reference_comes_from_the_values_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make image` builds what the manifests run: both read image.repository and image.tag."""
+    from dra_gpu import __version__
+
+    assert main(["manifests", "--image"]) == 0
+    assert capsys.readouterr().out == f"dra-gpu:{__version__}\n"
+    text = "image: {repository: registry.internal/dra-gpu, tag: '1.2', pullPolicy: Always}\n"
+    values = tmp_path / "values.yaml"
+    values.write_text(text)
+    assert main(["manifests", "--values", str(values), "--image"]) == 0
+    assert capsys.readouterr().out == "registry.internal/dra-gpu:1.2\n"
+    pod = find(rendered_objects(text, tmp_path), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]
+    containers = pod["spec"]["initContainers"] + pod["spec"]["containers"]
+    assert {(c["image"], c["imagePullPolicy"]) for c in containers} == {
+        ("registry.internal/dra-gpu:1.2", "Always")
+    }

@@ -8,25 +8,27 @@
 #   --tag REF       build REF instead (tests)
 #   --push          push the image to its registry afterwards
 #   --archive FILE  also write the image to FILE as a docker-archive (kind load image-archive FILE)
+#   --builder       only print the builder that would be used (exit 3 when there is none)
 # Prints the image reference on stdout; the builder's output goes to stderr.
 set -euo pipefail
 
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 die() { echo "build-image: $*" >&2; exit 2; }
 
-values=() tag="" push=0 archive=""
+values=() tag="" push=0 archive="" which=0
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --values) [ "$#" -ge 2 ] || die "--values needs a file"; values=(--values "$2"); shift 2 ;;
     --tag) [ "$#" -ge 2 ] || die "--tag needs an image reference"; tag=$2; shift 2 ;;
     --push) push=1; shift ;;
+    --builder) which=1; shift ;;
     --archive) [ "$#" -ge 2 ] || die "--archive needs a file"; archive=$2; shift 2 ;;
     --) shift; break ;;
     *) die "unknown argument $1 (see the usage at the top of $0)" ;;
   esac
 done
 
-if [ -z "$tag" ]; then
+if [ "$which" = 0 ] && [ -z "$tag" ]; then
   dra_gpu="$root_dir/.venv/bin/dra-gpu"
   [ -x "$dra_gpu" ] || dra_gpu=$(command -v dra-gpu) || die "dra-gpu is not installed: run \`make venv\` first"
   tag=$("$dra_gpu" manifests "${values[@]}" --image) || exit $?
@@ -43,6 +45,7 @@ if [ -z "$builder" ]; then
   fi
 fi
 command -v "$builder" >/dev/null || die "IMAGE_BUILDER=$builder is not installed"
+if [ "$which" = 1 ]; then echo "$builder"; exit 0; fi
 
 # A proxy's certificate authority for the Python package downloads (see the Dockerfile).
 secret=()
