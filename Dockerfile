@@ -39,8 +39,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/dra-gpu
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# Behind a proxy with its own certificate authority, pass its bundle as the build secret `pip-ca`
-# (tools/build-image.sh passes $PIP_CERT); it is used for the download only, not kept in the image.
+# The build secret `pip-ca`, when given, is the certificate bundle the downloads trust (a proxy with its
+# own authority; tools/build-image.sh passes the build machine's); it is not kept in the image.
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && mkdir -p src/dra_gpu && touch src/dra_gpu/__init__.py \

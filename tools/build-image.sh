@@ -47,9 +47,13 @@ fi
 command -v "$builder" >/dev/null || die "IMAGE_BUILDER=$builder is not installed"
 if [ "$which" = 1 ]; then echo "$builder"; exit 0; fi
 
-# A proxy's certificate authority for the Python package downloads (see the Dockerfile).
+# The certificate authorities the build's Python package downloads trust (see the Dockerfile): pip's
+# own setting, else this machine's trust store, so that a build behind a proxy with its own authority
+# works wherever pip on this machine does. A build secret: not stored in the image.
 secret=()
-if [ -n "${PIP_CERT:-}" ] && [ -s "$PIP_CERT" ]; then secret=(--secret "id=pip-ca,src=$PIP_CERT"); fi
+for ca in "${PIP_CERT:-}" "${REQUESTS_CA_BUNDLE:-}" "${SSL_CERT_FILE:-}" /etc/ssl/certs/ca-certificates.crt; do
+  if [ -n "$ca" ] && [ -s "$ca" ]; then secret=(--secret "id=pip-ca,src=$ca"); break; fi
+done
 
 echo "build-image: building $tag with $builder" >&2
 case "$builder" in
