@@ -86,7 +86,7 @@ def _sample(action: argparse.Action) -> tuple[str, object]:
     """A value for the flag's variable, and what the parser must then hold."""
     if isinstance(action, argparse.BooleanOptionalAction):
         return ("false", False) if action.default else ("true", True)
-    if isinstance(action, argparse._AppendAction):
+    if action.nargs is None and isinstance(action.default, list):  # a repeatable flag
         return "http://a:1/metrics,http://b:1/metrics", ["http://a:1/metrics", "http://b:1/metrics"]
     if action.choices:
         choice = list(action.choices)[-1]
@@ -115,6 +115,12 @@ def test_every_variable_sets_its_flag(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_flag_wins_over_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRA_GPU_OUTPUT", "json")
     assert build_parser().parse_args(["gpus", "-o", "table"]).output == "table"
+    monkeypatch.setenv("DRA_GPU_METRICS_URL", "http://env:1/metrics")
+    assert build_parser().parse_args(["usage"]).metrics_url == ["http://env:1/metrics"]
+    args = build_parser().parse_args(
+        ["usage", "--metrics-url", "http://a:1/m", "--metrics-url", "http://b:1/m"]
+    )
+    assert args.metrics_url == ["http://a:1/m", "http://b:1/m"]
 
 
 def test_the_readme_lists_the_exceptions() -> None:

@@ -75,6 +75,18 @@ def add_flag(
     setattr(action, ENV_ATTR, variable)
 
 
+class _Append(argparse.Action):
+    """`append` whose first use on the command line replaces the default (the variable's list)
+    instead of adding to it: the flag wins over its variable."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = [] if current is None or current is self.default else list(current)
+        setattr(namespace, self.dest, [*items, values])
+
+
 def add_list_flag(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     flag: str,
@@ -88,7 +100,7 @@ def add_list_flag(
     raw = os.environ.get(variable) or ""
     value = [item.strip() for item in raw.split(",") if item.strip()]
     text = _help(help, variable, "none").replace(f"[env {variable}]", f"[env {variable}, comma-separated]")
-    action = parser.add_argument(flag, action="append", default=value, metavar=metavar, help=text)
+    action = parser.add_argument(flag, action=_Append, default=value, metavar=metavar, help=text)
     setattr(action, ENV_ATTR, variable)
 
 
