@@ -44,7 +44,8 @@ def describe(exc: BaseException) -> str:
 
 
 class ApiReachability:
-    """Whether the controller's calls to the API server work, from what each caller reports.
+    """Whether the controller's calls to the API server work (it is down, unreachable, or refusing),
+    from what each caller reports.
 
     Logs a warning when the first caller starts failing (naming it and its error) and an info line
     when the last one recovers; a caller's own changes go to debug. Readiness uses `reachable()`.
@@ -70,7 +71,7 @@ class ApiReachability:
             self._failing[caller] = error
         if was_reachable:
             log.warning(
-                "cannot reach the API server; retrying with backoff, logging again when it answers",
+                "calls to the API server fail; retrying with backoff, logging again when they succeed",
                 extra={"caller": caller, "error": error},
             )
         elif new:
@@ -84,6 +85,6 @@ class ApiReachability:
             del self._failing[caller]
             recovered = not self._failing
         if recovered:
-            log.info("the API server answers again", extra={"caller": caller})
+            log.info("calls to the API server succeed again", extra={"caller": caller})
         else:
             log.debug("API call working again", extra={"caller": caller})

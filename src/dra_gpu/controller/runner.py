@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu.controller.backoff import ApiReachability, Backoff
+from dra_gpu.controller.backoff import ApiReachability, Backoff, describe
 from dra_gpu.controller.cache import Informer, start_all
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.events import EventRecorder
@@ -26,7 +26,7 @@ from dra_gpu.kube.errors import transport_errors
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 
-_API_DOWN: tuple[type[Exception], ...] = (ApiError, OSError, *transport_errors())
+_UNREACHABLE: tuple[type[Exception], ...] = (OSError, *transport_errors())
 
 WATCHED = ("ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node")
 
@@ -116,7 +116,7 @@ class Controller:
         failing = self.reachability.failing()
         if failing:
             caller, error = sorted(failing.items())[0]
-            return False, f"the API server does not answer ({caller}: {error})"
+            return False, f"calls to the API server fail ({caller}: {error})"
         if not self.synced():
             return False, "the caches are not filled yet"
         return True, "ok"
@@ -218,9 +218,16 @@ class Controller:
             self._stop.wait(self._debounce_s)  # let a burst of events land in one pass
             try:
                 self.run_pass()
-            except _API_DOWN as exc:
+            except _UNREACHABLE as exc:
                 # The API server went away mid-pass: said once, not with a traceback per pass.
                 self.reachability.failed("reconcile", exc, self._resync_s)
+                continue
+            except ApiError as exc:  # the API server answered, with an error: it is reachable
+                self.reachability.succeeded("reconcile")
+                log.warning(
+                    "reconcile pass failed; retrying on the next change or resync",
+                    extra={"error": describe(exc)},
+                )
             except Exception:
                 log.exception("reconcile pass failed; retrying on the next change or resync")
             else:
