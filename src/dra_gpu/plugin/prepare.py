@@ -25,8 +25,10 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from dra_gpu.controller.events import EventRecorder
 from dra_gpu.inventory import GpuInfo, Inventory
 from dra_gpu.kube import KubeAPI, NotFound
 from dra_gpu.plugin import sharing
@@ -62,6 +64,9 @@ STEPS = (
 """The points between the steps of prepare and unprepare; a fault hook is called at each."""
 
 FaultHook = Callable[[str], None]
+EVENT_COMPONENT = "dra-gpu-kubelet-plugin"
+NOTICE_REASON = "PreparedWithCaveat"
+"""The event reason of what a prepared claim's user must know (a limit that holds per process only)."""
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -102,6 +107,9 @@ class Preparer:
         self._hook = fault_hook or (lambda _step: None)
         self._backends = sharing.backends()
         self._handlers = sharing.hold_handlers()
+        self._events = EventRecorder(api, pool, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
+        self._notices: list[tuple[dict[str, Any], str]] = []
+        """Claim notices of this call's prepares, posted as events once the node lock is released."""
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -132,10 +140,17 @@ class Preparer:
                 for claim in claims:
                     results[claim.uid] = self._guarded("prepare", claim, self._prepare)
                 self.metrics.refresh(self._load())
+                notices, self._notices = self._notices, []
         except LockTimeout as exc:
+            notices = []
             for claim in claims:
                 results[claim.uid] = PrepareResult(error=str(exc))
                 self.metrics.errors.labels(operation="prepare", reason="lock_timeout").inc()
+        for obj, text in notices:
+            try:
+                self._events.record(obj, "Warning", NOTICE_REASON, text)
+            except Exception as exc:  # the API unreachable: the log line of the prepare stays
+                log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
         self.metrics.prepare_seconds.observe(time.perf_counter() - started)
         return results
 
@@ -285,6 +300,9 @@ class Preparer:
         entry.state = ClaimState.PREPARE_COMPLETED
         self._save(checkpoint)
         self._hook("prepare:checkpoint-completed")
+        for text in plan.notices:
+            log.warning("prepared with a caveat", extra={"claim": claim.ref, "notice": text})
+            self._notices.append((obj, text))
         return entry.devices
 
     def _plan(self, checkpoint: Checkpoint, claim: ClaimInfo, shares: list[Share]) -> Plan:
