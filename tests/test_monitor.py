@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,6 @@ from dra_gpu.monitor.cgroup import parse_cgroup
 from dra_gpu.monitor.nvml import NvmlSampler
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def limiter_config(policy: str | None = None, **limits: Any) -> dict[str, Any]:

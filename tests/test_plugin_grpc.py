@@ -11,7 +11,6 @@ import socket
 import stat
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -22,8 +21,6 @@ from plugin_harness import (
     NODE,
     PROFILE,
     Alloc,
-    Kubelet,
-    PluginDirs,
     add_claim,
     cdi_ids,
     gpu_config,
@@ -35,7 +32,6 @@ from plugin_harness import (
 )
 
 from dra_gpu.inventory import SimulatedInventory
-from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_STATE_DIR
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
@@ -44,25 +40,6 @@ SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()
 GPU0, GPU1 = GPUS[0].uuid, GPUS[1].uuid
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
-
-
-@pytest.fixture
-def api() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-def kubelet(dirs: PluginDirs) -> Iterator[Kubelet]:
-    k = Kubelet(dirs.registration_dir)
-    yield k
-    k.close()
 
 
 def test_registration_advertises_dra_v1_both_health_versions_and_the_service_socket(
