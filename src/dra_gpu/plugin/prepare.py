@@ -41,13 +41,11 @@ from dra_gpu.plugin.checkpoint import (
     PreparedDevice,
 )
 from dra_gpu.plugin.claims import allocation_digest, fetch_claim, shares_of
-from dra_gpu.plugin.commands import CommandError, ComputeMode
+from dra_gpu.plugin.commands import CommandError
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.locking import LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.sharing.mps import mps_dir
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, HoldHandler, NodeContext, Plan, Share
-from dra_gpu.plugin.sharing.timeslicing import INTERVALS
 from dra_gpu.slices.devices import device_name as slice_device_name
 
 log = logging.getLogger(__name__)
@@ -492,18 +490,12 @@ class Preparer:
 
     def _reset_unheld_gpus(self, checkpoint: Checkpoint) -> None:
         held = {h.key for c in checkpoint.claims.values() for h in c.holds}
-        commands = self.node.commands
         for gpu in self.inventory.gpus():
-            try:
-                if f"mps:{gpu.uuid}" not in held:
-                    pipe = mps_dir(self.node.state_dir, gpu.uuid) / "pipe"
-                    if commands.mps_daemon_running(gpu.uuid, pipe):
-                        commands.stop_mps_daemon(gpu.uuid, pipe)
-                        commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
-                    shutil.rmtree(mps_dir(self.node.state_dir, gpu.uuid), ignore_errors=True)
-                if f"timeslice:{gpu.uuid}" not in held:
-                    commands.set_timeslice(gpu.index, INTERVALS["Default"])
-            except CommandError as exc:
-                log.warning(
-                    "could not reset a GPU setting nobody holds", extra={"gpu": gpu.uuid, "error": str(exc)}
-                )
+            for handler in self._handlers.values():
+                try:
+                    handler.reset_unheld(gpu, self.node, held)
+                except CommandError as exc:
+                    log.warning(
+                        "could not reset a GPU setting nobody holds",
+                        extra={"gpu": gpu.uuid, "kind": handler.kind, "error": str(exc)},
+                    )

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Set
 from pathlib import Path
 
+from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
 
@@ -35,6 +37,9 @@ class ClaimDirectory:
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         return Path(str(hold.params["path"])).is_dir()
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        return None  # per claim, not GPU-wide
 
 
 HOLD_HANDLERS = (ClaimDirectory(),)

@@ -24,11 +24,12 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from fractions import Fraction
 from pathlib import Path
 
 from dra_gpu.config import Strategy
+from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.commands import CommandError, ComputeMode
 from dra_gpu.plugin.errors import PrepareError
@@ -212,6 +213,16 @@ class MpsV3Server:
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         return _control(hold).running()
 
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        if f"{self.kind}:{gpu.uuid}" in held:
+            return
+        base = v3_dir(node.state_dir, gpu.uuid)
+        control = MpsV3Control(base / "pipe", base / "log")
+        if base.is_dir() and control.running():
+            control.quit()
+            node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+        shutil.rmtree(base, ignore_errors=True)
+
 
 class MpsV3Namespace:
     """One claim's namespace with its server-side limits."""
@@ -239,6 +250,9 @@ class MpsV3Namespace:
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         control = _control(hold)
         return control.running() and str(hold.params["namespace"]) in control.namespaces()
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        return None  # a namespace goes with its server
 
 
 BACKEND = MpsV3()

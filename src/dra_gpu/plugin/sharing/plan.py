@@ -10,7 +10,7 @@ module in this package with a ``BACKEND`` and, if it changes the node, ``HOLD_HA
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -243,6 +243,12 @@ class HoldHandler(Protocol):
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         """False if the setting has gone away behind our back (a daemon died); the supervisor re-applies."""
+        ...
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        """Undo this kind's GPU-wide setting on `gpu` if no key in `held` (every prepared claim's holds)
+        asks for it: after the checkpoint was rebuilt, nobody else knows it is there. CommandError
+        is logged by the caller; a per-claim kind does nothing here."""
         ...
 
 
