@@ -190,13 +190,25 @@ def test_process_beyond_its_share_without_the_limiter_is_caught(
     greedy = add_claim(
         api,
         "greedy",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "2Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "2Gi", "cores": "50"},
+            )
+        ],
         [opaque(limiter_config(policy))],
     )
     polite = add_claim(
         api,
         "polite",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000b", consumed={"memory": "8Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000b",
+                consumed={"memory": "8Gi", "cores": "50"},
+            )
+        ],
         [opaque(limiter_config(policy))],
     )
     offender, bystander = _child(), _child()
@@ -267,7 +279,13 @@ def test_a_claim_config_cannot_loosen_the_class_watchdog_policy(dirs: PluginDirs
     claim = add_claim(
         api,
         "tenant",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [
             opaque(limiter_config("Terminate"), source="FromClass"),
             opaque(limiter_config("Report"), source="FromClaim"),

@@ -69,7 +69,13 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
     claim = add_claim(
         api,
         "llm",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
     )
     with running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin:

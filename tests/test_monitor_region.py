@@ -122,7 +122,13 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
     claim = add_claim(
         api,
         "batch",
-        [Alloc(device="gpu-1", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-1",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
         namespace="team-a",
     )

@@ -236,7 +236,7 @@ def test_a_whole_device_allocated_twice_is_refused_whatever_the_strategy(dirs, a
     ts = [opaque(gpu_config("TimeSlicing"))]
     first = add_claim(api, "first", [Alloc()], ts)
     second = add_claim(api, "second", [Alloc()], ts)
-    share = add_claim(api, "share", [Alloc(share_id=SHARE_A, consumed={"cores": "10"})], ts)
+    share = add_claim(api, "share", [Alloc(share_id=SHARE_A, consumed={"memory": "8Gi", "cores": "10"})], ts)
     with running_plugin(dirs, api):
         kubelet.register()
         answers = kubelet.prepare(first, second, share)

@@ -210,8 +210,12 @@ def test_multi_gpu_limiter_claim_numbers_limits_by_cuda_ordinal(dirs, api, kubel
 def test_time_slicing_sets_the_interval_once_and_restores_it_after_the_last_claim(dirs, api, kubelet) -> None:
     commands = SimulatedCommands(state_file=dirs.simulated_state)
     ts = [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))]
-    a = add_claim(api, "ts-a", [Alloc(device="gpu-1", share_id=SHARE_A, consumed={"cores": "10"})], ts)
-    b = add_claim(api, "ts-b", [Alloc(device="gpu-1", share_id=SHARE_B, consumed={"cores": "10"})], ts)
+    a = add_claim(
+        api, "ts-a", [Alloc(device="gpu-1", share_id=SHARE_A, consumed={"memory": "8Gi", "cores": "10"})], ts
+    )
+    b = add_claim(
+        api, "ts-b", [Alloc(device="gpu-1", share_id=SHARE_B, consumed={"memory": "8Gi", "cores": "10"})], ts
+    )
     with running_plugin(dirs, api, commands=commands):
         kubelet.register()
         assert all(r.error == "" for r in kubelet.prepare(a).values())

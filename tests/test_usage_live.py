@@ -31,7 +31,13 @@ def test_use_beside_allocation_and_allocations_alone_without_agents(
     claim = add_claim(
         api,
         "inference",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "4Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "4Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
     )
     proc_root = tmp_path / "proc"

@@ -57,7 +57,7 @@ def test_exclusive_container_sees_exactly_the_allocated_gpus(
 def test_time_sliced_container_gets_its_gpu_and_nothing_of_the_limiter_or_mps(
     node: Node, podman: Podman
 ) -> None:
-    allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"cores": "10"})]
+    allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": "8Gi", "cores": "10"})]
     _, ids = node.prepare("time-sliced", allocs, gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))
 
     result = podman.run(LOOK, devices=ids).check()
