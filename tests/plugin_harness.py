@@ -47,6 +47,8 @@ from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 NODE = "node-1"
 DRIVER = DRIVER_NAME
 PROFILE = "2xH100-80GB"
+CAPACITIES = ("memory", "cores")
+"""The capacities every GPU device publishes."""
 CRASH_EXIT_CODE = 86
 HERE = Path(__file__).resolve().parent
 
@@ -165,6 +167,14 @@ class Alloc:
     driver: str = DRIVER
     pool: str = NODE
     admin_access: bool = False
+
+    def __post_init__(self) -> None:
+        missing = [c for c in CAPACITIES if self.consumed and c not in self.consumed]
+        if missing:
+            raise ValueError(
+                f"Alloc consumed={self.consumed}: add {', '.join(missing)}; the scheduler lists every "
+                f"capacity of the device in consumedCapacity"
+            )
 
     def result(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import io
-import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,6 @@ import pytest
 from dra_gpu.cli import main
 from dra_gpu.demo.limiter import find_limiter_build
 from dra_gpu.demo.run import DemoReport, run_demo
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """`main()` configures the root logger for the process; put it back for the tests that follow."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    root.handlers[:] = handlers
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,24 +46,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def built() -> Path:
-    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
-        pytest.skip("no C compiler or make: the native limiter cannot be built")
-    if not Path("/usr/local/cuda/include/cuda.h").exists() and "CUDA_INCLUDE" not in os.environ:
-        pytest.skip("the CUDA headers the limiter builds against are not installed (CUDA_INCLUDE)")
-    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return BUILD
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,7 +70,13 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
     claim = add_claim(
         api,
         "llm",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
     )
     with running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin:

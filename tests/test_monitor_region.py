@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
 
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
 from dra_gpu.plugin.sharing.device_access import device_uuids
@@ -18,17 +15,6 @@ BUILD = LIMITER / "build"
 MiB = 2**20
 GiB = 2**30
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
-
-
-@pytest.fixture(scope="module")
-def built() -> Path:
-    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
-        pytest.skip("no C compiler or make: the native limiter cannot be built")
-    if not Path("/usr/local/cuda/include/cuda.h").exists() and "CUDA_INCLUDE" not in os.environ:
-        pytest.skip("the CUDA headers the limiter builds against are not installed (CUDA_INCLUDE)")
-    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return BUILD
 
 
 def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
@@ -137,7 +123,13 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
     claim = add_claim(
         api,
         "batch",
-        [Alloc(device="gpu-1", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-1",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
         namespace="team-a",
     )

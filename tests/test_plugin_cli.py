@@ -7,23 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from plugin_harness import Kubelet, PluginDirs
 
 from dra_gpu.manifests import load_values, render
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
 
 CLI = [sys.executable, "-m", "dra_gpu.cli", "--log-format", "json", "kubelet-plugin"]
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def env_for(dirs: PluginDirs, kubeconfig: Path, **extra: str) -> dict[str, str]:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
 
-import pytest
 from plugin_harness import (
     NODE,
     Alloc,
@@ -31,13 +29,6 @@ from dra_gpu.plugin.sharing.plan import ClaimInfo
 PROFILE3 = "3xH100-80GB"
 CALLERS = 32
 CALLS_EACH = 6
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def test_concurrent_calls_on_overlapping_claims_end_consistent(dirs: PluginDirs) -> None:

@@ -91,7 +91,9 @@ def cluster() -> Iterator[Cluster]:
             "ts",
             [
                 Alloc(
-                    device="gpu-1", share_id="5e1d0b3a-0000-4000-8000-00000000000c", consumed={"cores": "10"}
+                    device="gpu-1",
+                    share_id="5e1d0b3a-0000-4000-8000-00000000000c",
+                    consumed={"memory": "8Gi", "cores": "10"},
                 )
             ],
             [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Medium"}))],

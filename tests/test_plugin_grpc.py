@@ -11,7 +11,6 @@ import socket
 import stat
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ from plugin_harness import (
     NODE,
     PROFILE,
     Alloc,
-    Kubelet,
-    PluginDirs,
     add_claim,
     cdi_ids,
     gpu_config,
@@ -36,7 +33,6 @@ from plugin_harness import (
 )
 
 from dra_gpu.inventory import SimulatedInventory
-from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
@@ -45,25 +41,6 @@ SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()
 GPU0, GPU1 = GPUS[0].uuid, GPUS[1].uuid
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
-
-
-@pytest.fixture
-def api() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-def kubelet(dirs: PluginDirs) -> Iterator[Kubelet]:
-    k = Kubelet(dirs.registration_dir)
-    yield k
-    k.close()
 
 
 def test_registration_advertises_dra_v1_both_health_versions_and_the_service_socket(
@@ -250,8 +227,12 @@ def test_multi_gpu_limiter_claim_has_one_limits_line_per_gpu(dirs, api, kubelet)
 def test_time_slicing_sets_the_interval_once_and_restores_it_after_the_last_claim(dirs, api, kubelet) -> None:
     commands = SimulatedCommands(state_file=dirs.simulated_state)
     ts = [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))]
-    a = add_claim(api, "ts-a", [Alloc(device="gpu-1", share_id=SHARE_A, consumed={"cores": "10"})], ts)
-    b = add_claim(api, "ts-b", [Alloc(device="gpu-1", share_id=SHARE_B, consumed={"cores": "10"})], ts)
+    a = add_claim(
+        api, "ts-a", [Alloc(device="gpu-1", share_id=SHARE_A, consumed={"memory": "8Gi", "cores": "10"})], ts
+    )
+    b = add_claim(
+        api, "ts-b", [Alloc(device="gpu-1", share_id=SHARE_B, consumed={"memory": "8Gi", "cores": "10"})], ts
+    )
     with running_plugin(dirs, api, commands=commands):
         kubelet.register()
         assert all(r.error == "" for r in kubelet.prepare(a).values())

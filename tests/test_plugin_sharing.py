@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,13 +29,6 @@ from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def share(position: int, strategy: str, **section: object) -> Share:

@@ -116,7 +116,7 @@ def test_time_sliced_container_gets_its_gpu_and_nothing_of_the_limiter_or_mps(
     podman: Podman, limiter_build: Limiter, dev_root: Path
 ) -> None:
     with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
-        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"cores": "10"})]
+        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": "8Gi", "cores": "10"})]
         _, ids = node.prepare(
             "time-sliced", allocs, gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})
         )

@@ -13,6 +13,7 @@ process as a real GPU's settings do) and fails on demand.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -285,6 +286,16 @@ class SimulatedCommands:
                 os.unlink(tmp)
             raise
 
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        if self.state_file is None:
+            yield
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.state_file.with_name(f".{self.state_file.name}.lock"), "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """The GPU-wide state now: `{"computeMode": {...}, "timeslice": {...}, "mps": {...}}`."""
         with self._lock:
@@ -298,9 +309,10 @@ class SimulatedCommands:
             if op in self.fail:
                 raise CommandError(self.fail[op])
             if change is not None:
-                self._load()
-                change()
-                self._save()
+                with self._file_lock():  # two plugin processes change different GPUs at once
+                    self._load()
+                    change()
+                    self._save()
 
     # -- GpuCommands -----------------------------------------------------------------------------
     def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:

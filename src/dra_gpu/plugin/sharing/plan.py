@@ -25,6 +25,8 @@ from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.quantity import to_int
 
 CDI_CLASS = "claim"
+CAPACITY_NAMES = ("memory", "cores")
+"""The capacities a GPU publishes; a share's consumed amounts of them are recorded."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,11 @@ class Plan:
                 shareId=s.share_id,
                 adminAccess=s.admin_access,
                 detail=self.details.get(s.position, {}),
+                consumed={
+                    name: str(amount)
+                    for name in CAPACITY_NAMES
+                    if (amount := s.capacity(name, self.driver)) is not None
+                },
             )
             for s in self.shares
         ]
