@@ -48,7 +48,7 @@ def test_two_mps_claims_on_one_gpu_share_only_their_daemons_bounded_shm(
         _, b = node.prepare("mps-b", [Alloc(device="gpu-0", share_id=SHARE + "0b", consumed=capacity)], mps)
         _, c = node.prepare("mps-c", [Alloc(device="gpu-1", share_id=SHARE + "0c", consumed=capacity)], mps)
         look = sections(
-            mounts="cat /proc/mounts", shm="ls /dev/shm", write="echo from-a > /dev/shm/from-a && echo ok"
+            mounts="cat /proc/mounts", write="echo from-a > /dev/shm/from-a && echo ok", shm="ls /dev/shm"
         )
         in_a = podman.run(look, devices=a).check()
         in_b = podman.run(sections(mounts="cat /proc/mounts", shm="ls /dev/shm"), devices=b).check()
