@@ -60,7 +60,7 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
         char uuid[DL_UUID_LEN];
         if (idx == 0 && ordinal_uuid(ordinal, uuid) == 0) {
             int r = dl_region_device(uuid);
-            dev_limit[ordinal] = dl_config_limit(&dl_cfg, ordinal, uuid);
+            dev_limit[ordinal] = dl_device_limit(ordinal, uuid);
             idx = r < 0 ? -1 : r + 1;
             if (dev_limit[ordinal] != DL_NO_LIMIT)
                 dl_debug("device %d (%s): memory limit %llu bytes", ordinal, uuid,
