@@ -26,6 +26,36 @@
 /* cuda.h maps these base names to their newest variant; we name exact symbols, old ones included. */
 #undef cuGetProcAddress
 #undef cuEventElapsedTime
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
+#undef cuGraphAddNode
+
+/* The CUDA 2.0 ABI (32-bit sizes and addresses), which cuGetProcAddress still returns to a caller that asks
+ * for a version older than 3.2. cuda.h declares these only for the driver's own build. */
+typedef unsigned int dl_deviceptr_v1;
+typedef struct {
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} dl_array_descriptor_v1;
+typedef struct {
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+} dl_array3d_descriptor_v1;
+typedef CUresult (*PFN_cuMemAlloc_v2000)(dl_deviceptr_v1 *dptr, unsigned int bytesize);
+typedef CUresult (*PFN_cuMemAllocPitch_v2000)(dl_deviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                                              unsigned int Height, unsigned int ElementSizeBytes);
+typedef CUresult (*PFN_cuMemFree_v2000)(dl_deviceptr_v1 dptr);
+typedef CUresult (*PFN_cuMemGetInfo_v2000)(unsigned int *free, unsigned int *total);
+typedef CUresult (*PFN_cuDeviceTotalMem_v2000)(unsigned int *bytes, CUdevice dev);
+typedef CUresult (*PFN_cuArrayCreate_v2000)(CUarray *pHandle, const dl_array_descriptor_v1 *pAllocateArray);
+typedef CUresult (*PFN_cuArray3DCreate_v2000)(CUarray *pHandle, const dl_array3d_descriptor_v1 *pAllocateArray);
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -188,6 +218,27 @@ bool dl_region_is_shared(void);
     X(cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000)             \
     X(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)                                \
     X(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)                        \
+    X(cuMemAlloc, PFN_cuMemAlloc_v2000)                                       \
+    X(cuMemAllocPitch, PFN_cuMemAllocPitch_v2000)                             \
+    X(cuMemFree, PFN_cuMemFree_v2000)                                         \
+    X(cuMemGetInfo, PFN_cuMemGetInfo_v2000)                                   \
+    X(cuDeviceTotalMem, PFN_cuDeviceTotalMem_v2000)                           \
+    X(cuArrayCreate, PFN_cuArrayCreate_v2000)                                 \
+    X(cuArray3DCreate, PFN_cuArray3DCreate_v2000)                             \
+    X(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020)                            \
+    X(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020)                \
+    X(cuMemPoolDestroy, PFN_cuMemPoolDestroy_v11020)                          \
+    X(cuGraphAddMemAllocNode, PFN_cuGraphAddMemAllocNode_v11040)              \
+    X(cuGraphAddNode, PFN_cuGraphAddNode_v12020)                              \
+    X(cuGraphAddNode_v2, PFN_cuGraphAddNode_v12030)                           \
+    X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)    \
+    X(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)  \
+    X(cuGraphInstantiateWithParams_ptsz, PFN_cuGraphInstantiateWithParams_v12000_ptsz) \
+    X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                \
+    X(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz)                      \
+    X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                      \
+    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                              \
+    X(cuDeviceGraphMemTrim, PFN_cuDeviceGraphMemTrim_v11040)                  \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
     X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
     X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \
@@ -218,7 +269,21 @@ bool dl_region_is_shared(void);
     X(cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080)                   \
     X(cuEventDestroy_v2, PFN_cuEventDestroy_v4000)                            \
     X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
-    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)
+    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)          \
+    X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
+    X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
+    X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                        \
+    X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)              \
+    X(cuStreamGetCtx, PFN_cuStreamGetCtx_v9020)                               \
+    X(cuStreamGetCtx_ptsz, PFN_cuStreamGetCtx_v9020_ptsz)                     \
+    X(cuCtxPushCurrent_v2, PFN_cuCtxPushCurrent_v4000)                        \
+    X(cuCtxPopCurrent_v2, PFN_cuCtxPopCurrent_v4000)                          \
+    X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010) \
+    X(cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020) \
+    X(cuPointerGetAttribute, PFN_cuPointerGetAttribute_v4000)                 \
+    X(cuDeviceGetMemPool, PFN_cuDeviceGetMemPool_v11020)                      \
+    X(cuMemPoolGetAttribute, PFN_cuMemPoolGetAttribute_v11020)                \
+    X(cuDeviceGetGraphMemAttribute, PFN_cuDeviceGetGraphMemAttribute_v11040)
 
 #define DL_NVML_HOOKED(X)                                                     \
     X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                \
@@ -269,6 +334,56 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit);
 void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
                     uint64_t *free_bytes);
 void dl_memory_reset_after_fork(void);
+/* Records that other modules keep in memory.c's table of live allocations: a key of a kind, with a device,
+ * bytes and one more value; put replaces, take removes and reports (0 if absent). */
+enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19 };
+void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
+int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
+/* The current context's CUDA ordinal, -1 without one. */
+int dl_current_ordinal(void);
+/* The CUDA ordinal of a stream's device (the current context's for the NULL and the legacy/per-thread
+ * default streams), -1 when neither the stream nor a current context tells it. */
+int dl_stream_ordinal(CUstream s, int ptsz);
+/* Charges rounded up to whole units of the device's allocation granularity. */
+uint64_t dl_round_granule(int ordinal, uint64_t bytes);
+/* Charging for the allocation families outside memory.c: CUDA_ERROR_OUT_OF_MEMORY over the limit (after
+ * pools.c gave back what the driver no longer holds). */
+struct dl_charge {
+    int dev;
+    uint64_t bytes;
+};
+CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c);
+void dl_refund(const struct dl_charge *c);
+
+/* ---- pools.c: memory the driver keeps for the process beyond live allocations ---- */
+/* Pools the process allocates from, and the graph memory pool of each device, are charged what the driver
+ * reports they reserve. Gives back what the driver no longer holds on a device; returns whether any. */
+int dl_pools_reclaim(int ordinal);
+/* A stream-ordered allocation (pool NULL: the stream's device's current pool). */
+CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int ptsz,
+                          CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int));
+/* Frees of pointers with no charge of their own: a pool's allocation (its pool is settled after the free)
+ * or a graph's (the graph memory pools are). */
+struct dl_pool_free {
+    CUdeviceptr ptr;
+    int known, dev;
+    uint64_t bytes, pool;
+};
+void dl_pools_before_free(CUdeviceptr p, struct dl_pool_free *f);
+void dl_pools_after_free(const struct dl_pool_free *f, CUresult r);
+/* Capture bookkeeping: a capture's graph allocations move to the graph it produces. */
+void dl_graphmem_capture_ended(CUstream s, CUgraph g);
+/* Graph launches and uploads: the first of an executable graph with allocation nodes is charged what the
+ * graph memory pool grows by. */
+extern _Atomic int dl_graphmem_pending;
+struct dl_graph_ticket {
+    int n;
+    struct dl_charge c[4];
+    int ordinal[4];
+};
+CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
+void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);
+void dl_pools_reset_after_fork(void);
 
 /* ---- throttle.c ---- */
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */

@@ -22,10 +22,20 @@
  *     and the measurements still in flight, independently of kernel sizes, launch rates and process
  *     counts - unlike a grid-count bucket tuned by sampled utilisation (the peers' approach).
  *
+ * Every launch is charged to the device it runs on: the stream's (a stream of another device than the
+ * current context's, or a stream used with no current context at all, as a context-less CUkernel can be),
+ * and its timing events are made in the stream's context. A launch whose device cannot be told is charged
+ * to the claim's first device, and one that cannot be timed is charged its estimate (the prior when nothing
+ * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
+ *
  * Launches recorded into a capturing stream are not executed then: they are neither charged nor
  * measured (the graph is charged when launched, by measuring cuGraphLaunch). While any stream of the
- * process is capturing, completed events are not polled (event queries may invalidate a global-mode
- * capture); measurements wait until the capture ends.
+ * process is capturing, completed events are polled with this thread's capture mode relaxed
+ * (cuThreadExchangeStreamCaptureMode), so that the query cannot invalidate a global-mode capture; only a
+ * driver without that call makes measurements wait until the capture ends.
+ *
+ * A kernel longer than the burst is paid as debt: its measured time moves the clock far ahead of wall time,
+ * and the claim's next launches wait until it is paid, so the share holds on average.
  *
  * The unthrottled path (cores unset or 100) is one predictable branch: no lock, no system call.
  */
@@ -122,13 +132,20 @@ static void put_event(CUcontext ctx, CUevent e) {
     else dl_cuda.cuEventDestroy_v2(e);
 }
 
-static int get_event(CUcontext ctx, CUevent *e) {
+/* An event of the context ctx (made current around the creation when it is not). */
+static int get_event(CUcontext ctx, CUcontext current, CUevent *e) {
     struct pool *p = pool_for(ctx, 1);
     if (p && p->n > 0) {
         *e = p->ev[--p->n];
         return 0;
     }
-    return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
+    if (ctx == current) return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
+    if (!dl_cuda.cuCtxPushCurrent_v2 || !dl_cuda.cuCtxPopCurrent_v2 || dl_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return -1;
+    int r = dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
+    CUcontext popped;
+    dl_cuda.cuCtxPopCurrent_v2(&popped);
+    return r;
 }
 
 static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
@@ -164,9 +181,22 @@ static void sleep_ns(int64_t ns) {
     clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
 }
 
+/* Polls unless that could disturb an open capture. Caller holds mu. */
+static void poll_safely(void) {
+    if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
+        poll_completed();
+        return;
+    }
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return;
+    poll_completed();
+    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 static void poll_if_no_capture(void) {
     pthread_mutex_lock(&mu);
-    if (!atomic_load(&captures)) poll_completed();
+    poll_safely();
     pthread_mutex_unlock(&mu);
 }
 
@@ -190,7 +220,8 @@ static void admit(int dev, int64_t wall) {
 
 struct ticket {
     int dev;
-    int measure;
+    int measure;    /* timed by events */
+    int64_t synced; /* not: the wall time at admission, for timing by synchronising the stream */
     int64_t charged_ns;
     uint64_t key;
     CUcontext ctx;
@@ -208,33 +239,61 @@ static CUresult record(CUevent e, CUstream s, int ptsz) {
     return ptsz ? dl_cuda.cuEventRecord_ptsz(e, s) : dl_cuda.cuEventRecord(e, s);
 }
 
+/* One log line per kind of launch the limiter cannot attribute or time. */
+static _Atomic int warned_device, warned_timing;
+static void warn_once(_Atomic int *flag, const char *what) {
+    if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed))
+        dl_warn("%s: such launches are charged an upper bound of their GPU time", what);
+}
+
+/* The device a launch runs on: the stream's. Unknown (no context, no stream that tells): the claim's first
+ * device, so the launch still counts. */
+static int launch_device(CUstream stream, int ptsz) {
+    int ordinal = dl_stream_ordinal(stream, ptsz);
+    int dev = ordinal >= 0 ? dl_device_for_ordinal(ordinal, NULL) : -1;
+    if (dev >= 0) return dev;
+    for (int o = 0; o < DL_MAX_DEVICES && dev < 0; o++) dev = dl_device_for_ordinal(o, NULL);
+    if (dev >= 0) warn_once(&warned_device, "a launch whose device cannot be told is counted on the first device");
+    return dev;
+}
+
+/* The context whose events can time a launch on this stream. */
+static int launch_context(CUstream stream, int ptsz, CUcontext *ctx, CUcontext *current) {
+    if (dl_cuda.cuCtxGetCurrent(current) != CUDA_SUCCESS) *current = NULL;
+    if ((uintptr_t)stream <= 2u) {
+        *ctx = *current;
+        return *ctx ? 0 : -1;
+    }
+    PFN_cuStreamGetCtx_v9020 get = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
+    if (get && get(stream, ctx) == CUDA_SUCCESS && *ctx) return 0;
+    *ctx = *current;
+    return *ctx ? 0 : -1;
+}
+
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->measure = 0;
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     PFN_cuStreamIsCapturing_v10000 is_capturing = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    if (!is_capturing || is_capturing(stream, &status) != CUDA_SUCCESS ||
-        status != CU_STREAM_CAPTURE_STATUS_NONE)
-        return;
-    CUdevice d;
-    if (!dl_cuda.cuCtxGetDevice || dl_cuda.cuCtxGetDevice(&d) != CUDA_SUCCESS) return;
-    int dev = dl_device_for_ordinal((int)d, NULL);
-    if (dev < 0) return;
+    int capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
+    if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
+    int dev = launch_device(stream, ptsz);
+    if (dev < 0) return; /* no device of a claim in this process: nothing to charge */
 
+    CUcontext current = NULL;
+    int have_ctx = capture_known && can_time(ptsz) && launch_context(stream, ptsz, &t->ctx, &current) == 0;
     pthread_mutex_lock(&mu);
-    if (!atomic_load(&captures)) poll_completed();
+    poll_safely();
     t->key = key;
-    int can_measure = ring_count < RING && can_time(ptsz) && dl_cuda.cuCtxGetCurrent(&t->ctx) == CUDA_SUCCESS && t->ctx;
-    if (can_measure && get_event(t->ctx, &t->start) == 0) {
-        if (get_event(t->ctx, &t->end) == 0) t->measure = 1;
+    int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
+    if (have_ctx && !ring_full && get_event(t->ctx, current, &t->start) == 0) {
+        if (get_event(t->ctx, current, &t->end) == 0) t->measure = 1;
         else put_event(t->ctx, t->start);
     }
-    /* Fail open: a launch that cannot be timed while nothing has ever been timed in this process would be
-     * charged the prior forever, never corrected - a throttle to PRIOR_NS per launch whatever the kernels
-     * really take. Charge such launches nothing (other processes' charges on the clock still apply). */
-    int cold = average_ns == 0;
-    t->charged_ns = t->measure || !cold ? estimate(key) : 0;
+    t->charged_ns = estimate(key);
     pthread_mutex_unlock(&mu);
+    int untimed = !t->measure && !ring_full;
+    if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
 
     t->dev = dev;
     admit(dev, wall_cost(t->charged_ns));
@@ -242,11 +301,20 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         t->measure = 0;
-        if (cold) {
-            atomic_fetch_sub(dl_region_tat(dev), wall_cost(t->charged_ns));
-            t->charged_ns = 0;
-        }
+        untimed = 1;
+        warn_once(&warned_timing, "a launch cannot be timed by events");
     }
+    /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
+     * (it includes what was queued before), so the share errs on the side of the limit. */
+    t->synced = untimed ? (int64_t)dl_now_ns() : 0;
+}
+
+static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
+    PFN_cuStreamSynchronize_v2000 sync = ptsz ? dl_cuda.cuStreamSynchronize_ptsz : dl_cuda.cuStreamSynchronize;
+    if (!sync || sync(stream) != CUDA_SUCCESS) return; /* keeps the estimate */
+    int64_t actual = (int64_t)dl_now_ns() - t->synced;
+    atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
+    dl_region_add_busy(t->dev, actual);
 }
 
 static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
@@ -262,7 +330,10 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         }
         return;
     }
-    if (!t->measure) return;
+    if (!t->measure) {
+        if (t->synced) sync_timed(t, stream, ptsz);
+        return;
+    }
     if (record(t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
@@ -341,12 +412,43 @@ DL_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunctio
     THROTTLED(cuLaunchKernelEx_ptsz, EX_KEY(config, f), EX_STREAM(config), 1, config, f, params, extra);
 }
 
+/* A graph's first launch also charges its memory allocations (pools.c); the check is one relaxed load. */
+static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz) {
+    PFN_cuGraphLaunch_v10000 call = ptsz ? dl_cuda.cuGraphLaunch_ptsz : dl_cuda.cuGraphLaunch;
+    struct dl_graph_ticket gt = {.n = 0};
+    if (atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed)) {
+        CUresult a = dl_graphmem_before_launch(g, &gt);
+        if (a != CUDA_SUCCESS) return a;
+    }
+    CUresult r;
+    if (!dl_throttle_on) {
+        r = call(g, s);
+    } else {
+        struct ticket t;
+        before(&t, launch_key(g, 0), s, ptsz);
+        r = call(g, s);
+        after(&t, r, s, ptsz);
+    }
+    dl_graphmem_after_launch(g, r, &gt);
+    return r;
+}
+
 DL_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-    THROTTLED(cuGraphLaunch, launch_key(g, 0), s, 0, g, s);
+    dl_cuda_init();
+    dl_core_init();
+    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch)) return CUDA_ERROR_NOT_FOUND;
+    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 0);
+    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch(g, s);
+    return graph_launch(g, s, 0);
 }
 
 DL_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    THROTTLED(cuGraphLaunch_ptsz, launch_key(g, 0), s, 1, g, s);
+    dl_cuda_init();
+    dl_core_init();
+    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch_ptsz)) return CUDA_ERROR_NOT_FOUND;
+    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 1);
+    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch_ptsz(g, s);
+    return graph_launch(g, s, 1);
 }
 
 /* ---- capture tracking (see the header comment) ---- */
@@ -397,11 +499,13 @@ DL_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const
 DL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
     PASS(cuStreamEndCapture, s, g);
     capture_ended(r);
+    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
     return r;
 }
 
 DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     PASS(cuStreamEndCapture_ptsz, s, g);
     capture_ended(r);
+    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
     return r;
 }

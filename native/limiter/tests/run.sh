@@ -87,9 +87,10 @@ for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
-# No timing events to be had: the limiter fails open (the device saturates, as without a limit).
-run "compute fails open without events" limited DRAGPU_CORES_LIMIT=10 FAKE_CUDA_EVENT_CREATE_FAILS=1 \
-    "$B/tests/t_compute" 100 0.5
+run "compute 30%, capture open" limited DRAGPU_CORES_LIMIT=30 T_COMPUTE_OPEN_CAPTURE=1 "$B/tests/t_compute" 30 1.5
+# No timing events to be had: launches are timed by synchronising their stream (an upper bound).
+run "compute without events, at most" limited DRAGPU_CORES_LIMIT=30 FAKE_CUDA_EVENT_CREATE_FAILS=1 \
+    "$B/tests/t_compute" 30 1 1 at-most
 
 echo "limiter tests ($(basename "$B")): $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
