@@ -36,26 +36,10 @@
 #undef cuGraphAddNode
 
 /* The CUDA 2.0 ABI (32-bit sizes and addresses), which cuGetProcAddress still returns to a caller that asks
- * for a version older than 3.2. cuda.h declares these only for the driver's own build. */
-typedef unsigned int dl_deviceptr_v1;
-typedef struct {
-    unsigned int Width, Height;
-    CUarray_format Format;
-    unsigned int NumChannels;
-} dl_array_descriptor_v1;
-typedef struct {
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-} dl_array3d_descriptor_v1;
-typedef CUresult (*PFN_cuMemAlloc_v2000)(dl_deviceptr_v1 *dptr, unsigned int bytesize);
-typedef CUresult (*PFN_cuMemAllocPitch_v2000)(dl_deviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
-                                              unsigned int Height, unsigned int ElementSizeBytes);
-typedef CUresult (*PFN_cuMemFree_v2000)(dl_deviceptr_v1 dptr);
-typedef CUresult (*PFN_cuMemGetInfo_v2000)(unsigned int *free, unsigned int *total);
-typedef CUresult (*PFN_cuDeviceTotalMem_v2000)(unsigned int *bytes, CUdevice dev);
-typedef CUresult (*PFN_cuArrayCreate_v2000)(CUarray *pHandle, const dl_array_descriptor_v1 *pAllocateArray);
-typedef CUresult (*PFN_cuArray3DCreate_v2000)(CUarray *pHandle, const dl_array3d_descriptor_v1 *pAllocateArray);
+ * for a version older than 3.2 (declared in cuda_min.h, as cuda.h does only for the driver's own build). */
+typedef CUdeviceptr_v1 dl_deviceptr_v1;
+typedef CUDA_ARRAY_DESCRIPTOR_v1 dl_array_descriptor_v1;
+typedef CUDA_ARRAY3D_DESCRIPTOR_v1 dl_array3d_descriptor_v1;
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
