@@ -1,7 +1,8 @@
 """The native limiter (native/limiter), exercised from pytest so that the project's one test command covers it.
 
-`make -C native/limiter test` runs the limiter's C test suite against the fake driver twice (a plain build and
-an AddressSanitizer + UndefinedBehaviorSanitizer build); each of its cases is reported here as its own test.
+`make -C native/limiter test` runs the limiter's C test suite against the fake driver three times (a plain build,
+an AddressSanitizer + UndefinedBehaviorSanitizer build and a ThreadSanitizer build); each of its cases is reported
+here as its own test.
 The other tests check, from the outside, the contract the kubelet plugin relies on: the environment variables
 and `limiter-probe`'s output, plus NVML as Python programs see it (pynvml).
 """
@@ -41,6 +42,8 @@ CASES = [
     "t_nvml global limit",
     "t_nvml limit by UUID",
     "t_nvml limit by ordinal",
+    "t_ctx (baseline)",
+    "t_ctx",
     "t_multiproc",
     "t_fork",
     "t_threads",
@@ -57,9 +60,10 @@ CASES = [
     "compute 50%",
     "compute 70%",
     "compute 30%, 2 processes",
-    "compute fails open without events",
+    "compute 30%, capture open",
+    "compute without events, at most",
 ]
-BUILDS = ["build", "sanitize"]
+BUILDS = ["build", "sanitize", "tsan"]
 
 
 def _require_compiler() -> None:

@@ -236,7 +236,10 @@ bool dl_region_is_shared(void);
     X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
     X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
     X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                      \
-    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
+    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)         \
+    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
+    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
+    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)
 
 #define DL_CUDA_USED(X)                                                       \
     X(cuInit, PFN_cuInit_v2000)                                               \
@@ -245,6 +248,7 @@ bool dl_region_is_shared(void);
     X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                         \
     X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                               \
     X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                             \
+    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
     X(cuEventCreate, PFN_cuEventCreate_v2000)                                 \
     X(cuEventRecord, PFN_cuEventRecord_v2000)                                 \
     X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                       \
