@@ -168,12 +168,15 @@ def test_builds_without_the_cuda_toolkit(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_compute_cap_within_five_percent_of_target(suite: dict[tuple[str, str], str]) -> None:
+    """Never more than 5 % above the share of wall time; never more than 5 % below it over the time the
+    launcher had a CPU (on a loaded machine, time spent waiting for one is time nobody launched)."""
     for build in BUILDS:
         for target in (10, 30, 50, 70):
             report = suite[(build, f"compute {target}%")]
-            m = re.search(r"busy\s+([\d.]+)%", report)
+            m = re.search(r"busy\s+([\d.]+)%.*while running\s+([\d.]+)%", report)
             assert m, report
-            assert abs(float(m.group(1)) - target) <= 0.05 * target, report
+            assert float(m.group(1)) <= 1.05 * target, report
+            assert float(m.group(2)) >= 0.95 * target, report
 
 
 # ---- the contract with the kubelet plugin, checked from outside ----
