@@ -343,6 +343,7 @@ struct dl_graph_ticket {
     int n;
     struct dl_charge c[4];
     int ordinal[4];
+    uint64_t bytes[4]; /* the graph's allocations on that device */
 };
 CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
 void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);
