@@ -45,6 +45,12 @@ CASES = [
     "t_fork",
     "t_threads",
     "t_failopen",
+    "t_region lowered",
+    "t_region impossible",
+    "t_region deleted",
+    "t_region resized",
+    "t_region header",
+    "t_limits",
     "compute unlimited",
     "compute 10%",
     "compute 30%",
@@ -110,6 +116,50 @@ def test_real_cuda_runtime_lookups_are_routed(suite: dict[tuple[str, str], str],
     if report is None:
         pytest.skip("the CUDA toolkit's libcudart is not installed, so the real-runtime case was not built")
     assert report.startswith("PASS"), report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", BUILDS)
+def test_cuda_declarations_match_the_toolkit(suite: dict[tuple[str, str], str], build: str) -> None:
+    report = suite.get((build, "cuda_min.h = toolkit"))
+    if report is None:
+        pytest.skip("the CUDA toolkit's headers are not installed, so there is nothing to compare against")
+    assert report.startswith("PASS"), report
+
+
+@pytest.mark.slow
+def test_builds_without_the_cuda_toolkit(tmp_path: Path) -> None:
+    """A machine without CUDA builds the library, the fakes, the probe and every test that needs no libcudart."""
+    _require_compiler()
+    empty = tmp_path / "no-cuda"
+    empty.mkdir()
+    build = tmp_path / "build"
+    result = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(LIMITER),
+            "-j2",
+            f"BUILD={build}",
+            f"CUDA_INCLUDE={empty}",
+            f"CUDA_LIB={empty}",
+            "all",
+            f"{build}/tests/t_linked",
+            f"{build}/tests/t_getproc",
+            f"{build}/bench/limiter-bench",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (build / "libdragpu-limiter.so.1").exists()
+    assert str(empty) not in result.stdout, "a compile line still points at the CUDA include directory"
+    env = _env(build, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi")
+    out = subprocess.run(
+        [str(build / "tests" / "t_linked"), "limited"], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.mark.slow

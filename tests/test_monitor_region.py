@@ -23,8 +23,6 @@ UUID = "GPU-11111111-2222-3333-4444-555555555555"
 def built() -> Path:
     if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
         pytest.skip("no C compiler or make: the native limiter cannot be built")
-    if not Path("/usr/local/cuda/include/cuda.h").exists() and "CUDA_INCLUDE" not in os.environ:
-        pytest.skip("the CUDA headers the limiter builds against are not installed (CUDA_INCLUDE)")
     result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     return BUILD

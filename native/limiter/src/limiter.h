@@ -4,6 +4,7 @@
  * Layout of the library:
  *   log.c      stderr logging with the "dragpu-limiter:" prefix
  *   config.c   parsing of the DRAGPU_* environment (pure functions, fuzzed by tests/t_env_fuzz.c)
+ *   limits.c   the claims' limits files written by the node agent; the limits that apply to a device
  *   init.c     lazy, thread-safe initialisation on the first intercepted call; fork handling
  *   region.c   the claim's shared accounting region (one mapped file, one slot per process)
  *   driver.c   loading the real libcuda/libnvidia-ml, the dlsym and cuGetProcAddress interposers
@@ -14,8 +15,7 @@
 #ifndef DRAGPU_LIMITER_H
 #define DRAGPU_LIMITER_H
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "cuda_min.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,28 +35,6 @@
 #undef cuArray3DCreate
 #undef cuGraphAddNode
 
-/* The CUDA 2.0 ABI (32-bit sizes and addresses), which cuGetProcAddress still returns to a caller that asks
- * for a version older than 3.2. cuda.h declares these only for the driver's own build. */
-typedef unsigned int dl_deviceptr_v1;
-typedef struct {
-    unsigned int Width, Height;
-    CUarray_format Format;
-    unsigned int NumChannels;
-} dl_array_descriptor_v1;
-typedef struct {
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-} dl_array3d_descriptor_v1;
-typedef CUresult (*PFN_cuMemAlloc_v2000)(dl_deviceptr_v1 *dptr, unsigned int bytesize);
-typedef CUresult (*PFN_cuMemAllocPitch_v2000)(dl_deviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
-                                              unsigned int Height, unsigned int ElementSizeBytes);
-typedef CUresult (*PFN_cuMemFree_v2000)(dl_deviceptr_v1 dptr);
-typedef CUresult (*PFN_cuMemGetInfo_v2000)(unsigned int *free, unsigned int *total);
-typedef CUresult (*PFN_cuDeviceTotalMem_v2000)(unsigned int *bytes, CUdevice dev);
-typedef CUresult (*PFN_cuArrayCreate_v2000)(CUarray *pHandle, const dl_array_descriptor_v1 *pAllocateArray);
-typedef CUresult (*PFN_cuArray3DCreate_v2000)(CUarray *pHandle, const dl_array3d_descriptor_v1 *pAllocateArray);
-
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
  * through our dlsym before their shadow memory exists): never instrumented, even in sanitizer builds. */
@@ -70,7 +48,7 @@ typedef CUresult (*PFN_cuArray3DCreate_v2000)(CUarray *pHandle, const dl_array3d
 
 /* ---- log.c ---- */
 enum { DL_LOG_ERROR = 0, DL_LOG_WARN = 1, DL_LOG_INFO = 2, DL_LOG_DEBUG = 3 };
-extern int dl_log_level;
+extern _Atomic int dl_log_level;
 /* Tests capture log lines through this hook; NULL (the default) writes them to stderr. */
 extern void (*dl_log_hook)(int level, const char *line);
 void dl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -113,6 +91,43 @@ bool dl_config_has_uuid_limit(const struct dl_config *cfg, const char *uuid);
  * reports a MIG instance's UUID as plain bytes, NVML prints it "MIG-..."). */
 bool dl_uuid_equal(const char *a, const char *b);
 bool dl_config_has_ordinal_limits(const struct dl_config *cfg);
+/* "GPU-" or "MIG-" and 8-4-4-4-12 hex digits, exactly len characters. */
+bool dl_uuid_valid(const char *s, size_t len);
+
+/* ---- limits.c: the claims' limits files (CLAIMS_ROOT/<claim-uid>/limits) ---- */
+#define DL_MAX_CLAIMS 8 /* claims with a limits file in one container */
+struct dl_claim_device {
+    char uuid[DL_UUID_LEN];
+    uint64_t memory; /* bytes; DL_NO_LIMIT for "unlimited" */
+    int cores;       /* 1..100 */
+};
+struct dl_claim {
+    char name[256];       /* <namespace>/<name> (the directory name when the file is broken) */
+    char state_dir[4096]; /* the claim's shared accounting directory, as the container sees it */
+    int n_devices;
+    struct dl_claim_device devices[DL_MAX_DEVICES];
+    bool broken; /* malformed or unreadable: its devices get no memory */
+};
+struct dl_claims {
+    int n;
+    struct dl_claim claims[DL_MAX_CLAIMS];
+    bool closed_all; /* a limits file whose devices are unknown, or too many: no device gets memory */
+};
+extern struct dl_claims dl_claims; /* loaded by init */
+const char *dl_claims_root(void);
+/* Parses one limits file; 0, or -1 with a one-line reason ("line 3: ...") in why. */
+int dl_parse_limits(const char *text, size_t len, struct dl_claim *out, char *why, size_t why_len);
+/* Reads every root/<dir>/limits; problems are logged once and fail closed. */
+void dl_claims_load(struct dl_claims *out, const char *root);
+/* The claim that lists a device (and the device's index in it), or -1. */
+int dl_claim_device(const struct dl_claims *claims, const char *uuid, int *index);
+bool dl_limits_from_files(void);
+/* A device's memory limit: its claim's, lowered by the environment (the environment alone without limits
+ * files). uuid may be NULL and ordinal -1 when unknown. */
+uint64_t dl_device_limit(int ordinal, const char *uuid);
+/* The compute share of the process: the smallest of its claims' devices', lowered by the environment. */
+int dl_effective_cores(void);
+bool dl_any_limit(void);
 
 /* ---- init.c ---- */
 extern struct dl_config dl_cfg;
@@ -134,10 +149,12 @@ static inline uint64_t dl_hash64(uint64_t k) {
 }
 
 /* ---- region.c ---- */
-/* Opens (or creates) the region file in dir; NULL or failure falls back to a private region. */
+/* Opens the environment's region in dir (NULL or failure: a private one) and every claim's region
+ * (failure: closed, refusing limited allocations). */
 void dl_region_open(const char *dir);
 void dl_region_reset_after_fork(void);
-/* The region's device entry for a GPU UUID, created on first use; -1 if the table is full. */
+/* The device handle for a GPU UUID (its claim's region, the entry created on first use). Never fails:
+ * a device that cannot be accounted gets a handle that refuses every limited allocation. */
 int dl_region_device(const char *uuid);
 /* Charges bytes to this process unless the claim's usage would exceed limit; 0 on success. Sweeps the
  * slots of dead processes once before refusing. */
@@ -281,8 +298,6 @@ extern struct dl_real_nvml dl_nvml;  /* valid after dl_nvml_init() */
 extern _Atomic int dl_cuda_ready, dl_nvml_ready;
 void dl_cuda_init_slow(void);
 void dl_nvml_init_slow(void);
-void dl_driver_before_fork(void);
-void dl_driver_after_fork(int child);
 static inline void dl_cuda_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire))) dl_cuda_init_slow();
 }

@@ -25,7 +25,7 @@ $(diff <(echo "$expected") <(echo "$mapped"))"
 
 # Each wrapper is declared with the type of the PFN_<base>_v<version>[_ptsz] typedef paired with it in
 # limiter.h (the compiler checks the prototype); the pairing itself must name the exported symbol of that
-# ABI variant, as the fake's table derives it from cudaTypedefs.h and checks it against cuda.h.
+# ABI variant, as the fake's table derives it from src/cuda_min.h (checked against the toolkit).
 table=$1/fake/proctable.c
 [ -f "$table" ] || fail "no generated proc table at $table"
 for list in DL_CUDA_HOOKED DL_CUDA_USED; do

@@ -5,6 +5,7 @@
 #   tests/run.sh <build dir>
 #
 # LIMITER_ASAN_LIB: path of libasan.so, preloaded first when the build is an AddressSanitizer build.
+# LIMITER_CUDA_INCLUDE: the CUDA toolkit's include directory, if any (src/cuda_min.h is checked against it).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=$(cd "$1" && pwd)
@@ -44,6 +45,11 @@ limited() {
 }
 
 run exports "$here/check_exports.sh" "$B"
+# Our CUDA declarations against the toolkit's, where it is installed (the build never needs it).
+if [ -f "${LIMITER_CUDA_INCLUDE:-}/cuda.h" ]; then
+    run "cuda_min.h = toolkit" "${PYTHON:-python3}" "$here/check_cuda_min.py" "$here/../src/cuda_min.h" \
+        "$LIMITER_CUDA_INCLUDE" "${CC:-cc}"
+fi
 run env-parsing+fuzz "$B/tests/t_env_fuzz" 200000
 
 for t in t_linked t_dlsym t_getproc; do
@@ -69,6 +75,12 @@ run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
 run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
 run t_failopen "$here/t_failopen.sh" "$B" "$PRELOAD"
+for c in lowered impossible deleted resized header; do
+    run "t_region $c" limited DRAGPU_MEMORY_LIMIT=1Gi sh -c '"$1" "$2" 2>"$3"; r=$?; [ $r -ne 0 ] && cat "$3";
+        [ $r -eq 0 ] && { [ "$2" = lowered ] || [ "$(grep -c "dragpu-limiter: error: the shared region" "$3")" -eq 1 ] ||
+        { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"
+done
+run t_limits "$here/t_limits.sh" "$B" "${LIMITER_ASAN_LIB:-}" "$LIMITER_CLAIMS_ROOT"
 
 if [ -x "$B/tests/t_cudart" ]; then
     run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \

@@ -8,8 +8,7 @@
  */
 #include "check.h"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "cuda_min.h"
 
 static PFN_cuGetProcAddress_v12000 gpa;
 static int limited;

@@ -2,8 +2,8 @@
  * A fake CUDA driver (libcuda.so.1) for testing the limiter on machines without a GPU.
  *
  * It stands in for NVIDIA's driver and keeps its semantics where the limiter depends on them:
- *   - it exports every driver symbol of the toolkit (weak stubs returning CUDA_ERROR_NOT_SUPPORTED,
- *     generated from cudaTypedefs.h), with real implementations for what the tests use;
+ *   - it exports every driver entry point src/cuda_min.h declares (weak stubs returning CUDA_ERROR_NOT_SUPPORTED,
+ *     generated from src/cuda_min.h), with real implementations for what the tests use;
  *   - cuGetProcAddress(_v2) resolves (base name, cudaVersion, flags) to the exact ABI variant from a
  *     static table of its own function pointers (never through dlsym), with the documented statuses:
  *     SYMBOL_NOT_FOUND / VERSION_NOT_SUFFICIENT with CUDA_SUCCESS and a NULL pointer, and
@@ -23,8 +23,7 @@
  * exports the same names.
  */
 #define _GNU_SOURCE
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "cuda_min.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
