@@ -42,6 +42,11 @@ CASES = [
     "t_nvml global limit",
     "t_nvml limit by UUID",
     "t_nvml limit by ordinal",
+    *(
+        f"t_paths {sc}"
+        for sc in ("stream-device", "pool-kept", "graph", "capture", "legacy-abi", "granularity")
+    ),
+    *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels")),
     "t_ctx (baseline)",
     "t_ctx",
     "t_multiproc",

@@ -35,12 +35,6 @@
 #undef cuArray3DCreate
 #undef cuGraphAddNode
 
-/* The CUDA 2.0 ABI (32-bit sizes and addresses), which cuGetProcAddress still returns to a caller that asks
- * for a version older than 3.2 (declared in cuda_min.h, as cuda.h does only for the driver's own build). */
-typedef CUdeviceptr_v1 dl_deviceptr_v1;
-typedef CUDA_ARRAY_DESCRIPTOR_v1 dl_array_descriptor_v1;
-typedef CUDA_ARRAY3D_DESCRIPTOR_v1 dl_array3d_descriptor_v1;
-
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
  * through our dlsym before their shadow memory exists): never instrumented, even in sanitizer builds. */
@@ -368,6 +362,7 @@ struct dl_graph_ticket {
     int n;
     struct dl_charge c[4];
     int ordinal[4];
+    uint64_t bytes[4]; /* the graph's allocations on that device */
 };
 CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
 void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);

@@ -721,11 +721,11 @@ DL_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 
 /* ---- the CUDA 2.0 ABI: what cuGetProcAddress returns to a caller asking for a version before 3.2 ---- */
 
-DL_EXPORT CUresult cuMemAlloc(dl_deviceptr_v1 *dptr, unsigned int bytesize) {
+DL_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
     CHARGED_ALLOC(cuMemAlloc, dptr, bytesize);
 }
 
-DL_EXPORT CUresult cuMemAllocPitch(dl_deviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+DL_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
                                    unsigned int Height, unsigned int ElementSizeBytes) {
     REAL_OR_NOT_FOUND(cuMemAllocPitch);
     uint64_t row = ((uint64_t)WidthInBytes + PITCH_ESTIMATE - 1) / PITCH_ESTIMATE * PITCH_ESTIMATE;
@@ -748,7 +748,7 @@ DL_EXPORT CUresult cuMemAllocPitch(dl_deviceptr_v1 *dptr, unsigned int *pPitch, 
     return r;
 }
 
-DL_EXPORT CUresult cuMemFree(dl_deviceptr_v1 dptr) {
+DL_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr) {
     REAL_OR_NOT_FOUND(cuMemFree);
     FREE_PTR(dl_cuda.cuMemFree(dptr));
 }
@@ -782,10 +782,10 @@ DL_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     return r;
 }
 
-DL_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const dl_array_descriptor_v1 *pAllocateArray) {
+DL_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray) {
     REAL_OR_NOT_FOUND(cuArrayCreate);
     if (!pHandle || !pAllocateArray) return dl_cuda.cuArrayCreate(pHandle, pAllocateArray);
-    const dl_array_descriptor_v1 *d = pAllocateArray;
+    const CUDA_ARRAY_DESCRIPTOR_v1 *d = pAllocateArray;
     struct charge c;
     CUresult r = charge(current_ordinal(), volume(d->Width, d->Height, 1, format_bytes(d->Format, d->NumChannels)), &c);
     if (r != CUDA_SUCCESS) return r;
@@ -794,11 +794,11 @@ DL_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const dl_array_descriptor_v1 
     return r;
 }
 
-DL_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const dl_array3d_descriptor_v1 *pAllocateArray) {
+DL_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray) {
     REAL_OR_NOT_FOUND(cuArray3DCreate);
     if (!pHandle || !pAllocateArray || UNBACKED_ARRAY(pAllocateArray))
         return dl_cuda.cuArray3DCreate(pHandle, pAllocateArray);
-    const dl_array3d_descriptor_v1 *d = pAllocateArray;
+    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d = pAllocateArray;
     struct charge c;
     CUresult r = charge(current_ordinal(),
                         volume(d->Width, d->Height, d->Depth, format_bytes(d->Format, d->NumChannels)), &c);

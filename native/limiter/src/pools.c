@@ -221,8 +221,19 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
     int ordinal = pool ? pool_ordinal(pool) : -1;
     if (ordinal < 0) ordinal = dl_stream_ordinal(s, ptsz);
     int in_capture = capturing(s, ptsz);
+    /* What the pool keeps unused serves the allocation first: only the rest can make it grow. */
+    CUmemoryPool target = pool;
+    if (!target && ordinal >= 0 && dl_cuda.cuDeviceGetMemPool &&
+        dl_cuda.cuDeviceGetMemPool(&target, ordinal) != CUDA_SUCCESS)
+        target = NULL;
+    uint64_t spare = 0, reserved;
+    cuuint64_t used = 0;
+    if (target && !in_capture && read_pool(target, &reserved) == 0 &&
+        dl_cuda.cuMemPoolGetAttribute(target, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&
+        reserved > used)
+        spare = reserved - used;
     struct dl_charge c;
-    CUresult r = dl_charge(ordinal, bytes, &c);
+    CUresult r = dl_charge(ordinal, bytes > spare ? bytes - spare : 0, &c);
     if (r != CUDA_SUCCESS) return r;
     r = call(dptr, bytes, pool, s, variant);
     if (r != CUDA_SUCCESS) {
@@ -237,6 +248,7 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
         graph_add(DL_REC_CAPTURE, s, actual, dl_round_granule(actual, bytes));
         return r;
     }
+    if (!pool && actual == ordinal) pool = target;
     if (!pool && (!dl_cuda.cuDeviceGetMemPool || dl_cuda.cuDeviceGetMemPool(&pool, actual) != CUDA_SUCCESS)) {
         /* The pool cannot be told: the allocation keeps its own charge. */
         dl_rec_put(DL_REC_POOLPTR, *dptr, c.dev, c.bytes, 0);
@@ -384,10 +396,12 @@ CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t) {
         int dev;
         uint64_t bytes, aux;
         if (!dl_rec_take(DL_REC_EXEC, gkey(g, o), &dev, &bytes, &aux)) continue;
+        atomic_fetch_sub(&dl_graphmem_pending, 1);
         int k = t->n++;
         t->ordinal[k] = o;
-        uint64_t reserved = 0, free_in_pool = 0;
+        t->bytes[k] = bytes;
         /* What the graph memory pool already holds unused is not charged twice. */
+        uint64_t reserved = 0, free_in_pool = 0;
         cuuint64_t used = 0;
         if (read_graphmem(o, &reserved) == 0 && dl_cuda.cuDeviceGetGraphMemAttribute &&
             dl_cuda.cuDeviceGetGraphMemAttribute(o, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&
@@ -395,15 +409,11 @@ CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t) {
             free_in_pool = reserved - used;
         CUresult r = dl_charge(o, bytes > free_in_pool ? bytes - free_in_pool : 0, &t->c[k]);
         if (r != CUDA_SUCCESS) {
-            /* Refused: the records go back, so a later launch tries again. */
-            for (int i = 0; i <= k; i++) {
-                if (i < k) dl_refund(&t->c[i]);
-                dl_rec_put(DL_REC_EXEC, gkey(g, t->ordinal[i]), t->ordinal[i], i == k ? bytes : 0, 0);
-            }
+            t->c[k].bytes = 0;
+            dl_graphmem_after_launch(g, r, t); /* puts every record back for a later try */
             t->n = 0;
             return r;
         }
-        atomic_fetch_sub(&dl_graphmem_pending, 1);
     }
     return CUDA_SUCCESS;
 }
@@ -412,7 +422,7 @@ void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket 
     for (int i = 0; i < t->n; i++) {
         if (r != CUDA_SUCCESS) {
             dl_refund(&t->c[i]);
-            dl_rec_put(DL_REC_EXEC, gkey(g, t->ordinal[i]), t->ordinal[i], t->c[i].bytes, 0);
+            dl_rec_put(DL_REC_EXEC, gkey(g, t->ordinal[i]), t->ordinal[i], t->bytes[i], 0);
             atomic_fetch_add(&dl_graphmem_pending, 1);
             continue;
         }

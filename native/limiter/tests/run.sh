@@ -69,6 +69,12 @@ run "t_nvml limit by ordinal" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMI
 
 run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
 run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
+
+# Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
+for sc in stream-device pool-kept graph capture legacy-abi granularity; do
+    run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
+done
+
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
 run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
@@ -90,6 +96,10 @@ for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
+# Launches the limiter must find the device of: another device's stream, no current context, long kernels.
+for sc in other-device no-context long-kernels; do
+    run "t_launch $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" "$sc" 30 1.5
+done
 run "compute 30%, capture open" limited DRAGPU_CORES_LIMIT=30 T_COMPUTE_OPEN_CAPTURE=1 "$B/tests/t_compute" 30 1.5
 # No timing events to be had: launches are timed by synchronising their stream (an upper bound).
 run "compute without events, at most" limited DRAGPU_CORES_LIMIT=30 FAKE_CUDA_EVENT_CREATE_FAILS=1 \
