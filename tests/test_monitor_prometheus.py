@@ -34,6 +34,7 @@ from plugin_harness import (
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -90,10 +91,11 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
         }
         env.update(
             LD_LIBRARY_PATH=str(built / "fake"),
-            LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
-            # The claim's state directory as the host has it (a container sees it at its mount point).
-            DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
-            DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
+            # What the library reads from the claim's limits file in a container, as the host has it.
+            **{
+                **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
+                "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),  # the build, not the stand-in file
+            },
             CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
         )
         workload = subprocess.Popen(

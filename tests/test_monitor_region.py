@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
 from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -147,9 +148,10 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
             }
             env.update(
                 LD_LIBRARY_PATH=str(built / "fake"),
-                LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
-                DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
-                DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
+                **{
+                    **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
+                    "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),  # the build, not the stand-in file
+                },
                 CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
             )
             workload = subprocess.Popen(

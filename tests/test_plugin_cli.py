@@ -79,6 +79,14 @@ def test_bad_flags_are_named(dirs: PluginDirs, tmp_path: Path) -> None:
     assert bad_sharing.returncode == 2 and "unknown mode 'Fast'" in bad_sharing.stderr
     bad_backend = run_cli("--node-name", "n", "--gpu-backend", "fake", env=env)
     assert bad_backend.returncode == 1 and "unknown inventory 'fake'" in bad_backend.stderr
+    bad_shm = run_cli("--node-name", "n", "--mps-shm-size", "lots", env=env)
+    assert bad_shm.returncode == 2
+    assert "--mps-shm-size 'lots' must be a quantity of at least 64Mi (e.g. 1Gi)" in bad_shm.stderr
+    no_root = run_cli("--node-name", "n", "--driver-root", str(tmp_path / "nowhere"), env=env)
+    assert (
+        no_root.returncode == 2
+        and f"--driver-root {tmp_path / 'nowhere'} is not a directory" in no_root.stderr
+    )
 
 
 def test_runs_registers_answers_and_leaves_on_sigterm(dirs: PluginDirs, tmp_path: Path) -> None:

@@ -32,15 +32,6 @@ LIB_DIR = "usr/lib/x86_64-linux-gnu"
 FAKE_MEMORY = 24 << 30
 
 
-@pytest.fixture
-def hook_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runtime runs our `dra-gpu` as the hook: the one of this checkout."""
-    executable = shutil.which("dra-gpu") or str(
-        Path(__file__).resolve().parents[2] / ".venv" / "bin" / "dra-gpu"
-    )
-    monkeypatch.setenv("DRA_GPU_CDI_HOOK_PATH", executable)
-
-
 def fake_driver_root(root: Path, limiter: Limiter) -> Path:
     libs = root / LIB_DIR
     libs.mkdir(parents=True)
@@ -58,7 +49,7 @@ def fake_driver_root(root: Path, limiter: Limiter) -> Path:
 
 
 def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader(
-    podman: Podman, limiter_build: Limiter, tmp_path: Path, hook_on_path: None
+    podman: Podman, limiter_build: Limiter, tmp_path: Path
 ) -> None:
     driver_root = fake_driver_root(tmp_path / "driver-root", limiter_build)
     probe = [Volume(limiter_build.probe, CONTAINER_PROBE)]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dra_gpu.demo.report import ContainerView
 from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 from dra_gpu.quantity import format_quantity
 
 LIBRARY = "libdragpu-limiter.so.1"
@@ -56,6 +57,9 @@ def probe_environment(view: ContainerView, build: Path) -> dict[str, str]:
     env = {k: v for k, v in view.env.items() if k not in LEFT_OUT}
     for container_path, host_path, _ in sorted(view.mounts, key=lambda m: -len(m[0])):
         env = {k: v.replace(container_path, host_path) for k, v in env.items()}
+    # In a container the library loads from /etc/ld.so.preload and reads the claim's limits file;
+    # out here it reads the same limits from the environment.
+    env.update(host_environment_of((c, h) for c, h, _ in view.mounts))
     env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids(view.env))
     env["LD_LIBRARY_PATH"] = str(build / FAKE_DRIVER_DIR)
     env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")

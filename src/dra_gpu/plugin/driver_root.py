@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
@@ -29,6 +31,32 @@ LIBRARY_DIRS = (
 )
 EXECUTABLE_DIRS = ("usr/bin", "usr/local/bin", "bin", "usr/sbin", "sbin")
 NVML_SONAME = "libnvidia-ml.so.1"
+LDCACHE_HOOK = "update-ldcache"
+
+
+def install_ldcache_hook(directory: Path) -> Path:
+    """Put the `update-ldcache` OCI hook (a POSIX shell script) into `directory`; its path.
+
+    Claims' CDI specs name it as a ``createContainer`` hook. The container runtime runs it on the
+    host, where this package's Python does not run, so it is a script that needs only the host's
+    ``/bin/sh`` and ``ldconfig``. `directory` must be at the same path on the host (the agent's state
+    directory is). Written next to itself and renamed: a runtime never runs a partial file.
+    """
+    script = resources.files("dra_gpu").joinpath("templates", "hooks", LDCACHE_HOOK).read_bytes()
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / LDCACHE_HOOK
+    if target.is_file() and target.read_bytes() == script and os.access(target, os.X_OK):
+        return target
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{LDCACHE_HOOK}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(script)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
 
 
 @dataclass(frozen=True)

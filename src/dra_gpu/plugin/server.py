@@ -28,7 +28,7 @@ from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
 from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES, GpuCommands, NvidiaCommands, SimulatedCommands
-from dra_gpu.plugin.driver_root import tool_env, tool_path
+from dra_gpu.plugin.driver_root import install_ldcache_hook, tool_env, tool_path
 from dra_gpu.plugin.health import (
     DeviceHealthServicer,
     DeviceHealthStream,
@@ -192,6 +192,7 @@ class KubeletPlugin:
             driver_root=config.driver_root,
             driver_root_host_path=config.driver_root_host_path,
         )
+        self._hooks_dir = config.state_dir / "bin"
         self.lock = NodeLock(config.plugin_dir / LOCK_FILE_NAME, timeout_s=config.lock_timeout_s)
         self.preparer = Preparer(
             api=api,
@@ -223,6 +224,7 @@ class KubeletPlugin:
             _make_private_dir(directory)
         cfg.registration_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.node.ldcache_hook = install_ldcache_hook(self._hooks_dir)
             self.preparer.start()
             self._dra_server = self._serve_dra()
             self._reg_server = self._serve_registration()

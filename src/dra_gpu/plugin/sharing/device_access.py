@@ -7,7 +7,7 @@ runtime refuses the whole container for a node that does not exist, and simulate
 and brings the driver's user-space files found under the node's driver root: ``libcuda``, NVML, the
 PTX JIT, ``nvidia-smi`` and the MPS programs. The libraries are mounted into ``DRIVER_LIB_DIR``,
 which an ``/etc/ld.so.conf.d`` entry names and a ``createContainer`` hook adds to the container's
-loader cache (``dra-gpu cdi-hook update-ldcache``), so the loader finds them without
+loader cache (``driver_root.install_ldcache_hook``), so the loader finds them without
 ``LD_LIBRARY_PATH``.
 
 A container sees exactly the GPUs of the CDI devices it was given: each device brings its own GPU's
@@ -29,8 +29,7 @@ from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.plugin.driver_root import find_driver_files
-from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.driver_root import LDCACHE_HOOK, find_driver_files
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
 log = logging.getLogger(__name__)
@@ -194,24 +193,20 @@ class DeviceAccess:
             )
         if not files.libraries:
             return
-        from dra_gpu.plugin.sharing.driver_memory import hook_executable  # one definition of the hook
-
         entry = node.claim_dir(plan.claim.uid) / "ld.so.conf"
         plan.hold("file", f"file:{entry}", path=str(entry), content=DRIVER_LIB_DIR + "\n", mode=0o444)
         edits.add_mount(entry, LDCONFIG_ENTRY, ["ro", "nosuid", "nodev", "bind"])
-        try:
-            executable = hook_executable()
-        except PrepareError as exc:
+        if node.ldcache_hook is None:
             plan.notice(
-                f"the driver's libraries are mounted at {DRIVER_LIB_DIR}, but the loader cache cannot be "
-                f"updated ({exc.message}); a workload finds libcuda only after running ldconfig itself"
+                f"the driver's libraries are mounted at {DRIVER_LIB_DIR}, but this node agent has no "
+                f"loader-cache hook installed; a workload finds libcuda only after running ldconfig itself"
             )
             return
         edits.hooks.append(
             Hook(
                 hook_name="createContainer",
-                path=executable,
-                args=["dra-gpu", "cdi-hook", "update-ldcache", "--folder", DRIVER_LIB_DIR],
+                path=str(node.ldcache_hook),
+                args=[LDCACHE_HOOK, DRIVER_LIB_DIR],
                 timeout=HOOK_TIMEOUT_S,
             )
         )

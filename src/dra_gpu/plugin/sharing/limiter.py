@@ -11,17 +11,16 @@ claim has its own directory in the container, ``/run/dra-gpu/claims/<claim-uid>/
 
 so a container using several claims keeps every claim's limits. Budgets come from Limiter shares
 (their consumed capacity, or the config where the API server has no consumable capacity) and from
-other backends that pool a claim's memory (MPS, ``Plan.limit``).
-
-Libraries that predate the limits file read the environment, which the spec still sets for them
-(``LD_PRELOAD``, ``DRAGPU_LIMITER_STATE_DIR``, ``DRAGPU_MEMORY_LIMIT_BY_UUID``,
-``DRAGPU_CORES_LIMIT``); there, ``DRAGPU_CORES_LIMIT`` applies to every GPU a process uses, so a
-compute limit is refused in a claim that also has GPUs without a Limiter share.
+other backends that pool a claim's memory (MPS, ``Plan.limit``). The spec sets no limiter
+environment: variables are container-wide, so a second claim's values would overwrite the first's
+(the library lets ``DRAGPU_*`` only lower a limit that a limits file sets; an image's own
+``LD_PRELOAD`` is kept). ``host_environment`` gives a process outside any container (the demo,
+gpu-check) the same limits through the environment, as the library reads them there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.config import Strategy
@@ -65,6 +64,47 @@ def limits_text(plan: Plan, limits: dict[str, DeviceLimit]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def host_environment(limits_text: str, library: str, state_dir: str) -> dict[str, str]:
+    """The environment that gives a process outside a container the limits of a claim's limits file.
+
+    `library` and `state_dir` are the host paths of the library and of the claim's state directory.
+    One compute share for all GPUs (the variable applies to every GPU): the smallest.
+    """
+    memory: list[str] = []
+    cores: list[int] = []
+    for line in limits_text.splitlines():
+        if not line.startswith("device="):
+            continue
+        fields = dict(part.split("=", 1) for part in line.split())
+        if fields.get("memory", "unlimited") != "unlimited":
+            memory.append(f"{fields['device']}={fields['memory']}")
+        cores.append(int(fields.get("cores", "100")))
+    env = {"LD_PRELOAD": library, "DRAGPU_LIMITER_STATE_DIR": state_dir}
+    if memory:
+        env["DRAGPU_MEMORY_LIMIT_BY_UUID"] = ",".join(memory)
+    if cores and min(cores) < 100:
+        env["DRAGPU_CORES_LIMIT"] = str(min(cores))
+    return env
+
+
+def host_environment_of(mounts: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """`host_environment` of the claims whose files a container's mounts (container path, host path)
+    bring; empty without the limiter. Several claims: their device lines together."""
+    by_container = dict(mounts)
+    library = by_container.get(CONTAINER_LIBRARY)
+    texts: list[str] = []
+    state = ""
+    for container_path, host_path in by_container.items():
+        if container_path.startswith(CONTAINER_CLAIMS_ROOT + "/") and container_path.endswith(
+            "/" + LIMITS_FILE
+        ):
+            texts.append(Path(host_path).read_text(encoding="utf-8"))
+            state = state or by_container.get(container_path[: -len(LIMITS_FILE)] + STATE_DIR, "")
+    if library is None or not texts:
+        return {}
+    return host_environment("\n".join(texts), library, state)
+
+
 class Limiter:
     name = "limiter"
     order = 40
@@ -74,12 +114,10 @@ class Limiter:
 
     def contribute(self, plan: Plan, node: NodeContext) -> None:
         shares = plan.sharing(Strategy.LIMITER)
-        cores: dict[str, int] = {}
         for share in shares:
             cpu = cores_limit(share, node.driver)
-            if cpu is not None:
-                cores[share.gpu.uuid] = cores.get(share.gpu.uuid, 0) + cpu
             plan.limit(share.gpu, memory_limit(share, node.driver), cpu if cpu is not None else 100)
+        self._one_compute_share(plan, shares)
         if not plan.limits:
             return
         library = node.limiter_library
@@ -96,7 +134,24 @@ class Limiter:
                 reason="limiter_missing",
             )
         self._files(plan, node, library)
-        self._legacy_env(plan, shares, cores)
+
+    @staticmethod
+    def _one_compute_share(plan: Plan, shares: list[Share]) -> None:
+        """The library throttles a process on every GPU it uses to the smallest compute share of its
+        claims' devices: a GPU of the claim without a Limiter share must not be slowed down to it."""
+        limited = {s.gpu.uuid for s in shares}
+        capped = [plan.limits[u].cores for u in limited if plan.limits[u].cores < 100]
+        unlimited = [s for s in plan.shares if s.gpu.uuid not in limited]
+        if capped and unlimited:
+            other = unlimited[0]
+            kind = "admin-access" if other.admin_access else other.strategy.value
+            raise PrepareError(
+                f"claim {plan.claim.ref} has a Limiter share with a compute limit of {min(capped)}% and also "
+                f"{other.device} ({kind}); the limiter applies one compute limit to every GPU a process "
+                f"uses, so it would throttle {other.device} too. Put the Limiter shares and the other "
+                f"GPUs in separate claims",
+                reason="invalid_config",
+            )
 
     @staticmethod
     def _files(plan: Plan, node: NodeContext, library: Path) -> None:
@@ -113,33 +168,6 @@ class Limiter:
         edits.add_mount(limits, f"{inside}/{LIMITS_FILE}", ["ro", "nosuid", "nodev", "bind"])
         edits.add_mount(state, f"{inside}/{STATE_DIR}", ["rw", "nosuid", "nodev", "bind"])
         edits.add_mount(preload, CONTAINER_PRELOAD, ["ro", "nosuid", "nodev", "bind"])
-
-    @staticmethod
-    def _legacy_env(plan: Plan, shares: list[Share], cores: dict[str, int]) -> None:
-        edits = plan.claim_edits
-        edits.env["LD_PRELOAD"] = CONTAINER_LIBRARY
-        edits.env["DRAGPU_LIMITER_STATE_DIR"] = f"{container_claim_dir(plan.claim.uid)}/{STATE_DIR}"
-        memory = {u: lim.memory for u, lim in plan.limits.items() if lim.memory is not None}
-        if memory:
-            edits.env["DRAGPU_MEMORY_LIMIT_BY_UUID"] = ",".join(f"{u}={b}" for u, b in memory.items())
-        if cores:
-            # One compute share for the whole claim: the smallest, so no GPU runs above its share.
-            limit = min(max(min(cores.values()), 1), 100)
-            limited = {s.gpu.uuid for s in shares}
-            unlimited = [s for s in plan.shares if s.gpu.uuid not in limited]
-            if limit < 100 and unlimited:
-                # The variable throttles every GPU the process uses; one that is not a Limiter share
-                # (a whole GPU, a time-sliced one) must not be slowed down to another GPU's share.
-                other = unlimited[0]
-                kind = "admin-access" if other.admin_access else other.strategy.value
-                raise PrepareError(
-                    f"claim {plan.claim.ref} has a Limiter share with a compute limit of {limit}% and also "
-                    f"{other.device} ({kind}); the limiter applies one compute limit to every GPU a process "
-                    f"uses, so it would throttle {other.device} too. Put the Limiter shares and the other "
-                    f"GPUs in separate claims",
-                    reason="invalid_config",
-                )
-            edits.env["DRAGPU_CORES_LIMIT"] = str(limit)
 
 
 BACKEND = Limiter()

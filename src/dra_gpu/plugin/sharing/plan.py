@@ -108,6 +108,8 @@ class NodeContext:
     """Where the node's NVIDIA driver files are, as this process sees them."""
     driver_root_host_path: Path | None = None
     """The same directory as the container runtime on the host sees it; None: `driver_root`."""
+    ldcache_hook: Path | None = None
+    """The installed `update-ldcache` OCI hook (see `driver_root.install_ldcache_hook`)."""
 
     def claim_dir(self, uid: str) -> Path:
         return self.state_dir / "claims" / uid
