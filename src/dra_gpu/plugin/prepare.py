@@ -28,8 +28,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from dra_gpu.controller.events import EventRecorder
 from dra_gpu.inventory import GpuInfo, Inventory
 from dra_gpu.kube import KubeAPI, NotFound
 from dra_gpu.plugin import sharing
@@ -66,6 +68,11 @@ STEPS = (
 
 FaultHook = Callable[[str], None]
 
+EVENT_COMPONENT = "dra-gpu-kubelet-plugin"
+PREPARE_FAILED_REASON = "PrepareFailed"
+NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
+"""Failures with no claim to report on, or none the user can fix in it."""
+
 
 def _drop(checkpoint: Checkpoint, uid: str) -> None:
     checkpoint.claims.pop(uid, None)
@@ -97,6 +104,7 @@ class Preparer:
         boot_id: str,
         metrics: PluginMetrics | None = None,
         fault_hook: FaultHook | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.api = api
         self.inventory = inventory
@@ -108,6 +116,7 @@ class Preparer:
         self.pool = pool
         self.boot_id = boot_id
         self.metrics = metrics or PluginMetrics()
+        self.events = events or EventRecorder(api, pool, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
         self._hook = fault_hook or (lambda _step: None)
         self._backends = sharing.backends()
         self._handlers = sharing.hold_handlers()
@@ -258,6 +267,36 @@ class Preparer:
             fetched = fetch_claim(self.api, claim)
         except PrepareError as exc:
             fetch_error = exc
+        try:
+            return self._prepare_locked(claim, fetched, fetch_error)
+        except PrepareError as exc:
+            if exc.reason not in NOT_REPORTED:
+                self._report(claim, fetched, exc)
+            raise
+
+    def _report(self, claim: ClaimInfo, obj: Mapping[str, Any] | None, exc: PrepareError) -> None:
+        """A Warning event on the claim and on each pod it is reserved for, saying what to change.
+
+        The kubelet retries a failed prepare for as long as the pod exists, and shows only the pod;
+        the claim's event tells whoever looks at the claim, and repeats are folded into one event.
+        """
+        meta = {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid}
+        targets: list[dict[str, Any]] = [
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta}
+        ]
+        for consumer in ((obj or {}).get("status") or {}).get("reservedFor") or []:
+            if consumer.get("resource") == "pods" and not consumer.get("apiGroup"):
+                pod = {"name": consumer.get("name"), "namespace": claim.namespace, "uid": consumer.get("uid")}
+                targets.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod})
+        for target in targets:
+            try:
+                self.events.record(target, "Warning", PREPARE_FAILED_REASON, exc.message)
+            except Exception as error:  # an event is never worth failing or retrying the call for
+                log.warning("could not record a prepare failure event", extra={"error": str(error)})
+
+    def _prepare_locked(
+        self, claim: ClaimInfo, fetched: dict[str, Any] | None, fetch_error: PrepareError | None
+    ) -> list[PreparedDevice]:
         with self._claim_locked(claim, fetched) as entry:
             obj: dict[str, Any] | None = None
             if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
