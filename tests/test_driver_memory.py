@@ -71,7 +71,7 @@ def test_new_node_gets_the_hook_with_request_as_soft_and_limit_as_hard(node: Nod
     assert f"{NEW.uuid}={2 * GIB}:{6 * GIB}" in create.args
     assert [h.kind for h in plan.holds if h.kind == "memory-limits"] == ["memory-limits"]
     # The limiter keeps the claim-wide pooled budget, at the ceiling.
-    assert plan.claim_edits.env["DRAGPU_MEMORY_LIMIT_0"] == str(6 * GIB)
+    assert plan.limits[NEW.uuid].memory == 6 * GIB
 
 
 def test_old_node_gets_no_hook_only_the_limiter(node: NodeContext) -> None:

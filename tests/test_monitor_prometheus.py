@@ -33,6 +33,7 @@ from plugin_harness import (
 )
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.sharing.device_access import device_uuids
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -93,7 +94,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             # The claim's state directory as the host has it (a container sees it at its mount point).
             DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
             DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
-            CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+            CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
         )
         workload = subprocess.Popen(
             [str(built / "limiter-probe"), "alloc", str(256 * MiB), "3", "--hold"],
@@ -134,7 +135,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
                 raise AssertionError(
                     f"{exc}; last answer {_query(port, promql)}; prometheus log:\n{log}"
                 ) from None
-            assert result[0]["metric"]["gpu_uuid"] == container.env["CUDA_VISIBLE_DEVICES"]
+            assert result[0]["metric"]["gpu_uuid"] == ",".join(device_uuids(container.env))
             assert result[0]["metric"]["sharing"] == "Limiter"
             limit = _query(port, 'dra_gpu_claim_memory_limit_bytes{claim="llm"}')
             assert limit and float(limit[0]["value"][1]) == 1024 * MiB

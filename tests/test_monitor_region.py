@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
+from dra_gpu.plugin.sharing.device_access import device_uuids
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -149,7 +150,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
                 DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
                 DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
-                CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+                CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
             )
             workload = subprocess.Popen(
                 [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
@@ -170,7 +171,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 assert labels == {
                     "namespace": "team-a",
                     "claim": "batch",
-                    "gpu_uuid": container.env["CUDA_VISIBLE_DEVICES"],
+                    "gpu_uuid": ",".join(device_uuids(container.env)),
                     "sharing": "Limiter",
                 }
                 assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1

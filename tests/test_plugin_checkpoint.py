@@ -323,7 +323,7 @@ def test_a_repeated_prepare_after_a_new_allocation_prepares_the_new_one(dirs: Pl
         reallocate(api, claim, [Alloc(device="gpu-1").result()], ts)
         answer = kubelet.prepare(claim)[uid_of(claim)]
         assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-1"]
-        assert resolve(dirs, cdi_ids(answer)).env["NVIDIA_VISIBLE_DEVICES"] == GPU1
+        assert resolve(dirs, cdi_ids(answer)).env["DRAGPU_DEVICE_GPU_1"] == GPU1
         assert [s.device for s in dirs.checkpoint().claims[uid_of(claim)].shares] == ["gpu-1"]
         assert simulated_gpu_state(dirs)["timeslice"] == {"1": 3}
         assert kubelet.prepare(claim)[uid_of(claim)].devices == answer.devices, "and now it is idempotent"

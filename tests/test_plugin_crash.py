@@ -116,8 +116,10 @@ def assert_prepared(cluster: Cluster, answers: dict[str, Any]) -> None:
     assert state["computeMode"] == {GPU0: "EXCLUSIVE_PROCESS"}
     assert set(state["mps"]) == {GPU0}
     assert state["timeslice"] == {"1": 2}
-    lim = uid_of(cluster.claims[1])
-    assert dirs.claim_dirs() == [lim] and (dirs.state_dir / "claims" / lim / "limiter").is_dir()
+    # The limiter's claim and the MPS claim (its memory budget is pooled by the limiter) have state.
+    mps, lim = uid_of(cluster.claims[0]), uid_of(cluster.claims[1])
+    assert dirs.claim_dirs() == sorted([mps, lim])
+    assert all((dirs.state_dir / "claims" / uid / "limiter").is_dir() for uid in (mps, lim))
 
 
 def assert_clean(dirs: PluginDirs) -> None:

@@ -81,7 +81,10 @@ def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_
     )
     volumes = [Volume(hook, "/nvml-calls.jsonl"), *driver_stand_in]
     result = podman.run(
-        script, devices=ids, volumes=volumes, env={"FAKE_CUDA_MEMORY_BYTES": str(16 * GIB)}
+        script,
+        devices=ids,
+        volumes=volumes,
+        env={"FAKE_CUDA_MEMORY_BYTES": str(16 * GIB), "CUDA_VISIBLE_DEVICES": node_615.gpus["gpu-0"].uuid},
     ).check()
 
     (own,) = [line[3:] for line in result.section("cgroup") if line.startswith("0::")]

@@ -1,4 +1,10 @@
-"""`dra-gpu cdi-hook`: the OCI hooks a claim's CDI spec runs, for the driver's memory limits.
+"""`dra-gpu cdi-hook`: the OCI hooks a claim's CDI spec runs: the driver's memory limits, the loader cache.
+
+`update-ldcache` runs at `createContainer` (in the container's mount namespace, its mounts in place,
+before it pivots into its root): it runs the node's `ldconfig` on the container's root with the
+folder where the claim's spec mounted the driver's libraries, which makes their soname links and
+adds them to the container's loader cache. The workload then finds `libcuda.so.1` without
+`LD_LIBRARY_PATH`.
 
 `set-memory-limits` runs at `createRuntime`: the container's process exists and sits in its own
 cgroup, the workload has not started. It reads the OCI state from stdin (as every OCI hook does),
@@ -15,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -64,6 +72,12 @@ def parse_limit(text: str) -> GpuLimit:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="hook", metavar="HOOK", required=True)
+    ldcache = sub.add_parser(
+        "update-ldcache", help="createContainer: add folders to the container's loader cache"
+    )
+    ldcache.add_argument(
+        "--folder", action="append", required=True, help="a folder inside the container (repeatable)"
+    )
     set_parser = sub.add_parser(
         "set-memory-limits", help="createRuntime: set the GPUs' limits on the container's cgroup"
     )
@@ -214,7 +228,53 @@ def clear_recorded(record_dir: Path, container_id: str | None = None) -> list[st
     return problems
 
 
+LDCONFIG_SEARCH = "/usr/sbin:/sbin:/usr/bin:/bin"
+
+
+def container_root(state: dict[str, Any]) -> Path:
+    """The container's root directory, from the bundle's config.json that the OCI state names."""
+    bundle = state.get("bundle")
+    if not isinstance(bundle, str) or not bundle:
+        raise HookError("the OCI state on stdin has no bundle; run this only as an OCI hook", EXIT_BAD_INPUT)
+    try:
+        config = json.loads((Path(bundle) / "config.json").read_text())
+        root = Path(config["root"]["path"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HookError(
+            f"cannot read the container's root from {bundle}/config.json: {exc}", EXIT_BAD_INPUT
+        ) from None
+    return root if root.is_absolute() else Path(bundle) / root
+
+
+def update_ldcache(state: dict[str, Any], folders: list[str]) -> None:
+    root = container_root(state)
+    ldconfig = shutil.which("ldconfig", path=LDCONFIG_SEARCH)
+    if ldconfig is None:
+        raise HookError(f"ldconfig was not found in {LDCONFIG_SEARCH}", EXIT_BAD_INPUT)
+    bad = [f for f in folders if not f.startswith("/") or ".." in Path(f).parts]
+    if bad:
+        raise HookError(
+            f"--folder must be an absolute path inside the container: {', '.join(bad)}", EXIT_BAD_INPUT
+        )
+    done = subprocess.run(
+        [ldconfig, "-r", str(root), *folders], capture_output=True, text=True, timeout=20, check=False
+    )
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise HookError(
+            f"ldconfig -r {root} failed ({done.returncode}): {said[-1] if said else 'no output'}",
+            EXIT_BAD_INPUT,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.hook == "update-ldcache":
+        try:
+            update_ldcache(read_state(sys.stdin), args.folder)
+        except HookError as exc:
+            print(f"dra-gpu cdi-hook {args.hook}: {exc}", file=sys.stderr)
+            return exc.code
+        return 0
     cgroups = args.cgroup_root or cgroup_root()
     proc = args.proc_root or Path(os.environ.get(PROC_ROOT_ENV) or "/proc")
     try:

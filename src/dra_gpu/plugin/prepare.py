@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -67,8 +68,10 @@ STEPS = (
 """The points between the steps of prepare and unprepare; a fault hook is called at each."""
 
 FaultHook = Callable[[str], None]
-
 EVENT_COMPONENT = "dra-gpu-kubelet-plugin"
+NOTICE_REASON = "PreparedWithCaveat"
+"""The event reason of what a prepared claim's user must know (a limit that holds per process only)."""
+
 PREPARE_FAILED_REASON = "PrepareFailed"
 NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
 """Failures with no claim to report on, or none the user can fix in it."""
@@ -120,6 +123,9 @@ class Preparer:
         self._hook = fault_hook or (lambda _step: None)
         self._backends = sharing.backends()
         self._handlers = sharing.hold_handlers()
+        self._notices: dict[str, list[tuple[dict[str, Any], str]]] = {}
+        self._notices_lock = threading.Lock()
+        """Notices of prepared claims, posted as events once the claim's locks are released."""
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,7 +150,16 @@ class Preparer:
 
     def prepare(self, claims: Sequence[ClaimInfo]) -> dict[str, PrepareResult]:
         started = time.perf_counter()
-        results = {claim.uid: self._guarded("prepare", claim, self._prepare) for claim in claims}
+        results: dict[str, PrepareResult] = {}
+        for claim in claims:
+            results[claim.uid] = self._guarded("prepare", claim, self._prepare)
+            with self._notices_lock:
+                notices = self._notices.pop(claim.uid, [])
+            for obj, text in notices:  # after the claim's locks are released: an API write
+                try:
+                    self.events.record(obj, "Warning", NOTICE_REASON, text)
+                except Exception as exc:  # the API unreachable: the log line of the prepare stays
+                    log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
         self._refresh_metrics()
         self.metrics.prepare_seconds.observe(time.perf_counter() - started)
         return results
@@ -390,6 +405,10 @@ class Preparer:
 
         self._update(completed)
         self._hook("prepare:checkpoint-completed")
+        for text in plan.notices:
+            log.warning("prepared with a caveat", extra={"claim": claim.ref, "notice": text})
+            with self._notices_lock:
+                self._notices.setdefault(claim.uid, []).append((obj, text))
         return entry.devices
 
     def _plan(self, checkpoint: Checkpoint, claim: ClaimInfo, shares: list[Share]) -> Plan:

@@ -33,7 +33,13 @@ from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.commands import CommandError, ComputeMode
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.sharing.mps import CONTAINER_PIPE_DIR, CONTAINER_SHM_DIR, MIB, _cores, _memory, _sum
+from dra_gpu.plugin.sharing.mps import (
+    CLIENT_MOUNT_OPTIONS,
+    CONTAINER_PIPE_DIR,
+    CONTAINER_SHM_DIR,
+    MIB,
+    claim_limits,
+)
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 
 CONTROL_ENV = "DRA_GPU_MPS_CONTROL"
@@ -144,8 +150,7 @@ class MpsV3:
                 reason="invalid_config",
             )
         base = v3_dir(node.state_dir, gpu.uuid)
-        cores = _sum([_cores(s, node.driver) for s in shares])
-        memory = _sum([_memory(s, node.driver) for s in shares])
+        cores, memory = claim_limits(plan, gpu, shares, node.driver)
         percentage = min(max(cores if cores is not None else 100, 1), 100)
         mib = max(int(Fraction(memory if memory is not None else gpu.memory_bytes, MIB)), 1)
         namespace = namespace_name(plan.claim.uid)
@@ -160,8 +165,8 @@ class MpsV3:
             pinnedMemoryMiB=mib,
         )
         pipe = base / "pipe" / SERVER / namespace
-        plan.claim_edits.add_mount(pipe, CONTAINER_PIPE_DIR, ["rw", "nosuid", "nodev", "bind"])
-        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", "nosuid", "nodev", "bind"])
+        plan.claim_edits.add_mount(pipe, CONTAINER_PIPE_DIR, ["ro", *CLIENT_MOUNT_OPTIONS])
+        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", *CLIENT_MOUNT_OPTIONS])
         plan.claim_edits.env["CUDA_MPS_PIPE_DIRECTORY"] = CONTAINER_PIPE_DIR
         for share in shares:
             plan.detail(share, "mpsNamespace", namespace)
