@@ -15,7 +15,7 @@ import yaml
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.manifests import load_values, render
-from dra_gpu.manifests.admission import CAPACITY_MESSAGE, STRATEGY_MESSAGE
+from dra_gpu.manifests.admission import CAPACITY_MESSAGE, MPS_MESSAGE, STRATEGY_MESSAGE
 
 Obj = dict[str, Any]
 
@@ -124,6 +124,19 @@ def test_a_claim_config_that_picks_its_own_time_slice_interval_is_refused() -> N
     assert "sets sharing.timeSlicing.interval" in message and "(Default)" in message
     same = gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Default"})
     assert refusals(claim(share, config=[same])) == []
+
+
+def test_an_mps_request_must_be_the_claims_only_request_for_one_gpu() -> None:
+    mps = request(f"mps.{DRIVER_NAME}", {"memory": "8Gi", "cores": "20"})
+    assert refusals(claim(mps)) == []
+    two = copy.deepcopy(mps)
+    two["exactly"]["count"] = 2
+    assert refusals(claim(two)) == [MPS_MESSAGE]
+    every = copy.deepcopy(mps)
+    every["exactly"]["allocationMode"] = "All"
+    assert refusals(claim(every)) == [MPS_MESSAGE]
+    assert refusals(claim(mps, request(DRIVER_NAME, name="whole"))) == [MPS_MESSAGE]
+    assert refusals(claim(request(DRIVER_NAME, name="a"), request(DRIVER_NAME, name="b"))) == []
 
 
 def test_other_drivers_configs_and_claims_without_devices_pass() -> None:

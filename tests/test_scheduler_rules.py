@@ -129,3 +129,13 @@ def test_time_sliced_claims_on_one_gpu_always_agree_on_the_interval(dirs: Plugin
     for i in range(4):
         assert cluster.claim(f"sliced-{i}", TIMESLICE, {"memory": "8Gi", "cores": "20"}) == "gpu-0"
     assert all(error == "" for error in cluster.prepare_all(dirs).values())
+
+
+def test_mps_shares_and_other_shares_never_meet_on_one_gpu(dirs: PluginDirs) -> None:
+    cluster = Cluster(SimulatedInventory(PROFILE, seed=NODE), "0=MPS,1=Shared")
+    share = {"memory": "8Gi", "cores": "20"}
+    assert cluster.claim("mps-a", MPS, share) == "gpu-0"
+    assert cluster.claim("limited", LIMITER, share) == "gpu-1"
+    assert cluster.claim("sliced", TIMESLICE, share) == "gpu-1"
+    assert cluster.claim("mps-b", MPS, share) == "gpu-0"
+    assert all(error == "" for error in cluster.prepare_all(dirs).values())

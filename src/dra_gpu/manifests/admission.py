@@ -11,7 +11,9 @@ forever. Each rule is one validation whose message says what to change:
   strategy needs, and another strategy on them (MPS beside Limiter shares, Exclusive beside shares)
   is refused by the node;
 - a claim's GpuConfig does not pick its own time-slice interval: the interval is GPU-wide, set for
-  every time-sliced claim by the timeslice class, so two claims on one GPU never disagree.
+  every time-sliced claim by the timeslice class, so two claims on one GPU never disagree;
+- a claim with an MPS request has only that request, for one GPU: a CUDA process connects to one
+  MPS control daemon, which serves one GPU.
 
 The expressions avoid CEL's optional syntax so that the tests can run them with the `cel` package.
 """
@@ -37,6 +39,11 @@ STRATEGY_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.strategy other than the strategy of the device "
     f"class of a request it applies to; choose the strategy with the device class (the class selects GPUs "
     f"that can host it) and keep the claim's sharing.strategy equal to the class's, or leave it out"
+)
+
+MPS_MESSAGE = (
+    "a claim with a request of an MPS class must have only that request, for one GPU (count 1): a CUDA "
+    "process connects to one MPS control daemon, which serves one GPU; put other GPUs in claims of their own"
 )
 
 
@@ -102,10 +109,18 @@ def validations(values: Values) -> list[Obj]:
         f"!has(c.opaque.parameters.sharing.timeSlicing.interval) || "
         f"c.opaque.parameters.sharing.timeSlicing.interval == {_literal(interval)})"
     )
+    mps_classes = sorted(n for n, s in strategies.items() if s == Strategy.MPS.value)
+    mps = (
+        f"!variables.requests.exists(r, {_request_classes('r')}.exists(x, x.deviceClassName in "
+        f"{_literal(mps_classes)})) || (size(variables.requests) == 1 && variables.requests.all(r, "
+        f'{_request_classes("r")}.all(x, (!has(x.allocationMode) || x.allocationMode == "ExactCount") && '
+        f"(!has(x.count) || x.count == 1))))"
+    )
     return [
         {"expression": capacity, "message": CAPACITY_MESSAGE, "reason": "Invalid"},
         {"expression": strategy, "message": STRATEGY_MESSAGE, "reason": "Invalid"},
         {"expression": timeslice, "message": _interval_message(interval), "reason": "Invalid"},
+        {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
     ]
 
 
