@@ -61,13 +61,13 @@ def test_mps_daemon_and_its_client_survive_the_agent_and_go_with_the_last_claim(
     a = add_claim(
         api,
         "mps-a",
-        [Alloc(device="gpu-0", share_id=share + "0a", consumed={"memory": "4Gi", "cores": "50"})],
+        [Alloc(device="gpu-0", share_id=share + "0a", consumed={"memory": "4Gi", "cores": "20"})],
         mps,
     )
     b = add_claim(
         api,
         "mps-b",
-        [Alloc(device="gpu-0", share_id=share + "0b", consumed={"memory": "4Gi", "cores": "50"})],
+        [Alloc(device="gpu-0", share_id=share + "0b", consumed={"memory": "4Gi", "cores": "20"})],
         mps,
     )
     snapshot = dirs.root / "api.json"

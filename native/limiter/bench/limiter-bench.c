@@ -5,8 +5,7 @@
  * Kernels take no simulated time here (FAKE_CUDA_WAVE_NS=0), so only call overhead is measured.
  */
 #define _GNU_SOURCE
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "cuda_min.h"
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>

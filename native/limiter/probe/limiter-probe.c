@@ -14,7 +14,7 @@
  * cannot be set up. Linked with -lcuda: it runs against the real driver as well as the test fake.
  */
 #define _GNU_SOURCE
-#include <cuda.h>
+#include "cuda_min.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

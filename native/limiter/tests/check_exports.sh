@@ -25,7 +25,7 @@ $(diff <(echo "$expected") <(echo "$mapped"))"
 
 # Each wrapper is declared with the type of the PFN_<base>_v<version>[_ptsz] typedef paired with it in
 # limiter.h (the compiler checks the prototype); the pairing itself must name the exported symbol of that
-# ABI variant, as the fake's table derives it from cudaTypedefs.h and checks it against cuda.h.
+# ABI variant, as the fake's table derives it from src/cuda_min.h (checked against the toolkit).
 table=$1/fake/proctable.c
 [ -f "$table" ] || fail "no generated proc table at $table"
 for list in DL_CUDA_HOOKED DL_CUDA_USED; do
@@ -40,7 +40,7 @@ done <"$1/pfn-pairs.txt"
 
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = libdragpu-limiter.so.1 ] || fail "SONAME is '$soname'"
-needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -vE '^(libc\.so|ld-linux|libasan|libubsan|libpthread|libdl)' || true)
+needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -vE '^(libc\.so|ld-linux|libasan|libubsan|libtsan|libpthread|libdl)' || true)
 [ -z "$needed" ] || fail "unexpected dependencies: $needed"
 ! grep -nE '__attribute__\(\((constructor|destructor)' "$here"/src/*.c || fail "constructors are not allowed"
 bare=$(grep -nE '(^|[^_a-zA-Z])dlsym\(' "$here"/src/*.c | grep -v '^.*/dlsym\.c:' |

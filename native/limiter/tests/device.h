@@ -4,7 +4,7 @@
 
 #include "check.h"
 
-#include <cuda.h>
+#include "cuda_min.h"
 
 /* cuInit, then device 0's primary context made current: what every CUDA program does first. */
 static inline CUcontext use_device0(void) {

@@ -6,7 +6,7 @@
  */
 #include "check.h"
 
-#include <cuda.h>
+#include "cuda_min.h"
 
 void *next_a_lookup(void);
 const char *next_probe(void);

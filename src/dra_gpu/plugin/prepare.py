@@ -131,12 +131,12 @@ class Preparer:
         self._hook = fault_hook or (lambda _step: None)
         self._backends = sharing.backends()
         self._handlers = sharing.hold_handlers()
-        self._notices: dict[str, list[tuple[dict[str, Any], str]]] = {}
+        self._notices: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        """Claim UID -> (claim, notices) of fresh prepares, posted as events once no lock is held."""
         self._notices_lock = threading.Lock()
         self._rebuild_wanted = False
         """A damaged checkpoint was set aside: the next call rebuilds the state before its own work."""
         self._rebuild_lock = threading.Lock()
-        """Notices of prepared claims, posted as events once the claim's locks are released."""
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -177,20 +177,23 @@ class Preparer:
     def prepare(self, claims: Sequence[ClaimInfo]) -> dict[str, PrepareResult]:
         started = time.perf_counter()
         self._rebuild_if_lost()
-        results: dict[str, PrepareResult] = {}
-        for claim in claims:
-            results[claim.uid] = self._guarded("prepare", claim, self._prepare)
-            with self._notices_lock:
-                notices = self._notices.pop(claim.uid, [])
-            for obj, text in notices:  # after the claim's locks are released: an API write
-                try:
-                    self.events.record(obj, "Warning", NOTICE_REASON, text)
-                except Exception as exc:  # the API unreachable: the log line of the prepare stays
-                    log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
+        results = {claim.uid: self._guarded("prepare", claim, self._prepare) for claim in claims}
         self._rebuild_if_lost()
         self._refresh_metrics()
+        self._post_notices([claim.uid for claim in claims])
         self.metrics.prepare_seconds.observe(time.perf_counter() - started)
         return results
+
+    def _post_notices(self, uids: Sequence[str]) -> None:
+        """What users of freshly prepared claims must know, as Warning events on the claims."""
+        with self._notices_lock:
+            pending = [self._notices.pop(uid) for uid in uids if uid in self._notices]
+        for obj, texts in pending:
+            for text in texts:
+                try:
+                    self.events.record(obj, "Warning", NOTICE_REASON, text)
+                except Exception as exc:  # the API unreachable: the prepare's log line stays
+                    log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
 
     def unprepare(self, claims: Sequence[ClaimInfo]) -> dict[str, str]:
         started = time.perf_counter()
@@ -444,8 +447,9 @@ class Preparer:
         self._hook("prepare:checkpoint-completed")
         for text in plan.notices:
             log.warning("prepared with a caveat", extra={"claim": claim.ref, "notice": text})
+        if plan.notices:
             with self._notices_lock:
-                self._notices.setdefault(claim.uid, []).append((obj, text))
+                self._notices[claim.uid] = (obj, list(plan.notices))
         return entry.devices
 
     def _plan(self, checkpoint: Checkpoint, claim: ClaimInfo, shares: list[Share]) -> Plan:

@@ -1,4 +1,4 @@
-/* The fake driver's cuGetProcAddress table (generated from cudaTypedefs.h by gen_proctable.py). */
+/* The fake driver's cuGetProcAddress table (generated from src/cuda_min.h by gen_proctable.py). */
 #ifndef FAKE_PROCTABLE_H
 #define FAKE_PROCTABLE_H
 
