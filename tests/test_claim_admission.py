@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+from dra_gpu.allocator.cel_env import kubernetes_context
 from dra_gpu.manifests import load_values, render
-from dra_gpu.manifests.admission import CAPACITY_MESSAGE, MPS_MESSAGE, STRATEGY_MESSAGE
+from dra_gpu.manifests.admission import CAPACITY_MESSAGE, LIMIT_MESSAGE, MPS_MESSAGE, STRATEGY_MESSAGE
 
 Obj = dict[str, Any]
 
@@ -28,13 +29,16 @@ def policy() -> Obj:
 def refusals(obj: Obj) -> list[str]:
     """The messages of the validations `obj` fails, as the API server would return them."""
     spec = policy()["spec"]
+    context = kubernetes_context()  # CEL with the Kubernetes library (quantity) the API server has
+    context.add_variable("object", obj)
     variables: Obj = {}
     for variable in spec["variables"]:
-        variables[variable["name"]] = cel.evaluate(
-            variable["expression"], {"object": obj, "variables": variables}
-        )
-    context = {"object": obj, "variables": variables}
-    return [v["message"] for v in spec["validations"] if cel.evaluate(v["expression"], context) is not True]
+        context.add_variable("variables", variables)
+        variables[variable["name"]] = cel.compile(variable["expression"]).execute(context)
+    context.add_variable("variables", variables)
+    return [
+        v["message"] for v in spec["validations"] if cel.compile(v["expression"]).execute(context) is not True
+    ]
 
 
 def request(device_class: str, capacity: dict[str, str] | None = None, name: str = "gpu") -> Obj:
@@ -137,6 +141,19 @@ def test_an_mps_request_must_be_the_claims_only_request_for_one_gpu() -> None:
     assert refusals(claim(every)) == [MPS_MESSAGE]
     assert refusals(claim(mps, request(DRIVER_NAME, name="whole"))) == [MPS_MESSAGE]
     assert refusals(claim(request(DRIVER_NAME, name="a"), request(DRIVER_NAME, name="b"))) == []
+
+
+def test_a_memory_limit_below_the_memory_the_scheduler_will_charge_is_refused() -> None:
+    def limited(memory: str, memory_limit: str | int) -> Obj:
+        share = request(f"limiter.{DRIVER_NAME}", {"memory": memory, "cores": "10"})
+        config = gpu_config(strategy="Limiter", limiter={"memoryLimit": memory_limit})
+        return claim(share, config=[config])
+
+    assert refusals(limited("10Gi", "8Gi")) == [LIMIT_MESSAGE]
+    assert refusals(limited("10100Mi", "10100Mi")) == [LIMIT_MESSAGE], "the scheduler charges 10240Mi"
+    assert refusals(limited("10100Mi", "10240Mi")) == []
+    assert refusals(limited("10Gi", 16 * 2**30)) == []
+    assert refusals(claim(request(f"limiter.{DRIVER_NAME}"), config=[gpu_config(strategy="Limiter")])) == []
 
 
 def test_other_drivers_configs_and_claims_without_devices_pass() -> None:

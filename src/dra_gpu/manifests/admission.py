@@ -13,7 +13,10 @@ forever. Each rule is one validation whose message says what to change:
 - a claim's GpuConfig does not pick its own time-slice interval: the interval is GPU-wide, set for
   every time-sliced claim by the timeslice class, so two claims on one GPU never disagree;
 - a claim with an MPS request has only that request, for one GPU: a CUDA process connects to one
-  MPS control daemon, which serves one GPU.
+  MPS control daemon, which serves one GPU;
+- a claim's `sharing.limiter.memoryLimit` is at least the memory its request will consume (the request
+  rounded up to the capacity's step, as the scheduler rounds it): the limit is the ceiling above the
+  guaranteed share.
 
 The expressions avoid CEL's optional syntax so that the tests can run them with the `cel` package.
 """
@@ -27,6 +30,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import Strategy
 from dra_gpu.manifests.classes import CLASSES
 from dra_gpu.manifests.values import Values
+from dra_gpu.slices.devices import MEMORY_STEP
 
 Obj = dict[str, Any]
 
@@ -44,6 +48,12 @@ STRATEGY_MESSAGE = (
 MPS_MESSAGE = (
     "a claim with a request of an MPS class must have only that request, for one GPU (count 1): a CUDA "
     "process connects to one MPS control daemon, which serves one GPU; put other GPUs in claims of their own"
+)
+
+LIMIT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.memoryLimit below the memory a request it "
+    f"applies to asks for (rounded up to a multiple of {MEMORY_STEP >> 20}Mi, as the scheduler rounds it); the "
+    f"limit is the ceiling above the guaranteed share: raise memoryLimit or request less memory"
 )
 
 
@@ -116,11 +126,21 @@ def validations(values: Values) -> list[Obj]:
         f'{_request_classes("r")}.all(x, (!has(x.allocationMode) || x.allocationMode == "ExactCount") && '
         f"(!has(x.count) || x.count == 1))))"
     )
+    limit = "c.opaque.parameters.sharing.limiter.memoryLimit"
+    step = MEMORY_STEP
+    memory_limit = (
+        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
+        f"!has({limit}) || variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
+        f'!has(x.capacity) || !has(x.capacity.requests) || !("memory" in x.capacity.requests) || '
+        f"quantity(string({limit})).asInteger() >= "
+        f"(quantity(x.capacity.requests.memory).asInteger() + {step - 1}) / {step} * {step})))"
+    )
     return [
         {"expression": capacity, "message": CAPACITY_MESSAGE, "reason": "Invalid"},
         {"expression": strategy, "message": STRATEGY_MESSAGE, "reason": "Invalid"},
         {"expression": timeslice, "message": _interval_message(interval), "reason": "Invalid"},
         {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
+        {"expression": memory_limit, "message": LIMIT_MESSAGE, "reason": "Invalid"},
     ]
 
 
