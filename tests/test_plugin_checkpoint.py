@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -349,3 +350,24 @@ def test_a_repeated_prepare_of_the_same_allocation_leaves_the_claims_setup_alone
         assert kubelet.prepare(claim)[uid_of(claim)] == first
         assert commands.calls[calls:] == [], "the MPS daemon its clients use is neither stopped nor restarted"
         kubelet.close()
+
+
+def test_a_checkpoint_damaged_while_running_is_rebuilt_by_the_next_call(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    mps, lim, ts = prepare_three(dirs, api)
+    with running_plugin(dirs, api) as plugin:
+        (dirs.state_dir / "checkpoint.json").write_text("\x00 damaged while the agent runs")
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(lim)[uid_of(lim)].error == ""
+        kubelet.close()
+
+        def rebuilt() -> bool:  # by this call, or by the supervision loop that saw the damage first
+            snapshot = plugin.preparer.snapshot()
+            return not snapshot.rebuildPending and set(snapshot.claims) == {uid_of(c) for c in (mps, lim, ts)}
+
+        deadline = time.monotonic() + 30
+        while not rebuilt() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rebuilt(), plugin.preparer.snapshot()
+    assert len(list(dirs.state_dir.glob("checkpoint.json.corrupt-*"))) == 1

@@ -1,5 +1,5 @@
 """The node is the last line of defence: a GPU command that hangs holds up only its own GPU, and
-prepare refuses a share that would take a GPU past its capacity."""
+prepare refuses a share that would take a GPU past its capacity, saying so on the claim and the pod."""
 
 from __future__ import annotations
 
@@ -102,3 +102,8 @@ def test_prepare_refuses_a_share_that_takes_the_gpu_past_its_capacity(
         "default/share-1 30Gi) and this one asks for 30Gi, more than the GPU has" in error
     )
     assert error.endswith("delete the claim so that it is allocated again")
+    events = {(e["involvedObject"]["kind"], e["involvedObject"]["name"]): e for e in api.list("Event")[0]}
+    for kind, name in (("ResourceClaim", "share-2"), ("Pod", "share-2-pod")):
+        event = events[(kind, name)]
+        assert (event["type"], event["reason"], event["message"]) == ("Warning", "PrepareFailed", error)
+    assert ("ResourceClaim", "share-0") not in events

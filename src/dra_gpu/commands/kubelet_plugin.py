@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.commands._process import wait_for_signal
+from dra_gpu.commands._process import stop_on_signals, wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag
 from dra_gpu.inventory import InventoryError, open_inventory
@@ -172,15 +173,18 @@ def run(args: argparse.Namespace) -> int:
         mps_cgroup=args.mps_cgroup,
     )
     plugin = KubeletPlugin(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
-    try:
-        plugin.start()
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
-        inventory.close()
-        return 1
-    try:
-        wait_for_signal()
-    finally:
-        plugin.stop()
-        inventory.close()
+    # The kubelet can register and call the plugin before start() returns: a SIGTERM from then on
+    # must stop it cleanly.
+    with stop_on_signals(threading.Event()) as stop:
+        try:
+            plugin.start()
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+            inventory.close()
+            return 1
+        try:
+            wait_for_signal(stop)
+        finally:
+            plugin.stop()
+            inventory.close()
     return 0

@@ -12,7 +12,8 @@ class GpuSharingMode(StrEnum):
 
     `Shared` GPUs host limiter and time-sliced shares side by side (both run in the default compute
     mode); `MPS` GPUs run an MPS control daemon in exclusive-process mode and host only MPS shares;
-    `Exclusive` GPUs are never shared. A whole-GPU claim may land on any of them.
+    `Exclusive` GPUs are never shared; they are the only ones whole-GPU (`Exclusive` class) claims get,
+    so that a whole-GPU claim and a share never meet on one GPU.
     """
 
     EXCLUSIVE = "Exclusive"

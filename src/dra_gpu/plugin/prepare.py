@@ -72,9 +72,21 @@ EVENT_COMPONENT = "dra-gpu-kubelet-plugin"
 NOTICE_REASON = "PreparedWithCaveat"
 """The event reason of what a prepared claim's user must know (a limit that holds per process only)."""
 
+PREPARE_FAILED_REASON = "PrepareFailed"
+NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
+"""Failures with no claim to report on, or none the user can fix in it."""
+
 
 def _drop(checkpoint: Checkpoint, uid: str) -> None:
     checkpoint.claims.pop(uid, None)
+
+
+def _mark_pending(checkpoint: Checkpoint) -> None:
+    checkpoint.rebuildPending = True
+
+
+def _clear_pending(checkpoint: Checkpoint) -> None:
+    checkpoint.rebuildPending = False
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -103,6 +115,7 @@ class Preparer:
         boot_id: str,
         metrics: PluginMetrics | None = None,
         fault_hook: FaultHook | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.api = api
         self.inventory = inventory
@@ -114,38 +127,58 @@ class Preparer:
         self.pool = pool
         self.boot_id = boot_id
         self.metrics = metrics or PluginMetrics()
+        self.events = events or EventRecorder(api, pool, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
         self._hook = fault_hook or (lambda _step: None)
         self._backends = sharing.backends()
         self._handlers = sharing.hold_handlers()
-        self._events = EventRecorder(api, pool, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
         self._notices: dict[str, tuple[dict[str, Any], list[str]]] = {}
         """Claim UID -> (claim, notices) of fresh prepares, posted as events once no lock is held."""
         self._notices_lock = threading.Lock()
+        self._rebuild_wanted = False
+        """A damaged checkpoint was set aside: the next call rebuilds the state before its own work."""
+        self._rebuild_lock = threading.Lock()
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
         """Load (or rebuild) the checkpoint once, before the kubelet can call."""
-        with self.lock.hold():
-            checkpoint = self._load()
-            if checkpoint.rebuildPending or (not self.store.exists() and self.specs.uids_on_disk()):
-                log.warning("rebuilding the state from the claims in the API and the files on disk")
-                checkpoint = self._rebuild(checkpoint)
-            else:
-                for uid in self._uids_on_disk() - set(checkpoint.claims):
+        checkpoint = self._read()
+        if checkpoint.rebuildPending or (not self.store.exists() and self.specs.uids_on_disk()):
+            log.warning("rebuilding the state from the claims in the API and the files on disk")
+            checkpoint = self._rebuild()
+        else:
+            with self.lock.hold():
+                for uid in self._uids_on_disk() - set(self._load().claims):
                     # Specs and directories are created after their claim's record: these are from a lost write.
                     self._remove_leftovers(uid)
-            stale = [c.ref for c in checkpoint.claims.values() if c.bootId != self.boot_id]
-            if stale:
-                log.info(
-                    "the node rebooted since these claims were prepared; their CDI specs and GPU settings "
-                    "are restored when the kubelet prepares them again",
-                    extra={"claims": stale},
-                )
-            self.metrics.refresh(checkpoint)
+        stale = [c.ref for c in checkpoint.claims.values() if c.bootId != self.boot_id]
+        if stale:
+            log.info(
+                "the node rebooted since these claims were prepared; their CDI specs and GPU settings "
+                "are restored when the kubelet prepares them again",
+                extra={"claims": stale},
+            )
+        self.metrics.refresh(checkpoint)
+
+    def _rebuild_if_lost(self) -> None:
+        """Rebuild now if a damaged checkpoint was set aside (see `_load`); one caller at a time.
+
+        Called before and after every prepare and unprepare, and by the supervision loop.
+        """
+        if not self._rebuild_wanted or not self._rebuild_lock.acquire(blocking=False):
+            return
+        try:
+            if self._rebuild_wanted:
+                self._rebuild()
+        except Exception:
+            log.exception("rebuilding the state failed; the stale-claim sweep tries again")
+        finally:
+            self._rebuild_lock.release()
 
     def prepare(self, claims: Sequence[ClaimInfo]) -> dict[str, PrepareResult]:
         started = time.perf_counter()
+        self._rebuild_if_lost()
         results = {claim.uid: self._guarded("prepare", claim, self._prepare) for claim in claims}
+        self._rebuild_if_lost()
         self._refresh_metrics()
         self._post_notices([claim.uid for claim in claims])
         self.metrics.prepare_seconds.observe(time.perf_counter() - started)
@@ -158,13 +191,15 @@ class Preparer:
         for obj, texts in pending:
             for text in texts:
                 try:
-                    self._events.record(obj, "Warning", NOTICE_REASON, text)
+                    self.events.record(obj, "Warning", NOTICE_REASON, text)
                 except Exception as exc:  # the API unreachable: the prepare's log line stays
                     log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
 
     def unprepare(self, claims: Sequence[ClaimInfo]) -> dict[str, str]:
         started = time.perf_counter()
+        self._rebuild_if_lost()
         errors = {claim.uid: self._guarded("unprepare", claim, self._unprepare).error for claim in claims}
+        self._rebuild_if_lost()
         self._refresh_metrics()
         self.metrics.unprepare_seconds.observe(time.perf_counter() - started)
         return errors
@@ -202,7 +237,10 @@ class Preparer:
 
     # -- checkpoint ----------------------------------------------------------------------------------
     def _load(self) -> Checkpoint:
-        """The checkpoint as stored; only under the node lock (the object is the store's own)."""
+        """The checkpoint as stored; only under the node lock (the object is the store's own).
+
+        A damaged file is set aside and an empty checkpoint marked `rebuildPending` takes its place.
+        """
         try:
             return self.store.load()
         except CheckpointCorrupt as exc:
@@ -211,7 +249,11 @@ class Preparer:
                 "checkpoint cannot be trusted; set aside, rebuilding the state from disk and the API",
                 extra={"reason": str(exc), "moved_to": str(moved)},
             )
-            return self._rebuild(Checkpoint())
+            # The rebuild reads the API and sets GPUs up: it runs once the node lock is released.
+            checkpoint = Checkpoint(rebuildPending=True)
+            self._save(checkpoint)
+            self._rebuild_wanted = True
+            return checkpoint
 
     def _save(self, checkpoint: Checkpoint) -> None:
         self.store.save(checkpoint)
@@ -280,6 +322,36 @@ class Preparer:
             fetched = fetch_claim(self.api, claim)
         except PrepareError as exc:
             fetch_error = exc
+        try:
+            return self._prepare_locked(claim, fetched, fetch_error)
+        except PrepareError as exc:
+            if exc.reason not in NOT_REPORTED:
+                self._report(claim, fetched, exc)
+            raise
+
+    def _report(self, claim: ClaimInfo, obj: Mapping[str, Any] | None, exc: PrepareError) -> None:
+        """A Warning event on the claim and on each pod it is reserved for, saying what to change.
+
+        The kubelet retries a failed prepare for as long as the pod exists, and shows only the pod;
+        the claim's event tells whoever looks at the claim, and repeats are folded into one event.
+        """
+        meta = {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid}
+        targets: list[dict[str, Any]] = [
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta}
+        ]
+        for consumer in ((obj or {}).get("status") or {}).get("reservedFor") or []:
+            if consumer.get("resource") == "pods" and not consumer.get("apiGroup"):
+                pod = {"name": consumer.get("name"), "namespace": claim.namespace, "uid": consumer.get("uid")}
+                targets.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod})
+        for target in targets:
+            try:
+                self.events.record(target, "Warning", PREPARE_FAILED_REASON, exc.message)
+            except Exception as error:  # an event is never worth failing or retrying the call for
+                log.warning("could not record a prepare failure event", extra={"error": str(error)})
+
+    def _prepare_locked(
+        self, claim: ClaimInfo, fetched: dict[str, Any] | None, fetch_error: PrepareError | None
+    ) -> list[PreparedDevice]:
         with self._claim_locked(claim, fetched) as entry:
             obj: dict[str, Any] | None = None
             if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
@@ -485,6 +557,7 @@ class Preparer:
     # -- background duties -------------------------------------------------------------------------------
     def supervise(self) -> None:
         """Re-apply node-side setup that vanished behind our back (a crashed MPS control daemon)."""
+        self._rebuild_if_lost()
         checkpoint = self._read()
         checked: set[str] = set()
         for entry in checkpoint.claims.values():
@@ -522,8 +595,7 @@ class Preparer:
         """
         checkpoint = self._read()
         if checkpoint.rebuildPending:
-            with self.lock.hold():
-                checkpoint = self._rebuild(self._load()).model_copy(deep=True)
+            checkpoint = self._rebuild()
         for entry in list(checkpoint.claims.values()):
             if entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id:
                 continue
@@ -554,62 +626,65 @@ class Preparer:
         return self._read()
 
     # -- rebuilding a lost checkpoint ---------------------------------------------------------------------
-    def _rebuild(self, checkpoint: Checkpoint) -> Checkpoint:
-        """Complete `checkpoint` from the API (claims allocated here and in use) and the disk.
+    def _rebuild(self) -> Checkpoint:
+        """Complete the checkpoint from the API (claims allocated here and in use) and the disk.
 
         Claims in use are prepared again (idempotently: their settings and daemons are kept); files of
         other claims are removed and GPU-wide settings nobody holds are reset. Without the API nothing
         is removed and the checkpoint is marked `rebuildPending`: the next start or stale-claim sweep
-        tries again, and meanwhile the kubelet's own unprepare calls clean up claim by claim. Runs
-        under the node lock: at start, or when the checkpoint is found damaged.
+        tries again, and meanwhile the kubelet's own unprepare calls clean up claim by claim. Takes
+        the locks it needs claim by claim and GPU by GPU: call it holding none.
         """
-        self._save(checkpoint)
+        self._rebuild_wanted = False
         try:
             items, _ = self.api.list("ResourceClaim")
         except Exception as exc:  # ApiError or a transport failure: either way, no authoritative list
             log.error(
                 "cannot list ResourceClaims to rebuild the state; will retry", extra={"error": str(exc)}
             )
-            checkpoint.rebuildPending = True
-            self._save(checkpoint)
-            return checkpoint
+            self._update(_mark_pending)
+            return self._read()
         for obj in items:
             meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-            if (
-                meta.get("uid") in self._load().claims
-                or not status.get("reservedFor")
-                or not allocation_results(obj, self.node.driver, self.pool)
-            ):
+            if not status.get("reservedFor") or not allocation_results(obj, self.node.driver, self.pool):
                 continue
             claim = ClaimInfo(
                 uid=str(meta.get("uid")), namespace=str(meta.get("namespace")), name=str(meta.get("name"))
             )
             try:
-                self._prepare_fresh(claim, obj)
+                with self._claim_locked(claim, obj) as entry:
+                    if entry is not None:
+                        continue
+                    self._prepare_fresh(claim, obj)
                 log.info("re-adopted a claim in use", extra={"claim": claim.ref})
-            except PrepareError as exc:
-                log.warning("could not re-adopt a claim", extra={"claim": claim.ref, "error": exc.message})
-        checkpoint = self._load()
-        for uid in self._uids_on_disk() - set(checkpoint.claims):
-            self._remove_leftovers(uid)
-        self._reset_unheld_gpus(checkpoint)
-        checkpoint.rebuildPending = False
-        self._save(checkpoint)
-        return checkpoint
+            except (PrepareError, LockTimeout) as exc:
+                log.warning("could not re-adopt a claim", extra={"claim": claim.ref, "error": str(exc)})
+            with self._notices_lock:
+                self._notices.pop(claim.uid, None)  # told when it was first prepared
+        with self.lock.hold():
+            for uid in self._uids_on_disk() - set(self._load().claims):
+                self._remove_leftovers(uid)
+        self._reset_unheld_gpus()
+        self._update(_clear_pending)
+        return self._read()
 
     def _uids_on_disk(self) -> set[str]:
         claims_root = self.node.state_dir / "claims"
         dirs = {p.name for p in claims_root.iterdir()} if claims_root.is_dir() else set()
         return self.specs.uids_on_disk() | dirs
 
-    def _reset_unheld_gpus(self, checkpoint: Checkpoint) -> None:
-        held = {h.key for c in checkpoint.claims.values() for h in c.holds}
+    def _reset_unheld_gpus(self) -> None:
         for gpu in self.inventory.gpus():
-            for handler in self._handlers.values():
-                try:
-                    handler.reset_unheld(gpu, self.node, held)
-                except CommandError as exc:
-                    log.warning(
-                        "could not reset a GPU setting nobody holds",
-                        extra={"gpu": gpu.uuid, "kind": handler.kind, "error": str(exc)},
-                    )
+            try:
+                with self.gpu_locks.hold([gpu.uuid]):
+                    held = {h.key for c in self._read().claims.values() for h in c.holds}
+                    for handler in self._handlers.values():
+                        try:
+                            handler.reset_unheld(gpu, self.node, held)
+                        except CommandError as exc:
+                            log.warning(
+                                "could not reset a GPU setting nobody holds",
+                                extra={"gpu": gpu.uuid, "kind": handler.kind, "error": str(exc)},
+                            )
+            except LockTimeout as exc:
+                log.warning("could not reset the GPU's settings nobody holds", extra={"error": str(exc)})
