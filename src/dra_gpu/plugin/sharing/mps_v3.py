@@ -90,6 +90,7 @@ class MpsV3Control:
                 timeout=self.timeout_s,
                 check=False,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a daemon it starts is no member of the agent's session
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise CommandError(f"{' '.join(argv)}: {exc}") from None
