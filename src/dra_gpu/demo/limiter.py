@@ -86,7 +86,9 @@ def run_limiter_probe(build: Path | None, view: ContainerView | None, workdir: P
     probe = str(build / PROBE)
     run = LimiterRun(True)
     shown = {k: env[k] for k in sorted(env) if k.startswith(("DRAGPU_", "LD_PRELOAD"))}
-    run.lines.append("environment from the claim's CDI spec (container paths mapped to host paths):")
+    run.lines.append(
+        "environment from the claim's CDI spec and limits file (container paths mapped to host paths):"
+    )
     run.lines += [f"  {k}={v}" for k, v in shown.items()]
     bare_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
     try:
