@@ -11,7 +11,8 @@ from dra_gpu.kube import KubeAPI
 
 PROBE = (
     "env | sort; "
-    'for f in $(echo "$LD_PRELOAD" | tr ": " "  "); do test -r "$f" && echo "readable-preload $f"; done; '
+    "for f in $(cat /etc/ld.so.preload 2>/dev/null) $(echo \"$LD_PRELOAD\" | tr ': ' '  '); do "
+    'test -r "$f" && echo "readable-preload $f"; done; '
     'test -n "$CUDA_MPS_PIPE_DIRECTORY" && test -d "$CUDA_MPS_PIPE_DIRECTORY" && echo "mps-pipe-dir-present"; '
     "echo probe-done; sleep 3600"
 )
