@@ -21,7 +21,8 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any tests
+	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any tests --exclude tests/container/
+	MYPYPATH=tests $(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any tests/container
 	MYPYPATH=tests $(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any bench e2e
 	$(BIN)/mypy gpucheck
 

@@ -9,8 +9,8 @@ Settings (environment):
 | `E2E_NODE_NAME` | the node whose pool the tests use (required for `local`) | first node with our slices |
 | `E2E_KUBELET_DIR` | `local`: the kubelet directory the agent's sockets go to | `/var/lib/kubelet` |
 | `E2E_CDI_DIR`, `E2E_STATE_DIR` | `local`: CDI and state directories | `/var/run/cdi`, a temporary directory |
-| `E2E_GPUS` | `local`: simulated GPU profile | `2xH100-80GB` |
-| `E2E_SHARING` | `local`: per-GPU sharing modes | `*=Shared,1=MPS` |
+| `E2E_GPUS` | `local`: simulated GPU profile | `3xH100-80GB` |
+| `E2E_SHARING` | `local`: per-GPU sharing modes | `*=Shared,1=MPS,2=Exclusive` |
 | `E2E_RUN_PODS` | `1`: also check what running containers see | `1` for `daemonset`, `0` for `local` |
 | `E2E_IMAGE` | the test pods' image (needs `sh`) | `busybox:1.36` |
 | `E2E_TIMEOUT` | seconds to wait for one thing | `120` |
@@ -110,9 +110,9 @@ def _local_agent(node: str) -> Iterator[subprocess.Popen[bytes]]:
         "--state-dir",
         state,
         "--gpu-backend",
-        "simulated:" + os.environ.get("E2E_GPUS", "2xH100-80GB"),
+        "simulated:" + os.environ.get("E2E_GPUS", "3xH100-80GB"),
         "--sharing",
-        os.environ.get("E2E_SHARING", "*=Shared,1=MPS"),
+        os.environ.get("E2E_SHARING", "*=Shared,1=MPS,2=Exclusive"),
         "--http-address",
         "",
     ]

@@ -31,6 +31,7 @@ CLASSES = {
     "mps.gpu.dra-gpu.io": SHARE,
 }
 MODE_OF_CLASS = {
+    "gpu.dra-gpu.io": "Exclusive",
     "limiter.gpu.dra-gpu.io": "Shared",
     "timeslice.gpu.dra-gpu.io": "Shared",
     "mps.gpu.dra-gpu.io": "MPS",
@@ -39,27 +40,25 @@ MODE_OF_CLASS = {
 
 def device_in_mode(api: KubeAPI, agent: Agent, mode: str) -> dict[str, Any]:
     for device in node_devices(api, agent.node):
-        if attribute(device, "sharing") == mode and device.get("allowMultipleAllocations"):
+        shareable = bool(device.get("allowMultipleAllocations"))
+        if attribute(device, "sharing") == mode and shareable == (mode != "Exclusive"):
             return device
-    pytest.skip(
-        f"node {agent.node} has no shareable GPU in mode {mode} (set E2E_SHARING or the agent's --sharing)"
-    )
+    pytest.skip(f"node {agent.node} has no GPU in mode {mode} (set E2E_SHARING or the agent's --sharing)")
 
 
 @pytest.mark.parametrize("device_class", list(CLASSES))
 def test_a_claim_of_each_class_is_allocated(
     api: KubeAPI, agent: Agent, objects: Objects, device_class: str
 ) -> None:
-    if device_class in MODE_OF_CLASS:
-        device_in_mode(api, agent, MODE_OF_CLASS[device_class])
+    device_in_mode(api, agent, MODE_OF_CLASS[device_class])
     name = unique(device_class.split(".")[0])
     objects.claim(name, claim_spec(device_class, CLASSES[device_class]))
     objects.pod(name, {"gpu": {"resourceClaimName": name}})
     (result,) = results(objects.allocated(name))
     assert (result["driver"], result["pool"]) == (DRIVER_NAME, agent.node)
     device = next(d for d in node_devices(api, agent.node) if d["name"] == result["device"])
-    if device_class in MODE_OF_CLASS:
-        assert attribute(device, "sharing") == MODE_OF_CLASS[device_class]
+    assert attribute(device, "sharing") == MODE_OF_CLASS[device_class]
+    if CLASSES[device_class]:
         assert result.get("shareID"), "a share of a multi-allocatable GPU carries a shareID"
         assert result["consumedCapacity"]["cores"] == "10"
 

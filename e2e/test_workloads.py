@@ -11,7 +11,8 @@ from dra_gpu.kube import KubeAPI
 
 PROBE = (
     "env | sort; "
-    'for f in $(echo "$LD_PRELOAD" | tr ": " "  "); do test -r "$f" && echo "readable-preload $f"; done; '
+    "for f in $(cat /etc/ld.so.preload 2>/dev/null) $(echo \"$LD_PRELOAD\" | tr ': ' '  '); do "
+    'test -r "$f" && echo "readable-preload $f"; done; '
     'test -n "$CUDA_MPS_PIPE_DIRECTORY" && test -d "$CUDA_MPS_PIPE_DIRECTORY" && echo "mps-pipe-dir-present"; '
     "echo probe-done; sleep 3600"
 )
@@ -56,7 +57,9 @@ def test_a_limiter_share_preloads_the_limiter_and_names_its_gpu(
     assert uuid_of(device) in log, "the container's environment does not name its GPU"
 
 
-def test_a_whole_gpu_is_not_limited(api: KubeAPI, objects: Objects, core: Any) -> None:
+def test_a_whole_gpu_is_not_limited(api: KubeAPI, objects: Objects, core: Any, agent: Agent) -> None:
+    if not any(d["attributes"]["sharing"]["string"] == "Exclusive" for d in node_devices(api, agent.node)):
+        pytest.skip(f"node {agent.node} has no Exclusive GPU (whole-GPU claims get only those)")
     log, device = run_probe(api, objects, core, "gpu.dra-gpu.io", None)
     assert uuid_of(device) in log
     assert "libdragpu-limiter" not in log

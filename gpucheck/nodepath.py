@@ -106,6 +106,8 @@ def main(argv: list[str]) -> int:
     from dra_gpu.kube.fake import FakeKube
     from dra_gpu.plugin import KubeletPlugin, PluginConfig
     from dra_gpu.plugin.commands import NvidiaCommands
+    from dra_gpu.plugin.sharing.device_access import device_uuids
+    from dra_gpu.plugin.sharing.limiter import host_environment_of
     from dra_gpu.slices.devices import device_name
 
     root = Path(tempfile.mkdtemp(prefix="gcn-", dir="/tmp"))  # unix socket paths must stay short
@@ -152,6 +154,9 @@ def main(argv: list[str]) -> int:
         )
         mounts = [(m.container_path, m.host_path) for m in container.mounts]
         env = host_environment(container.env, mounts)
+        # In a container the claim's device nodes decide what CUDA sees; here, the same GPUs by UUID.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids(container.env))
+        env.update(host_environment_of(mounts))  # what the library reads from the limits file in a container
         env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
         if "LD_LIBRARY_PATH" in os.environ and "LD_LIBRARY_PATH" not in env:
             # Where the driver's libraries are, which the NVIDIA runtime's hooks provide in a container.

@@ -40,13 +40,15 @@ from dra_gpu.kube import KubeAPI, NotFound
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
-from dra_gpu.plugin.commands import GpuCommands, SimulatedCommands
+from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.prepare import FaultHook
 from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 
 NODE = "node-1"
 DRIVER = DRIVER_NAME
 PROFILE = "2xH100-80GB"
+CAPACITIES = ("memory", "cores")
+"""The capacities every GPU device publishes."""
 CRASH_EXIT_CODE = 86
 HERE = Path(__file__).resolve().parent
 
@@ -165,6 +167,14 @@ class Alloc:
     driver: str = DRIVER
     pool: str = NODE
     admin_access: bool = False
+
+    def __post_init__(self) -> None:
+        missing = [c for c in CAPACITIES if self.consumed and c not in self.consumed]
+        if missing:
+            raise ValueError(
+                f"Alloc consumed={self.consumed}: add {', '.join(missing)}; the scheduler lists every "
+                f"capacity of the device in consumedCapacity"
+            )
 
     def result(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -407,6 +417,8 @@ class PluginProcess:
     crash_at: str | None = None
     boot_id: str = "boot-1"
     profile: str = PROFILE
+    extra_args: tuple[str, ...] = ()
+    """More `serve` options, e.g. `--mps-control PATH` to drive real (stand-in) GPU tools."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -429,8 +441,12 @@ class PluginProcess:
         ]
         if self.crash_at:
             argv += ["--crash-at", self.crash_at]
+        argv += self.extra_args
         with open(self.log_path, "wb") as log_file:
-            self.process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
+            # A process group of its own, as a container's processes are: `kill_group` kills it all.
+            self.process = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            )
         ready = self.dirs.root / "ready"
         deadline = time.monotonic() + wait_s
         while not ready.exists():
@@ -457,6 +473,13 @@ class PluginProcess:
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
+            self.process.wait()
+
+    def kill_group(self) -> None:
+        """SIGKILL to every process of the plugin's process group, as when its container is killed."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
 
@@ -486,11 +509,19 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"crashing at {step}", flush=True)
                 os._exit(CRASH_EXIT_CODE)
 
+    commands: GpuCommands = SimulatedCommands(state_file=dirs.simulated_state)
+    if args.mps_control:
+        commands = NvidiaCommands(
+            nvidia_smi=args.nvidia_smi,
+            mps_control=args.mps_control,
+            mps_cgroup=Path(args.mps_cgroup) if args.mps_cgroup else None,
+            timeout_s=10,
+        )
     plugin = KubeletPlugin(
         dirs.config(boot_id=args.boot_id),
         SnapshotKube(Path(args.snapshot)),
         SimulatedInventory(args.profile, seed=NODE),
-        SimulatedCommands(state_file=dirs.simulated_state),
+        commands,
         fault_hook=hook,
     )
     plugin.start()
@@ -514,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--crash-at", help="STEP[#N]: exit abruptly at the Nth time prepare/unprepare reaches STEP"
     )
+    serve.add_argument("--mps-control", help="run this nvidia-cuda-mps-control (real processes)")
+    serve.add_argument("--nvidia-smi", default="true", help="with --mps-control: the nvidia-smi to run")
+    serve.add_argument("--mps-cgroup", help="with --mps-control: the MPS daemons' cgroup directory")
     args = parser.parse_args(argv)
     return _serve(args)
 

@@ -135,6 +135,7 @@ def test_exact_count_fails_when_too_few_devices_are_free() -> None:
         alloc.allocate(claim("c", request(device_class=WHOLE_CLASS, count=2)))
     assert "needs 2 devices, 1 fits" in str(err.value)
     assert "1 in use by another claim (gpu.dra-gpu.io/node-1/gpu-0)" in str(err.value)
+    assert err.value.reason == "DevicesInUse", "the metrics reason comes from the refusal, not the words"
 
 
 def test_allocation_mode_all_takes_every_matching_device() -> None:
@@ -157,15 +158,17 @@ def test_allocation_mode_all_fails_on_a_tainted_device_it_does_not_tolerate() ->
     alloc = make_allocator(one_node(gpu("gpu-0"), gpu("gpu-1", taints=[taint])))
     with pytest.raises(
         AllocationError, match=r"1 is not usable.*1 tainted, not tolerated \(.*/gpu-1: broken:NoExecute\)"
-    ):
+    ) as err:
         alloc.allocate(claim("c", request(device_class=WHOLE_CLASS, allocationMode="All")))
+    assert err.value.reason == "DevicesTainted"
 
 
 def test_shares_of_one_claim_must_fit_the_gpu_together() -> None:
     alloc = make_allocator(one_node(gpu("gpu-0", shared=True)))
     c = claim("c", request("a", memory="50Gi", cores="10"), request("b", memory="50Gi", cores="10"))
-    with pytest.raises(AllocationError, match="each request fits on its own, but not all together"):
+    with pytest.raises(AllocationError, match="each request fits on its own, but not all together") as err:
         alloc.allocate(c)
+    assert err.value.reason == "Unsatisfiable"
 
 
 def test_all_with_more_than_32_devices_fails_and_32_succeed() -> None:

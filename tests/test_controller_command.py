@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dra_gpu.cli import build_parser, main
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """`main()` configures the root logger for the process; put it back for the tests that follow."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    root.handlers[:] = handlers
 
 
 def test_flags_and_their_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:

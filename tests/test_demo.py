@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import io
-import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,6 @@ import pytest
 from dra_gpu.cli import main
 from dra_gpu.demo.limiter import find_limiter_build
 from dra_gpu.demo.run import DemoReport, run_demo
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """`main()` configures the root logger for the process; put it back for the tests that follow."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    root.handlers[:] = handlers
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +65,7 @@ def test_the_summary_is_readable_and_names_what_is_simulated(demo: tuple[DemoRep
     assert re.search(r"limited\s+Limiter\s+10Gi memory, 30 cores\s+inference\s+scheduler", block)
     assert re.search(r"team-share\s+Limiter\s+16Gi memory, 40 cores\s+team-0, team-1, team-2", block)
     assert "pods team-0, team-1, team-2 (claims: team-share)" in text
-    assert "DRAGPU_MEMORY_LIMIT_0=10737418240 (10Gi)" in text
+    assert re.search(r"DRAGPU_MEMORY_LIMIT_BY_UUID=GPU-[0-9a-f-]+=10737418240", text), text
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in text
     assert any(c.startswith("start_mps_daemon") for c in report.gpu_commands)
 

@@ -71,13 +71,14 @@ def test_new_node_gets_the_hook_with_request_as_soft_and_limit_as_hard(node: Nod
     assert f"{NEW.uuid}={2 * GIB}:{6 * GIB}" in create.args
     assert [h.kind for h in plan.holds if h.kind == "memory-limits"] == ["memory-limits"]
     # The limiter keeps the claim-wide pooled budget, at the ceiling.
-    assert plan.claim_edits.env["DRAGPU_MEMORY_LIMIT_0"] == str(6 * GIB)
+    assert plan.limits[NEW.uuid].memory == 6 * GIB
 
 
 def test_old_node_gets_no_hook_only_the_limiter(node: NodeContext) -> None:
     plan = plan_for(node, share(OLD, 2 * GIB, memoryLimit="6Gi"))
     assert not plan.cdi_spec().devices[0].container_edits.hooks
-    assert plan.claim_edits.env["LD_PRELOAD"]
+    assert plan.limits[OLD.uuid].memory == 6 * GIB
+    assert "/etc/ld.so.preload" in [m.container_path for m in plan.claim_edits.mounts]
 
 
 def test_limit_below_the_request_is_refused_with_what_to_change(node: NodeContext) -> None:

@@ -29,6 +29,7 @@ CAMEL_KEYS = {
     "cudaDriverVersion",
     "pciBusId",
     "migCapable",
+    "migEnabled",
     "healthy",
     "healthReason",
 }

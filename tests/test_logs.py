@@ -11,14 +11,6 @@ import pytest
 from dra_gpu.logs import setup_logging
 
 
-@pytest.fixture(autouse=True)
-def restore_root_logger():
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
-
-
 def test_json_lines_carry_the_fields_given_with_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,6 @@ from dra_gpu.monitor.cgroup import parse_cgroup
 from dra_gpu.monitor.nvml import NvmlSampler
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def limiter_config(policy: str | None = None, **limits: Any) -> dict[str, Any]:
@@ -198,13 +190,25 @@ def test_process_beyond_its_share_without_the_limiter_is_caught(
     greedy = add_claim(
         api,
         "greedy",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "2Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "2Gi", "cores": "50"},
+            )
+        ],
         [opaque(limiter_config(policy))],
     )
     polite = add_claim(
         api,
         "polite",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000b", consumed={"memory": "8Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000b",
+                consumed={"memory": "8Gi", "cores": "50"},
+            )
+        ],
         [opaque(limiter_config(policy))],
     )
     offender, bystander = _child(), _child()
@@ -275,7 +279,13 @@ def test_a_claim_config_cannot_loosen_the_class_watchdog_policy(dirs: PluginDirs
     claim = add_claim(
         api,
         "tenant",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [
             opaque(limiter_config("Terminate"), source="FromClass"),
             opaque(limiter_config("Report"), source="FromClaim"),

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,8 @@ from plugin_harness import (
 )
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -44,22 +45,6 @@ pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
     reason="the prometheus binary is not installed (Debian package prometheus)",
 )
-
-
-@pytest.fixture(scope="module")
-def built() -> Path:
-    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
-        pytest.skip("no C compiler or make: the native limiter cannot be built")
-    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return BUILD
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def _free_port() -> int:
@@ -86,7 +71,13 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
     claim = add_claim(
         api,
         "llm",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
     )
     with running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin:
@@ -100,11 +91,12 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
         }
         env.update(
             LD_LIBRARY_PATH=str(built / "fake"),
-            LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
-            # The claim's state directory as the host has it (a container sees it at its mount point).
-            DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
-            DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
-            CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+            # What the library reads from the claim's limits file in a container, as the host has it.
+            **{
+                **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
+                "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),  # the build, not the stand-in file
+            },
+            CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
         )
         workload = subprocess.Popen(
             [str(built / "limiter-probe"), "alloc", str(256 * MiB), "3", "--hold"],
@@ -145,7 +137,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
                 raise AssertionError(
                     f"{exc}; last answer {_query(port, promql)}; prometheus log:\n{log}"
                 ) from None
-            assert result[0]["metric"]["gpu_uuid"] == container.env["CUDA_VISIBLE_DEVICES"]
+            assert result[0]["metric"]["gpu_uuid"] == ",".join(device_uuids(container.env))
             assert result[0]["metric"]["sharing"] == "Limiter"
             limit = _query(port, 'dra_gpu_claim_memory_limit_bytes{claim="llm"}')
             assert limit and float(limit[0]["value"][1]) == 1024 * MiB

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
+from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -17,15 +16,6 @@ BUILD = LIMITER / "build"
 MiB = 2**20
 GiB = 2**30
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
-
-
-@pytest.fixture(scope="module")
-def built() -> Path:
-    if shutil.which(os.environ.get("CC", "cc")) is None or shutil.which("make") is None:
-        pytest.skip("no C compiler or make: the native limiter cannot be built")
-    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return BUILD
 
 
 def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
@@ -134,7 +124,13 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
     claim = add_claim(
         api,
         "batch",
-        [Alloc(device="gpu-1", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "1Gi"})],
+        [
+            Alloc(
+                device="gpu-1",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
         namespace="team-a",
     )
@@ -152,10 +148,11 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
             }
             env.update(
                 LD_LIBRARY_PATH=str(built / "fake"),
-                LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
-                DRAGPU_LIMITER_STATE_DIR=str(dirs.state_dir / "claims" / uid_of(claim) / "limiter"),
-                DRAGPU_MEMORY_LIMIT_BY_UUID=container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"],
-                CUDA_VISIBLE_DEVICES=container.env["CUDA_VISIBLE_DEVICES"],
+                **{
+                    **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
+                    "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),  # the build, not the stand-in file
+                },
+                CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
             )
             workload = subprocess.Popen(
                 [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
@@ -176,7 +173,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 assert labels == {
                     "namespace": "team-a",
                     "claim": "batch",
-                    "gpu_uuid": container.env["CUDA_VISIBLE_DEVICES"],
+                    "gpu_uuid": ",".join(device_uuids(container.env)),
                     "sharing": "Limiter",
                 }
                 assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +40,6 @@ from dra_gpu.plugin.checkpoint import (
 from dra_gpu.plugin.commands import SimulatedCommands
 
 GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def sample() -> Checkpoint:
@@ -331,7 +324,7 @@ def test_a_repeated_prepare_after_a_new_allocation_prepares_the_new_one(dirs: Pl
         reallocate(api, claim, [Alloc(device="gpu-1").result()], ts)
         answer = kubelet.prepare(claim)[uid_of(claim)]
         assert answer.error == "" and [d.device_name for d in answer.devices] == ["gpu-1"]
-        assert resolve(dirs, cdi_ids(answer)).env["NVIDIA_VISIBLE_DEVICES"] == GPU1
+        assert resolve(dirs, cdi_ids(answer)).env["DRAGPU_DEVICE_GPU_1"] == GPU1
         assert [s.device for s in dirs.checkpoint().claims[uid_of(claim)].shares] == ["gpu-1"]
         assert simulated_gpu_state(dirs)["timeslice"] == {"1": 3}
         assert kubelet.prepare(claim)[uid_of(claim)].devices == answer.devices, "and now it is idempotent"
@@ -357,3 +350,24 @@ def test_a_repeated_prepare_of_the_same_allocation_leaves_the_claims_setup_alone
         assert kubelet.prepare(claim)[uid_of(claim)] == first
         assert commands.calls[calls:] == [], "the MPS daemon its clients use is neither stopped nor restarted"
         kubelet.close()
+
+
+def test_a_checkpoint_damaged_while_running_is_rebuilt_by_the_next_call(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    mps, lim, ts = prepare_three(dirs, api)
+    with running_plugin(dirs, api) as plugin:
+        (dirs.state_dir / "checkpoint.json").write_text("\x00 damaged while the agent runs")
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(lim)[uid_of(lim)].error == ""
+        kubelet.close()
+
+        def rebuilt() -> bool:  # by this call, or by the supervision loop that saw the damage first
+            snapshot = plugin.preparer.snapshot()
+            return not snapshot.rebuildPending and set(snapshot.claims) == {uid_of(c) for c in (mps, lim, ts)}
+
+        deadline = time.monotonic() + 30
+        while not rebuilt() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rebuilt(), plugin.preparer.snapshot()
+    assert len(list(dirs.state_dir.glob("checkpoint.json.corrupt-*"))) == 1

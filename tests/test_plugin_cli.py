@@ -7,23 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from plugin_harness import Kubelet, PluginDirs
 
 from dra_gpu.manifests import load_values, render
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
 
 CLI = [sys.executable, "-m", "dra_gpu.cli", "--log-format", "json", "kubelet-plugin"]
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def env_for(dirs: PluginDirs, kubeconfig: Path, **extra: str) -> dict[str, str]:
@@ -88,6 +79,14 @@ def test_bad_flags_are_named(dirs: PluginDirs, tmp_path: Path) -> None:
     assert bad_sharing.returncode == 2 and "unknown mode 'Fast'" in bad_sharing.stderr
     bad_backend = run_cli("--node-name", "n", "--gpu-backend", "fake", env=env)
     assert bad_backend.returncode == 1 and "unknown inventory 'fake'" in bad_backend.stderr
+    bad_shm = run_cli("--node-name", "n", "--mps-shm-size", "lots", env=env)
+    assert bad_shm.returncode == 2
+    assert "--mps-shm-size 'lots' must be a quantity of at least 64Mi (e.g. 1Gi)" in bad_shm.stderr
+    no_root = run_cli("--node-name", "n", "--driver-root", str(tmp_path / "nowhere"), env=env)
+    assert (
+        no_root.returncode == 2
+        and f"--driver-root {tmp_path / 'nowhere'} is not a directory" in no_root.stderr
+    )
 
 
 def test_runs_registers_answers_and_leaves_on_sigterm(dirs: PluginDirs, tmp_path: Path) -> None:

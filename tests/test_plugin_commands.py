@@ -185,7 +185,7 @@ def test_simulated_commands_keep_state_across_instances_and_fail_on_demand(tmp_p
     reason="needs root and util-linux unshare to give the daemon its own /dev/shm",
 )
 def test_mps_daemon_gets_the_gpus_shm_directory_as_its_dev_shm(tmp_path: Path) -> None:
-    """MPS clients mount `<mps dir>/shm` as /dev/shm; the daemon must write to the same place."""
+    """MPS clients mount `<mps dir>/shm` as /dev/shm; the daemon must write to the same place, a tmpfs."""
     control = tmp_path / "nvidia-cuda-mps-control"
     control.write_text(
         "#!/bin/sh\n"
@@ -197,7 +197,17 @@ def test_mps_daemon_gets_the_gpus_shm_directory_as_its_dev_shm(tmp_path: Path) -
     pipe, logs, shm = base / "pipe", base / "log", base / "shm"
     for directory in (pipe, logs, shm):
         directory.mkdir(parents=True)
-    commands = NvidiaCommands(mps_control=str(control), timeout_s=5, start_wait_s=2, isolate_shm=True)
+    commands = NvidiaCommands(
+        mps_control=str(control), timeout_s=5, start_wait_s=2, isolate_shm=True, mps_shm_bytes=64 << 20
+    )
     commands.start_mps_daemon("GPU-abc", pipe, logs)
-    assert (shm / "marker").read_text() == "from-daemon\n"
-    assert not Path("/dev/shm/marker").exists()  # the node's own /dev/shm is untouched
+    try:
+        assert (shm / "marker").read_text() == "from-daemon\n"
+        assert not Path("/dev/shm/marker").exists()  # the node's own /dev/shm is untouched
+        # Memory, not the node's disk, and bounded: a tmpfs of the configured size.
+        usage = os.statvfs(shm)
+        assert usage.f_blocks * usage.f_frsize == 64 << 20
+        assert os.path.ismount(shm)
+    finally:
+        commands.stop_mps_daemon("GPU-abc", pipe)
+    assert not os.path.ismount(shm), "the daemon's /dev/shm goes with it"

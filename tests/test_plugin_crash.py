@@ -91,7 +91,9 @@ def cluster() -> Iterator[Cluster]:
             "ts",
             [
                 Alloc(
-                    device="gpu-1", share_id="5e1d0b3a-0000-4000-8000-00000000000c", consumed={"cores": "10"}
+                    device="gpu-1",
+                    share_id="5e1d0b3a-0000-4000-8000-00000000000c",
+                    consumed={"memory": "8Gi", "cores": "10"},
                 )
             ],
             [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Medium"}))],
@@ -114,8 +116,10 @@ def assert_prepared(cluster: Cluster, answers: dict[str, Any]) -> None:
     assert state["computeMode"] == {GPU0: "EXCLUSIVE_PROCESS"}
     assert set(state["mps"]) == {GPU0}
     assert state["timeslice"] == {"1": 2}
-    lim = uid_of(cluster.claims[1])
-    assert dirs.claim_dirs() == [lim] and (dirs.state_dir / "claims" / lim / "limiter").is_dir()
+    # The limiter's claim and the MPS claim (its memory budget is pooled by the limiter) have state.
+    mps, lim = uid_of(cluster.claims[0]), uid_of(cluster.claims[1])
+    assert dirs.claim_dirs() == sorted([mps, lim])
+    assert all((dirs.state_dir / "claims" / uid / "limiter").is_dir() for uid in (mps, lim))
 
 
 def assert_clean(dirs: PluginDirs) -> None:

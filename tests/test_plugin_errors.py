@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from plugin_harness import (
     NODE,
     PROFILE,
@@ -26,25 +23,6 @@ from dra_gpu.plugin.commands import SimulatedCommands
 GPU0 = SimulatedInventory(PROFILE, seed=NODE).gpus()[0].uuid
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
-
-
-@pytest.fixture
-def api() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-def kubelet(dirs: PluginDirs) -> Iterator[Kubelet]:
-    k = Kubelet(dirs.registration_dir)
-    yield k
-    k.close()
 
 
 def prepare_error(dirs: PluginDirs, api: FakeKube, kubelet: Kubelet, claim, **plugin_kw) -> str:
@@ -258,7 +236,7 @@ def test_a_whole_device_allocated_twice_is_refused_whatever_the_strategy(dirs, a
     ts = [opaque(gpu_config("TimeSlicing"))]
     first = add_claim(api, "first", [Alloc()], ts)
     second = add_claim(api, "second", [Alloc()], ts)
-    share = add_claim(api, "share", [Alloc(share_id=SHARE_A, consumed={"cores": "10"})], ts)
+    share = add_claim(api, "share", [Alloc(share_id=SHARE_A, consumed={"memory": "8Gi", "cores": "10"})], ts)
     with running_plugin(dirs, api):
         kubelet.register()
         answers = kubelet.prepare(first, second, share)

@@ -11,7 +11,7 @@ import socket
 import stat
 import time
 import urllib.request
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,8 +22,6 @@ from plugin_harness import (
     NODE,
     PROFILE,
     Alloc,
-    Kubelet,
-    PluginDirs,
     add_claim,
     cdi_ids,
     gpu_config,
@@ -35,34 +33,14 @@ from plugin_harness import (
 )
 
 from dra_gpu.inventory import SimulatedInventory
-from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.commands import SimulatedCommands
-from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_STATE_DIR
+from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
 
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()
 GPU0, GPU1 = GPUS[0].uuid, GPUS[1].uuid
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
-
-
-@pytest.fixture
-def api() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
-def kubelet(dirs: PluginDirs) -> Iterator[Kubelet]:
-    k = Kubelet(dirs.registration_dir)
-    yield k
-    k.close()
 
 
 def test_registration_advertises_dra_v1_both_health_versions_and_the_service_socket(
@@ -103,8 +81,10 @@ def test_exclusive_claim_gets_its_gpu_device_nodes_and_visibility(dirs, api, kub
         assert (device.pool_name, device.device_name, list(device.request_names)) == (NODE, "gpu-1", ["gpu"])
         assert list(device.cdi_device_ids) == [f"{DRIVER}/claim={uid_of(claim)}-gpu-1"]
         container = resolve(dirs, cdi_ids(response))
-        assert container.env["NVIDIA_VISIBLE_DEVICES"] == GPU1
-        assert container.env["CUDA_VISIBLE_DEVICES"] == GPU1
+        # The device node is the visibility; no claim-wide variable lists GPUs.
+        assert container.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert "CUDA_VISIBLE_DEVICES" not in container.env
+        assert container.env["DRAGPU_DEVICE_GPU_1"] == GPU1
         assert "LD_PRELOAD" not in container.env
         nodes = {n.path: n.host_path for n in container.device_nodes}
         assert set(nodes) == {"/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
@@ -120,7 +100,7 @@ def test_no_device_nodes_are_listed_where_the_host_has_none(dirs, api, kubelet) 
         kubelet.register()
         container = resolve(dirs, cdi_ids(kubelet.prepare(claim)[uid_of(claim)]))
         assert container.device_nodes == []
-        assert container.env["NVIDIA_VISIBLE_DEVICES"] == GPU0
+        assert container.env["DRAGPU_DEVICE_GPU_0"] == GPU0
 
 
 def test_the_toolkit_device_is_returned_beside_ours_when_its_spec_exists(dirs, api, kubelet) -> None:
@@ -150,7 +130,7 @@ def test_the_toolkit_device_is_returned_beside_ours_when_its_spec_exists(dirs, a
         assert "deviceNodes" not in json.dumps(ours), "the toolkit's device brings the nodes"
         container = resolve(dirs, cdi_ids(response))
         assert [n.path for n in container.device_nodes] == ["/dev/nvidia0"]
-        assert container.env["NVIDIA_VISIBLE_DEVICES"] == GPU0
+        assert container.env["NVIDIA_VISIBLE_DEVICES"] == "void"
         assert container.env["NVIDIA_CTK_LIBCUDA_DIR"] == "/usr/lib/x86_64-linux-gnu"
 
 
@@ -175,15 +155,26 @@ def test_limiter_claims_get_the_library_their_state_dir_and_their_share(dirs, ap
             assert response.error == ""
             assert response.devices[0].share_id == share
             container = resolve(dirs, cdi_ids(response))
-            assert container.env["LD_PRELOAD"] == CONTAINER_LIBRARY
-            assert container.env["DRAGPU_LIMITER_STATE_DIR"] == CONTAINER_STATE_DIR
-            assert container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"] == f"{GPU0}={memory}"
-            assert container.env["DRAGPU_MEMORY_LIMIT_0"] == str(memory)
-            assert container.env["DRAGPU_CORES_LIMIT"] == cores
+            inside = container_claim_dir(uid_of(claim))
+            limits = container.mount_for(f"{inside}/limits")
+            assert limits is not None and "ro" in (limits.options or [])
+            assert limits.host_path == str(dirs.state_dir / "claims" / uid_of(claim) / "limits")
+            assert stat.S_IMODE(os.stat(limits.host_path).st_mode) == 0o444
+            assert Path(limits.host_path).read_text() == (
+                f"version=1\nclaim=default/{claim['metadata']['name']}\nstate={inside}/limiter\n"
+                f"device={GPU0} memory={memory} cores={cores}\n"
+            )
+            preload = container.mount_for(CONTAINER_PRELOAD)
+            assert preload is not None and Path(preload.host_path).read_text() == CONTAINER_LIBRARY + "\n"
+            # No limiter environment: another claim of the same container would overwrite it.
+            assert not any(
+                k.startswith(("LD_PRELOAD", "DRAGPU_LIMITER", "DRAGPU_MEMORY", "DRAGPU_CORES"))
+                for k in container.env
+            )
             library = container.mount_for(CONTAINER_LIBRARY)
             assert library is not None and library.host_path == str(dirs.limiter_library)
             assert "ro" in (library.options or [])
-            state = container.mount_for(CONTAINER_STATE_DIR)
+            state = container.mount_for(f"{inside}/limiter")
             assert state is not None and "rw" in (state.options or [])
             assert state.host_path == str(dirs.state_dir / "claims" / uid_of(claim) / "limiter")
             assert os.path.isdir(state.host_path)
@@ -203,12 +194,12 @@ def test_limiter_limits_come_from_the_config_without_consumable_capacity(dirs, a
     )
     with running_plugin(dirs, api):
         kubelet.register()
-        container = resolve(dirs, cdi_ids(kubelet.prepare(claim)[uid_of(claim)]))
-        assert container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"] == f"{GPU1}={4 << 30}"
-        assert container.env["DRAGPU_CORES_LIMIT"] == "25"
+        kubelet.prepare(claim)
+        limits = dirs.state_dir / "claims" / uid_of(claim) / "limits"
+        assert limits.read_text().splitlines()[-1] == f"device={GPU1} memory={4 << 30} cores=25"
 
 
-def test_multi_gpu_limiter_claim_numbers_limits_by_cuda_ordinal(dirs, api, kubelet) -> None:
+def test_multi_gpu_limiter_claim_has_one_limits_line_per_gpu(dirs, api, kubelet) -> None:
     claim = add_claim(
         api,
         "two",
@@ -223,18 +214,23 @@ def test_multi_gpu_limiter_claim_numbers_limits_by_cuda_ordinal(dirs, api, kubel
         response = kubelet.prepare(claim)[uid_of(claim)]
         assert [list(d.request_names) for d in response.devices] == [["a"], ["b"]]
         container = resolve(dirs, cdi_ids(response))
-        assert container.env["CUDA_VISIBLE_DEVICES"] == f"{GPU1},{GPU0}"
-        assert container.env["DRAGPU_MEMORY_LIMIT_0"] == str(2 << 30)  # gpu-1 is CUDA device 0
-        assert container.env["DRAGPU_MEMORY_LIMIT_1"] == str(3 << 30)
-        assert container.env["DRAGPU_MEMORY_LIMIT_BY_UUID"] == f"{GPU1}={2 << 30},{GPU0}={3 << 30}"
-        assert container.env["DRAGPU_CORES_LIMIT"] == "40"
+        assert "CUDA_VISIBLE_DEVICES" not in container.env
+        limits = dirs.state_dir / "claims" / uid_of(claim) / "limits"
+        assert limits.read_text().splitlines()[3:] == [
+            f"device={GPU1} memory={2 << 30} cores=40",
+            f"device={GPU0} memory={3 << 30} cores=50",
+        ]
 
 
 def test_time_slicing_sets_the_interval_once_and_restores_it_after_the_last_claim(dirs, api, kubelet) -> None:
     commands = SimulatedCommands(state_file=dirs.simulated_state)
     ts = [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))]
-    a = add_claim(api, "ts-a", [Alloc(device="gpu-1", share_id=SHARE_A, consumed={"cores": "10"})], ts)
-    b = add_claim(api, "ts-b", [Alloc(device="gpu-1", share_id=SHARE_B, consumed={"cores": "10"})], ts)
+    a = add_claim(
+        api, "ts-a", [Alloc(device="gpu-1", share_id=SHARE_A, consumed={"memory": "8Gi", "cores": "10"})], ts
+    )
+    b = add_claim(
+        api, "ts-b", [Alloc(device="gpu-1", share_id=SHARE_B, consumed={"memory": "8Gi", "cores": "10"})], ts
+    )
     with running_plugin(dirs, api, commands=commands):
         kubelet.register()
         assert all(r.error == "" for r in kubelet.prepare(a).values())
@@ -243,7 +239,7 @@ def test_time_slicing_sets_the_interval_once_and_restores_it_after_the_last_clai
         assert commands.calls.count(("set_timeslice", "1", "3")) == 1, "a repeated prepare sets nothing again"
         assert kubelet.prepare(b)[uid_of(b)].error == ""
         container = resolve(dirs, cdi_ids(kubelet.prepare(b)[uid_of(b)]))
-        assert container.env["NVIDIA_VISIBLE_DEVICES"] == GPU1
+        assert container.env["DRAGPU_DEVICE_GPU_1"] == GPU1
         assert kubelet.unprepare(a) == {uid_of(a): ""}
         assert simulated_gpu_state(dirs)["timeslice"] == {"1": 3}, "claim b still relies on it"
         assert kubelet.unprepare(b) == {uid_of(b): ""}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,13 +29,6 @@ from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def share(position: int, strategy: str, **section: object) -> Share:
@@ -96,9 +88,9 @@ def test_two_shares_of_one_gpu_in_one_claim_get_distinct_cdi_devices(dirs: Plugi
             f"gpu.dra-gpu.io/claim={uid_of(claim)}-gpu-0-00000000-0000-4000-8000-00000000000b",
         ]
         container = resolve(dirs, ids)
-        assert container.env["DRAGPU_MEMORY_LIMIT_0"] == str(3 << 30), "both shares count against one limit"
-        assert container.env["DRAGPU_CORES_LIMIT"] == "15"
-        assert container.env["CUDA_VISIBLE_DEVICES"] == GPUS[0].uuid
+        del container  # both shares count against one limit: one line for the GPU
+        limits = dirs.state_dir / "claims" / uid_of(claim) / "limits"
+        assert limits.read_text().splitlines()[-1] == f"device={GPUS[0].uuid} memory={3 << 30} cores=15"
         kubelet.close()
 
 

@@ -94,6 +94,15 @@ def test_shared_and_mps_gpus_are_multi_allocatable_and_exclusive_ones_are_not() 
     assert all("requestPolicy" not in c for c in devices["gpu-2"]["capacity"].values())
 
 
+@pytest.mark.parametrize("mode", list(GpuSharingMode))
+def test_a_gpu_in_mig_mode_is_published_whole_whatever_the_sharing_setting(mode: GpuSharingMode) -> None:
+    device = build_device(replace(one_gpu(), mig_enabled=True), mode)
+    assert device["attributes"]["sharing"] == {"string": "Exclusive"}
+    assert device["attributes"]["migEnabled"] == {"bool": True}
+    assert "allowMultipleAllocations" not in device
+    assert build_device(one_gpu(), mode)["attributes"]["migEnabled"] == {"bool": False}
+
+
 def test_request_policies_give_the_whole_gpu_by_default_and_exact_shares_on_request() -> None:
     gpu = one_gpu()
     device = build_device(gpu, GpuSharingMode.SHARED)

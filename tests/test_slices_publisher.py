@@ -283,7 +283,11 @@ def test_mode_change_keeps_shareability_while_shares_exist(caplog: pytest.LogCap
     pub, _ = make(api, sharing="*=Shared")
     pub.sync()
     assert devices(api)["gpu-0"]["allowMultipleAllocations"] is True
-    share = Alloc(device="gpu-0", share_id="0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01", consumed={"memory": "1Gi"})
+    share = Alloc(
+        device="gpu-0",
+        share_id="0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01",
+        consumed={"memory": "1Gi", "cores": "50"},
+    )
     add_claim(api, "share-a", [share], namespace="team")
 
     # gpu-0 (one share) and gpu-1 (none) become Exclusive: only gpu-0 has to wait.

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +17,6 @@ from dra_gpu.kube import Forbidden, KubeAPI
 from dra_gpu.kube.fake import FakeKube
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s-1.36-real"
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """`main()` configures the root logger for the process; put it back for the tests that follow."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    root.setLevel(level)
-    root.handlers[:] = handlers
 
 
 def cluster() -> FakeKube:

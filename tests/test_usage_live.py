@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,6 @@ from dra_gpu.cli import main
 from dra_gpu.commands import usage as usage_command
 from dra_gpu.kube import KubeAPI
 from dra_gpu.kube.fake import FakeKube
-
-
-@pytest.fixture
-def dirs() -> Iterator[PluginDirs]:
-    d = PluginDirs.create()
-    yield d
-    d.cleanup()
 
 
 def test_use_beside_allocation_and_allocations_alone_without_agents(
@@ -39,7 +31,13 @@ def test_use_beside_allocation_and_allocations_alone_without_agents(
     claim = add_claim(
         api,
         "inference",
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-00000000000a", consumed={"memory": "4Gi"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "4Gi", "cores": "50"},
+            )
+        ],
         [opaque(gpu_config("Limiter"))],
     )
     proc_root = tmp_path / "proc"

@@ -1,26 +1,28 @@
-"""Entry point of the `dra-gpu` command: discovers subcommands in `dra_gpu.commands`."""
+"""Entry point of the `dra-gpu` command: the subcommands of `dra_gpu.commands`, listed here."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import pkgutil
 import sys
 from types import ModuleType
 
-from dra_gpu import __version__, commands
+from dra_gpu import __version__
+from dra_gpu.commands import cdi_hook, controller, demo, gpus, kubelet_plugin, manifests, schema, usage
 from dra_gpu.flags import add_flag
 from dra_gpu.logs import setup_logging
 
-
-def _command_modules() -> list[ModuleType]:
-    found = []
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        found.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
-    return found
+COMMANDS: tuple[ModuleType, ...] = (
+    cdi_hook,
+    controller,
+    demo,
+    gpus,
+    kubelet_plugin,
+    manifests,
+    schema,
+    usage,
+)
+"""Every subcommand, in the order `--help` lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flag(parser, "--log-format", default="text", choices=["json", "text"], help="log line format")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _command_modules():
+    for module in COMMANDS:
         child = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(child)
         child.set_defaults(_run=module.run)

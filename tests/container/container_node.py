@@ -9,6 +9,8 @@ run's plugin (which finds it on disk and not in its API).
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +27,7 @@ from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, cdi_ids, opaqu
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
+from dra_gpu.plugin.commands import GpuCommands
 from dra_gpu.plugin.prepare import device_name
 
 TEST_DRIVER = "container-test.gpu.dra-gpu.io"
@@ -57,6 +60,17 @@ class Limiter:
         On a GPU node the NVIDIA toolkit injects the real driver library; this mount is its stand-in.
         """
         return [Volume(self.fake_libcuda, CONTAINER_LIBCUDA), Volume(self.probe, CONTAINER_PROBE)]
+
+
+def make_device_nodes(root: Path, minors: tuple[int, ...]) -> None:
+    """`<root>/dev/nvidia<minor>` and the common nodes as character devices 1:3 (what /dev/null is):
+    a runtime creates them in a container as it would the real ones."""
+    dev = root / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    for name in [f"nvidia{m}" for m in minors] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        path = dev / name
+        if not path.exists():
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
 
 
 @dataclass
@@ -95,23 +109,37 @@ class Node:
 
 
 @contextmanager
-def plugin_node(limiter: Limiter, cdi_dir: Path = RUNTIME_CDI_DIR, profile: str = PROFILE) -> Iterator[Node]:
-    """A registered plugin writing its specs to ``cdi_dir``; its spec files are gone afterwards."""
+def plugin_node(
+    limiter: Limiter,
+    cdi_dir: Path = RUNTIME_CDI_DIR,
+    profile: str = PROFILE,
+    commands: GpuCommands | None = None,
+    **config: Any,
+) -> Iterator[Node]:
+    """A registered plugin writing its specs to ``cdi_dir``; its spec files are gone afterwards.
+
+    ``config`` overrides PluginConfig fields (e.g. ``dev_root``, ``driver_root``, ``nvidia_ctk_dirs``).
+    """
     dirs = PluginDirs.create(with_limiter=False)
     specs = ClaimSpecs(cdi_dir, TEST_DRIVER)
     inventory = SimulatedInventory(profile, seed=NODE)
     api = FakeKube()
     try:
+        settings: dict[str, Any] = {
+            "nvidia_ctk_dirs": (dirs.ctk_dir,),
+            "dev_root": Path("/"),  # the real host: simulated GPUs have no /dev/nvidia* here
+            "limiter_library": limiter.library,
+            **config,
+        }
         with running_plugin(
             dirs,
             api,
             inventory=inventory,
+            commands=commands,
             driver_name=TEST_DRIVER,
             node_name=NODE,
             cdi_dir=cdi_dir,
-            nvidia_ctk_dirs=(dirs.ctk_dir,),
-            dev_root=Path("/"),  # the real host: simulated GPUs have no /dev/nvidia* here
-            limiter_library=limiter.library,
+            **settings,
         ):
             kubelet = Kubelet(dirs.registration_dir, driver=TEST_DRIVER)
             kubelet.register()

@@ -122,7 +122,13 @@ MODES: dict[str, tuple[list[Alloc], dict[str, Any]]] = {
         gpu_config("Exclusive"),
     ),
     "time-slicing": (
-        [Alloc(device="gpu-0", share_id="00000000-0000-4000-8000-0000000000a1", consumed={"cores": "10"})],
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="00000000-0000-4000-8000-0000000000a1",
+                consumed={"memory": "8Gi", "cores": "10"},
+            )
+        ],
         gpu_config("TimeSlicing", timeSlicing={"interval": "Medium"}),
     ),
     "mps": (

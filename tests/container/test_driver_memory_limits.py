@@ -69,7 +69,11 @@ def hook(tmp_path: Path, node_615: Node, monkeypatch: pytest.MonkeyPatch) -> Pat
 def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_it_starts(
     node_615: Node, podman: Podman, hook: Path, driver_stand_in: list[Volume]
 ) -> None:
-    alloc = Alloc(device="gpu-0", share_id="3c2b1a00-0000-4000-8000-000000000001", consumed={"memory": "2Gi"})
+    alloc = Alloc(
+        device="gpu-0",
+        share_id="3c2b1a00-0000-4000-8000-000000000001",
+        consumed={"memory": "2Gi", "cores": "50"},
+    )
     config = gpu_config("Limiter", limiter={"memoryLimit": "3Gi"})
     claim, ids = node_615.prepare("driver-limits", [alloc], config)
     script = sections(
@@ -77,7 +81,10 @@ def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_
     )
     volumes = [Volume(hook, "/nvml-calls.jsonl"), *driver_stand_in]
     result = podman.run(
-        script, devices=ids, volumes=volumes, env={"FAKE_CUDA_MEMORY_BYTES": str(16 * GIB)}
+        script,
+        devices=ids,
+        volumes=volumes,
+        env={"FAKE_CUDA_MEMORY_BYTES": str(16 * GIB), "CUDA_VISIBLE_DEVICES": node_615.gpus["gpu-0"].uuid},
     ).check()
 
     (own,) = [line[3:] for line in result.section("cgroup") if line.startswith("0::")]

@@ -51,7 +51,8 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
     ]
     _, ids = node.prepare("pooled", claim_allocs, gpu_config("Limiter"))
     physical = 4 * cap
-    driver_env = {"FAKE_CUDA_MEMORY_BYTES": str(physical)}
+    # The fake driver cannot see device nodes: it shows the GPUs this names, as the nodes would.
+    driver_env = {"FAKE_CUDA_MEMORY_BYTES": str(physical), "CUDA_VISIBLE_DEVICES": node.gpus["gpu-0"].uuid}
     a_chunks = (cap // chunk) * 5 // 8  # well under the cap: all of them succeed
 
     probe_a = sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk} {a_chunks} --hold")

@@ -7,14 +7,21 @@ prepare returned, and looks from inside the container (its environment, /proc/se
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
+from pathlib import Path
 
 import pytest
-from container_node import Limiter, Node
+from container_node import Limiter, Node, make_device_nodes, plugin_node
 from container_support import Podman, Result, Volume, mount_options, sections
 from plugin_harness import Alloc, gpu_config
 
-from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_STATE_DIR
+from dra_gpu.plugin.sharing.limiter import (
+    CONTAINER_CLAIMS_ROOT,
+    CONTAINER_LIBRARY,
+    CONTAINER_PRELOAD,
+    container_claim_dir,
+)
 from dra_gpu.plugin.sharing.mps import CONTAINER_PIPE_DIR, mps_dir
 from dra_gpu.quantity import parse_quantity, to_int
 
@@ -22,9 +29,18 @@ pytestmark = pytest.mark.container
 
 MIB = 1024 * 1024
 ENFORCEMENT_ENV = ("LD_PRELOAD", "DRAGPU_MEMORY_LIMIT", "DRAGPU_CORES_LIMIT", "DRAGPU_LIMITER_", "CUDA_MPS_")
-ENFORCEMENT_MOUNTS = (CONTAINER_LIBRARY, CONTAINER_STATE_DIR, CONTAINER_PIPE_DIR)
+ENFORCEMENT_MOUNTS = (CONTAINER_LIBRARY, CONTAINER_PRELOAD, CONTAINER_PIPE_DIR)
 SHARE_ID = "3c2b1a00-0000-4000-8000-0000000000"
-LOOK = sections(env="env", mounts="cat /proc/self/mountinfo")
+LOOK = sections(env="env", mounts="cat /proc/self/mountinfo", dev="ls /dev")
+COMMON = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+
+def gpu_nodes(result: Result) -> list[str]:
+    return sorted(n for n in result.section("dev") if re.fullmatch(r"nvidia\d+", n))
+
+
+def common_nodes(result: Result) -> list[str]:
+    return sorted(n for n in result.section("dev") if n in COMMON)
 
 
 def _mount_points(result: Result) -> set[str]:
@@ -35,36 +51,80 @@ def _assert_no_limiter_or_mps(result: Result) -> None:
     env = result.env()
     assert sorted(k for k in env if k.startswith(ENFORCEMENT_ENV)) == []
     assert _mount_points(result) & set(ENFORCEMENT_MOUNTS) == set()
+    assert not any(m.startswith(CONTAINER_CLAIMS_ROOT) for m in _mount_points(result))
+
+
+@pytest.fixture
+def dev_root(tmp_path: Path) -> Path:
+    """A host /dev with the GPUs' device nodes: character devices (1:3, what /dev/null is), so the
+    runtime can create them in the container and cgroup rules can name them."""
+    root = tmp_path / "host"
+    make_device_nodes(root, minors=(0, 1))
+    return root
 
 
 @pytest.mark.parametrize("devices", [["gpu-1"], ["gpu-1", "gpu-0"]], ids=["one-gpu", "two-gpus"])
 def test_exclusive_container_sees_exactly_the_allocated_gpus(
-    node: Node, podman: Podman, devices: list[str]
+    podman: Podman, limiter_build: Limiter, dev_root: Path, devices: list[str]
 ) -> None:
-    allocs = [Alloc(device=d, request=f"gpu{i}") for i, d in enumerate(devices)]
-    _, ids = node.prepare(f"exclusive-{len(devices)}", allocs, gpu_config("Exclusive"))
-    assert len(ids) == len(devices)
+    with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
+        allocs = [Alloc(device=d, request=f"gpu{i}") for i, d in enumerate(devices)]
+        _, ids = node.prepare(f"exclusive-{len(devices)}", allocs, gpu_config("Exclusive"))
+        assert len(ids) == len(devices)
 
-    result = podman.run(LOOK, devices=ids).check()
+        result = podman.run(LOOK, devices=ids).check()
+        node.unprepare_all()
 
+    assert gpu_nodes(result) == sorted(f"nvidia{node.gpus[d].minor}" for d in devices)
+    assert common_nodes(result) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
     env = result.env()
-    expected = ",".join(node.gpus[d].uuid for d in devices)  # in allocation order: CUDA ordinals follow it
-    assert env["NVIDIA_VISIBLE_DEVICES"] == expected
-    assert env["CUDA_VISIBLE_DEVICES"] == expected
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert sorted(v for k, v in env.items() if k.startswith("DRAGPU_DEVICE_")) == sorted(
+        node.gpus[d].uuid for d in devices
+    )
     _assert_no_limiter_or_mps(result)
 
 
-def test_time_sliced_container_gets_its_gpu_and_nothing_of_the_limiter_or_mps(
-    node: Node, podman: Podman
+def test_a_container_using_one_request_of_a_claim_sees_only_that_requests_gpu(
+    podman: Podman, limiter_build: Limiter, dev_root: Path
 ) -> None:
-    allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"cores": "10"})]
-    _, ids = node.prepare("time-sliced", allocs, gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))
+    with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
+        allocs = [Alloc(device="gpu-0", request="train"), Alloc(device="gpu-1", request="serve")]
+        _, ids = node.prepare("two-requests", allocs, gpu_config("Exclusive"))
+        # The kubelet passes a container only the CDI ids of the requests it names.
+        (serve,) = [i for i in ids if i.endswith("-gpu-1")]
+        result = podman.run(LOOK, devices=[serve]).check()
+        node.unprepare_all()
+    assert gpu_nodes(result) == [f"nvidia{node.gpus['gpu-1'].minor}"]
+    assert [v for k, v in result.env().items() if k.startswith("DRAGPU_DEVICE_")] == [node.gpus["gpu-1"].uuid]
 
-    result = podman.run(LOOK, devices=ids).check()
 
-    env = result.env()
-    assert env["NVIDIA_VISIBLE_DEVICES"] == node.gpus["gpu-0"].uuid
-    assert env["CUDA_VISIBLE_DEVICES"] == node.gpus["gpu-0"].uuid
+def test_a_container_using_two_claims_sees_the_gpus_of_both(
+    podman: Podman, limiter_build: Limiter, dev_root: Path
+) -> None:
+    with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
+        _, a = node.prepare("claim-a", [Alloc(device="gpu-0")], gpu_config("Exclusive"))
+        _, b = node.prepare("claim-b", [Alloc(device="gpu-1")], gpu_config("Exclusive"))
+        result = podman.run(LOOK, devices=[*a, *b]).check()
+        node.unprepare_all()
+    assert gpu_nodes(result) == ["nvidia0", "nvidia1"]
+    assert result.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_time_sliced_container_gets_its_gpu_and_nothing_of_the_limiter_or_mps(
+    podman: Podman, limiter_build: Limiter, dev_root: Path
+) -> None:
+    with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
+        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": "8Gi", "cores": "10"})]
+        _, ids = node.prepare(
+            "time-sliced", allocs, gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})
+        )
+        result = podman.run(LOOK, devices=ids).check()
+        node.unprepare_all()
+
+    assert gpu_nodes(result) == [f"nvidia{node.gpus['gpu-0'].minor}"]
+    assert result.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
     _assert_no_limiter_or_mps(result)
 
 
@@ -73,7 +133,8 @@ def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
 ) -> None:
     memory, cores = "10Gi", "30"
     allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "02", consumed={"memory": memory, "cores": cores})]
-    _, ids = node.prepare("mps", allocs, gpu_config("MPS"))
+    claim, ids = node.prepare("mps", allocs, gpu_config("MPS"))
+    uid = claim["metadata"]["uid"]
     gpu = node.gpus["gpu-0"]
     host_pipe = mps_dir(node.dirs.state_dir, gpu.uuid) / "pipe"
     token = f"client-{uuid.uuid4().hex}"
@@ -84,27 +145,28 @@ def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
         + "; "
         + sections(
             seen=f"cat {CONTAINER_PIPE_DIR}/from-host",
-            wrote=f"echo {token} > {CONTAINER_PIPE_DIR}/{token} && echo ok",
+            wrote=f"echo {token} > {CONTAINER_PIPE_DIR}/{token} 2>&1 || echo refused",
             shm=f"echo {token} > /dev/shm/{token} && echo ok",
+            limits=f"cat {container_claim_dir(uid)}/limits",
         ),
         devices=ids,
     ).check()
 
     env = result.env()
-    assert env["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == CONTAINER_PIPE_DIR
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(to_int(parse_quantity(cores)))
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={to_int(parse_quantity(memory)) // MIB}M"
-    # The control daemon's pipe directory itself, both ways: that is how an MPS client reaches it.
-    assert "rw" in mount_options(result.section("mounts"), CONTAINER_PIPE_DIR)
+    # The control daemon's pipe directory: readable (that is how a client reaches the daemon), but
+    # no client may add or remove anything in it.
+    assert "ro" in mount_options(result.section("mounts"), CONTAINER_PIPE_DIR)
     assert result.section("seen") == [token]
-    assert result.section("wrote") == ["ok"]
-    assert (host_pipe / token).read_text().strip() == token
+    assert result.section("wrote")[-1] == "refused" and not (host_pipe / token).exists()
     # Client and server exchange data through POSIX shared memory: the client's /dev/shm is the
     # GPU's shm directory, which the control daemon gets as its own /dev/shm.
     assert result.section("shm") == ["ok"]
     assert (host_pipe.parent / "shm" / token).read_text().strip() == token
-    assert "LD_PRELOAD" not in env
+    # The claim's memory is one budget for all of its processes: the limiter pools it.
+    assert f"device={gpu.uuid} memory={to_int(parse_quantity(memory))} cores=100" in result.section("limits")
 
 
 def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capacity(
@@ -116,6 +178,8 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
     gpu = node.gpus["gpu-1"]
     cap = to_int(parse_quantity(memory))
     token = f"pod-{uuid.uuid4().hex}"
+    inside = container_claim_dir(claim["metadata"]["uid"])
+    state_dir = f"{inside}/limiter"
 
     result = podman.run(
         LOOK
@@ -123,21 +187,28 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
         + sections(
             library=f"sha256sum {CONTAINER_LIBRARY}",
             write_library=f"touch {CONTAINER_LIBRARY} 2>&1 && echo writable",
-            write_state=f"echo {token} > {CONTAINER_STATE_DIR}/{token} && echo ok",
+            write_state=f"echo {token} > {state_dir}/{token} && echo ok",
+            limits=f"cat {inside}/limits",
+            preload=f"cat {CONTAINER_PRELOAD}",
             probe="limiter-probe info",
         ),
         devices=ids,
         volumes=driver_stand_in,
-        env={"FAKE_CUDA_MEMORY_BYTES": str(4 * cap)},
+        # The fake driver cannot see device nodes: it shows the GPUs this names, as the nodes would.
+        env={"FAKE_CUDA_MEMORY_BYTES": str(4 * cap), "CUDA_VISIBLE_DEVICES": gpu.uuid},
     ).check()
 
     env = result.env()
-    assert env["NVIDIA_VISIBLE_DEVICES"] == gpu.uuid
-    assert env["LD_PRELOAD"] == CONTAINER_LIBRARY
-    assert env["DRAGPU_LIMITER_STATE_DIR"] == CONTAINER_STATE_DIR
-    assert env["DRAGPU_MEMORY_LIMIT_BY_UUID"] == f"{gpu.uuid}={cap}"
-    assert env["DRAGPU_MEMORY_LIMIT_0"] == str(cap)
-    assert env["DRAGPU_CORES_LIMIT"] == str(to_int(parse_quantity(cores)))
+    # Loaded by /etc/ld.so.preload, limited by the claim's limits file: no environment of its own.
+    assert not any(k.startswith(ENFORCEMENT_ENV) for k in env)
+    assert result.section("limits") == [
+        "version=1",
+        f"claim=default/{claim['metadata']['name']}",
+        f"state={state_dir}",
+        f"device={gpu.uuid} memory={cap} cores={to_int(parse_quantity(cores))}",
+    ]
+    assert result.section("preload") == [CONTAINER_LIBRARY]
+    assert "ro" in mount_options(result.section("mounts"), f"{inside}/limits")
     assert not any(k.startswith("CUDA_MPS_") for k in env)
 
     # The node's library, read-only.
@@ -146,7 +217,7 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
     assert "ro" in mount_options(result.section("mounts"), CONTAINER_LIBRARY)
     assert "Read-only file system" in "\n".join(result.section("write_library"))
     # The claim's state directory, writable, the same directory for every pod of the claim.
-    assert "rw" in mount_options(result.section("mounts"), CONTAINER_STATE_DIR)
+    assert "rw" in mount_options(result.section("mounts"), state_dir)
     assert result.section("write_state") == ["ok"]
     assert (node.claim_dir(claim) / "limiter" / token).read_text().strip() == token
     # Preloaded for real: a CUDA program sees the claim's memory, not the GPU's.

@@ -78,7 +78,7 @@ int dl_parse_log_level(const char *s, int *out) {
 }
 
 /* A GPU or MIG UUID as NVML prints it: "GPU-" or "MIG-", then 8-4-4-4-12 hex digits. */
-static int valid_uuid(const char *s, size_t len) {
+bool dl_uuid_valid(const char *s, size_t len) {
     static const char shape[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
     if (len != 4 + sizeof shape - 1) return 0;
     if (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0) return 0;
@@ -102,7 +102,7 @@ int dl_parse_uuid_limits(const char *s, struct dl_uuid_limit *out, int max, int 
         const char *u = skip_space(p);
         size_t ulen = (size_t)(eq - u);
         while (ulen > 0 && (u[ulen - 1] == ' ' || u[ulen - 1] == '\t')) ulen--;
-        if (!valid_uuid(u, ulen)) return -1;
+        if (!dl_uuid_valid(u, ulen)) return -1;
         char value[64];
         size_t vlen = len - (size_t)(eq + 1 - p);
         if (vlen >= sizeof value) return -1;

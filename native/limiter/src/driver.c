@@ -11,7 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 #include "limiter.h"
@@ -19,8 +19,6 @@
 struct dl_real_cuda dl_cuda;
 struct dl_real_nvml dl_nvml;
 _Atomic int dl_cuda_ready, dl_nvml_ready;
-static pthread_mutex_t cuda_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
 
 struct hook {
     const char *name;
@@ -62,8 +60,8 @@ DL_NO_SANITIZE static void *find_wrapper(const struct hook *hooks, size_t n, con
 DL_NO_SANITIZE void *dl_cuda_wrapper(const char *name) { return find_wrapper(cuda_hooks, N_CUDA_HOOKS, name); }
 DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name) { return find_wrapper(nvml_hooks, N_NVML_HOOKS, name); }
 
-static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, void **used,
-                  const char *const *used_names, size_t n_used) {
+static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, void **real_hooked,
+                  void **used, const char *const *used_names, size_t n_used) {
     void *h = dlopen(soname, RTLD_NOW | RTLD_NODELETE);
     if (!h) {
         dl_warn("cannot load %s: %s", soname, dlerror());
@@ -71,8 +69,8 @@ static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, 
     }
     dl_dlsym_fn real = dl_real_dlsym();
     for (size_t i = 0; i < n_hooks; i++) {
-        *hooks[i].real = real(h, hooks[i].name);
-        if (!*hooks[i].real) dl_debug("%s has no %s", soname, hooks[i].name);
+        real_hooked[i] = real(h, hooks[i].name);
+        if (!real_hooked[i]) dl_debug("%s has no %s", soname, hooks[i].name);
     }
     for (size_t i = 0; i < n_used; i++) used[i] = real(h, used_names[i]);
     return h;
@@ -82,25 +80,64 @@ static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, 
  * must not wait for the load it is part of (it sees the entry points still unresolved instead). */
 static __thread int loading;
 
+/* No lock is held across the dynamic loader (a library constructor that calls a wrapper from another
+ * thread while this one waits for the loader's lock would deadlock): every thread that finds the driver
+ * unresolved resolves it itself (dlopen and dlsym are idempotent), and the first one to finish
+ * publishes; the others wait only for that copy to complete, which takes no lock. */
+static void publish(_Atomic int *claimed, _Atomic int *ready, void (*copy)(void *), void *arg) {
+    int expected = 0;
+    if (atomic_compare_exchange_strong(claimed, &expected, 1)) {
+        copy(arg);
+        atomic_store_explicit(ready, 1, memory_order_release);
+        return;
+    }
+    while (!atomic_load_explicit(ready, memory_order_acquire)) sched_yield();
+}
+
+#define DL_NAME(name, type) #name,
+static const char *const cuda_used_names[] = {DL_CUDA_USED(DL_NAME)};
+static const char *const nvml_used_names[] = {DL_NVML_USED(DL_NAME)};
+#undef DL_NAME
+#define N_CUDA_USED (sizeof cuda_used_names / sizeof cuda_used_names[0])
+#define N_NVML_USED (sizeof nvml_used_names / sizeof nvml_used_names[0])
+
+struct cuda_resolved {
+    void *hooked[N_CUDA_HOOKS];
+    void *used[N_CUDA_USED];
+};
+struct nvml_resolved {
+    void *hooked[N_NVML_HOOKS];
+    void *used[N_NVML_USED];
+};
+
+static void copy_cuda(void *arg) {
+    const struct cuda_resolved *r = arg;
+    for (size_t i = 0; i < N_CUDA_HOOKS; i++) *cuda_hooks[i].real = r->hooked[i];
+    size_t i = 0;
+#define DL_ASSIGN(name, type) dl_cuda.name = (type)r->used[i++];
+    DL_CUDA_USED(DL_ASSIGN)
+#undef DL_ASSIGN
+}
+
+static void copy_nvml(void *arg) {
+    const struct nvml_resolved *r = arg;
+    for (size_t i = 0; i < N_NVML_HOOKS; i++) *nvml_hooks[i].real = r->hooked[i];
+    size_t i = 0;
+#define DL_ASSIGN(name, type) dl_nvml.name = (type)r->used[i++];
+    DL_NVML_USED(DL_ASSIGN)
+#undef DL_ASSIGN
+}
+
+static _Atomic int cuda_claimed, nvml_claimed;
+
 void dl_cuda_init_slow(void) {
     if (loading) return;
-    dl_core_init();  /* log level first */
+    dl_core_init(); /* log level first */
     loading = 1;
-    pthread_mutex_lock(&cuda_mu);
-    if (!atomic_load_explicit(&dl_cuda_ready, memory_order_relaxed)) {
-#define DL_NAME(name, type) #name,
-        static const char *const used_names[] = {DL_CUDA_USED(DL_NAME)};
-#undef DL_NAME
-        void *used[sizeof used_names / sizeof used_names[0]];
-        memset(used, 0, sizeof used);
-        load("libcuda.so.1", cuda_hooks, N_CUDA_HOOKS, used, used_names, sizeof used / sizeof used[0]);
-        size_t i = 0;
-#define DL_ASSIGN(name, type) dl_cuda.name = (type)used[i++];
-        DL_CUDA_USED(DL_ASSIGN)
-#undef DL_ASSIGN
-        atomic_store_explicit(&dl_cuda_ready, 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&cuda_mu);
+    struct cuda_resolved r;
+    memset(&r, 0, sizeof r);
+    load("libcuda.so.1", cuda_hooks, N_CUDA_HOOKS, r.hooked, r.used, cuda_used_names, N_CUDA_USED);
+    publish(&cuda_claimed, &dl_cuda_ready, copy_cuda, &r);
     loading = 0;
 }
 
@@ -108,38 +145,11 @@ void dl_nvml_init_slow(void) {
     if (loading) return;
     dl_core_init();
     loading = 1;
-    pthread_mutex_lock(&nvml_mu);
-    if (!atomic_load_explicit(&dl_nvml_ready, memory_order_relaxed)) {
-#define DL_NAME(name, type) #name,
-        static const char *const used_names[] = {DL_NVML_USED(DL_NAME)};
-#undef DL_NAME
-        void *used[sizeof used_names / sizeof used_names[0]];
-        memset(used, 0, sizeof used);
-        load("libnvidia-ml.so.1", nvml_hooks, N_NVML_HOOKS, used, used_names, sizeof used / sizeof used[0]);
-        size_t i = 0;
-#define DL_ASSIGN(name, type) dl_nvml.name = (type)used[i++];
-        DL_NVML_USED(DL_ASSIGN)
-#undef DL_ASSIGN
-        atomic_store_explicit(&dl_nvml_ready, 1, memory_order_release);
-    }
-    pthread_mutex_unlock(&nvml_mu);
+    struct nvml_resolved r;
+    memset(&r, 0, sizeof r);
+    load("libnvidia-ml.so.1", nvml_hooks, N_NVML_HOOKS, r.hooked, r.used, nvml_used_names, N_NVML_USED);
+    publish(&nvml_claimed, &dl_nvml_ready, copy_nvml, &r);
     loading = 0;
-}
-
-/* A fork while another thread loads a library must not leave the child with a held mutex. */
-void dl_driver_before_fork(void) {
-    pthread_mutex_lock(&cuda_mu);
-    pthread_mutex_lock(&nvml_mu);
-}
-
-void dl_driver_after_fork(int child) {
-    if (child) {
-        pthread_mutex_init(&cuda_mu, NULL);
-        pthread_mutex_init(&nvml_mu, NULL);
-    } else {
-        pthread_mutex_unlock(&nvml_mu);
-        pthread_mutex_unlock(&cuda_mu);
-    }
 }
 
 /* Maps a pointer returned by the real resolver to our wrapper of the same exact symbol. Should a driver

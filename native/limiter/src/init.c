@@ -1,10 +1,14 @@
 /*
  * Lazy initialisation. The library has no constructor: it is preloaded into every process of a
  * container (shells and tools included) and must cost nothing there. The first intercepted call that
- * needs the configuration reads the environment once and opens the claim's region; later calls see
- * dl_core_ready with one acquire load.
+ * needs the configuration reads the claims' limits files and the environment once and opens the regions;
+ * later calls see dl_core_ready with one acquire load.
  *
- * fork(): the child inherits the parent's region lock and counters, which are not its own. The atfork
+ * No mutex is held while initialising (it reads files and waits, bounded, for file locks): one thread
+ * wins a compare-and-swap and initialises, the others poll until it is done. A fork() in the middle
+ * leaves the child to start over.
+ *
+ * fork(): the child inherits the parent's region locks and counters, which are not its own. The atfork
  * child handler drops them; the child initialises again on its next limited call.
  */
 #define _GNU_SOURCE
@@ -18,44 +22,48 @@ extern char **environ;
 
 struct dl_config dl_cfg;
 _Atomic int dl_core_ready;
-static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static int atfork_registered;
+static _Atomic int init_started;
+static _Atomic int atfork_registered;
+static __thread int initialising;
 
-static void before_fork(void) {
-    pthread_mutex_lock(&init_mu);
-    dl_driver_before_fork();
-}
-static void after_fork_parent(void) {
-    dl_driver_after_fork(0);
-    pthread_mutex_unlock(&init_mu);
-}
 static void after_fork_child(void) {
-    dl_driver_after_fork(1);
-    pthread_mutex_init(&init_mu, NULL);
-    if (atomic_load(&dl_core_ready)) {
+    if (atomic_load(&init_started)) {
         dl_region_reset_after_fork();
         dl_memory_reset_after_fork();
         dl_throttle_reset_after_fork();
         atomic_store(&dl_core_ready, 0);
+        atomic_store(&init_started, 0);
     }
 }
 
+static void initialise(void) {
+    dl_config_load(&dl_cfg, environ);
+    dl_log_level = dl_cfg.log_level;
+    dl_claims_load(&dl_claims, dl_claims_root());
+    if (dl_limits_from_files() && dl_cfg.state_dir[0])
+        dl_debug("DRAGPU_LIMITER_STATE_DIR applies only to devices of no claim with a limits file");
+    dl_region_open(dl_cfg.state_dir[0] ? dl_cfg.state_dir : NULL);
+    dl_throttle_configure(dl_effective_cores());
+    if (atomic_exchange(&atfork_registered, 1) == 0) pthread_atfork(NULL, NULL, after_fork_child);
+    dl_debug("initialised: %d claim(s) with limits files, %s environment region, cores %d%%", dl_claims.n,
+             dl_region_is_shared() ? "shared" : "private", dl_effective_cores());
+}
+
 void dl_core_init_slow(void) {
-    pthread_mutex_lock(&init_mu);
-    if (!atomic_load_explicit(&dl_core_ready, memory_order_relaxed)) {
-        dl_config_load(&dl_cfg, environ);
-        dl_log_level = dl_cfg.log_level;
-        dl_region_open(dl_cfg.state_dir[0] ? dl_cfg.state_dir : NULL);
-        dl_throttle_configure(dl_cfg.cores);
-        if (!atfork_registered) {
-            pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-            atfork_registered = 1;
-        }
-        dl_debug("initialised: %s region, cores %d%%", dl_region_is_shared() ? "shared" : "private",
-                 dl_cfg.cores);
+    if (initialising) return; /* a call made by the initialisation itself */
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&init_started, &expected, 1)) {
+        initialising = 1;
+        initialise();
+        initialising = 0;
         atomic_store_explicit(&dl_core_ready, 1, memory_order_release);
+        return;
     }
-    pthread_mutex_unlock(&init_mu);
+    /* Another thread initialises; its work is bounded (file reads, bounded lock waits). */
+    while (!atomic_load_explicit(&dl_core_ready, memory_order_acquire)) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void dl_uuid_format(const unsigned char b[16], char out[DL_UUID_LEN]) {

@@ -4,6 +4,7 @@
  * Layout of the library:
  *   log.c      stderr logging with the "dragpu-limiter:" prefix
  *   config.c   parsing of the DRAGPU_* environment (pure functions, fuzzed by tests/t_env_fuzz.c)
+ *   limits.c   the claims' limits files written by the node agent; the limits that apply to a device
  *   init.c     lazy, thread-safe initialisation on the first intercepted call; fork handling
  *   region.c   the claim's shared accounting region (one mapped file, one slot per process)
  *   driver.c   loading the real libcuda/libnvidia-ml, the dlsym and cuGetProcAddress interposers
@@ -25,6 +26,14 @@
 /* cuda.h maps these base names to their newest variant; we name exact symbols, old ones included. */
 #undef cuGetProcAddress
 #undef cuEventElapsedTime
+#undef cuMemAlloc
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
+#undef cuGraphAddNode
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -39,7 +48,7 @@
 
 /* ---- log.c ---- */
 enum { DL_LOG_ERROR = 0, DL_LOG_WARN = 1, DL_LOG_INFO = 2, DL_LOG_DEBUG = 3 };
-extern int dl_log_level;
+extern _Atomic int dl_log_level;
 /* Tests capture log lines through this hook; NULL (the default) writes them to stderr. */
 extern void (*dl_log_hook)(int level, const char *line);
 void dl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -82,6 +91,43 @@ bool dl_config_has_uuid_limit(const struct dl_config *cfg, const char *uuid);
  * reports a MIG instance's UUID as plain bytes, NVML prints it "MIG-..."). */
 bool dl_uuid_equal(const char *a, const char *b);
 bool dl_config_has_ordinal_limits(const struct dl_config *cfg);
+/* "GPU-" or "MIG-" and 8-4-4-4-12 hex digits, exactly len characters. */
+bool dl_uuid_valid(const char *s, size_t len);
+
+/* ---- limits.c: the claims' limits files (CLAIMS_ROOT/<claim-uid>/limits) ---- */
+#define DL_MAX_CLAIMS 8 /* claims with a limits file in one container */
+struct dl_claim_device {
+    char uuid[DL_UUID_LEN];
+    uint64_t memory; /* bytes; DL_NO_LIMIT for "unlimited" */
+    int cores;       /* 1..100 */
+};
+struct dl_claim {
+    char name[256];       /* <namespace>/<name> (the directory name when the file is broken) */
+    char state_dir[4096]; /* the claim's shared accounting directory, as the container sees it */
+    int n_devices;
+    struct dl_claim_device devices[DL_MAX_DEVICES];
+    bool broken; /* malformed or unreadable: its devices get no memory */
+};
+struct dl_claims {
+    int n;
+    struct dl_claim claims[DL_MAX_CLAIMS];
+    bool closed_all; /* a limits file whose devices are unknown, or too many: no device gets memory */
+};
+extern struct dl_claims dl_claims; /* loaded by init */
+const char *dl_claims_root(void);
+/* Parses one limits file; 0, or -1 with a one-line reason ("line 3: ...") in why. */
+int dl_parse_limits(const char *text, size_t len, struct dl_claim *out, char *why, size_t why_len);
+/* Reads every root/<dir>/limits; problems are logged once and fail closed. */
+void dl_claims_load(struct dl_claims *out, const char *root);
+/* The claim that lists a device (and the device's index in it), or -1. */
+int dl_claim_device(const struct dl_claims *claims, const char *uuid, int *index);
+bool dl_limits_from_files(void);
+/* A device's memory limit: its claim's, lowered by the environment (the environment alone without limits
+ * files). uuid may be NULL and ordinal -1 when unknown. */
+uint64_t dl_device_limit(int ordinal, const char *uuid);
+/* The compute share of the process: the smallest of its claims' devices', lowered by the environment. */
+int dl_effective_cores(void);
+bool dl_any_limit(void);
 
 /* ---- init.c ---- */
 extern struct dl_config dl_cfg;
@@ -103,10 +149,12 @@ static inline uint64_t dl_hash64(uint64_t k) {
 }
 
 /* ---- region.c ---- */
-/* Opens (or creates) the region file in dir; NULL or failure falls back to a private region. */
+/* Opens the environment's region in dir (NULL or failure: a private one) and every claim's region
+ * (failure: closed, refusing limited allocations). */
 void dl_region_open(const char *dir);
 void dl_region_reset_after_fork(void);
-/* The region's device entry for a GPU UUID, created on first use; -1 if the table is full. */
+/* The device handle for a GPU UUID (its claim's region, the entry created on first use). Never fails:
+ * a device that cannot be accounted gets a handle that refuses every limited allocation. */
 int dl_region_device(const char *uuid);
 /* Charges bytes to this process unless the claim's usage would exceed limit; 0 on success. Sweeps the
  * slots of dead processes once before refusing. */
@@ -148,6 +196,27 @@ bool dl_region_is_shared(void);
     X(cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000)             \
     X(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)                                \
     X(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)                        \
+    X(cuMemAlloc, PFN_cuMemAlloc_v2000)                                       \
+    X(cuMemAllocPitch, PFN_cuMemAllocPitch_v2000)                             \
+    X(cuMemFree, PFN_cuMemFree_v2000)                                         \
+    X(cuMemGetInfo, PFN_cuMemGetInfo_v2000)                                   \
+    X(cuDeviceTotalMem, PFN_cuDeviceTotalMem_v2000)                           \
+    X(cuArrayCreate, PFN_cuArrayCreate_v2000)                                 \
+    X(cuArray3DCreate, PFN_cuArray3DCreate_v2000)                             \
+    X(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020)                            \
+    X(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020)                \
+    X(cuMemPoolDestroy, PFN_cuMemPoolDestroy_v11020)                          \
+    X(cuGraphAddMemAllocNode, PFN_cuGraphAddMemAllocNode_v11040)              \
+    X(cuGraphAddNode, PFN_cuGraphAddNode_v12020)                              \
+    X(cuGraphAddNode_v2, PFN_cuGraphAddNode_v12030)                           \
+    X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)    \
+    X(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)  \
+    X(cuGraphInstantiateWithParams_ptsz, PFN_cuGraphInstantiateWithParams_v12000_ptsz) \
+    X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                \
+    X(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz)                      \
+    X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                      \
+    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                              \
+    X(cuDeviceGraphMemTrim, PFN_cuDeviceGraphMemTrim_v11040)                  \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
     X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
     X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \
@@ -161,7 +230,10 @@ bool dl_region_is_shared(void);
     X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
     X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
     X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                      \
-    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
+    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)         \
+    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
+    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
+    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)
 
 #define DL_CUDA_USED(X)                                                       \
     X(cuInit, PFN_cuInit_v2000)                                               \
@@ -170,6 +242,7 @@ bool dl_region_is_shared(void);
     X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                         \
     X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                               \
     X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                             \
+    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
     X(cuEventCreate, PFN_cuEventCreate_v2000)                                 \
     X(cuEventRecord, PFN_cuEventRecord_v2000)                                 \
     X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                       \
@@ -178,7 +251,21 @@ bool dl_region_is_shared(void);
     X(cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080)                   \
     X(cuEventDestroy_v2, PFN_cuEventDestroy_v4000)                            \
     X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
-    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)
+    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)          \
+    X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
+    X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
+    X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                        \
+    X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)              \
+    X(cuStreamGetCtx, PFN_cuStreamGetCtx_v9020)                               \
+    X(cuStreamGetCtx_ptsz, PFN_cuStreamGetCtx_v9020_ptsz)                     \
+    X(cuCtxPushCurrent_v2, PFN_cuCtxPushCurrent_v4000)                        \
+    X(cuCtxPopCurrent_v2, PFN_cuCtxPopCurrent_v4000)                          \
+    X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010) \
+    X(cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020) \
+    X(cuPointerGetAttribute, PFN_cuPointerGetAttribute_v4000)                 \
+    X(cuDeviceGetMemPool, PFN_cuDeviceGetMemPool_v11020)                      \
+    X(cuMemPoolGetAttribute, PFN_cuMemPoolGetAttribute_v11020)                \
+    X(cuDeviceGetGraphMemAttribute, PFN_cuDeviceGetGraphMemAttribute_v11040)
 
 #define DL_NVML_HOOKED(X)                                                     \
     X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                \
@@ -215,8 +302,6 @@ extern struct dl_real_nvml dl_nvml;  /* valid after dl_nvml_init() */
 extern _Atomic int dl_cuda_ready, dl_nvml_ready;
 void dl_cuda_init_slow(void);
 void dl_nvml_init_slow(void);
-void dl_driver_before_fork(void);
-void dl_driver_after_fork(int child);
 static inline void dl_cuda_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire))) dl_cuda_init_slow();
 }
@@ -231,6 +316,57 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit);
 void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
                     uint64_t *free_bytes);
 void dl_memory_reset_after_fork(void);
+/* Records that other modules keep in memory.c's table of live allocations: a key of a kind, with a device,
+ * bytes and one more value; put replaces, take removes and reports (0 if absent). */
+enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19 };
+void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
+int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
+/* The current context's CUDA ordinal, -1 without one. */
+int dl_current_ordinal(void);
+/* The CUDA ordinal of a stream's device (the current context's for the NULL and the legacy/per-thread
+ * default streams), -1 when neither the stream nor a current context tells it. */
+int dl_stream_ordinal(CUstream s, int ptsz);
+/* Charges rounded up to whole units of the device's allocation granularity. */
+uint64_t dl_round_granule(int ordinal, uint64_t bytes);
+/* Charging for the allocation families outside memory.c: CUDA_ERROR_OUT_OF_MEMORY over the limit (after
+ * pools.c gave back what the driver no longer holds). */
+struct dl_charge {
+    int dev;
+    uint64_t bytes;
+};
+CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c);
+void dl_refund(const struct dl_charge *c);
+
+/* ---- pools.c: memory the driver keeps for the process beyond live allocations ---- */
+/* Pools the process allocates from, and the graph memory pool of each device, are charged what the driver
+ * reports they reserve. Gives back what the driver no longer holds on a device; returns whether any. */
+int dl_pools_reclaim(int ordinal);
+/* A stream-ordered allocation (pool NULL: the stream's device's current pool). */
+CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int ptsz,
+                          CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int));
+/* Frees of pointers with no charge of their own: a pool's allocation (its pool is settled after the free)
+ * or a graph's (the graph memory pools are). */
+struct dl_pool_free {
+    CUdeviceptr ptr;
+    int known, dev;
+    uint64_t bytes, pool;
+};
+void dl_pools_before_free(CUdeviceptr p, struct dl_pool_free *f);
+void dl_pools_after_free(const struct dl_pool_free *f, CUresult r);
+/* Capture bookkeeping: a capture's graph allocations move to the graph it produces. */
+void dl_graphmem_capture_ended(CUstream s, CUgraph g);
+/* Graph launches and uploads: the first of an executable graph with allocation nodes is charged what the
+ * graph memory pool grows by. */
+extern _Atomic int dl_graphmem_pending;
+struct dl_graph_ticket {
+    int n;
+    struct dl_charge c[4];
+    int ordinal[4];
+    uint64_t bytes[4]; /* the graph's allocations on that device */
+};
+CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
+void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);
+void dl_pools_reset_after_fork(void);
 
 /* ---- throttle.c ---- */
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */

@@ -7,7 +7,7 @@
 
 #include "limiter.h"
 
-int dl_log_level = DL_LOG_WARN;
+_Atomic int dl_log_level = DL_LOG_WARN;
 void (*dl_log_hook)(int level, const char *line);
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};

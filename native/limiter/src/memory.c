@@ -33,9 +33,8 @@
 
 /* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
 
-static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int dev_index[DL_MAX_DEVICES]; /* region index + 1; 0 = not resolved yet */
-static uint64_t dev_limit[DL_MAX_DEVICES];
+static _Atomic uint64_t dev_limit[DL_MAX_DEVICES];
 
 /* 0 with the device's UUID; -1 when the driver cannot tell it now (not initialised, no such device): the
  * caller then charges nothing and caches nothing, and the driver answers the call with its own error. */
@@ -51,33 +50,81 @@ static int ordinal_uuid(int ordinal, char uuid[DL_UUID_LEN]) {
     return 0;
 }
 
+/* No lock: a driver call and a (bounded) file lock are involved, so threads that race here each resolve
+ * the device - the answer is the same - and the first to finish publishes it. */
 int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
     if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return -1;
     int idx = atomic_load_explicit(&dev_index[ordinal], memory_order_acquire);
     if (DL_UNLIKELY(idx == 0)) {
-        pthread_mutex_lock(&dev_mu);
-        idx = atomic_load_explicit(&dev_index[ordinal], memory_order_relaxed);
         char uuid[DL_UUID_LEN];
-        if (idx == 0 && ordinal_uuid(ordinal, uuid) == 0) {
-            int r = dl_region_device(uuid);
-            dev_limit[ordinal] = dl_config_limit(&dl_cfg, ordinal, uuid);
-            idx = r < 0 ? -1 : r + 1;
-            if (dev_limit[ordinal] != DL_NO_LIMIT)
-                dl_debug("device %d (%s): memory limit %llu bytes", ordinal, uuid,
-                         (unsigned long long)dev_limit[ordinal]);
-            atomic_store_explicit(&dev_index[ordinal], idx, memory_order_release);
+        if (ordinal_uuid(ordinal, uuid) != 0) return -1;
+        int r = dl_region_device(uuid);
+        uint64_t lim = dl_device_limit(ordinal, uuid);
+        atomic_store_explicit(&dev_limit[ordinal], lim, memory_order_relaxed);
+        int expected = 0;
+        if (atomic_compare_exchange_strong_explicit(&dev_index[ordinal], &expected, r < 0 ? -1 : r + 1,
+                                                    memory_order_release, memory_order_acquire)) {
+            if (lim != DL_NO_LIMIT)
+                dl_debug("device %d (%s): memory limit %llu bytes", ordinal, uuid, (unsigned long long)lim);
         }
-        pthread_mutex_unlock(&dev_mu);
-        if (idx == 0) return -1;
+        idx = atomic_load_explicit(&dev_index[ordinal], memory_order_acquire);
     }
-    if (limit) *limit = dev_limit[ordinal];
+    if (limit) *limit = atomic_load_explicit(&dev_limit[ordinal], memory_order_relaxed);
     return idx < 0 ? -1 : idx - 1;
 }
 
-static int current_ordinal(void) {
+int dl_current_ordinal(void) {
     CUdevice d;
     if (!dl_cuda.cuCtxGetDevice || dl_cuda.cuCtxGetDevice(&d) != CUDA_SUCCESS) return -1;
     return (int)d;
+}
+#define current_ordinal dl_current_ordinal
+
+/* The legacy and per-thread default streams, which cuda.h defines as small handle values. */
+#define IS_DEFAULT_STREAM(s) ((uintptr_t)(s) <= 2u)
+
+int dl_stream_ordinal(CUstream s, int ptsz) {
+    if (IS_DEFAULT_STREAM(s)) return current_ordinal();
+    PFN_cuStreamGetDevice_v12080 get = ptsz ? dl_cuda.cuStreamGetDevice_ptsz : dl_cuda.cuStreamGetDevice;
+    CUdevice d;
+    if (get && get(s, &d) == CUDA_SUCCESS) return (int)d;
+    /* A driver older than 12.8: through the stream's context. */
+    PFN_cuStreamGetCtx_v9020 get_ctx = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
+    CUcontext ctx;
+    if (get_ctx && dl_cuda.cuCtxPushCurrent_v2 && dl_cuda.cuCtxPopCurrent_v2 && get_ctx(s, &ctx) == CUDA_SUCCESS &&
+        dl_cuda.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+        int o = current_ordinal();
+        CUcontext popped;
+        dl_cuda.cuCtxPopCurrent_v2(&popped);
+        return o;
+    }
+    return current_ordinal();
+}
+
+/* ---- allocation granularity: the driver hands out memory in these units, so charges are rounded up to
+ * them (many small allocations cannot hold more than they are charged) ---- */
+
+#define GRANULE_FALLBACK (2ull << 20) /* what current GPUs report; used when the driver cannot tell */
+static _Atomic uint64_t granule[DL_MAX_DEVICES];
+
+uint64_t dl_round_granule(int ordinal, uint64_t bytes) {
+    if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return bytes;
+    uint64_t g = atomic_load_explicit(&granule[ordinal], memory_order_relaxed);
+    if (DL_UNLIKELY(g == 0)) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = ordinal;
+        size_t v = 0;
+        if (!dl_cuda.cuMemGetAllocationGranularity ||
+            dl_cuda.cuMemGetAllocationGranularity(&v, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+            v == 0 || (v & (v - 1)) != 0)
+            v = GRANULE_FALLBACK;
+        g = v;
+        atomic_store_explicit(&granule[ordinal], g, memory_order_relaxed);
+    }
+    return bytes > UINT64_MAX - (g - 1) ? UINT64_MAX : (bytes + g - 1) & ~(g - 1);
 }
 
 void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
@@ -94,7 +141,7 @@ void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_
 
 /* K_MAP: a mapping made by cuMemMap, keyed by its address: bytes is its size, handle what it maps (0 when
  * the handle is not one we charged). */
-enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4, K_MAP = 5 };
+enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4, K_MAP = 5 }; /* DL_REC_* follow */
 
 struct entry {
     uint64_t key;  /* 0 = empty */
@@ -223,6 +270,21 @@ static int op_delete(struct entry *e) { (void)e; return 1; }
 static int op_ref(struct entry *e) { e->refs++; return 0; }
 static int op_unref(struct entry *e) { return --e->refs == 0; }
 
+/* Records other modules keep in the same table (see limiter.h). */
+void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
+    struct entry old, e = {.key = key, .bytes = bytes, .handle = aux, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+    (void)insert(&e, &old);
+}
+
+int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux) {
+    struct entry e;
+    if (!update(kind, key, op_delete, &e)) return 0;
+    if (dev) *dev = e.dev;
+    if (bytes) *bytes = e.bytes;
+    if (aux) *aux = e.handle;
+    return 1;
+}
+
 /* Forgets a charge and reports it; 0 bytes if the key is unknown. */
 static uint64_t untrack(unsigned kind, uint64_t key, int *dev) {
     struct entry e;
@@ -254,6 +316,7 @@ static void handle_unref_undo(uint64_t handle, int known, int dev, uint64_t byte
 }
 
 void dl_memory_reset_after_fork(void) {
+    dl_pools_reset_after_fork();
     /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
     for (int i = 0; i < STRIPES; i++) {
         free(stripes[i].tab);
@@ -261,7 +324,6 @@ void dl_memory_reset_after_fork(void) {
         stripes[i].cap = stripes[i].live = stripes[i].used = 0;
     }
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&dev_index[i], 0);
-    pthread_mutex_init(&dev_mu, NULL);
 }
 
 /* ---- charging ---- */
@@ -271,8 +333,9 @@ struct charge {
     uint64_t bytes;
 };
 
-/* Charges bytes to a device; CUDA_ERROR_OUT_OF_MEMORY over the limit. An unknown device is not
- * charged: the driver will answer the call with its own error. */
+/* Charges bytes, rounded up to the device's allocation granularity, to a device; CUDA_ERROR_OUT_OF_MEMORY
+ * over the limit (after giving back what pools and graphs of the process no longer hold). An unknown device
+ * is not charged: the driver will answer the call with its own error. */
 static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
     c->dev = -1;
     c->bytes = 0;
@@ -280,7 +343,9 @@ static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
     uint64_t limit;
     int dev = dl_device_for_ordinal(ordinal, &limit);
     if (dev < 0) return CUDA_SUCCESS;
+    bytes = dl_round_granule(ordinal, bytes);
     int r = dl_region_reserve(dev, bytes, limit);
+    if (r < 0 && dl_pools_reclaim(ordinal)) r = dl_region_reserve(dev, bytes, limit);
     if (r < 0) {
         dl_info("refusing %llu bytes on device %d: the claim would exceed its limit of %llu bytes",
                 (unsigned long long)bytes, ordinal, (unsigned long long)limit);
@@ -296,6 +361,10 @@ static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
 static void refund(const struct charge *c) {
     if (c->bytes) dl_region_release(c->dev, c->bytes);
 }
+
+_Static_assert(sizeof(struct charge) == sizeof(struct dl_charge), "one charge record");
+CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c) { return charge(ordinal, bytes, (struct charge *)c); }
+void dl_refund(const struct dl_charge *c) { refund((const struct charge *)c); }
 
 static void settle(CUresult r, unsigned kind, uint64_t key, const struct charge *c) {
     if (r == CUDA_SUCCESS) track(kind, key, c->dev, c->bytes);
@@ -353,7 +422,7 @@ DL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     r = dl_cuda.cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (r == CUDA_SUCCESS && c.bytes && *pPitch != row && *pPitch <= SIZE_MAX / Height) {
         /* Settle on the driver's actual pitch (no limit check: the memory exists now). */
-        uint64_t actual = (uint64_t)*pPitch * Height;
+        uint64_t actual = dl_round_granule(current_ordinal(), (uint64_t)*pPitch * Height);
         if (actual > c.bytes) {
             if (dl_region_reserve(c.dev, actual - c.bytes, DL_NO_LIMIT) == 0) c.bytes = actual;
         } else {
@@ -365,32 +434,69 @@ DL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     return r;
 }
 
+/* A free of a pointer with no charge of its own (a pool's or a graph's): what holds its memory is settled
+ * after the driver call. */
+#define POOL_FREE(call)                                    \
+    struct dl_pool_free pf_;                               \
+    dl_pools_before_free(dptr, &pf_);                      \
+    CUresult r_ = call;                                    \
+    dl_pools_after_free(&pf_, r_);                         \
+    return r_
+
+/* Frees: the common case (a charged pointer) first, without touching the pools. */
+#define FREE_PTR(call)                                     \
+    int dev_ = -1;                                         \
+    uint64_t bytes_ = dptr ? untrack(K_PTR, dptr, &dev_) : 0; \
+    if (DL_LIKELY(bytes_)) {                               \
+        CUresult r_ = call;                                \
+        if (r_ == CUDA_SUCCESS) dl_region_release(dev_, bytes_); \
+        else track(K_PTR, dptr, dev_, bytes_);             \
+        return r_;                                         \
+    }                                                      \
+    POOL_FREE(call)
+
 DL_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     REAL_OR_NOT_FOUND(cuMemFree_v2);
-    FREE_WRAPPER(K_PTR, dptr, dl_cuda.cuMemFree_v2(dptr));
+    FREE_PTR(dl_cuda.cuMemFree_v2(dptr));
 }
 
+/* Stream-ordered allocations are charged by pools.c (to the device they land on, as the pool holds them);
+ * the four entry points differ only in how they reach the driver. */
+static CUresult ordered_call(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int variant) {
+    switch (variant) {
+        case 0: return dl_cuda.cuMemAllocAsync(dptr, bytes, s);
+        case 1: return dl_cuda.cuMemAllocAsync_ptsz(dptr, bytes, s);
+        case 2: return dl_cuda.cuMemAllocFromPoolAsync(dptr, bytes, pool, s);
+        default: return dl_cuda.cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s);
+    }
+}
+
+#define ORDERED_ALLOC(name, pool, variant)                                          \
+    REAL_OR_NOT_FOUND(name);                                                        \
+    if (!dptr || bytesize == 0) return ordered_call(dptr, bytesize, pool, hStream, variant); \
+    return dl_ordered_alloc(dptr, bytesize, pool, hStream, variant, ordered_call)
+
 DL_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    CHARGED_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream);
+    ORDERED_ALLOC(cuMemAllocAsync, NULL, 0);
 }
 DL_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    CHARGED_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+    ORDERED_ALLOC(cuMemAllocAsync_ptsz, NULL, 1);
 }
 DL_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                            CUstream hStream) {
-    CHARGED_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    ORDERED_ALLOC(cuMemAllocFromPoolAsync, pool, 2);
 }
 DL_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                                 CUstream hStream) {
-    CHARGED_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+    ORDERED_ALLOC(cuMemAllocFromPoolAsync_ptsz, pool, 3);
 }
 DL_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     REAL_OR_NOT_FOUND(cuMemFreeAsync);
-    FREE_WRAPPER(K_PTR, dptr, dl_cuda.cuMemFreeAsync(dptr, hStream));
+    FREE_PTR(dl_cuda.cuMemFreeAsync(dptr, hStream));
 }
 DL_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
     REAL_OR_NOT_FOUND(cuMemFreeAsync_ptsz);
-    FREE_WRAPPER(K_PTR, dptr, dl_cuda.cuMemFreeAsync_ptsz(dptr, hStream));
+    FREE_PTR(dl_cuda.cuMemFreeAsync_ptsz(dptr, hStream));
 }
 
 DL_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
@@ -592,8 +698,10 @@ DL_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (r != CUDA_SUCCESS || (!free_bytes && !total)) return r;
     dl_core_init();
     uint64_t limit;
-    int dev = dl_device_for_ordinal(current_ordinal(), &limit);
+    int ordinal = current_ordinal();
+    int dev = dl_device_for_ordinal(ordinal, &limit);
     if (dev < 0 || limit == DL_NO_LIMIT) return r;
+    dl_pools_reclaim(ordinal); /* the free view counts what pools still hold, no more */
     uint64_t t, f;
     dl_capped_view(dev, limit, total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f);
     if (total) *total = (size_t)t;
@@ -608,5 +716,94 @@ DL_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     dl_core_init();
     uint64_t limit;
     if (dl_device_for_ordinal((int)dev, &limit) >= 0 && limit < *bytes) *bytes = (size_t)limit;
+    return r;
+}
+
+/* ---- the CUDA 2.0 ABI: what cuGetProcAddress returns to a caller asking for a version before 3.2 ---- */
+
+DL_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+    CHARGED_ALLOC(cuMemAlloc, dptr, bytesize);
+}
+
+DL_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                                   unsigned int Height, unsigned int ElementSizeBytes) {
+    REAL_OR_NOT_FOUND(cuMemAllocPitch);
+    uint64_t row = ((uint64_t)WidthInBytes + PITCH_ESTIMATE - 1) / PITCH_ESTIMATE * PITCH_ESTIMATE;
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0)
+        return dl_cuda.cuMemAllocPitch(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    struct charge c;
+    CUresult r = charge(current_ordinal(), row * Height, &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuMemAllocPitch(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r == CUDA_SUCCESS && c.bytes) {
+        uint64_t actual = dl_round_granule(current_ordinal(), (uint64_t)*pPitch * Height);
+        if (actual > c.bytes) {
+            if (dl_region_reserve(c.dev, actual - c.bytes, DL_NO_LIMIT) == 0) c.bytes = actual;
+        } else if (actual < c.bytes) {
+            dl_region_release(c.dev, c.bytes - actual);
+            c.bytes = actual;
+        }
+    }
+    settle(r, K_PTR, r == CUDA_SUCCESS ? *dptr : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr) {
+    REAL_OR_NOT_FOUND(cuMemFree);
+    FREE_PTR(dl_cuda.cuMemFree(dptr));
+}
+
+static unsigned int clamp32(uint64_t v) { return v > 0xffffffffull ? 0xffffffffu : (unsigned int)v; }
+
+DL_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total) {
+    REAL_OR_NOT_FOUND(cuMemGetInfo);
+    CUresult r = dl_cuda.cuMemGetInfo(free_bytes, total);
+    if (r != CUDA_SUCCESS || (!free_bytes && !total)) return r;
+    dl_core_init();
+    uint64_t limit;
+    int ordinal = current_ordinal();
+    int dev = dl_device_for_ordinal(ordinal, &limit);
+    if (dev < 0 || limit == DL_NO_LIMIT) return r;
+    dl_pools_reclaim(ordinal);
+    uint64_t t, f;
+    dl_capped_view(dev, limit, total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f);
+    if (total) *total = clamp32(t);
+    if (free_bytes) *free_bytes = clamp32(f);
+    return r;
+}
+
+DL_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuDeviceTotalMem);
+    CUresult r = dl_cuda.cuDeviceTotalMem(bytes, dev);
+    if (r != CUDA_SUCCESS || !bytes) return r;
+    dl_core_init();
+    uint64_t limit;
+    if (dl_device_for_ordinal((int)dev, &limit) >= 0 && limit < *bytes) *bytes = (unsigned int)limit;
+    return r;
+}
+
+DL_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray) {
+    REAL_OR_NOT_FOUND(cuArrayCreate);
+    if (!pHandle || !pAllocateArray) return dl_cuda.cuArrayCreate(pHandle, pAllocateArray);
+    const CUDA_ARRAY_DESCRIPTOR_v1 *d = pAllocateArray;
+    struct charge c;
+    CUresult r = charge(current_ordinal(), volume(d->Width, d->Height, 1, format_bytes(d->Format, d->NumChannels)), &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuArrayCreate(pHandle, pAllocateArray);
+    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
+    return r;
+}
+
+DL_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray) {
+    REAL_OR_NOT_FOUND(cuArray3DCreate);
+    if (!pHandle || !pAllocateArray || UNBACKED_ARRAY(pAllocateArray))
+        return dl_cuda.cuArray3DCreate(pHandle, pAllocateArray);
+    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d = pAllocateArray;
+    struct charge c;
+    CUresult r = charge(current_ordinal(),
+                        volume(d->Width, d->Height, d->Depth, format_bytes(d->Format, d->NumChannels)), &c);
+    if (r != CUDA_SUCCESS) return r;
+    r = dl_cuda.cuArray3DCreate(pHandle, pAllocateArray);
+    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
     return r;
 }

@@ -42,7 +42,7 @@ static int ordinal_for_uuid(const char *uuid) {
 /* The region entry and limit of an NVML device; -1 when the view stays unchanged. */
 static int nvml_device(nvmlDevice_t device, uint64_t *limit) {
     dl_core_init();
-    if (!dl_config_has_any_limit(&dl_cfg) || !dl_nvml.nvmlDeviceGetUUID) return -1;
+    if (!dl_any_limit() || !dl_nvml.nvmlDeviceGetUUID) return -1;
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     if (dl_nvml.nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS) return -1;
     uuid[sizeof uuid - 1] = '\0';
@@ -52,7 +52,7 @@ static int nvml_device(nvmlDevice_t device, uint64_t *limit) {
     int ordinal = !dl_config_has_uuid_limit(&dl_cfg, uuid) && dl_config_has_ordinal_limits(&dl_cfg)
                       ? ordinal_for_uuid(uuid)
                       : -1;
-    *limit = dl_config_limit(&dl_cfg, ordinal, uuid);
+    *limit = dl_device_limit(ordinal, uuid);
     if (*limit == DL_NO_LIMIT) return -1;
     return dl_region_device(uuid);
 }

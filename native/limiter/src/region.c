@@ -19,17 +19,33 @@
  * steps leaves the total too high (the claim loses at most that one allocation's bytes until every
  * process of the claim has exited), never too low.
  *
- * When no state directory is given, or it cannot be used, the same layout lives in private anonymous
- * memory: the limits then apply to this process alone (with a warning in the second case).
+ * Regions: one per claim with a limits file (its state directory comes from the file, see limits.c),
+ * plus the environment's (DRAGPU_LIMITER_STATE_DIR) for devices of no such claim. A device handle names
+ * the region and the device entry in it (region * DL_MAX_DEVICES + entry), so the wrappers never care.
+ *
+ * Failing closed: a claim's region that cannot be used (missing or unwritable directory, a file of
+ * another layout or size, all slots taken, its lock held past LOCK_WAIT_MS, a deleted or resized file,
+ * impossible counter values) refuses every limited allocation on its devices - never "no limit". Only
+ * the environment's region, outside any claim, falls back to per-process accounting with a warning, as
+ * it always has. Besides the shared total, every process checks its own charges against the limit,
+ * which no other process can change: rewriting the region never gets the rewriting process more.
+ *
+ * Locks: waits for byte 0 are bounded (LOCK_WAIT_MS); a process that holds it cannot hang the others.
+ * OFD locks exclude open file descriptions, not processes, so each locking operation opens its own
+ * description of the file (/proc/self/fd/N): the threads of one process then exclude each other as other
+ * processes do, and no process-wide mutex is held while waiting for a file lock.
+ *
+ * When no state directory is given, or the environment's cannot be used, the same layout lives in
+ * private anonymous memory: the limits then apply to this process alone.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "limiter.h"
@@ -78,26 +94,35 @@ _Static_assert(sizeof(struct region_header) <= HEADER_BYTES, "region header too 
 
 #define REGION_BYTES (HEADER_BYTES + REGION_SLOTS * sizeof(struct region_slot))
 
-static struct {
+#define MAX_REGIONS (DL_MAX_CLAIMS + 2) /* the environment's, one per claim, the closed one */
+#define CLOSED_REGION (MAX_REGIONS - 1)
+#define LOCK_WAIT_MS 2000
+#define SANE_BYTES (1LL << 52) /* no GPU has 4 PiB: a larger counter was written by something else */
+#define VERIFY_EVERY_NS 100000000LL
+
+struct region {
     char *base;
-    int fd;      /* -1 for a private region */
+    int fd;        /* -1 for private memory */
     int slot;
+    bool closed;   /* unusable: every limited allocation on its devices is refused */
+    _Atomic int bad;            /* found corrupt, deleted or resized while in use: closed from then on */
+    _Atomic int64_t verified_ns; /* last structural check */
+    char what[64];              /* "claim ns/name" or "the environment's state directory", for messages */
     char path[4200];
-} R = {NULL, -1, 0, ""};
+};
+static struct region regions[MAX_REGIONS];
+/* This process's own charges per device handle: the shared counters can be rewritten by any process of
+ * the claim, these cannot. */
+static _Atomic int64_t own_used[MAX_REGIONS * DL_MAX_DEVICES];
 
-/* OFD locks exclude other processes, not the threads of this one (they share the open file): two threads
- * would both "win" byte 0 and add one UUID to the device table twice (charges then split between the
- * copies), or both "win" a dead slot's lock, the second one's in_use = 0 landing after a third process has
- * claimed the slot (never swept then when that process dies). The private region has no file lock at all.
- * So the threads of a process take turns here, around the file locks. */
-static pthread_mutex_t proc_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static struct region_header *hdr(void) { return (struct region_header *)R.base; }
-static struct region_slot *slot_at(int i) {
-    return (struct region_slot *)(R.base + HEADER_BYTES) + i;
+static struct region_header *hdr(const struct region *g) { return (struct region_header *)g->base; }
+static struct region_slot *slot_at(const struct region *g, int i) {
+    return (struct region_slot *)(g->base + HEADER_BYTES) + i;
 }
+static struct region *region_of(int dev) { return &regions[dev / DL_MAX_DEVICES]; }
+static int entry_of(int dev) { return dev % DL_MAX_DEVICES; }
 
-static int lock_byte(off_t off, short type, int wait) {
+static int lock_byte(int fd, off_t off, short type) {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
     fl.l_type = type;
@@ -105,14 +130,37 @@ static int lock_byte(off_t off, short type, int wait) {
     fl.l_start = off;
     fl.l_len = 1;
     for (;;) {
-        if (fcntl(R.fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl) == 0) return 0;
+        if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
         if (errno != EINTR) return -1;
     }
 }
-static void unlock_byte(off_t off) { lock_byte(off, F_UNLCK, 0); }
 
-static void fill_header(void) {
-    struct region_header *h = hdr();
+/* Waits at most LOCK_WAIT_MS for a write lock on one byte. */
+static int lock_byte_bounded(int fd, off_t off) {
+    long waited_us = 0, step_us = 200;
+    while (lock_byte(fd, off, F_WRLCK) != 0) {
+        if (errno != EAGAIN && errno != EACCES) return -1;
+        if (waited_us >= LOCK_WAIT_MS * 1000L) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct timespec ts = {0, step_us * 1000L};
+        nanosleep(&ts, NULL);
+        waited_us += step_us;
+        if (step_us < 10000) step_us *= 2;
+    }
+    return 0;
+}
+
+/* A new open file description of the region's file, for one locking operation (see the top). */
+static int own_description(const struct region *g) {
+    char p[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%d", g->fd);
+    return open(p, O_RDWR | O_CLOEXEC);
+}
+
+static void fill_header(struct region *g) {
+    struct region_header *h = hdr(g);
     h->version = REGION_VERSION;
     h->header_bytes = HEADER_BYTES;
     h->slot_count = REGION_SLOTS;
@@ -121,30 +169,36 @@ static void fill_header(void) {
     __atomic_store_n(&h->magic, REGION_MAGIC, __ATOMIC_RELEASE);
 }
 
-static int header_matches(void) {
-    const struct region_header *h = hdr();
+static int header_matches(const struct region *g) {
+    const struct region_header *h = hdr(g);
     return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == REGION_MAGIC && h->version == REGION_VERSION &&
            h->header_bytes == HEADER_BYTES && h->slot_count == REGION_SLOTS &&
            h->slot_bytes == sizeof(struct region_slot) && h->device_count == DL_MAX_DEVICES;
 }
 
+static void mark_bad(struct region *g, const char *why) {
+    if (atomic_exchange(&g->bad, 1) == 0)
+        dl_error("the shared region %s (%s) %s; refusing allocations on its devices", g->path, g->what, why);
+}
+
 /* Gives the bytes recorded in a slot back to the device totals. Caller holds the slot's lock. */
-static void reclaim(int i) {
-    struct region_slot *s = slot_at(i);
+static void reclaim(struct region *g, int i) {
+    struct region_slot *s = slot_at(g, i);
     for (int d = 0; d < DL_MAX_DEVICES; d++) {
         int64_t v = atomic_exchange(&s->used[d], 0);
-        if (v) atomic_fetch_sub(&hdr()->devs[d].used, v);
+        if (v < 0 || v > SANE_BYTES) mark_bad(g, "holds an impossible per-process count");
+        else if (v) atomic_fetch_sub(&hdr(g)->devs[d].used, v);
     }
 }
 
-static int claim_slot(void) {
+static int claim_slot(struct region *g) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < REGION_SLOTS; i++) {
-            struct region_slot *s = slot_at(i);
+            struct region_slot *s = slot_at(g, i);
             int busy = atomic_load(&s->in_use) != 0;
-            if (busy != pass) continue;  /* free-looking slots first, then possibly dead ones */
-            if (lock_byte(1 + i, F_WRLCK, 0) != 0) continue;
-            reclaim(i);
+            if (busy != pass) continue; /* free-looking slots first, then possibly dead ones */
+            if (lock_byte(g->fd, 1 + i, F_WRLCK) != 0) continue;
+            reclaim(g, i);
             s->pid = (int32_t)getpid();
             atomic_store(&s->in_use, 1);
             return i;
@@ -153,184 +207,266 @@ static int claim_slot(void) {
     return -1;
 }
 
-static void close_shared(void) {
-    if (R.base) munmap(R.base, REGION_BYTES);
-    if (R.fd >= 0) close(R.fd);
-    R.base = NULL;
-    R.fd = -1;
+static void unmap(struct region *g) {
+    if (g->base) munmap(g->base, REGION_BYTES);
+    if (g->fd >= 0) close(g->fd);
+    g->base = NULL;
+    g->fd = -1;
 }
 
-static int open_shared(const char *dir) {
-    snprintf(R.path, sizeof R.path, "%s/%s", dir, REGION_FILE);
+static int open_shared(struct region *g, const char *dir, int log_level) {
+    snprintf(g->path, sizeof g->path, "%s/%s", dir, REGION_FILE);
+    const char *consequence = log_level == DL_LOG_ERROR ? "refusing allocations on its devices"
+                                                         : "limits apply to this process only";
     int created = 1;
-    R.fd = open(R.path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (R.fd < 0 && errno == EEXIST) {
+    /* Not world-writable: the containers of a claim share it through their user or group. */
+    g->fd = open(g->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0660);
+    if (g->fd < 0 && errno == EEXIST) {
         created = 0;
-        R.fd = open(R.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        g->fd = open(g->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     }
-    if (R.fd < 0) {
-        dl_warn("cannot open the shared region %s: %s; limits apply to this process only", R.path,
-                strerror(errno));
+    if (g->fd < 0) {
+        dl_log(log_level, "cannot open the shared region %s (%s): %s; %s", g->path, g->what, strerror(errno),
+               consequence);
         return -1;
     }
-    /* Containers of one claim may run as different users: let every one of them open the file. */
-    if (created) (void)fchmod(R.fd, 0666);
-    if (lock_byte(0, F_WRLCK, 1) != 0) {
-        dl_warn("cannot lock the shared region %s: %s; limits apply to this process only", R.path,
-                strerror(errno));
-        close_shared();
+    if (created) (void)fchmod(g->fd, 0660);
+    if (lock_byte_bounded(g->fd, 0) != 0) {
+        dl_log(log_level, "cannot lock the shared region %s (%s): %s; %s", g->path, g->what, strerror(errno),
+               consequence);
+        unmap(g);
         return -1;
     }
     const char *problem = NULL;
     struct stat st;
-    if (fstat(R.fd, &st) != 0) {
+    if (fstat(g->fd, &st) != 0) {
         problem = strerror(errno);
-    } else if (st.st_size == 0 && ftruncate(R.fd, (off_t)REGION_BYTES) != 0) {
+    } else if (!S_ISREG(st.st_mode)) {
+        problem = "it is not a regular file";
+    } else if (st.st_size == 0 && ftruncate(g->fd, (off_t)REGION_BYTES) != 0) {
         problem = strerror(errno);
     } else if (st.st_size != 0 && st.st_size != (off_t)REGION_BYTES) {
         problem = "the file has an unknown layout (its size differs)";
     } else {
-        void *p = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, R.fd, 0);
+        void *p = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
         if (p == MAP_FAILED) {
             problem = strerror(errno);
         } else {
-            R.base = p;
+            g->base = p;
             /* magic 0: we created it, or its creator died before finishing; both under the lock. */
-            if (__atomic_load_n(&hdr()->magic, __ATOMIC_ACQUIRE) == 0) fill_header();
-            if (!header_matches()) problem = "the file has an unknown layout (magic or version differ)";
+            if (__atomic_load_n(&hdr(g)->magic, __ATOMIC_ACQUIRE) == 0) fill_header(g);
+            if (!header_matches(g)) problem = "the file has an unknown layout (magic or version differ)";
         }
     }
-    unlock_byte(0);
-    if (!problem && (R.slot = claim_slot()) < 0) problem = "all process slots are in use";
+    lock_byte(g->fd, 0, F_UNLCK);
+    if (!problem && (g->slot = claim_slot(g)) < 0) problem = "all process slots are in use";
     if (problem) {
-        dl_warn("cannot use the shared region %s: %s; limits apply to this process only", R.path, problem);
-        close_shared();
+        dl_log(log_level, "cannot use the shared region %s (%s): %s; %s", g->path, g->what, problem, consequence);
+        unmap(g);
         return -1;
     }
-    dl_debug("using shared region %s, slot %d", R.path, R.slot);
+    dl_debug("using shared region %s (%s), slot %d", g->path, g->what, g->slot);
     return 0;
 }
 
-static void open_private(void) {
+static void open_private(struct region *g, bool closed) {
     void *p = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        /* Practically unreachable; a static region keeps the wrappers working. */
+        /* Practically unreachable: without memory to account in, refuse rather than run unlimited. */
         static char fallback[REGION_BYTES] __attribute__((aligned(64)));
-        memset(fallback, 0, sizeof fallback);
         p = fallback;
+        closed = true;
     }
-    R.base = p;
-    R.fd = -1;
-    R.slot = 0;
-    fill_header();
-    atomic_store(&slot_at(0)->in_use, 1);
+    g->base = p;
+    g->fd = -1;
+    g->slot = 0;
+    g->closed = closed;
+    fill_header(g);
+    atomic_store(&slot_at(g, 0)->in_use, 1);
 }
 
 void dl_region_open(const char *dir) {
-    if (dir && dir[0] && open_shared(dir) == 0) return;
-    if (!dir || !dir[0])
-        dl_debug("DRAGPU_LIMITER_STATE_DIR is not set: limits apply to this process only");
-    open_private();
+    struct region *g = &regions[0];
+    snprintf(g->what, sizeof g->what, "the environment's state directory");
+    if (dir && dir[0] && open_shared(g, dir, DL_LOG_WARN) == 0) {
+        /* shared */
+    } else {
+        if (!dir || !dir[0]) dl_debug("DRAGPU_LIMITER_STATE_DIR is not set: limits apply to this process only");
+        open_private(g, false);
+    }
+    for (int c = 0; c < dl_claims.n; c++) {
+        struct region *r = &regions[1 + c];
+        const struct dl_claim *cl = &dl_claims.claims[c];
+        snprintf(r->what, sizeof r->what, "claim %.50s", cl->name);
+        if (cl->broken || open_shared(r, cl->state_dir, DL_LOG_ERROR) != 0) open_private(r, true);
+    }
+    snprintf(regions[CLOSED_REGION].what, sizeof regions[CLOSED_REGION].what, "unaccounted devices");
+    open_private(&regions[CLOSED_REGION], true);
 }
 
-bool dl_region_is_shared(void) { return R.fd >= 0; }
+bool dl_region_is_shared(void) { return regions[0].fd >= 0; }
 
 void dl_region_reset_after_fork(void) {
-    /* The child must not keep the parent's lock (it would keep the parent's slot alive) nor its
-     * counters: it re-opens the region and claims its own slot on its next limited call. */
-    if (R.fd >= 0) {
-        close(R.fd);
-        munmap(R.base, REGION_BYTES);
-    } else if (R.base) {
-        munmap(R.base, REGION_BYTES);
+    /* The child must not keep the parent's locks (they would keep the parent's slots alive) nor its
+     * counters: it re-opens the regions and claims its own slots on its next limited call. */
+    for (int i = 0; i < MAX_REGIONS; i++) {
+        struct region *g = &regions[i];
+        unmap(g); /* closing our descriptor keeps the parent's locks: the parent still holds the description */
+        g->closed = false;
+        atomic_store(&g->bad, 0);
+        atomic_store(&g->verified_ns, 0);
     }
-    R.base = NULL;
-    R.fd = -1;
-    pthread_mutex_init(&proc_mu, NULL);
+    for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) atomic_store(&own_used[i], 0);
 }
 
-static int find_device(const char *uuid) {
+static int find_device(struct region *g, const char *uuid) {
     for (int i = 0; i < DL_MAX_DEVICES; i++) {
-        struct region_dev *d = &hdr()->devs[i];
-        if (atomic_load_explicit(&d->ready, memory_order_acquire) && strcmp(d->uuid, uuid) == 0) return i;
+        struct region_dev *d = &hdr(g)->devs[i];
+        if (atomic_load_explicit(&d->ready, memory_order_acquire) && strncmp(d->uuid, uuid, DL_UUID_LEN) == 0)
+            return i;
     }
     return -1;
 }
 
 int dl_region_device(const char *uuid) {
-    int idx = find_device(uuid);
-    if (idx >= 0) return idx;
-    pthread_mutex_lock(&proc_mu);
-    if (R.fd >= 0 && lock_byte(0, F_WRLCK, 1) != 0) {
-        pthread_mutex_unlock(&proc_mu);
-        return -1;
+    int r = 0;
+    if (dl_limits_from_files()) {
+        int c = dl_claim_device(&dl_claims, uuid, NULL);
+        if (c >= 0) r = 1 + c;
+        else if (dl_claims.closed_all || !dl_uuid_valid(uuid, strlen(uuid))) r = CLOSED_REGION;
     }
-    idx = find_device(uuid);
+    struct region *g = &regions[r];
+    if (g->closed) return r * DL_MAX_DEVICES;
+    int idx = find_device(g, uuid);
+    if (idx >= 0) return r * DL_MAX_DEVICES + idx;
+    int fd = -1;
+    if (g->fd >= 0) {
+        fd = own_description(g);
+        if (fd < 0 || lock_byte_bounded(fd, 0) != 0) {
+            dl_error("cannot lock the device table of %s (%s): %s; refusing allocations on %s", g->path, g->what,
+                     strerror(errno), uuid);
+            if (fd >= 0) close(fd);
+            return CLOSED_REGION * DL_MAX_DEVICES;
+        }
+    }
+    idx = find_device(g, uuid);
     for (int i = 0; idx < 0 && i < DL_MAX_DEVICES; i++) {
-        struct region_dev *d = &hdr()->devs[i];
+        struct region_dev *d = &hdr(g)->devs[i];
         if (!atomic_load(&d->ready)) {
             snprintf(d->uuid, sizeof d->uuid, "%s", uuid);
             atomic_store_explicit(&d->ready, 1, memory_order_release);
             idx = i;
         }
     }
-    if (R.fd >= 0) unlock_byte(0);
-    pthread_mutex_unlock(&proc_mu);
-    if (idx < 0) dl_warn("the region's device table is full; %s is not accounted", uuid);
-    return idx;
+    if (fd >= 0) close(fd); /* drops the lock */
+    if (idx < 0) {
+        dl_error("the device table of %s (%s) is full; refusing allocations on %s", g->path, g->what, uuid);
+        return CLOSED_REGION * DL_MAX_DEVICES;
+    }
+    return r * DL_MAX_DEVICES + idx;
+}
+
+/* What a process that shares a region can break without the kernel's help: the file's name, size and
+ * header, and impossible counters. Any of these closes the region for this process. */
+static void verify(struct region *g) {
+    if (g->fd < 0 || atomic_load(&g->bad)) return;
+    atomic_store(&g->verified_ns, (int64_t)dl_now_ns());
+    struct stat st;
+    if (fstat(g->fd, &st) != 0 || st.st_nlink == 0) mark_bad(g, "was deleted");
+    else if (st.st_size != (off_t)REGION_BYTES) mark_bad(g, "was resized");
+    else if (!header_matches(g)) mark_bad(g, "has a rewritten header");
+    for (int d = 0; d < DL_MAX_DEVICES; d++) {
+        int64_t v = atomic_load_explicit(&hdr(g)->devs[d].used, memory_order_relaxed);
+        if (v < 0 || v > SANE_BYTES) mark_bad(g, "holds an impossible claim-wide count");
+    }
 }
 
 /* Returns the bytes of dead processes to the totals. Only ever takes non-blocking file locks. */
-static void sweep(void) {
-    if (R.fd < 0) return;
-    pthread_mutex_lock(&proc_mu);
+static void sweep(struct region *g) {
+    if (g->fd < 0) return;
+    verify(g);
+    int fd = own_description(g);
+    if (fd < 0) return;
     for (int i = 0; i < REGION_SLOTS; i++) {
-        if (i == R.slot || !atomic_load(&slot_at(i)->in_use)) continue;
-        if (lock_byte(1 + i, F_WRLCK, 0) != 0) continue;  /* owner alive */
-        reclaim(i);
-        atomic_store(&slot_at(i)->in_use, 0);
-        unlock_byte(1 + i);
-        dl_debug("returned the memory of an exited process (slot %d)", i);
+        if (i == g->slot || !atomic_load(&slot_at(g, i)->in_use)) continue;
+        if (lock_byte(fd, 1 + i, F_WRLCK) != 0) continue; /* owner alive */
+        reclaim(g, i);
+        atomic_store(&slot_at(g, i)->in_use, 0);
+        lock_byte(fd, 1 + i, F_UNLCK);
+        dl_debug("returned the memory of an exited process (slot %d of %s)", i, g->path);
     }
-    pthread_mutex_unlock(&proc_mu);
+    close(fd);
 }
 
 int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
+    struct region *g = region_of(dev);
+    int e = entry_of(dev);
     if ((int64_t)bytes < 0 || bytes > (uint64_t)INT64_MAX / 4) return limit == DL_NO_LIMIT ? 1 : -1;
-    struct region_dev *d = &hdr()->devs[dev];
-    for (int attempt = 0; attempt < 2; attempt++) {
+    if (g->closed || atomic_load_explicit(&g->bad, memory_order_relaxed)) return limit == DL_NO_LIMIT ? 1 : -1;
+    /* Our own charges first: no rewrite of the shared counters gets this process past the limit. */
+    _Atomic int64_t *own = &own_used[dev];
+    int64_t mine = atomic_fetch_add_explicit(own, (int64_t)bytes, memory_order_relaxed) + (int64_t)bytes;
+    if (limit != DL_NO_LIMIT && (uint64_t)mine > limit) {
+        atomic_fetch_sub_explicit(own, (int64_t)bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&hdr(g)->stats[e].refused, 1, memory_order_relaxed);
+        return -1;
+    }
+    if (g->fd >= 0 && (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) >
+                          VERIFY_EVERY_NS)
+        verify(g);
+    struct region_dev *d = &hdr(g)->devs[e];
+    for (int attempt = 0; attempt < 2 && !atomic_load_explicit(&g->bad, memory_order_relaxed); attempt++) {
         int64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
         for (;;) {
-            uint64_t in_use = cur > 0 ? (uint64_t)cur : 0;
+            if (cur < 0 || cur > SANE_BYTES) {
+                mark_bad(g, "holds an impossible claim-wide count");
+                break;
+            }
+            uint64_t in_use = (uint64_t)cur;
             if (limit != DL_NO_LIMIT && (bytes > limit || in_use > limit - bytes)) break;
             if (atomic_compare_exchange_weak(&d->used, &cur, cur + (int64_t)bytes)) {
-                atomic_fetch_add_explicit(&slot_at(R.slot)->used[dev], (int64_t)bytes, memory_order_relaxed);
+                atomic_fetch_add_explicit(&slot_at(g, g->slot)->used[e], (int64_t)bytes, memory_order_relaxed);
                 return 0;
             }
         }
-        if (attempt == 0) sweep();
+        if (attempt == 0) sweep(g);
     }
-    atomic_fetch_add_explicit(&hdr()->stats[dev].refused, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(own, (int64_t)bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hdr(g)->stats[e].refused, 1, memory_order_relaxed);
+    if (limit == DL_NO_LIMIT) return 1; /* a broken region never stops an unlimited device */
     return -1;
 }
 
 void dl_region_release(int dev, uint64_t bytes) {
-    atomic_fetch_sub_explicit(&slot_at(R.slot)->used[dev], (int64_t)bytes, memory_order_relaxed);
-    atomic_fetch_sub(&hdr()->devs[dev].used, (int64_t)bytes);
+    struct region *g = region_of(dev);
+    int e = entry_of(dev);
+    if (g->closed) return;
+    atomic_fetch_sub_explicit(&own_used[dev], (int64_t)bytes, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&slot_at(g, g->slot)->used[e], (int64_t)bytes, memory_order_relaxed);
+    atomic_fetch_sub(&hdr(g)->devs[e].used, (int64_t)bytes);
 }
 
 uint64_t dl_region_used(int dev) {
-    sweep();
-    int64_t v = atomic_load(&hdr()->devs[dev].used);
+    struct region *g = region_of(dev);
+    if (g->closed) return UINT64_MAX;
+    sweep(g);
+    if (atomic_load(&g->bad)) return UINT64_MAX;
+    int64_t v = atomic_load(&hdr(g)->devs[entry_of(dev)].used);
+    int64_t mine = atomic_load(&own_used[dev]);
+    if (v < mine) v = mine;
     return v > 0 ? (uint64_t)v : 0;
 }
 
-_Atomic int64_t *dl_region_tat(int dev) { return &hdr()->devs[dev].tat_ns; }
+_Atomic int64_t *dl_region_tat(int dev) { return &hdr(region_of(dev))->devs[entry_of(dev)].tat_ns; }
 
 void dl_region_add_throttled(int dev, int64_t ns) {
-    if (ns > 0) atomic_fetch_add_explicit(&hdr()->stats[dev].throttled_ns, (uint64_t)ns, memory_order_relaxed);
+    if (ns > 0)
+        atomic_fetch_add_explicit(&hdr(region_of(dev))->stats[entry_of(dev)].throttled_ns, (uint64_t)ns,
+                                  memory_order_relaxed);
 }
 
 void dl_region_add_busy(int dev, int64_t ns) {
-    if (ns > 0) atomic_fetch_add_explicit(&hdr()->stats[dev].busy_ns, (uint64_t)ns, memory_order_relaxed);
+    if (ns > 0)
+        atomic_fetch_add_explicit(&hdr(region_of(dev))->stats[entry_of(dev)].busy_ns, (uint64_t)ns,
+                                  memory_order_relaxed);
 }

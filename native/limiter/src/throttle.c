@@ -22,15 +22,26 @@
  *     and the measurements still in flight, independently of kernel sizes, launch rates and process
  *     counts - unlike a grid-count bucket tuned by sampled utilisation (the peers' approach).
  *
+ * Every launch is charged to the device it runs on: the stream's (a stream of another device than the
+ * current context's, or a stream used with no current context at all, as a context-less CUkernel can be),
+ * and its timing events are made in the stream's context. A launch whose device cannot be told is charged
+ * to the claim's first device, and one that cannot be timed is charged its estimate (the prior when nothing
+ * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
+ *
  * Launches recorded into a capturing stream are not executed then: they are neither charged nor
  * measured (the graph is charged when launched, by measuring cuGraphLaunch). While any stream of the
- * process is capturing, completed events are not polled (event queries may invalidate a global-mode
- * capture); measurements wait until the capture ends.
+ * process is capturing, completed events are polled with this thread's capture mode relaxed
+ * (cuThreadExchangeStreamCaptureMode), so that the query cannot invalidate a global-mode capture; only a
+ * driver without that call makes measurements wait until the capture ends.
+ *
+ * A kernel longer than the burst is paid as debt: its measured time moves the clock far ahead of wall time,
+ * and the claim's next launches wait until it is paid, so the share holds on average.
  *
  * The unthrottled path (cores unset or 100) is one predictable branch: no lock, no system call.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 
@@ -66,6 +77,8 @@ struct pool {
     CUevent ev[POOL_EVENTS];
 };
 static struct pool pools[POOLS];
+/* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
+static _Atomic int polling;
 
 static struct {
     uint64_t key;
@@ -86,6 +99,7 @@ void dl_throttle_reset_after_fork(void) {
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
     atomic_store(&captures, 0);
+    atomic_store(&polling, 0);
 }
 
 static int64_t wall_cost(int64_t gpu_ns) { return gpu_ns * 100 / cores; }
@@ -106,6 +120,8 @@ static void learn(uint64_t key, int64_t ns) {
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
 }
 
+/* Spare timing events per context. mu guards the tables only: every driver call (creating, destroying,
+ * querying events, switching contexts) happens with no lock held. */
 static struct pool *pool_for(CUcontext ctx, int create) {
     struct pool *free_pool = NULL;
     for (int i = 0; i < POOLS; i++) {
@@ -117,46 +133,102 @@ static struct pool *pool_for(CUcontext ctx, int create) {
 }
 
 static void put_event(CUcontext ctx, CUevent e) {
+    pthread_mutex_lock(&mu);
     struct pool *p = pool_for(ctx, 1);
-    if (p && p->n < POOL_EVENTS) p->ev[p->n++] = e;
-    else dl_cuda.cuEventDestroy_v2(e);
+    int kept = p && p->n < POOL_EVENTS;
+    if (kept) p->ev[p->n++] = e;
+    pthread_mutex_unlock(&mu);
+    if (!kept) dl_cuda.cuEventDestroy_v2(e);
 }
 
-static int get_event(CUcontext ctx, CUevent *e) {
+/* An event of the context ctx (made current around the creation when it is not). */
+static int get_event(CUcontext ctx, CUcontext current, CUevent *e) {
+    pthread_mutex_lock(&mu);
     struct pool *p = pool_for(ctx, 1);
-    if (p && p->n > 0) {
-        *e = p->ev[--p->n];
-        return 0;
+    int pooled = p && p->n > 0;
+    if (pooled) *e = p->ev[--p->n];
+    pthread_mutex_unlock(&mu);
+    if (pooled) return 0;
+    if (ctx == current) return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
+    if (!dl_cuda.cuCtxPushCurrent_v2 || !dl_cuda.cuCtxPopCurrent_v2 || dl_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return -1;
+    int r = dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
+    CUcontext popped;
+    dl_cuda.cuCtxPopCurrent_v2(&popped);
+    return r;
+}
+
+/* Before a context is destroyed (cuCtxDestroy, or the primary context released or reset): its spare events
+ * are destroyed while it still exists, and launches being timed with its events are dropped (they keep
+ * their estimate), so no event of a destroyed context is ever used again - a new context may get the same
+ * address. ctx NULL: every context (the primary context of a device we cannot name). */
+static void forget_context(CUcontext ctx) {
+    CUevent doomed[POOLS * POOL_EVENTS + 2 * RING];
+    int n = 0;
+    /* The poller may be between reading the ring's head and applying it: let it finish first. */
+    for (int expected = 0; !atomic_compare_exchange_weak(&polling, &expected, 1); expected = 0) sched_yield();
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < POOLS; i++) {
+        if (!pools[i].ctx || (ctx && pools[i].ctx != ctx)) continue;
+        for (int k = 0; k < pools[i].n; k++) doomed[n++] = pools[i].ev[k];
+        pools[i].n = 0;
+        pools[i].ctx = NULL;
     }
-    return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
+    for (unsigned k = 0; k < ring_count; k++) {
+        struct pending *p = &ring[(ring_head + k) % RING];
+        if (!p->ctx || (ctx && p->ctx != ctx)) continue;
+        doomed[n++] = p->start;
+        doomed[n++] = p->end;
+        p->ctx = NULL; /* the poller skips it */
+    }
+    pthread_mutex_unlock(&mu);
+    atomic_store(&polling, 0);
+    for (int i = 0; i < n; i++) dl_cuda.cuEventDestroy_v2(doomed[i]);
 }
 
 static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
     return dl_cuda.cuEventElapsedTime_v2 ? dl_cuda.cuEventElapsedTime_v2(ms, a, b) : dl_cuda.cuEventElapsedTime(ms, a, b);
 }
 
-/* Applies the measurements of launches that have completed. Caller holds mu. */
+/* Applies the measurements of launches that have completed, oldest first. One thread at a time (the
+ * others go on without waiting); the ring's tables are read and updated under mu, the events are queried
+ * without it. */
 static void poll_completed(void) {
-    while (ring_count) {
-        struct pending *p = &ring[ring_head];
-        CUresult q = dl_cuda.cuEventQuery(p->end);
-        if (q == CUDA_ERROR_NOT_READY) break;
-        float ms;
-        if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
-            int64_t actual = (int64_t)((double)ms * 1e6);
-            atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual - p->charged_ns));
-            dl_region_add_busy(p->dev, actual);
-            learn(p->key, actual);
-            put_event(p->ctx, p->start);
-            put_event(p->ctx, p->end);
-        } else {
-            /* Context gone or events unusable: keep the estimate, drop the events. */
-            dl_cuda.cuEventDestroy_v2(p->start);
-            dl_cuda.cuEventDestroy_v2(p->end);
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&polling, &expected, 1)) return;
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        if (!ring_count) {
+            pthread_mutex_unlock(&mu);
+            break;
         }
+        struct pending p = ring[ring_head];
+        pthread_mutex_unlock(&mu);
+        if (p.ctx) {
+            CUresult q = dl_cuda.cuEventQuery(p.end);
+            if (q == CUDA_ERROR_NOT_READY) break;
+            float ms;
+            if (q == CUDA_SUCCESS && elapsed_ms(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
+                int64_t actual = (int64_t)((double)ms * 1e6);
+                atomic_fetch_add(dl_region_tat(p.dev), wall_cost(actual - p.charged_ns));
+                dl_region_add_busy(p.dev, actual);
+                pthread_mutex_lock(&mu);
+                learn(p.key, actual);
+                pthread_mutex_unlock(&mu);
+                put_event(p.ctx, p.start);
+                put_event(p.ctx, p.end);
+            } else {
+                /* Events unusable: keep the estimate, drop the events. */
+                dl_cuda.cuEventDestroy_v2(p.start);
+                dl_cuda.cuEventDestroy_v2(p.end);
+            }
+        }
+        pthread_mutex_lock(&mu);
         ring_head = (ring_head + 1) % RING;
         ring_count--;
+        pthread_mutex_unlock(&mu);
     }
+    atomic_store(&polling, 0);
 }
 
 static void sleep_ns(int64_t ns) {
@@ -164,11 +236,20 @@ static void sleep_ns(int64_t ns) {
     clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
 }
 
-static void poll_if_no_capture(void) {
-    pthread_mutex_lock(&mu);
-    if (!atomic_load(&captures)) poll_completed();
-    pthread_mutex_unlock(&mu);
+/* Polls unless that could disturb an open capture. */
+static void poll_safely(void) {
+    if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
+        poll_completed();
+        return;
+    }
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return;
+    poll_completed();
+    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
 }
+
+static void poll_if_no_capture(void) { poll_safely(); }
 
 /* GCRA admission on the claim's shared clock for this device. */
 static void admit(int dev, int64_t wall) {
@@ -190,7 +271,8 @@ static void admit(int dev, int64_t wall) {
 
 struct ticket {
     int dev;
-    int measure;
+    int measure;    /* timed by events */
+    int64_t synced; /* not: the wall time at admission, for timing by synchronising the stream */
     int64_t charged_ns;
     uint64_t key;
     CUcontext ctx;
@@ -208,33 +290,63 @@ static CUresult record(CUevent e, CUstream s, int ptsz) {
     return ptsz ? dl_cuda.cuEventRecord_ptsz(e, s) : dl_cuda.cuEventRecord(e, s);
 }
 
+/* One log line per kind of launch the limiter cannot attribute or time. */
+static _Atomic int warned_device, warned_timing;
+static void warn_once(_Atomic int *flag, const char *what) {
+    if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed))
+        dl_warn("%s: such launches are charged an upper bound of their GPU time", what);
+}
+
+/* The device a launch runs on: the stream's. Unknown (no context, no stream that tells): the claim's first
+ * device, so the launch still counts. */
+static int launch_device(CUstream stream, int ptsz) {
+    int ordinal = dl_stream_ordinal(stream, ptsz);
+    int dev = ordinal >= 0 ? dl_device_for_ordinal(ordinal, NULL) : -1;
+    if (dev >= 0) return dev;
+    for (int o = 0; o < DL_MAX_DEVICES && dev < 0; o++) dev = dl_device_for_ordinal(o, NULL);
+    if (dev >= 0) warn_once(&warned_device, "a launch whose device cannot be told is counted on the first device");
+    return dev;
+}
+
+/* The context whose events can time a launch on this stream. */
+static int launch_context(CUstream stream, int ptsz, CUcontext *ctx, CUcontext *current) {
+    if (dl_cuda.cuCtxGetCurrent(current) != CUDA_SUCCESS) *current = NULL;
+    if ((uintptr_t)stream <= 2u) {
+        *ctx = *current;
+        return *ctx ? 0 : -1;
+    }
+    PFN_cuStreamGetCtx_v9020 get = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
+    if (get && get(stream, ctx) == CUDA_SUCCESS && *ctx) return 0;
+    *ctx = *current;
+    return *ctx ? 0 : -1;
+}
+
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->measure = 0;
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     PFN_cuStreamIsCapturing_v10000 is_capturing = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    if (!is_capturing || is_capturing(stream, &status) != CUDA_SUCCESS ||
-        status != CU_STREAM_CAPTURE_STATUS_NONE)
-        return;
-    CUdevice d;
-    if (!dl_cuda.cuCtxGetDevice || dl_cuda.cuCtxGetDevice(&d) != CUDA_SUCCESS) return;
-    int dev = dl_device_for_ordinal((int)d, NULL);
-    if (dev < 0) return;
+    int capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
+    if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
+    int dev = launch_device(stream, ptsz);
+    if (dev < 0) return; /* no device of a claim in this process: nothing to charge */
 
-    pthread_mutex_lock(&mu);
-    if (!atomic_load(&captures)) poll_completed();
+    CUcontext current = NULL;
+    int have_ctx = capture_known && can_time(ptsz) && launch_context(stream, ptsz, &t->ctx, &current) == 0;
+    poll_safely();
     t->key = key;
-    int can_measure = ring_count < RING && can_time(ptsz) && dl_cuda.cuCtxGetCurrent(&t->ctx) == CUDA_SUCCESS && t->ctx;
-    if (can_measure && get_event(t->ctx, &t->start) == 0) {
-        if (get_event(t->ctx, &t->end) == 0) t->measure = 1;
+    pthread_mutex_lock(&mu);
+    int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
+    pthread_mutex_unlock(&mu);
+    if (have_ctx && !ring_full && get_event(t->ctx, current, &t->start) == 0) {
+        if (get_event(t->ctx, current, &t->end) == 0) t->measure = 1;
         else put_event(t->ctx, t->start);
     }
-    /* Fail open: a launch that cannot be timed while nothing has ever been timed in this process would be
-     * charged the prior forever, never corrected - a throttle to PRIOR_NS per launch whatever the kernels
-     * really take. Charge such launches nothing (other processes' charges on the clock still apply). */
-    int cold = average_ns == 0;
-    t->charged_ns = t->measure || !cold ? estimate(key) : 0;
+    pthread_mutex_lock(&mu);
+    t->charged_ns = estimate(key);
     pthread_mutex_unlock(&mu);
+    int untimed = !t->measure && !ring_full;
+    if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
 
     t->dev = dev;
     admit(dev, wall_cost(t->charged_ns));
@@ -242,11 +354,20 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         t->measure = 0;
-        if (cold) {
-            atomic_fetch_sub(dl_region_tat(dev), wall_cost(t->charged_ns));
-            t->charged_ns = 0;
-        }
+        untimed = 1;
+        warn_once(&warned_timing, "a launch cannot be timed by events");
     }
+    /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
+     * (it includes what was queued before), so the share errs on the side of the limit. */
+    t->synced = untimed ? (int64_t)dl_now_ns() : 0;
+}
+
+static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
+    PFN_cuStreamSynchronize_v2000 sync = ptsz ? dl_cuda.cuStreamSynchronize_ptsz : dl_cuda.cuStreamSynchronize;
+    if (!sync || sync(stream) != CUDA_SUCCESS) return; /* keeps the estimate */
+    int64_t actual = (int64_t)dl_now_ns() - t->synced;
+    atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
+    dl_region_add_busy(t->dev, actual);
 }
 
 static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
@@ -255,28 +376,31 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         /* Nothing will run: refund the charge. */
         atomic_fetch_sub(dl_region_tat(t->dev), wall_cost(t->charged_ns));
         if (t->measure) {
-            pthread_mutex_lock(&mu);
             put_event(t->ctx, t->start);
             put_event(t->ctx, t->end);
-            pthread_mutex_unlock(&mu);
         }
         return;
     }
-    if (!t->measure) return;
+    if (!t->measure) {
+        if (t->synced) sync_timed(t, stream, ptsz);
+        return;
+    }
     if (record(t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         return;
     }
     pthread_mutex_lock(&mu);
-    if (ring_count < RING) {
+    int queued = ring_count < RING;
+    if (queued) {
         ring[(ring_head + ring_count) % RING] = (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns};
         ring_count++;
-    } else {
+    }
+    pthread_mutex_unlock(&mu);
+    if (!queued) {
         put_event(t->ctx, t->start);
         put_event(t->ctx, t->end);
     }
-    pthread_mutex_unlock(&mu);
 }
 
 #define THROTTLED(name, key, stream, ptsz, ...)                     \
@@ -341,12 +465,43 @@ DL_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunctio
     THROTTLED(cuLaunchKernelEx_ptsz, EX_KEY(config, f), EX_STREAM(config), 1, config, f, params, extra);
 }
 
+/* A graph's first launch also charges its memory allocations (pools.c); the check is one relaxed load. */
+static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz) {
+    PFN_cuGraphLaunch_v10000 call = ptsz ? dl_cuda.cuGraphLaunch_ptsz : dl_cuda.cuGraphLaunch;
+    struct dl_graph_ticket gt = {.n = 0};
+    if (atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed)) {
+        CUresult a = dl_graphmem_before_launch(g, &gt);
+        if (a != CUDA_SUCCESS) return a;
+    }
+    CUresult r;
+    if (!dl_throttle_on) {
+        r = call(g, s);
+    } else {
+        struct ticket t;
+        before(&t, launch_key(g, 0), s, ptsz);
+        r = call(g, s);
+        after(&t, r, s, ptsz);
+    }
+    dl_graphmem_after_launch(g, r, &gt);
+    return r;
+}
+
 DL_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-    THROTTLED(cuGraphLaunch, launch_key(g, 0), s, 0, g, s);
+    dl_cuda_init();
+    dl_core_init();
+    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch)) return CUDA_ERROR_NOT_FOUND;
+    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 0);
+    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch(g, s);
+    return graph_launch(g, s, 0);
 }
 
 DL_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    THROTTLED(cuGraphLaunch_ptsz, launch_key(g, 0), s, 1, g, s);
+    dl_cuda_init();
+    dl_core_init();
+    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch_ptsz)) return CUDA_ERROR_NOT_FOUND;
+    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 1);
+    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch_ptsz(g, s);
+    return graph_launch(g, s, 1);
 }
 
 /* ---- capture tracking (see the header comment) ---- */
@@ -397,11 +552,50 @@ DL_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const
 DL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
     PASS(cuStreamEndCapture, s, g);
     capture_ended(r);
+    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
     return r;
 }
 
 DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     PASS(cuStreamEndCapture_ptsz, s, g);
     capture_ended(r);
+    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
     return r;
+}
+
+/* ---- context destruction: the events pooled for a context die with it ---- */
+
+DL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    dl_cuda_init();
+    if (!dl_cuda.cuCtxDestroy_v2) return CUDA_ERROR_NOT_FOUND;
+    if (ctx) forget_context(ctx);
+    return dl_cuda.cuCtxDestroy_v2(ctx);
+}
+
+/* The primary context of a device, without changing its reference count; NULL when it cannot be told. */
+static CUcontext primary_of(CUdevice dev) {
+    CUcontext ctx = NULL;
+    if (!dl_cuda.cuDevicePrimaryCtxRetain || !dl_cuda.cuDevicePrimaryCtxRelease_v2 ||
+        dl_cuda.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+        return NULL;
+    dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
+    return ctx;
+}
+
+DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    dl_cuda_init();
+    if (!dl_cuda.cuDevicePrimaryCtxRelease_v2) return CUDA_ERROR_NOT_FOUND;
+    /* The last release destroys it; which release is the last, only the driver knows. Spare events are
+     * cheap to make again, so every release lets them go. */
+    CUcontext ctx = primary_of(dev);
+    if (ctx) forget_context(ctx);
+    return dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+DL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    dl_cuda_init();
+    if (!dl_cuda.cuDevicePrimaryCtxReset_v2) return CUDA_ERROR_NOT_FOUND;
+    CUcontext ctx = primary_of(dev);
+    forget_context(ctx); /* NULL: cannot tell which, forget them all */
+    return dl_cuda.cuDevicePrimaryCtxReset_v2(dev);
 }

@@ -4,19 +4,20 @@
 #
 #   tests/run.sh <build dir>
 #
-# LIMITER_ASAN_LIB: path of libasan.so, preloaded first when the build is an AddressSanitizer build.
+# LIMITER_SANITIZER_LIB: the sanitizer runtime (libasan.so, libtsan.so), preloaded first in sanitizer builds.
 # LIMITER_CUDA_INCLUDE: the CUDA toolkit's include directory, if any (src/cuda_min.h is checked against it).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=$(cd "$1" && pwd)
 LIB=$B/libdragpu-limiter.so.1
-PRELOAD="${LIMITER_ASAN_LIB:+$LIMITER_ASAN_LIB }$LIB"
+PRELOAD="${LIMITER_SANITIZER_LIB:+$LIMITER_SANITIZER_LIB }$LIB"
 
 # A clean, known environment: no limiter settings from the caller, the fakes on the library path.
 for v in $(env | sed -n 's/^\(DRAGPU_[A-Za-z0-9_]*\)=.*/\1/p; s/^\(FAKE_CUDA_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 export LD_LIBRARY_PATH="$B/fake"
 export FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -66,10 +67,24 @@ run "t_nvml limit by UUID" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0
 run "t_nvml limit by ordinal" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0=768Mi \
     "$B/tests/t_nvml" limited 805306368 1073741824
 
+run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
+run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
+
+# Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
+for sc in stream-device pool-kept graph capture legacy-abi granularity; do
+    run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
+done
+
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
 run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
 run t_failopen "$here/t_failopen.sh" "$B" "$PRELOAD"
+for c in lowered impossible deleted resized header; do
+    run "t_region $c" limited DRAGPU_MEMORY_LIMIT=1Gi sh -c '"$1" "$2" 2>"$3"; r=$?; [ $r -ne 0 ] && cat "$3";
+        [ $r -eq 0 ] && { [ "$2" = lowered ] || [ "$(grep -c "dragpu-limiter: error: the shared region" "$3")" -eq 1 ] ||
+        { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"
+done
+run t_limits "$here/t_limits.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT"
 
 if [ -x "$B/tests/t_cudart" ]; then
     run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \
@@ -81,9 +96,14 @@ for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
-# No timing events to be had: the limiter fails open (the device saturates, as without a limit).
-run "compute fails open without events" limited DRAGPU_CORES_LIMIT=10 FAKE_CUDA_EVENT_CREATE_FAILS=1 \
-    "$B/tests/t_compute" 100 0.5
+# Launches the limiter must find the device of: another device's stream, no current context, long kernels.
+for sc in other-device no-context long-kernels; do
+    run "t_launch $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" "$sc" 30 1.5
+done
+run "compute 30%, capture open" limited DRAGPU_CORES_LIMIT=30 T_COMPUTE_OPEN_CAPTURE=1 "$B/tests/t_compute" 30 1.5
+# No timing events to be had: launches are timed by synchronising their stream (an upper bound).
+run "compute without events, at most" limited DRAGPU_CORES_LIMIT=30 FAKE_CUDA_EVENT_CREATE_FAILS=1 \
+    "$B/tests/t_compute" 30 1 1 at-most
 
 echo "limiter tests ($(basename "$B")): $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -2,14 +2,18 @@
  * The environment contract's parser: table-driven cases (values, precedence, and the warning a user sees
  * for each malformed variable), then a differential fuzz test: random and mutated inputs are parsed by
  * the limiter and by an independent reference implementation written here, which must agree; random
- * environments must never crash the loader, and every warning names its variable. Run under
- * AddressSanitizer + UndefinedBehaviorSanitizer by `make test`.
+ * environments must never crash the loader, and every warning names its variable. The claims' limits
+ * files (limits.c): accepted and refused examples with the reason a user sees, then random and mutated
+ * files, which must never crash the parser and are either accepted whole or refused with a line number.
+ * Run under AddressSanitizer + UndefinedBehaviorSanitizer by `make test`.
  *
  * usage: t_env_fuzz [iterations] [seed]
  */
 #include "check.h"
 
 #include "limiter.h"
+
+struct dl_config dl_cfg; /* what init.c defines in the library; limits.c reads it */
 
 /* ---- captured log lines ---- */
 static char lines[64][1024];
@@ -157,7 +161,6 @@ static void unit_cases(void) {
     dl_log_level = DL_LOG_WARN;
 }
 
-/* ---- fuzzing ---- */
 static uint64_t rng;
 static uint32_t rnd(void) {
     rng ^= rng << 13;
@@ -165,6 +168,82 @@ static uint32_t rnd(void) {
     rng ^= rng << 17;
     return (uint32_t)rng;
 }
+
+/* ---- limits files ---- */
+#define LF_HEAD "version=1\nclaim=ns/train\nstate=/run/dra-gpu/claims/u1/limiter\n"
+#define LF_GPU0 "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000"
+#define LF_GPU1 "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000001"
+
+static void limits_cases(void) {
+    struct dl_claim c;
+    char why[300];
+    const char *ok = "# by the node agent\n\n" LF_HEAD "device=" LF_GPU0 " memory=1073741824 cores=30\n"
+                     "  device=" LF_GPU1 "\tmemory=unlimited cores=100  \n";
+    CHECK(dl_parse_limits(ok, strlen(ok), &c, why, sizeof why) == 0, "valid file refused: %s", why);
+    CHECK(strcmp(c.name, "ns/train") == 0 && strcmp(c.state_dir, "/run/dra-gpu/claims/u1/limiter") == 0, "%s %s",
+          c.name, c.state_dir);
+    CHECK(c.n_devices == 2 && c.devices[0].memory == 1073741824ull && c.devices[0].cores == 30 &&
+              c.devices[1].memory == DL_NO_LIMIT && c.devices[1].cores == 100,
+          "devices parsed wrong");
+    static const struct {
+        const char *text, *why;
+    } bad[] = {
+        {LF_HEAD "device=" LF_GPU0 " memory=1Gi cores=30\n", "line 4: memory=1Gi is not a byte count"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=0\n", "line 4: cores=0 is not an integer percentage 1..100"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1\n", "line 4: a device line needs"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=5 colour=red\n", "line 4: unknown or repeated field 'colour=red'"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 memory=2 cores=5\n", "line 4: unknown or repeated field 'memory=2'"},
+        {LF_HEAD "device=GPU-1 memory=1 cores=5\n", "line 4: device=GPU-1 is not a GPU or MIG UUID"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=5\ndevice=" LF_GPU0 " memory=1 cores=5\n", "line 5: device"},
+        {LF_HEAD "colour=blue\n", "line 4: unknown or repeated key 'colour'"},
+        {LF_HEAD "version=1\n", "line 4: unknown or repeated key 'version'"},
+        {LF_HEAD "nonsense\n", "line 4: 'nonsense' is not key=value"},
+        {"version=2\n", "line 1: unsupported version 2"},
+        {"claim=ns/train\nstate=/x\n", "no version= line"},
+        {"version=1\nstate=/x\n", "no claim= line"},
+        {"version=1\nclaim=ns/train\n", "no state= line"},
+        {"version=1\nclaim=train\n", "line 2: claim=train is not <namespace>/<name>"},
+        {"version=1\nclaim=ns/train\nstate=relative\n", "line 3: state=relative is not an absolute path"},
+        {"version=1\x01\n", "line 1: control character"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why[0] = '\0';
+        CHECK(dl_parse_limits(bad[i].text, strlen(bad[i].text), &c, why, sizeof why) != 0, "accepted: %s", bad[i].text);
+        CHECK(strstr(why, bad[i].why), "reason for %s: expected '%s', got '%s'", bad[i].text, bad[i].why, why);
+    }
+    const char nul[] = "version=1\0\n";
+    CHECK(dl_parse_limits(nul, sizeof nul - 1, &c, why, sizeof why) != 0 && strstr(why, "NUL"), "NUL byte: %s", why);
+}
+
+static void limits_fuzz(long iterations) {
+    static const char *const pieces[] = {"version=1\n", "claim=ns/a\n", "state=/s\n", "device=" LF_GPU0,
+                                         "device=" LF_GPU1, " memory=", " cores=", "unlimited", "1073741824",
+                                         "30", "100", "0", "\n", "#", " ", "\t", "=", "x", "\r\n", "MIG-", "/"};
+    char text[512], why[300];
+    for (long it = 0; it < iterations; it++) {
+        size_t len = 0;
+        for (int k = (int)(rnd() % 16); k > 0; k--) {
+            const char *p = pieces[rnd() % (sizeof pieces / sizeof pieces[0])];
+            size_t n = strlen(p);
+            if (len + n >= sizeof text) break;
+            memcpy(text + len, p, n);
+            len += n;
+        }
+        if (len && rnd() % 4 == 0) text[rnd() % len] = (char)(rnd() % 128); /* a random byte */
+        struct dl_claim c;
+        why[0] = '\0';
+        int r = dl_parse_limits(text, len, &c, why, sizeof why);
+        if (r == 0) {
+            CHECK(c.name[0] && c.state_dir[0] == '/', "accepted without a claim or state: %.*s", (int)len, text);
+            for (int i = 0; i < c.n_devices; i++)
+                CHECK(c.devices[i].cores >= 1 && c.devices[i].cores <= 100, "cores %d", c.devices[i].cores);
+        } else {
+            CHECK(why[0] && strlen(why) < sizeof why, "refused without a reason: %.*s", (int)len, text);
+        }
+    }
+}
+
+/* ---- fuzzing ---- */
 
 static void random_value(char *buf, size_t cap) {
     static const char *const seeds[] = {"512Mi", " 1Gi ", "18446744073709551615", "16777216Ti", "30", "100",
@@ -259,7 +338,9 @@ int main(int argc, char **argv) {
     rng = argc > 2 ? strtoull(argv[2], NULL, 10) : 0x9e3779b97f4a7c15ull;
     dl_log_hook = capture;
     unit_cases();
+    limits_cases();
     fuzz(iterations);
+    limits_fuzz(iterations);
     printf("t_env_fuzz: ok (%ld iterations, seed %s)\n", iterations, argc > 2 ? argv[2] : "default");
     return 0;
 }

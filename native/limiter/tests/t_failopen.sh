@@ -29,7 +29,7 @@ expect_in "total=$fake_total free=$fake_total" "$tmp/out"
 # 2. A state directory that does not exist (mount missing): per-process limit, with a warning.
 LD_PRELOAD=$PRELOAD DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_LIMITER_STATE_DIR="$tmp/missing" \
     "$probe" alloc 268435456 >"$tmp/out" 2>"$tmp/err" || fail "probe failed: $(cat "$tmp/err")"
-expect_in "cannot open the shared region $tmp/missing/dragpu-limiter.region: No such file or directory; limits apply to this process only" "$tmp/err"
+expect_in "cannot open the shared region $tmp/missing/dragpu-limiter.region (the environment's state directory): No such file or directory; limits apply to this process only" "$tmp/err"
 expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/out"
 
 # 3. A region file of another layout (say, another version of the library): same degradation.

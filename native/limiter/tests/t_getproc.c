@@ -50,9 +50,9 @@ int main(int argc, char **argv) {
         (PFN_cuGetProcAddress_v12000)expect("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2", 1);
     gpa = gpa5; /* from here on, the runtime uses the resolver it got back */
 
-    /* Memory: the versions the runtime asks for, and an older ABI we do not wrap. */
+    /* Memory: the versions the runtime asks for, and the CUDA 2.0 ABI (wrapped with its own ABI). */
     PFN_cuMemAlloc_v3020 alloc = (PFN_cuMemAlloc_v3020)expect("cuMemAlloc", 3020, 0, "cuMemAlloc_v2", 1);
-    expect("cuMemAlloc", 2000, 0, "cuMemAlloc", 0);
+    expect("cuMemAlloc", 2000, 0, "cuMemAlloc", 1);
     expect("cuMemFree", 3020, 0, "cuMemFree_v2", 1);
     expect("cuMemAllocPitch", 3020, 0, "cuMemAllocPitch_v2", 1);
     expect("cuMemAllocManaged", 6000, 0, "cuMemAllocManaged", 1);

@@ -193,6 +193,15 @@ def _functions() -> dict[str, Callable[..., Any]]:
     }
 
 
+def kubernetes_context() -> Any:
+    """A `cel.Context` with CEL's extensions and the Kubernetes functions above (no variables yet)."""
+    context = cel.Context()
+    add_stdlib_to_context(context)
+    for name, fn in _functions().items():
+        context.add_function(name, fn)
+    return context
+
+
 # --- compiled selectors ---------------------------------------------------------------------------
 
 _DOMAIN_REFS = re.compile(
@@ -254,10 +263,7 @@ class CelEnvironment:
     """
 
     def __init__(self) -> None:
-        self._context = cel.Context()
-        add_stdlib_to_context(self._context)
-        for name, fn in _functions().items():
-            self._context.add_function(name, fn)
+        self._context = kubernetes_context()
         self._compiled: dict[str, CompiledSelector | SelectorError] = {}
 
     def compile(self, expression: str) -> CompiledSelector:

@@ -136,7 +136,8 @@ class Allocator:
             )
             picks = search.run()
         except AllocationError as exc:
-            raise AllocationError(f"claim {name}: {exc}") from None
+            raise AllocationError(f"claim {name}: {exc}", exc.reason) from None
         if picks is None:
-            raise AllocationError(f"cannot allocate claim {name}: {search.explain()}")
+            explanation = search.explain()
+            raise AllocationError(f"cannot allocate claim {name}: {explanation}", search.reason())
         return build_allocation(claim, requests, picks, self._index.devices, self._now, self._new_uid)

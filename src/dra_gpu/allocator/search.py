@@ -15,17 +15,13 @@ from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, fmt
 from dra_gpu.allocator.claims import MAX_RESULTS, Alt, Constraint, Request
-from dra_gpu.allocator.errors import AllocationError
+from dra_gpu.allocator.errors import AllocationError, Refusal, reason_of
 from dra_gpu.allocator.index import DeviceIndex
 from dra_gpu.allocator.policies import LabelRules, Score, score
 from dra_gpu.allocator.pools import Device
 from dra_gpu.config import PlacementPolicy
 
-_TAINTED = "tainted, not tolerated"
-_COUNTERS = "consume shared counters (partitionable devices are not supported)"
-_IN_USE = "in use by another claim"
-_PLACEMENT = "excluded by placement rules"
-_BLOCKS_ALL = {_TAINTED, _COUNTERS, _IN_USE, _PLACEMENT}
+_BLOCKS_ALL = {Refusal.TAINTED, Refusal.COUNTERS, Refusal.IN_USE, Refusal.PLACEMENT}
 """Reasons that make an `All` request fail rather than skip the device."""
 
 STEP_LIMIT = 200_000
@@ -66,6 +62,7 @@ class Search:
         self.picks: list[Pick] = []
         self.steps = 0
         self.scope: set[int] = set()
+        self.refusals: set[Refusal] = set()
 
     # --- per-device checks ------------------------------------------------------------------------
 
@@ -357,8 +354,15 @@ class Search:
 
     # --- why not ----------------------------------------------------------------------------------
 
+    def reason(self) -> str:
+        """The metrics reason of the last `explain()`."""
+        return reason_of(self.refusals)
+
     def explain(self) -> str:
-        """Which request cannot be served and why, device by device category (first example shown)."""
+        """Which request cannot be served and why, device by device category (first example shown).
+
+        The categories met are left in `refusals`; `reason()` names the most telling one.
+        """
         parts = []
         every_request_fits = True
         for req in self.requests:
@@ -394,17 +398,18 @@ class Search:
                     "must fit that GPU together"
                 )
         for problem in self.index.inventory.problems:
+            self.refusals.add(Refusal.POOL_LEFT_OUT)
             parts.append(f"pool {problem.driver}/{problem.pool} is left out ({problem.why})")
         return "; ".join(parts)
 
     def _explain_alt(self, alt: Alt) -> tuple[str, bool]:
         """Why the alternative gets too few devices, and whether it gets enough after all."""
         g = alt.group
-        reasons: dict[str, list[str]] = {}
+        reasons: dict[Refusal, list[str]] = {}
         for i, taint in g.tainted:
-            reasons.setdefault(_TAINTED, []).append(f"{self.devices[i].label}: {taint}")
+            reasons.setdefault(Refusal.TAINTED, []).append(f"{self.devices[i].label}: {taint}")
         for i in g.counters:
-            reasons.setdefault(_COUNTERS, []).append(self.devices[i].label)
+            reasons.setdefault(Refusal.COUNTERS, []).append(self.devices[i].label)
         fitting = 0
         shareable = False  # a fitting multi-allocatable device may take several of the devices
         for i in g.members:
@@ -436,20 +441,21 @@ class Search:
         if alt.selectors:
             text += f" and {matched - g.request_mismatch} of those the request's selectors"
         for category, items in reasons.items():
+            self.refusals.add(category)
             example = items[0] if len(items) == 1 else f"e.g. {items[0]}"
-            text += f"; {len(items)} {category} ({example})"
+            text += f"; {len(items)} {category.phrase} ({example})"
         return text, ok
 
-    def _why_not(self, index: int, alt: Alt) -> tuple[str, str] | None:
+    def _why_not(self, index: int, alt: Alt) -> tuple[Refusal, str] | None:
         d = self.devices[index]
         if not self.node_ok(d):
-            return ("on nodes the node filter excludes", str(d.node))
+            return (Refusal.NODE_FILTER, str(d.node))
         cons = self.index.consumed(d, alt.cap)
         if isinstance(cons, str):
-            return ("cannot serve the capacity request", cons)
+            return (Refusal.CAPACITY_REQUEST, cons)
         u = self.usage
         if u.whole[index] or (not d.multi and u.holders[index]):
-            return (_IN_USE, "")
+            return (Refusal.IN_USE, "")
         used = u.used[index]
         if d.multi and used is not None:
             short = [
@@ -458,8 +464,8 @@ class Search:
                 if used[n] + cons[n] > spec.value
             ]
             if short:
-                return ("without enough free capacity", ", ".join(short))
+                return (Refusal.NO_CAPACITY, ", ".join(short))
         block = self.rules.blocks(u, index) if self.rules.any else None
         if block is not None:
-            return (_PLACEMENT, block)
+            return (Refusal.PLACEMENT, block)
         return None

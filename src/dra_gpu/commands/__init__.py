@@ -1,5 +1,4 @@
-"""Subcommands of `dra-gpu`: one module each, discovered by `dra_gpu.cli`.
+"""Subcommands of `dra-gpu`: one module each, listed in `dra_gpu.cli.COMMANDS`.
 
-Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int, so adding a command
-means adding a module, not editing a central table.
+Each module defines NAME, HELP, add_arguments(parser) and run(args) -> int.
 """

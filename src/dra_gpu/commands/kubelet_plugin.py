@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.commands._process import wait_for_signal
+from dra_gpu.commands._process import stop_on_signals, wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
+from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES
+from dra_gpu.plugin.driver_root import load_nvml
+from dra_gpu.quantity import parse_quantity, to_int
+
+MIN_MPS_SHM_BYTES = 64 << 20
 
 NAME = "kubelet-plugin"
 HELP = "run the node agent: kubelet registration, DRA prepare/unprepare, ResourceSlice publishing"
@@ -76,6 +82,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="the host's /proc (the agent runs with hostPID)",
     )
+    add_flag(
+        parser,
+        "--driver-root",
+        default="/",
+        type=Path,
+        help="where the node's NVIDIA driver files (NVML, libcuda, nvidia-smi, MPS programs) are, as this "
+        "process sees them (the DaemonSet mounts the host's root read-only there)",
+    )
+    add_flag(
+        parser,
+        "--driver-root-host-path",
+        default=None,
+        type=Path,
+        help="the driver root as the host sees it, for the claims' CDI mounts (default: --driver-root)",
+    )
+    add_flag(
+        parser,
+        "--mps-shm-size",
+        default=str(DEFAULT_MPS_SHM_BYTES),
+        help="size of each MPS daemon's /dev/shm, a tmpfs shared by its clients (e.g. 1Gi)",
+    )
+    add_flag(
+        parser,
+        "--mps-cgroup",
+        default=None,
+        type=Path,
+        help="cgroup-v2 directory the MPS daemons run in, so they are not charged to (or killed with) "
+        "the agent's container (default: they stay in the agent's cgroup)",
+    )
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
 
 
@@ -102,6 +137,25 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        mps_shm_bytes = to_int(parse_quantity(args.mps_shm_size))
+    except (ValueError, ArithmeticError):
+        mps_shm_bytes = 0
+    if mps_shm_bytes < MIN_MPS_SHM_BYTES:
+        print(
+            f"error: --mps-shm-size {args.mps_shm_size!r} must be a quantity of at least 64Mi (e.g. 1Gi)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.driver_root.is_dir():
+        print(f"error: --driver-root {args.driver_root} is not a directory", file=sys.stderr)
+        return 2
+    if args.gpu_backend == "nvml":
+        try:
+            load_nvml(args.driver_root)
+        except (OSError, ImportError) as exc:
+            print(f"error: cannot load NVML from the driver root {args.driver_root}: {exc}", file=sys.stderr)
+            return 1
     try:
         inventory = open_inventory(args.gpu_backend, seed=args.node_name)
     except InventoryError as exc:
@@ -130,17 +184,24 @@ def run(args: argparse.Namespace) -> int:
         http_address=args.http_address or None,
         monitor_interval_s=args.monitor_interval,
         proc_root=args.proc_root,
+        driver_root=args.driver_root,
+        driver_root_host_path=args.driver_root_host_path,
+        mps_shm_bytes=mps_shm_bytes,
+        mps_cgroup=args.mps_cgroup,
     )
     plugin = KubeletPlugin(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
-    try:
-        plugin.start()
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
-        inventory.close()
-        return 1
-    try:
-        wait_for_signal()
-    finally:
-        plugin.stop()
-        inventory.close()
+    # The kubelet can register and call the plugin before start() returns: a SIGTERM from then on
+    # must stop it cleanly.
+    with stop_on_signals(threading.Event()) as stop:
+        try:
+            plugin.start()
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+            inventory.close()
+            return 1
+        try:
+            wait_for_signal(stop)
+        finally:
+            plugin.stop()
+            inventory.close()
     return 0

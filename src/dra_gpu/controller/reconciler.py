@@ -124,31 +124,6 @@ def describe_allocation(allocation: Mapping[str, Any]) -> str:
     return ", ".join(parts) + (f" on node {node}" if node else "")
 
 
-_REASONS = (
-    ("without enough free capacity", "InsufficientCapacity"),
-    ("in use by another claim", "DevicesInUse"),
-    ("excluded by placement rules", "PlacementRules"),
-    ("on nodes the node filter excludes", "NoEligibleNode"),
-    ("cannot serve the capacity request", "CapacityRequestInvalid"),
-    ("tainted, not tolerated", "DevicesTainted"),
-    ("is left out", "PoolUnusable"),
-)
-
-
-def failure_reason(exc: Exception) -> str:
-    """A short, low-cardinality reason for the failures metric, from the allocator's explanation.
-
-    The allocator's message lists, per request, why devices were refused; the first category found
-    here in order of importance names the failure (`Unsatisfiable` when none applies, e.g. no device
-    matches the class at all).
-    """
-    reason = getattr(exc, "reason", None)
-    if reason:
-        return str(reason)
-    text = str(exc)
-    return next((name for phrase, name in _REASONS if phrase in text), "Unsatisfiable")
-
-
 class Reconciler:
     """The controller's decisions; no threads, so a test can run one pass and look at the result."""
 
@@ -301,7 +276,7 @@ class Reconciler:
             try:
                 allocation = self._place(claim, consumers, policy, nodes, allocator)
             except AllocationError as exc:
-                self._fail(claim, result, failure_reason(exc), str(exc))
+                self._fail(claim, result, exc.reason, str(exc))
                 return
             try:
                 written = self._write_allocation(claim, allocation)
@@ -357,7 +332,7 @@ class Reconciler:
     def _explained(exc: AllocationError, eligibility: NodeEligibility) -> AllocationError:
         if not eligibility.refused:
             return exc
-        return AllocationError(f"{exc}; nodes its pods cannot use: {eligibility.summary()}")
+        return AllocationError(f"{exc}; nodes its pods cannot use: {eligibility.summary()}", exc.reason)
 
     def _write_allocation(self, claim: Obj, allocation: Obj) -> Obj:
         """Finalizer first, then the allocation, each with the resourceVersion just read."""

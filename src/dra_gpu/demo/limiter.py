@@ -2,8 +2,9 @@
 
 The probe gets the environment the limiter claim's CDI spec gives its containers, with the container
 paths of the spec's mounts mapped back to their host paths (no container runtime runs here), plus
-`LD_LIBRARY_PATH` to the fake `libcuda.so.1`. Like the real driver, the fake exposes the GPUs that
-`CUDA_VISIBLE_DEVICES` names by UUID, so the limiter matches them to the spec's per-UUID limits;
+`LD_LIBRARY_PATH` to the fake `libcuda.so.1`. In a container, the claim's device nodes decide which
+GPUs CUDA sees; here `CUDA_VISIBLE_DEVICES` names the same GPUs by UUID, and the fake, like the real
+driver, exposes exactly those, so the limiter matches them to the spec's per-UUID limits.
 `NVIDIA_VISIBLE_DEVICES` (read by the NVIDIA container runtime, not by CUDA) is left out.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_gpu.demo.report import ContainerView
+from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 from dra_gpu.quantity import format_quantity
 
 LIBRARY = "libdragpu-limiter.so.1"
@@ -54,6 +57,10 @@ def probe_environment(view: ContainerView, build: Path) -> dict[str, str]:
     env = {k: v for k, v in view.env.items() if k not in LEFT_OUT}
     for container_path, host_path, _ in sorted(view.mounts, key=lambda m: -len(m[0])):
         env = {k: v.replace(container_path, host_path) for k, v in env.items()}
+    # In a container the library loads from /etc/ld.so.preload and reads the claim's limits file;
+    # out here it reads the same limits from the environment.
+    env.update(host_environment_of((c, h) for c, h, _ in view.mounts))
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(device_uuids(view.env))
     env["LD_LIBRARY_PATH"] = str(build / FAKE_DRIVER_DIR)
     env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
     return env
@@ -79,7 +86,9 @@ def run_limiter_probe(build: Path | None, view: ContainerView | None, workdir: P
     probe = str(build / PROBE)
     run = LimiterRun(True)
     shown = {k: env[k] for k in sorted(env) if k.startswith(("DRAGPU_", "LD_PRELOAD"))}
-    run.lines.append("environment from the claim's CDI spec (container paths mapped to host paths):")
+    run.lines.append(
+        "environment from the claim's CDI spec and limits file (container paths mapped to host paths):"
+    )
     run.lines += [f"  {k}={v}" for k, v in shown.items()]
     bare_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
     try:

@@ -221,7 +221,9 @@ class NvmlInventory:
             mig_capable=mig_mode is not None,
         )
         mig_enabled = mig_mode is not None and int(mig_mode[0]) == 1  # NVML_DEVICE_MIG_ENABLE
-        gpu = with_capabilities(gpu, detect(driver, self._cgroup_layout, mig_enabled))
+        gpu = with_capabilities(
+            replace(gpu, mig_enabled=mig_enabled), detect(driver, self._cgroup_layout, mig_enabled)
+        )
         self._handles[uuid] = handle
         return gpu
 

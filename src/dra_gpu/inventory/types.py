@@ -37,6 +37,8 @@ class GpuInfo:
     pci_bus_id: str
     mig_capable: bool
     healthy: bool = True
+    mig_enabled: bool = False
+    """MIG mode is on: the GPU is published unshareable (Exclusive) until MIG devices are supported."""
     health_reason: str = ""
     memory_isolation: str = "limiter"
     """"driver" or "limiter" (see inventory.capabilities), published as the `memoryIsolation` attribute."""
@@ -58,6 +60,7 @@ class GpuInfo:
             "cudaDriverVersion": self.cuda_driver_version,
             "pciBusId": self.pci_bus_id,
             "migCapable": self.mig_capable,
+            "migEnabled": self.mig_enabled,
             "healthy": self.healthy,
             "healthReason": self.health_reason,
             "memoryIsolation": self.memory_isolation,

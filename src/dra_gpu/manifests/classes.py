@@ -6,7 +6,7 @@ the kubelet plugin parses exactly what the classes carry.
 
 | class | matches | strategy |
 |---|---|---|
-| `gpu.dra-gpu.io` | every GPU of the driver | Exclusive: a claim without capacity requests gets the whole GPU (the request policy's default) |
+| `gpu.dra-gpu.io` | `sharing == "Exclusive"` | Exclusive: the whole GPU, never one that hosts shares |
 | `timeslice.gpu.dra-gpu.io` | `sharing == "Shared"` | TimeSlicing |
 | `limiter.gpu.dra-gpu.io` | `sharing == "Shared"` | Limiter |
 | `mps.gpu.dra-gpu.io` | `sharing == "MPS"` | MPS |
@@ -39,7 +39,7 @@ class ClassSpec:
 
 
 CLASSES = (
-    ClassSpec(DRIVER_NAME, Strategy.EXCLUSIVE, None),
+    ClassSpec(DRIVER_NAME, Strategy.EXCLUSIVE, GpuSharingMode.EXCLUSIVE),
     ClassSpec(f"timeslice.{DRIVER_NAME}", Strategy.TIME_SLICING, GpuSharingMode.SHARED),
     ClassSpec(f"mps.{DRIVER_NAME}", Strategy.MPS, GpuSharingMode.MPS),
     ClassSpec(f"limiter.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED),
@@ -47,7 +47,7 @@ CLASSES = (
 )
 
 MODE_FOR_STRATEGY = {
-    Strategy.EXCLUSIVE: None,
+    Strategy.EXCLUSIVE: GpuSharingMode.EXCLUSIVE,
     Strategy.TIME_SLICING: GpuSharingMode.SHARED,
     Strategy.LIMITER: GpuSharingMode.SHARED,
     Strategy.MPS: GpuSharingMode.MPS,

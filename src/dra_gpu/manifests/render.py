@@ -13,6 +13,7 @@ import jinja2
 import yaml
 
 from dra_gpu import DRIVER_NAME, __version__
+from dra_gpu.manifests.admission import claim_policy
 from dra_gpu.manifests.classes import CLASSES, controller_classes, device_classes
 from dra_gpu.manifests.dashboard import dashboard_json
 from dra_gpu.manifests.values import TEMPLATES, Values, ValuesError, image_reference
@@ -28,6 +29,7 @@ NAMES = {
     "plugin": "dra-gpu-kubelet-plugin",
     "controller": "dra-gpu-controller",
     "policy": "dra-gpu-resourceslices",
+    "claim_policy": "dra-gpu-resourceclaims",
 }
 
 INSTALLED = (
@@ -123,6 +125,7 @@ def _context(values: Values) -> dict[str, Any]:
         "privileged": privileged,
         "nvidia_cdi": plugin.gpuBackend == "nvml",
         "device_classes": device_classes(values),
+        "claim_policy": claim_policy(values, NAMES["claim_policy"], _labels("admission")),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "resources": [f for f in INSTALLED if f in files],
         "dashboard_json": dashboard_json(),

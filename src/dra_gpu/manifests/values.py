@@ -42,6 +42,9 @@ class KubeletPlugin(_Model):
     kubeletDir: str = Field(pattern=r"^/")
     cdiDir: str = Field(pattern=r"^/")
     stateDir: str = Field(pattern=r"^/")
+    driverRoot: str = Field(pattern=r"^/")
+    mpsShmSize: str = Field(pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+    mpsCgroup: str | None = Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
     gpuBackend: str = Field(pattern=r"^(nvml|simulated:.+)$")
     sharing: str
     httpPort: int = Field(ge=1, le=65535)

@@ -87,6 +87,8 @@ class ShareRecord(_Model):
     shareId: str | None = None
     adminAccess: bool = False
     detail: dict[str, str] = Field(default_factory=dict)
+    consumed: dict[str, str] = Field(default_factory=dict)
+    """The share's consumed capacity (`memory`, `cores`), for the node's own capacity check."""
 
 
 class PreparedClaim(_Model):

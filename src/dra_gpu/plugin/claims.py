@@ -16,9 +16,11 @@ from typing import Any
 from dra_gpu.config import ConfigError, merge_configs
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.kube import ApiError, KubeAPI, NotFound
+from dra_gpu.plugin.checkpoint import ShareRecord
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
-from dra_gpu.quantity import QuantityError, parse_quantity
+from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
+from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
+from dra_gpu.slices.devices import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
 
 
 def fetch_claim(api: KubeAPI, claim: ClaimInfo) -> dict[str, Any]:
@@ -69,6 +71,57 @@ def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
     ]
     text = json.dumps({"results": results, "config": configs}, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def allocation_results(obj: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
+    """The claim's allocation results for `driver`'s devices in `pool` (this node's)."""
+    devices = (((obj.get("status") or {}).get("allocation")) or {}).get("devices") or {}
+    return [r for r in devices.get("results") or [] if r.get("driver") == driver and r.get("pool") == pool]
+
+
+def _amount(record: ShareRecord, name: str) -> Fraction | None:
+    text = record.consumed.get(name)
+    try:
+        return None if text is None else Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _show_memory(value: Fraction | int) -> str:
+    return format_quantity(value)
+
+
+def _show_number(value: Fraction | int) -> str:
+    return f"{float(value):g}"
+
+
+def over_capacity(share: Share, record: ShareRecord, others: list[Holder], driver: str) -> str | None:
+    """Why `share` would take its GPU past the GPU's capacity, with the shares already on it; or None.
+
+    The scheduler never allocates that, so it means the allocation was written by something that
+    does not count capacity, or the GPU is not the one the slice described. Only shares with consumed
+    capacity count; whole-GPU allocations are the Exclusive backend's business.
+    """
+    if share.share_id is None:
+        return None
+    limits = {MEMORY_CAPACITY: published_memory(share.gpu.memory_bytes)[0], CORES_CAPACITY: FULL_CORES}
+    for name, limit in limits.items():
+        mine = _amount(record, name)
+        if mine is None:
+            continue
+        taken = [(o.claim, amount) for o in others if (amount := _amount(o.record, name)) is not None]
+        used = sum((amount for _, amount in taken), Fraction(0))
+        if used + mine <= limit:
+            continue
+        show = _show_memory if name == MEMORY_CAPACITY else _show_number
+        holders = ", ".join(f"{claim} {show(amount)}" for claim, amount in taken) or "none"
+        return (
+            f"GPU {share.device} ({share.gpu.uuid}) has {show(limit)} of {name}; the shares prepared on it "
+            f"take {show(used)} ({holders}) and this one asks for {show(mine)}, more than the GPU has. The "
+            f"allocation does not match the GPU (written by something that does not count capacity, or the "
+            f"GPU changed since the slice was published): delete the claim so that it is allocated again"
+        )
+    return None
 
 
 def _consumed(raw: Mapping[str, Any] | None, where: str) -> dict[str, Fraction]:

@@ -1,7 +1,10 @@
 """Every GPU-wide change the plugin makes goes through this one small interface.
 
 Time-slice intervals, compute modes and MPS control daemons are settings of the physical GPU, not of
-a container, so the plugin changes them with NVIDIA's tools. Keeping the calls behind ``GpuCommands``
+a container, so the plugin changes them with NVIDIA's tools. An MPS control daemon is started in a
+session of its own (and, where configured, moved to a cgroup of its own), so it is no child of the
+node agent: a restart, an upgrade or an OOM kill of the agent's container leaves it and its clients
+running, and the next agent finds it through its pipe directory. Keeping the calls behind ``GpuCommands``
 lets tests and simulated nodes substitute ``SimulatedCommands``, which runs nothing, records what
 was asked, keeps the resulting GPU state (optionally in a file, so that it outlives a plugin
 process as a real GPU's settings do) and fails on demand.
@@ -10,6 +13,7 @@ process as a real GPU's settings do) and fails on demand.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -17,12 +21,16 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
+
+
+DEFAULT_MPS_SHM_BYTES = 1 << 30
+"""The size of an MPS daemon's /dev/shm where the node does not set one (`--mps-shm-size`)."""
 
 
 class ComputeMode(StrEnum):
@@ -45,10 +53,15 @@ class GpuCommands(Protocol):
         ...
 
     def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
-        """Start the control daemon for one GPU and return once it answers."""
+        """Start the control daemon for one GPU and return once it answers.
+
+        Its /dev/shm is `pipe_dir.parent / "shm"`, the directory its clients mount as theirs.
+        """
         ...
 
-    def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None: ...
+    def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None:
+        """Stop the daemon if it runs and release its /dev/shm; nothing to do is not an error."""
+        ...
 
     def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool: ...
 
@@ -68,13 +81,24 @@ class NvidiaCommands:
         timeout_s: float = 30.0,
         start_wait_s: float = 10.0,
         runner: Runner = subprocess.run,
+        tool_env: Mapping[str, str] | None = None,
         isolate_shm: bool = False,
+        mps_shm_bytes: int = DEFAULT_MPS_SHM_BYTES,
+        mps_cgroup: Path | None = None,
     ) -> None:
-        """With `isolate_shm`, the MPS daemon runs in its own mount namespace whose /dev/shm is the
-        GPU's `<mps dir>/shm`, the directory every MPS client of that GPU mounts as its /dev/shm
-        (needs CAP_SYS_ADMIN, which the node agent has where it drives real GPUs).
+        """With `isolate_shm`, the GPU's `<mps dir>/shm` is a tmpfs of `mps_shm_bytes` (memory, not
+        the node's disk, and bounded), and the MPS daemon runs in its own mount namespace with that
+        tmpfs as its /dev/shm; every MPS client of the GPU mounts the same tmpfs as its /dev/shm
+        (needs CAP_SYS_ADMIN, which the node agent has where it drives real GPUs). With
+        `mps_cgroup` (a cgroup-v2 directory, created if missing), the daemon runs in that cgroup, so
+        its memory and CPU are not charged to the agent's container and a kill of that container's
+        cgroup does not reach it.
         """
+        self.tool_env = dict(tool_env or {})
+        """Environment the driver's tools need (e.g. to find the driver's libraries under its root)."""
         self.isolate_shm = isolate_shm
+        self.mps_shm_bytes = mps_shm_bytes
+        self.mps_cgroup = mps_cgroup
         self.nvidia_smi = nvidia_smi
         self.mps_control = mps_control
         self.timeout_s = timeout_s
@@ -88,12 +112,14 @@ class NvidiaCommands:
         stdin: str | None = None,
         output: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run to completion; with `output`, stdout and stderr go to that file instead of pipes.
+        """Run to completion; with `output`, stdout and stderr go to that file instead of pipes, and
+        the command starts a session of its own.
 
         A command that leaves a daemon behind must not get pipes: the daemon would inherit them and
-        reading them would never end.
+        reading them would never end. Nor may it share the agent's session and process group: a
+        signal to those (a terminal's, a process supervisor's) must not reach the daemon.
         """
-        full_env = {**os.environ, **env} if env else None
+        full_env = {**os.environ, **self.tool_env, **(env or {})} if env or self.tool_env else None
         shown = " ".join(argv)
         try:
             if output is None:
@@ -116,6 +142,7 @@ class NvidiaCommands:
                     text=True,
                     timeout=self.timeout_s,
                     check=False,
+                    start_new_session=True,
                 )
             done.stdout = output.read_text(errors="replace")
             return done
@@ -153,12 +180,37 @@ class NvidiaCommands:
             env["CUDA_MPS_LOG_DIRECTORY"] = str(log_dir)
         return env
 
+    def _mount_shm(self, shm: Path) -> None:
+        if os.path.ismount(shm):
+            return  # a daemon's tmpfs from before an agent restart: its clients still use it
+        options = f"size={self.mps_shm_bytes},mode=1777,nosuid,nodev,noexec"
+        self._check(["mount", "-t", "tmpfs", "-o", options, "dra-gpu-mps-shm", str(shm)])
+
+    def _unmount_shm(self, shm: Path) -> None:
+        if os.path.ismount(shm):
+            # Lazy: a client that still has it open keeps its view; nobody new can attach.
+            self._check(["umount", "--lazy", str(shm)])
+
+    def _cgroup_procs(self) -> Path | None:
+        if self.mps_cgroup is None:
+            return None
+        try:
+            self.mps_cgroup.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CommandError(f"cannot create the MPS daemons' cgroup {self.mps_cgroup}: {exc}") from None
+        return self.mps_cgroup / "cgroup.procs"
+
     def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
         argv = [self.mps_control, "-d"]
         if self.isolate_shm:
             shm = pipe_dir.parent / "shm"
+            self._mount_shm(shm)
             script = 'mount --bind "$0" /dev/shm && exec "$@"'
             argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(shm), *argv]
+        procs = self._cgroup_procs()
+        if procs is not None:
+            # The launcher joins the cgroup before it execs: the daemon it forks is born there.
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
         self._check(
             argv,
             self._mps_env(gpu_uuid, pipe_dir, log_dir),
@@ -176,6 +228,8 @@ class NvidiaCommands:
     def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None:
         if self.mps_daemon_running(gpu_uuid, pipe_dir):
             self._check([self.mps_control], self._mps_env(gpu_uuid, pipe_dir), stdin="quit\n")
+        if self.isolate_shm:
+            self._unmount_shm(pipe_dir.parent / "shm")
 
     def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool:
         # The control client exits non-zero when no daemon listens on the pipe directory.
@@ -232,6 +286,16 @@ class SimulatedCommands:
                 os.unlink(tmp)
             raise
 
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        if self.state_file is None:
+            yield
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.state_file.with_name(f".{self.state_file.name}.lock"), "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """The GPU-wide state now: `{"computeMode": {...}, "timeslice": {...}, "mps": {...}}`."""
         with self._lock:
@@ -245,9 +309,10 @@ class SimulatedCommands:
             if op in self.fail:
                 raise CommandError(self.fail[op])
             if change is not None:
-                self._load()
-                change()
-                self._save()
+                with self._file_lock():  # two plugin processes change different GPUs at once
+                    self._load()
+                    change()
+                    self._save()
 
     # -- GpuCommands -----------------------------------------------------------------------------
     def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:

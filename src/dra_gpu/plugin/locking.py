@@ -1,36 +1,60 @@
-"""The node-wide lock around every prepare and unprepare.
+"""The locks around prepare and unprepare: one per GPU for slow work, one per node for shared files.
 
 The kubelet may call us concurrently (grpcio runs handlers on a thread pool) and, during a rolling
-update, two plugin processes serve the same node. Both must see one sequence of checkpoint
-read-modify-writes and GPU-wide changes, so a call holds a process lock *and* an fcntl lock on a
-file in the plugin data directory, as the Go helper does with ``serialize.lock``. The kernel drops the
-file lock when a process dies, so a crashed plugin never blocks its successor.
+update, two plugin processes serve the same node. Each lock is a process lock *and* an fcntl lock on
+a file in the plugin data directory, as the Go helper does with ``serialize.lock``; the kernel drops
+a file lock when its process dies, so a crashed plugin never blocks its successor.
+
+- ``KeyLocks`` (per GPU, and per claim within the process) are held across the slow steps: API
+  reads, ``nvidia-smi``, starting an MPS daemon. A GPU command that hangs blocks only the claims of
+  that GPU.
+- ``NodeLock`` is held only over read-modify-writes of the checkpoint and CDI spec writes, which
+  take milliseconds. It is re-entrant within a thread, so a step that already holds it can call
+  another that takes it. Order: key locks first, then the node lock, never the reverse.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 LOCK_FILE_NAME = "serialize.lock"
+GPU_LOCK_DIR_NAME = "gpu-locks"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class LockTimeout(Exception):
     """The lock was not obtained in time; the message says who is likely holding it."""
 
 
+def _flock(fd: int, deadline: float, busy: str) -> None:
+    delay = 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockTimeout(busy) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+
 class NodeLock:
-    """A re-usable process + file lock; ``hold()`` is the only way in."""
+    """A re-usable, re-entrant process + file lock; ``hold()`` is the only way in."""
 
     def __init__(self, path: Path, timeout_s: float = 30.0) -> None:
         self.path = path
         self.timeout_s = timeout_s
         self._thread_lock = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
         self._fd: int | None = None
 
     def _file(self) -> int:
@@ -41,29 +65,32 @@ class NodeLock:
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        deadline = time.monotonic() + self.timeout_s
-        if not self._thread_lock.acquire(timeout=self.timeout_s):
-            raise LockTimeout(
-                f"another prepare/unprepare call in this plugin has run for more than {self.timeout_s:.0f}s"
-            )
-        try:
-            fd = self._file()
-            delay = 0.0005
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise LockTimeout(
-                            f"another plugin process has held {self.path} for more than "
-                            f"{self.timeout_s:.0f}s (a second plugin pod on this node during an update?)"
-                        ) from None
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.01)
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
             try:
                 yield
             finally:
+                self._depth -= 1
+            return
+        deadline = time.monotonic() + self.timeout_s
+        if not self._thread_lock.acquire(timeout=self.timeout_s):
+            raise LockTimeout(
+                f"another call in this plugin has held the node's state files for more than {self.timeout_s:.0f}s"
+            )
+        try:
+            fd = self._file()
+            _flock(
+                fd,
+                deadline,
+                f"another plugin process has held {self.path} for more than {self.timeout_s:.0f}s "
+                f"(a second plugin pod on this node during an update?)",
+            )
+            self._owner, self._depth = me, 1
+            try:
+                yield
+            finally:
+                self._owner, self._depth = None, 0
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
@@ -73,3 +100,57 @@ class NodeLock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+class KeyLocks:
+    """One lock per key, taken in sorted order so that two callers never wait on each other in a cycle.
+
+    Keys of GPUs (their UUIDs) are also locked across processes, with one file per GPU under
+    `directory`; keys starting with `claim:` serialize calls for one claim within the process only.
+    """
+
+    def __init__(self, directory: Path, timeout_s: float = 30.0) -> None:
+        self.directory = directory
+        self.timeout_s = timeout_s
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    @contextmanager
+    def _hold_one(self, key: str, deadline: float) -> Iterator[None]:
+        what = key.removeprefix("claim:") if key.startswith("claim:") else f"GPU {key}"
+        busy = (
+            f"{what} has been busy with another prepare or unprepare for more than {self.timeout_s:.0f}s "
+            f"(a GPU command that does not return?)"
+        )
+        lock = self._lock(key)
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise LockTimeout(busy)
+        try:
+            if key.startswith("claim:"):
+                yield
+                return
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                _flock(fd, deadline, busy)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        finally:
+            lock.release()
+
+    @contextmanager
+    def hold(self, keys: Iterable[str]) -> Iterator[None]:
+        deadline = time.monotonic() + self.timeout_s
+        with ExitStack() as stack:
+            for key in sorted(set(keys)):
+                stack.enter_context(self._hold_one(key, deadline))
+            yield

@@ -27,7 +27,8 @@ from dra_gpu.inventory.capabilities import log_choice as log_isolation_choice
 from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
-from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
+from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES, GpuCommands, NvidiaCommands, SimulatedCommands
+from dra_gpu.plugin.driver_root import install_ldcache_hook, tool_env, tool_path
 from dra_gpu.plugin.health import (
     DeviceHealthServicer,
     DeviceHealthStream,
@@ -86,6 +87,14 @@ class PluginConfig:
     """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
     proc_root: Path = Path("/proc")
     """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
+    driver_root: Path = Path("/")
+    """Where the node's NVIDIA driver files (libraries, nvidia-smi, MPS programs) are, as this process sees them."""
+    driver_root_host_path: Path | None = None
+    """The driver root as the container runtime on the host sees it (for CDI mounts); None: `driver_root`."""
+    mps_shm_bytes: int = DEFAULT_MPS_SHM_BYTES
+    """The size of each MPS daemon's /dev/shm (a tmpfs its clients share)."""
+    mps_cgroup: Path | None = None
+    """A cgroup-v2 directory for the MPS daemons, so that they are not charged to the agent."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -104,9 +113,18 @@ class PluginConfig:
         return self.state_dir / "checkpoint.json"
 
 
-def default_commands(inventory: Inventory, state_dir: Path) -> GpuCommands:
+def default_commands(inventory: Inventory, config: PluginConfig) -> GpuCommands:
+    state_dir = config.state_dir
     if inventory.backend == "nvml":
-        return NvidiaCommands(isolate_shm=True)
+        root = config.driver_root
+        return NvidiaCommands(
+            nvidia_smi=tool_path(root, "nvidia-smi"),
+            mps_control=tool_path(root, "nvidia-cuda-mps-control"),
+            tool_env=tool_env(root, state_dir / "driver-libraries"),
+            isolate_shm=True,
+            mps_shm_bytes=config.mps_shm_bytes,
+            mps_cgroup=config.mps_cgroup,
+        )
     state = state_dir / "simulated-gpus.json"
     log.warning(
         "simulated GPUs: nvidia-smi and nvidia-cuda-mps-control are not run; what they would change is "
@@ -160,7 +178,7 @@ class KubeletPlugin:
         self.sharing = sharing or NodeSharing.parse("*=Shared")
         self.publish_slices = publish_slices
         self.metrics = metrics or PluginMetrics()
-        self.commands = commands or default_commands(inventory, config.state_dir)
+        self.commands = commands or default_commands(inventory, config)
         self.pool = config.pool_name or config.node_name
         self.node = NodeContext(
             driver=config.driver_name,
@@ -171,7 +189,10 @@ class KubeletPlugin:
             nvidia_ctk_dirs=config.nvidia_ctk_dirs
             if config.nvidia_ctk_dirs is not None
             else (Path("/etc/cdi"), config.cdi_dir),
+            driver_root=config.driver_root,
+            driver_root_host_path=config.driver_root_host_path,
         )
+        self._hooks_dir = config.state_dir / "bin"
         self.lock = NodeLock(config.plugin_dir / LOCK_FILE_NAME, timeout_s=config.lock_timeout_s)
         self.preparer = Preparer(
             api=api,
@@ -203,6 +224,7 @@ class KubeletPlugin:
             _make_private_dir(directory)
         cfg.registration_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self.node.ldcache_hook = install_ldcache_hook(self._hooks_dir)
             self.preparer.start()
             self._dra_server = self._serve_dra()
             self._reg_server = self._serve_registration()

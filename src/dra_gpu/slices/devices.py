@@ -11,7 +11,12 @@ Choices a user notices:
   rounds them.
 - Capacity `cores` is a percentage of the GPU's SMs: 100, step 1.
 - Both policies default to the whole capacity, so a claim that asks for nothing on a shareable GPU
-  gets the whole GPU, and one that asks for `memory: 10Gi, cores: 30` gets that share.
+  gets the whole GPU, and one that asks for `memory: 10Gi, cores: 30` gets that share. A request
+  that names only one of them would be charged the whole of the other, leaving the GPU unshareable:
+  the claim admission policy refuses it and says what to add.
+- A GPU in MIG mode is published `Exclusive` (whole GPU only, attribute `migEnabled: true`),
+  whatever `--sharing` says, until MIG devices are supported: the sharing backends cannot enforce a
+  share of it, so no shared class may select it.
 - Versions are published as `version` attributes when they can be written as semver (`9.0` ->
   `9.0.0`, `580.95.05` -> `580.95.5`: semver forbids leading zeros), else as strings.
 """
@@ -38,6 +43,7 @@ SHARING_ATTRIBUTE = "sharing"
 MEMORY_ISOLATION_ATTRIBUTE = "memoryIsolation"
 """`driver` (the NVIDIA driver caps each container's cgroup) or `limiter` (our LD_PRELOAD limiter)."""
 MPS_NAMESPACES_ATTRIBUTE = "mpsNamespaces"
+MIG_ENABLED_ATTRIBUTE = "migEnabled"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 MAX_STRING = 64
 UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
@@ -96,6 +102,11 @@ def unhealthy_taint(reason: str, since: str) -> Obj:
     }
 
 
+def effective_mode(gpu: GpuInfo, configured: GpuSharingMode) -> GpuSharingMode:
+    """The mode the GPU is published in: what `--sharing` asks, except that a MIG GPU is never shared."""
+    return GpuSharingMode.EXCLUSIVE if gpu.mig_enabled else configured
+
+
 def _policy(value: str, minimum: str, step: str) -> Obj:
     return {"default": value, "validRange": {"min": minimum, "max": value, "step": step}}
 
@@ -104,6 +115,7 @@ def build_device(
     gpu: GpuInfo, mode: GpuSharingMode, *, consumable_capacity: bool = True, taints: list[Obj] | None = None
 ) -> Obj:
     """The device for one GPU. `consumable_capacity=False` publishes it unshared (older API servers)."""
+    mode = effective_mode(gpu, mode)
     memory, step = published_memory(gpu.memory_bytes)
     memory_text, step_text = format_quantity(memory), format_quantity(step)
     cores_text = str(FULL_CORES)
@@ -122,6 +134,7 @@ def build_device(
             SHARING_ATTRIBUTE: {"string": mode.value},
             MEMORY_ISOLATION_ATTRIBUTE: {"string": gpu.memory_isolation},
             MPS_NAMESPACES_ATTRIBUTE: {"bool": gpu.mps_namespaces},
+            MIG_ENABLED_ATTRIBUTE: {"bool": gpu.mig_enabled},
         },
         "capacity": {
             MEMORY_CAPACITY: {"value": memory_text},

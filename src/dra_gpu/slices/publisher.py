@@ -46,6 +46,7 @@ from dra_gpu.slices.devices import (
     build_device,
     device_errors,
     device_name,
+    effective_mode,
     unhealthy_taint,
 )
 from dra_gpu.slices.dropped import CONSUMABLE_CAPACITY, DEVICE_TAINTS, DroppedFields, dropped_fields
@@ -297,7 +298,7 @@ class SlicePublisher:
         live: LiveClaims | str | None = None
         pending: dict[str, PendingModeChange] = {}
         for gpu in gpus:
-            mode = self.sharing.mode_for(gpu.index, gpu.uuid)
+            mode = effective_mode(gpu, self.sharing.mode_for(gpu.index, gpu.uuid))
             name = device_name(gpu.index)
             record = published.get(name)
             if self.consumable_capacity and (record is None or record[0] != (mode in SHAREABLE_MODES)):

@@ -40,6 +40,13 @@
 #undef cuMemAlloc
 #undef cuEventElapsedTime
 #undef cuDeviceGetUuid
+#undef cuMemAllocPitch
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuArrayCreate
+#undef cuArray3DCreate
+#undef cuGraphAddNode
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -94,14 +101,18 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 #define MAGIC_POOL 0x504f4f31u
 #define MAGIC_ARRAY 0x41525231u
 
-struct CUctx_st { unsigned magic; int device; };
-struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; };
-struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; };
+struct CUctx_st { unsigned magic; int device; unsigned gen; /* bumped when the context is destroyed */ };
+struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
+struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
 struct CUmod_st { unsigned magic; };
 struct CUfunc_st { unsigned magic; char name[64]; };
-struct CUgraph_st { unsigned magic; uint64_t duration_ns; unsigned nodes; };
-struct CUgraphExec_st { unsigned magic; int device; uint64_t duration_ns; };
-struct CUmemPoolHandle_st { unsigned magic; int device; };
+/* Graph memory: what the graph's allocation nodes reserve (alloc_bytes) and what its free nodes give back
+ * to the device's graph memory pool at the end of each launch (freed_bytes); one device per graph. */
+struct CUgraph_st { unsigned magic; uint64_t duration_ns; unsigned nodes; int alloc_dev; uint64_t alloc_bytes, freed_bytes; };
+struct CUgraphExec_st { unsigned magic; int device; uint64_t duration_ns; int alloc_dev; uint64_t alloc_bytes, persist_bytes; int live; };
+/* A stream-ordered memory pool: reserved is what it holds from the device, in_use what is allocated from it;
+ * above the release threshold, unused memory goes back to the device at synchronisation points. */
+struct CUmemPoolHandle_st { unsigned magic; int device; uint64_t reserved, in_use, threshold; };
 struct CUarray_st { unsigned magic; int device; uint64_t bytes; };
 struct CUmipmappedArray_st { unsigned magic; int device; uint64_t bytes; };
 
@@ -111,6 +122,8 @@ static struct device {
     struct CUctx_st primary;
     int primary_refs;
     struct CUmemPoolHandle_st pool;
+    CUmemoryPool current_pool;  /* cuDeviceSetMemPool; NULL: the default pool */
+    uint64_t gm_reserved, gm_used; /* the graph memory pool */
     uint64_t used;            /* bytes allocated */
     uint64_t busy_until;      /* ns, CLOCK_MONOTONIC: when the queued work completes */
     uint64_t busy_total;      /* ns of kernel time ever queued */
@@ -140,8 +153,8 @@ static void load_config(void) {
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
-        devices[i].primary = (struct CUctx_st){MAGIC_CTX, i};
-        devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i};
+        devices[i].primary = (struct CUctx_st){MAGIC_CTX, i, 0};
+        devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i, 0, 0, 0};
     }
 }
 
@@ -182,7 +195,15 @@ static int valid_device(int d) { return d >= 0 && d < G.count; }
 
 /* A_HANDLE: physical memory from cuMemCreate; it is freed when its references (the handle's own, retains
  * and mappings) are all gone, as in the real driver. A_MAP: a mapping made by cuMemMap, keyed by address. */
-enum { A_DEVICE = 1, A_HANDLE = 2, A_MAP = 3 };
+/* A_POOLPTR: an allocation from a stream-ordered pool (handle: the pool); its memory is the pool's.
+ * A_GRAPHVA: an address handed out by a graph allocation node or by a stream-ordered allocation during
+ * capture (handle: the graph); its memory is the device's graph memory pool's. */
+enum { A_DEVICE = 1, A_HANDLE = 2, A_MAP = 3, A_POOLPTR = 4, A_GRAPHVA = 5 };
+
+/* The fake's allocation granularity: every allocation holds whole granules of device memory, as the real
+ * driver hands out memory in pages (cuMemGetAllocationGranularity reports it). */
+#define GRANULE (2ull << 20)
+static uint64_t granules(uint64_t b) { return b > UINT64_MAX - GRANULE ? UINT64_MAX : (b + GRANULE - 1) / GRANULE * GRANULE; }
 
 struct alloc {
     uint64_t key;
@@ -243,28 +264,143 @@ static int alloc_insert(uint64_t key, int kind, int device, uint64_t bytes) {
     return alloc_put((struct alloc){.key = key, .bytes = bytes, .device = device, .kind = kind});
 }
 
-/* Charges the device and returns a fresh device address. Caller holds mu. */
-static CUresult device_alloc(int device, uint64_t bytes, CUdeviceptr *out) {
-    struct device *d = &devices[device];
-    if (bytes > G.memory - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t span = (bytes + 511) & ~511ull;
+static int addr_taken(uint64_t a) {
+    return alloc_find(a, A_DEVICE) || alloc_find(a, A_POOLPTR) || alloc_find(a, A_GRAPHVA);
+}
+
+/* A fresh device address for bytes on a device; low: below 4 GiB, for the CUDA 2.0 (32-bit) ABI. Caller
+ * holds mu. */
+static uint64_t next_addr32 = 0;
+static uint64_t new_addr(int device, uint64_t bytes, int low) {
+    uint64_t span = (bytes + 511) & ~511ull, addr;
+    if (low) {
+        do {
+            if (next_addr32 + span >= 0xc0000000ull) next_addr32 = 0;
+            addr = 0x10000000ull + next_addr32;
+            next_addr32 += span;
+        } while (addr_taken(addr));
+        return addr;
+    }
     uint64_t base = 0x7f0000000000ull + ((uint64_t)device << 40);
-    uint64_t addr;
     do {
         if (next_addr[device] + span >= (1ull << 39)) next_addr[device] = 0;
         addr = base + 0x200000 + next_addr[device];
         next_addr[device] += span;
-    } while (alloc_find(addr, A_DEVICE));
-    if (alloc_insert(addr, A_DEVICE, device, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    d->used += bytes;
+    } while (addr_taken(addr));
+    return addr;
+}
+
+/* Takes whole granules of a device's memory and returns a fresh device address. Caller holds mu. */
+static CUresult device_alloc_at(int device, uint64_t bytes, int low, CUdeviceptr *out) {
+    struct device *d = &devices[device];
+    uint64_t held = granules(bytes);
+    if (held > G.memory - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t addr = new_addr(device, bytes, low);
+    if (alloc_insert(addr, A_DEVICE, device, held) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    d->used += held;
     *out = (CUdeviceptr)addr;
     return CUDA_SUCCESS;
 }
 
+static CUresult device_alloc(int device, uint64_t bytes, CUdeviceptr *out) {
+    return device_alloc_at(device, bytes, 0, out);
+}
+
+/* Frees what an address holds: device memory, a pool's allocation (back to the pool, which keeps it until
+ * it releases at a synchronisation point), or a graph allocation (back to the graph memory pool; during
+ * capture of the graph that made it, a free node). Caller holds mu. */
 static CUresult device_free(uint64_t addr, int kind) {
-    struct alloc *a = alloc_find(addr, kind);
-    if (!a) return CUDA_ERROR_INVALID_VALUE;
-    devices[a->device].used -= a->bytes;
+    (void)kind;
+    struct alloc *a = alloc_find(addr, A_DEVICE);
+    if (a) {
+        devices[a->device].used -= a->bytes;
+        a->kind = -1;
+        return CUDA_SUCCESS;
+    }
+    if ((a = alloc_find(addr, A_POOLPTR))) {
+        CUmemoryPool pool = (CUmemoryPool)(uintptr_t)a->handle;
+        pool->in_use -= a->bytes < pool->in_use ? a->bytes : pool->in_use;
+        a->kind = -1;
+        return CUDA_SUCCESS;
+    }
+    if ((a = alloc_find(addr, A_GRAPHVA))) {
+        struct device *d = &devices[a->device];
+        d->gm_used -= a->bytes < d->gm_used ? a->bytes : d->gm_used;
+        a->kind = -1;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------------------------------------------------------------- stream-ordered pools */
+
+#define MAX_POOLS 64
+static CUmemoryPool created_pools[MAX_POOLS];
+
+static CUmemoryPool device_pool(int device) {
+    return devices[device].current_pool ? devices[device].current_pool : &devices[device].pool;
+}
+
+/* Gives a pool's unused memory back to the device down to keep (rounded up to whole granules, never below
+ * what is allocated from it). Caller holds mu. */
+static void pool_shrink(CUmemoryPool p, uint64_t keep) {
+    keep = granules(keep);
+    if (keep < granules(p->in_use)) keep = granules(p->in_use);
+    if (p->reserved <= keep) return;
+    devices[p->device].used -= p->reserved - keep;
+    p->reserved = keep;
+}
+
+/* At a synchronisation point each pool of the device releases what it holds beyond its release threshold
+ * (default 0: everything unused). Caller holds mu. */
+static void pools_release(int device) {
+    pool_shrink(&devices[device].pool, devices[device].pool.threshold);
+    for (int i = 0; i < MAX_POOLS; i++) {
+        CUmemoryPool p = created_pools[i];
+        if (p && p->device == device) pool_shrink(p, p->threshold);
+    }
+}
+
+/* An allocation from a pool: the pool grows by whole granules when what it keeps is not enough. Caller holds
+ * mu. */
+static CUresult pool_alloc(CUmemoryPool p, uint64_t bytes, CUdeviceptr *out) {
+    if (bytes > UINT64_MAX - p->in_use) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t need = p->in_use + bytes;
+    if (need > p->reserved) {
+        uint64_t grow = granules(need - p->reserved);
+        if (grow > G.memory - devices[p->device].used) return CUDA_ERROR_OUT_OF_MEMORY;
+        devices[p->device].used += grow;
+        p->reserved += grow;
+    }
+    uint64_t addr = new_addr(p->device, bytes, 0);
+    if (alloc_put((struct alloc){.key = addr, .bytes = bytes, .device = p->device, .kind = A_POOLPTR,
+                                 .handle = (uint64_t)(uintptr_t)p}) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->in_use += bytes;
+    *out = (CUdeviceptr)addr;
+    return CUDA_SUCCESS;
+}
+
+/* A graph allocation (a node, or a stream-ordered allocation during capture): an address now, memory when
+ * the graph is launched. One device per graph in this fake. Caller holds mu. */
+static CUresult graph_alloc(CUgraph g, int device, uint64_t bytes, CUdeviceptr *out) {
+    if (g->alloc_bytes && g->alloc_dev != device) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t held = granules(bytes);
+    uint64_t addr = new_addr(device, bytes, 0);
+    if (alloc_put((struct alloc){.key = addr, .bytes = held, .device = device, .kind = A_GRAPHVA,
+                                 .handle = (uint64_t)(uintptr_t)g}) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    g->alloc_dev = device;
+    g->alloc_bytes += held;
+    *out = (CUdeviceptr)addr;
+    return CUDA_SUCCESS;
+}
+
+/* A free node of graph g for an address its allocation nodes made. Caller holds mu. */
+static CUresult graph_free(CUgraph g, uint64_t addr) {
+    struct alloc *a = alloc_find(addr, A_GRAPHVA);
+    if (!a || a->handle != (uint64_t)(uintptr_t)g) return CUDA_ERROR_INVALID_VALUE;
+    g->freed_bytes += a->bytes;
     a->kind = -1;
     return CUDA_SUCCESS;
 }
@@ -326,8 +462,9 @@ static void wait_idle(int device) {
 static int valid_stream(CUstream s) { return !s || s->magic == MAGIC_STREAM; }
 
 /* A launch: executed, or recorded into the capturing stream's graph. */
+/* A launch on a stream needs no current context (the stream has one; a CUkernel is context-less). */
 static CUresult launch(CUfunction f, uint64_t blocks, CUstream s) {
-    CHECK(1);
+    CHECK(!s);
     if (!f || f->magic != MAGIC_FUNC || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t duration = kernel_ns(blocks);
     if (s && s->capturing) {
@@ -376,6 +513,8 @@ static const struct {
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
 };
 
 EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
@@ -551,12 +690,25 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+/* The last release destroys the primary context (its events with it); the next retain makes a new one at
+ * the same address, as the driver may. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     COUNT();
     CHECK(0);
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&mu);
-    if (devices[d].primary_refs > 0) devices[d].primary_refs--;
+    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) devices[d].primary.gen++;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    devices[d].primary_refs = 0;
+    devices[d].primary.gen++;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
@@ -607,10 +759,17 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     return CUDA_SUCCESS;
 }
 
+static void release_pools_of(int device) {
+    pthread_mutex_lock(&mu);
+    pools_release(device);
+    pthread_mutex_unlock(&mu);
+}
+
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT();
     CHECK(1);
     wait_idle(cur_device());
+    release_pools_of(cur_device());
     return CUDA_SUCCESS;
 }
 
@@ -641,13 +800,68 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     return alloc_on(cur_device(), p, bytes);
 }
 
-/* The CUDA 2.0 ABI (32-bit sizes and addresses); exported so that ABI routing can be told apart. */
+/* ---- the CUDA 2.0 ABI (32-bit sizes and addresses), which cuGetProcAddress returns for old versions */
+
 EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int bytes) {
     COUNT();
     CHECK(1);
-    (void)p;
-    (void)bytes;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr d;
+    pthread_mutex_lock(&mu);
+    CUresult r = device_alloc_at(cur_device(), bytes, 1, &d);
+    pthread_mutex_unlock(&mu);
+    if (r == CUDA_SUCCESS) *p = (unsigned int)d;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned int width, unsigned int height,
+                                unsigned int elem) {
+    COUNT();
+    CHECK(1);
+    if (!p || !pitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t row = ((uint64_t)width + 255) / 256 * 256;
+    CUdeviceptr d;
+    pthread_mutex_lock(&mu);
+    CUresult r = device_alloc_at(cur_device(), row * height, 1, &d);
+    pthread_mutex_unlock(&mu);
+    if (r == CUDA_SUCCESS) {
+        *p = (unsigned int)d;
+        *pitch = (unsigned int)row;
+    }
+    return r;
+}
+
+EXPORT CUresult cuMemFree(unsigned int p) {
+    COUNT();
+    CHECK(1);
+    if (!p) return CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    CUresult r = device_free(p, A_DEVICE);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static unsigned int clamp32(uint64_t v) { return v > 0xffffffffull ? 0xffffffffu : (unsigned int)v; }
+
+EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total) {
+    COUNT();
+    CHECK(1);
+    if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    *total = clamp32(G.memory);
+    *free_bytes = clamp32(G.memory - devices[cur_device()].used);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = clamp32(G.memory);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t bytes, unsigned int flags) {
@@ -680,18 +894,27 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
 
 static int stream_device(CUstream s) { return s ? s->device : cur_device(); }
 
+/* A stream-ordered allocation: from the pool, or, on a capturing stream, a graph allocation of the capture
+ * (a pool's memory must be on the stream's device... this fake allows any pool, as peers with access do). */
+static CUresult alloc_async(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
+    CHECK(1);
+    if (!valid_stream(s) || (pool && pool->magic != MAGIC_POOL)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (!pool) pool = device_pool(stream_device(s));
+    CUresult r = s && s->capturing ? graph_alloc(s->capture, pool->device, bytes, p) : pool_alloc(pool, bytes, p);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t bytes, CUstream s) {
     COUNT();
-    CHECK(1);
-    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    return alloc_on(stream_device(s), p, bytes);
+    return alloc_async(p, bytes, NULL, s);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t bytes, CUstream s) {
     COUNT();
-    CHECK(1);
-    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    return alloc_on(stream_device(s), p, bytes);
+    return alloc_async(p, bytes, NULL, s);
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
@@ -705,23 +928,21 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
     COUNT();
-    CHECK(1);
-    if (!pool || pool->magic != MAGIC_POOL || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    return alloc_on(pool->device, p, bytes);
+    if (!pool) return CUDA_ERROR_INVALID_HANDLE;
+    return alloc_async(p, bytes, pool, s);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
     COUNT();
-    CHECK(1);
-    if (!pool || pool->magic != MAGIC_POOL || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    return alloc_on(pool->device, p, bytes);
+    if (!pool) return CUDA_ERROR_INVALID_HANDLE;
+    return alloc_async(p, bytes, pool, s);
 }
 
 static CUresult free_async(CUdeviceptr p, CUstream s) {
     CHECK(1);
     if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&mu);
-    CUresult r = device_free(p, A_DEVICE);
+    CUresult r = s && s->capturing && alloc_find(p, A_GRAPHVA) ? graph_free(s->capture, p) : device_free(p, A_DEVICE);
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -742,7 +963,141 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationPr
     CHECK(0);
     (void)option;
     if (!g || !prop) return CUDA_ERROR_INVALID_VALUE;
-    *g = 2u << 20;
+    *g = GRANULE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    *pool = device_pool(d);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pool || pool->magic != MAGIC_POOL || pool->device != d) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    devices[d].current_pool = pool;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    COUNT();
+    CHECK(0);
+    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = (struct CUmemPoolHandle_st){MAGIC_POOL, props->location.id, 0, 0, 0};
+    pthread_mutex_lock(&mu);
+    int i = 0;
+    while (i < MAX_POOLS && created_pools[i]) i++;
+    if (i < MAX_POOLS) created_pools[i] = p;
+    pthread_mutex_unlock(&mu);
+    if (i == MAX_POOLS) {
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+/* The pool's memory goes back to the device (allocations still out keep their addresses, not its memory:
+ * a simplification; the real driver defers until they are freed). The handle stays readable. */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    COUNT();
+    CHECK(0);
+    if (!pool || pool->magic != MAGIC_POOL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < MAX_POOLS; i++) {
+        if (created_pools[i] != pool) continue;
+        created_pools[i] = NULL;
+        devices[pool->device].used -= pool->reserved;
+        if (devices[pool->device].current_pool == pool) devices[pool->device].current_pool = NULL;
+        pool->reserved = pool->in_use = 0;
+        pool->magic = 0;
+        r = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    COUNT();
+    CHECK(0);
+    if (!pool || pool->magic != MAGIC_POOL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    pool_shrink(pool, keep);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    COUNT();
+    CHECK(0);
+    if (!pool || pool->magic != MAGIC_POOL || !value) return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            pthread_mutex_lock(&mu);
+            pool->threshold = *(cuuint64_t *)value;
+            pthread_mutex_unlock(&mu);
+            return CUDA_SUCCESS;
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+            return CUDA_SUCCESS;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    COUNT();
+    CHECK(0);
+    if (!pool || pool->magic != MAGIC_POOL || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->threshold; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->in_use; break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static int addr_device(uint64_t addr) {
+    struct alloc *a = alloc_find(addr, A_DEVICE);
+    if (!a) a = alloc_find(addr, A_POOLPTR);
+    if (!a) a = alloc_find(addr, A_GRAPHVA);
+    return a ? a->device : -1;
+}
+
+/* Only CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, for the addresses allocations returned. */
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
+    COUNT();
+    CHECK(0);
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    int d = addr_device(ptr);
+    pthread_mutex_unlock(&mu);
+    if (d < 0) return CUDA_ERROR_INVALID_VALUE;
+    *(int *)data = d;
     return CUDA_SUCCESS;
 }
 
@@ -890,6 +1245,7 @@ static CUresult array_create(CUarray *out, uint64_t bytes) {
     if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&mu);
     int dev = cur_device();
+    bytes = granules(bytes);
     CUresult r = bytes > G.memory - devices[dev].used ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) devices[dev].used += bytes;
     pthread_mutex_unlock(&mu);
@@ -912,6 +1268,23 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *
     COUNT();
     if (!out || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
     return array_create(out, array3d_bytes(d));
+}
+
+/* The CUDA 2.0 descriptors (32-bit sizes). */
+struct fake_array_desc_v1 { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; };
+struct fake_array3d_desc_v1 { unsigned int Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; };
+
+EXPORT CUresult cuArrayCreate(CUarray *out, const struct fake_array_desc_v1 *d) {
+    COUNT();
+    if (!out || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+    return array_create(out, array_bytes(d->Width, d->Height, 1, d->NumChannels));
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *out, const struct fake_array3d_desc_v1 *d) {
+    COUNT();
+    if (!out || !d || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) return array_create(out, 0);
+    return array_create(out, array_bytes(d->Width, d->Height, d->Depth, d->NumChannels));
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray a) {
@@ -962,6 +1335,34 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     fn->magic = MAGIC_FUNC;
     snprintf(fn->name, sizeof fn->name, "%s", name);
     *f = fn;
+    return CUDA_SUCCESS;
+}
+
+/* Libraries are context-independent: their kernels (CUkernel) launch through cuLaunchKernel* in whatever
+ * context the launch's stream has. */
+struct CUlib_st { unsigned magic; };
+EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
+                                  CUlibraryOption *lo, void **lv, unsigned int nl) {
+    COUNT();
+    CHECK(0);
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    if (!lib || !code) return CUDA_ERROR_INVALID_VALUE;
+    struct CUlib_st *l = calloc(1, sizeof *l);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->magic = MAGIC_MOD;
+    *lib = l;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) {
+    COUNT();
+    CHECK(0);
+    if (!k || !lib || lib->magic != MAGIC_MOD || !name) return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
+    fn->magic = MAGIC_FUNC;
+    snprintf(fn->name, sizeof fn->name, "%s", name);
+    *k = (CUkernel)fn;
     return CUDA_SUCCESS;
 }
 
@@ -1016,7 +1417,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     if (!s) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *st = calloc(1, sizeof *st);
     if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
-    *st = (struct CUstream_st){MAGIC_STREAM, cur_device(), 0, NULL};
+    *st = (struct CUstream_st){MAGIC_STREAM, cur_device(), 0, NULL, 0, 0, current()};
     *s = st;
     return CUDA_SUCCESS;
 }
@@ -1035,7 +1436,66 @@ static CUresult stream_sync(CUstream s) {
     if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_idle(stream_device(s));
+    release_pools_of(stream_device(s));
     return CUDA_SUCCESS;
+}
+
+static CUresult stream_get_device(CUstream s, CUdevice *d) {
+    CHECK(0);
+    if (!d || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    if (!s && !current()) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = stream_device(s);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_get_ctx(CUstream s, CUcontext *c) {
+    CHECK(!s);
+    if (!c || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    *c = s ? s->ctx : current();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
+    COUNT();
+    return stream_get_ctx(s, c);
+}
+
+EXPORT CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *c) {
+    COUNT();
+    return stream_get_ctx(s, c);
+}
+
+EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *d) {
+    COUNT();
+    return stream_get_device(s, d);
+}
+
+EXPORT CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) {
+    COUNT();
+    return stream_get_device(s, d);
+}
+
+/* Capture modes (cuda.h): while a capture begun in global mode is open anywhere in the process, a thread
+ * whose own mode is not relaxed must not make potentially unsafe calls such as cuEventQuery; one that does
+ * gets CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures. */
+static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static _Atomic int global_captures;
+static _Atomic unsigned capture_invalidations;
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    COUNT();
+    CHECK(0);
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+static int unsafe_call_invalidates(void) {
+    if (atomic_load(&global_captures) == 0 || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
+    atomic_fetch_add(&capture_invalidations, 1);
+    return 1;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
@@ -1049,7 +1509,7 @@ EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
 }
 
 static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *st) {
-    CHECK(1);
+    CHECK(!s);
     if (!st || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
     *st = s && s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
@@ -1065,7 +1525,7 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) 
     return is_capturing(s, st);
 }
 
-static CUresult begin_capture(CUstream s) {
+static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
     CHECK(1);
     if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
     if (s->magic != MAGIC_STREAM) return CUDA_ERROR_INVALID_HANDLE;
@@ -1075,28 +1535,38 @@ static CUresult begin_capture(CUstream s) {
     g->magic = MAGIC_GRAPH;
     s->capture = g;
     s->capturing = 1;
+    s->mode = mode;
+    s->gen = atomic_load(&capture_invalidations);
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) atomic_fetch_add(&global_captures, 1);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     COUNT();
-    (void)mode;
-    return begin_capture(s);
+    return begin_capture(s, mode);
 }
 
 EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
     COUNT();
-    (void)mode;
-    return begin_capture(s);
+    return begin_capture(s, mode);
 }
 
 static CUresult end_capture(CUstream s, CUgraph *g) {
     CHECK(1);
     if (!g) return CUDA_ERROR_INVALID_VALUE;
     if (!s || s->magic != MAGIC_STREAM || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    s->capturing = 0;
+    if (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+        atomic_fetch_sub(&global_captures, 1);
+        if (s->gen != atomic_load(&capture_invalidations)) {
+            free(s->capture);
+            s->capture = NULL;
+            *g = NULL;
+            return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        }
+    }
     *g = s->capture;
     s->capture = NULL;
-    s->capturing = 0;
     return CUDA_SUCCESS;
 }
 
@@ -1135,6 +1605,76 @@ EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgr
     return CUDA_SUCCESS;
 }
 
+static CUresult add_alloc_node(CUgraphNode *node, CUgraph g, const CUmemPoolProps *props, size_t bytes,
+                               CUdeviceptr *dptr) {
+    if (!node || !g || g->magic != MAGIC_GRAPH || bytes == 0 || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult r = graph_alloc(g, props->location.id, bytes, dptr);
+    pthread_mutex_unlock(&mu);
+    if (r == CUDA_SUCCESS) *node = (CUgraphNode)(uintptr_t)++g->nodes;
+    return r;
+}
+
+static CUresult add_free_node(CUgraphNode *node, CUgraph g, CUdeviceptr dptr) {
+    if (!node || !g || g->magic != MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = graph_free(g, dptr);
+    pthread_mutex_unlock(&mu);
+    if (r == CUDA_SUCCESS) *node = (CUgraphNode)(uintptr_t)++g->nodes;
+    return r;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    COUNT();
+    CHECK(0);
+    (void)deps, (void)n;
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    return add_alloc_node(node, g, &p->poolProps, p->bytesize, &p->dptr);
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                      CUdeviceptr dptr) {
+    COUNT();
+    CHECK(0);
+    (void)deps, (void)n;
+    return add_free_node(node, g, dptr);
+}
+
+static CUresult add_node(CUgraphNode *node, CUgraph g, CUgraphNodeParams *p) {
+    CHECK(0);
+    if (!p || !node || !g || g->magic != MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    switch (p->type) {
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+            g->duration_ns += kernel_ns(GRID(p->kernel.gridDimX, p->kernel.gridDimY, p->kernel.gridDimZ));
+            *node = (CUgraphNode)(uintptr_t)++g->nodes;
+            return CUDA_SUCCESS;
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+            return add_alloc_node(node, g, &p->alloc.poolProps, p->alloc.bytesize, &p->alloc.dptr);
+        case CU_GRAPH_NODE_TYPE_MEM_FREE:
+            return add_free_node(node, g, p->free.dptr);
+        default:
+            return CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                               CUgraphNodeParams *p) {
+    COUNT();
+    (void)deps, (void)n;
+    return add_node(node, g, p);
+}
+
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                  const CUgraphEdgeData *data, size_t n, CUgraphNodeParams *p) {
+    COUNT();
+    (void)deps, (void)data, (void)n;
+    return add_node(node, g, p);
+}
+
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
     COUNT();
     CHECK(1);
@@ -1142,9 +1682,47 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     if (!e || !g || g->magic != MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = calloc(1, sizeof *x);
     if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
-    *x = (struct CUgraphExec_st){MAGIC_EXEC, cur_device(), g->duration_ns};
+    *x = (struct CUgraphExec_st){MAGIC_EXEC, cur_device(), g->duration_ns, g->alloc_dev, g->alloc_bytes,
+                                 g->alloc_bytes - g->freed_bytes, 0};
     *e = x;
     return CUDA_SUCCESS;
+}
+
+/* The first upload or launch of a graph with allocation nodes takes their memory from the device's graph
+ * memory pool, which grows from the device when it holds too little; what the graph does not free stays
+ * allocated (in use) until freed or the graph is destroyed. Caller holds mu. */
+static CUresult exec_materialise(CUgraphExec e) {
+    if (e->live || !e->alloc_bytes) return CUDA_SUCCESS;
+    struct device *d = &devices[e->alloc_dev];
+    uint64_t need = d->gm_used + e->alloc_bytes;
+    if (need > d->gm_reserved) {
+        uint64_t grow = need - d->gm_reserved;
+        if (grow > G.memory - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+        d->used += grow;
+        d->gm_reserved += grow;
+    }
+    d->gm_used += e->persist_bytes;
+    e->live = 1;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_upload(CUgraphExec e, CUstream s) {
+    CHECK(1);
+    if (!e || e->magic != MAGIC_EXEC || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    CUresult r = exec_materialise(e);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
+    COUNT();
+    return graph_upload(e, s);
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) {
+    COUNT();
+    return graph_upload(e, s);
 }
 
 static CUresult graph_launch(CUgraphExec e, CUstream s) {
@@ -1155,8 +1733,45 @@ static CUresult graph_launch(CUgraphExec e, CUstream s) {
         s->capture->nodes++;
         return CUDA_SUCCESS;
     }
+    if (e->alloc_bytes) {
+        pthread_mutex_lock(&mu);
+        CUresult r = exec_materialise(e);
+        pthread_mutex_unlock(&mu);
+        if (r != CUDA_SUCCESS) return r;
+    }
     enqueue(e->device, e->duration_ns);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    struct device *d = &devices[dev];
+    uint64_t keep = granules(d->gm_used);
+    if (d->gm_reserved > keep) {
+        d->used -= d->gm_reserved - keep;
+        d->gm_reserved = keep;
+    }
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+        case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = devices[dev].gm_reserved; break;
+        case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = devices[dev].gm_used; break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
@@ -1172,6 +1787,12 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) {
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
     COUNT();
     if (!e || e->magic != MAGIC_EXEC) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    if (e->live) {
+        struct device *d = &devices[e->alloc_dev];
+        d->gm_used -= e->persist_bytes < d->gm_used ? e->persist_bytes : d->gm_used;
+    }
+    pthread_mutex_unlock(&mu);
     e->magic = 0;
     free(e);
     return CUDA_SUCCESS;
@@ -1195,15 +1816,28 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     if (G.event_create_fails) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUevent_st *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
-    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0};
+    struct CUctx_st *ctx = current();
+    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0, ctx, ctx ? ctx->gen : 0};
     *e = ev;
     return CUDA_SUCCESS;
 }
 
+/* Uses of an event whose context was destroyed since it was made (the driver's answer:
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED; on a real driver, undefined). Tests read the count. */
+static _Atomic unsigned long stale_event_uses;
+EXPORT unsigned long fakecuda_stale_event_uses(void) { return stale_event_uses; }
+static int stale(CUevent e) {
+    if (!e->ctx || e->gen == e->ctx->gen) return 0;
+    stale_event_uses++;
+    return 1;
+}
+
 static CUresult event_record(CUevent e, CUstream s) {
-    CHECK(1);
+    CHECK(!s);
     if (!e || e->magic != MAGIC_EVENT || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (e->device != stream_device(s)) return CUDA_ERROR_INVALID_HANDLE; /* another context's event */
+    if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
     e->ts = busy > now ? busy : now;
@@ -1226,6 +1860,8 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     COUNT();
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return !e->recorded || e->ts <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -1234,6 +1870,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded) sleep_until(e->ts);
+    release_pools_of(e->device);
     return CUDA_SUCCESS;
 }
 
@@ -1241,6 +1878,7 @@ static CUresult elapsed(float *ms, CUevent a, CUevent b) {
     CHECK(0);
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
     if (!a || !b || a->magic != MAGIC_EVENT || b->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (stale(a) || stale(b)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = now_ns();
     if (a->ts > now || b->ts > now) return CUDA_ERROR_NOT_READY;

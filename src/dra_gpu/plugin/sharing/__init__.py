@@ -1,43 +1,62 @@
-"""Enforcement backends, discovered from the modules of this package.
+"""Enforcement backends, each a module of this package, listed here once.
 
-A module that defines ``BACKEND`` (a ``plan.Backend``) takes part in planning every claim; one that
-defines ``HOLD_HANDLERS`` (``plan.HoldHandler`` instances) can undo node-side setup. Adding a sharing
-mechanism is adding a module here; nothing else lists them.
+A module defines ``BACKEND`` (a ``plan.Backend``) to take part in planning every claim, and
+``HOLD_HANDLERS`` (``plan.HoldHandler`` instances) if it changes the node. Adding a sharing mechanism
+is adding such a module and naming it below; nothing else (the preparer included) knows the
+backends by name.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from functools import cache
-
+from dra_gpu.plugin.sharing import (
+    device_access,
+    directories,
+    driver_memory,
+    exclusive,
+    limiter,
+    mps,
+    mps_v3,
+    timeslicing,
+    usage_facts,
+)
 from dra_gpu.plugin.sharing.plan import Backend, HoldHandler
 
+_BACKENDS: tuple[Backend, ...] = tuple(
+    sorted(
+        (
+            device_access.BACKEND,
+            exclusive.BACKEND,
+            timeslicing.BACKEND,
+            mps.BACKEND,
+            mps_v3.BACKEND,
+            limiter.BACKEND,
+            driver_memory.BACKEND,
+            usage_facts.BACKEND,
+        ),
+        key=lambda b: (b.order, b.name),
+    )
+)
 
-@cache
-def _discover() -> tuple[tuple[Backend, ...], dict[str, HoldHandler]]:
-    backends: list[Backend] = []
+
+def _handlers() -> dict[str, HoldHandler]:
     handlers: dict[str, HoldHandler] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_") or info.name == "plan":
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        backend = getattr(module, "BACKEND", None)
-        if backend is not None:
-            backends.append(backend)
-        for handler in getattr(module, "HOLD_HANDLERS", ()):
+    for module in (directories, driver_memory, mps, mps_v3, timeslicing):
+        for handler in module.HOLD_HANDLERS:
             if handler.kind in handlers:
-                raise RuntimeError(f"two hold handlers for kind {handler.kind!r} ({info.name})")
+                raise RuntimeError(f"two hold handlers for kind {handler.kind!r} ({module.__name__})")
             handlers[handler.kind] = handler
-    return tuple(sorted(backends, key=lambda b: (b.order, b.name))), handlers
+    return handlers
+
+
+_HOLD_HANDLERS = _handlers()
 
 
 def backends() -> tuple[Backend, ...]:
-    return _discover()[0]
+    return _BACKENDS
 
 
 def hold_handlers() -> dict[str, HoldHandler]:
-    return _discover()[1]
+    return dict(_HOLD_HANDLERS)
 
 
 __all__ = ["backends", "hold_handlers"]

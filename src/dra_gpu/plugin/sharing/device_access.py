@@ -1,32 +1,45 @@
-"""Device access for every share: the GPU's device nodes, or the NVIDIA Container Toolkit's CDI device.
+"""Device access for every share: the GPU's device nodes, and the driver's files where nothing else brings them.
 
-Where the host has the toolkit's generated spec (kind ``nvidia.com/gpu``), its device carries the
-device nodes, driver libraries and hooks, so we return its id beside ours and add no nodes. Otherwise
-our spec lists the device nodes that exist on the host: a runtime refuses the whole container for a
-node that does not exist, and simulated GPUs have none. Our spec always names exactly the claim's
-GPUs in ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (claim-wide, in result order, so CUDA
-ordinals follow the allocation).
+Where the host has the NVIDIA Container Toolkit's generated spec (kind ``nvidia.com/gpu``) and it
+names the GPU, its device carries the device nodes, driver libraries and hooks, so we return its id
+beside ours and add no nodes. Otherwise our spec lists the device nodes that exist on the host (a
+runtime refuses the whole container for a node that does not exist, and simulated GPUs have none)
+and brings the driver's user-space files found under the node's driver root: ``libcuda``, NVML, the
+PTX JIT, ``nvidia-smi`` and the MPS programs. The libraries are mounted into ``DRIVER_LIB_DIR``,
+which an ``/etc/ld.so.conf.d`` entry names and a ``createContainer`` hook adds to the container's
+loader cache (``driver_root.install_ldcache_hook``), so the loader finds them without
+``LD_LIBRARY_PATH``.
 
-Known limit: runtimes merge CDI environment variables last-wins, so a container that references
-several claims of this driver (or one request of a claim whose requests are on different GPUs) gets
-another claim's (or the whole claim's) GPU list in these variables, not the GPUs it was given.
+A container sees exactly the GPUs of the CDI devices it was given: each device brings its own GPU's
+device node, and nothing names GPUs claim-wide. ``NVIDIA_VISIBLE_DEVICES`` is ``void`` (as in the
+toolkit's own spec), so a legacy NVIDIA runtime hook adds nothing, whatever claims and requests a
+container uses. ``DRAGPU_DEVICE_<device>`` names each device's GPU UUID (one variable per device,
+so several claims or requests never overwrite each other).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
-from cdi.spec import DeviceNode
+from cdi.spec import DeviceNode, Hook
 from dra_gpu.inventory import GpuInfo
+from dra_gpu.plugin.driver_root import LDCACHE_HOOK, find_driver_files
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
+
+log = logging.getLogger(__name__)
 
 NVIDIA_CTK_KIND = "nvidia.com/gpu"
 COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+DRIVER_LIB_DIR = "/usr/local/lib/dra-gpu/driver"
+DRIVER_BIN_DIR = "/usr/bin"
+LDCONFIG_ENTRY = "/etc/ld.so.conf.d/dra-gpu-driver.conf"
+HOOK_TIMEOUT_S = 30
 
 
 class NvidiaCtkSpecs:
@@ -36,6 +49,8 @@ class NvidiaCtkSpecs:
         self.skip_prefix = skip_prefix
         self._lock = threading.Lock()
         self._files: dict[str, tuple[int, set[str]]] = {}
+        self.broken: dict[str, str] = {}
+        """Spec files that do not parse, with the reason (logged once per change of the file)."""
 
     def device_names(self, dirs: Sequence[Path]) -> set[str]:
         names: set[str] = set()
@@ -56,6 +71,7 @@ class NvidiaCtkSpecs:
                     names |= self._names_in(entry)
             for stale in set(self._files) - seen:
                 del self._files[stale]
+                self.broken.pop(stale, None)
         return names
 
     def _names_in(self, entry: os.DirEntry[str]) -> set[str]:
@@ -69,8 +85,16 @@ class NvidiaCtkSpecs:
         try:
             spec = read_spec(Path(entry.path))
             found = {d.name for d in spec.devices} if spec.kind == NVIDIA_CTK_KIND else set()
-        except CDIError:
+            self.broken.pop(entry.path, None)
+        except CDIError as exc:
             found = set()
+            self.broken[entry.path] = str(exc)
+            log.error(
+                "a CDI spec file does not parse: container runtimes skip it, so the GPUs it should bring "
+                "get this driver's device nodes and the driver's files from the driver root instead; "
+                "regenerate it (nvidia-ctk cdi generate)",
+                extra={"path": entry.path, "error": str(exc)},
+            )
         self._files[entry.path] = (mtime, found)
         return found
 
@@ -83,8 +107,22 @@ def ctk_device_name(gpu: GpuInfo, available: set[str]) -> str | None:
     return None
 
 
+DEVICE_ENV_PREFIX = "DRAGPU_DEVICE_"
+
+
 def env_key(device: str) -> str:
-    return "DRAGPU_DEVICE_" + "".join(c if c.isalnum() else "_" for c in device.upper())
+    return DEVICE_ENV_PREFIX + "".join(c if c.isalnum() else "_" for c in device.upper())
+
+
+def device_uuids(env: Mapping[str, str]) -> list[str]:
+    """The GPUs a container with this CDI environment was given, in order: what its device nodes let
+    CUDA see. For running a claim's process outside a container (the demo, gpu-check), where
+    ``CUDA_VISIBLE_DEVICES`` must stand in for the device nodes."""
+    found: list[str] = []
+    for key, value in env.items():
+        if key.startswith(DEVICE_ENV_PREFIX) and not key.endswith("_SHARE_ID") and value not in found:
+            found.append(value)
+    return found
 
 
 class DeviceAccess:
@@ -107,6 +145,11 @@ class DeviceAccess:
     def contribute(self, plan: Plan, node: NodeContext) -> None:
         ctk = self._ctk.setdefault(node.driver, NvidiaCtkSpecs(skip_prefix=f"{node.driver}-"))
         available = ctk.device_names(node.nvidia_ctk_dirs) if node.nvidia_ctk_dirs else set()
+        for path, reason in sorted(ctk.broken.items()):
+            plan.notice(
+                f"the NVIDIA Container Toolkit's CDI spec {path} does not parse ({reason}); this claim's "
+                f"containers get the driver's files from the node's driver root instead"
+            )
         needs_common_nodes = False
         for share in plan.shares:
             edits = plan.edits(share)
@@ -128,9 +171,45 @@ class DeviceAccess:
                 common = self._host_node(node, path)
                 if common is not None:
                     plan.claim_edits.add_device_node(common)
-        visible = ",".join(g.uuid for g in plan.visible_gpus())
-        plan.claim_edits.env["NVIDIA_VISIBLE_DEVICES"] = visible
-        plan.claim_edits.env["CUDA_VISIBLE_DEVICES"] = visible
+            self._driver_files(plan, node)
+        # The same value in every spec: no claim or request can overwrite another's visibility.
+        plan.claim_edits.env["NVIDIA_VISIBLE_DEVICES"] = "void"
+
+    @staticmethod
+    def _driver_files(plan: Plan, node: NodeContext) -> None:
+        """The driver's libraries and tools from the driver root, and the loader told where they are."""
+        files = find_driver_files(node.driver_root)
+        if not files.libraries and not files.executables:
+            return  # simulated GPUs, or a node whose driver the runtime brings some other way
+        host_root = node.driver_root_host_path or node.driver_root
+        edits = plan.claim_edits
+        for rel in files.libraries:
+            edits.add_mount(
+                host_root / rel, f"{DRIVER_LIB_DIR}/{rel.name}", ["ro", "nosuid", "nodev", "bind"]
+            )
+        for rel in files.executables:
+            edits.add_mount(
+                host_root / rel, f"{DRIVER_BIN_DIR}/{rel.name}", ["ro", "nosuid", "nodev", "bind"]
+            )
+        if not files.libraries:
+            return
+        entry = node.claim_dir(plan.claim.uid) / "ld.so.conf"
+        plan.hold("file", f"file:{entry}", path=str(entry), content=DRIVER_LIB_DIR + "\n", mode=0o444)
+        edits.add_mount(entry, LDCONFIG_ENTRY, ["ro", "nosuid", "nodev", "bind"])
+        if node.ldcache_hook is None:
+            plan.notice(
+                f"the driver's libraries are mounted at {DRIVER_LIB_DIR}, but this node agent has no "
+                f"loader-cache hook installed; a workload finds libcuda only after running ldconfig itself"
+            )
+            return
+        edits.hooks.append(
+            Hook(
+                hook_name="createContainer",
+                path=str(node.ldcache_hook),
+                args=[LDCACHE_HOOK, DRIVER_LIB_DIR],
+                timeout=HOOK_TIMEOUT_S,
+            )
+        )
 
 
 BACKEND = DeviceAccess()

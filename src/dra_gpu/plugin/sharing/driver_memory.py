@@ -24,11 +24,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 from cdi.spec import Hook
 from dra_gpu.config import Strategy
+from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.errors import PrepareError
@@ -179,6 +180,9 @@ class MemoryLimitRecords:
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         return Path(str(hold.params["dir"])).is_dir()
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        return None  # per claim, not GPU-wide
 
 
 BACKEND = DriverMemory()

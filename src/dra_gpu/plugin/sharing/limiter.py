@@ -1,24 +1,40 @@
-"""Limiter: our LD_PRELOAD library enforces the claim's memory and compute share in every process.
+"""Limiter: our preloaded library enforces the claim's memory budget and compute share in every process.
 
 The library comes from a versioned file on the host (installed by the DaemonSet's init container)
-and is mounted read-only; a per-claim state directory is mounted read-write so that all processes
-of all pods of the claim count against one limit. Limits come from the consumed capacity, or from
-the config where the API server has no consumable capacity. The environment is the contract the
-native limiter reads (see native/limiter). ``DRAGPU_CORES_LIMIT`` applies to every GPU a process uses,
-so a compute limit is refused in a claim that also has GPUs without a Limiter share.
+and is mounted read-only; the host file ``ld.so.preload`` naming it is mounted at the container's
+``/etc/ld.so.preload``, so the library loads in every process whatever the image's environment. Each
+claim has its own directory in the container, ``/run/dra-gpu/claims/<claim-uid>/``, with
+
+- ``limits``: the claim's budgets, one ``device=`` line per GPU (read-only; written by the agent
+  before the CDI spec; the format is in docs/memory-isolation.md);
+- ``limiter/``: the accounting state shared by all processes of all pods of the claim (read-write),
+
+so a container using several claims keeps every claim's limits. Budgets come from Limiter shares
+(their consumed capacity, or the config where the API server has no consumable capacity) and from
+other backends that pool a claim's memory (MPS, ``Plan.limit``). The spec sets no limiter
+environment: variables are container-wide, so a second claim's values would overwrite the first's
+(the library lets ``DRAGPU_*`` only lower a limit that a limits file sets; an image's own
+``LD_PRELOAD`` is kept). ``host_environment`` gives a process outside any container (the demo,
+gpu-check) the same limits through the environment, as the library reads them there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from dra_gpu.config import Strategy
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing._memory import memory_share
-from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
+from dra_gpu.plugin.sharing.plan import DeviceLimit, Holder, NodeContext, Plan, Share
 
 CONTAINER_LIBRARY = "/usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
-CONTAINER_STATE_DIR = "/var/run/dra-gpu/limiter"
+CONTAINER_CLAIMS_ROOT = "/run/dra-gpu/claims"
+CONTAINER_PRELOAD = "/etc/ld.so.preload"
+LIMITS_FILE = "limits"
+STATE_DIR = "limiter"
+PRELOAD_FILE = "ld.so.preload"
+LIMITS_VERSION = 1
 
 
 def memory_limit(share: Share, driver: str) -> int | None:
@@ -31,6 +47,64 @@ def cores_limit(share: Share, driver: str) -> int | None:
     return share.amount("cores", driver, config.cores if config is not None else None)
 
 
+def container_claim_dir(claim_uid: str) -> str:
+    return f"{CONTAINER_CLAIMS_ROOT}/{claim_uid}"
+
+
+def limits_text(plan: Plan, limits: dict[str, DeviceLimit]) -> str:
+    """The claim's limits file (format version 1)."""
+    lines = [
+        f"version={LIMITS_VERSION}",
+        f"claim={plan.claim.ref}",
+        f"state={container_claim_dir(plan.claim.uid)}/{STATE_DIR}",
+    ]
+    for uuid, limit in limits.items():
+        memory = "unlimited" if limit.memory is None else str(limit.memory)
+        lines.append(f"device={uuid} memory={memory} cores={limit.cores}")
+    return "\n".join(lines) + "\n"
+
+
+def host_environment(limits_text: str, library: str, state_dir: str) -> dict[str, str]:
+    """The environment that gives a process outside a container the limits of a claim's limits file.
+
+    `library` and `state_dir` are the host paths of the library and of the claim's state directory.
+    One compute share for all GPUs (the variable applies to every GPU): the smallest.
+    """
+    memory: list[str] = []
+    cores: list[int] = []
+    for line in limits_text.splitlines():
+        if not line.startswith("device="):
+            continue
+        fields = dict(part.split("=", 1) for part in line.split())
+        if fields.get("memory", "unlimited") != "unlimited":
+            memory.append(f"{fields['device']}={fields['memory']}")
+        cores.append(int(fields.get("cores", "100")))
+    env = {"LD_PRELOAD": library, "DRAGPU_LIMITER_STATE_DIR": state_dir}
+    if memory:
+        env["DRAGPU_MEMORY_LIMIT_BY_UUID"] = ",".join(memory)
+    if cores and min(cores) < 100:
+        env["DRAGPU_CORES_LIMIT"] = str(min(cores))
+    return env
+
+
+def host_environment_of(mounts: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """`host_environment` of the claims whose files a container's mounts (container path, host path)
+    bring; empty without the limiter. Several claims: their device lines together."""
+    by_container = dict(mounts)
+    library = by_container.get(CONTAINER_LIBRARY)
+    texts: list[str] = []
+    state = ""
+    for container_path, host_path in by_container.items():
+        if container_path.startswith(CONTAINER_CLAIMS_ROOT + "/") and container_path.endswith(
+            "/" + LIMITS_FILE
+        ):
+            texts.append(Path(host_path).read_text(encoding="utf-8"))
+            state = state or by_container.get(container_path[: -len(LIMITS_FILE)] + STATE_DIR, "")
+    if library is None or not texts:
+        return {}
+    return host_environment("\n".join(texts), library, state)
+
+
 class Limiter:
     name = "limiter"
     order = 40
@@ -40,56 +114,60 @@ class Limiter:
 
     def contribute(self, plan: Plan, node: NodeContext) -> None:
         shares = plan.sharing(Strategy.LIMITER)
-        if not shares:
+        for share in shares:
+            cpu = cores_limit(share, node.driver)
+            plan.limit(share.gpu, memory_limit(share, node.driver), cpu if cpu is not None else 100)
+        self._one_compute_share(plan, shares)
+        if not plan.limits:
             return
         library = node.limiter_library
         if not library.is_file():
+            if not shares:  # only pooled budgets of another mode: that mode's own limits still hold
+                plan.notice(
+                    "the limiter library is not installed on this node, so the claim's memory limit "
+                    "holds per process, not for the claim as a whole"
+                )
+                return
             raise PrepareError(
                 f"the limiter library {library} does not exist on this node; the plugin DaemonSet's init "
                 f"container installs it (check --limiter-library / DRA_GPU_LIMITER_LIBRARY)",
                 reason="limiter_missing",
             )
-        state = node.claim_dir(plan.claim.uid) / "limiter"
+        self._files(plan, node, library)
+
+    @staticmethod
+    def _one_compute_share(plan: Plan, shares: list[Share]) -> None:
+        """The library throttles a process on every GPU it uses to the smallest compute share of its
+        claims' devices: a GPU of the claim without a Limiter share must not be slowed down to it."""
+        limited = {s.gpu.uuid for s in shares}
+        capped = [plan.limits[u].cores for u in limited if plan.limits[u].cores < 100]
+        unlimited = [s for s in plan.shares if s.gpu.uuid not in limited]
+        if capped and unlimited:
+            other = unlimited[0]
+            kind = "admin-access" if other.admin_access else other.strategy.value
+            raise PrepareError(
+                f"claim {plan.claim.ref} has a Limiter share with a compute limit of {min(capped)}% and also "
+                f"{other.device} ({kind}); the limiter applies one compute limit to every GPU a process "
+                f"uses, so it would throttle {other.device} too. Put the Limiter shares and the other "
+                f"GPUs in separate claims",
+                reason="invalid_config",
+            )
+
+    @staticmethod
+    def _files(plan: Plan, node: NodeContext, library: Path) -> None:
+        claim_dir = node.claim_dir(plan.claim.uid)
+        inside = container_claim_dir(plan.claim.uid)
+        state, limits, preload = claim_dir / STATE_DIR, claim_dir / LIMITS_FILE, claim_dir / PRELOAD_FILE
         plan.hold("dir", f"dir:{state}", path=str(state), mode=0o777)
+        plan.hold(
+            "file", f"file:{limits}", path=str(limits), content=limits_text(plan, plan.limits), mode=0o444
+        )
+        plan.hold("file", f"file:{preload}", path=str(preload), content=CONTAINER_LIBRARY + "\n", mode=0o444)
         edits = plan.claim_edits
         edits.add_mount(library, CONTAINER_LIBRARY, ["ro", "nosuid", "nodev", "bind"])
-        edits.add_mount(state, CONTAINER_STATE_DIR, ["rw", "nosuid", "nodev", "bind"])
-        edits.env["LD_PRELOAD"] = CONTAINER_LIBRARY
-        edits.env["DRAGPU_LIMITER_STATE_DIR"] = CONTAINER_STATE_DIR
-
-        memory: dict[str, int] = {}
-        cores: dict[str, int] = {}
-        for share in shares:
-            uuid = share.gpu.uuid
-            mem = memory_limit(share, node.driver)
-            if mem is not None:
-                memory[uuid] = memory.get(uuid, 0) + mem
-            cpu = cores_limit(share, node.driver)
-            if cpu is not None:
-                cores[uuid] = cores.get(uuid, 0) + cpu
-        if memory:
-            edits.env["DRAGPU_MEMORY_LIMIT_BY_UUID"] = ",".join(f"{u}={b}" for u, b in memory.items())
-            for gpu in plan.visible_gpus():
-                if gpu.uuid in memory:
-                    edits.env[f"DRAGPU_MEMORY_LIMIT_{plan.ordinal(gpu)}"] = str(memory[gpu.uuid])
-        if cores:
-            # One compute share for the whole claim: the smallest, so no GPU runs above its share.
-            limit = min(max(min(cores.values()), 1), 100)
-            limited = {s.gpu.uuid for s in shares}
-            unlimited = [s for s in plan.shares if s.gpu.uuid not in limited]
-            if limit < 100 and unlimited:
-                # The variable throttles every GPU the process uses; one that is not a Limiter share
-                # (a whole GPU, a time-sliced one) must not be slowed down to another GPU's share.
-                other = unlimited[0]
-                kind = "admin-access" if other.admin_access else other.strategy.value
-                raise PrepareError(
-                    f"claim {plan.claim.ref} has a Limiter share with a compute limit of {limit}% and also "
-                    f"{other.device} ({kind}); the limiter applies one compute limit to every GPU a process "
-                    f"uses, so it would throttle {other.device} too. Put the Limiter shares and the other "
-                    f"GPUs in separate claims",
-                    reason="invalid_config",
-                )
-            edits.env["DRAGPU_CORES_LIMIT"] = str(limit)
+        edits.add_mount(limits, f"{inside}/{LIMITS_FILE}", ["ro", "nosuid", "nodev", "bind"])
+        edits.add_mount(state, f"{inside}/{STATE_DIR}", ["rw", "nosuid", "nodev", "bind"])
+        edits.add_mount(preload, CONTAINER_PRELOAD, ["ro", "nosuid", "nodev", "bind"])
 
 
 BACKEND = Limiter()

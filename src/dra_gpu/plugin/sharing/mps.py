@@ -2,18 +2,28 @@
 
 The peers start one daemon per claim, which cannot serve fractional shares of one GPU to several
 claims. Here the first MPS claim on a GPU sets exclusive-process compute mode and starts the GPU's
-daemon; later claims join it; the last one stops it and restores the default compute mode. A
-claim's limits are client-side (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
-`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`), derived from its consumed `cores` and `memory` capacity or,
-without consumable capacity, from the config's defaults. A CUDA process talks to one daemon (one
-`CUDA_MPS_PIPE_DIRECTORY`), so an MPS claim spans one GPU.
+daemon; later claims join it; the last one stops it and restores the default compute mode. The
+daemon is not a child of the node agent (see ``commands``): it outlives agent restarts, and the next
+agent adopts it (its pipe directory answers). Its /dev/shm is a size-bounded tmpfs that only its
+clients (the MPS claims on that GPU) mount; the pipe directory is root's, not world-writable, and
+mounted read-only into the clients.
+
+A claim's limits come from its consumed `cores` and `memory` capacity or, without consumable
+capacity, from the config's defaults:
+
+- memory holds claim-wide: the claim's containers get the limiter with one pooled budget (the
+  claim's limits file) for all their processes, plus ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` per process;
+- compute does not: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` caps the SMs of each client process, so
+  N processes of the claim may together use up to N times the share. The claim gets an event saying so.
+
+A CUDA process talks to one daemon (one ``CUDA_MPS_PIPE_DIRECTORY``), so an MPS claim spans one GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,6 +40,27 @@ CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 # /dev/shm: a per-GPU host directory that the daemon gets as its /dev/shm and every client mounts.
 CONTAINER_SHM_DIR = "/dev/shm"
 MIB = 1024 * 1024
+CLIENT_MOUNT_OPTIONS = ["nosuid", "nodev", "bind"]
+
+
+def per_process_compute_notice(percentage: int) -> str:
+    return (
+        f"MPS limits each process of this claim to {percentage}% of the GPU's SMs "
+        f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); it cannot cap the claim as a whole, so N processes "
+        f"of the claim may together use up to N x {percentage}%. Its memory budget is pooled over all "
+        f"of its processes and pods"
+    )
+
+
+def claim_limits(plan: Plan, gpu: GpuInfo, shares: list[Share], driver: str) -> tuple[int | None, int | None]:
+    """The claim's MPS cores and memory on `gpu`; memory also goes into the claim's pooled budget."""
+    cores = _sum([_cores(s, driver) for s in shares])
+    memory = _sum([_memory(s, driver) for s in shares])
+    if memory is not None:
+        plan.limit(gpu, memory)
+    if cores is not None and cores < 100:
+        plan.notice(per_process_compute_notice(min(max(cores, 1), 100)))
+    return cores, memory
 
 
 def mps_dir(state_dir: Path, gpu_uuid: str) -> Path:
@@ -110,16 +141,16 @@ class Mps:
         base = mps_dir(node.state_dir, gpu.uuid)
         plan.hold("mps", f"mps:{gpu.uuid}", gpu=gpu.uuid, device=shares[0].device, dir=str(base))
         env = plan.claim_edits.env
-        plan.claim_edits.add_mount(base / "pipe", CONTAINER_PIPE_DIR, ["rw", "nosuid", "nodev", "bind"])
-        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", "nosuid", "nodev", "bind"])
+        plan.claim_edits.add_mount(base / "pipe", CONTAINER_PIPE_DIR, ["ro", *CLIENT_MOUNT_OPTIONS])
+        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", *CLIENT_MOUNT_OPTIONS])
         env["CUDA_MPS_PIPE_DIRECTORY"] = CONTAINER_PIPE_DIR
-        cores = _sum([_cores(s, node.driver) for s in shares])
+        cores, memory = claim_limits(plan, gpu, shares, node.driver)
         if cores is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(max(cores, 1), 100))
-        memory = _sum([_memory(s, node.driver) for s in shares])
         if memory is not None:
+            # An MPS client sees one GPU, its daemon's: ordinal 0.
             mib = max(int(Fraction(memory, MIB)), 1)
-            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{plan.ordinal(gpu)}={mib}M"
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mib}M"
 
 
 class MpsDaemon:
@@ -137,12 +168,11 @@ class MpsDaemon:
         base, pipe, log_dir = self._dirs(hold)
         commands = node.commands
         try:
-            pipe.mkdir(parents=True, exist_ok=True)
-            log_dir.mkdir(parents=True, exist_ok=True)
-            (base / "shm").mkdir(exist_ok=True)
-            pipe.chmod(0o777)  # clients run as any user
-            (base / "shm").chmod(0o1777)  # like /dev/shm: anyone may create, only owners delete
-            log_dir.chmod(0o755)
+            for path in (pipe, log_dir, base / "shm"):
+                path.mkdir(parents=True, exist_ok=True)
+                # Root's: clients connect to the daemon's sockets, and may not add or remove files.
+                # (The shm directory gets the tmpfs's own mode, 1777, when the daemon starts.)
+                path.chmod(0o755)
         except OSError as exc:
             raise setup_failed(f"creating the MPS directories for GPU {device}", exc) from None
         if commands.mps_daemon_running(gpu, pipe):
@@ -180,6 +210,15 @@ class MpsDaemon:
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         _, pipe, _ = self._dirs(hold)
         return node.commands.mps_daemon_running(str(hold.params["gpu"]), pipe)
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        if f"{self.kind}:{gpu.uuid}" in held:
+            return
+        base = mps_dir(node.state_dir, gpu.uuid)
+        if base.is_dir():
+            node.commands.stop_mps_daemon(gpu.uuid, base / "pipe")
+            node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+            shutil.rmtree(base, ignore_errors=True)
 
 
 BACKEND = Mps()

@@ -24,15 +24,22 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from fractions import Fraction
 from pathlib import Path
 
 from dra_gpu.config import Strategy
+from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.commands import CommandError, ComputeMode
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.sharing.mps import CONTAINER_PIPE_DIR, CONTAINER_SHM_DIR, MIB, _cores, _memory, _sum
+from dra_gpu.plugin.sharing.mps import (
+    CLIENT_MOUNT_OPTIONS,
+    CONTAINER_PIPE_DIR,
+    CONTAINER_SHM_DIR,
+    MIB,
+    claim_limits,
+)
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 
 CONTROL_ENV = "DRA_GPU_MPS_CONTROL"
@@ -83,6 +90,7 @@ class MpsV3Control:
                 timeout=self.timeout_s,
                 check=False,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a daemon it starts is no member of the agent's session
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise CommandError(f"{' '.join(argv)}: {exc}") from None
@@ -143,8 +151,7 @@ class MpsV3:
                 reason="invalid_config",
             )
         base = v3_dir(node.state_dir, gpu.uuid)
-        cores = _sum([_cores(s, node.driver) for s in shares])
-        memory = _sum([_memory(s, node.driver) for s in shares])
+        cores, memory = claim_limits(plan, gpu, shares, node.driver)
         percentage = min(max(cores if cores is not None else 100, 1), 100)
         mib = max(int(Fraction(memory if memory is not None else gpu.memory_bytes, MIB)), 1)
         namespace = namespace_name(plan.claim.uid)
@@ -159,8 +166,8 @@ class MpsV3:
             pinnedMemoryMiB=mib,
         )
         pipe = base / "pipe" / SERVER / namespace
-        plan.claim_edits.add_mount(pipe, CONTAINER_PIPE_DIR, ["rw", "nosuid", "nodev", "bind"])
-        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", "nosuid", "nodev", "bind"])
+        plan.claim_edits.add_mount(pipe, CONTAINER_PIPE_DIR, ["ro", *CLIENT_MOUNT_OPTIONS])
+        plan.claim_edits.add_mount(base / "shm", CONTAINER_SHM_DIR, ["rw", *CLIENT_MOUNT_OPTIONS])
         plan.claim_edits.env["CUDA_MPS_PIPE_DIRECTORY"] = CONTAINER_PIPE_DIR
         for share in shares:
             plan.detail(share, "mpsNamespace", namespace)
@@ -212,6 +219,16 @@ class MpsV3Server:
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         return _control(hold).running()
 
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        if f"{self.kind}:{gpu.uuid}" in held:
+            return
+        base = v3_dir(node.state_dir, gpu.uuid)
+        control = MpsV3Control(base / "pipe", base / "log")
+        if base.is_dir() and control.running():
+            control.quit()
+            node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+        shutil.rmtree(base, ignore_errors=True)
+
 
 class MpsV3Namespace:
     """One claim's namespace with its server-side limits."""
@@ -239,6 +256,9 @@ class MpsV3Namespace:
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         control = _control(hold)
         return control.running() and str(hold.params["namespace"]) in control.namespaces()
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        return None  # a namespace goes with its server
 
 
 BACKEND = MpsV3()

@@ -10,7 +10,7 @@ module in this package with a ``BACKEND`` and, if it changes the node, ``HOLD_HA
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -25,6 +25,8 @@ from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.quantity import to_int
 
 CDI_CLASS = "claim"
+CAPACITY_NAMES = ("memory", "cores")
+"""The capacities a GPU publishes; a share's consumed amounts of them are recorded."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,16 @@ class Holder:
     record: ShareRecord
 
 
+@dataclass(frozen=True)
+class DeviceLimit:
+    """One GPU's line in the claim's limits file: the claim's pooled memory budget and compute share."""
+
+    memory: int | None
+    """Bytes for all processes of all pods of the claim together; None: unlimited."""
+    cores: int = 100
+    """Percent of the GPU's compute; 100: no compute cap."""
+
+
 @dataclass
 class NodeContext:
     """The node facts and tools that backends and hold handlers need."""
@@ -92,6 +104,12 @@ class NodeContext:
     dev_root: Path
     commands: GpuCommands
     nvidia_ctk_dirs: Sequence[Path] = ()
+    driver_root: Path = Path("/")
+    """Where the node's NVIDIA driver files are, as this process sees them."""
+    driver_root_host_path: Path | None = None
+    """The same directory as the container runtime on the host sees it; None: `driver_root`."""
+    ldcache_hook: Path | None = None
+    """The installed `update-ldcache` OCI hook (see `driver_root.install_ldcache_hook`)."""
 
     def claim_dir(self, uid: str) -> Path:
         return self.state_dir / "claims" / uid
@@ -135,6 +153,10 @@ class Plan:
     extra_cdi_ids: dict[int, list[str]] = field(default_factory=dict)
     holds: list[Hold] = field(default_factory=list)
     details: dict[int, dict[str, str]] = field(default_factory=dict)
+    limits: dict[str, DeviceLimit] = field(default_factory=dict)
+    """GPU UUID -> the claim's limiter budget on it; the limiter backend writes the claim's limits file."""
+    notices: list[str] = field(default_factory=list)
+    """What a user of the claim must know about how its limits hold (posted as events on the claim)."""
 
     def __post_init__(self) -> None:
         for share in self.shares:
@@ -162,6 +184,18 @@ class Plan:
         """Ask for node-side setup; asking twice for the same key in one claim is one hold."""
         if all(h.key != key for h in self.holds):
             self.holds.append(Hold(kind=kind, key=key, params=dict(params)))
+
+    def limit(self, gpu: GpuInfo, memory: int | None, cores: int = 100) -> None:
+        """Add a budget on `gpu` to the claim's limits file (several contributions add up)."""
+        old = self.limits.get(gpu.uuid)
+        if old is not None:
+            memory = None if old.memory is None or memory is None else old.memory + memory
+            cores = min(old.cores + cores, 100) if old.cores < 100 and cores < 100 else 100
+        self.limits[gpu.uuid] = DeviceLimit(memory=memory, cores=min(max(cores, 1), 100))
+
+    def notice(self, text: str) -> None:
+        if text not in self.notices:
+            self.notices.append(text)
 
     def detail(self, share: Share, name: str, value: str) -> None:
         """Record a fact about the share that later claims' conflict checks need (e.g. the interval)."""
@@ -209,6 +243,11 @@ class Plan:
                 shareId=s.share_id,
                 adminAccess=s.admin_access,
                 detail=self.details.get(s.position, {}),
+                consumed={
+                    name: str(amount)
+                    for name in CAPACITY_NAMES
+                    if (amount := s.capacity(name, self.driver)) is not None
+                },
             )
             for s in self.shares
         ]
@@ -243,6 +282,12 @@ class HoldHandler(Protocol):
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         """False if the setting has gone away behind our back (a daemon died); the supervisor re-applies."""
+        ...
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        """Undo this kind's GPU-wide setting on `gpu` if no key in `held` (every prepared claim's holds)
+        asks for it: after the checkpoint was rebuilt, nobody else knows it is there. CommandError
+        is logged by the caller; a per-claim kind does nothing here."""
         ...
 
 

@@ -7,9 +7,10 @@ changing it under the other claims; the setting returns to Default with the last
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from dra_gpu.config import Strategy
+from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.commands import CommandError
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
@@ -79,6 +80,10 @@ class TimeSliceSetting:
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         return True  # the driver offers no query; re-applied on every prepare instead
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        if f"{self.kind}:{gpu.uuid}" not in held:
+            node.commands.set_timeslice(gpu.index, INTERVALS["Default"])
 
 
 BACKEND = TimeSlicing()

@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
-from dra_gpu.quantity import QuantityError, parse_quantity, to_int
-
-
-class ConfigError(ValueError):
-    """The one error a bad GpuConfig produces; the message names the field and what is allowed."""
+from dra_gpu.config.base import ConfigError, Percent, Strict, positive_quantity
+from dra_gpu.config.placement import Placement
+from dra_gpu.quantity import to_int
 
 
 class Strategy(StrEnum):
@@ -30,32 +28,13 @@ class Strategy(StrEnum):
     LIMITER = "Limiter"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
-
-
-def _positive_quantity(value: Any, field: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"{field} must be a quantity such as '10Gi' or an integer number of bytes")
-    try:
-        amount = parse_quantity(value)
-    except QuantityError as exc:
-        raise ValueError(str(exc)) from exc
-    if amount <= 0:
-        raise ValueError(f"{field} must be positive, got {value!r}")
-    return str(value)
-
-
-Percent = Annotated[int, Field(ge=1, le=100)]
-
-
-class TimeSlicingConfig(_Strict):
+class TimeSlicingConfig(Strict):
     """GPU-wide time slice (`nvidia-smi compute-policy --set-timeslice`); shared by every claim on the GPU."""
 
     interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
 
 
-class MpsConfig(_Strict):
+class MpsConfig(Strict):
     """Defaults for MPS clients when the claim's allocation carries no consumed capacity."""
 
     defaultActiveThreadPercentage: Percent | None = None
@@ -64,10 +43,10 @@ class MpsConfig(_Strict):
     @field_validator("defaultPinnedDeviceMemoryLimit", mode="before")
     @classmethod
     def _memory(cls, v: Any) -> Any:
-        return None if v is None else _positive_quantity(v, "defaultPinnedDeviceMemoryLimit")
+        return None if v is None else positive_quantity(v, "defaultPinnedDeviceMemoryLimit")
 
 
-class LimiterConfig(_Strict):
+class LimiterConfig(Strict):
     """Limits for API servers without consumable capacity; consumed capacity wins when present.
 
     `memory` (or the consumed `memory` capacity) is the request: the guaranteed share, the driver's
@@ -82,7 +61,7 @@ class LimiterConfig(_Strict):
     @field_validator("memory", "memoryLimit", mode="before")
     @classmethod
     def _memory(cls, v: Any, info: Any) -> Any:
-        return None if v is None else _positive_quantity(v, info.field_name)
+        return None if v is None else positive_quantity(v, info.field_name)
 
     @model_validator(mode="after")
     def _limit_not_below_request(self) -> LimiterConfig:
@@ -101,7 +80,7 @@ class LimiterConfig(_Strict):
         return None if self.memoryLimit is None else to_int(self.memoryLimit)
 
 
-class Sharing(_Strict):
+class Sharing(Strict):
     strategy: Strategy = Strategy.EXCLUSIVE
     timeSlicing: TimeSlicingConfig | None = None
     mps: MpsConfig | None = None
@@ -127,34 +106,12 @@ class Sharing(_Strict):
         return self
 
 
-class PlacementPolicy(StrEnum):
-    BIN_PACK = "BinPack"
-    SPREAD = "Spread"
-
-
-class Placement(_Strict):
-    """Cluster-controller placement for the class's claims (ignored by the kubelet plugin)."""
-
-    policy: PlacementPolicy = PlacementPolicy.BIN_PACK
-    affinityLabel: str | None = None
-    antiAffinityLabel: str | None = None
-    exclusionLabel: str | None = None
-
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _policy(cls, v: Any) -> Any:
-        allowed = [p.value for p in PlacementPolicy]
-        if v not in allowed:
-            raise ValueError(f"unknown placement policy {v!r}; allowed: {', '.join(allowed)}")
-        return PlacementPolicy(v)
-
-
 class WatchdogPolicy(StrEnum):
     REPORT = "Report"
     TERMINATE = "Terminate"
 
 
-class Watchdog(_Strict):
+class Watchdog(Strict):
     """What the node agent does with a process that escapes its claim's share (it always reports it):
     `Report` only, or `Terminate` the offending process (never a process of another claim)."""
 
@@ -169,7 +126,7 @@ class Watchdog(_Strict):
         return WatchdogPolicy(v)
 
 
-class GpuConfig(_Strict):
+class GpuConfig(Strict):
     """`apiVersion: gpu.dra-gpu.io/v1alpha1`, `kind: GpuConfig`."""
 
     apiVersion: Literal["gpu.dra-gpu.io/v1alpha1"]
@@ -276,57 +233,3 @@ def merge_configs(configs: Iterable[Mapping[str, Any]], request: str, driver: st
         if best is None or rank >= best:
             best, chosen = rank, parsed
     return chosen if chosen is not None else GpuConfig.default()
-
-
-# --- the node agent's sharing configuration -------------------------------------------------------
-
-
-class GpuSharingMode(StrEnum):
-    """What a GPU on this node may host; published as the device attribute `sharing`.
-
-    `Shared` GPUs host limiter and time-sliced shares side by side (both run in the default compute
-    mode); `MPS` GPUs run an MPS control daemon in exclusive-process mode and host only MPS shares;
-    `Exclusive` GPUs are never shared. A whole-GPU claim may land on any of them.
-    """
-
-    EXCLUSIVE = "Exclusive"
-    SHARED = "Shared"
-    MPS = "MPS"
-
-
-class NodeSharing:
-    """Per-GPU sharing modes parsed from `--sharing` such as `*=Shared,0=MPS,GPU-1234...=Exclusive`."""
-
-    def __init__(self, default: GpuSharingMode, by_key: dict[str, GpuSharingMode]) -> None:
-        self.default = default
-        self.by_key = by_key
-
-    @classmethod
-    def parse(cls, text: str) -> NodeSharing:
-        default = GpuSharingMode.SHARED
-        by_key: dict[str, GpuSharingMode] = {}
-        allowed = ", ".join(m.value for m in GpuSharingMode)
-        for item in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep:
-                key, value = "*", item
-            key, value = key.strip(), value.strip()
-            match = {m.value.lower(): m for m in GpuSharingMode}.get(value.lower())
-            if match is None:
-                raise ConfigError(f"--sharing: {item!r}: unknown mode {value!r}; allowed: {allowed}")
-            if key == "*":
-                default = match
-            elif key.isdigit() or key.startswith("GPU-"):
-                by_key[key] = match
-            else:
-                raise ConfigError(
-                    f"--sharing: {item!r}: the key must be '*', a GPU index or a GPU UUID (GPU-...)"
-                )
-        return cls(default, by_key)
-
-    def mode_for(self, index: int, uuid: str) -> GpuSharingMode:
-        return self.by_key.get(uuid) or self.by_key.get(str(index)) or self.default
-
-    def __str__(self) -> str:
-        parts = [f"*={self.default.value}"] + [f"{k}={v.value}" for k, v in sorted(self.by_key.items())]
-        return ",".join(parts)

@@ -1,0 +1,85 @@
+/*
+ * Every launch counts against the compute share, wherever the limiter has to find its device. One scenario
+ * per run; the fake's simulated GPU says how busy the launch's device was over a window of steady launching,
+ * which must be within 5 % (relative) of DRAGPU_CORES_LIMIT.
+ *
+ *   other-device  launches on a stream of device 1 while device 0's context is current (two GPUs)
+ *   no-context    context-less CUkernel launches on a stream, with no current context at all
+ *   long-kernels  kernels of 10 ms, longer than the limiter's burst: paid as debt
+ *
+ * usage: t_launch <scenario> <cores%> <seconds>
+ */
+#include "device.h"
+#include <time.h>
+
+uint64_t fakecuda_busy_ns(int device);
+
+#define SMS 132 /* run.sh: FAKE_CUDA_SM_COUNT=132, FAKE_CUDA_WAVE_NS=10000 */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static CUfunction fn;
+static CUstream stream;
+static unsigned waves_of[4] = {1, 5, 20, 50};
+static int long_kernels;
+
+static void launch(unsigned i) {
+    unsigned waves = long_kernels ? 1000 : waves_of[i % 4];
+    CHECK_CU(cuLaunchKernel(fn, SMS * waves, 1, 1, 128, 1, 1, 0, stream, NULL, NULL), CUDA_SUCCESS);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 4, "usage: t_launch <scenario> <cores%%> <seconds>");
+    const char *scenario = argv[1];
+    int cores = atoi(argv[2]);
+    double seconds = atof(argv[3]);
+    CHECK(cores >= 1 && cores < 100 && seconds > 0, "bad arguments");
+    int device = 0;
+    CUcontext ctx0 = use_device0();
+    CUmodule mod;
+    CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
+    CHECK_CU(cuModuleGetFunction(&fn, mod, "k"), CUDA_SUCCESS);
+    if (strcmp(scenario, "other-device") == 0) {
+        CUdevice d1;
+        CUcontext ctx1;
+        CHECK_CU(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+        CHECK_CU(cuDevicePrimaryCtxRetain(&ctx1, d1), CUDA_SUCCESS);
+        CHECK_CU(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+        CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        CHECK_CU(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+        device = 1;
+    } else if (strcmp(scenario, "no-context") == 0) {
+        CUlibrary lib;
+        CUkernel k;
+        CHECK_CU(cuLibraryLoadData(&lib, "image", NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS);
+        CHECK_CU(cuLibraryGetKernel(&k, lib, "k"), CUDA_SUCCESS);
+        fn = (CUfunction)k; /* cuda.h: a CUkernel may be launched where a CUfunction is expected */
+        CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        CHECK_CU(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+        CUcontext none;
+        CHECK_CU(cuCtxGetCurrent(&none), CUDA_SUCCESS);
+        CHECK(none == NULL, "a context is still current");
+    } else if (strcmp(scenario, "long-kernels") == 0) {
+        CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        long_kernels = 1;
+    } else {
+        CHECK(0, "unknown scenario %s", scenario);
+    }
+
+    unsigned i = 0;
+    double warm = now_s() + 0.3;
+    while (now_s() < warm) launch(i++);
+    uint64_t b0 = fakecuda_busy_ns(device);
+    double t0 = now_s();
+    while (now_s() - t0 < seconds) launch(i++);
+    double window = now_s() - t0;
+    double busy = 100.0 * (double)(fakecuda_busy_ns(device) - b0) / (window * 1e9);
+    double error = 100.0 * (busy - cores) / cores;
+    printf("t_launch %s: target %d%%  busy %.2f%%  error %+.2f%%\n", scenario, cores, busy, error);
+    CHECK(error >= -5.0 && error <= 5.0, "busy %.2f%% is not within 5%% of %d%%", busy, cores);
+    return 0;
+}

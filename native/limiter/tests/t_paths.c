@@ -1,0 +1,294 @@
+/*
+ * Every way device memory comes to exist is charged, to the GPU it lands on. Two GPUs, a 1 GiB limit on
+ * each; one scenario per run (argv[1]). After every step the claim's accounted usage of each GPU (what the
+ * capped cuMemGetInfo_v2 reports as used) equals what the fake driver holds, and an allocation the claim
+ * cannot afford is refused with CUDA_ERROR_OUT_OF_MEMORY without reaching the driver.
+ *
+ *   stream-device  stream-ordered allocations on a stream or pool of another device than the current one
+ *   pool-kept      what pools keep after cuMemFreeAsync (release threshold) stays charged until trimmed
+ *   graph          graph allocation nodes (cuGraphAddMemAllocNode, cuGraphAddNode) and the graph memory pool
+ *   capture        allocations during stream capture, freed by the capture: charged when the graph runs
+ *   legacy-abi     the CUDA 2.0 entry points cuGetProcAddress returns for version 2000
+ *   granularity    many small allocations: charged whole granules, as the driver holds them
+ */
+#include "device.h"
+
+#undef cuMemAlloc
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuArrayCreate
+#undef cuMemAllocPitch
+
+unsigned long fakecuda_calls(const char *name);
+uint64_t fakecuda_used_bytes(int device);
+
+static const uint64_t LIMIT = 1 * GiB;
+static CUcontext ctx[2];
+static CUstream s0, s1; /* streams of device 0 and device 1 */
+
+/* The claim's usage of a device as the limiter accounts it. */
+static uint64_t accounted(int dev) {
+    CUcontext prev;
+    size_t free_b, total;
+    CHECK_CU(cuCtxPushCurrent_v2(ctx[dev]), CUDA_SUCCESS);
+    CHECK_CU(cuMemGetInfo_v2(&free_b, &total), CUDA_SUCCESS);
+    CHECK_CU(cuCtxPopCurrent_v2(&prev), CUDA_SUCCESS);
+    CHECK_EQ_U64(total, LIMIT);
+    return total - free_b;
+}
+
+/* The accounted sum of each device equals what the driver holds there. */
+#define HOLDS(bytes0, bytes1)                             \
+    do {                                                  \
+        CHECK_EQ_U64(fakecuda_used_bytes(0), bytes0);     \
+        CHECK_EQ_U64(accounted(0), bytes0);               \
+        CHECK_EQ_U64(fakecuda_used_bytes(1), bytes1);     \
+        CHECK_EQ_U64(accounted(1), bytes1);               \
+    } while (0)
+
+/* Refused by the limiter: CUDA_ERROR_OUT_OF_MEMORY, and the driver's entry point was not called. */
+#define REFUSED(call, fake_name)                                                          \
+    do {                                                                                  \
+        unsigned long before_ = fakecuda_calls(fake_name);                                \
+        CHECK_CU(call, CUDA_ERROR_OUT_OF_MEMORY);                                         \
+        CHECK_EQ_U64(fakecuda_calls(fake_name), before_);                                 \
+    } while (0)
+
+static void setup(void) {
+    CUdevice d;
+    CHECK_CU(cuInit(0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        CHECK_CU(cuDeviceGet(&d, i), CUDA_SUCCESS);
+        CHECK_CU(cuDevicePrimaryCtxRetain(&ctx[i], d), CUDA_SUCCESS);
+    }
+    CHECK_CU(cuCtxSetCurrent(ctx[1]), CUDA_SUCCESS);
+    CHECK_CU(cuStreamCreate(&s1, 0), CUDA_SUCCESS);
+    CHECK_CU(cuCtxSetCurrent(ctx[0]), CUDA_SUCCESS); /* device 0 is current from here on */
+    CHECK_CU(cuStreamCreate(&s0, 0), CUDA_SUCCESS);
+}
+
+static void stream_device(void) {
+    CUdeviceptr p, q;
+    CHECK_CU(cuMemAllocAsync(&p, 512 * MiB, s1), CUDA_SUCCESS);
+    HOLDS(0, 512 * MiB);
+    REFUSED(cuMemAllocAsync(&q, 600 * MiB, s1), "cuMemAllocAsync");
+    CHECK_CU(cuMemAllocAsync(&q, 600 * MiB, NULL), CUDA_SUCCESS); /* device 0 has room */
+    HOLDS(600 * MiB, 512 * MiB);
+    CHECK_CU(cuMemFreeAsync(q, NULL), CUDA_SUCCESS);
+    CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+    HOLDS(0, 512 * MiB);
+    /* A pool of device 1 used from device 0's context and stream. */
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 1;
+    CUmemoryPool pool1;
+    CHECK_CU(cuMemPoolCreate(&pool1, &props), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocFromPoolAsync(&q, 256 * MiB, pool1, s0), CUDA_SUCCESS);
+    HOLDS(0, 768 * MiB);
+    REFUSED(cuMemAllocFromPoolAsync(&q, 300 * MiB, pool1, s0), "cuMemAllocFromPoolAsync");
+    CHECK_CU(cuMemFreeAsync(q, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(p, s1), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s1), CUDA_SUCCESS);
+    CHECK_CU(cuMemPoolDestroy(pool1), CUDA_SUCCESS);
+    HOLDS(0, 0);
+}
+
+static void pool_kept(void) {
+    CUmemoryPool pool;
+    CUdeviceptr p, q;
+    CHECK_CU(cuDeviceGetDefaultMemPool(&pool, 0), CUDA_SUCCESS);
+    cuuint64_t keep_all = UINT64_MAX, keep_none = 0;
+    CHECK_CU(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&p, 600 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(p, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    HOLDS(600 * MiB, 0); /* freed, but the pool keeps it */
+    REFUSED(cuMemAlloc_v2(&q, 500 * MiB), "cuMemAlloc_v2");
+    CHECK_CU(cuMemAllocAsync(&p, 500 * MiB, s0), CUDA_SUCCESS); /* served from what the pool keeps */
+    HOLDS(600 * MiB, 0);
+    CHECK_CU(cuMemFreeAsync(p, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuMemAlloc_v2(&q, 500 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    /* The threshold back to 0: memory goes back at the next synchronisation. */
+    CHECK_CU(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_none), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&p, 700 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(p, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    /* A pool of its own, keeping everything until destroyed. */
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemoryPool own;
+    CHECK_CU(cuMemPoolCreate(&own, &props), CUDA_SUCCESS);
+    CHECK_CU(cuMemPoolSetAttribute(own, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocFromPoolAsync(&p, 700 * MiB, own, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(p, s0), CUDA_SUCCESS);
+    CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+    HOLDS(700 * MiB, 0);
+    REFUSED(cuMemAllocAsync(&q, 400 * MiB, s0), "cuMemAllocAsync");
+    CHECK_CU(cuMemPoolDestroy(own), CUDA_SUCCESS);
+    HOLDS(0, 0);
+}
+
+static CUDA_MEM_ALLOC_NODE_PARAMS alloc_params(size_t bytes) {
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = 0;
+    p.bytesize = bytes;
+    return p;
+}
+
+static CUgraph graph_with_alloc(size_t bytes) {
+    CUgraph g;
+    CUgraphNode n;
+    CUDA_MEM_ALLOC_NODE_PARAMS p = alloc_params(bytes);
+    CHECK_CU(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphAddMemAllocNode(&n, g, NULL, 0, &p), CUDA_SUCCESS);
+    return g;
+}
+
+static void graph(void) {
+    CUgraph g = graph_with_alloc(600 * MiB), g2;
+    CUgraphExec e, e2;
+    CUgraphNode n;
+    HOLDS(0, 0); /* nothing is allocated before the graph runs */
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS);
+    HOLDS(600 * MiB, 0);
+    /* Allocation nodes the claim cannot afford now, added either way. */
+    CHECK_CU(cuGraphCreate(&g2, 0), CUDA_SUCCESS);
+    CUDA_MEM_ALLOC_NODE_PARAMS p = alloc_params(600 * MiB);
+    REFUSED(cuGraphAddMemAllocNode(&n, g2, NULL, 0, &p), "cuGraphAddMemAllocNode");
+    CUgraphNodeParams np;
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    np.alloc.poolProps = p.poolProps;
+    np.alloc.bytesize = 600 * MiB;
+    REFUSED(cuGraphAddNode_v2(&n, g2, NULL, NULL, 0, &np), "cuGraphAddNode_v2");
+    CUdeviceptr q;
+    REFUSED(cuMemAlloc_v2(&q, 500 * MiB), "cuMemAlloc_v2");
+    /* Destroying the executable graph gives its memory to the graph memory pool, which keeps it. */
+    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+    HOLDS(600 * MiB, 0);
+    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    /* Two graphs admitted while nothing is held: the second one's first launch is refused. */
+    CHECK_CU(cuGraphAddNode_v2(&n, g2, NULL, NULL, 0, &np), CUDA_SUCCESS);
+    CUgraph g3 = graph_with_alloc(600 * MiB);
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, g3, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphInstantiateWithFlags(&e2, g2, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphUpload(e, s0), CUDA_SUCCESS);
+    HOLDS(600 * MiB, 0);
+    REFUSED(cuGraphLaunch(e2, s0), "cuGraphLaunch");
+    HOLDS(600 * MiB, 0);
+    CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS); /* already uploaded: nothing more */
+    HOLDS(600 * MiB, 0);
+    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+    CHECK_CU(cuGraphExecDestroy(e2), CUDA_SUCCESS);
+    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
+    CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
+    CHECK_CU(cuGraphDestroy(g3), CUDA_SUCCESS);
+}
+
+static void capture(void) {
+    CUgraph g;
+    CUgraphExec e;
+    CUdeviceptr v, q;
+    CHECK_CU(cuStreamBeginCapture_v2(s0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&v, 600 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(v, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamEndCapture(s0, &g), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    HOLDS(600 * MiB, 0); /* the graph memory pool keeps what the capture's allocation used */
+    REFUSED(cuMemAlloc_v2(&q, 500 * MiB), "cuMemAlloc_v2");
+    /* Over the limit during capture: refused, and the capture stays valid. */
+    CHECK_CU(cuStreamBeginCapture_v2(s0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    REFUSED(cuMemAllocAsync(&v, 600 * MiB, s0), "cuMemAllocAsync");
+    CUgraph g2;
+    CHECK_CU(cuStreamEndCapture(s0, &g2), CUDA_SUCCESS);
+    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    HOLDS(0, 0);
+}
+
+/* The CUDA 2.0 ABI: 32-bit sizes and addresses. */
+typedef CUresult (*alloc_v1)(unsigned int *, unsigned int);
+typedef CUresult (*free_v1)(unsigned int);
+typedef CUresult (*info_v1)(unsigned int *, unsigned int *);
+typedef CUresult (*pitch_v1)(unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int);
+struct desc_v1 { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; };
+typedef CUresult (*array_v1)(CUarray *, const struct desc_v1 *);
+
+static void *lookup_v2000(const char *name) {
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK_CU(cuGetProcAddress_v2(name, &p, 2000, 0, &st), CUDA_SUCCESS);
+    CHECK(p && st == CU_GET_PROC_ADDRESS_SUCCESS, "no %s at version 2000", name);
+    return p;
+}
+
+static void legacy_abi(void) {
+    alloc_v1 alloc = (alloc_v1)lookup_v2000("cuMemAlloc");
+    free_v1 release = (free_v1)lookup_v2000("cuMemFree");
+    info_v1 info = (info_v1)lookup_v2000("cuMemGetInfo");
+    pitch_v1 pitch_alloc = (pitch_v1)lookup_v2000("cuMemAllocPitch");
+    array_v1 array = (array_v1)lookup_v2000("cuArrayCreate");
+    unsigned int p[4], q, pitch, free_b, total;
+    for (int i = 0; i < 3; i++) CHECK_CU(alloc(&p[i], 256 * MiB), CUDA_SUCCESS);
+    HOLDS(768 * MiB, 0);
+    REFUSED(alloc(&q, 300 * MiB), "cuMemAlloc");
+    CHECK_CU(info(&free_b, &total), CUDA_SUCCESS);
+    CHECK_EQ_U64(total, LIMIT);
+    CHECK_EQ_U64(free_b, 256 * MiB);
+    REFUSED(pitch_alloc(&q, &pitch, 1024 * 1024, 300, 4), "cuMemAllocPitch");
+    struct desc_v1 d = {.Width = 16384, .Height = 16384, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    CUarray arr;
+    REFUSED(array(&arr, &d), "cuArrayCreate");
+    d.Width = d.Height = 4096; /* 64 MiB */
+    CHECK_CU(array(&arr, &d), CUDA_SUCCESS);
+    HOLDS(832 * MiB, 0);
+    CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++) CHECK_CU(release(p[i]), CUDA_SUCCESS);
+    HOLDS(0, 0);
+}
+
+static void granularity(void) {
+    static CUdeviceptr p[600];
+    int n = 0;
+    while (n < 600 && cuMemAlloc_v2(&p[n], 1) == CUDA_SUCCESS) n++;
+    CHECK_EQ_U64(n, LIMIT / (2 * MiB)); /* one 2 MiB granule each */
+    HOLDS(LIMIT, 0);
+    REFUSED(cuMemAlloc_v2(&p[n], 1), "cuMemAlloc_v2");
+    for (int i = 0; i < n; i++) CHECK_CU(cuMemFree_v2(p[i]), CUDA_SUCCESS);
+    HOLDS(0, 0);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2, "usage: t_paths <scenario>");
+    static const struct {
+        const char *name;
+        void (*run)(void);
+    } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
+                     {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity}};
+    setup();
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        if (strcmp(argv[1], scenarios[i].name) != 0) continue;
+        scenarios[i].run();
+        printf("t_paths %s: ok\n", argv[1]);
+        return 0;
+    }
+    CHECK(0, "unknown scenario %s", argv[1]);
+}

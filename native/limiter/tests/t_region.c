@@ -1,0 +1,82 @@
+/*
+ * The shared region is writable by every process of the claim; what one of them does to the file must never
+ * turn into more memory. Run with the limiter preloaded, a 1 GiB limit and a fresh state directory; each
+ * case rewrites the region the way a misbehaving process could, then allocates:
+ *
+ *   lowered     the claim-wide total and this process's slot zeroed: the process still cannot pass its
+ *               limit (it checks its own charges, which live in its own memory)
+ *   impossible  a negative claim-wide total: refused from then on
+ *   deleted     the file unlinked: refused from then on (a new file would be a new, empty account)
+ *   resized     the file grown: refused from then on
+ *   header      the layout fields rewritten: refused from then on
+ *
+ * Each refusal is logged once, naming the region and the reason.
+ *
+ * usage: t_region lowered|impossible|deleted|resized|header
+ */
+#include "device.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Offsets in the file (src/region.c, mirrored by src/dra_gpu/monitor/region.py). */
+#define HEADER_BYTES 4096
+#define SLOT_BYTES 192
+#define REGION_BYTES (HEADER_BYTES + 1024 * SLOT_BYTES)
+#define DEV0_USED (64 + 64)
+#define SLOT_USED 8
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|resized|header");
+    const char *mode = argv[1], *dir = getenv("DRAGPU_LIMITER_STATE_DIR");
+    CHECK(dir, "run with DRAGPU_LIMITER_STATE_DIR set");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/dragpu-limiter.region", dir);
+    use_device0();
+    CUdeviceptr held, p;
+    CHECK_CU(cuMemAlloc(&held, 768 * MiB), CUDA_SUCCESS);
+
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0, "no region at %s", path);
+    char *base = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(base != MAP_FAILED, "mmap");
+    int64_t *total = (int64_t *)(base + DEV0_USED);
+    CHECK(*total == (int64_t)(768 * MiB), "the claim-wide total is %lld", (long long)*total);
+
+    if (strcmp(mode, "lowered") == 0) {
+        /* The rewrite a process would do to get more: every counter of the file back to zero. */
+        *total = 0;
+        for (int i = 0; i < 1024; i++) memset(base + HEADER_BYTES + (size_t)i * SLOT_BYTES + SLOT_USED, 0, 128);
+        CHECK_CU(cuMemAlloc(&p, 512 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+        CHECK_CU(cuMemAlloc(&p, 256 * MiB), CUDA_SUCCESS); /* up to its limit, not past it */
+        CHECK_CU(cuMemAlloc(&p, 1 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+    } else {
+        if (strcmp(mode, "impossible") == 0) {
+            *total = -(int64_t)(1ull << 40);
+        } else if (strcmp(mode, "deleted") == 0) {
+            CHECK(unlink(path) == 0, "unlink");
+        } else if (strcmp(mode, "resized") == 0) {
+            CHECK(ftruncate(fd, REGION_BYTES + 4096) == 0, "ftruncate");
+        } else if (strcmp(mode, "header") == 0) {
+            ((uint32_t *)base)[4] = 7; /* slot_count */
+        } else {
+            CHECK(0, "unknown case %s", mode);
+        }
+        sleep_ms(250); /* the file is re-checked at most every 100 ms on the allocation path */
+        CHECK_CU(cuMemAlloc(&p, 1 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+        CHECK_CU(cuMemAlloc(&p, 1 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+        size_t free_b, total_b;
+        CHECK_CU(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);
+        CHECK(free_b == 0, "a broken region reports %zu bytes free", free_b);
+    }
+    CHECK_CU(cuMemFree(held), CUDA_SUCCESS);
+    printf("t_region %s: ok\n", mode);
+    return 0;
+}

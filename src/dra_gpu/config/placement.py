@@ -1,0 +1,32 @@
+"""The controller's placement section of a GpuConfig: how a class's claims spread over nodes and GPUs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import field_validator
+
+from dra_gpu.config.base import Strict
+
+
+class PlacementPolicy(StrEnum):
+    BIN_PACK = "BinPack"
+    SPREAD = "Spread"
+
+
+class Placement(Strict):
+    """Cluster-controller placement for the class's claims (ignored by the kubelet plugin)."""
+
+    policy: PlacementPolicy = PlacementPolicy.BIN_PACK
+    affinityLabel: str | None = None
+    antiAffinityLabel: str | None = None
+    exclusionLabel: str | None = None
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v: Any) -> Any:
+        allowed = [p.value for p in PlacementPolicy]
+        if v not in allowed:
+            raise ValueError(f"unknown placement policy {v!r}; allowed: {', '.join(allowed)}")
+        return PlacementPolicy(v)

@@ -1,0 +1,203 @@
+"""The claim admission policy: refuses, when a claim is created, what the node would refuse after binding.
+
+A ResourceClaim (or template) is checked by a ValidatingAdmissionPolicy built from the same class list
+as the DeviceClasses, so that no claim is bound to a GPU and then fails `NodePrepareResources`
+forever. Each rule is one validation whose message says what to change:
+
+- a request of a shared class names both capacities (`memory` and `cores`) or neither: one that is
+  left out is charged in full (the request policy's default is the whole GPU), so the GPU would
+  have no room left for other shares;
+- a claim's GpuConfig keeps its class's sharing strategy: the class selects GPUs of the mode that
+  strategy needs, and another strategy on them (MPS beside Limiter shares, Exclusive beside shares)
+  is refused by the node;
+- a claim's GpuConfig does not pick its own time-slice interval: the interval is GPU-wide, set for
+  every time-sliced claim by the timeslice class, so two claims on one GPU never disagree;
+- a claim with an MPS request has only that request, for one GPU: a CUDA process connects to one
+  MPS control daemon, which serves one GPU;
+- a claim's `sharing.limiter.memoryLimit` is at least the memory its request will consume (the request
+  rounded up to the capacity's step, as the scheduler rounds it): the limit is the ceiling above the
+  guaranteed share.
+
+The expressions avoid CEL's optional syntax so that the tests can run them with the `cel` package.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dra_gpu import DRIVER_NAME
+from dra_gpu.config import Strategy
+from dra_gpu.manifests.classes import CLASSES
+from dra_gpu.manifests.values import Values
+from dra_gpu.slices.devices import MEMORY_STEP
+
+Obj = dict[str, Any]
+
+CAPACITY_MESSAGE = (
+    'a request for a GPU share names only one of the capacities "memory" and "cores": name both, e.g. '
+    "capacity: {requests: {memory: 10Gi, cores: 25}}, or neither for the whole GPU; a capacity left out "
+    "is charged in full, which leaves no room on the GPU for other claims"
+)
+STRATEGY_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.strategy other than the strategy of the device "
+    f"class of a request it applies to; choose the strategy with the device class (the class selects GPUs "
+    f"that can host it) and keep the claim's sharing.strategy equal to the class's, or leave it out"
+)
+
+MPS_MESSAGE = (
+    "a claim with a request of an MPS class must have only that request, for one GPU (count 1): a CUDA "
+    "process connects to one MPS control daemon, which serves one GPU; put other GPUs in claims of their own"
+)
+
+LIMIT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.memoryLimit below the memory a request it "
+    f"applies to asks for (rounded up to a multiple of {MEMORY_STEP >> 20}Mi, as the scheduler rounds it); the "
+    f"limit is the ceiling above the guaranteed share: raise memoryLimit or request less memory"
+)
+
+
+def _interval_message(interval: str) -> str:
+    return (
+        f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.timeSlicing.interval; the interval is a "
+        f"setting of the whole GPU, the same ({interval}) for every time-sliced claim: remove it from the "
+        f"claim"
+    )
+
+
+def _literal(value: Any) -> str:
+    return json.dumps(value)
+
+
+def class_strategies(values: Values) -> dict[str, str]:
+    """Every DeviceClass of the driver and the sharing strategy its GpuConfig sets."""
+    strategies = {c.name: c.strategy.value for c in CLASSES}
+    if values.controller.enabled:
+        strategies.update({c.name: c.strategy.value for c in values.controller.classes})
+    return strategies
+
+
+def _request_classes(r: str) -> str:
+    """The class names of request `r`: its `exactly` class or those of its `firstAvailable` list."""
+    return f"(has({r}.exactly) ? [{r}.exactly] : (has({r}.firstAvailable) ? {r}.firstAvailable : []))"
+
+
+def _capacity_ok(x: str, shared: list[str]) -> str:
+    def named(name: str) -> str:
+        return f'("{name}" in {x}.capacity.requests || "{DRIVER_NAME}/{name}" in {x}.capacity.requests)'
+
+    return (
+        f"!({x}.deviceClassName in {_literal(shared)}) || !has({x}.capacity) || "
+        f"!has({x}.capacity.requests) || {named('memory')} == {named('cores')}"
+    )
+
+
+def _ours(c: str) -> str:
+    return f'has({c}.opaque) && {c}.opaque.driver == "{DRIVER_NAME}" && has({c}.opaque.parameters.sharing)'
+
+
+def _applies(c: str, r: str) -> str:
+    return (
+        f"!has({c}.requests) || size({c}.requests) == 0 || {r}.name in {c}.requests || "
+        f'{c}.requests.exists(n, n.startsWith({r}.name + "/"))'
+    )
+
+
+def validations(values: Values) -> list[Obj]:
+    strategies = class_strategies(values)
+    shared = sorted(n for n, s in strategies.items() if s != Strategy.EXCLUSIVE.value)
+    interval = values.deviceClasses.timeSlicingInterval
+    capacity = f"variables.requests.all(r, {_request_classes('r')}.all(x, {_capacity_ok('x', shared)}))"
+    strategy = (
+        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.strategy) || "
+        f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
+        f"!(x.deviceClassName in variables.classStrategies) || "
+        f"variables.classStrategies[x.deviceClassName] == c.opaque.parameters.sharing.strategy)))"
+    )
+    timeslice = (
+        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.timeSlicing) || "
+        f"!has(c.opaque.parameters.sharing.timeSlicing.interval) || "
+        f"c.opaque.parameters.sharing.timeSlicing.interval == {_literal(interval)})"
+    )
+    mps_classes = sorted(n for n, s in strategies.items() if s == Strategy.MPS.value)
+    mps = (
+        f"!variables.requests.exists(r, {_request_classes('r')}.exists(x, x.deviceClassName in "
+        f"{_literal(mps_classes)})) || (size(variables.requests) == 1 && variables.requests.all(r, "
+        f'{_request_classes("r")}.all(x, (!has(x.allocationMode) || x.allocationMode == "ExactCount") && '
+        f"(!has(x.count) || x.count == 1))))"
+    )
+    limit = "c.opaque.parameters.sharing.limiter.memoryLimit"
+    step = MEMORY_STEP
+    memory_limit = (
+        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
+        f"!has({limit}) || variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
+        f'!has(x.capacity) || !has(x.capacity.requests) || !("memory" in x.capacity.requests) || '
+        f"quantity(string({limit})).asInteger() >= "
+        f"(quantity(x.capacity.requests.memory).asInteger() + {step - 1}) / {step} * {step})))"
+    )
+    return [
+        {"expression": capacity, "message": CAPACITY_MESSAGE, "reason": "Invalid"},
+        {"expression": strategy, "message": STRATEGY_MESSAGE, "reason": "Invalid"},
+        {"expression": timeslice, "message": _interval_message(interval), "reason": "Invalid"},
+        {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
+        {"expression": memory_limit, "message": LIMIT_MESSAGE, "reason": "Invalid"},
+    ]
+
+
+def variables(values: Values) -> list[Obj]:
+    """The claim's spec (a template's too), its requests and configs, and the classes' strategies."""
+    return [*_VARIABLES, {"name": "classStrategies", "expression": _literal(class_strategies(values))}]
+
+
+_VARIABLES = [
+    {
+        "name": "spec",
+        "expression": 'object.kind == "ResourceClaimTemplate" ? object.spec.spec : object.spec',
+    },
+    {
+        "name": "requests",
+        "expression": (
+            "has(variables.spec.devices) && has(variables.spec.devices.requests) ? "
+            "variables.spec.devices.requests : []"
+        ),
+    },
+    {
+        "name": "configs",
+        "expression": (
+            "has(variables.spec.devices) && has(variables.spec.devices.config) ? "
+            "variables.spec.devices.config : []"
+        ),
+    },
+]
+
+
+def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
+    """The ValidatingAdmissionPolicy on ResourceClaims and ResourceClaimTemplates, and its binding."""
+    policy: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "matchPolicy": "Equivalent",
+                "resourceRules": [
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["resourceclaims", "resourceclaimtemplates"],
+                    }
+                ],
+            },
+            "variables": variables(values),
+            "validations": validations(values),
+        },
+    }
+    binding: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]

@@ -1,0 +1,161 @@
+"""The NVIDIA driver's user-space files under the node's driver root: libraries and tools.
+
+The node agent needs them itself (NVML for the inventory, ``nvidia-smi`` and the MPS control
+program for GPU settings) and, where the NVIDIA Container Toolkit's CDI spec is absent, brings them
+into the claims' containers. Both find them here, under ``--driver-root`` (the host's root, or a
+containerized driver's, as this process sees it), never through a runtime hook or the agent's own
+image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
+"""The CUDA driver API, NVML, and the PTX JIT compiler that libcuda loads for PTX-only kernels."""
+EXECUTABLES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "lib",
+)
+EXECUTABLE_DIRS = ("usr/bin", "usr/local/bin", "bin", "usr/sbin", "sbin")
+NVML_SONAME = "libnvidia-ml.so.1"
+LDCACHE_HOOK = "update-ldcache"
+
+
+def install_ldcache_hook(directory: Path) -> Path:
+    """Put the `update-ldcache` OCI hook (a POSIX shell script) into `directory`; its path.
+
+    Claims' CDI specs name it as a ``createContainer`` hook. The container runtime runs it on the
+    host, where this package's Python does not run, so it is a script that needs only the host's
+    ``/bin/sh`` and ``ldconfig``. `directory` must be at the same path on the host (the agent's state
+    directory is). Written next to itself and renamed: a runtime never runs a partial file.
+    """
+    script = resources.files("dra_gpu").joinpath("templates", "hooks", LDCACHE_HOOK).read_bytes()
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / LDCACHE_HOOK
+    if target.is_file() and target.read_bytes() == script and os.access(target, os.X_OK):
+        return target
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{LDCACHE_HOOK}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(script)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """Paths relative to the driver root."""
+
+    libraries: tuple[Path, ...]
+    executables: tuple[Path, ...]
+
+    def missing_libraries(self) -> list[str]:
+        found = {p.name.split(".so")[0] for p in self.libraries}
+        return [name for name in LIBRARIES if name.split(".so")[0] not in found]
+
+
+def _version(name: str, stem: str) -> tuple[int, ...]:
+    tail = name[len(stem) :].lstrip(".")
+    return tuple(int(p) for p in re.findall(r"\d+", tail))
+
+
+def find_library(root: Path, stem: str) -> Path | None:
+    """The driver's file of library `stem` (e.g. ``libcuda.so``), relative to `root`: the regular file
+    with the highest version (``libcuda.so.550.54.15``), not one of its symlinks."""
+    best: tuple[tuple[int, ...], Path] | None = None
+    for directory in LIBRARY_DIRS:
+        try:
+            entries = list(os.scandir(root / directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith(stem + ".") or not entry.is_file(follow_symlinks=False):
+                continue
+            version = _version(entry.name, stem)
+            if not version:
+                continue
+            if best is None or version > best[0]:
+                best = (version, Path(directory) / entry.name)
+        if best is not None:
+            return best[1]
+    return None
+
+
+def find_executable(root: Path, name: str) -> Path | None:
+    for directory in EXECUTABLE_DIRS:
+        candidate = root / directory / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return Path(directory) / name
+    return None
+
+
+def find_driver_files(root: Path) -> DriverFiles:
+    libraries = tuple(p for p in (find_library(root, stem) for stem in LIBRARIES) if p is not None)
+    executables = tuple(p for p in (find_executable(root, name) for name in EXECUTABLES) if p is not None)
+    return DriverFiles(libraries, executables)
+
+
+def tool_path(root: Path, name: str) -> str:
+    """The absolute path of a driver tool under `root`, or its bare name (found on PATH) if absent."""
+    found = find_executable(root, name)
+    return str(root / found) if found is not None else name
+
+
+def tool_env(root: Path, link_dir: Path) -> dict[str, str]:
+    """What the driver's tools need to find the driver's libraries when `root` is not this system's.
+
+    `link_dir` gets a soname link to each driver library under `root` and nothing else, so the tools
+    (and what they start: the MPS server) load the driver's libraries, and no other host library
+    shadows this system's own.
+    """
+    if root == Path("/"):
+        return {}
+    link_dir.mkdir(parents=True, exist_ok=True)
+    for stem in LIBRARIES:
+        found = find_library(root, stem)
+        if found is None:
+            continue
+        link = link_dir / f"{stem}.1"
+        tmp = link_dir / f".{link.name}.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(root / found)
+        tmp.replace(link)
+    return {"LD_LIBRARY_PATH": str(link_dir)}
+
+
+def load_nvml(root: Path) -> Path | None:
+    """Make pynvml use the NVML library under `root` (before its first nvmlInit); the file loaded.
+
+    pynvml loads ``libnvidia-ml.so.1`` by name, which finds the driver only where the agent's own
+    loader looks (its image, or a legacy runtime hook's injection). Under a driver root that is not
+    this system's, the library is loaded by path here instead.
+    """
+    if root == Path("/"):
+        return None
+    found = find_library(root, "libnvidia-ml.so")
+    if found is None:
+        return None
+    import ctypes
+
+    import pynvml
+
+    path = root / found
+    pynvml.nvmlLib = ctypes.CDLL(str(path))
+    return path

@@ -1,0 +1,162 @@
+"""The claim admission policy refuses, at creation, the claims the node would refuse after binding.
+
+The policy's CEL runs here with a real CEL implementation against claims shaped as the API server
+stores them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import cel
+import pytest
+import yaml
+
+from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+from dra_gpu.allocator.cel_env import kubernetes_context
+from dra_gpu.manifests import load_values, render
+from dra_gpu.manifests.admission import CAPACITY_MESSAGE, LIMIT_MESSAGE, MPS_MESSAGE, STRATEGY_MESSAGE
+
+Obj = dict[str, Any]
+
+
+def policy() -> Obj:
+    docs = yaml.safe_load_all(render(load_values())["validatingadmissionpolicy.yaml"])
+    return next(d for d in docs if d and d["metadata"]["name"] == "dra-gpu-resourceclaims")
+
+
+def refusals(obj: Obj) -> list[str]:
+    """The messages of the validations `obj` fails, as the API server would return them."""
+    spec = policy()["spec"]
+    context = kubernetes_context()  # CEL with the Kubernetes library (quantity) the API server has
+    context.add_variable("object", obj)
+    variables: Obj = {}
+    for variable in spec["variables"]:
+        context.add_variable("variables", variables)
+        variables[variable["name"]] = cel.compile(variable["expression"]).execute(context)
+    context.add_variable("variables", variables)
+    return [
+        v["message"] for v in spec["validations"] if cel.compile(v["expression"]).execute(context) is not True
+    ]
+
+
+def request(device_class: str, capacity: dict[str, str] | None = None, name: str = "gpu") -> Obj:
+    exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    return {"name": name, "exactly": exactly}
+
+
+def gpu_config(requests: list[str] | None = None, **sharing: Any) -> Obj:
+    entry: Obj = {
+        "opaque": {
+            "driver": DRIVER_NAME,
+            "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "sharing": sharing},
+        }
+    }
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def claim(*requests: Obj, config: list[Obj] | None = None) -> Obj:
+    devices: Obj = {"requests": list(requests)}
+    if config:
+        devices["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {"devices": devices},
+    }
+
+
+def template(obj: Obj) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "default"},
+        "spec": {"spec": copy.deepcopy(obj["spec"])},
+    }
+
+
+@pytest.mark.parametrize("device_class", ["limiter", "timeslice", "mps", "isolated", "spread.limiter"])
+def test_a_share_that_names_one_capacity_is_refused_saying_what_to_add(device_class: str) -> None:
+    name = f"{device_class}.{DRIVER_NAME}"
+    for one in ({"cores": "10"}, {"memory": "10Gi"}, {f"{DRIVER_NAME}/cores": "10"}):
+        assert refusals(claim(request(name, one))) == [CAPACITY_MESSAGE]
+        assert refusals(template(claim(request(name, one)))) == [CAPACITY_MESSAGE]
+    assert refusals(claim(request(name, {"memory": "10Gi", "cores": "10"}))) == []
+    assert refusals(claim(request(name))) == [], "no capacity at all asks for the whole GPU"
+
+
+def test_a_one_capacity_alternative_of_a_prioritized_list_is_refused() -> None:
+    alternatives = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "big",
+                "deviceClassName": f"limiter.{DRIVER_NAME}",
+                "capacity": {"requests": {"cores": "50"}},
+            },
+            {"name": "whole", "deviceClassName": DRIVER_NAME},
+        ],
+    }
+    assert refusals(claim(alternatives)) == [CAPACITY_MESSAGE]
+
+
+def test_a_whole_gpu_or_another_drivers_request_is_not_checked_for_capacities() -> None:
+    assert refusals(claim(request(DRIVER_NAME, {"cores": "10"}))) == []
+    assert refusals(claim(request("nic.example.com", {"bandwidth": "10G"}))) == []
+
+
+def test_a_claim_config_that_changes_its_class_strategy_is_refused() -> None:
+    share = request(f"limiter.{DRIVER_NAME}", {"memory": "10Gi", "cores": "10"})
+    assert refusals(claim(share, config=[gpu_config(strategy="MPS")])) == [STRATEGY_MESSAGE]
+    assert refusals(claim(share, config=[gpu_config(["gpu"], strategy="Exclusive")])) == [STRATEGY_MESSAGE]
+    tuned = gpu_config(strategy="Limiter", limiter={"memoryLimit": "12Gi"})
+    assert refusals(claim(share, config=[tuned])) == []
+    other = request(DRIVER_NAME, name="whole")
+    assert refusals(claim(share, other, config=[gpu_config(["whole"], strategy="Exclusive")])) == []
+
+
+def test_a_claim_config_that_picks_its_own_time_slice_interval_is_refused() -> None:
+    share = request(f"timeslice.{DRIVER_NAME}", {"memory": "8Gi", "cores": "20"})
+    long = gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Long"})
+    (message,) = refusals(claim(share, config=[long]))
+    assert "sets sharing.timeSlicing.interval" in message and "(Default)" in message
+    same = gpu_config(strategy="TimeSlicing", timeSlicing={"interval": "Default"})
+    assert refusals(claim(share, config=[same])) == []
+
+
+def test_an_mps_request_must_be_the_claims_only_request_for_one_gpu() -> None:
+    mps = request(f"mps.{DRIVER_NAME}", {"memory": "8Gi", "cores": "20"})
+    assert refusals(claim(mps)) == []
+    two = copy.deepcopy(mps)
+    two["exactly"]["count"] = 2
+    assert refusals(claim(two)) == [MPS_MESSAGE]
+    every = copy.deepcopy(mps)
+    every["exactly"]["allocationMode"] = "All"
+    assert refusals(claim(every)) == [MPS_MESSAGE]
+    assert refusals(claim(mps, request(DRIVER_NAME, name="whole"))) == [MPS_MESSAGE]
+    assert refusals(claim(request(DRIVER_NAME, name="a"), request(DRIVER_NAME, name="b"))) == []
+
+
+def test_a_memory_limit_below_the_memory_the_scheduler_will_charge_is_refused() -> None:
+    def limited(memory: str, memory_limit: str | int) -> Obj:
+        share = request(f"limiter.{DRIVER_NAME}", {"memory": memory, "cores": "10"})
+        config = gpu_config(strategy="Limiter", limiter={"memoryLimit": memory_limit})
+        return claim(share, config=[config])
+
+    assert refusals(limited("10Gi", "8Gi")) == [LIMIT_MESSAGE]
+    assert refusals(limited("10100Mi", "10100Mi")) == [LIMIT_MESSAGE], "the scheduler charges 10240Mi"
+    assert refusals(limited("10100Mi", "10240Mi")) == []
+    assert refusals(limited("10Gi", 16 * 2**30)) == []
+    assert refusals(claim(request(f"limiter.{DRIVER_NAME}"), config=[gpu_config(strategy="Limiter")])) == []
+
+
+def test_other_drivers_configs_and_claims_without_devices_pass() -> None:
+    foreign = {"opaque": {"driver": "nic.example.com", "parameters": {"sharing": {"strategy": "MPS"}}}}
+    assert refusals(claim(request(f"limiter.{DRIVER_NAME}"), config=[foreign])) == []
+    assert refusals({"kind": "ResourceClaim", "spec": {}}) == []

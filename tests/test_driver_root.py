@@ -1,0 +1,152 @@
+"""The driver's files under the node's driver root: which ones, NVML loaded from there, and what a
+claim gets when the toolkit's spec is broken."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugin_harness import (
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    cdi_ids,
+    gpu_config,
+    opaque,
+    resolve,
+    running_plugin,
+    uid_of,
+)
+
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.driver_root import find_driver_files, install_ldcache_hook, tool_env
+from dra_gpu.plugin.prepare import NOTICE_REASON
+from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
+
+LIBS = "usr/lib/x86_64-linux-gnu"
+
+
+def driver_root(root: Path, version: str = "550.54.15") -> Path:
+    libs = root / LIBS
+    libs.mkdir(parents=True)
+    for stem in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so"):
+        (libs / f"{stem}.{version}").write_bytes(b"\x7fELF stand-in\n")
+        (libs / f"{stem}.1").symlink_to(f"{stem}.{version}")
+    (libs / "libcuda.so.535.1").write_bytes(b"\x7fELF an older driver's leftover\n")
+    (root / "usr" / "bin").mkdir(parents=True)
+    for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):
+        (root / "usr" / "bin" / tool).write_text("#!/bin/sh\n")
+        (root / "usr" / "bin" / tool).chmod(0o755)
+    return root
+
+
+def test_the_newest_versioned_file_of_each_library_and_the_tools_are_found(tmp_path: Path) -> None:
+    files = find_driver_files(driver_root(tmp_path))
+    assert [str(p) for p in files.libraries] == [
+        f"{LIBS}/libcuda.so.550.54.15",
+        f"{LIBS}/libnvidia-ml.so.550.54.15",
+        f"{LIBS}/libnvidia-ptxjitcompiler.so.550.54.15",
+    ]
+    assert [str(p) for p in files.executables] == ["usr/bin/nvidia-smi", "usr/bin/nvidia-cuda-mps-control"]
+    assert find_driver_files(tmp_path / "empty").libraries == ()
+
+
+def test_the_agents_tools_find_only_the_driver_libraries(tmp_path: Path) -> None:
+    root = driver_root(tmp_path / "root")
+    env = tool_env(root, tmp_path / "links")
+    assert env == {"LD_LIBRARY_PATH": str(tmp_path / "links")}
+    assert sorted(p.name for p in (tmp_path / "links").iterdir()) == [
+        "libcuda.so.1",
+        "libnvidia-ml.so.1",
+        "libnvidia-ptxjitcompiler.so.1",
+    ]
+    assert os.readlink(tmp_path / "links" / "libnvidia-ml.so.1") == str(
+        root / LIBS / "libnvidia-ml.so.550.54.15"
+    )
+    assert tool_env(Path("/"), tmp_path / "unused") == {}
+
+
+def test_nvml_is_loaded_from_the_driver_root(tmp_path: Path, built: Path) -> None:
+    root = tmp_path / "root"
+    (root / LIBS).mkdir(parents=True)
+    shutil.copy(built / "fake" / "libnvidia-ml.so.1", root / LIBS / "libnvidia-ml.so.550.54.15")
+    script = (
+        "import sys, pynvml\n"
+        "from pathlib import Path\n"
+        "from dra_gpu.plugin.driver_root import load_nvml\n"
+        "print(load_nvml(Path(sys.argv[1])))\n"
+        "pynvml.nvmlInit()\n"
+        "print(pynvml.nvmlDeviceGetCount())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    loaded, count = done.stdout.split()
+    assert loaded == str(root / LIBS / "libnvidia-ml.so.550.54.15")
+    assert int(count) >= 1
+
+
+def test_a_claim_without_the_toolkit_gets_the_driver_files_and_the_loader_hook(tmp_path: Path) -> None:
+    dirs = PluginDirs.create()
+    api = FakeKube()
+    root = driver_root(tmp_path / "root")
+    claim = add_claim(api, "whole", [Alloc(device="gpu-0")], [opaque(gpu_config("Exclusive"))])
+    try:
+        with running_plugin(dirs, api, driver_root=root, driver_root_host_path=Path("/host")) as plugin:
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            container = resolve(dirs, cdi_ids(kubelet.prepare(claim)[uid_of(claim)]))
+            mounts = {m.container_path: m.host_path for m in container.mounts}
+            assert mounts[f"{DRIVER_LIB_DIR}/libcuda.so.550.54.15"] == f"/host/{LIBS}/libcuda.so.550.54.15"
+            assert mounts["/usr/bin/nvidia-smi"] == "/host/usr/bin/nvidia-smi"
+            assert Path(mounts[LDCONFIG_ENTRY]).read_text() == DRIVER_LIB_DIR + "\n"
+            (hook,) = container.hooks
+            assert (hook.hook_name, hook.path, hook.args) == (
+                "createContainer",
+                str(plugin.node.ldcache_hook),
+                ["update-ldcache", DRIVER_LIB_DIR],
+            )
+            assert "LD_LIBRARY_PATH" not in container.env
+            kubelet.close()
+    finally:
+        dirs.cleanup()
+
+
+def test_the_hook_script_is_installed_once_and_executable(tmp_path: Path) -> None:
+    hook = install_ldcache_hook(tmp_path / "bin")
+    assert os.access(hook, os.X_OK) and hook.read_text().startswith("#!/bin/sh\n")
+    mtime = hook.stat().st_mtime_ns
+    assert install_ldcache_hook(tmp_path / "bin") == hook and hook.stat().st_mtime_ns == mtime
+
+
+def test_a_broken_toolkit_spec_is_reported_and_the_claim_served_from_the_driver_root(
+    dirs: PluginDirs, api: FakeKube, kubelet: Kubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    dirs.make_device_nodes()
+    (dirs.ctk_dir / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: [{name: 0}]\nbogus: 1\n"
+    )
+    claim = add_claim(api, "whole", [Alloc(device="gpu-0")])
+    with running_plugin(dirs, api):
+        kubelet.register()
+        response = kubelet.prepare(claim)[uid_of(claim)]
+        assert response.error == ""
+        assert cdi_ids(response) == [f"gpu.dra-gpu.io/claim={uid_of(claim)}-gpu-0"], "no toolkit device"
+        container = resolve(dirs, [cdi_ids(response)[0]])
+        assert "/dev/nvidia0" in [n.path for n in container.device_nodes]
+    assert any(r.levelname == "ERROR" and "does not parse" in r.getMessage() for r in caplog.records), (
+        "the broken file is logged"
+    )
+    events = [e for e in api.objects("Event") if e["involvedObject"]["uid"] == uid_of(claim)]
+    assert [e["reason"] for e in events] == [NOTICE_REASON]
+    assert "nvidia.yaml does not parse" in events[0]["message"]
+    assert events[0]["type"] == "Warning"
+    assert json.dumps(events[0]).count("driver root") == 1
