@@ -4,6 +4,7 @@ pointed at their namespace; a client with any other pipe directory is refused (d
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from fractions import Fraction
@@ -17,7 +18,7 @@ from dra_gpu.config import parse_gpu_config
 from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.plugin import sharing
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.commands import NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.sharing.mps import CONTAINER_PIPE_DIR
 from dra_gpu.plugin.sharing.mps_v3 import SERVER
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
@@ -147,3 +148,18 @@ def test_old_driver_keeps_the_per_gpu_daemon_with_client_side_limits(node: NodeC
         backend.contribute(plan, node)
     assert {h.kind for h in plan.holds} == {"mps"}
     assert plan.claim_edits.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+
+def test_the_v3_daemon_is_started_outside_the_agent_like_the_v2_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRA_GPU_MPS_CONTROL", str(FAKE))
+    cgroup = tmp_path / "mps-cgroup"
+    commands = NvidiaCommands(nvidia_smi=shutil.which("true") or "/bin/true", mps_cgroup=cgroup, timeout_s=10)
+    node = NodeContext("gpu.dra-gpu.io", tmp_path / "state", tmp_path / "lib.so", tmp_path, commands)
+    plan = prepare(node, "uid-a", mps_share(NEW, 30, 10 * GIB))
+    # Its launcher joined the MPS daemons' cgroup before it ran the control program.
+    assert (cgroup / "cgroup.procs").read_text().strip().isdigit()
+    assert control(node, "namespace", "list", SERVER).split() == ["claim-uid-a"]
+    unprepare(node, plan, last=True)
+    assert not (node.state_dir / "mps-v3" / NEW.uuid).exists()

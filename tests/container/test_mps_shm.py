@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,9 @@ def test_two_mps_claims_on_one_gpu_share_only_their_daemons_bounded_shm(
         isolate_shm=True,
         mps_shm_bytes=SHM_BYTES,
     )
-    assert os.access(FAKE_MPS, os.X_OK), sys.executable
+    assert os.access(FAKE_MPS, os.X_OK), (
+        f"{FAKE_MPS} must be executable: the agent runs it as the control program"
+    )
     mps = gpu_config("MPS")
     with plugin_node(limiter_build, podman.cdi_dir, commands=commands) as node:
         gpu0, gpu1 = node.gpus["gpu-0"].uuid, node.gpus["gpu-1"].uuid

@@ -65,6 +65,15 @@ class GpuCommands(Protocol):
 
     def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool: ...
 
+    def mps_launcher(self, shm: Path) -> list[str]:
+        """The argv prefix that starts an MPS control daemon outside the agent with `shm` (mounted as
+        a tmpfs here) as its /dev/shm; for daemons another module starts (MPS v3)."""
+        ...
+
+    def release_mps_shm(self, shm: Path) -> None:
+        """Unmount what `mps_launcher` mounted, once its daemon is gone."""
+        ...
+
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -200,17 +209,24 @@ class NvidiaCommands:
             raise CommandError(f"cannot create the MPS daemons' cgroup {self.mps_cgroup}: {exc}") from None
         return self.mps_cgroup / "cgroup.procs"
 
-    def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
-        argv = [self.mps_control, "-d"]
-        if self.isolate_shm:
-            shm = pipe_dir.parent / "shm"
-            self._mount_shm(shm)
-            script = 'mount --bind "$0" /dev/shm && exec "$@"'
-            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(shm), *argv]
+    def mps_launcher(self, shm: Path) -> list[str]:
+        argv: list[str] = []
         procs = self._cgroup_procs()
         if procs is not None:
             # The launcher joins the cgroup before it execs: the daemon it forks is born there.
-            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *argv]
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)]
+        if self.isolate_shm:
+            self._mount_shm(shm)
+            script = 'mount --bind "$0" /dev/shm && exec "$@"'
+            argv += ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(shm)]
+        return argv
+
+    def release_mps_shm(self, shm: Path) -> None:
+        if self.isolate_shm:
+            self._unmount_shm(shm)
+
+    def start_mps_daemon(self, gpu_uuid: str, pipe_dir: Path, log_dir: Path) -> None:
+        argv = [*self.mps_launcher(pipe_dir.parent / "shm"), self.mps_control, "-d"]
         self._check(
             argv,
             self._mps_env(gpu_uuid, pipe_dir, log_dir),
@@ -228,8 +244,7 @@ class NvidiaCommands:
     def stop_mps_daemon(self, gpu_uuid: str, pipe_dir: Path) -> None:
         if self.mps_daemon_running(gpu_uuid, pipe_dir):
             self._check([self.mps_control], self._mps_env(gpu_uuid, pipe_dir), stdin="quit\n")
-        if self.isolate_shm:
-            self._unmount_shm(pipe_dir.parent / "shm")
+        self.release_mps_shm(pipe_dir.parent / "shm")
 
     def mps_daemon_running(self, gpu_uuid: str, pipe_dir: Path) -> bool:
         # The control client exits non-zero when no daemon listens on the pipe directory.
@@ -355,6 +370,12 @@ class SimulatedCommands:
         with self._lock:
             self._load()
             return self._state["mps"].get(gpu_uuid) == str(pipe_dir)
+
+    def mps_launcher(self, shm: Path) -> list[str]:
+        return []  # nothing to isolate: no daemon of its own runs
+
+    def release_mps_shm(self, shm: Path) -> None:
+        return None
 
     def kill_mps_daemon(self, gpu_uuid: str) -> None:
         """What a crashed daemon looks like (tests): it is simply no longer running."""

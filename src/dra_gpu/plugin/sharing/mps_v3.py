@@ -71,7 +71,7 @@ class MpsV3Control:
         self.executable = executable or os.environ.get(CONTROL_ENV) or "nvidia-cuda-mps-control"
         self.timeout_s = timeout_s
 
-    def _run(self, *args: str, gpu: str | None = None) -> str:
+    def _run(self, *args: str, gpu: str | None = None, launcher: Sequence[str] = ()) -> str:
         env = {
             **os.environ,
             "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe),
@@ -80,7 +80,7 @@ class MpsV3Control:
         env["CUDA_MPS_PROTOCOL_VERSION"] = "3"
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
-        argv = [self.executable, *args]
+        argv = [*launcher, self.executable, *args]
         try:
             done = subprocess.run(
                 argv,
@@ -108,8 +108,9 @@ class MpsV3Control:
             return False
         return True
 
-    def start(self, gpu: str) -> None:
-        self._run("-d", "-p", "3", gpu=gpu)
+    def start(self, gpu: str, launcher: Sequence[str] = ()) -> None:
+        """`launcher`: `GpuCommands.mps_launcher`, which puts the daemon outside the agent."""
+        self._run("-d", "-p", "3", gpu=gpu, launcher=launcher)
         self._run("server", "create", SERVER, "--allowed-devices", gpu)
 
     def quit(self) -> None:
@@ -188,7 +189,7 @@ class MpsV3Server:
         base = Path(str(hold.params["dir"]))
         control = _control(hold)
         try:
-            for path, mode in ((base / "pipe", 0o755), (base / "log", 0o755), (base / "shm", 0o1777)):
+            for path, mode in ((base / "pipe", 0o755), (base / "log", 0o755), (base / "shm", 0o755)):
                 path.mkdir(parents=True, exist_ok=True)
                 path.chmod(mode)
         except OSError as exc:
@@ -197,7 +198,7 @@ class MpsV3Server:
             return
         try:
             node.commands.set_compute_mode(gpu, ComputeMode.EXCLUSIVE_PROCESS)
-            control.start(gpu)
+            control.start(gpu, node.commands.mps_launcher(base / "shm"))
         except CommandError as exc:
             with contextlib.suppress(CommandError):
                 node.commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
@@ -211,6 +212,7 @@ class MpsV3Server:
         try:
             if control.running():
                 control.quit()
+            node.commands.release_mps_shm(Path(str(hold.params["dir"])) / "shm")
             node.commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
         except CommandError as exc:
             raise setup_failed(f"stopping the MPS v3 daemon of GPU {device} ({gpu})", exc) from None
@@ -227,6 +229,7 @@ class MpsV3Server:
         if base.is_dir() and control.running():
             control.quit()
             node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+        node.commands.release_mps_shm(base / "shm")
         shutil.rmtree(base, ignore_errors=True)
 
 
