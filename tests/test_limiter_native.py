@@ -41,6 +41,13 @@ CASES = [
     "t_nvml global limit",
     "t_nvml limit by UUID",
     "t_nvml limit by ordinal",
+    "t_paths stream-device",
+    "t_paths pool-kept",
+    "t_paths graph",
+    "t_paths capture",
+    "t_paths legacy-abi",
+    "t_paths granularity",
+    "t_paths contexts",
     "t_multiproc",
     "t_fork",
     "t_threads",
@@ -57,7 +64,11 @@ CASES = [
     "compute 50%",
     "compute 70%",
     "compute 30%, 2 processes",
-    "compute fails open without events",
+    "t_launch other-device",
+    "t_launch no-context",
+    "t_launch long-kernels",
+    "compute 30%, capture open",
+    "compute without events, at most",
 ]
 BUILDS = ["build", "sanitize"]
 
