@@ -23,6 +23,8 @@ static struct {
     _Atomic(CUcontext) ctx;
 } primary[DL_MAX_DEVICES];
 
+_Atomic unsigned dl_ctx_epoch;
+
 void dl_contexts_reset_after_fork(void) { memset(primary, 0, sizeof primary); }
 
 #define REAL_OR_NOT_FOUND(name) \
@@ -109,7 +111,10 @@ DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     int refs = atomic_load(&primary[dev].refs);
     while (refs > 0 && !atomic_compare_exchange_weak(&primary[dev].refs, &refs, refs - 1)) {
     }
-    if (refs == 1) refund_context(atomic_load(&primary[dev].ctx));
+    if (refs == 1) {
+        atomic_fetch_add(&dl_ctx_epoch, 1);
+        refund_context(atomic_load(&primary[dev].ctx));
+    }
     return r;
 }
 
@@ -117,6 +122,7 @@ DL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset_v2);
     CUresult r = dl_cuda.cuDevicePrimaryCtxReset_v2(dev);
     if (r != CUDA_SUCCESS || dev < 0 || dev >= DL_MAX_DEVICES) return r;
+    atomic_fetch_add(&dl_ctx_epoch, 1);
     if (atomic_exchange(&primary[dev].refs, 0) > 0) refund_context(atomic_load(&primary[dev].ctx));
     return r;
 }
@@ -151,7 +157,10 @@ DL_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateP
 DL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     REAL_OR_NOT_FOUND(cuCtxDestroy_v2);
     CUresult r = dl_cuda.cuCtxDestroy_v2(ctx);
-    if (r == CUDA_SUCCESS) refund_context(ctx);
+    if (r == CUDA_SUCCESS) {
+        atomic_fetch_add(&dl_ctx_epoch, 1);
+        refund_context(ctx);
+    }
     return r;
 }
 

@@ -34,6 +34,7 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuStreamBeginCapture
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -233,6 +234,8 @@ bool dl_region_is_shared(void);
     X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz) \
     X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                \
     X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                      \
+    X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                  \
+    X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)        \
     X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)               \
     X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz)     \
     X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
@@ -376,6 +379,8 @@ void dl_pools_reset_after_fork(void);
 
 /* ---- contexts.c: what contexts reserve (stack, malloc heap, printf FIFO) ---- */
 void dl_contexts_reset_after_fork(void);
+/* Bumped whenever a context may be gone (destroyed, reset, released): cached context facts expire. */
+extern _Atomic unsigned dl_ctx_epoch;
 
 /* ---- throttle.c ---- */
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */

@@ -133,12 +133,14 @@ static void put_event(CUcontext ctx, CUevent e) {
 }
 
 /* An event of the context ctx (made current around the creation when it is not). */
-static int get_event(CUcontext ctx, CUcontext current, CUevent *e) {
+static int get_event(CUcontext ctx, CUevent *e) {
     struct pool *p = pool_for(ctx, 1);
     if (p && p->n > 0) {
         *e = p->ev[--p->n];
         return 0;
     }
+    CUcontext current = NULL;
+    if (dl_cuda.cuCtxGetCurrent(&current) != CUDA_SUCCESS) current = NULL;
     if (ctx == current) return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
     if (!dl_cuda.cuCtxPushCurrent_v2 || !dl_cuda.cuCtxPopCurrent_v2 || dl_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
         return -1;
@@ -201,10 +203,10 @@ static void poll_if_no_capture(void) {
 }
 
 /* GCRA admission on the claim's shared clock for this device. */
-static void admit(int dev, int64_t wall) {
+static void admit(int dev, int64_t wall, int64_t now) {
     _Atomic int64_t *tat = dl_region_tat(dev);
-    for (;;) {
-        int64_t now = (int64_t)dl_now_ns();
+    for (int first = 1;; first = 0) {
+        if (!first) now = (int64_t)dl_now_ns();
         int64_t t = atomic_load(tat);
         int64_t base = t > now ? t : now;
         if (base - now > BURST_NS) {
@@ -248,8 +250,36 @@ static void warn_once(_Atomic int *flag, const char *what) {
 
 /* The device a launch runs on: the stream's. Unknown (no context, no stream that tells): the claim's first
  * device, so the launch still counts. */
-static int launch_device(CUstream stream, int ptsz) {
-    int ordinal = dl_stream_ordinal(stream, ptsz);
+/* The context current to this thread, and its device, as last seen: contexts rarely change between two
+ * launches, and a context destroyed or reset since (dl_ctx_epoch) is never trusted. */
+static __thread struct {
+    CUcontext ctx;
+    int ordinal;
+    unsigned epoch;
+} seen;
+
+static int context_ordinal(CUcontext ctx) {
+    unsigned epoch = atomic_load_explicit(&dl_ctx_epoch, memory_order_acquire);
+    if (ctx && ctx == seen.ctx && epoch == seen.epoch) return seen.ordinal;
+    int o = dl_current_ordinal();
+    seen.ctx = ctx;
+    seen.ordinal = o;
+    seen.epoch = epoch;
+    return o;
+}
+
+/* Where a launch runs: the region device and the context whose events can time it (the stream's). A device
+ * that cannot be told is the claim's first, so the launch still counts. */
+static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
+    int ordinal;
+    if ((uintptr_t)stream <= 2u) {
+        if (!dl_cuda.cuCtxGetCurrent || dl_cuda.cuCtxGetCurrent(ctx) != CUDA_SUCCESS) *ctx = NULL;
+        ordinal = *ctx ? context_ordinal(*ctx) : -1;
+    } else {
+        ordinal = dl_stream_ordinal(stream, ptsz);
+        PFN_cuStreamGetCtx_v9020 get = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
+        if (!get || get(stream, ctx) != CUDA_SUCCESS) *ctx = NULL;
+    }
     int dev = ordinal >= 0 ? dl_device_for_ordinal(ordinal, NULL) : -1;
     if (dev >= 0) return dev;
     for (int o = 0; o < DL_MAX_DEVICES && dev < 0; o++) dev = dl_device_for_ordinal(o, NULL);
@@ -257,37 +287,36 @@ static int launch_device(CUstream stream, int ptsz) {
     return dev;
 }
 
-/* The context whose events can time a launch on this stream. */
-static int launch_context(CUstream stream, int ptsz, CUcontext *ctx, CUcontext *current) {
-    if (dl_cuda.cuCtxGetCurrent(current) != CUDA_SUCCESS) *current = NULL;
-    if ((uintptr_t)stream <= 2u) {
-        *ctx = *current;
-        return *ctx ? 0 : -1;
-    }
-    PFN_cuStreamGetCtx_v9020 get = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
-    if (get && get(stream, ctx) == CUDA_SUCCESS && *ctx) return 0;
-    *ctx = *current;
-    return *ctx ? 0 : -1;
-}
+#define POLL_NS 20000 /* completed measurements are looked for at most this often (and when the ring fills) */
+static int64_t last_poll;
 
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->measure = 0;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    PFN_cuStreamIsCapturing_v10000 is_capturing = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    int capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
-    if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
-    int dev = launch_device(stream, ptsz);
+    /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
+    int capture_known = 1;
+    if (atomic_load_explicit(&captures, memory_order_relaxed)) {
+        CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+        PFN_cuStreamIsCapturing_v10000 is_capturing =
+            ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
+        capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
+        if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
+    }
+    t->ctx = NULL;
+    int dev = launch_target(stream, ptsz, &t->ctx);
     if (dev < 0) return; /* no device of a claim in this process: nothing to charge */
 
-    CUcontext current = NULL;
-    int have_ctx = capture_known && can_time(ptsz) && launch_context(stream, ptsz, &t->ctx, &current) == 0;
+    int have_ctx = capture_known && t->ctx && can_time(ptsz);
+    int64_t now = (int64_t)dl_now_ns();
     pthread_mutex_lock(&mu);
-    poll_safely();
+    if (ring_count && (now - last_poll >= POLL_NS || ring_count >= RING / 2)) {
+        last_poll = now;
+        poll_safely();
+    }
     t->key = key;
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
-    if (have_ctx && !ring_full && get_event(t->ctx, current, &t->start) == 0) {
-        if (get_event(t->ctx, current, &t->end) == 0) t->measure = 1;
+    if (have_ctx && !ring_full && get_event(t->ctx, &t->start) == 0) {
+        if (get_event(t->ctx, &t->end) == 0) t->measure = 1;
         else put_event(t->ctx, t->start);
     }
     t->charged_ns = estimate(key);
@@ -296,7 +325,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
 
     t->dev = dev;
-    admit(dev, wall_cost(t->charged_ns));
+    admit(dev, wall_cost(t->charged_ns), now);
     if (t->measure && record(t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
@@ -468,6 +497,18 @@ static void capture_ended(CUresult r) {
     dl_cuda_init();                                              \
     if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND;              \
     CUresult r = dl_cuda.name(__VA_ARGS__)
+
+DL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
+    PASS(cuStreamBeginCapture, s);
+    capture_began(r);
+    return r;
+}
+
+DL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+    PASS(cuStreamBeginCapture_ptsz, s);
+    capture_began(r);
+    return r;
+}
 
 DL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     PASS(cuStreamBeginCapture_v2, s, mode);
