@@ -11,7 +11,8 @@
  *
  * A context the claim cannot afford is given back at once and the call answers CUDA_ERROR_OUT_OF_MEMORY.
  * No lock is held across a driver call: the primary contexts' retain counts are atomics, charges are kept
- * in memory.c's table keyed by context.
+ * in memory.c's table keyed by context. Before a context goes, the compute limiter drops the timing events
+ * it keeps for it (a new context may get the same address).
  */
 #define _GNU_SOURCE
 #include <string.h>
@@ -104,8 +105,23 @@ DL_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* The primary context of a device, without changing its reference count; NULL when it cannot be told. */
+static CUcontext primary_of(CUdevice dev) {
+    CUcontext ctx = dev >= 0 && dev < DL_MAX_DEVICES ? atomic_load(&primary[dev].ctx) : NULL;
+    if (ctx) return ctx;
+    if (!dl_cuda.cuDevicePrimaryCtxRetain || !dl_cuda.cuDevicePrimaryCtxRelease_v2 ||
+        dl_cuda.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+        return NULL;
+    dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
+    return ctx;
+}
+
 DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     REAL_OR_NOT_FOUND(cuDevicePrimaryCtxRelease_v2);
+    /* The last release destroys it; which release is the last, only the driver knows. Spare timing events
+     * are cheap to make again, so every release lets them go. */
+    CUcontext doomed = primary_of(dev);
+    if (doomed) dl_throttle_forget_context(doomed);
     CUresult r = dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
     if (r != CUDA_SUCCESS || dev < 0 || dev >= DL_MAX_DEVICES) return r;
     int refs = atomic_load(&primary[dev].refs);
@@ -120,6 +136,7 @@ DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 DL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset_v2);
+    dl_throttle_forget_context(primary_of(dev)); /* NULL: cannot tell which, forget them all */
     CUresult r = dl_cuda.cuDevicePrimaryCtxReset_v2(dev);
     if (r != CUDA_SUCCESS || dev < 0 || dev >= DL_MAX_DEVICES) return r;
     atomic_fetch_add(&dl_ctx_epoch, 1);
@@ -156,6 +173,7 @@ DL_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateP
 
 DL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     REAL_OR_NOT_FOUND(cuCtxDestroy_v2);
+    if (ctx) dl_throttle_forget_context(ctx); /* its timing events die with it */
     CUresult r = dl_cuda.cuCtxDestroy_v2(ctx);
     if (r == CUDA_SUCCESS) {
         atomic_fetch_add(&dl_ctx_epoch, 1);

@@ -383,6 +383,9 @@ void dl_contexts_reset_after_fork(void);
 extern _Atomic unsigned dl_ctx_epoch;
 
 /* ---- throttle.c ---- */
+/* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
+ * context's). */
+void dl_throttle_forget_context(CUcontext ctx);
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);

@@ -33,9 +33,8 @@
 
 /* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
 
-static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int dev_index[DL_MAX_DEVICES]; /* region index + 1; 0 = not resolved yet */
-static uint64_t dev_limit[DL_MAX_DEVICES];
+static _Atomic uint64_t dev_limit[DL_MAX_DEVICES];
 
 /* 0 with the device's UUID; -1 when the driver cannot tell it now (not initialised, no such device): the
  * caller then charges nothing and caches nothing, and the driver answers the call with its own error. */
@@ -51,26 +50,26 @@ static int ordinal_uuid(int ordinal, char uuid[DL_UUID_LEN]) {
     return 0;
 }
 
+/* No lock: a driver call and a (bounded) file lock are involved, so threads that race here each resolve
+ * the device - the answer is the same - and the first to finish publishes it. */
 int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
     if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return -1;
     int idx = atomic_load_explicit(&dev_index[ordinal], memory_order_acquire);
     if (DL_UNLIKELY(idx == 0)) {
-        pthread_mutex_lock(&dev_mu);
-        idx = atomic_load_explicit(&dev_index[ordinal], memory_order_relaxed);
         char uuid[DL_UUID_LEN];
-        if (idx == 0 && ordinal_uuid(ordinal, uuid) == 0) {
-            int r = dl_region_device(uuid);
-            dev_limit[ordinal] = dl_device_limit(ordinal, uuid);
-            idx = r < 0 ? -1 : r + 1;
-            if (dev_limit[ordinal] != DL_NO_LIMIT)
-                dl_debug("device %d (%s): memory limit %llu bytes", ordinal, uuid,
-                         (unsigned long long)dev_limit[ordinal]);
-            atomic_store_explicit(&dev_index[ordinal], idx, memory_order_release);
+        if (ordinal_uuid(ordinal, uuid) != 0) return -1;
+        int r = dl_region_device(uuid);
+        uint64_t lim = dl_device_limit(ordinal, uuid);
+        atomic_store_explicit(&dev_limit[ordinal], lim, memory_order_relaxed);
+        int expected = 0;
+        if (atomic_compare_exchange_strong_explicit(&dev_index[ordinal], &expected, r < 0 ? -1 : r + 1,
+                                                    memory_order_release, memory_order_acquire)) {
+            if (lim != DL_NO_LIMIT)
+                dl_debug("device %d (%s): memory limit %llu bytes", ordinal, uuid, (unsigned long long)lim);
         }
-        pthread_mutex_unlock(&dev_mu);
-        if (idx == 0) return -1;
+        idx = atomic_load_explicit(&dev_index[ordinal], memory_order_acquire);
     }
-    if (limit) *limit = dev_limit[ordinal];
+    if (limit) *limit = atomic_load_explicit(&dev_limit[ordinal], memory_order_relaxed);
     return idx < 0 ? -1 : idx - 1;
 }
 
@@ -326,7 +325,6 @@ void dl_memory_reset_after_fork(void) {
         stripes[i].cap = stripes[i].live = stripes[i].used = 0;
     }
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&dev_index[i], 0);
-    pthread_mutex_init(&dev_mu, NULL);
 }
 
 /* ---- charging ---- */

@@ -41,6 +41,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 
@@ -76,6 +77,8 @@ struct pool {
     CUevent ev[POOL_EVENTS];
 };
 static struct pool pools[POOLS];
+/* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
+static _Atomic int polling;
 
 static struct {
     uint64_t key;
@@ -96,6 +99,7 @@ void dl_throttle_reset_after_fork(void) {
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
     atomic_store(&captures, 0);
+    atomic_store(&polling, 0);
 }
 
 static int64_t wall_cost(int64_t gpu_ns) { return gpu_ns * 100 / cores; }
@@ -116,6 +120,8 @@ static void learn(uint64_t key, int64_t ns) {
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
 }
 
+/* Spare timing events per context. mu guards the tables only: every driver call (creating, destroying,
+ * querying events, switching contexts) happens with no lock held. */
 static struct pool *pool_for(CUcontext ctx, int create) {
     struct pool *free_pool = NULL;
     for (int i = 0; i < POOLS; i++) {
@@ -127,18 +133,22 @@ static struct pool *pool_for(CUcontext ctx, int create) {
 }
 
 static void put_event(CUcontext ctx, CUevent e) {
+    pthread_mutex_lock(&mu);
     struct pool *p = pool_for(ctx, 1);
-    if (p && p->n < POOL_EVENTS) p->ev[p->n++] = e;
-    else dl_cuda.cuEventDestroy_v2(e);
+    int kept = p && p->n < POOL_EVENTS;
+    if (kept) p->ev[p->n++] = e;
+    pthread_mutex_unlock(&mu);
+    if (!kept) dl_cuda.cuEventDestroy_v2(e);
 }
 
 /* An event of the context ctx (made current around the creation when it is not). */
 static int get_event(CUcontext ctx, CUevent *e) {
+    pthread_mutex_lock(&mu);
     struct pool *p = pool_for(ctx, 1);
-    if (p && p->n > 0) {
-        *e = p->ev[--p->n];
-        return 0;
-    }
+    int pooled = p && p->n > 0;
+    if (pooled) *e = p->ev[--p->n];
+    pthread_mutex_unlock(&mu);
+    if (pooled) return 0;
     CUcontext current = NULL;
     if (dl_cuda.cuCtxGetCurrent(&current) != CUDA_SUCCESS) current = NULL;
     if (ctx == current) return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
@@ -150,32 +160,77 @@ static int get_event(CUcontext ctx, CUevent *e) {
     return r;
 }
 
+/* Before a context is destroyed (cuCtxDestroy, or the primary context released or reset): its spare events
+ * are destroyed while it still exists, and launches being timed with its events are dropped (they keep
+ * their estimate), so no event of a destroyed context is ever used again - a new context may get the same
+ * address. ctx NULL: every context (the primary context of a device we cannot name). */
+static void forget_context(CUcontext ctx) {
+    CUevent doomed[POOLS * POOL_EVENTS + 2 * RING];
+    int n = 0;
+    /* The poller may be between reading the ring's head and applying it: let it finish first. */
+    for (int expected = 0; !atomic_compare_exchange_weak(&polling, &expected, 1); expected = 0) sched_yield();
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < POOLS; i++) {
+        if (!pools[i].ctx || (ctx && pools[i].ctx != ctx)) continue;
+        for (int k = 0; k < pools[i].n; k++) doomed[n++] = pools[i].ev[k];
+        pools[i].n = 0;
+        pools[i].ctx = NULL;
+    }
+    for (unsigned k = 0; k < ring_count; k++) {
+        struct pending *p = &ring[(ring_head + k) % RING];
+        if (!p->ctx || (ctx && p->ctx != ctx)) continue;
+        doomed[n++] = p->start;
+        doomed[n++] = p->end;
+        p->ctx = NULL; /* the poller skips it */
+    }
+    pthread_mutex_unlock(&mu);
+    atomic_store(&polling, 0);
+    for (int i = 0; i < n; i++) dl_cuda.cuEventDestroy_v2(doomed[i]);
+}
+
 static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
     return dl_cuda.cuEventElapsedTime_v2 ? dl_cuda.cuEventElapsedTime_v2(ms, a, b) : dl_cuda.cuEventElapsedTime(ms, a, b);
 }
 
-/* Applies the measurements of launches that have completed. Caller holds mu. */
+/* Applies the measurements of launches that have completed, oldest first. One thread at a time (the
+ * others go on without waiting); the ring's tables are read and updated under mu, the events are queried
+ * without it. */
 static void poll_completed(void) {
-    while (ring_count) {
-        struct pending *p = &ring[ring_head];
-        CUresult q = dl_cuda.cuEventQuery(p->end);
-        if (q == CUDA_ERROR_NOT_READY) break;
-        float ms;
-        if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
-            int64_t actual = (int64_t)((double)ms * 1e6);
-            atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual - p->charged_ns));
-            dl_region_add_busy(p->dev, actual);
-            learn(p->key, actual);
-            put_event(p->ctx, p->start);
-            put_event(p->ctx, p->end);
-        } else {
-            /* Context gone or events unusable: keep the estimate, drop the events. */
-            dl_cuda.cuEventDestroy_v2(p->start);
-            dl_cuda.cuEventDestroy_v2(p->end);
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&polling, &expected, 1)) return;
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        if (!ring_count) {
+            pthread_mutex_unlock(&mu);
+            break;
         }
+        struct pending p = ring[ring_head];
+        pthread_mutex_unlock(&mu);
+        if (p.ctx) {
+            CUresult q = dl_cuda.cuEventQuery(p.end);
+            if (q == CUDA_ERROR_NOT_READY) break;
+            float ms;
+            if (q == CUDA_SUCCESS && elapsed_ms(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
+                int64_t actual = (int64_t)((double)ms * 1e6);
+                atomic_fetch_add(dl_region_tat(p.dev), wall_cost(actual - p.charged_ns));
+                dl_region_add_busy(p.dev, actual);
+                pthread_mutex_lock(&mu);
+                learn(p.key, actual);
+                pthread_mutex_unlock(&mu);
+                put_event(p.ctx, p.start);
+                put_event(p.ctx, p.end);
+            } else {
+                /* Events unusable: keep the estimate, drop the events. */
+                dl_cuda.cuEventDestroy_v2(p.start);
+                dl_cuda.cuEventDestroy_v2(p.end);
+            }
+        }
+        pthread_mutex_lock(&mu);
         ring_head = (ring_head + 1) % RING;
         ring_count--;
+        pthread_mutex_unlock(&mu);
     }
+    atomic_store(&polling, 0);
 }
 
 static void sleep_ns(int64_t ns) {
@@ -183,7 +238,7 @@ static void sleep_ns(int64_t ns) {
     clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
 }
 
-/* Polls unless that could disturb an open capture. Caller holds mu. */
+/* Polls unless that could disturb an open capture. */
 static void poll_safely(void) {
     if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
         poll_completed();
@@ -196,11 +251,7 @@ static void poll_safely(void) {
     dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
-static void poll_if_no_capture(void) {
-    pthread_mutex_lock(&mu);
-    poll_safely();
-    pthread_mutex_unlock(&mu);
-}
+static void poll_if_no_capture(void) { poll_safely(); }
 
 /* GCRA admission on the claim's shared clock for this device. */
 static void admit(int dev, int64_t wall, int64_t now) {
@@ -288,7 +339,7 @@ static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
 }
 
 #define POLL_NS 20000 /* completed measurements are looked for at most this often (and when the ring fills) */
-static int64_t last_poll;
+static _Atomic int64_t last_poll;
 
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
@@ -308,19 +359,30 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
 
     int have_ctx = capture_known && t->ctx && can_time(ptsz);
     int64_t now = (int64_t)dl_now_ns();
-    pthread_mutex_lock(&mu);
-    if (ring_count && (now - last_poll >= POLL_NS || ring_count >= RING / 2)) {
-        last_poll = now;
+    int64_t polled = atomic_load_explicit(&last_poll, memory_order_relaxed);
+    if (now - polled >= POLL_NS) {
+        atomic_store_explicit(&last_poll, now, memory_order_relaxed);
         poll_safely();
     }
     t->key = key;
+    /* One look at the tables: the ring's room, two pooled events, the estimate. */
+    int got = 0;
+    pthread_mutex_lock(&mu);
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
-    if (have_ctx && !ring_full && get_event(t->ctx, &t->start) == 0) {
-        if (get_event(t->ctx, &t->end) == 0) t->measure = 1;
-        else put_event(t->ctx, t->start);
+    if (ring_count >= RING / 2) atomic_store_explicit(&last_poll, 0, memory_order_relaxed); /* poll next time */
+    struct pool *p = have_ctx && !ring_full ? pool_for(t->ctx, 1) : NULL;
+    if (p && p->n >= 2) {
+        t->end = p->ev[--p->n];
+        t->start = p->ev[--p->n];
+        got = 2;
     }
     t->charged_ns = estimate(key);
     pthread_mutex_unlock(&mu);
+    if (have_ctx && !ring_full && !got && get_event(t->ctx, &t->start) == 0) {
+        if (get_event(t->ctx, &t->end) == 0) got = 2;
+        else put_event(t->ctx, t->start);
+    }
+    t->measure = got == 2;
     int untimed = !t->measure && !ring_full;
     if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
 
@@ -352,10 +414,8 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         /* Nothing will run: refund the charge. */
         atomic_fetch_sub(dl_region_tat(t->dev), wall_cost(t->charged_ns));
         if (t->measure) {
-            pthread_mutex_lock(&mu);
             put_event(t->ctx, t->start);
             put_event(t->ctx, t->end);
-            pthread_mutex_unlock(&mu);
         }
         return;
     }
@@ -369,14 +429,16 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         return;
     }
     pthread_mutex_lock(&mu);
-    if (ring_count < RING) {
+    int queued = ring_count < RING;
+    if (queued) {
         ring[(ring_head + ring_count) % RING] = (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns};
         ring_count++;
-    } else {
+    }
+    pthread_mutex_unlock(&mu);
+    if (!queued) {
         put_event(t->ctx, t->start);
         put_event(t->ctx, t->end);
     }
-    pthread_mutex_unlock(&mu);
 }
 
 #define THROTTLED(name, key, stream, ptsz, ...)                     \
@@ -550,3 +612,7 @@ DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
     return r;
 }
+
+/* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */
+
+void dl_throttle_forget_context(CUcontext ctx) { forget_context(ctx); }

@@ -113,35 +113,22 @@ def split_statements(text: str) -> list[str]:
 
 
 def struct_members(body: str) -> list[tuple[str, bool]]:
-    """(member name, whether its type is a nested anonymous struct/union) for one structure body. The members
-    of an unnamed nested struct/union (C11 anonymous members) are members of the enclosing structure."""
-    flat, inner, depth, nested = "", "", 0, False
-    members = []
-    for ch in body:
-        if ch == "{":
-            if depth:
-                inner += ch
-            depth += 1
-            nested = True
-            continue
-        if ch == "}":
-            depth -= 1
-            if depth:
-                inner += ch
-            continue
-        if depth:
-            inner += ch
-            continue
-        if ch == ";":
-            if nested and re.fullmatch(r"\s*(struct|union)\s*", flat):
-                members += struct_members(inner)
-            else:
-                m = re.search(r"(\w+)\s*(\[[^\]]*\])?\s*$", flat)
-                if m:
-                    members.append((m.group(1), nested))
-            flat, inner, nested = "", "", False
+    """(member name, whether its type is a nested struct/union) for one structure body; the members of an
+    anonymous struct or union count as the structure's own."""
+    members: list[tuple[str, bool]] = []
+    for decl in split_statements(body):
+        if "{" in decl:
+            after = decl[decl.rindex("}") + 1 :].strip()
+            if not after:
+                members += struct_members(decl[decl.index("{") + 1 : decl.rindex("}")])
+                continue
+            m = re.search(r"(\w+)\s*(\[[^\]]*\])?\s*$", after)
+            if m:
+                members.append((m.group(1), True))
         else:
-            flat += ch
+            m = re.search(r"(\w+)\s*(\[[^\]]*\])?\s*$", decl)
+            if m:
+                members.append((m.group(1), False))
     return members
 
 

@@ -40,7 +40,7 @@ done <"$1/pfn-pairs.txt"
 
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = libdragpu-limiter.so.1 ] || fail "SONAME is '$soname'"
-needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -vE '^(libc\.so|ld-linux|libasan|libubsan|libpthread|libdl)' || true)
+needed=$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -vE '^(libc\.so|ld-linux|libasan|libubsan|libtsan|libpthread|libdl)' || true)
 [ -z "$needed" ] || fail "unexpected dependencies: $needed"
 ! grep -nE '__attribute__\(\((constructor|destructor)' "$here"/src/*.c || fail "constructors are not allowed"
 bare=$(grep -nE '(^|[^_a-zA-Z])dlsym\(' "$here"/src/*.c | grep -v '^.*/dlsym\.c:' |

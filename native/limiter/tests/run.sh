@@ -4,19 +4,20 @@
 #
 #   tests/run.sh <build dir>
 #
-# LIMITER_ASAN_LIB: path of libasan.so, preloaded first when the build is an AddressSanitizer build.
+# LIMITER_SANITIZER_LIB: the sanitizer runtime (libasan.so, libtsan.so), preloaded first in sanitizer builds.
 # LIMITER_CUDA_INCLUDE: the CUDA toolkit's include directory, if any (src/cuda_min.h is checked against it).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 B=$(cd "$1" && pwd)
 LIB=$B/libdragpu-limiter.so.1
-PRELOAD="${LIMITER_ASAN_LIB:+$LIMITER_ASAN_LIB }$LIB"
+PRELOAD="${LIMITER_SANITIZER_LIB:+$LIMITER_SANITIZER_LIB }$LIB"
 
 # A clean, known environment: no limiter settings from the caller, the fakes on the library path.
 for v in $(env | sed -n 's/^\(DRAGPU_[A-Za-z0-9_]*\)=.*/\1/p; s/^\(FAKE_CUDA_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 export LD_LIBRARY_PATH="$B/fake"
 export FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -66,6 +67,9 @@ run "t_nvml limit by UUID" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0
 run "t_nvml limit by ordinal" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_MEMORY_LIMIT_0=768Mi \
     "$B/tests/t_nvml" limited 805306368 1073741824
 
+run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
+run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
+
 # Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
 for sc in stream-device pool-kept graph capture legacy-abi granularity; do
     run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
@@ -82,7 +86,7 @@ for c in lowered impossible deleted resized header; do
         [ $r -eq 0 ] && { [ "$2" = lowered ] || [ "$(grep -c "dragpu-limiter: error: the shared region" "$3")" -eq 1 ] ||
         { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"
 done
-run t_limits "$here/t_limits.sh" "$B" "${LIMITER_ASAN_LIB:-}" "$LIMITER_CLAIMS_ROOT"
+run t_limits "$here/t_limits.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT"
 
 if [ -x "$B/tests/t_cudart" ]; then
     run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \

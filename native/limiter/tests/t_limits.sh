@@ -158,4 +158,23 @@ env LD_PRELOAD="$LIB" DRAGPU_CORES_LIMIT=100 "$B/tests/t_compute" 30 1 >"$tmp/o1
     fail "the file's 30% share did not hold: $(cat "$tmp/o13")"
 reset
 
-echo "t_limits: ok (file limits, environment only lowers, state dir pinned, two claims, fail closed)"
+# 9. As in a claim's container: the library comes from /etc/ld.so.preload (the CDI spec mounts it), no
+#    DRAGPU_* or LD_PRELOAD is set, and an image's own LD_PRELOAD is kept beside it. Needs root for a
+#    private mount namespace; only the plain build (a sanitizer runtime would have to come first).
+preload="skipped (needs root and unshare)"
+if [ -z "$2" ] && [ "$(id -u)" = 0 ] && unshare --mount --propagation private true 2>/dev/null; then
+    claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+    unshare --mount --propagation private sh -c '
+        mount -t tmpfs none /etc && echo "$1" >/etc/ld.so.preload || exit 1
+        env -u LD_PRELOAD "$2" alloc "$3" >"$4" 2>&1
+        LD_PRELOAD="$5" cat /proc/self/maps >"$4.maps"' sh \
+        "$B/testroot/libdragpu-limiter.so.1" "$probe" $chunk "$tmp/o14" "$B/tests/libnext_b.so" ||
+        fail "could not run under /etc/ld.so.preload: $(cat "$tmp/o14")"
+    expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o14"
+    expect_in "libdragpu-limiter.so" "$tmp/o14.maps"
+    expect_in "libnext_b.so" "$tmp/o14.maps"
+    reset
+    preload="checked"
+fi
+
+echo "t_limits: ok (file limits, environment only lowers, state dir pinned, two claims, fail closed; ld.so.preload $preload)"

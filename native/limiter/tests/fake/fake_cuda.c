@@ -102,10 +102,10 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 #define MAGIC_ARRAY 0x41525231u
 
 /* A context holds device memory for its limits (cuCtxSetLimit): the stack of every thread the device can
- * hold resident, the malloc heap and the printf FIFO. */
-struct CUctx_st { unsigned magic; int device; uint64_t stack, heap, fifo, reserved; int created; };
+ * hold resident, the malloc heap and the printf FIFO. gen is bumped when the context is destroyed. */
+struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
 struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
-struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; };
+struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
 struct CUmod_st { unsigned magic; };
 struct CUfunc_st { unsigned magic; char name[64]; };
 /* Graph memory: what the graph's allocation nodes reserve (alloc_bytes) and what its free nodes give back
@@ -729,6 +729,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     pthread_mutex_lock(&mu);
     ctx_unreserve(&devices[d].primary);
     devices[d].primary_refs = 0;
+    devices[d].primary.gen++;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
@@ -785,7 +786,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
         i--;
     }
     c->magic = 0;
-    free(c);
+    c->gen++; /* kept allocated: its events may still name it, and are invalid now */
     return CUDA_SUCCESS;
 }
 
@@ -819,12 +820,17 @@ EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
     }
 }
 
+/* The last release destroys the primary context (its events with it); the next retain makes a new one at
+ * the same address, as the driver may. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     COUNT();
     CHECK(0);
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&mu);
-    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) ctx_unreserve(&devices[d].primary);
+    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) {
+        ctx_unreserve(&devices[d].primary);
+        devices[d].primary.gen++;
+    }
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
@@ -1932,9 +1938,20 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     if (G.event_create_fails) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUevent_st *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
-    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0};
+    struct CUctx_st *ctx = current();
+    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0, ctx, ctx ? ctx->gen : 0};
     *e = ev;
     return CUDA_SUCCESS;
+}
+
+/* Uses of an event whose context was destroyed since it was made (the driver's answer:
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED; on a real driver, undefined). Tests read the count. */
+static _Atomic unsigned long stale_event_uses;
+EXPORT unsigned long fakecuda_stale_event_uses(void) { return stale_event_uses; }
+static int stale(CUevent e) {
+    if (!e->ctx || e->gen == e->ctx->gen) return 0;
+    stale_event_uses++;
+    return 1;
 }
 
 static CUresult event_record(CUevent e, CUstream s) {
@@ -1942,6 +1959,7 @@ static CUresult event_record(CUevent e, CUstream s) {
     if (!e || e->magic != MAGIC_EVENT || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (e->device != stream_device(s)) return CUDA_ERROR_INVALID_HANDLE; /* another context's event */
+    if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
     e->ts = busy > now ? busy : now;
@@ -1964,6 +1982,7 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     COUNT();
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return !e->recorded || e->ts <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -1981,6 +2000,7 @@ static CUresult elapsed(float *ms, CUevent a, CUevent b) {
     CHECK(0);
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
     if (!a || !b || a->magic != MAGIC_EVENT || b->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (stale(a) || stale(b)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = now_ns();
     if (a->ts > now || b->ts > now) return CUDA_ERROR_NOT_READY;
