@@ -164,6 +164,9 @@ void dl_region_release(int dev, uint64_t bytes);
 uint64_t dl_region_used(int dev);
 /* Theoretical arrival time of the compute rate limiter, shared by the claim (ns, CLOCK_MONOTONIC). */
 _Atomic int64_t *dl_region_tat(int dev);
+/* A clock further ahead than this was written by something else: admission resets it rather than wait. */
+#define DL_TAT_MAX_AHEAD_NS (3600LL * 1000000000LL)
+void dl_region_tat_reset(int dev, int64_t seen, int64_t now);
 /* Claim-wide counters for the node agent: time slept by the compute limiter, measured GPU time. */
 void dl_region_add_throttled(int dev, int64_t ns);
 void dl_region_add_busy(int dev, int64_t ns);

@@ -459,6 +459,14 @@ uint64_t dl_region_used(int dev) {
 
 _Atomic int64_t *dl_region_tat(int dev) { return &hdr(region_of(dev))->devs[entry_of(dev)].tat_ns; }
 
+void dl_region_tat_reset(int dev, int64_t seen, int64_t now) {
+    static _Atomic int warned;
+    if (atomic_compare_exchange_strong(dl_region_tat(dev), &seen, now) && !atomic_exchange(&warned, 1))
+        dl_error("the compute clock in %s (%s) was %lld s ahead, further than any claim's work can put it; "
+                 "reset to now", region_of(dev)->path, region_of(dev)->what,
+                 (long long)((seen - now) / 1000000000LL));
+}
+
 void dl_region_add_throttled(int dev, int64_t ns) {
     if (ns > 0)
         atomic_fetch_add_explicit(&hdr(region_of(dev))->stats[entry_of(dev)].throttled_ns, (uint64_t)ns,
