@@ -34,6 +34,7 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuStreamBeginCapture
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -220,6 +221,14 @@ bool dl_region_is_shared(void);
     X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                      \
     X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                              \
     X(cuDeviceGraphMemTrim, PFN_cuDeviceGraphMemTrim_v11040)                  \
+    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
+    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
+    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)         \
+    X(cuCtxCreate_v2, PFN_cuCtxCreate_v3020)                                  \
+    X(cuCtxCreate_v3, PFN_cuCtxCreate_v11040)                                 \
+    X(cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                 \
+    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
+    X(cuCtxSetLimit, PFN_cuCtxSetLimit_v3010)                                 \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
     X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
     X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \
@@ -228,15 +237,14 @@ bool dl_region_is_shared(void);
     X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz) \
     X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                \
     X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                      \
+    X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                  \
+    X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)        \
     X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)               \
     X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz)     \
     X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
     X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
     X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                      \
-    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)         \
-    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
-    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
-    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)
+    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
 
 #define DL_CUDA_USED(X)                                                       \
     X(cuInit, PFN_cuInit_v2000)                                               \
@@ -245,7 +253,6 @@ bool dl_region_is_shared(void);
     X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                         \
     X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                               \
     X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                             \
-    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
     X(cuEventCreate, PFN_cuEventCreate_v2000)                                 \
     X(cuEventRecord, PFN_cuEventRecord_v2000)                                 \
     X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                       \
@@ -256,6 +263,8 @@ bool dl_region_is_shared(void);
     X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
     X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)          \
     X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
+    X(cuCtxGetLimit, PFN_cuCtxGetLimit_v3010)                                 \
+    X(cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000)                   \
     X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
     X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                        \
     X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)              \
@@ -322,7 +331,7 @@ void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_
 void dl_memory_reset_after_fork(void);
 /* Records that other modules keep in memory.c's table of live allocations: a key of a kind, with a device,
  * bytes and one more value; put replaces, take removes and reports (0 if absent). */
-enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19 };
+enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19, DL_REC_CTX = 20 };
 void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
 int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
 /* The current context's CUDA ordinal, -1 without one. */
@@ -372,7 +381,15 @@ CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
 void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);
 void dl_pools_reset_after_fork(void);
 
+/* ---- contexts.c: what contexts reserve (stack, malloc heap, printf FIFO) ---- */
+void dl_contexts_reset_after_fork(void);
+/* Bumped whenever a context may be gone (destroyed, reset, released): cached context facts expire. */
+extern _Atomic unsigned dl_ctx_epoch;
+
 /* ---- throttle.c ---- */
+/* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
+ * context's). */
+void dl_throttle_forget_context(CUcontext ctx);
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);

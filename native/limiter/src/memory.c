@@ -317,6 +317,7 @@ static void handle_unref_undo(uint64_t handle, int known, int dev, uint64_t byte
 
 void dl_memory_reset_after_fork(void) {
     dl_pools_reset_after_fork();
+    dl_contexts_reset_after_fork();
     /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
     for (int i = 0; i < STRIPES; i++) {
         free(stripes[i].tab);
@@ -343,6 +344,7 @@ static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
     uint64_t limit;
     int dev = dl_device_for_ordinal(ordinal, &limit);
     if (dev < 0) return CUDA_SUCCESS;
+    if (bytes == 0) return CUDA_SUCCESS; /* nothing new is held (a pool's spare memory, a context without limits) */
     bytes = dl_round_granule(ordinal, bytes);
     int r = dl_region_reserve(dev, bytes, limit);
     if (r < 0 && dl_pools_reclaim(ordinal)) r = dl_region_reserve(dev, bytes, limit);

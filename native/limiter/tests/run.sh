@@ -74,6 +74,8 @@ run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
 for sc in stream-device pool-kept graph capture legacy-abi granularity; do
     run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
 done
+run "t_paths contexts" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 \
+    FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 "$B/tests/t_paths" contexts
 
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"

@@ -10,6 +10,8 @@
  *   capture        allocations during stream capture, freed by the capture: charged when the graph runs
  *   legacy-abi     the CUDA 2.0 entry points cuGetProcAddress returns for version 2000
  *   granularity    many small allocations: charged whole granules, as the driver holds them
+ *   contexts       primary and created contexts, cuCtxSetLimit: what their stack, heap and FIFO hold (run
+ *                  with FAKE_CUDA_CTX_*_BYTES set; elsewhere contexts hold nothing)
  */
 #include "device.h"
 
@@ -276,13 +278,45 @@ static void granularity(void) {
     HOLDS(0, 0);
 }
 
+static void contexts(void) {
+    /* A context of the fake's limits (1 KiB stack x 132 SMs x 2048 threads, 8 MiB heap, 1 MiB FIFO): 273 MiB,
+     * 274 MiB in whole granules. */
+    const uint64_t ctx_bytes = 274 * MiB;
+    HOLDS(ctx_bytes, ctx_bytes); /* the two primary contexts */
+    CUcontext c1, c2, c3;
+    CHECK_CU(cuCtxCreate_v4(&c1, NULL, 0, 0), CUDA_SUCCESS);
+    CHECK_CU(cuCtxCreate_v4(&c2, NULL, 0, 0), CUDA_SUCCESS); /* current from here */
+    HOLDS(3 * ctx_bytes, ctx_bytes);
+    CHECK_CU(cuCtxCreate_v4(&c3, NULL, 0, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    HOLDS(3 * ctx_bytes, ctx_bytes);
+    REFUSED(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 256 * MiB), "cuCtxSetLimit");
+    CHECK_CU(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 100 * MiB), CUDA_SUCCESS);
+    HOLDS(3 * ctx_bytes + 92 * MiB, ctx_bytes);
+    CHECK_CU(cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 0), CUDA_SUCCESS);
+    HOLDS(3 * ctx_bytes + 92 * MiB - 2 * MiB, ctx_bytes); /* 273 + 92 - 1 MiB = 364 MiB, 182 granules */
+    REFUSED(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 2048), "cuCtxSetLimit");
+    CHECK_CU(cuCtxDestroy_v2(c2), CUDA_SUCCESS);
+    CHECK_CU(cuCtxDestroy_v2(c1), CUDA_SUCCESS);
+    HOLDS(ctx_bytes, ctx_bytes);
+    /* The primary context goes with its last release, and comes back only if the claim can hold it. */
+    CHECK_CU(cuCtxSetCurrent(ctx[0]), CUDA_SUCCESS);
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+    HOLDS(ctx_bytes, 0);
+    CUdeviceptr p;
+    CHECK_CU(cuMemAllocAsync(&p, 800 * MiB, s1), CUDA_SUCCESS);
+    CUcontext again;
+    CHECK_CU(cuDevicePrimaryCtxRetain(&again, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    HOLDS(ctx_bytes, 800 * MiB);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
         const char *name;
         void (*run)(void);
     } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
-                     {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity}};
+                     {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
+                     {"contexts", contexts}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

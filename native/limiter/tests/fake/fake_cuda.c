@@ -101,7 +101,9 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 #define MAGIC_POOL 0x504f4f31u
 #define MAGIC_ARRAY 0x41525231u
 
-struct CUctx_st { unsigned magic; int device; unsigned gen; /* bumped when the context is destroyed */ };
+/* A context holds device memory for its limits (cuCtxSetLimit): the stack of every thread the device can
+ * hold resident, the malloc heap and the printf FIFO. gen is bumped when the context is destroyed. */
+struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
 struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
 struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
 struct CUmod_st { unsigned magic; };
@@ -117,6 +119,7 @@ struct CUarray_st { unsigned magic; int device; uint64_t bytes; };
 struct CUmipmappedArray_st { unsigned magic; int device; uint64_t bytes; };
 
 #define QUEUE_DEPTH 1024
+#define THREADS_PER_SM 2048 /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
 
 static struct device {
     struct CUctx_st primary;
@@ -137,6 +140,7 @@ static struct {
     uint64_t memory, sms, wave_ns;
     int driver_version;
     int event_create_fails;
+    uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
 } G;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -152,8 +156,11 @@ static void load_config(void) {
     G.wave_ns = fake_env_u64("FAKE_CUDA_WAVE_NS", 10000);
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
+    G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
+    G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
+    G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
-        devices[i].primary = (struct CUctx_st){MAGIC_CTX, i, 0};
+        devices[i].primary = (struct CUctx_st){.magic = MAGIC_CTX, .device = i};
         devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i, 0, 0, 0};
     }
 }
@@ -640,7 +647,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     switch (attr) {
         case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = (int)G.sms; break;
-        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = 2048; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = THREADS_PER_SM; break;
         case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
@@ -678,16 +685,139 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+static uint64_t ctx_bytes(uint64_t stack, uint64_t heap, uint64_t fifo) {
+    return granules(stack * G.sms * THREADS_PER_SM + heap + fifo);
+}
+
+/* Takes a context's memory for limits (stack, heap, fifo): CUDA_ERROR_OUT_OF_MEMORY when the device cannot
+ * hold it. Caller holds mu. */
+static CUresult ctx_reserve(struct CUctx_st *c, uint64_t stack, uint64_t heap, uint64_t fifo) {
+    uint64_t want = ctx_bytes(stack, heap, fifo);
+    struct device *d = &devices[c->device];
+    if (want > c->reserved && want - c->reserved > G.memory - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    d->used = d->used + want - c->reserved;
+    c->reserved = want;
+    c->stack = stack;
+    c->heap = heap;
+    c->fifo = fifo;
+    return CUDA_SUCCESS;
+}
+
+static void ctx_unreserve(struct CUctx_st *c) {
+    devices[c->device].used -= c->reserved;
+    c->reserved = 0;
+}
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     COUNT();
     CHECK(0);
     if (!c) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&mu);
-    devices[d].primary_refs++;
+    CUresult r = CUDA_SUCCESS;
+    if (devices[d].primary_refs == 0) r = ctx_reserve(&devices[d].primary, G.ctx_stack, G.ctx_heap, G.ctx_fifo);
+    if (r == CUDA_SUCCESS) devices[d].primary_refs++;
     pthread_mutex_unlock(&mu);
-    *c = &devices[d].primary;
+    if (r == CUDA_SUCCESS) *c = &devices[d].primary;
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    ctx_unreserve(&devices[d].primary);
+    devices[d].primary_refs = 0;
+    devices[d].primary.gen++;
+    pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
+}
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
+    CHECK(0);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct CUctx_st){.magic = MAGIC_CTX, .device = d, .created = 1};
+    pthread_mutex_lock(&mu);
+    CUresult r = ctx_reserve(c, G.ctx_stack, G.ctx_heap, G.ctx_fifo);
+    pthread_mutex_unlock(&mu);
+    if (r != CUDA_SUCCESS) {
+        free(c);
+        return r;
+    }
+    ctx_stack[ctx_depth++] = c; /* pushed: current to this thread */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)params, (void)n, (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)params, (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    COUNT();
+    CHECK(0);
+    if (!c || c->magic != MAGIC_CTX || !c->created) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    ctx_unreserve(c);
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < ctx_depth; i++) {
+        if (ctx_stack[i] != c) continue;
+        memmove(&ctx_stack[i], &ctx_stack[i + 1], (size_t)(ctx_depth - i - 1) * sizeof ctx_stack[0]);
+        ctx_depth--;
+        i--;
+    }
+    c->magic = 0;
+    c->gen++; /* kept allocated: its events may still name it, and are invalid now */
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    COUNT();
+    CHECK(1);
+    struct CUctx_st *c = current();
+    uint64_t stack = c->stack, heap = c->heap, fifo = c->fifo;
+    switch (limit) {
+        case CU_LIMIT_STACK_SIZE: stack = value; break;
+        case CU_LIMIT_MALLOC_HEAP_SIZE: heap = value; break;
+        case CU_LIMIT_PRINTF_FIFO_SIZE: fifo = value; break;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_lock(&mu);
+    CUresult r = ctx_reserve(c, stack, heap, fifo);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
+    COUNT();
+    CHECK(1);
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = current();
+    switch (limit) {
+        case CU_LIMIT_STACK_SIZE: *value = (size_t)c->stack; return CUDA_SUCCESS;
+        case CU_LIMIT_MALLOC_HEAP_SIZE: *value = (size_t)c->heap; return CUDA_SUCCESS;
+        case CU_LIMIT_PRINTF_FIFO_SIZE: *value = (size_t)c->fifo; return CUDA_SUCCESS;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
 }
 
 /* The last release destroys the primary context (its events with it); the next retain makes a new one at
@@ -697,18 +827,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     CHECK(0);
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&mu);
-    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) devices[d].primary.gen++;
-    pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
-    COUNT();
-    CHECK(0);
-    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
-    pthread_mutex_lock(&mu);
-    devices[d].primary_refs = 0;
-    devices[d].primary.gen++;
+    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) {
+        ctx_unreserve(&devices[d].primary);
+        devices[d].primary.gen++;
+    }
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
