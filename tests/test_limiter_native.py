@@ -58,6 +58,7 @@ CASES = [
     "t_region deleted",
     "t_region resized",
     "t_region header",
+    "t_region clock",
     "t_limits",
     "compute unlimited",
     "compute 10%",

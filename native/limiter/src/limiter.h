@@ -165,6 +165,9 @@ void dl_region_release(int dev, uint64_t bytes);
 uint64_t dl_region_used(int dev);
 /* Theoretical arrival time of the compute rate limiter, shared by the claim (ns, CLOCK_MONOTONIC). */
 _Atomic int64_t *dl_region_tat(int dev);
+/* A clock further ahead than this was written by something else: admission resets it rather than wait. */
+#define DL_TAT_MAX_AHEAD_NS (3600LL * 1000000000LL)
+void dl_region_tat_reset(int dev, int64_t seen, int64_t now);
 /* Claim-wide counters for the node agent: time slept by the compute limiter, measured GPU time. */
 void dl_region_add_throttled(int dev, int64_t ns);
 void dl_region_add_busy(int dev, int64_t ns);
@@ -311,6 +314,7 @@ extern struct dl_real_nvml dl_nvml;  /* valid after dl_nvml_init() */
 extern _Atomic int dl_cuda_ready, dl_nvml_ready;
 void dl_cuda_init_slow(void);
 void dl_nvml_init_slow(void);
+void dl_driver_reset_after_fork(void);
 static inline void dl_cuda_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire))) dl_cuda_init_slow();
 }

@@ -411,8 +411,10 @@ int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
         atomic_fetch_add_explicit(&hdr(g)->stats[e].refused, 1, memory_order_relaxed);
         return -1;
     }
-    if (g->fd >= 0 && (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) >
-                          VERIFY_EVERY_NS)
+    /* The structural check, at most every VERIFY_EVERY_NS; the clock is read every 64th allocation. */
+    static _Atomic unsigned tick;
+    if (g->fd >= 0 && (atomic_fetch_add_explicit(&tick, 1, memory_order_relaxed) & 63) == 0 &&
+        (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) > VERIFY_EVERY_NS)
         verify(g);
     struct region_dev *d = &hdr(g)->devs[e];
     for (int attempt = 0; attempt < 2 && !atomic_load_explicit(&g->bad, memory_order_relaxed); attempt++) {
@@ -458,6 +460,14 @@ uint64_t dl_region_used(int dev) {
 }
 
 _Atomic int64_t *dl_region_tat(int dev) { return &hdr(region_of(dev))->devs[entry_of(dev)].tat_ns; }
+
+void dl_region_tat_reset(int dev, int64_t seen, int64_t now) {
+    static _Atomic int warned;
+    if (atomic_compare_exchange_strong(dl_region_tat(dev), &seen, now) && !atomic_exchange(&warned, 1))
+        dl_error("the compute clock in %s (%s) was %lld s ahead, further than any claim's work can put it; "
+                 "reset to now", region_of(dev)->path, region_of(dev)->what,
+                 (long long)((seen - now) / 1000000000LL));
+}
 
 void dl_region_add_throttled(int dev, int64_t ns) {
     if (ns > 0)

@@ -267,6 +267,10 @@ static void admit(int dev, int64_t wall, int64_t now) {
         int64_t t = atomic_load(tat);
         int64_t base = t > now ? t : now;
         if (base - now > BURST_NS) {
+            if (DL_UNLIKELY(base - now > DL_TAT_MAX_AHEAD_NS)) { /* never wait forever on a rewritten clock */
+                dl_region_tat_reset(dev, t, now);
+                continue;
+            }
             int64_t wait = base - now - BURST_NS;
             sleep_ns(wait < SLICE_NS ? wait : SLICE_NS);
             dl_region_add_throttled(dev, (int64_t)dl_now_ns() - now);
