@@ -113,19 +113,20 @@ static struct pool_rec *pool_entry(CUmemoryPool pool, int ordinal, int dev) {
     return free_rec;
 }
 
-/* Re-reads a pool and moves its charge; -1 when a growth would exceed the limit (enforce) or the pool is
- * unknown. */
+/* Re-reads a pool and moves its charge: 0, or -1 when a growth would exceed the limit (enforce), or
+ * UNTRACKED when the pool cannot be read or kept in the table (pre is left as it is then). */
+#define UNTRACKED (-2)
 static int sync_pool(CUmemoryPool pool, int ordinal, struct dl_charge *pre, int enforce) {
     uint64_t limit, reserved;
     int dev = dl_device_for_ordinal(ordinal, &limit);
-    if (dev < 0 || read_pool(pool, &reserved) != 0) {
+    if (dev < 0) {
         if (pre) dl_refund(pre);
-        return dev < 0 ? 0 : -1;
+        return 0;
     }
+    if (read_pool(pool, &reserved) != 0) return UNTRACKED;
     pthread_mutex_lock(&mu);
     struct pool_rec *p = pool_entry(pool, ordinal, dev);
-    int r = -1;
-    if (p) r = settle(&p->charged, p->dev, reserved, pre, enforce ? limit : DL_NO_LIMIT);
+    int r = p ? settle(&p->charged, p->dev, reserved, pre, enforce ? limit : DL_NO_LIMIT) : UNTRACKED;
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -263,7 +264,26 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
         return r;
     }
     int dev = c.dev;
-    if (sync_pool(pool, actual, &c, 1) != 0) {
+    int synced = sync_pool(pool, actual, &c, 1);
+    if (synced == UNTRACKED) {
+        /* The pool cannot be followed: the allocation keeps its own charge (logged once). */
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1)) dl_warn("a memory pool cannot be followed: its allocations are charged one by one");
+        uint64_t full = dl_round_granule(actual, bytes), limit;
+        if (c.dev >= 0 && c.bytes < full && dl_device_for_ordinal(actual, &limit) == c.dev) {
+            if (dl_region_reserve(c.dev, full - c.bytes, limit) == 0) {
+                c.bytes = full;
+            } else {
+                CUresult (*release)(CUdeviceptr, CUstream) = ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
+                if (release) release(*dptr, s);
+                dl_refund(&c);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        dl_rec_put(DL_REC_POOLPTR, *dptr, c.dev, c.bytes, 0);
+        return r;
+    }
+    if (synced != 0) {
         /* The pool grew beyond the limit: give the allocation back and refuse it. */
         CUresult (*free_fn)(CUdeviceptr, CUstream) = ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
         if (free_fn) free_fn(*dptr, s);
