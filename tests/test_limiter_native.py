@@ -44,7 +44,16 @@ CASES = [
     "t_nvml limit by ordinal",
     *(
         f"t_paths {sc}"
-        for sc in ("stream-device", "pool-kept", "graph", "capture", "legacy-abi", "granularity", "contexts")
+        for sc in (
+            "stream-device",
+            "pool-kept",
+            "graph",
+            "capture",
+            "legacy-abi",
+            "granularity",
+            "import",
+            "contexts",
+        )
     ),
     *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels")),
     "t_ctx (baseline)",

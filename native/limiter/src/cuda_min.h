@@ -420,6 +420,12 @@ typedef CUresult (CUDAAPI *PFN_cuCtxCreate_v12050)(CUcontext *pctx, CUctxCreateP
 typedef CUresult (CUDAAPI *PFN_cuCtxDestroy_v2000)(CUcontext ctx);
 typedef CUresult (CUDAAPI *PFN_cuCtxDestroy_v4000)(CUcontext ctx);
 typedef CUresult (CUDAAPI *PFN_cuCtxGetLimit_v3010)(size_t *pvalue, CUlimit limit);
+typedef CUresult (CUDAAPI *PFN_cuMemExportToShareableHandle_v10020)(void *shareableHandle,
+    CUmemGenericAllocationHandle_v1 handle, CUmemAllocationHandleType handleType, unsigned long long flags);
+typedef CUresult (CUDAAPI *PFN_cuMemImportFromShareableHandle_v10020)(CUmemGenericAllocationHandle_v1 *handle,
+    void *osHandle, CUmemAllocationHandleType shHandleType);
+typedef CUresult (CUDAAPI *PFN_cuMemGetAllocationPropertiesFromHandle_v10020)(CUmemAllocationProp_v1 *prop,
+    CUmemGenericAllocationHandle_v1 handle);
 typedef CUresult (CUDAAPI *PFN_cuCtxSetLimit_v3010)(CUlimit limit, size_t value);
 typedef CUresult (CUDAAPI *PFN_cuCtxGetCurrent_v4000)(CUcontext *pctx);
 typedef CUresult (CUDAAPI *PFN_cuCtxGetDevice_v2000)(CUdevice_v1 *device);
@@ -644,6 +650,12 @@ CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreatePar
     CUdevice dev);
 CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx);
 CUresult CUDAAPI cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle_v1 handle,
+    CUmemAllocationHandleType handleType, unsigned long long flags);
+CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle_v1 *handle, void *osHandle,
+    CUmemAllocationHandleType shHandleType);
+CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp_v1 *prop,
+    CUmemGenericAllocationHandle_v1 handle);
 CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value);
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx);
 CUresult CUDAAPI cuCtxGetDevice(CUdevice_v1 *device);

@@ -524,6 +524,27 @@ DL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult r = dl_cuda.cuMemRelease(handle);
     if (r != CUDA_SUCCESS) handle_unref_undo(handle, known, dev, bytes);
     else if (bytes) dl_region_release(dev, bytes);
+    if (r == CUDA_SUCCESS && !known) dl_rec_take(DL_REC_IMPORT, handle, NULL, NULL, NULL); /* never mapped */
+    return r;
+}
+
+/* An imported allocation (another process's, through a shareable handle) is charged to the importer's claim
+ * when it first maps it (the driver tells no size before): a handle of this process's own allocation is
+ * already charged, and importing it only takes a reference, as the driver counts it. */
+DL_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                  CUmemAllocationHandleType shHandleType) {
+    REAL_OR_NOT_FOUND(cuMemImportFromShareableHandle);
+    CUresult r = dl_cuda.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+    if (r != CUDA_SUCCESS || !handle || handle_ref(*handle)) return r;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    if (!dl_cuda.cuMemGetAllocationPropertiesFromHandle ||
+        dl_cuda.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) != CUDA_SUCCESS) {
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE; /* cannot tell: charge it where it is mapped from */
+        prop.location.id = current_ordinal();
+    }
+    if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        dl_rec_put(DL_REC_IMPORT, *handle, -1, 0, (uint64_t)(unsigned)prop.location.id);
     return r;
 }
 
@@ -538,7 +559,26 @@ DL_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 DL_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                             unsigned long long flags) {
     REAL_OR_NOT_FOUND(cuMemMap);
+    /* The first mapping of an imported allocation charges it (refused over the limit). */
+    uint64_t imported_ordinal;
+    struct charge ic = {.dev = -1, .bytes = 0};
+    int imported = handle && size && dl_rec_take(DL_REC_IMPORT, handle, NULL, NULL, &imported_ordinal);
+    if (imported) {
+        CUresult a = charge((int)imported_ordinal, size, &ic);
+        if (a != CUDA_SUCCESS) {
+            dl_rec_put(DL_REC_IMPORT, handle, -1, 0, imported_ordinal);
+            return a;
+        }
+    }
     CUresult r = dl_cuda.cuMemMap(ptr, size, offset, handle, flags);
+    if (imported) {
+        if (r != CUDA_SUCCESS) {
+            refund(&ic);
+            dl_rec_put(DL_REC_IMPORT, handle, -1, 0, imported_ordinal);
+        } else {
+            track(K_HANDLE, handle, ic.dev, ic.bytes); /* the import's own reference */
+        }
+    }
     if (r != CUDA_SUCCESS || !ptr || size == 0) return r;
     /* Mappings of handles we did not charge are remembered too (handle 0), so that an unmap spanning
      * several mappings can walk them all. */

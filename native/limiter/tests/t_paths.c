@@ -12,8 +12,14 @@
  *   granularity    many small allocations: charged whole granules, as the driver holds them
  *   contexts       primary and created contexts, cuCtxSetLimit: what their stack, heap and FIFO hold (run
  *                  with FAKE_CUDA_CTX_*_BYTES set; elsewhere contexts hold nothing)
+ *   import         VMM memory imported from another process (another claim) through a shareable handle is
+ *                  charged to the importer when mapped; importing its own export takes no second charge
  */
 #include "device.h"
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #undef cuMemAlloc
 #undef cuMemFree
@@ -309,6 +315,100 @@ static void contexts(void) {
     HOLDS(ctx_bytes, 800 * MiB);
 }
 
+static CUmemAllocationProp device0_prop(void) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    return prop;
+}
+
+/* A process of another claim exports 512 MiB of device 0 and hands the descriptor over; it exits when told. */
+static int exporter(int sock) {
+    /* Its own claim (the environment is read again after fork): a state directory beside the importer's. */
+    const char *parent = getenv("DRAGPU_LIMITER_STATE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/exporter", parent ? parent : "/tmp");
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    setenv("DRAGPU_LIMITER_STATE_DIR", dir, 1);
+    CUmemAllocationProp prop = device0_prop();
+    CUmemGenericAllocationHandle h;
+    int fd;
+    CHECK_CU(cuMemCreate(&h, 512 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+    char byte = 0;
+    char ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    CHECK(sendmsg(sock, &msg, 0) == 1, "sendmsg");
+    CHECK(read(sock, &byte, 1) == 1, "read");
+    return 0;
+}
+
+static int receive_fd(int sock) {
+    char byte, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    CHECK(recvmsg(sock, &msg, 0) == 1, "recvmsg");
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    CHECK(c && c->cmsg_type == SCM_RIGHTS, "no descriptor received");
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+static void import(void) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) _exit(exporter(sv[1]));
+    int fd = receive_fd(sv[0]);
+    CUmemGenericAllocationHandle h;
+    CHECK_CU(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             CUDA_SUCCESS);
+    HOLDS(0, 0); /* not mapped here yet */
+    CUdeviceptr va, q;
+    CHECK_CU(cuMemAddressReserve(&va, 1 * GiB, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemAlloc_v2(&q, 600 * MiB), CUDA_SUCCESS);
+    REFUSED(cuMemMap(va, 512 * MiB, 0, h, 0), "cuMemMap"); /* the importer's claim cannot hold it */
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va, 512 * MiB, 0, h, 0), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0);
+    REFUSED(cuMemAlloc_v2(&q, 600 * MiB), "cuMemAlloc_v2");
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0); /* still mapped */
+    CHECK_CU(cuMemUnmap(va, 512 * MiB), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    char byte = 1;
+    CHECK(write(sv[0], &byte, 1) == 1, "write");
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the exporter failed");
+    close(fd);
+    /* Its own allocation, exported and imported again: one allocation, one charge. */
+    CUmemAllocationProp prop = device0_prop();
+    CUmemGenericAllocationHandle own, again;
+    CHECK_CU(cuMemCreate(&own, 256 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemExportToShareableHandle(&fd, own, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemImportFromShareableHandle(&again, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va, 256 * MiB, 0, again, 0), CUDA_SUCCESS);
+    HOLDS(256 * MiB, 0);
+    CHECK_CU(cuMemUnmap(va, 256 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(again), CUDA_SUCCESS);
+    HOLDS(256 * MiB, 0);
+    CHECK_CU(cuMemRelease(own), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    close(fd);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
@@ -316,7 +416,7 @@ int main(int argc, char **argv) {
         void (*run)(void);
     } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
                      {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
-                     {"contexts", contexts}};
+                     {"contexts", contexts},           {"import", import}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

@@ -32,6 +32,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "fake_common.h"
 #include "fake_proctable.h"
 
@@ -1249,6 +1252,78 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
     return r;
 }
 
+/* Shareable handles (POSIX file descriptors): the descriptor is a memfd naming the allocation (the exporting
+ * process, its handle, device and size). Imported in the exporting process, it is the same allocation
+ * (another reference to it); imported in another process, this fake accounts the allocation's memory to the
+ * importing process's device as well, from its first mapping there (handle = 1 until then), so that each
+ * process's view holds what it uses. */
+struct shared_alloc { int pid; uint64_t handle; int device; uint64_t size; };
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                                             unsigned long long flags) {
+    COUNT();
+    CHECK(0);
+    if (!out || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(h, A_HANDLE);
+    struct shared_alloc sa = {getpid(), h, a ? a->device : 0, a ? a->size : 0};
+    pthread_mutex_unlock(&mu);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("fake-cuda-shareable", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (write(fd, &sa, sizeof sa) != (ssize_t)sizeof sa) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
+                                               CUmemAllocationHandleType type) {
+    COUNT();
+    CHECK(0);
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    struct shared_alloc sa;
+    int fd = (int)(intptr_t)os_handle;
+    if (pread(fd, &sa, sizeof sa, 0) != (ssize_t)sizeof sa) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(sa.device)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    struct alloc *a = sa.pid == getpid() ? alloc_find(sa.handle, A_HANDLE) : NULL;
+    if (a) {
+        a->refs++;
+        *h = sa.handle;
+    } else if (sa.pid == getpid()) {
+        r = CUDA_ERROR_INVALID_VALUE; /* released since */
+    } else {
+        uint64_t key = next_handle++;
+        alloc_put((struct alloc){.key = key, .bytes = 0, .device = sa.device, .kind = A_HANDLE, .size = sa.size,
+                                 .refs = 1, .handle = 1});
+        *h = key;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    COUNT();
+    CHECK(0);
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(h, A_HANDLE);
+    int device = a ? a->device : 0, on_device = a && (a->bytes || a->handle == 1);
+    pthread_mutex_unlock(&mu);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = on_device ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+    prop->location.id = on_device ? device : 0;
+    return CUDA_SUCCESS;
+}
+
 /* Frees a handle's memory once nothing refers to it any more. Caller holds mu. */
 static void handle_settle(struct alloc *a) {
     if (a->refs > 0 || a->maps > 0) return;
@@ -1304,7 +1379,15 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS && alloc_put((struct alloc){.key = ptr, .bytes = size, .kind = A_MAP, .handle = h}) != 0)
         r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) alloc_find(h, A_HANDLE)->maps++; /* found again: the insert may have rehashed */
+    if (r == CUDA_SUCCESS) {
+        a = alloc_find(h, A_HANDLE); /* found again: the insert may have rehashed */
+        a->maps++;
+        if (a->handle == 1) { /* imported from another process: its memory counts here from now on */
+            a->handle = 0;
+            a->bytes = a->size;
+            devices[a->device].used += a->size;
+        }
+    }
     pthread_mutex_unlock(&mu);
     return r;
 }
