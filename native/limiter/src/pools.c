@@ -144,6 +144,14 @@ static int sync_graphmem(int ordinal, struct dl_charge *pre, int enforce) {
     return r;
 }
 
+/* Whether this device's graph memory pool has been charged (read under mu: it is set under mu). */
+static int graph_known(int ordinal) {
+    pthread_mutex_lock(&mu);
+    int known = graphmem[ordinal].dev != 0;
+    pthread_mutex_unlock(&mu);
+    return known;
+}
+
 int dl_pools_reclaim(int ordinal) {
     if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return 0;
     int dev = dl_device_for_ordinal(ordinal, NULL);
@@ -287,7 +295,7 @@ void dl_pools_after_free(const struct dl_pool_free *f, CUresult r) {
     } else if (f->ptr && atomic_load(&graphmem_used)) {
         /* Perhaps a graph allocation freed outside its graph: its memory returns to the graph memory pool. */
         for (int o = 0; o < DL_MAX_DEVICES; o++)
-            if (graphmem[o].dev) sync_graphmem(o, NULL, 0);
+            if (graph_known(o)) sync_graphmem(o, NULL, 0);
     }
 }
 
@@ -456,7 +464,7 @@ DL_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) 
 static void sync_all_graphmem(void) {
     if (!atomic_load(&graphmem_used)) return;
     for (int o = 0; o < DL_MAX_DEVICES; o++)
-        if (graphmem[o].dev) sync_graphmem(o, NULL, 0);
+        if (graph_known(o)) sync_graphmem(o, NULL, 0);
 }
 
 DL_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
@@ -480,7 +488,7 @@ DL_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
 DL_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
     REAL_OR_NOT_FOUND(cuDeviceGraphMemTrim);
     CUresult r = dl_cuda.cuDeviceGraphMemTrim(device);
-    if (r == CUDA_SUCCESS && device >= 0 && device < DL_MAX_DEVICES && graphmem[device].dev)
+    if (r == CUDA_SUCCESS && device >= 0 && device < DL_MAX_DEVICES && graph_known(device))
         sync_graphmem(device, NULL, 0);
     return r;
 }

@@ -83,7 +83,11 @@ static _Atomic int polling;
 static struct {
     uint64_t key;
     int64_t ns;
+    uint32_t measured; /* measurements of this key */
+    uint32_t launches; /* launches of this key since it was last measured */
 } estimates[EST_SLOTS];
+#define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch */
+#define SAMPLE_EVERY 2
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
 
 void dl_throttle_configure(int pct) {
@@ -115,7 +119,9 @@ static int64_t estimate(uint64_t key) {
 
 static void learn(uint64_t key, int64_t ns) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
-    estimates[i].ns = estimates[i].key == key ? (3 * estimates[i].ns + ns) / 4 : ns;
+    int same = estimates[i].key == key;
+    estimates[i].ns = same ? (3 * estimates[i].ns + ns) / 4 : ns;
+    estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
 }
@@ -364,7 +370,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     int have_ctx = capture_known && t->ctx && can_time(ptsz);
     int64_t now = (int64_t)dl_now_ns();
     int64_t polled = atomic_load_explicit(&last_poll, memory_order_relaxed);
-    if (now - polled >= POLL_NS) {
+    if (now - polled >= POLL_NS) { /* or sooner: last_poll is reset when the ring fills or events run short */
         atomic_store_explicit(&last_poll, now, memory_order_relaxed);
         poll_safely();
     }
@@ -374,20 +380,28 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     pthread_mutex_lock(&mu);
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
     if (ring_count >= RING / 2) atomic_store_explicit(&last_poll, 0, memory_order_relaxed); /* poll next time */
-    struct pool *p = have_ctx && !ring_full ? pool_for(t->ctx, 1) : NULL;
+    /* A launch whose kind has been measured often enough is timed every SAMPLE_EVERY-th time; the others are
+     * charged the estimate that those measurements keep current. */
+    unsigned slot = (unsigned)(key & (EST_SLOTS - 1));
+    int sample = estimates[slot].key != key || estimates[slot].measured < SAMPLE_AFTER ||
+                 ++estimates[slot].launches % SAMPLE_EVERY == 0;
+    struct pool *p = have_ctx && !ring_full && sample ? pool_for(t->ctx, 1) : NULL;
     if (p && p->n >= 2) {
         t->end = p->ev[--p->n];
         t->start = p->ev[--p->n];
         got = 2;
     }
+    /* Spare events running short while measured launches wait in the ring: poll next time rather than make
+     * events the next poll would have to destroy again. */
+    if (p && p->n < 4 && ring_count) atomic_store_explicit(&last_poll, 0, memory_order_relaxed);
     t->charged_ns = estimate(key);
     pthread_mutex_unlock(&mu);
-    if (have_ctx && !ring_full && !got && get_event(t->ctx, &t->start) == 0) {
+    if (have_ctx && !ring_full && sample && !got && get_event(t->ctx, &t->start) == 0) {
         if (get_event(t->ctx, &t->end) == 0) got = 2;
         else put_event(t->ctx, t->start);
     }
     t->measure = got == 2;
-    int untimed = !t->measure && !ring_full;
+    int untimed = !t->measure && !ring_full && sample;
     if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
 
     t->dev = dev;
