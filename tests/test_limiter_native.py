@@ -181,6 +181,23 @@ def test_builds_without_the_cuda_toolkit(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_claims_root_is_fixed_when_the_library_is_built(built: Path) -> None:
+    """The library reads limits files where the CDI spec mounts them, a path no process can change; the tests'
+    copy reads its own root instead."""
+    result = subprocess.run(
+        ["make", "-C", str(LIMITER), "build/testroot/libdragpu-limiter.so.1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    shipped = (built / "libdragpu-limiter.so.1").read_bytes()
+    assert b"/run/dra-gpu/claims\0" in shipped
+    test_copy = (built / "testroot" / "libdragpu-limiter.so.1").read_bytes()
+    assert str(built / "claims").encode() + b"\0" in test_copy
+    assert b"/run/dra-gpu/claims\0" not in test_copy
+
+
 @pytest.mark.slow
 def test_compute_cap_within_five_percent_of_target(suite: dict[tuple[str, str], str]) -> None:
     """Never more than 5 % above the share of wall time; never more than 5 % below it over the time the
