@@ -5,7 +5,7 @@
  * (CU_LIMIT_PRINTF_FIFO_SIZE). These are charged to the claim, rounded to the allocation granularity:
  *
  *   - the primary context when the process first retains it (released when its last retain is),
- *   - each context made by cuCtxCreate_v2/_v3/_v4 (released by cuCtxDestroy_v2),
+ *   - each context made by cuCtxCreate (every ABI variant; released by cuCtxDestroy(_v2)),
  *   - cuCtxSetLimit's growth, before the driver call (over the limit: CUDA_ERROR_OUT_OF_MEMORY, and the
  *     driver is not called), settled on what the driver then reports.
  *
@@ -116,13 +116,17 @@ static CUcontext primary_of(CUdevice dev) {
     return ctx;
 }
 
-DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxRelease_v2);
+/* Each entry point below has a CUDA 2.0 or 7.0 variant of the same ABI that cuGetProcAddress returns to a
+ * caller asking for an older version: both go through one function, with the driver's exact variant. */
+typedef CUresult (*device_call)(CUdevice);
+typedef CUresult (*context_call)(CUcontext);
+
+static CUresult primary_release(CUdevice dev, device_call call) {
     /* The last release destroys it; which release is the last, only the driver knows. Spare timing events
      * are cheap to make again, so every release lets them go. */
     CUcontext doomed = primary_of(dev);
     if (doomed) dl_throttle_forget_context(doomed);
-    CUresult r = dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
+    CUresult r = call(dev);
     if (r != CUDA_SUCCESS || dev < 0 || dev >= DL_MAX_DEVICES) return r;
     int refs = atomic_load(&primary[dev].refs);
     while (refs > 0 && !atomic_compare_exchange_weak(&primary[dev].refs, &refs, refs - 1)) {
@@ -134,14 +138,33 @@ DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return r;
 }
 
-DL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset_v2);
+DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxRelease_v2);
+    return primary_release(dev, dl_cuda.cuDevicePrimaryCtxRelease_v2);
+}
+
+DL_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxRelease);
+    return primary_release(dev, dl_cuda.cuDevicePrimaryCtxRelease);
+}
+
+static CUresult primary_reset(CUdevice dev, device_call call) {
     dl_throttle_forget_context(primary_of(dev)); /* NULL: cannot tell which, forget them all */
-    CUresult r = dl_cuda.cuDevicePrimaryCtxReset_v2(dev);
+    CUresult r = call(dev);
     if (r != CUDA_SUCCESS || dev < 0 || dev >= DL_MAX_DEVICES) return r;
     atomic_fetch_add(&dl_ctx_epoch, 1);
     if (atomic_exchange(&primary[dev].refs, 0) > 0) refund_context(atomic_load(&primary[dev].ctx));
     return r;
+}
+
+DL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset_v2);
+    return primary_reset(dev, dl_cuda.cuDevicePrimaryCtxReset_v2);
+}
+
+DL_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuDevicePrimaryCtxReset);
+    return primary_reset(dev, dl_cuda.cuDevicePrimaryCtxReset);
 }
 
 /* A created context is current to the calling thread; one the claim cannot hold is destroyed again. */
@@ -152,6 +175,11 @@ static CUresult created(CUresult r, CUcontext *pctx, CUdevice dev) {
     if (dl_cuda.cuCtxDestroy_v2) dl_cuda.cuCtxDestroy_v2(*pctx);
     dl_info("refusing a context on device %d: its memory would exceed the claim's limit", dev);
     return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+DL_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    REAL_OR_NOT_FOUND(cuCtxCreate);
+    return created(dl_cuda.cuCtxCreate(pctx, flags, dev), pctx, dev);
 }
 
 DL_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
@@ -171,15 +199,24 @@ DL_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateP
     return created(dl_cuda.cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev), pctx, dev);
 }
 
-DL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    REAL_OR_NOT_FOUND(cuCtxDestroy_v2);
+static CUresult destroy(CUcontext ctx, context_call call) {
     if (ctx) dl_throttle_forget_context(ctx); /* its timing events die with it */
-    CUresult r = dl_cuda.cuCtxDestroy_v2(ctx);
+    CUresult r = call(ctx);
     if (r == CUDA_SUCCESS) {
         atomic_fetch_add(&dl_ctx_epoch, 1);
         refund_context(ctx);
     }
     return r;
+}
+
+DL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    REAL_OR_NOT_FOUND(cuCtxDestroy_v2);
+    return destroy(ctx, dl_cuda.cuCtxDestroy_v2);
+}
+
+DL_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
+    REAL_OR_NOT_FOUND(cuCtxDestroy);
+    return destroy(ctx, dl_cuda.cuCtxDestroy);
 }
 
 DL_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {

@@ -35,6 +35,10 @@
 #undef cuArray3DCreate
 #undef cuGraphAddNode
 #undef cuStreamBeginCapture
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -230,6 +234,10 @@ bool dl_region_is_shared(void);
     X(cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                 \
     X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
     X(cuCtxSetLimit, PFN_cuCtxSetLimit_v3010)                                 \
+    X(cuCtxCreate, PFN_cuCtxCreate_v2000)                                     \
+    X(cuCtxDestroy, PFN_cuCtxDestroy_v2000)                                   \
+    X(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000)         \
+    X(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v7000)             \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
     X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
     X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \

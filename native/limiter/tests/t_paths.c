@@ -304,6 +304,15 @@ static void contexts(void) {
     CHECK_CU(cuCtxDestroy_v2(c2), CUDA_SUCCESS);
     CHECK_CU(cuCtxDestroy_v2(c1), CUDA_SUCCESS);
     HOLDS(ctx_bytes, ctx_bytes);
+    /* The CUDA 2.0 entry points, as cuGetProcAddress returns them to a caller asking for version 2000. */
+    typedef CUresult (*create_v1)(CUcontext *, unsigned int, CUdevice);
+    typedef CUresult (*destroy_v1)(CUcontext);
+    create_v1 create_old = (create_v1)lookup_v2000("cuCtxCreate");
+    destroy_v1 destroy_old = (destroy_v1)lookup_v2000("cuCtxDestroy");
+    CHECK_CU(create_old(&c1, 0, 0), CUDA_SUCCESS);
+    HOLDS(2 * ctx_bytes, ctx_bytes);
+    CHECK_CU(destroy_old(c1), CUDA_SUCCESS);
+    HOLDS(ctx_bytes, ctx_bytes);
     /* The primary context goes with its last release, and comes back only if the claim can hold it. */
     CHECK_CU(cuCtxSetCurrent(ctx[0]), CUDA_SUCCESS);
     CHECK_CU(cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);

@@ -50,6 +50,10 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -757,6 +761,14 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 2.0 (cuCtxCreate, cuCtxDestroy) and 7.0 (primary context release and reset) variants behave as
+ * their successors. */
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)flags;
+    return ctx_create(pctx, d);
+}
+
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d) {
     COUNT();
     (void)flags;
@@ -791,6 +803,21 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     c->magic = 0;
     c->gen++; /* kept allocated: its events may still name it, and are invalid now */
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext c) {
+    COUNT();
+    return cuCtxDestroy_v2(c);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
+    COUNT();
+    return cuDevicePrimaryCtxRelease_v2(d);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice d) {
+    COUNT();
+    return cuDevicePrimaryCtxReset_v2(d);
 }
 
 EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
