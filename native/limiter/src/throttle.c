@@ -305,8 +305,7 @@ static CUresult record(CUevent e, CUstream s, int ptsz) {
 /* One log line per kind of launch the limiter cannot attribute or time. */
 static _Atomic int warned_device, warned_timing;
 static void warn_once(_Atomic int *flag, const char *what) {
-    if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed))
-        dl_warn("%s: such launches are charged an upper bound of their GPU time", what);
+    if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed)) dl_warn("%s", what);
 }
 
 /* The device a launch runs on: the stream's. Unknown (no context, no stream that tells): the claim's first
@@ -344,7 +343,7 @@ static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
     int dev = ordinal >= 0 ? dl_device_for_ordinal(ordinal, NULL) : -1;
     if (dev >= 0) return dev;
     for (int o = 0; o < DL_MAX_DEVICES && dev < 0; o++) dev = dl_device_for_ordinal(o, NULL);
-    if (dev >= 0) warn_once(&warned_device, "a launch whose device cannot be told is counted on the first device");
+    if (dev >= 0) warn_once(&warned_device, "a launch whose device cannot be told (no context, no stream) is counted on the claim's first device");
     return dev;
 }
 
@@ -402,7 +401,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     }
     t->measure = got == 2;
     int untimed = !t->measure && !ring_full && sample;
-    if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
+    if (untimed) warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
     admit(dev, wall_cost(t->charged_ns), now);
@@ -411,7 +410,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         dl_cuda.cuEventDestroy_v2(t->end);
         t->measure = 0;
         untimed = 1;
-        warn_once(&warned_timing, "a launch cannot be timed by events");
+        warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
     }
     /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
      * (it includes what was queued before), so the share errs on the side of the limit. */
