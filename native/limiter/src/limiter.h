@@ -362,8 +362,10 @@ void dl_refund(const struct dl_charge *c);
 
 /* ---- pools.c: memory the driver keeps for the process beyond live allocations ---- */
 /* Pools the process allocates from, and the graph memory pool of each device, are charged what the driver
- * reports they reserve. Gives back what the driver no longer holds on a device; returns whether any. */
-int dl_pools_reclaim(int ordinal);
+ * reports they reserve. Gives back what the driver no longer holds on a device. */
+void dl_pools_reclaim(int ordinal);
+/* Whether the process has any pool or graph memory charged (then a refusal is worth a reclaim first). */
+bool dl_pools_active(void);
 /* A stream-ordered allocation (pool NULL: the stream's device's current pool). */
 CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int ptsz,
                           CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int));

@@ -346,8 +346,11 @@ static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
     if (dev < 0) return CUDA_SUCCESS;
     if (bytes == 0) return CUDA_SUCCESS; /* nothing new is held (a pool's spare memory, a context without limits) */
     bytes = dl_round_granule(ordinal, bytes);
+    /* Pools or graphs of this process may have given memory back since they were last read: settle them
+     * before the charge is admitted or refused (the refusal counter the node agent reads counts only real
+     * refusals). A few attribute reads, and only in processes that use pools or graph memory. */
+    if (limit != DL_NO_LIMIT && dl_pools_active()) dl_pools_reclaim(ordinal);
     int r = dl_region_reserve(dev, bytes, limit);
-    if (r < 0 && dl_pools_reclaim(ordinal)) r = dl_region_reserve(dev, bytes, limit);
     if (r < 0) {
         dl_info("refusing %llu bytes on device %d: the claim would exceed its limit of %llu bytes",
                 (unsigned long long)bytes, ordinal, (unsigned long long)limit);

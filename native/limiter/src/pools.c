@@ -42,6 +42,7 @@ static struct {
 } graphmem[DL_MAX_DEVICES];
 _Atomic int dl_graphmem_pending; /* executable graphs whose allocations are not charged yet */
 static _Atomic int graphmem_used;  /* 1 once any graph allocation was seen */
+static _Atomic bool active;        /* set once the process has a pool or a graph memory pool in the tables */
 
 void dl_pools_reset_after_fork(void) {
     pthread_mutex_init(&mu, NULL);
@@ -49,6 +50,7 @@ void dl_pools_reset_after_fork(void) {
     memset(graphmem, 0, sizeof graphmem);
     atomic_store(&dl_graphmem_pending, 0);
     atomic_store(&graphmem_used, 0);
+    atomic_store(&active, false);
 }
 
 /* Moves a charge to `reserved`, what the driver says it holds now. pre (may be NULL) is a charge made for
@@ -110,6 +112,7 @@ static struct pool_rec *pool_entry(CUmemoryPool pool, int ordinal, int dev) {
         return NULL;
     }
     *free_rec = (struct pool_rec){pool, ordinal, dev, 0};
+    atomic_store(&active, true);
     return free_rec;
 }
 
@@ -140,6 +143,7 @@ static int sync_graphmem(int ordinal, struct dl_charge *pre, int enforce) {
     }
     pthread_mutex_lock(&mu);
     graphmem[ordinal].dev = dev + 1;
+    atomic_store(&active, true);
     int r = settle(&graphmem[ordinal].charged, dev, reserved, pre, enforce ? limit : DL_NO_LIMIT);
     pthread_mutex_unlock(&mu);
     return r;
@@ -153,11 +157,12 @@ static int graph_known(int ordinal) {
     return known;
 }
 
-int dl_pools_reclaim(int ordinal) {
-    if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return 0;
+bool dl_pools_active(void) { return atomic_load_explicit(&active, memory_order_relaxed); }
+
+void dl_pools_reclaim(int ordinal) {
+    if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return;
     int dev = dl_device_for_ordinal(ordinal, NULL);
-    if (dev < 0) return 0;
-    uint64_t before = dl_region_used(dev);
+    if (dev < 0) return;
     CUmemoryPool mine[MAX_POOLS];
     int n = 0;
     pthread_mutex_lock(&mu);
@@ -167,7 +172,6 @@ int dl_pools_reclaim(int ordinal) {
     pthread_mutex_unlock(&mu);
     for (int i = 0; i < n; i++) sync_pool(mine[i], ordinal, NULL, 0);
     if (graph) sync_graphmem(ordinal, NULL, 0);
-    return dl_region_used(dev) < before;
 }
 
 static int pointer_ordinal(CUdeviceptr p) {
