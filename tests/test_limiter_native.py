@@ -44,7 +44,16 @@ CASES = [
     "t_nvml limit by ordinal",
     *(
         f"t_paths {sc}"
-        for sc in ("stream-device", "pool-kept", "graph", "capture", "legacy-abi", "granularity")
+        for sc in (
+            "stream-device",
+            "pool-kept",
+            "graph",
+            "capture",
+            "legacy-abi",
+            "granularity",
+            "import",
+            "contexts",
+        )
     ),
     *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels")),
     "t_ctx (baseline)",
@@ -58,6 +67,7 @@ CASES = [
     "t_region deleted",
     "t_region resized",
     "t_region header",
+    "t_region clock",
     "t_limits",
     "compute unlimited",
     "compute 10%",
@@ -169,6 +179,23 @@ def test_builds_without_the_cuda_toolkit(tmp_path: Path) -> None:
         [str(build / "tests" / "t_linked"), "limited"], env=env, capture_output=True, text=True, check=False
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_claims_root_is_fixed_when_the_library_is_built(built: Path) -> None:
+    """The library reads limits files where the CDI spec mounts them, a path no process can change; the tests'
+    copy reads its own root instead."""
+    result = subprocess.run(
+        ["make", "-C", str(LIMITER), "build/testroot/libdragpu-limiter.so.1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    shipped = (built / "libdragpu-limiter.so.1").read_bytes()
+    assert b"/run/dra-gpu/claims\0" in shipped
+    test_copy = (built / "testroot" / "libdragpu-limiter.so.1").read_bytes()
+    assert str(built / "claims").encode() + b"\0" in test_copy
+    assert b"/run/dra-gpu/claims\0" not in test_copy
 
 
 @pytest.mark.slow

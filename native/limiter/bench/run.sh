@@ -18,11 +18,15 @@ FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_MEMORY_LIMIT=6
 FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=99 \
     DRAGPU_LIMITER_STATE_DIR="$(claim)" "$B/bench/limiter-bench" 2000000 throttled
 
-echo "== compute cap: busy fraction of the simulated GPU vs DRAGPU_CORES_LIMIT (3 s windows)"
+echo "== compute cap: busy fraction of the simulated GPU vs DRAGPU_CORES_LIMIT (3 s windows; kernels of"
+echo "   10 us - 1 ms, every launch family, graphs, and every 16th launch a capture launched as a graph)"
 export FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000
 for c in 10 30 50 70; do
     LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=$c DRAGPU_LIMITER_STATE_DIR="$(claim)" \
         "$B/tests/t_compute" $c 3 || true
 done
+echo "   ... with a global-mode capture open for the whole run, and shared by two processes:"
+LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=30 T_COMPUTE_OPEN_CAPTURE=1 \
+    DRAGPU_LIMITER_STATE_DIR="$(claim)" "$B/tests/t_compute" 30 3 || true
 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=30 DRAGPU_LIMITER_STATE_DIR="$(claim)" \
     "$B/tests/t_compute" 30 3 2 || true

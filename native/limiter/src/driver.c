@@ -130,6 +130,12 @@ static void copy_nvml(void *arg) {
 
 static _Atomic int cuda_claimed, nvml_claimed;
 
+/* A fork() while another thread was publishing: the child (which has no such thread) resolves again. */
+void dl_driver_reset_after_fork(void) {
+    if (!atomic_load(&dl_cuda_ready)) atomic_store(&cuda_claimed, 0);
+    if (!atomic_load(&dl_nvml_ready)) atomic_store(&nvml_claimed, 0);
+}
+
 void dl_cuda_init_slow(void) {
     if (loading) return;
     dl_core_init(); /* log level first */

@@ -27,6 +27,7 @@ static _Atomic int atfork_registered;
 static __thread int initialising;
 
 static void after_fork_child(void) {
+    dl_driver_reset_after_fork();
     if (atomic_load(&init_started)) {
         dl_region_reset_after_fork();
         dl_memory_reset_after_fork();
@@ -37,6 +38,8 @@ static void after_fork_child(void) {
 }
 
 static void initialise(void) {
+    /* First: a fork() in the middle of what follows must leave the child able to start over. */
+    if (atomic_exchange(&atfork_registered, 1) == 0) pthread_atfork(NULL, NULL, after_fork_child);
     dl_config_load(&dl_cfg, environ);
     dl_log_level = dl_cfg.log_level;
     dl_claims_load(&dl_claims, dl_claims_root());
@@ -44,7 +47,6 @@ static void initialise(void) {
         dl_debug("DRAGPU_LIMITER_STATE_DIR applies only to devices of no claim with a limits file");
     dl_region_open(dl_cfg.state_dir[0] ? dl_cfg.state_dir : NULL);
     dl_throttle_configure(dl_effective_cores());
-    if (atomic_exchange(&atfork_registered, 1) == 0) pthread_atfork(NULL, NULL, after_fork_child);
     dl_debug("initialised: %d claim(s) with limits files, %s environment region, cores %d%%", dl_claims.n,
              dl_region_is_shared() ? "shared" : "private", dl_effective_cores());
 }

@@ -34,6 +34,11 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuStreamBeginCapture
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -164,6 +169,9 @@ void dl_region_release(int dev, uint64_t bytes);
 uint64_t dl_region_used(int dev);
 /* Theoretical arrival time of the compute rate limiter, shared by the claim (ns, CLOCK_MONOTONIC). */
 _Atomic int64_t *dl_region_tat(int dev);
+/* A clock further ahead than this was written by something else: admission resets it rather than wait. */
+#define DL_TAT_MAX_AHEAD_NS (3600LL * 1000000000LL)
+void dl_region_tat_reset(int dev, int64_t seen, int64_t now);
 /* Claim-wide counters for the node agent: time slept by the compute limiter, measured GPU time. */
 void dl_region_add_throttled(int dev, int64_t ns);
 void dl_region_add_busy(int dev, int64_t ns);
@@ -189,6 +197,7 @@ bool dl_region_is_shared(void);
     X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)    \
     X(cuMemMap, PFN_cuMemMap_v10020)                                          \
     X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                      \
+    X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020) \
     X(cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                              \
     X(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                          \
     X(cuArrayDestroy, PFN_cuArrayDestroy_v2000)                               \
@@ -217,6 +226,18 @@ bool dl_region_is_shared(void);
     X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                      \
     X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                              \
     X(cuDeviceGraphMemTrim, PFN_cuDeviceGraphMemTrim_v11040)                  \
+    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
+    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
+    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)         \
+    X(cuCtxCreate_v2, PFN_cuCtxCreate_v3020)                                  \
+    X(cuCtxCreate_v3, PFN_cuCtxCreate_v11040)                                 \
+    X(cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                 \
+    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
+    X(cuCtxSetLimit, PFN_cuCtxSetLimit_v3010)                                 \
+    X(cuCtxCreate, PFN_cuCtxCreate_v2000)                                     \
+    X(cuCtxDestroy, PFN_cuCtxDestroy_v2000)                                   \
+    X(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000)         \
+    X(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v7000)             \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
     X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
     X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \
@@ -225,15 +246,14 @@ bool dl_region_is_shared(void);
     X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz) \
     X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                \
     X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                      \
+    X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                  \
+    X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)        \
     X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)               \
     X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz)     \
     X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
     X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
     X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                      \
-    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)         \
-    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
-    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
-    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)
+    X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
 
 #define DL_CUDA_USED(X)                                                       \
     X(cuInit, PFN_cuInit_v2000)                                               \
@@ -242,7 +262,6 @@ bool dl_region_is_shared(void);
     X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                         \
     X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                               \
     X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                             \
-    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
     X(cuEventCreate, PFN_cuEventCreate_v2000)                                 \
     X(cuEventRecord, PFN_cuEventRecord_v2000)                                 \
     X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                       \
@@ -253,6 +272,9 @@ bool dl_region_is_shared(void);
     X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
     X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)          \
     X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
+    X(cuCtxGetLimit, PFN_cuCtxGetLimit_v3010)                                 \
+    X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020) \
+    X(cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000)                   \
     X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
     X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                        \
     X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)              \
@@ -302,6 +324,7 @@ extern struct dl_real_nvml dl_nvml;  /* valid after dl_nvml_init() */
 extern _Atomic int dl_cuda_ready, dl_nvml_ready;
 void dl_cuda_init_slow(void);
 void dl_nvml_init_slow(void);
+void dl_driver_reset_after_fork(void);
 static inline void dl_cuda_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire))) dl_cuda_init_slow();
 }
@@ -318,7 +341,7 @@ void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_
 void dl_memory_reset_after_fork(void);
 /* Records that other modules keep in memory.c's table of live allocations: a key of a kind, with a device,
  * bytes and one more value; put replaces, take removes and reports (0 if absent). */
-enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19 };
+enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19, DL_REC_CTX = 20, DL_REC_IMPORT = 21 };
 void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
 int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
 /* The current context's CUDA ordinal, -1 without one. */
@@ -339,8 +362,10 @@ void dl_refund(const struct dl_charge *c);
 
 /* ---- pools.c: memory the driver keeps for the process beyond live allocations ---- */
 /* Pools the process allocates from, and the graph memory pool of each device, are charged what the driver
- * reports they reserve. Gives back what the driver no longer holds on a device; returns whether any. */
-int dl_pools_reclaim(int ordinal);
+ * reports they reserve. Gives back what the driver no longer holds on a device. */
+void dl_pools_reclaim(int ordinal);
+/* Whether the process has any pool or graph memory charged (then a refusal is worth a reclaim first). */
+bool dl_pools_active(void);
 /* A stream-ordered allocation (pool NULL: the stream's device's current pool). */
 CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int ptsz,
                           CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int));
@@ -368,7 +393,15 @@ CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
 void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);
 void dl_pools_reset_after_fork(void);
 
+/* ---- contexts.c: what contexts reserve (stack, malloc heap, printf FIFO) ---- */
+void dl_contexts_reset_after_fork(void);
+/* Bumped whenever a context may be gone (destroyed, reset, released): cached context facts expire. */
+extern _Atomic unsigned dl_ctx_epoch;
+
 /* ---- throttle.c ---- */
+/* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
+ * context's). */
+void dl_throttle_forget_context(CUcontext ctx);
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);

@@ -317,6 +317,7 @@ static void handle_unref_undo(uint64_t handle, int known, int dev, uint64_t byte
 
 void dl_memory_reset_after_fork(void) {
     dl_pools_reset_after_fork();
+    dl_contexts_reset_after_fork();
     /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
     for (int i = 0; i < STRIPES; i++) {
         free(stripes[i].tab);
@@ -343,9 +344,13 @@ static CUresult charge(int ordinal, uint64_t bytes, struct charge *c) {
     uint64_t limit;
     int dev = dl_device_for_ordinal(ordinal, &limit);
     if (dev < 0) return CUDA_SUCCESS;
+    if (bytes == 0) return CUDA_SUCCESS; /* nothing new is held (a pool's spare memory, a context without limits) */
     bytes = dl_round_granule(ordinal, bytes);
+    /* Pools or graphs of this process may have given memory back since they were last read: settle them
+     * before the charge is admitted or refused (the refusal counter the node agent reads counts only real
+     * refusals). A few attribute reads, and only in processes that use pools or graph memory. */
+    if (limit != DL_NO_LIMIT && dl_pools_active()) dl_pools_reclaim(ordinal);
     int r = dl_region_reserve(dev, bytes, limit);
-    if (r < 0 && dl_pools_reclaim(ordinal)) r = dl_region_reserve(dev, bytes, limit);
     if (r < 0) {
         dl_info("refusing %llu bytes on device %d: the claim would exceed its limit of %llu bytes",
                 (unsigned long long)bytes, ordinal, (unsigned long long)limit);
@@ -522,6 +527,27 @@ DL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult r = dl_cuda.cuMemRelease(handle);
     if (r != CUDA_SUCCESS) handle_unref_undo(handle, known, dev, bytes);
     else if (bytes) dl_region_release(dev, bytes);
+    if (r == CUDA_SUCCESS && !known) dl_rec_take(DL_REC_IMPORT, handle, NULL, NULL, NULL); /* never mapped */
+    return r;
+}
+
+/* An imported allocation (another process's, through a shareable handle) is charged to the importer's claim
+ * when it first maps it (the driver tells no size before): a handle of this process's own allocation is
+ * already charged, and importing it only takes a reference, as the driver counts it. */
+DL_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                  CUmemAllocationHandleType shHandleType) {
+    REAL_OR_NOT_FOUND(cuMemImportFromShareableHandle);
+    CUresult r = dl_cuda.cuMemImportFromShareableHandle(handle, osHandle, shHandleType);
+    if (r != CUDA_SUCCESS || !handle || handle_ref(*handle)) return r;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    if (!dl_cuda.cuMemGetAllocationPropertiesFromHandle ||
+        dl_cuda.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) != CUDA_SUCCESS) {
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE; /* cannot tell: charge it where it is mapped from */
+        prop.location.id = current_ordinal();
+    }
+    if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        dl_rec_put(DL_REC_IMPORT, *handle, -1, 0, (uint64_t)(unsigned)prop.location.id);
     return r;
 }
 
@@ -536,7 +562,26 @@ DL_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 DL_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                             unsigned long long flags) {
     REAL_OR_NOT_FOUND(cuMemMap);
+    /* The first mapping of an imported allocation charges it (refused over the limit). */
+    uint64_t imported_ordinal;
+    struct charge ic = {.dev = -1, .bytes = 0};
+    int imported = handle && size && dl_rec_take(DL_REC_IMPORT, handle, NULL, NULL, &imported_ordinal);
+    if (imported) {
+        CUresult a = charge((int)imported_ordinal, size, &ic);
+        if (a != CUDA_SUCCESS) {
+            dl_rec_put(DL_REC_IMPORT, handle, -1, 0, imported_ordinal);
+            return a;
+        }
+    }
     CUresult r = dl_cuda.cuMemMap(ptr, size, offset, handle, flags);
+    if (imported) {
+        if (r != CUDA_SUCCESS) {
+            refund(&ic);
+            dl_rec_put(DL_REC_IMPORT, handle, -1, 0, imported_ordinal);
+        } else {
+            track(K_HANDLE, handle, ic.dev, ic.bytes); /* the import's own reference */
+        }
+    }
     if (r != CUDA_SUCCESS || !ptr || size == 0) return r;
     /* Mappings of handles we did not charge are remembered too (handle 0), so that an unmap spanning
      * several mappings can walk them all. */

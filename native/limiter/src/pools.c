@@ -42,6 +42,7 @@ static struct {
 } graphmem[DL_MAX_DEVICES];
 _Atomic int dl_graphmem_pending; /* executable graphs whose allocations are not charged yet */
 static _Atomic int graphmem_used;  /* 1 once any graph allocation was seen */
+static _Atomic bool active;        /* set once the process has a pool or a graph memory pool in the tables */
 
 void dl_pools_reset_after_fork(void) {
     pthread_mutex_init(&mu, NULL);
@@ -49,6 +50,7 @@ void dl_pools_reset_after_fork(void) {
     memset(graphmem, 0, sizeof graphmem);
     atomic_store(&dl_graphmem_pending, 0);
     atomic_store(&graphmem_used, 0);
+    atomic_store(&active, false);
 }
 
 /* Moves a charge to `reserved`, what the driver says it holds now. pre (may be NULL) is a charge made for
@@ -110,22 +112,24 @@ static struct pool_rec *pool_entry(CUmemoryPool pool, int ordinal, int dev) {
         return NULL;
     }
     *free_rec = (struct pool_rec){pool, ordinal, dev, 0};
+    atomic_store(&active, true);
     return free_rec;
 }
 
-/* Re-reads a pool and moves its charge; -1 when a growth would exceed the limit (enforce) or the pool is
- * unknown. */
+/* Re-reads a pool and moves its charge: 0, or -1 when a growth would exceed the limit (enforce), or
+ * UNTRACKED when the pool cannot be read or kept in the table (pre is left as it is then). */
+#define UNTRACKED (-2)
 static int sync_pool(CUmemoryPool pool, int ordinal, struct dl_charge *pre, int enforce) {
     uint64_t limit, reserved;
     int dev = dl_device_for_ordinal(ordinal, &limit);
-    if (dev < 0 || read_pool(pool, &reserved) != 0) {
+    if (dev < 0) {
         if (pre) dl_refund(pre);
-        return dev < 0 ? 0 : -1;
+        return 0;
     }
+    if (read_pool(pool, &reserved) != 0) return UNTRACKED;
     pthread_mutex_lock(&mu);
     struct pool_rec *p = pool_entry(pool, ordinal, dev);
-    int r = -1;
-    if (p) r = settle(&p->charged, p->dev, reserved, pre, enforce ? limit : DL_NO_LIMIT);
+    int r = p ? settle(&p->charged, p->dev, reserved, pre, enforce ? limit : DL_NO_LIMIT) : UNTRACKED;
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -139,16 +143,26 @@ static int sync_graphmem(int ordinal, struct dl_charge *pre, int enforce) {
     }
     pthread_mutex_lock(&mu);
     graphmem[ordinal].dev = dev + 1;
+    atomic_store(&active, true);
     int r = settle(&graphmem[ordinal].charged, dev, reserved, pre, enforce ? limit : DL_NO_LIMIT);
     pthread_mutex_unlock(&mu);
     return r;
 }
 
-int dl_pools_reclaim(int ordinal) {
-    if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return 0;
+/* Whether this device's graph memory pool has been charged (read under mu: it is set under mu). */
+static int graph_known(int ordinal) {
+    pthread_mutex_lock(&mu);
+    int known = graphmem[ordinal].dev != 0;
+    pthread_mutex_unlock(&mu);
+    return known;
+}
+
+bool dl_pools_active(void) { return atomic_load_explicit(&active, memory_order_relaxed); }
+
+void dl_pools_reclaim(int ordinal) {
+    if (ordinal < 0 || ordinal >= DL_MAX_DEVICES) return;
     int dev = dl_device_for_ordinal(ordinal, NULL);
-    if (dev < 0) return 0;
-    uint64_t before = dl_region_used(dev);
+    if (dev < 0) return;
     CUmemoryPool mine[MAX_POOLS];
     int n = 0;
     pthread_mutex_lock(&mu);
@@ -158,7 +172,6 @@ int dl_pools_reclaim(int ordinal) {
     pthread_mutex_unlock(&mu);
     for (int i = 0; i < n; i++) sync_pool(mine[i], ordinal, NULL, 0);
     if (graph) sync_graphmem(ordinal, NULL, 0);
-    return dl_region_used(dev) < before;
 }
 
 static int pointer_ordinal(CUdeviceptr p) {
@@ -255,7 +268,26 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
         return r;
     }
     int dev = c.dev;
-    if (sync_pool(pool, actual, &c, 1) != 0) {
+    int synced = sync_pool(pool, actual, &c, 1);
+    if (synced == UNTRACKED) {
+        /* The pool cannot be followed: the allocation keeps its own charge (logged once). */
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1)) dl_warn("a memory pool cannot be followed: its allocations are charged one by one");
+        uint64_t full = dl_round_granule(actual, bytes), limit;
+        if (c.dev >= 0 && c.bytes < full && dl_device_for_ordinal(actual, &limit) == c.dev) {
+            if (dl_region_reserve(c.dev, full - c.bytes, limit) == 0) {
+                c.bytes = full;
+            } else {
+                CUresult (*release)(CUdeviceptr, CUstream) = ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
+                if (release) release(*dptr, s);
+                dl_refund(&c);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        dl_rec_put(DL_REC_POOLPTR, *dptr, c.dev, c.bytes, 0);
+        return r;
+    }
+    if (synced != 0) {
         /* The pool grew beyond the limit: give the allocation back and refuse it. */
         CUresult (*free_fn)(CUdeviceptr, CUstream) = ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
         if (free_fn) free_fn(*dptr, s);
@@ -287,7 +319,7 @@ void dl_pools_after_free(const struct dl_pool_free *f, CUresult r) {
     } else if (f->ptr && atomic_load(&graphmem_used)) {
         /* Perhaps a graph allocation freed outside its graph: its memory returns to the graph memory pool. */
         for (int o = 0; o < DL_MAX_DEVICES; o++)
-            if (graphmem[o].dev) sync_graphmem(o, NULL, 0);
+            if (graph_known(o)) sync_graphmem(o, NULL, 0);
     }
 }
 
@@ -456,7 +488,7 @@ DL_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) 
 static void sync_all_graphmem(void) {
     if (!atomic_load(&graphmem_used)) return;
     for (int o = 0; o < DL_MAX_DEVICES; o++)
-        if (graphmem[o].dev) sync_graphmem(o, NULL, 0);
+        if (graph_known(o)) sync_graphmem(o, NULL, 0);
 }
 
 DL_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
@@ -480,7 +512,7 @@ DL_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
 DL_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
     REAL_OR_NOT_FOUND(cuDeviceGraphMemTrim);
     CUresult r = dl_cuda.cuDeviceGraphMemTrim(device);
-    if (r == CUDA_SUCCESS && device >= 0 && device < DL_MAX_DEVICES && graphmem[device].dev)
+    if (r == CUDA_SUCCESS && device >= 0 && device < DL_MAX_DEVICES && graph_known(device))
         sync_graphmem(device, NULL, 0);
     return r;
 }

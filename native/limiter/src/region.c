@@ -405,14 +405,18 @@ int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
     if (g->closed || atomic_load_explicit(&g->bad, memory_order_relaxed)) return limit == DL_NO_LIMIT ? 1 : -1;
     /* Our own charges first: no rewrite of the shared counters gets this process past the limit. */
     _Atomic int64_t *own = &own_used[dev];
-    int64_t mine = atomic_fetch_add_explicit(own, (int64_t)bytes, memory_order_relaxed) + (int64_t)bytes;
-    if (limit != DL_NO_LIMIT && (uint64_t)mine > limit) {
-        atomic_fetch_sub_explicit(own, (int64_t)bytes, memory_order_relaxed);
-        atomic_fetch_add_explicit(&hdr(g)->stats[e].refused, 1, memory_order_relaxed);
-        return -1;
-    }
-    if (g->fd >= 0 && (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) >
-                          VERIFY_EVERY_NS)
+    int64_t mine = atomic_load_explicit(own, memory_order_relaxed);
+    do {
+        if (limit != DL_NO_LIMIT && (mine < 0 || bytes > limit || (uint64_t)mine > limit - bytes)) {
+            atomic_fetch_add_explicit(&hdr(g)->stats[e].refused, 1, memory_order_relaxed);
+            return -1;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(own, &mine, mine + (int64_t)bytes, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    /* The structural check, at most every VERIFY_EVERY_NS; the clock is read every 64th allocation. */
+    static _Atomic unsigned tick;
+    if (g->fd >= 0 && (atomic_fetch_add_explicit(&tick, 1, memory_order_relaxed) & 63) == 0 &&
+        (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) > VERIFY_EVERY_NS)
         verify(g);
     struct region_dev *d = &hdr(g)->devs[e];
     for (int attempt = 0; attempt < 2 && !atomic_load_explicit(&g->bad, memory_order_relaxed); attempt++) {
@@ -458,6 +462,14 @@ uint64_t dl_region_used(int dev) {
 }
 
 _Atomic int64_t *dl_region_tat(int dev) { return &hdr(region_of(dev))->devs[entry_of(dev)].tat_ns; }
+
+void dl_region_tat_reset(int dev, int64_t seen, int64_t now) {
+    static _Atomic int warned;
+    if (atomic_compare_exchange_strong(dl_region_tat(dev), &seen, now) && !atomic_exchange(&warned, 1))
+        dl_error("the compute clock in %s (%s) was %lld s ahead, further than any claim's work can put it; "
+                 "reset to now", region_of(dev)->path, region_of(dev)->what,
+                 (long long)((seen - now) / 1000000000LL));
+}
 
 void dl_region_add_throttled(int dev, int64_t ns) {
     if (ns > 0)

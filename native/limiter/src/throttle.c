@@ -83,7 +83,11 @@ static _Atomic int polling;
 static struct {
     uint64_t key;
     int64_t ns;
+    uint32_t measured; /* measurements of this key */
+    uint32_t launches; /* launches of this key since it was last measured */
 } estimates[EST_SLOTS];
+#define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch */
+#define SAMPLE_EVERY 2
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
 
 void dl_throttle_configure(int pct) {
@@ -115,7 +119,9 @@ static int64_t estimate(uint64_t key) {
 
 static void learn(uint64_t key, int64_t ns) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
-    estimates[i].ns = estimates[i].key == key ? (3 * estimates[i].ns + ns) / 4 : ns;
+    int same = estimates[i].key == key;
+    estimates[i].ns = same ? (3 * estimates[i].ns + ns) / 4 : ns;
+    estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
 }
@@ -142,13 +148,15 @@ static void put_event(CUcontext ctx, CUevent e) {
 }
 
 /* An event of the context ctx (made current around the creation when it is not). */
-static int get_event(CUcontext ctx, CUcontext current, CUevent *e) {
+static int get_event(CUcontext ctx, CUevent *e) {
     pthread_mutex_lock(&mu);
     struct pool *p = pool_for(ctx, 1);
     int pooled = p && p->n > 0;
     if (pooled) *e = p->ev[--p->n];
     pthread_mutex_unlock(&mu);
     if (pooled) return 0;
+    CUcontext current = NULL;
+    if (dl_cuda.cuCtxGetCurrent(&current) != CUDA_SUCCESS) current = NULL;
     if (ctx == current) return dl_cuda.cuEventCreate(e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? 0 : -1;
     if (!dl_cuda.cuCtxPushCurrent_v2 || !dl_cuda.cuCtxPopCurrent_v2 || dl_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
         return -1;
@@ -252,13 +260,17 @@ static void poll_safely(void) {
 static void poll_if_no_capture(void) { poll_safely(); }
 
 /* GCRA admission on the claim's shared clock for this device. */
-static void admit(int dev, int64_t wall) {
+static void admit(int dev, int64_t wall, int64_t now) {
     _Atomic int64_t *tat = dl_region_tat(dev);
-    for (;;) {
-        int64_t now = (int64_t)dl_now_ns();
+    for (int first = 1;; first = 0) {
+        if (!first) now = (int64_t)dl_now_ns();
         int64_t t = atomic_load(tat);
         int64_t base = t > now ? t : now;
         if (base - now > BURST_NS) {
+            if (DL_UNLIKELY(base - now > DL_TAT_MAX_AHEAD_NS)) { /* never wait forever on a rewritten clock */
+                dl_region_tat_reset(dev, t, now);
+                continue;
+            }
             int64_t wait = base - now - BURST_NS;
             sleep_ns(wait < SLICE_NS ? wait : SLICE_NS);
             dl_region_add_throttled(dev, (int64_t)dl_now_ns() - now);
@@ -293,69 +305,112 @@ static CUresult record(CUevent e, CUstream s, int ptsz) {
 /* One log line per kind of launch the limiter cannot attribute or time. */
 static _Atomic int warned_device, warned_timing;
 static void warn_once(_Atomic int *flag, const char *what) {
-    if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed))
-        dl_warn("%s: such launches are charged an upper bound of their GPU time", what);
+    if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed)) dl_warn("%s", what);
 }
 
 /* The device a launch runs on: the stream's. Unknown (no context, no stream that tells): the claim's first
  * device, so the launch still counts. */
-static int launch_device(CUstream stream, int ptsz) {
-    int ordinal = dl_stream_ordinal(stream, ptsz);
+/* The context current to this thread, and its device, as last seen: contexts rarely change between two
+ * launches, and a context destroyed or reset since (dl_ctx_epoch) is never trusted. */
+static __thread struct {
+    CUcontext ctx;
+    int ordinal;
+    unsigned epoch;
+} seen;
+
+static int context_ordinal(CUcontext ctx) {
+    unsigned epoch = atomic_load_explicit(&dl_ctx_epoch, memory_order_acquire);
+    if (ctx && ctx == seen.ctx && epoch == seen.epoch) return seen.ordinal;
+    int o = dl_current_ordinal();
+    seen.ctx = ctx;
+    seen.ordinal = o;
+    seen.epoch = epoch;
+    return o;
+}
+
+/* Where a launch runs: the region device and the context whose events can time it (the stream's). A device
+ * that cannot be told is the claim's first, so the launch still counts. */
+static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
+    int ordinal;
+    if ((uintptr_t)stream <= 2u) {
+        if (!dl_cuda.cuCtxGetCurrent || dl_cuda.cuCtxGetCurrent(ctx) != CUDA_SUCCESS) *ctx = NULL;
+        ordinal = *ctx ? context_ordinal(*ctx) : -1;
+    } else {
+        ordinal = dl_stream_ordinal(stream, ptsz);
+        PFN_cuStreamGetCtx_v9020 get = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
+        if (!get || get(stream, ctx) != CUDA_SUCCESS) *ctx = NULL;
+    }
     int dev = ordinal >= 0 ? dl_device_for_ordinal(ordinal, NULL) : -1;
     if (dev >= 0) return dev;
     for (int o = 0; o < DL_MAX_DEVICES && dev < 0; o++) dev = dl_device_for_ordinal(o, NULL);
-    if (dev >= 0) warn_once(&warned_device, "a launch whose device cannot be told is counted on the first device");
+    if (dev >= 0) warn_once(&warned_device, "a launch whose device cannot be told (no context, no stream) is counted on the claim's first device");
     return dev;
 }
 
-/* The context whose events can time a launch on this stream. */
-static int launch_context(CUstream stream, int ptsz, CUcontext *ctx, CUcontext *current) {
-    if (dl_cuda.cuCtxGetCurrent(current) != CUDA_SUCCESS) *current = NULL;
-    if ((uintptr_t)stream <= 2u) {
-        *ctx = *current;
-        return *ctx ? 0 : -1;
-    }
-    PFN_cuStreamGetCtx_v9020 get = ptsz ? dl_cuda.cuStreamGetCtx_ptsz : dl_cuda.cuStreamGetCtx;
-    if (get && get(stream, ctx) == CUDA_SUCCESS && *ctx) return 0;
-    *ctx = *current;
-    return *ctx ? 0 : -1;
-}
+#define POLL_NS 20000 /* completed measurements are looked for at most this often (and when the ring fills) */
+static _Atomic int64_t last_poll;
 
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->measure = 0;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    PFN_cuStreamIsCapturing_v10000 is_capturing = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    int capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
-    if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
-    int dev = launch_device(stream, ptsz);
+    /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
+    int capture_known = 1;
+    if (atomic_load_explicit(&captures, memory_order_relaxed)) {
+        CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+        PFN_cuStreamIsCapturing_v10000 is_capturing =
+            ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
+        capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
+        if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
+    }
+    t->ctx = NULL;
+    int dev = launch_target(stream, ptsz, &t->ctx);
     if (dev < 0) return; /* no device of a claim in this process: nothing to charge */
 
-    CUcontext current = NULL;
-    int have_ctx = capture_known && can_time(ptsz) && launch_context(stream, ptsz, &t->ctx, &current) == 0;
-    poll_safely();
+    int have_ctx = capture_known && t->ctx && can_time(ptsz);
+    int64_t now = (int64_t)dl_now_ns();
+    int64_t polled = atomic_load_explicit(&last_poll, memory_order_relaxed);
+    if (now - polled >= POLL_NS) { /* or sooner: last_poll is reset when the ring fills or events run short */
+        atomic_store_explicit(&last_poll, now, memory_order_relaxed);
+        poll_safely();
+    }
     t->key = key;
+    /* One look at the tables: the ring's room, two pooled events, the estimate. */
+    int got = 0;
     pthread_mutex_lock(&mu);
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
-    pthread_mutex_unlock(&mu);
-    if (have_ctx && !ring_full && get_event(t->ctx, current, &t->start) == 0) {
-        if (get_event(t->ctx, current, &t->end) == 0) t->measure = 1;
-        else put_event(t->ctx, t->start);
+    if (ring_count >= RING / 2) atomic_store_explicit(&last_poll, 0, memory_order_relaxed); /* poll next time */
+    /* A launch whose kind has been measured often enough is timed every SAMPLE_EVERY-th time; the others are
+     * charged the estimate that those measurements keep current. */
+    unsigned slot = (unsigned)(key & (EST_SLOTS - 1));
+    int sample = estimates[slot].key != key || estimates[slot].measured < SAMPLE_AFTER ||
+                 ++estimates[slot].launches % SAMPLE_EVERY == 0;
+    struct pool *p = have_ctx && !ring_full && sample ? pool_for(t->ctx, 1) : NULL;
+    if (p && p->n >= 2) {
+        t->end = p->ev[--p->n];
+        t->start = p->ev[--p->n];
+        got = 2;
     }
-    pthread_mutex_lock(&mu);
+    /* Spare events running short while measured launches wait in the ring: poll next time rather than make
+     * events the next poll would have to destroy again. */
+    if (p && p->n < 4 && ring_count) atomic_store_explicit(&last_poll, 0, memory_order_relaxed);
     t->charged_ns = estimate(key);
     pthread_mutex_unlock(&mu);
-    int untimed = !t->measure && !ring_full;
-    if (untimed) warn_once(&warned_timing, "a launch cannot be timed by events");
+    if (have_ctx && !ring_full && sample && !got && get_event(t->ctx, &t->start) == 0) {
+        if (get_event(t->ctx, &t->end) == 0) got = 2;
+        else put_event(t->ctx, t->start);
+    }
+    t->measure = got == 2;
+    int untimed = !t->measure && !ring_full && sample;
+    if (untimed) warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
-    admit(dev, wall_cost(t->charged_ns));
+    admit(dev, wall_cost(t->charged_ns), now);
     if (t->measure && record(t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         t->measure = 0;
         untimed = 1;
-        warn_once(&warned_timing, "a launch cannot be timed by events");
+        warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
     }
     /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
      * (it includes what was queued before), so the share errs on the side of the limit. */
@@ -522,6 +577,18 @@ static void capture_ended(CUresult r) {
     if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND;              \
     CUresult r = dl_cuda.name(__VA_ARGS__)
 
+DL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
+    PASS(cuStreamBeginCapture, s);
+    capture_began(r);
+    return r;
+}
+
+DL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+    PASS(cuStreamBeginCapture_ptsz, s);
+    capture_began(r);
+    return r;
+}
+
 DL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     PASS(cuStreamBeginCapture_v2, s, mode);
     capture_began(r);
@@ -563,39 +630,6 @@ DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
     return r;
 }
 
-/* ---- context destruction: the events pooled for a context die with it ---- */
+/* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */
 
-DL_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    dl_cuda_init();
-    if (!dl_cuda.cuCtxDestroy_v2) return CUDA_ERROR_NOT_FOUND;
-    if (ctx) forget_context(ctx);
-    return dl_cuda.cuCtxDestroy_v2(ctx);
-}
-
-/* The primary context of a device, without changing its reference count; NULL when it cannot be told. */
-static CUcontext primary_of(CUdevice dev) {
-    CUcontext ctx = NULL;
-    if (!dl_cuda.cuDevicePrimaryCtxRetain || !dl_cuda.cuDevicePrimaryCtxRelease_v2 ||
-        dl_cuda.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
-        return NULL;
-    dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
-    return ctx;
-}
-
-DL_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    dl_cuda_init();
-    if (!dl_cuda.cuDevicePrimaryCtxRelease_v2) return CUDA_ERROR_NOT_FOUND;
-    /* The last release destroys it; which release is the last, only the driver knows. Spare events are
-     * cheap to make again, so every release lets them go. */
-    CUcontext ctx = primary_of(dev);
-    if (ctx) forget_context(ctx);
-    return dl_cuda.cuDevicePrimaryCtxRelease_v2(dev);
-}
-
-DL_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    dl_cuda_init();
-    if (!dl_cuda.cuDevicePrimaryCtxReset_v2) return CUDA_ERROR_NOT_FOUND;
-    CUcontext ctx = primary_of(dev);
-    forget_context(ctx); /* NULL: cannot tell which, forget them all */
-    return dl_cuda.cuDevicePrimaryCtxReset_v2(dev);
-}
+void dl_throttle_forget_context(CUcontext ctx) { forget_context(ctx); }

@@ -20,6 +20,7 @@
  * each process's share.
  */
 #include "device.h"
+#include "schedstat.h"
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -145,17 +146,6 @@ static void check_capture(int limited) {
     CHECK_CU(cuStreamEndCapture(stream, &g), CUDA_SUCCESS);
     CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
     CHECK_CU(cuStreamDestroy_v2(other), CUDA_SUCCESS);
-}
-
-/* Time this thread has spent runnable but waiting for a CPU (the second field of its schedstat), in ns;
- * 0 where the kernel does not keep it. */
-static uint64_t run_delay_ns(void) {
-    unsigned long long run = 0, wait = 0;
-    FILE *f = fopen("/proc/thread-self/schedstat", "r");
-    if (!f) return 0;
-    int n = fscanf(f, "%llu %llu", &run, &wait);
-    fclose(f);
-    return n == 2 ? wait : 0;
 }
 
 /* Runs the launch loop and measures the device's busy time over the window [start, start + seconds] of

@@ -90,10 +90,12 @@ int main(int argc, char **argv) {
     expect("cuStreamBeginCapture", 10010, PT, "cuStreamBeginCapture_v2_ptsz", 1);
     expect("cuStreamEndCapture", 10000, PT, "cuStreamEndCapture_ptsz", 1);
 
+    /* Contexts hold memory: each ABI variant of cuCtxCreate is wrapped exactly. */
+    expect("cuCtxCreate", 3020, 0, "cuCtxCreate_v2", 1);
+    expect("cuCtxCreate", 11040, 0, "cuCtxCreate_v3", 1);
+    expect("cuCtxCreate", 12050, 0, "cuCtxCreate_v4", 1);
+
     /* Entry points we do not wrap: the driver's exact variants. */
-    expect("cuCtxCreate", 3020, 0, "cuCtxCreate_v2", 0);
-    expect("cuCtxCreate", 11040, 0, "cuCtxCreate_v3", 0);
-    expect("cuCtxCreate", 12050, 0, "cuCtxCreate_v4", 0);
     expect("cuMemcpyHtoD", 7000, PT, "cuMemcpyHtoD_v2_ptds", 0);
     expect("cuMemPrefetchAsync", 8000, 0, "cuMemPrefetchAsync", 0);
     expect("cuMemPrefetchAsync", 12020, PT, "cuMemPrefetchAsync_v2_ptsz", 0);
@@ -121,7 +123,7 @@ int main(int argc, char **argv) {
     /* The resolved pointers are limited, and reach the variant they stand for. */
     PFN_cuDeviceGet_v2000 get = (PFN_cuDeviceGet_v2000)expect("cuDeviceGet", 2000, 0, "cuDeviceGet", 0);
     PFN_cuDevicePrimaryCtxRetain_v7000 retain =
-        (PFN_cuDevicePrimaryCtxRetain_v7000)expect("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", 0);
+        (PFN_cuDevicePrimaryCtxRetain_v7000)expect("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", 1);
     PFN_cuCtxSetCurrent_v4000 set = (PFN_cuCtxSetCurrent_v4000)expect("cuCtxSetCurrent", 4000, 0, "cuCtxSetCurrent", 0);
     PFN_cuModuleLoadData_v2000 load = (PFN_cuModuleLoadData_v2000)expect("cuModuleLoadData", 2000, 0, "cuModuleLoadData", 0);
     PFN_cuModuleGetFunction_v2000 getfn =

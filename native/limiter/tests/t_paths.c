@@ -10,8 +10,16 @@
  *   capture        allocations during stream capture, freed by the capture: charged when the graph runs
  *   legacy-abi     the CUDA 2.0 entry points cuGetProcAddress returns for version 2000
  *   granularity    many small allocations: charged whole granules, as the driver holds them
+ *   contexts       primary and created contexts, cuCtxSetLimit: what their stack, heap and FIFO hold (run
+ *                  with FAKE_CUDA_CTX_*_BYTES set; elsewhere contexts hold nothing)
+ *   import         VMM memory imported from another process (another claim) through a shareable handle is
+ *                  charged to the importer when mapped; importing its own export takes no second charge
  */
 #include "device.h"
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #undef cuMemAlloc
 #undef cuMemFree
@@ -276,13 +284,148 @@ static void granularity(void) {
     HOLDS(0, 0);
 }
 
+static void contexts(void) {
+    /* A context of the fake's limits (1 KiB stack x 132 SMs x 2048 threads, 8 MiB heap, 1 MiB FIFO): 273 MiB,
+     * 274 MiB in whole granules. */
+    const uint64_t ctx_bytes = 274 * MiB;
+    HOLDS(ctx_bytes, ctx_bytes); /* the two primary contexts */
+    CUcontext c1, c2, c3;
+    CHECK_CU(cuCtxCreate_v4(&c1, NULL, 0, 0), CUDA_SUCCESS);
+    CHECK_CU(cuCtxCreate_v4(&c2, NULL, 0, 0), CUDA_SUCCESS); /* current from here */
+    HOLDS(3 * ctx_bytes, ctx_bytes);
+    CHECK_CU(cuCtxCreate_v4(&c3, NULL, 0, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    HOLDS(3 * ctx_bytes, ctx_bytes);
+    REFUSED(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 256 * MiB), "cuCtxSetLimit");
+    CHECK_CU(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 100 * MiB), CUDA_SUCCESS);
+    HOLDS(3 * ctx_bytes + 92 * MiB, ctx_bytes);
+    CHECK_CU(cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 0), CUDA_SUCCESS);
+    HOLDS(3 * ctx_bytes + 92 * MiB - 2 * MiB, ctx_bytes); /* 273 + 92 - 1 MiB = 364 MiB, 182 granules */
+    REFUSED(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 2048), "cuCtxSetLimit");
+    CHECK_CU(cuCtxDestroy_v2(c2), CUDA_SUCCESS);
+    CHECK_CU(cuCtxDestroy_v2(c1), CUDA_SUCCESS);
+    HOLDS(ctx_bytes, ctx_bytes);
+    /* The CUDA 2.0 entry points, as cuGetProcAddress returns them to a caller asking for version 2000. */
+    typedef CUresult (*create_v1)(CUcontext *, unsigned int, CUdevice);
+    typedef CUresult (*destroy_v1)(CUcontext);
+    create_v1 create_old = (create_v1)lookup_v2000("cuCtxCreate");
+    destroy_v1 destroy_old = (destroy_v1)lookup_v2000("cuCtxDestroy");
+    CHECK_CU(create_old(&c1, 0, 0), CUDA_SUCCESS);
+    HOLDS(2 * ctx_bytes, ctx_bytes);
+    CHECK_CU(destroy_old(c1), CUDA_SUCCESS);
+    HOLDS(ctx_bytes, ctx_bytes);
+    /* The primary context goes with its last release, and comes back only if the claim can hold it. */
+    CHECK_CU(cuCtxSetCurrent(ctx[0]), CUDA_SUCCESS);
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+    HOLDS(ctx_bytes, 0);
+    CUdeviceptr p;
+    CHECK_CU(cuMemAllocAsync(&p, 800 * MiB, s1), CUDA_SUCCESS);
+    CUcontext again;
+    CHECK_CU(cuDevicePrimaryCtxRetain(&again, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    HOLDS(ctx_bytes, 800 * MiB);
+}
+
+static CUmemAllocationProp device0_prop(void) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    return prop;
+}
+
+/* A process of another claim exports 512 MiB of device 0 and hands the descriptor over; it exits when told. */
+static int exporter(int sock) {
+    /* Its own claim (the environment is read again after fork): a state directory beside the importer's. */
+    const char *parent = getenv("DRAGPU_LIMITER_STATE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/exporter", parent ? parent : "/tmp");
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    setenv("DRAGPU_LIMITER_STATE_DIR", dir, 1);
+    CUmemAllocationProp prop = device0_prop();
+    CUmemGenericAllocationHandle h;
+    int fd;
+    CHECK_CU(cuMemCreate(&h, 512 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+    char byte = 0;
+    char ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    CHECK(sendmsg(sock, &msg, 0) == 1, "sendmsg");
+    CHECK(read(sock, &byte, 1) == 1, "read");
+    return 0;
+}
+
+static int receive_fd(int sock) {
+    char byte, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    CHECK(recvmsg(sock, &msg, 0) == 1, "recvmsg");
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    CHECK(c && c->cmsg_type == SCM_RIGHTS, "no descriptor received");
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+static void import(void) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) _exit(exporter(sv[1]));
+    int fd = receive_fd(sv[0]);
+    CUmemGenericAllocationHandle h;
+    CHECK_CU(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             CUDA_SUCCESS);
+    HOLDS(0, 0); /* not mapped here yet */
+    CUdeviceptr va, q;
+    CHECK_CU(cuMemAddressReserve(&va, 1 * GiB, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemAlloc_v2(&q, 600 * MiB), CUDA_SUCCESS);
+    REFUSED(cuMemMap(va, 512 * MiB, 0, h, 0), "cuMemMap"); /* the importer's claim cannot hold it */
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va, 512 * MiB, 0, h, 0), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0);
+    REFUSED(cuMemAlloc_v2(&q, 600 * MiB), "cuMemAlloc_v2");
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0); /* still mapped */
+    CHECK_CU(cuMemUnmap(va, 512 * MiB), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    char byte = 1;
+    CHECK(write(sv[0], &byte, 1) == 1, "write");
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the exporter failed");
+    close(fd);
+    /* Its own allocation, exported and imported again: one allocation, one charge. */
+    CUmemAllocationProp prop = device0_prop();
+    CUmemGenericAllocationHandle own, again;
+    CHECK_CU(cuMemCreate(&own, 256 * MiB, &prop, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemExportToShareableHandle(&fd, own, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemImportFromShareableHandle(&again, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             CUDA_SUCCESS);
+    CHECK_CU(cuMemMap(va, 256 * MiB, 0, again, 0), CUDA_SUCCESS);
+    HOLDS(256 * MiB, 0);
+    CHECK_CU(cuMemUnmap(va, 256 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuMemRelease(again), CUDA_SUCCESS);
+    HOLDS(256 * MiB, 0);
+    CHECK_CU(cuMemRelease(own), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    close(fd);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
         const char *name;
         void (*run)(void);
     } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
-                     {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity}};
+                     {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
+                     {"contexts", contexts},           {"import", import}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

@@ -9,10 +9,12 @@
  *   deleted     the file unlinked: refused from then on (a new file would be a new, empty account)
  *   resized     the file grown: refused from then on
  *   header      the layout fields rewritten: refused from then on
+ *   clock       the compute clock set an hour and more ahead: a launch does not wait for it (run with a
+ *               compute share; a hang fails the test after 30 s)
  *
  * Each refusal is logged once, naming the region and the reason.
  *
- * usage: t_region lowered|impossible|deleted|resized|header
+ * usage: t_region lowered|impossible|deleted|resized|header|clock
  */
 #include "device.h"
 
@@ -26,6 +28,7 @@
 #define SLOT_BYTES 192
 #define REGION_BYTES (HEADER_BYTES + 1024 * SLOT_BYTES)
 #define DEV0_USED (64 + 64)
+#define DEV0_TAT (64 + 128)
 #define SLOT_USED 8
 
 static void sleep_ms(long ms) {
@@ -34,7 +37,7 @@ static void sleep_ms(long ms) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|resized|header");
+    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|resized|header|clock");
     const char *mode = argv[1], *dir = getenv("DRAGPU_LIMITER_STATE_DIR");
     CHECK(dir, "run with DRAGPU_LIMITER_STATE_DIR set");
     char path[4200];
@@ -50,7 +53,21 @@ int main(int argc, char **argv) {
     int64_t *total = (int64_t *)(base + DEV0_USED);
     CHECK(*total == (int64_t)(768 * MiB), "the claim-wide total is %lld", (long long)*total);
 
-    if (strcmp(mode, "lowered") == 0) {
+    if (strcmp(mode, "clock") == 0) {
+        CUmodule mod;
+        CUfunction f;
+        CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
+        CHECK_CU(cuModuleGetFunction(&f, mod, "small"), CUDA_SUCCESS);
+        CHECK_CU(cuLaunchKernel(f, 132, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS); /* clock in use */
+        CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        *(int64_t *)(base + DEV0_TAT) = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec + 7200LL * 1000000000LL;
+        alarm(30);
+        for (int i = 0; i < 10; i++) CHECK_CU(cuLaunchKernel(f, 132, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+        alarm(0);
+    } else if (strcmp(mode, "lowered") == 0) {
         /* The rewrite a process would do to get more: every counter of the file back to zero. */
         *total = 0;
         for (int i = 0; i < 1024; i++) memset(base + HEADER_BYTES + (size_t)i * SLOT_BYTES + SLOT_USED, 0, 128);
@@ -69,8 +86,12 @@ int main(int argc, char **argv) {
         } else {
             CHECK(0, "unknown case %s", mode);
         }
-        sleep_ms(250); /* the file is re-checked at most every 100 ms on the allocation path */
-        CHECK_CU(cuMemAlloc(&p, 1 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
+        /* The allocation path re-checks the file at most every 100 ms, looking at the clock every 64th
+         * allocation: within 64 allocations after that, every allocation is refused. */
+        sleep_ms(250);
+        int admitted = 0;
+        while (admitted < 64 && cuMemAlloc(&p, 1 * MiB) == CUDA_SUCCESS) admitted++;
+        CHECK(admitted < 64, "%s: 64 more allocations were admitted", mode);
         CHECK_CU(cuMemAlloc(&p, 1 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
         size_t free_b, total_b;
         CHECK_CU(cuMemGetInfo(&free_b, &total_b), CUDA_SUCCESS);

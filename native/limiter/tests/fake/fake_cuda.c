@@ -32,6 +32,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "fake_common.h"
 #include "fake_proctable.h"
 
@@ -47,6 +50,10 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuCtxCreate
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -101,7 +108,9 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 #define MAGIC_POOL 0x504f4f31u
 #define MAGIC_ARRAY 0x41525231u
 
-struct CUctx_st { unsigned magic; int device; unsigned gen; /* bumped when the context is destroyed */ };
+/* A context holds device memory for its limits (cuCtxSetLimit): the stack of every thread the device can
+ * hold resident, the malloc heap and the printf FIFO. gen is bumped when the context is destroyed. */
+struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
 struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
 struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
 struct CUmod_st { unsigned magic; };
@@ -117,6 +126,7 @@ struct CUarray_st { unsigned magic; int device; uint64_t bytes; };
 struct CUmipmappedArray_st { unsigned magic; int device; uint64_t bytes; };
 
 #define QUEUE_DEPTH 1024
+#define THREADS_PER_SM 2048 /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
 
 static struct device {
     struct CUctx_st primary;
@@ -137,6 +147,7 @@ static struct {
     uint64_t memory, sms, wave_ns;
     int driver_version;
     int event_create_fails;
+    uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
 } G;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -152,8 +163,11 @@ static void load_config(void) {
     G.wave_ns = fake_env_u64("FAKE_CUDA_WAVE_NS", 10000);
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
+    G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
+    G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
+    G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
-        devices[i].primary = (struct CUctx_st){MAGIC_CTX, i, 0};
+        devices[i].primary = (struct CUctx_st){.magic = MAGIC_CTX, .device = i};
         devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i, 0, 0, 0};
     }
 }
@@ -640,7 +654,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     switch (attr) {
         case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = (int)G.sms; break;
-        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = 2048; break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = THREADS_PER_SM; break;
         case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
@@ -678,16 +692,162 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+static uint64_t ctx_bytes(uint64_t stack, uint64_t heap, uint64_t fifo) {
+    return granules(stack * G.sms * THREADS_PER_SM + heap + fifo);
+}
+
+/* Takes a context's memory for limits (stack, heap, fifo): CUDA_ERROR_OUT_OF_MEMORY when the device cannot
+ * hold it. Caller holds mu. */
+static CUresult ctx_reserve(struct CUctx_st *c, uint64_t stack, uint64_t heap, uint64_t fifo) {
+    uint64_t want = ctx_bytes(stack, heap, fifo);
+    struct device *d = &devices[c->device];
+    if (want > c->reserved && want - c->reserved > G.memory - d->used) return CUDA_ERROR_OUT_OF_MEMORY;
+    d->used = d->used + want - c->reserved;
+    c->reserved = want;
+    c->stack = stack;
+    c->heap = heap;
+    c->fifo = fifo;
+    return CUDA_SUCCESS;
+}
+
+static void ctx_unreserve(struct CUctx_st *c) {
+    devices[c->device].used -= c->reserved;
+    c->reserved = 0;
+}
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     COUNT();
     CHECK(0);
     if (!c) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&mu);
-    devices[d].primary_refs++;
+    CUresult r = CUDA_SUCCESS;
+    if (devices[d].primary_refs == 0) r = ctx_reserve(&devices[d].primary, G.ctx_stack, G.ctx_heap, G.ctx_fifo);
+    if (r == CUDA_SUCCESS) devices[d].primary_refs++;
     pthread_mutex_unlock(&mu);
-    *c = &devices[d].primary;
+    if (r == CUDA_SUCCESS) *c = &devices[d].primary;
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    COUNT();
+    CHECK(0);
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    ctx_unreserve(&devices[d].primary);
+    devices[d].primary_refs = 0;
+    devices[d].primary.gen++;
+    pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
+}
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
+    CHECK(0);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct CUctx_st){.magic = MAGIC_CTX, .device = d, .created = 1};
+    pthread_mutex_lock(&mu);
+    CUresult r = ctx_reserve(c, G.ctx_stack, G.ctx_heap, G.ctx_fifo);
+    pthread_mutex_unlock(&mu);
+    if (r != CUDA_SUCCESS) {
+        free(c);
+        return r;
+    }
+    ctx_stack[ctx_depth++] = c; /* pushed: current to this thread */
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+/* The CUDA 2.0 (cuCtxCreate, cuCtxDestroy) and 7.0 (primary context release and reset) variants behave as
+ * their successors. */
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)params, (void)n, (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice d) {
+    COUNT();
+    (void)params, (void)flags;
+    return ctx_create(pctx, d);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    COUNT();
+    CHECK(0);
+    if (!c || c->magic != MAGIC_CTX || !c->created) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    ctx_unreserve(c);
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < ctx_depth; i++) {
+        if (ctx_stack[i] != c) continue;
+        memmove(&ctx_stack[i], &ctx_stack[i + 1], (size_t)(ctx_depth - i - 1) * sizeof ctx_stack[0]);
+        ctx_depth--;
+        i--;
+    }
+    c->magic = 0;
+    c->gen++; /* kept allocated: its events may still name it, and are invalid now */
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext c) {
+    COUNT();
+    return cuCtxDestroy_v2(c);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) {
+    COUNT();
+    return cuDevicePrimaryCtxRelease_v2(d);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice d) {
+    COUNT();
+    return cuDevicePrimaryCtxReset_v2(d);
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    COUNT();
+    CHECK(1);
+    struct CUctx_st *c = current();
+    uint64_t stack = c->stack, heap = c->heap, fifo = c->fifo;
+    switch (limit) {
+        case CU_LIMIT_STACK_SIZE: stack = value; break;
+        case CU_LIMIT_MALLOC_HEAP_SIZE: heap = value; break;
+        case CU_LIMIT_PRINTF_FIFO_SIZE: fifo = value; break;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_lock(&mu);
+    CUresult r = ctx_reserve(c, stack, heap, fifo);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
+    COUNT();
+    CHECK(1);
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c = current();
+    switch (limit) {
+        case CU_LIMIT_STACK_SIZE: *value = (size_t)c->stack; return CUDA_SUCCESS;
+        case CU_LIMIT_MALLOC_HEAP_SIZE: *value = (size_t)c->heap; return CUDA_SUCCESS;
+        case CU_LIMIT_PRINTF_FIFO_SIZE: *value = (size_t)c->fifo; return CUDA_SUCCESS;
+        default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
 }
 
 /* The last release destroys the primary context (its events with it); the next retain makes a new one at
@@ -697,18 +857,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     CHECK(0);
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&mu);
-    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) devices[d].primary.gen++;
-    pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
-    COUNT();
-    CHECK(0);
-    if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
-    pthread_mutex_lock(&mu);
-    devices[d].primary_refs = 0;
-    devices[d].primary.gen++;
+    if (devices[d].primary_refs > 0 && --devices[d].primary_refs == 0) {
+        ctx_unreserve(&devices[d].primary);
+        devices[d].primary.gen++;
+    }
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
@@ -1127,6 +1279,78 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
     return r;
 }
 
+/* Shareable handles (POSIX file descriptors): the descriptor is a memfd naming the allocation (the exporting
+ * process, its handle, device and size). Imported in the exporting process, it is the same allocation
+ * (another reference to it); imported in another process, this fake accounts the allocation's memory to the
+ * importing process's device as well, from its first mapping there (handle = 1 until then), so that each
+ * process's view holds what it uses. */
+struct shared_alloc { int pid; uint64_t handle; int device; uint64_t size; };
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                                             unsigned long long flags) {
+    COUNT();
+    CHECK(0);
+    if (!out || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(h, A_HANDLE);
+    struct shared_alloc sa = {getpid(), h, a ? a->device : 0, a ? a->size : 0};
+    pthread_mutex_unlock(&mu);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("fake-cuda-shareable", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (write(fd, &sa, sizeof sa) != (ssize_t)sizeof sa) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
+                                               CUmemAllocationHandleType type) {
+    COUNT();
+    CHECK(0);
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    struct shared_alloc sa;
+    int fd = (int)(intptr_t)os_handle;
+    if (pread(fd, &sa, sizeof sa, 0) != (ssize_t)sizeof sa) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(sa.device)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    struct alloc *a = sa.pid == getpid() ? alloc_find(sa.handle, A_HANDLE) : NULL;
+    if (a) {
+        a->refs++;
+        *h = sa.handle;
+    } else if (sa.pid == getpid()) {
+        r = CUDA_ERROR_INVALID_VALUE; /* released since */
+    } else {
+        uint64_t key = next_handle++;
+        alloc_put((struct alloc){.key = key, .bytes = 0, .device = sa.device, .kind = A_HANDLE, .size = sa.size,
+                                 .refs = 1, .handle = 1});
+        *h = key;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    COUNT();
+    CHECK(0);
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(h, A_HANDLE);
+    int device = a ? a->device : 0, on_device = a && (a->bytes || a->handle == 1);
+    pthread_mutex_unlock(&mu);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = on_device ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+    prop->location.id = on_device ? device : 0;
+    return CUDA_SUCCESS;
+}
+
 /* Frees a handle's memory once nothing refers to it any more. Caller holds mu. */
 static void handle_settle(struct alloc *a) {
     if (a->refs > 0 || a->maps > 0) return;
@@ -1182,7 +1406,15 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS && alloc_put((struct alloc){.key = ptr, .bytes = size, .kind = A_MAP, .handle = h}) != 0)
         r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) alloc_find(h, A_HANDLE)->maps++; /* found again: the insert may have rehashed */
+    if (r == CUDA_SUCCESS) {
+        a = alloc_find(h, A_HANDLE); /* found again: the insert may have rehashed */
+        a->maps++;
+        if (a->handle == 1) { /* imported from another process: its memory counts here from now on */
+            a->handle = 0;
+            a->bytes = a->size;
+            devices[a->device].used += a->size;
+        }
+    }
     pthread_mutex_unlock(&mu);
     return r;
 }
