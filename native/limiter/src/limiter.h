@@ -234,6 +234,11 @@ bool dl_region_is_shared(void);
     X(cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                 \
     X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
     X(cuCtxSetLimit, PFN_cuCtxSetLimit_v3010)                                 \
+    X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
+    X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
+    X(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                           \
+    X(cuCtxSynchronize_v2, PFN_cuCtxSynchronize_v13000)                       \
+    X(cuEventSynchronize, PFN_cuEventSynchronize_v2000)                       \
     X(cuCtxCreate, PFN_cuCtxCreate_v2000)                                     \
     X(cuCtxDestroy, PFN_cuCtxDestroy_v2000)                                   \
     X(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000)         \
@@ -271,11 +276,9 @@ bool dl_region_is_shared(void);
     X(cuEventDestroy_v2, PFN_cuEventDestroy_v4000)                            \
     X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
     X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)          \
-    X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
     X(cuCtxGetLimit, PFN_cuCtxGetLimit_v3010)                                 \
     X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020) \
     X(cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000)                   \
-    X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
     X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                        \
     X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)              \
     X(cuStreamGetCtx, PFN_cuStreamGetCtx_v9020)                               \

@@ -548,3 +548,52 @@ DL_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     pthread_mutex_unlock(&mu);
     return r;
 }
+
+/* ---- synchronisation points: where pools give back what they keep beyond their release threshold ---- */
+
+/* After a synchronisation, what the pools released is refunded at once, so that the claim's other
+ * processes can have it (in a process that uses no pool or graph memory: nothing but one flag load). */
+static void reclaim_all(void) {
+    for (int o = 0; o < DL_MAX_DEVICES; o++) {
+        pthread_mutex_lock(&mu);
+        int any = graphmem[o].dev != 0;
+        for (int i = 0; i < MAX_POOLS && !any; i++) any = pools[i].pool && pools[i].ordinal == o;
+        pthread_mutex_unlock(&mu);
+        if (any) dl_pools_reclaim(o);
+    }
+}
+
+DL_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
+    REAL_OR_NOT_FOUND(cuStreamSynchronize);
+    CUresult r = dl_cuda.cuStreamSynchronize(hStream);
+    if (r == CUDA_SUCCESS && dl_pools_active()) dl_pools_reclaim(dl_stream_ordinal(hStream, 0));
+    return r;
+}
+
+DL_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+    REAL_OR_NOT_FOUND(cuStreamSynchronize_ptsz);
+    CUresult r = dl_cuda.cuStreamSynchronize_ptsz(hStream);
+    if (r == CUDA_SUCCESS && dl_pools_active()) dl_pools_reclaim(dl_stream_ordinal(hStream, 1));
+    return r;
+}
+
+DL_EXPORT CUresult cuCtxSynchronize(void) {
+    REAL_OR_NOT_FOUND(cuCtxSynchronize);
+    CUresult r = dl_cuda.cuCtxSynchronize();
+    if (r == CUDA_SUCCESS && dl_pools_active()) dl_pools_reclaim(dl_current_ordinal());
+    return r;
+}
+
+DL_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    REAL_OR_NOT_FOUND(cuCtxSynchronize_v2);
+    CUresult r = dl_cuda.cuCtxSynchronize_v2(ctx);
+    if (r == CUDA_SUCCESS && dl_pools_active()) reclaim_all();
+    return r;
+}
+
+DL_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
+    REAL_OR_NOT_FOUND(cuEventSynchronize);
+    CUresult r = dl_cuda.cuEventSynchronize(hEvent);
+    if (r == CUDA_SUCCESS && dl_pools_active()) reclaim_all();
+    return r;
+}

@@ -126,6 +126,13 @@ static void pool_kept(void) {
     CHECK_CU(cuMemAllocAsync(&p, 700 * MiB, s0), CUDA_SUCCESS);
     CHECK_CU(cuMemFreeAsync(p, s0), CUDA_SUCCESS);
     CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    /* Refunded at the synchronisation itself: another process of the claim can have it at once. */
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) _exit(cuMemAlloc_v2(&q, 700 * MiB) == CUDA_SUCCESS ? 0 : 1);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "another process of the claim could not have what the pool gave back");
     HOLDS(0, 0);
     /* A pool of its own, keeping everything until destroyed. */
     CUmemPoolProps props;
