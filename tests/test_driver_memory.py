@@ -48,8 +48,22 @@ def share(gpu: object, memory: int = GIB, **limiter: object) -> Share:
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NodeContext:
     library = tmp_path / "lib.so"
     library.write_text("")
+    # The host's root as the agent sees it, with the hook's executable (and the toolkit's) installed.
+    host = tmp_path / "driver-root"
+    for name in ("usr/local/bin/dra-gpu", "usr/bin/nvidia-cdi-hook"):
+        (host / name).parent.mkdir(parents=True, exist_ok=True)
+        (host / name).write_text("#!/bin/sh\n")
+        (host / name).chmod(0o755)
     monkeypatch.setenv("DRA_GPU_CDI_HOOK_PATH", "/usr/local/bin/dra-gpu")
-    return NodeContext("gpu.dra-gpu.io", tmp_path / "state", library, tmp_path, SimulatedCommands())
+    return NodeContext(
+        "gpu.dra-gpu.io",
+        tmp_path / "state",
+        library,
+        tmp_path,
+        SimulatedCommands(),
+        driver_root=host,
+        driver_root_host_path=Path("/"),
+    )
 
 
 def plan_for(node: NodeContext, *shares: Share) -> Plan:

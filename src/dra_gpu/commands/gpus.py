@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from dra_gpu.flags import add_flag
 from dra_gpu.inventory import GpuInfo, InventoryError, NvmlUnavailableError, open_inventory
+from dra_gpu.inventory.capabilities import find_limit_hook
 from dra_gpu.inventory.models import KNOWN_MODELS
 from dra_gpu.quantity import format_quantity
 
@@ -50,6 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="node whose simulated GPUs to show (simulated UUIDs differ per node)",
         unset="none: the UUIDs of an unnamed node",
     )
+    add_flag(
+        parser,
+        "--driver-root",
+        default="/",
+        type=Path,
+        help="the host's root as this process sees it, as for kubelet-plugin (where the memory-limit hook is looked for)",
+    )
+    add_flag(
+        parser,
+        "--driver-root-host-path",
+        default=None,
+        type=Path,
+        help="the driver root as the host sees it (default: --driver-root)",
+    )
     add_flag(parser, "--output", short="-o", choices=["table", "json"], default="table", help="output format")
 
 
@@ -59,9 +75,13 @@ def run(args: argparse.Namespace) -> int:
             "error: --simulate needs a profile such as 2xH100-80GB (leave it out for NVML)", file=sys.stderr
         )
         return 2
+    if not args.driver_root.is_dir():
+        print(f"error: --driver-root {args.driver_root} is not a directory", file=sys.stderr)
+        return 2
     spec = f"simulated:{args.simulate}" if args.simulate is not None else "nvml"
+    hook = find_limit_hook(args.driver_root, args.driver_root_host_path)
     try:
-        inventory = open_inventory(spec, seed=args.node_name or "")
+        inventory = open_inventory(spec, seed=args.node_name or "", hook_problem=hook.problem)
     except NvmlUnavailableError as err:
         print(
             f"{err}; use --simulate PROFILE to show simulated GPUs instead (e.g. --simulate 2xH100-80GB)",

@@ -13,6 +13,7 @@ from dra_gpu.commands._process import stop_on_signals, wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
+from dra_gpu.inventory.capabilities import find_limit_hook
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
 from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.plugin.driver_root import load_nvml
@@ -156,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ImportError) as exc:
             print(f"error: cannot load NVML from the driver root {args.driver_root}: {exc}", file=sys.stderr)
             return 1
+    # The memory-limit hook runs on the host: a node where the host has none publishes `limiter`.
+    limit_hook = find_limit_hook(args.driver_root, args.driver_root_host_path)
     try:
-        inventory = open_inventory(args.gpu_backend, seed=args.node_name)
+        inventory = open_inventory(args.gpu_backend, seed=args.node_name, hook_problem=limit_hook.problem)
     except InventoryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -188,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         driver_root_host_path=args.driver_root_host_path,
         mps_shm_bytes=mps_shm_bytes,
         mps_cgroup=args.mps_cgroup,
+        limit_hook=limit_hook,
     )
     plugin = KubeletPlugin(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
     # The kubelet can register and call the plugin before start() returns: a SIGTERM from then on

@@ -6,6 +6,9 @@
   kernel has it, else with its own internal (``misc``) accounting, so a missing ``dmem`` controller
   changes the backend, not the answer.
 - MPS v3 (named servers and namespaces with server-side limits) comes with the same release.
+- Driver limits are set by a CDI hook that the container runtime runs on the host, so the hook's
+  executable has to exist there (``find_limit_hook``); where it does not, the GPU keeps the limiter
+  rather than take claims whose containers could never start.
 - Everything else keeps the LD_PRELOAD limiter.
 
 The answer is published as the device attribute ``memoryIsolation`` so that a DeviceClass can ask for
@@ -17,7 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+import shutil
+import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -30,6 +35,9 @@ DRIVER_MEMORY_LIMITS_MIN_MAJOR = 615
 MPS_V3_MIN_MAJOR = 615
 CGROUP_ROOT_ENV = "DRA_GPU_CGROUP_ROOT"
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
+HOOK_PATH_ENV = "DRA_GPU_CDI_HOOK_PATH"
+HOOK_KIND_ENV = "DRA_GPU_MEMORY_LIMIT_HOOK"
+TOOLKIT_HOOK_ENV = "DRA_GPU_NVIDIA_CDI_HOOK"
 
 
 class MemoryIsolation(StrEnum):
@@ -82,6 +90,76 @@ def driver_major(version: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class LimitHook:
+    """The executable the container runtime runs on the host to set a container's memory limits."""
+
+    kind: str
+    """"dra-gpu" (our own `cdi-hook`) or "toolkit" (the NVIDIA Container Toolkit's `nvidia-cdi-hook`)."""
+    path: str
+    """Its absolute path as the host sees it; "" when there is none."""
+    problem: str = ""
+    """Why there is none, saying what to set; "" when `path` is usable."""
+
+
+def _seen_from_here(host_path: str, driver_root: Path, host_root: Path) -> Path | None:
+    """Where this process sees the host's `host_path`: under the driver root, which is `host_root` on
+    the host; None when the path lies outside it."""
+    try:
+        relative = Path(host_path).relative_to(host_root)
+    except ValueError:
+        return None
+    return driver_root / relative
+
+
+def find_limit_hook(
+    driver_root: Path = Path("/"), host_root: Path | None = None, env: Mapping[str, str] = os.environ
+) -> LimitHook:
+    """The memory-limit hook the host can run, checked once at start through the driver root.
+
+    The agent usually runs in a container of its own, so a path from its own ``PATH`` means nothing
+    to the host's runtime. A configured path is looked up under the driver root (the host's root,
+    mounted into the agent's container); without one, only an agent that sees the host's root as its
+    own (driver root ``/``) may use its own lookup.
+    """
+    toolkit = env.get(HOOK_KIND_ENV, "").strip() == "toolkit"
+    kind, name, variable = (
+        ("toolkit", "nvidia-cdi-hook", TOOLKIT_HOOK_ENV) if toolkit else ("dra-gpu", "dra-gpu", HOOK_PATH_ENV)
+    )
+    need = f"driver memory limits need the {name} executable on the host: "
+    configured = env.get(variable, "").strip()
+    if configured:
+        if not os.path.isabs(configured):
+            return LimitHook(kind, "", f"{need}set {variable} to an absolute path (it is {configured!r})")
+        root = host_root or driver_root
+        seen = _seen_from_here(configured, driver_root, root)
+        if seen is None:
+            return LimitHook(
+                kind,
+                "",
+                f"{need}{variable}={configured} lies outside the driver root {root}, so it cannot be checked; install it under {root}",
+            )
+        if not (seen.is_file() and os.access(seen, os.X_OK)):
+            return LimitHook(
+                kind,
+                "",
+                f"{need}{variable}={configured} is not an executable file on the host (looked at {seen})",
+            )
+        return LimitHook(kind, configured)
+    if driver_root == Path("/"):
+        argv0 = sys.argv[0] if kind == "dra-gpu" and os.path.isabs(sys.argv[0]) else None
+        found = shutil.which(name) or argv0
+        if found and os.path.isabs(found):
+            return LimitHook(kind, found)
+        return LimitHook(kind, "", f"{need}set {variable} to its absolute path")
+    return LimitHook(
+        kind,
+        "",
+        f"{need}set {variable} to its path on the host (this agent sees the host under {driver_root}, "
+        "and its own executable is not there)",
+    )
+
+
+@dataclass(frozen=True)
 class Capabilities:
     memory_isolation: MemoryIsolation
     memory_limit_backend: CgroupBackend
@@ -91,7 +169,10 @@ class Capabilities:
     """Why memory_isolation is what it is, for the start-up log and `dra-gpu gpus`."""
 
 
-def detect(driver_version: str, layout: CgroupLayout, mig_enabled: bool) -> Capabilities:
+def detect(
+    driver_version: str, layout: CgroupLayout, mig_enabled: bool, hook_problem: str = ""
+) -> Capabilities:
+    """`hook_problem`: why the node has no usable memory-limit hook (`LimitHook.problem`); "" if it has one."""
     major = driver_major(driver_version)
     mps_v3 = major is not None and major >= MPS_V3_MIN_MAJOR
     limiter = MemoryIsolation.LIMITER
@@ -105,6 +186,8 @@ def detect(driver_version: str, layout: CgroupLayout, mig_enabled: bool) -> Capa
     if not layout.v2:
         why = "no cgroup-v2 hierarchy; driver memory limits are set on cgroup-v2 directories"
         return Capabilities(limiter, CgroupBackend.NONE, mps_v3, why)
+    if hook_problem:
+        return Capabilities(limiter, CgroupBackend.NONE, mps_v3, hook_problem)
     backend = layout.backend
     why = f"driver {driver_version} with cgroup v2 ({'dmem controller' if backend is CgroupBackend.DMEM else 'driver-internal accounting, no dmem controller'})"
     return Capabilities(MemoryIsolation.DRIVER, backend, mps_v3, why)

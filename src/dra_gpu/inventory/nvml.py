@@ -111,9 +111,13 @@ class NvmlInventory:
 
     backend = "nvml"
 
-    def __init__(self, nvml: Any = None, cgroup_layout: CgroupLayout | None = None) -> None:
+    def __init__(
+        self, nvml: Any = None, cgroup_layout: CgroupLayout | None = None, hook_problem: str = ""
+    ) -> None:
         self._nvml = nvml if nvml is not None else _import_pynvml()
         self._cgroup_layout = cgroup_layout if cgroup_layout is not None else read_cgroup_layout()
+        self._hook_problem = hook_problem
+        """Why the node has no usable memory-limit hook ("" if it has one; see capabilities.detect)."""
         self._error_names = {
             value: name
             for name in dir(self._nvml)
@@ -222,7 +226,8 @@ class NvmlInventory:
         )
         mig_enabled = mig_mode is not None and int(mig_mode[0]) == 1  # NVML_DEVICE_MIG_ENABLE
         gpu = with_capabilities(
-            replace(gpu, mig_enabled=mig_enabled), detect(driver, self._cgroup_layout, mig_enabled)
+            replace(gpu, mig_enabled=mig_enabled),
+            detect(driver, self._cgroup_layout, mig_enabled, self._hook_problem),
         )
         self._handles[uuid] = handle
         return gpu

@@ -114,7 +114,7 @@ class SimulatedInventory:
 
     backend = "simulated"
 
-    def __init__(self, profile: str, seed: str = "") -> None:
+    def __init__(self, profile: str, seed: str = "", hook_problem: str = "") -> None:
         self.profile = profile
         self.seed = seed
         gpu_profile, options = split_options(profile)
@@ -122,7 +122,7 @@ class SimulatedInventory:
         self._lock = threading.Condition()
         self._changes = 0
         self._seen = 0
-        caps = detect(options.driver_version, options.cgroup, mig_enabled=False)
+        caps = detect(options.driver_version, options.cgroup, mig_enabled=False, hook_problem=hook_problem)
         self._gpus = [
             with_capabilities(
                 GpuInfo(

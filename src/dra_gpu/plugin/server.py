@@ -23,6 +23,7 @@ from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.config import NodeSharing
 from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
+from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.inventory.capabilities import log_choice as log_isolation_choice
 from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
@@ -95,6 +96,8 @@ class PluginConfig:
     """The size of each MPS daemon's /dev/shm (a tmpfs its clients share)."""
     mps_cgroup: Path | None = None
     """A cgroup-v2 directory for the MPS daemons, so that they are not charged to the agent."""
+    limit_hook: LimitHook | None = None
+    """The memory-limit hook found at start, the one the inventory's capabilities were decided with."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -191,6 +194,7 @@ class KubeletPlugin:
             else (Path("/etc/cdi"), config.cdi_dir),
             driver_root=config.driver_root,
             driver_root_host_path=config.driver_root_host_path,
+            limit_hook=config.limit_hook,
         )
         self._hooks_dir = config.state_dir / "bin"
         self.lock = NodeLock(config.plugin_dir / LOCK_FILE_NAME, timeout_s=config.lock_timeout_s)

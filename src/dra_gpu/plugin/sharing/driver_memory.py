@@ -15,46 +15,37 @@ over every process of every pod of the claim (see docs/memory-isolation.md).
 ``DRA_GPU_MEMORY_LIMIT_HOOK=toolkit`` uses the NVIDIA Container Toolkit's
 ``nvidia-cdi-hook apply-cuda-memory-limits`` instead (``NVIDIA_GPU_MEMORY_REQUEST``/``_LIMIT`` in MiB);
 it limits every GPU of the container alike and has no teardown step, so it is only accepted for a
-claim with one GPU. ``DRA_GPU_CDI_HOOK_PATH`` names the ``dra-gpu`` executable on the host (the hook
-runs in the runtime's namespace, not in the plugin's container).
+claim with one GPU. The hook runs in the runtime's namespace on the host, not in the plugin's
+container: which executable it is, and whether the host has it, is decided at start
+(``capabilities.find_limit_hook``); a node without one publishes its GPUs as ``limiter``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from collections.abc import Sequence, Set
 from pathlib import Path
 
 from cdi.spec import Hook
 from dra_gpu.config import Strategy
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.inventory.capabilities import MemoryIsolation
+from dra_gpu.inventory.capabilities import HOOK_KIND_ENV, LimitHook, MemoryIsolation, find_limit_hook
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 
-HOOK_PATH_ENV = "DRA_GPU_CDI_HOOK_PATH"
-HOOK_KIND_ENV = "DRA_GPU_MEMORY_LIMIT_HOOK"
-TOOLKIT_HOOK_ENV = "DRA_GPU_NVIDIA_CDI_HOOK"
 HOLD_KIND = "memory-limits"
 MIB = 2**20
 HOOK_TIMEOUT_S = 30
 
 
-def hook_executable() -> str:
-    """The absolute path of `dra-gpu` the runtime runs as the hook."""
-    configured = os.environ.get(HOOK_PATH_ENV)
-    found = configured or shutil.which("dra-gpu") or (sys.argv[0] if os.path.isabs(sys.argv[0]) else None)
-    if not found or not os.path.isabs(found):
-        raise PrepareError(
-            f"driver memory limits need the dra-gpu executable as a CDI hook; set {HOOK_PATH_ENV} to its "
-            f"absolute path on the host",
-            reason="setup_failed",
-        )
-    return found
+def limit_hook(node: NodeContext) -> LimitHook:
+    """The hook decided at start; looked up now where the node was built without one."""
+    hook = node.limit_hook or find_limit_hook(node.driver_root, node.driver_root_host_path)
+    if hook.problem:
+        raise PrepareError(hook.problem, reason="setup_failed")
+    return hook
 
 
 def record_dir(node: NodeContext, claim_uid: str) -> Path:
@@ -87,10 +78,11 @@ class DriverMemory:
             limits[uuid] = (group[0], soft, hard)
         if not limits:
             return
-        if os.environ.get(HOOK_KIND_ENV, "dra-gpu") == "toolkit":
-            self._toolkit(plan, limits)
+        hook = limit_hook(node)
+        if hook.kind == "toolkit":
+            self._toolkit(plan, limits, hook.path)
             return
-        executable = hook_executable()
+        executable = hook.path
         base = record_dir(node, plan.claim.uid)
         plan.hold(HOLD_KIND, f"{HOLD_KIND}:{plan.claim.uid}", dir=str(base))
         for uuid, (first, soft, hard) in limits.items():
@@ -123,19 +115,13 @@ class DriverMemory:
             plan.detail(first, "memoryLimits", f"soft={soft},hard={hard}")
 
     @staticmethod
-    def _toolkit(plan: Plan, limits: dict[str, tuple[Share, int, int]]) -> None:
+    def _toolkit(plan: Plan, limits: dict[str, tuple[Share, int, int]], executable: str) -> None:
         if len(plan.visible_gpus()) != 1:
             raise PrepareError(
                 f"claim {plan.claim.ref}: the toolkit's apply-cuda-memory-limits hook applies one limit to every "
                 f"GPU of the container, so it serves claims with one GPU only; unset {HOOK_KIND_ENV} to use "
                 f"dra-gpu's own hook",
                 reason="invalid_config",
-            )
-        executable = os.environ.get(TOOLKIT_HOOK_ENV) or shutil.which("nvidia-cdi-hook")
-        if not executable:
-            raise PrepareError(
-                f"{HOOK_KIND_ENV}=toolkit but nvidia-cdi-hook is not installed on this node (or set {TOOLKIT_HOOK_ENV})",
-                reason="setup_failed",
             )
         ((first, soft, hard),) = limits.values()
         edits = plan.edits(first)

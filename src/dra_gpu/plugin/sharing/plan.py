@@ -19,6 +19,7 @@ from typing import Protocol
 from cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from dra_gpu.config import GpuConfig, Strategy
 from dra_gpu.inventory import GpuInfo
+from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
 from dra_gpu.plugin.commands import GpuCommands
 from dra_gpu.plugin.errors import PrepareError
@@ -110,6 +111,8 @@ class NodeContext:
     """The same directory as the container runtime on the host sees it; None: `driver_root`."""
     ldcache_hook: Path | None = None
     """The installed `update-ldcache` OCI hook (see `driver_root.install_ldcache_hook`)."""
+    limit_hook: LimitHook | None = None
+    """The memory-limit hook decided at start (`capabilities.find_limit_hook`); None: looked up when needed."""
 
     def claim_dir(self, uid: str) -> Path:
         return self.state_dir / "claims" / uid
