@@ -451,7 +451,11 @@ static void ipc(void) {
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
     pid_t pid = fork();
     CHECK(pid >= 0, "fork");
-    if (pid == 0) _exit(ipc_exporter(sv[1]));
+    if (pid == 0) {
+        close(sv[0]); /* the exporter sees the importer go, should a check fail there */
+        _exit(ipc_exporter(sv[1]));
+    }
+    close(sv[1]);
     CUipcMemHandle h;
     CHECK(read(sv[0], &h, sizeof h) == (ssize_t)sizeof h, "read the handle");
     CUdeviceptr q, a = 0, b = 0;
