@@ -171,6 +171,7 @@ typedef enum CUlimit_enum {
 typedef enum CUpointer_attribute_enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
     CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
 } CUpointer_attribute;
 
@@ -221,6 +222,15 @@ typedef enum CUgraphMem_attribute_enum {
 #define CUDA_ARRAY3D_DEFERRED_MAPPING 0x80
 
 /* ---- structures ---- */
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle_v1;
+typedef CUipcMemHandle_v1 CUipcMemHandle;
+typedef enum CUipcMem_flags_enum {
+    CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1
+} CUipcMem_flags;
+
 typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
@@ -617,10 +627,17 @@ typedef CUresult (CUDAAPI *PFN_cuStreamGetCtx_v12050_ptsz)(CUstream hStream, CUc
 typedef CUresult (CUDAAPI *PFN_cuStreamGetDevice_v12080)(CUstream hStream, CUdevice *device);
 typedef CUresult (CUDAAPI *PFN_cuStreamGetDevice_v12080_ptsz)(CUstream hStream, CUdevice *device);
 typedef CUresult (CUDAAPI *PFN_cuThreadExchangeStreamCaptureMode_v10010)(CUstreamCaptureMode *mode);
+typedef CUresult (CUDAAPI *PFN_cuIpcGetMemHandle_v4010)(CUipcMemHandle_v1 *pHandle, CUdeviceptr_v2 dptr);
+typedef CUresult (CUDAAPI *PFN_cuIpcOpenMemHandle_v4010)(CUdeviceptr_v2 *pdptr, CUipcMemHandle_v1 handle,
+    unsigned int Flags);
+typedef CUresult (CUDAAPI *PFN_cuIpcOpenMemHandle_v11000)(CUdeviceptr_v2 *pdptr, CUipcMemHandle_v1 handle,
+    unsigned int Flags);
+typedef CUresult (CUDAAPI *PFN_cuIpcCloseMemHandle_v4010)(CUdeviceptr_v2 dptr);
 
 /* ---- prototypes, under cuda.h's names ---- */
 #define cuArray3DCreate cuArray3DCreate_v2
 #define cuArrayCreate cuArrayCreate_v2
+#define cuIpcOpenMemHandle cuIpcOpenMemHandle_v2
 #define cuCtxCreate cuCtxCreate_v4
 #define cuCtxDestroy cuCtxDestroy_v2
 #define cuCtxPopCurrent cuCtxPopCurrent_v2
@@ -658,6 +675,9 @@ CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp_v1 *
     CUmemGenericAllocationHandle_v1 handle);
 CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value);
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx);
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr);
 CUresult CUDAAPI cuCtxGetDevice(CUdevice_v1 *device);
 CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx);

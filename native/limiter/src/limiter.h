@@ -39,6 +39,7 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuIpcOpenMemHandle
 
 #define DL_EXPORT __attribute__((visibility("default")))
 /* For code that runs inside the sanitizer runtimes' own start-up (they resolve their interceptors
@@ -198,6 +199,9 @@ bool dl_region_is_shared(void);
     X(cuMemMap, PFN_cuMemMap_v10020)                                          \
     X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                      \
     X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020) \
+    X(cuIpcOpenMemHandle, PFN_cuIpcOpenMemHandle_v4010)                       \
+    X(cuIpcOpenMemHandle_v2, PFN_cuIpcOpenMemHandle_v11000)                   \
+    X(cuIpcCloseMemHandle, PFN_cuIpcCloseMemHandle_v4010)                     \
     X(cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                              \
     X(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                          \
     X(cuArrayDestroy, PFN_cuArrayDestroy_v2000)                               \
@@ -344,7 +348,8 @@ void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_
 void dl_memory_reset_after_fork(void);
 /* Records that other modules keep in memory.c's table of live allocations: a key of a kind, with a device,
  * bytes and one more value; put replaces, take removes and reports (0 if absent). */
-enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19, DL_REC_CTX = 20, DL_REC_IMPORT = 21 };
+enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19, DL_REC_CTX = 20, DL_REC_IMPORT = 21,
+       DL_REC_IPC = 22 };
 void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
 int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
 /* The current context's CUDA ordinal, -1 without one. */

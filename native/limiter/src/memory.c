@@ -551,6 +551,79 @@ DL_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
     return r;
 }
 
+/* Legacy CUDA IPC: memory another process exported with cuIpcGetMemHandle, opened here, is charged to this
+ * process's claim on the device it is opened on (the driver tells its size only once it is open: over the
+ * limit it is closed again and refused). Opening a handle already open returns the same pointer with one
+ * more reference, as the driver counts it; the last cuIpcCloseMemHandle refunds. */
+static CUresult ipc_opened(CUresult r, CUdeviceptr *pdptr) {
+    if (r != CUDA_SUCCESS || !pdptr || !*pdptr) return r;
+    int dev;
+    uint64_t bytes, refs;
+    if (dl_rec_take(DL_REC_IPC, *pdptr, &dev, &bytes, &refs)) {
+        dl_rec_put(DL_REC_IPC, *pdptr, dev, bytes, refs + 1);
+        return r;
+    }
+    size_t size = 0;
+    int ordinal = -1;
+    if (!dl_cuda.cuPointerGetAttribute ||
+        dl_cuda.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, *pdptr) != CUDA_SUCCESS ||
+        dl_cuda.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, *pdptr) != CUDA_SUCCESS ||
+        size == 0) {
+        ordinal = current_ordinal();
+        size = 0;
+    }
+    struct charge c;
+    if (size == 0) {
+        /* Cannot tell what it holds: err on the side of the limit. */
+        uint64_t limit = DL_NO_LIMIT;
+        dl_core_init();
+        if (ordinal >= 0 && dl_device_for_ordinal(ordinal, &limit) >= 0 && limit != DL_NO_LIMIT) {
+            dl_error("cannot tell the size of CUDA IPC memory opened at %#llx; refusing it",
+                     (unsigned long long)*pdptr);
+            (void)dl_cuda.cuIpcCloseMemHandle(*pdptr);
+            *pdptr = 0;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        return r;
+    }
+    if (charge(ordinal, size, &c) != CUDA_SUCCESS) {
+        (void)dl_cuda.cuIpcCloseMemHandle(*pdptr);
+        *pdptr = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    dl_rec_put(DL_REC_IPC, *pdptr, c.dev, c.bytes, 1);
+    return r;
+}
+
+DL_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    REAL_OR_NOT_FOUND(cuIpcOpenMemHandle);
+    if (!dl_cuda.cuIpcCloseMemHandle) return CUDA_ERROR_NOT_FOUND;
+    return ipc_opened(dl_cuda.cuIpcOpenMemHandle(pdptr, handle, Flags), pdptr);
+}
+DL_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    REAL_OR_NOT_FOUND(cuIpcOpenMemHandle_v2);
+    if (!dl_cuda.cuIpcCloseMemHandle) return CUDA_ERROR_NOT_FOUND;
+    return ipc_opened(dl_cuda.cuIpcOpenMemHandle_v2(pdptr, handle, Flags), pdptr);
+}
+
+DL_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    REAL_OR_NOT_FOUND(cuIpcCloseMemHandle);
+    int dev = -1;
+    uint64_t bytes = 0, refs = 0;
+    int known = dptr && dl_rec_take(DL_REC_IPC, dptr, &dev, &bytes, &refs);
+    CUresult r = dl_cuda.cuIpcCloseMemHandle(dptr);
+    if (!known) return r;
+    if (r != CUDA_SUCCESS) {
+        dl_rec_put(DL_REC_IPC, dptr, dev, bytes, refs);
+    } else if (refs > 1) {
+        dl_rec_put(DL_REC_IPC, dptr, dev, bytes, refs - 1);
+    } else {
+        struct charge c = {.dev = dev, .bytes = bytes};
+        refund(&c);
+    }
+    return r;
+}
+
 DL_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
     REAL_OR_NOT_FOUND(cuMemRetainAllocationHandle);
     CUresult r = dl_cuda.cuMemRetainAllocationHandle(handle, addr);

@@ -14,6 +14,8 @@
  *                  with FAKE_CUDA_CTX_*_BYTES set; elsewhere contexts hold nothing)
  *   import         VMM memory imported from another process (another claim) through a shareable handle is
  *                  charged to the importer when mapped; importing its own export takes no second charge
+ *   ipc            legacy CUDA IPC memory opened from a process of another claim is charged to the importer
+ *                  (refused over the limit) until its last cuIpcCloseMemHandle
  */
 #include "device.h"
 #include <sys/socket.h>
@@ -425,6 +427,66 @@ static void import(void) {
     close(fd);
 }
 
+/* A process of another claim allocates 512 MiB of device 0 with cuMemAlloc and hands its legacy IPC handle
+ * over; it frees the memory and exits when told. */
+static int ipc_exporter(int sock) {
+    const char *parent = getenv("DRAGPU_LIMITER_STATE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/ipc-exporter", parent ? parent : "/tmp");
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    setenv("DRAGPU_LIMITER_STATE_DIR", dir, 1);
+    CUdeviceptr p;
+    CUipcMemHandle h;
+    CHECK_CU(cuMemAlloc_v2(&p, 512 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuIpcGetMemHandle(&h, p), CUDA_SUCCESS);
+    CHECK(write(sock, &h, sizeof h) == (ssize_t)sizeof h, "write");
+    char byte;
+    CHECK(read(sock, &byte, 1) == 1, "read");
+    CHECK_CU(cuMemFree_v2(p), CUDA_SUCCESS);
+    return 0;
+}
+
+static void ipc(void) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        close(sv[0]); /* the exporter sees the importer go, should a check fail there */
+        _exit(ipc_exporter(sv[1]));
+    }
+    close(sv[1]);
+    CUipcMemHandle h;
+    CHECK(read(sv[0], &h, sizeof h) == (ssize_t)sizeof h, "read the handle");
+    CUdeviceptr q, a = 0, b = 0;
+    CHECK_CU(cuMemAlloc_v2(&q, 600 * MiB), CUDA_SUCCESS);
+    /* The importer's claim cannot hold it: refused, and closed again (the driver holds nothing for it). */
+    CHECK_CU(cuIpcOpenMemHandle_v2(&a, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_OUT_OF_MEMORY);
+    HOLDS(600 * MiB, 0);
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    CHECK_CU(cuIpcOpenMemHandle_v2(&a, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0);
+    REFUSED(cuMemAlloc_v2(&q, 600 * MiB), "cuMemAlloc_v2");
+    /* Opened again, through the CUDA 4.1 entry point: the same memory, one more reference, no second charge. */
+    PFN_cuIpcOpenMemHandle_v4010 open_old = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK_CU(cuGetProcAddress_v2("cuIpcOpenMemHandle", (void **)&open_old, 4010, 0, &st), CUDA_SUCCESS);
+    CHECK(open_old && st == CU_GET_PROC_ADDRESS_SUCCESS, "no cuIpcOpenMemHandle at version 4010");
+    CHECK_CU(open_old(&b, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
+    CHECK(a == b, "a handle opened twice maps one address");
+    HOLDS(512 * MiB, 0);
+    CHECK_CU(cuIpcCloseMemHandle(a), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0); /* still open once */
+    CHECK_CU(cuIpcCloseMemHandle(a), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
+    HOLDS(0, 0);
+    char byte = 1;
+    CHECK(write(sv[0], &byte, 1) == 1, "write");
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the exporter failed");
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
@@ -432,7 +494,8 @@ int main(int argc, char **argv) {
         void (*run)(void);
     } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
                      {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
-                     {"contexts", contexts},           {"import", import}};
+                     {"contexts", contexts},           {"import", import},
+                     {"ipc", ipc}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

@@ -54,6 +54,7 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuIpcOpenMemHandle
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -212,7 +213,9 @@ static int valid_device(int d) { return d >= 0 && d < G.count; }
 /* A_POOLPTR: an allocation from a stream-ordered pool (handle: the pool); its memory is the pool's.
  * A_GRAPHVA: an address handed out by a graph allocation node or by a stream-ordered allocation during
  * capture (handle: the graph); its memory is the device's graph memory pool's. */
-enum { A_DEVICE = 1, A_HANDLE = 2, A_MAP = 3, A_POOLPTR = 4, A_GRAPHVA = 5 };
+/* A_IPC: memory of another process opened with cuIpcOpenMemHandle (size: the exporting process, handle: its
+ * address there, refs: opens not yet closed). */
+enum { A_DEVICE = 1, A_HANDLE = 2, A_MAP = 3, A_POOLPTR = 4, A_GRAPHVA = 5, A_IPC = 6 };
 
 /* The fake's allocation granularity: every allocation holds whole granules of device memory, as the real
  * driver hands out memory in pages (cuMemGetAllocationGranularity reports it). */
@@ -1236,6 +1239,7 @@ static int addr_device(uint64_t addr) {
     struct alloc *a = alloc_find(addr, A_DEVICE);
     if (!a) a = alloc_find(addr, A_POOLPTR);
     if (!a) a = alloc_find(addr, A_GRAPHVA);
+    if (!a) a = alloc_find(addr, A_IPC);
     return a ? a->device : -1;
 }
 
@@ -1244,6 +1248,16 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
     COUNT();
     CHECK(0);
     if (!data) return CUDA_ERROR_INVALID_VALUE;
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE) { /* for the base addresses of cuMemAlloc and IPC memory */
+        pthread_mutex_lock(&mu);
+        struct alloc *a = alloc_find(ptr, A_DEVICE);
+        if (!a) a = alloc_find(ptr, A_IPC);
+        size_t size = a ? a->bytes : 0;
+        pthread_mutex_unlock(&mu);
+        if (!a) return CUDA_ERROR_INVALID_VALUE;
+        *(size_t *)data = size;
+        return CUDA_SUCCESS;
+    }
     if (attr != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&mu);
     int d = addr_device(ptr);
@@ -1333,6 +1347,80 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
     }
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+/* Legacy CUDA IPC: the handle names the exporting process, the cuMemAlloc address there, its device and
+ * size. Opened in another process, this fake accounts the memory to the importing process's device as well
+ * (as for shareable handles), until its last cuIpcCloseMemHandle; opening a handle already open returns the
+ * same address with one more reference; the exporting process cannot open its own handle. */
+struct ipc_handle { uint64_t magic; int pid; int device; uint64_t addr; uint64_t bytes; };
+#define IPC_MAGIC 0x4350496b616b6646ull
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    COUNT();
+    CHECK(1);
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(p, A_DEVICE);
+    struct ipc_handle ih = {IPC_MAGIC, getpid(), a ? a->device : 0, p, a ? a->bytes : 0};
+    pthread_mutex_unlock(&mu);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &ih, sizeof ih);
+    return CUDA_SUCCESS;
+}
+
+static CUresult ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+    CHECK(1);
+    if (!p || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_handle ih;
+    memcpy(&ih, h.reserved, sizeof ih);
+    if (ih.magic != IPC_MAGIC || !valid_device(ih.device)) return CUDA_ERROR_INVALID_HANDLE;
+    if (ih.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    struct alloc *open = NULL;
+    for (size_t i = 0; i < allocs_cap && !open; i++)
+        if (allocs[i].kind == A_IPC && allocs[i].size == (uint64_t)ih.pid && allocs[i].handle == ih.addr)
+            open = &allocs[i];
+    if (open) {
+        open->refs++;
+        *p = open->key;
+    } else {
+        uint64_t addr = new_addr(ih.device, ih.bytes, 0);
+        if (alloc_put((struct alloc){.key = addr, .bytes = ih.bytes, .device = ih.device, .kind = A_IPC,
+                                     .size = (uint64_t)ih.pid, .handle = ih.addr, .refs = 1}) != 0) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            devices[ih.device].used += ih.bytes;
+            *p = addr;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+    COUNT();
+    return ipc_open(p, h, flags);
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+    COUNT();
+    return ipc_open(p, h, flags);
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    COUNT();
+    CHECK(1);
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(p, A_IPC);
+    if (a && --a->refs == 0) {
+        devices[a->device].used -= a->bytes;
+        a->kind = -1;
+    }
+    pthread_mutex_unlock(&mu);
+    return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
