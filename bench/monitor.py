@@ -58,7 +58,7 @@ def write_region(path: Path, uuid: str, used: int) -> int:
         layout.SLOT_COUNT,
         layout.SLOT_BYTES,
         layout.DEVICE_COUNT,
-        0,
+        layout.EXPORT_COUNT,
     )
     header[64 : 64 + len(uuid)] = uuid.encode()
     struct.pack_into("=I", header, 64 + 48, 1)
@@ -67,7 +67,7 @@ def write_region(path: Path, uuid: str, used: int) -> int:
     struct.pack_into("=Iiq", slot, 0, 1, 1, used)
     path.mkdir(parents=True, exist_ok=True)
     with open(path / layout.REGION_FILE, "wb") as f:
-        f.write(header + slot)
+        f.write(header + bytes(layout.SLOTS_AT - layout.HEADER_BYTES) + slot)
         f.truncate(layout.REGION_BYTES)
     fd = os.open(path / layout.REGION_FILE, os.O_RDWR)
     fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 1, 1, 0))

@@ -55,6 +55,22 @@ def test_region_written_by_the_library_reads_back(built: Path, tmp_path: Path) -
     assert after.used_bytes == 0, "a dead process's bytes are not reported, though no sweep has run yet"
 
 
+def test_memory_a_process_shares_is_reported_once_while_it_lives(built: Path, tmp_path: Path) -> None:
+    """Exported memory's charge lives in the region's export table, not the exporter's slot."""
+    holder = _probe(built, tmp_path, "alloc", str(256 * MiB), "3", "--export", "--hold")
+    try:
+        assert holder.stdout is not None
+        lines = [holder.stdout.readline().strip() for _ in range(6)]
+        assert lines[-2:] == ["exported=3", "holding"], lines
+        (device,) = read_region(tmp_path) or []
+        assert device.used_bytes == 768 * MiB
+    finally:
+        holder.kill()
+        holder.wait()
+    (after,) = read_region(tmp_path) or []
+    assert after.used_bytes == 0, "memory no live process holds is not reported"
+
+
 def test_a_region_of_another_layout_is_skipped(tmp_path: Path) -> None:
     (tmp_path / REGION_FILE).write_bytes(b"\0" * REGION_BYTES)
     assert read_region(tmp_path) is None

@@ -4,10 +4,12 @@
  *   limiter-probe info
  *       total=<bytes> free=<bytes>       (cuMemGetInfo_v2 on device 0)
  *       device_total=<bytes>             (cuDeviceTotalMem_v2 of device 0)
- *   limiter-probe alloc <chunk-bytes> [<max-chunks>] [--hold]
+ *   limiter-probe alloc <chunk-bytes> [<max-chunks>] [--hold] [--export]
  *       alloc <i> ok | alloc <i> <CUDA error name>    (one line per cuMemAlloc_v2 attempt; max-chunks
  *                                                      0 or omitted: until one is refused)
  *       allocated=<bytes> last=<CUDA error name of the last attempt>
+ *       exported=<chunks>                (with --export: each chunk's legacy IPC handle was taken, as a
+ *                                         process sharing its memory with others does)
  *       holding                          (with --hold; then sleeps, keeping the memory, until killed)
  *
  * Exit status 0 whenever it ran (a refused allocation included); 2 on usage errors, 3 when the driver
@@ -32,7 +34,7 @@ static const char *err_name(CUresult r) {
 
 static int usage(void) {
     fprintf(stderr, "usage: limiter-probe info\n"
-                    "       limiter-probe alloc <chunk-bytes> [<max-chunks>] [--hold]\n");
+                    "       limiter-probe alloc <chunk-bytes> [<max-chunks>] [--hold] [--export]\n");
     return 2;
 }
 
@@ -74,8 +76,8 @@ static int info(void) {
     return 0;
 }
 
-static int alloc(unsigned long long chunk, unsigned long long max_chunks, int hold) {
-    unsigned long long allocated = 0;
+static int alloc(unsigned long long chunk, unsigned long long max_chunks, int hold, int export) {
+    unsigned long long allocated = 0, exported = 0;
     CUresult last = CUDA_SUCCESS;
     for (unsigned long long i = 0; max_chunks == 0 || i < max_chunks; i++) {
         CUdeviceptr p;
@@ -83,8 +85,11 @@ static int alloc(unsigned long long chunk, unsigned long long max_chunks, int ho
         printf("alloc %llu %s\n", i, last == CUDA_SUCCESS ? "ok" : err_name(last));
         if (last != CUDA_SUCCESS) break;
         allocated += chunk;
+        CUipcMemHandle h;
+        if (export && cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS) exported++;
     }
     printf("allocated=%llu last=%s\n", allocated, err_name(last));
+    if (export) printf("exported=%llu\n", exported);
     if (hold) {
         printf("holding\n");
         fflush(stdout);
@@ -102,10 +107,12 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "alloc") == 0) {
         unsigned long long chunk = 0, max_chunks = 0;
-        int hold = 0, pos = 0;
+        int hold = 0, export = 0, pos = 0;
         for (int i = 2; i < argc; i++) {
             if (strcmp(argv[i], "--hold") == 0) {
                 hold = 1;
+            } else if (strcmp(argv[i], "--export") == 0) {
+                export = 1;
             } else if (pos == 0 && parse_u64(argv[i], &chunk) == 0 && chunk > 0) {
                 pos++;
             } else if (pos == 1 && parse_u64(argv[i], &max_chunks) == 0) {
@@ -116,7 +123,7 @@ int main(int argc, char **argv) {
         }
         if (pos < 1) return usage();
         if (setup() != 0) return 3;
-        return alloc(chunk, max_chunks, hold);
+        return alloc(chunk, max_chunks, hold, export);
     }
     return usage();
 }

@@ -177,6 +177,26 @@ void dl_region_tat_reset(int dev, int64_t seen, int64_t now);
 void dl_region_add_throttled(int dev, int64_t ns);
 void dl_region_add_busy(int dev, int64_t ns);
 bool dl_region_is_shared(void);
+/* Memory shared between processes of a claim (region.c explains the export table). */
+#define DL_EXPORT_KEY_BYTES 64
+enum { DL_EXPORT_IPC = 1, DL_EXPORT_FD = 2 };
+struct dl_export_key {
+    int kind;
+    unsigned char key[DL_EXPORT_KEY_BYTES]; /* DL_EXPORT_IPC: the handle */
+    int fd;                                 /* DL_EXPORT_FD: the descriptor, in this process */
+    int32_t pid;                            /* DL_EXPORT_FD: this process, and its PID namespace */
+    uint64_t pidns;
+};
+void dl_export_key_fd(struct dl_export_key *k, int fd);
+/* Moves bytes this process charged on dev into a new entry that it holds (for DL_EXPORT_FD the descriptor is
+ * kept until the hold ends). The entry, or -1 (no shared region, table full, lock not taken): the charge
+ * then stays with the process. */
+int dl_region_export(int dev, const struct dl_export_key *k, uint64_t bytes);
+/* Joins the entry of k's memory in dev's region, charging its bytes (*bytes, when not 0, must match) to
+ * this process alone, within limit; the entry with *bytes set, or -1: charge the memory as usual. */
+int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint64_t limit);
+/* Ends a hold taken by dl_region_export or dl_region_join; the last holder gives the charge back. */
+void dl_region_leave(int dev, int idx, uint64_t bytes);
 
 /* ---- driver.c ---- */
 /* Real driver entry points: hooked ones plus the few the limiter calls itself. */
@@ -199,6 +219,8 @@ bool dl_region_is_shared(void);
     X(cuMemMap, PFN_cuMemMap_v10020)                                          \
     X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                      \
     X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020) \
+    X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)  \
+    X(cuIpcGetMemHandle, PFN_cuIpcGetMemHandle_v4010)                         \
     X(cuIpcOpenMemHandle, PFN_cuIpcOpenMemHandle_v4010)                       \
     X(cuIpcOpenMemHandle_v2, PFN_cuIpcOpenMemHandle_v11000)                   \
     X(cuIpcCloseMemHandle, PFN_cuIpcCloseMemHandle_v4010)                     \

@@ -24,10 +24,12 @@
  * the driver untouched (it answers with its own error).
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "limiter.h"
 
@@ -146,7 +148,7 @@ enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4, K_MAP = 5 }; /* 
 struct entry {
     uint64_t key;  /* 0 = empty */
     uint64_t bytes;
-    uint64_t handle;
+    uint64_t handle; /* K_MAP: the handle mapped; K_PTR, K_HANDLE: the export entry + 1 (see release) */
     uint32_t refs; /* K_HANDLE: the driver's references to the allocation that we have seen */
     int16_t dev;
     uint8_t kind;
@@ -236,16 +238,25 @@ static int insert(const struct entry *e, struct entry *old) {
     return 0;
 }
 
+/* Gives a charge back: to the claim's total, or for memory shared with other processes of the claim (K_PTR
+ * and K_HANDLE entries keep the export table's entry + 1 in their handle field) by ending this hold on it. */
+static void release(int dev, uint64_t bytes, uint64_t shared) {
+    if (shared) dl_region_leave(dev, (int)shared - 1, bytes);
+    else dl_region_release(dev, bytes);
+}
+
 /* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
-static void track(unsigned kind, uint64_t key, int dev, uint64_t bytes) {
+static void track_shared(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t shared) {
     if (dev < 0 || bytes == 0) return;
-    struct entry old, e = {.key = key, .bytes = bytes, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+    struct entry old, e = {.key = key, .bytes = bytes, .handle = shared, .refs = 1, .dev = (int16_t)dev,
+                           .kind = (uint8_t)kind};
     if (insert(&e, &old) != 0) {
-        dl_region_release(dev, bytes);  /* cannot remember it: do not keep charging it either */
+        release(dev, bytes, shared);  /* cannot remember it: do not keep charging it either */
         return;
     }
-    if (old.kind) dl_region_release(old.dev, old.bytes);
+    if (old.kind) release(old.dev, old.bytes, old.handle);
 }
+static void track(unsigned kind, uint64_t key, int dev, uint64_t bytes) { track_shared(kind, key, dev, bytes, 0); }
 
 /* Looks an entry up under its stripe's lock and applies op to it; op returns 1 to delete the entry. The
  * entry as it was is copied to *out; returns whether it was found. */
@@ -285,11 +296,12 @@ int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t
     return 1;
 }
 
-/* Forgets a charge and reports it; 0 bytes if the key is unknown. */
-static uint64_t untrack(unsigned kind, uint64_t key, int *dev) {
+/* Forgets a charge and reports it (*shared: see release); 0 bytes if the key is unknown. */
+static uint64_t untrack(unsigned kind, uint64_t key, int *dev, uint64_t *shared) {
     struct entry e;
     if (!update(kind, key, op_delete, &e)) return 0;
     *dev = e.dev;
+    *shared = e.handle;
     return e.bytes;
 }
 
@@ -300,18 +312,19 @@ static int handle_ref(uint64_t handle) {
 }
 
 /* Drops a reference to a charged handle. Returns the bytes to refund when it was the last one (the entry
- * is gone then), else 0; *known says whether the handle is one we charged. */
-static uint64_t handle_unref(uint64_t handle, int *dev, int *known) {
+ * is gone then; *shared as for release), else 0; *known says whether the handle is one we charged. */
+static uint64_t handle_unref(uint64_t handle, int *dev, int *known, uint64_t *shared) {
     struct entry e;
     *known = handle && update(K_HANDLE, handle, op_unref, &e);
     if (!*known || e.refs != 1) return 0;
     *dev = e.dev;
+    *shared = e.handle;
     return e.bytes;
 }
 
 /* Undoes handle_unref after the driver refused the call. */
-static void handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes) {
-    if (bytes) track(K_HANDLE, handle, dev, bytes);
+static void handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes, uint64_t shared) {
+    if (bytes) track_shared(K_HANDLE, handle, dev, bytes, shared);
     else if (known) handle_ref(handle);
 }
 
@@ -384,11 +397,11 @@ static void settle(CUresult r, unsigned kind, uint64_t key, const struct charge 
  * cannot meet our stale entry; restore it if the driver refuses. */
 #define FREE_WRAPPER(kind, key, call)                      \
     int dev_ = -1;                                         \
-    uint64_t bytes_ = (key) ? untrack(kind, key, &dev_) : 0; \
+    uint64_t shared_ = 0, bytes_ = (key) ? untrack(kind, key, &dev_, &shared_) : 0; \
     CUresult r_ = call;                                    \
     if (bytes_) {                                          \
-        if (r_ == CUDA_SUCCESS) dl_region_release(dev_, bytes_); \
-        else track(kind, key, dev_, bytes_);               \
+        if (r_ == CUDA_SUCCESS) release(dev_, bytes_, shared_); \
+        else track_shared(kind, key, dev_, bytes_, shared_); \
     }                                                      \
     return r_
 
@@ -451,11 +464,11 @@ DL_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
 /* Frees: the common case (a charged pointer) first, without touching the pools. */
 #define FREE_PTR(call)                                     \
     int dev_ = -1;                                         \
-    uint64_t bytes_ = dptr ? untrack(K_PTR, dptr, &dev_) : 0; \
+    uint64_t shared_ = 0, bytes_ = dptr ? untrack(K_PTR, dptr, &dev_, &shared_) : 0; \
     if (DL_LIKELY(bytes_)) {                               \
         CUresult r_ = call;                                \
-        if (r_ == CUDA_SUCCESS) dl_region_release(dev_, bytes_); \
-        else track(K_PTR, dptr, dev_, bytes_);             \
+        if (r_ == CUDA_SUCCESS) release(dev_, bytes_, shared_); \
+        else track_shared(K_PTR, dptr, dev_, bytes_, shared_); \
         return r_;                                         \
     }                                                      \
     POOL_FREE(call)
@@ -523,12 +536,43 @@ DL_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 DL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     REAL_OR_NOT_FOUND(cuMemRelease);
     int dev = -1, known;
-    uint64_t bytes = handle_unref(handle, &dev, &known);
+    uint64_t shared = 0, bytes = handle_unref(handle, &dev, &known, &shared);
     CUresult r = dl_cuda.cuMemRelease(handle);
-    if (r != CUDA_SUCCESS) handle_unref_undo(handle, known, dev, bytes);
-    else if (bytes) dl_region_release(dev, bytes);
+    if (r != CUDA_SUCCESS) handle_unref_undo(handle, known, dev, bytes, shared);
+    else if (bytes) release(dev, bytes, shared);
     if (r == CUDA_SUCCESS && !known) dl_rec_take(DL_REC_IMPORT, handle, NULL, NULL, NULL); /* never mapped */
     return r;
+}
+
+/* ---- memory shared with other processes of the claim: charged once (region.c, the export table) ---- */
+
+static int op_keep(struct entry *e) { (void)e; return 0; }
+
+/* Moves the charge of an allocation this process exports into the claim's export table; whether it did (a
+ * second export of the same allocation keeps the first entry). */
+static bool export_charge(unsigned kind, uint64_t key, const struct dl_export_key *k) {
+    struct entry e, old;
+    if (!update(kind, key, op_keep, &e) || e.handle || !e.bytes) return false;
+    int idx = dl_region_export(e.dev, k, e.bytes);
+    if (idx < 0) return false;
+    /* A free racing the export (the application's own bug) found the entry gone and refunded nothing: the
+     * entry goes again at once, and this process's own count keeps the bytes until it exits. */
+    if (!update(kind, key, op_delete, &e)) {
+        dl_region_leave(e.dev, idx, 0);
+        return true;
+    }
+    e.handle = (uint64_t)idx + 1;
+    if (insert(&e, &old) != 0) release(e.dev, e.bytes, e.handle);
+    return true;
+}
+
+/* Joins the entry of memory another process of the claim exported; its bytes are held by this process
+ * alone (counted against the limit in its own memory). -1 when it is not such memory. */
+static int join_export(int ordinal, const struct dl_export_key *k, uint64_t *bytes, int *dev) {
+    uint64_t limit;
+    dl_core_init();
+    *dev = dl_device_for_ordinal(ordinal, &limit);
+    return *dev < 0 ? -1 : dl_region_join(*dev, k, bytes, limit);
 }
 
 /* An imported allocation (another process's, through a shareable handle) is charged to the importer's claim
@@ -546,21 +590,36 @@ DL_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
         prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE; /* cannot tell: charge it where it is mapped from */
         prop.location.id = current_ordinal();
     }
-    if (prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        dl_rec_put(DL_REC_IMPORT, *handle, -1, 0, (uint64_t)(unsigned)prop.location.id);
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return r;
+    if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        /* Exported by a process of this claim: held from the import on, as the driver keeps it. */
+        struct dl_export_key k;
+        dl_export_key_fd(&k, (int)(intptr_t)osHandle);
+        uint64_t bytes = 0;
+        int dev, idx = join_export(prop.location.id, &k, &bytes, &dev);
+        if (idx >= 0) {
+            track_shared(K_HANDLE, *handle, dev, bytes, (uint64_t)idx + 1);
+            return r;
+        }
+    }
+    dl_rec_put(DL_REC_IMPORT, *handle, -1, 0, (uint64_t)(unsigned)prop.location.id);
     return r;
 }
 
 /* Legacy CUDA IPC: memory another process exported with cuIpcGetMemHandle, opened here, is charged to this
  * process's claim on the device it is opened on (the driver tells its size only once it is open: over the
- * limit it is closed again and refused). Opening a handle already open returns the same pointer with one
- * more reference, as the driver counts it; the last cuIpcCloseMemHandle refunds. */
-static CUresult ipc_opened(CUresult r, CUdeviceptr *pdptr) {
+ * limit it is closed again and refused), unless a process of the same claim exported it (then it is held,
+ * not charged again). Opening a handle already open returns the same pointer with one more reference, as
+ * the driver counts it; the last cuIpcCloseMemHandle refunds. The record's aux: the references in the low
+ * 32 bits, the export entry + 1 above them. */
+#define IPC_REFS(aux) ((aux) & 0xffffffffu)
+#define IPC_SHARED(aux) ((aux) >> 32)
+static CUresult ipc_opened(CUresult r, CUdeviceptr *pdptr, const CUipcMemHandle *handle) {
     if (r != CUDA_SUCCESS || !pdptr || !*pdptr) return r;
     int dev;
-    uint64_t bytes, refs;
-    if (dl_rec_take(DL_REC_IPC, *pdptr, &dev, &bytes, &refs)) {
-        dl_rec_put(DL_REC_IPC, *pdptr, dev, bytes, refs + 1);
+    uint64_t bytes, aux;
+    if (dl_rec_take(DL_REC_IPC, *pdptr, &dev, &bytes, &aux)) {
+        dl_rec_put(DL_REC_IPC, *pdptr, dev, bytes, aux + 1);
         return r;
     }
     size_t size = 0;
@@ -586,6 +645,16 @@ static CUresult ipc_opened(CUresult r, CUdeviceptr *pdptr) {
         }
         return r;
     }
+    struct dl_export_key k;
+    memset(&k, 0, sizeof k);
+    k.kind = DL_EXPORT_IPC;
+    memcpy(k.key, handle->reserved, sizeof k.key);
+    uint64_t held = dl_round_granule(ordinal, size);
+    int idx = join_export(ordinal, &k, &held, &dev);
+    if (idx >= 0) {
+        dl_rec_put(DL_REC_IPC, *pdptr, dev, held, 1 | ((uint64_t)idx + 1) << 32);
+        return r;
+    }
     if (charge(ordinal, size, &c) != CUDA_SUCCESS) {
         (void)dl_cuda.cuIpcCloseMemHandle(*pdptr);
         *pdptr = 0;
@@ -598,29 +667,52 @@ static CUresult ipc_opened(CUresult r, CUdeviceptr *pdptr) {
 DL_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
     REAL_OR_NOT_FOUND(cuIpcOpenMemHandle);
     if (!dl_cuda.cuIpcCloseMemHandle) return CUDA_ERROR_NOT_FOUND;
-    return ipc_opened(dl_cuda.cuIpcOpenMemHandle(pdptr, handle, Flags), pdptr);
+    return ipc_opened(dl_cuda.cuIpcOpenMemHandle(pdptr, handle, Flags), pdptr, &handle);
 }
 DL_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
     REAL_OR_NOT_FOUND(cuIpcOpenMemHandle_v2);
     if (!dl_cuda.cuIpcCloseMemHandle) return CUDA_ERROR_NOT_FOUND;
-    return ipc_opened(dl_cuda.cuIpcOpenMemHandle_v2(pdptr, handle, Flags), pdptr);
+    return ipc_opened(dl_cuda.cuIpcOpenMemHandle_v2(pdptr, handle, Flags), pdptr, &handle);
 }
 
 DL_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     REAL_OR_NOT_FOUND(cuIpcCloseMemHandle);
     int dev = -1;
-    uint64_t bytes = 0, refs = 0;
-    int known = dptr && dl_rec_take(DL_REC_IPC, dptr, &dev, &bytes, &refs);
+    uint64_t bytes = 0, aux = 0;
+    int known = dptr && dl_rec_take(DL_REC_IPC, dptr, &dev, &bytes, &aux);
     CUresult r = dl_cuda.cuIpcCloseMemHandle(dptr);
     if (!known) return r;
-    if (r != CUDA_SUCCESS) {
-        dl_rec_put(DL_REC_IPC, dptr, dev, bytes, refs);
-    } else if (refs > 1) {
-        dl_rec_put(DL_REC_IPC, dptr, dev, bytes, refs - 1);
-    } else {
-        struct charge c = {.dev = dev, .bytes = bytes};
-        refund(&c);
+    if (r != CUDA_SUCCESS) dl_rec_put(DL_REC_IPC, dptr, dev, bytes, aux);
+    else if (IPC_REFS(aux) > 1) dl_rec_put(DL_REC_IPC, dptr, dev, bytes, aux - 1);
+    else if (bytes) release(dev, bytes, IPC_SHARED(aux));
+    return r;
+}
+
+DL_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    REAL_OR_NOT_FOUND(cuIpcGetMemHandle);
+    CUresult r = dl_cuda.cuIpcGetMemHandle(pHandle, dptr);
+    if (r == CUDA_SUCCESS && pHandle && dptr) {
+        struct dl_export_key k;
+        memset(&k, 0, sizeof k);
+        k.kind = DL_EXPORT_IPC;
+        memcpy(k.key, pHandle->reserved, sizeof k.key);
+        (void)export_charge(K_PTR, dptr, &k);
     }
+    return r;
+}
+
+DL_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
+    REAL_OR_NOT_FOUND(cuMemExportToShareableHandle);
+    CUresult r = dl_cuda.cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags);
+    if (r != CUDA_SUCCESS || !shareableHandle || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return r;
+    /* Our own descriptor of the same open file description, for importers to be compared with (kcmp): the
+     * application's may be closed as soon as it is sent. Kept while this process holds the memory. */
+    int kept = fcntl(*(int *)shareableHandle, F_DUPFD_CLOEXEC, 0);
+    if (kept < 0) return r;
+    struct dl_export_key k;
+    dl_export_key_fd(&k, kept);
+    if (!export_charge(K_HANDLE, handle, &k)) close(kept);
     return r;
 }
 
@@ -663,8 +755,8 @@ DL_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
      * one, which is therefore gone (an unmap we did not see), and so is its reference. */
     uint64_t drop = insert(&e, &old) != 0 ? e.handle : old.kind ? old.handle : 0;
     int dev = -1, known;
-    uint64_t bytes = handle_unref(drop, &dev, &known);
-    if (bytes) dl_region_release(dev, bytes);
+    uint64_t shared = 0, bytes = handle_unref(drop, &dev, &known, &shared);
+    if (bytes) release(dev, bytes, shared);
     return r;
 }
 
@@ -673,6 +765,7 @@ struct unmapped {
     struct entry map;
     int known, dev;
     uint64_t bytes; /* refund due: the mapping held the handle's last reference */
+    uint64_t shared;
 };
 
 DL_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
@@ -695,7 +788,8 @@ DL_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
         struct unmapped *u = &list[n++];
         u->map = m;
         u->dev = -1;
-        u->bytes = handle_unref(m.handle, &u->dev, &u->known);
+        u->shared = 0;
+        u->bytes = handle_unref(m.handle, &u->dev, &u->known, &u->shared);
         va += m.bytes;
     }
     CUresult r = dl_cuda.cuMemUnmap(ptr, size);
@@ -703,10 +797,10 @@ DL_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     for (size_t k = 0; k < n; k++) {
         struct unmapped *u = &list[r == CUDA_SUCCESS ? k : n - 1 - k];
         if (r == CUDA_SUCCESS) {
-            if (u->bytes) dl_region_release(u->dev, u->bytes);
+            if (u->bytes) release(u->dev, u->bytes, u->shared);
         } else {
             struct entry old;
-            handle_unref_undo(u->map.handle, u->known, u->dev, u->bytes);
+            handle_unref_undo(u->map.handle, u->known, u->dev, u->bytes, u->shared);
             (void)insert(&u->map, &old);
         }
     }

@@ -5,6 +5,8 @@
  *   header   magic, layout version, sizes, and a device table keyed by GPU UUID (so pods that number
  *            their devices differently still meet on the same entry): claim-wide bytes in use and the
  *            compute limiter's shared clock per device
+ *   exports  memory that processes of the claim share (legacy CUDA IPC, VMM descriptors): each entry
+ *            holds the allocation's charge once, for every process of the claim that holds the memory
  *   slots    one per live process: the bytes it holds per device
  *
  * Liveness never rests on process ids (pods have separate PID namespaces): a process owns its slot by
@@ -35,6 +37,18 @@
  * description of the file (/proc/self/fd/N): the threads of one process then exclude each other as other
  * processes do, and no process-wide mutex is held while waiting for a file lock.
  *
+ * Shared memory: an allocation a process exports (cuIpcGetMemHandle, cuMemExportToShareableHandle) moves
+ * its charge from the exporter's slot into an entry of the export table, which the exporter holds (bit
+ * <slot> of the entry's holders). A process of the same claim that opens or imports that memory joins the
+ * entry instead of charging it again; the memory stays charged as long as any holder lives, as the driver
+ * keeps it for as long as anyone has it open, and the last holder to let go (or the sweep that finds every
+ * holder dead) gives it back. An import is matched to an entry only on proof that it is the same memory: the
+ * 64-byte IPC handle, or for a VMM descriptor the kernel's word (kcmp) that the importer's descriptor is the
+ * very open file description the exporter holds. Anything else (another claim's memory, a full table, no
+ * kcmp) is charged to the importer as well: the claim then gets less than its limit, never more. Every
+ * process still counts what it holds against the limit in its own memory. The table is changed only
+ * under the byte-0 lock.
+ *
  * When no state directory is given, or the environment's cannot be used, the same layout lives in
  * private anonymous memory: the limits then apply to this process alone.
  */
@@ -45,16 +59,23 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "limiter.h"
 
+#ifndef KCMP_FILE
+#define KCMP_FILE 0 /* linux/kcmp.h */
+#endif
+
 #define REGION_FILE "dragpu-limiter.region"
 #define REGION_MAGIC 0x314c504741524444ULL /* "DDRAGPL1", fixed */
-#define REGION_VERSION 1u
+#define REGION_VERSION 2u /* 2: the export table */
 #define REGION_SLOTS 1024
 #define HEADER_BYTES 4096
+#define REGION_EXPORTS 128
+#define HOLDER_WORDS (REGION_SLOTS / 64)
 
 struct region_dev {
     _Alignas(64) char uuid[DL_UUID_LEN];
@@ -79,7 +100,7 @@ struct region_header {
     uint32_t slot_count;
     uint32_t slot_bytes;
     uint32_t device_count;
-    uint32_t reserved;
+    uint32_t export_count;
     struct region_dev devs[DL_MAX_DEVICES];
     struct region_stats stats[DL_MAX_DEVICES];
 };
@@ -90,9 +111,25 @@ struct region_slot {
     _Atomic int64_t used[DL_MAX_DEVICES];
 };
 
-_Static_assert(sizeof(struct region_header) <= HEADER_BYTES, "region header too large");
+/* Memory one process of the claim shares with others (see the top). */
+struct region_export {
+    _Alignas(64) _Atomic uint32_t live; /* 1: bytes are in devs[dev].used, on behalf of the holders */
+    uint32_t dev;                       /* the device entry */
+    uint32_t kind;                      /* DL_EXPORT_IPC or DL_EXPORT_FD */
+    int32_t pid;                        /* FD: the exporter, as its PID namespace numbers it */
+    uint64_t pidns;                     /* FD: that namespace's inode */
+    int32_t fd;                         /* FD: the descriptor the exporter keeps while it holds the memory */
+    uint32_t spare;
+    int64_t bytes;
+    unsigned char key[DL_EXPORT_KEY_BYTES]; /* IPC: the handle */
+    _Atomic uint64_t holders[HOLDER_WORDS]; /* bit i: the process of slot i holds the memory */
+};
 
-#define REGION_BYTES (HEADER_BYTES + REGION_SLOTS * sizeof(struct region_slot))
+_Static_assert(sizeof(struct region_header) <= HEADER_BYTES, "region header too large");
+_Static_assert(sizeof(struct region_export) == 256, "export entries are 256 bytes (monitor/region.py)");
+
+#define SLOTS_AT (HEADER_BYTES + REGION_EXPORTS * sizeof(struct region_export))
+#define REGION_BYTES (SLOTS_AT + REGION_SLOTS * sizeof(struct region_slot))
 
 #define MAX_REGIONS (DL_MAX_CLAIMS + 2) /* the environment's, one per claim, the closed one */
 #define CLOSED_REGION (MAX_REGIONS - 1)
@@ -114,10 +151,28 @@ static struct region regions[MAX_REGIONS];
 /* This process's own charges per device handle: the shared counters can be rewritten by any process of
  * the claim, these cannot. */
 static _Atomic int64_t own_used[MAX_REGIONS * DL_MAX_DEVICES];
+/* This process's holds on each export entry (several opens or imports of one allocation set one bit), and
+ * the descriptor it keeps for an entry it exported as a VMM descriptor (fd -1: none; closed only while it is
+ * still the file it was, should the application have closed it under us). Changed under byte 0. */
+static struct own_export {
+    _Atomic int holds;
+    int fd;
+    dev_t fd_dev;
+    ino_t fd_ino;
+} own_exports[MAX_REGIONS][REGION_EXPORTS];
+
+static void close_kept(struct own_export *o) {
+    struct stat st;
+    if (o->fd >= 0 && fstat(o->fd, &st) == 0 && st.st_dev == o->fd_dev && st.st_ino == o->fd_ino) close(o->fd);
+    o->fd = -1;
+}
 
 static struct region_header *hdr(const struct region *g) { return (struct region_header *)g->base; }
 static struct region_slot *slot_at(const struct region *g, int i) {
-    return (struct region_slot *)(g->base + HEADER_BYTES) + i;
+    return (struct region_slot *)(g->base + SLOTS_AT) + i;
+}
+static struct region_export *export_at(const struct region *g, int i) {
+    return (struct region_export *)(g->base + HEADER_BYTES) + i;
 }
 static struct region *region_of(int dev) { return &regions[dev / DL_MAX_DEVICES]; }
 static int entry_of(int dev) { return dev % DL_MAX_DEVICES; }
@@ -166,6 +221,7 @@ static void fill_header(struct region *g) {
     h->slot_count = REGION_SLOTS;
     h->slot_bytes = sizeof(struct region_slot);
     h->device_count = DL_MAX_DEVICES;
+    h->export_count = REGION_EXPORTS;
     __atomic_store_n(&h->magic, REGION_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -173,7 +229,8 @@ static int header_matches(const struct region *g) {
     const struct region_header *h = hdr(g);
     return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == REGION_MAGIC && h->version == REGION_VERSION &&
            h->header_bytes == HEADER_BYTES && h->slot_count == REGION_SLOTS &&
-           h->slot_bytes == sizeof(struct region_slot) && h->device_count == DL_MAX_DEVICES;
+           h->slot_bytes == sizeof(struct region_slot) && h->device_count == DL_MAX_DEVICES &&
+           h->export_count == REGION_EXPORTS;
 }
 
 static void mark_bad(struct region *g, const char *why) {
@@ -191,6 +248,32 @@ static void reclaim(struct region *g, int i) {
     }
 }
 
+/* An export entry nobody holds any more gives its charge back. Caller holds byte 0. */
+static void retire(struct region *g, struct region_export *x) {
+    int64_t b = x->bytes;
+    if (x->dev >= DL_MAX_DEVICES || b < 0 || b > SANE_BYTES) mark_bad(g, "holds an impossible shared-memory entry");
+    else if (b) atomic_fetch_sub(&hdr(g)->devs[x->dev].used, b);
+    atomic_store(&x->live, 0);
+}
+
+/* Drops the holds of the slots in gone (whose processes are dead, or not yet started) and retires the
+ * entries left with no holder. Caller holds byte 0, so no process joins or exports meanwhile. */
+static void drop_holders(struct region *g, const uint64_t gone[HOLDER_WORDS]) {
+    for (int i = 0; i < REGION_EXPORTS; i++) {
+        struct region_export *x = export_at(g, i);
+        if (!atomic_load(&x->live)) continue;
+        uint64_t left = 0;
+        for (int w = 0; w < HOLDER_WORDS; w++)
+            left |= atomic_fetch_and(&x->holders[w], ~gone[w]) & ~gone[w];
+        if (!left) retire(g, x);
+    }
+}
+
+static void set_holder(struct region_export *x, int slot) {
+    atomic_fetch_or(&x->holders[slot / 64], 1ull << (slot % 64));
+}
+
+/* Caller holds byte 0. */
 static int claim_slot(struct region *g) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < REGION_SLOTS; i++) {
@@ -199,6 +282,9 @@ static int claim_slot(struct region *g) {
             if (busy != pass) continue; /* free-looking slots first, then possibly dead ones */
             if (lock_byte(g->fd, 1 + i, F_WRLCK) != 0) continue;
             reclaim(g, i);
+            uint64_t gone[HOLDER_WORDS] = {0}; /* what the slot's dead owner held (caller holds byte 0) */
+            gone[i / 64] = 1ull << (i % 64);
+            drop_holders(g, gone);
             s->pid = (int32_t)getpid();
             atomic_store(&s->in_use, 1);
             return i;
@@ -258,8 +344,8 @@ static int open_shared(struct region *g, const char *dir, int log_level) {
             if (!header_matches(g)) problem = "the file has an unknown layout (magic or version differ)";
         }
     }
-    lock_byte(g->fd, 0, F_UNLCK);
     if (!problem && (g->slot = claim_slot(g)) < 0) problem = "all process slots are in use";
+    lock_byte(g->fd, 0, F_UNLCK);
     if (problem) {
         dl_log(log_level, "cannot use the shared region %s (%s): %s; %s", g->path, g->what, problem, consequence);
         unmap(g);
@@ -317,6 +403,11 @@ void dl_region_reset_after_fork(void) {
         atomic_store(&g->verified_ns, 0);
     }
     for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) atomic_store(&own_used[i], 0);
+    for (int r = 0; r < MAX_REGIONS; r++) /* the child holds nothing: it has no slot yet */
+        for (int i = 0; i < REGION_EXPORTS; i++) {
+            struct own_export *o = &own_exports[r][i];
+            if (atomic_exchange(&o->holds, 0) > 0) close_kept(o);
+        }
 }
 
 static int find_device(struct region *g, const char *uuid) {
@@ -379,6 +470,13 @@ static void verify(struct region *g) {
         int64_t v = atomic_load_explicit(&hdr(g)->devs[d].used, memory_order_relaxed);
         if (v < 0 || v > SANE_BYTES) mark_bad(g, "holds an impossible claim-wide count");
     }
+    for (int i = 0; i < REGION_EXPORTS; i++) {
+        const struct region_export *x = export_at(g, i);
+        int64_t b = __atomic_load_n(&x->bytes, __ATOMIC_RELAXED);
+        if (atomic_load_explicit(&x->live, memory_order_relaxed) &&
+            (__atomic_load_n(&x->dev, __ATOMIC_RELAXED) >= DL_MAX_DEVICES || b < 0 || b > SANE_BYTES))
+            mark_bad(g, "holds an impossible shared-memory entry");
+    }
 }
 
 /* Returns the bytes of dead processes to the totals. Only ever takes non-blocking file locks. */
@@ -387,15 +485,23 @@ static void sweep(struct region *g) {
     verify(g);
     int fd = own_description(g);
     if (fd < 0) return;
+    /* With byte 0 (one try, never a wait), the holds of every slot without a live owner go too: no process
+     * claims a slot or joins an entry meanwhile. Without it, the next sweep does it. */
+    int table = lock_byte(fd, 0, F_WRLCK) == 0;
+    uint64_t gone[HOLDER_WORDS] = {0};
     for (int i = 0; i < REGION_SLOTS; i++) {
-        if (i == g->slot || !atomic_load(&slot_at(g, i)->in_use)) continue;
-        if (lock_byte(fd, 1 + i, F_WRLCK) != 0) continue; /* owner alive */
-        reclaim(g, i);
-        atomic_store(&slot_at(g, i)->in_use, 0);
-        lock_byte(fd, 1 + i, F_UNLCK);
-        dl_debug("returned the memory of an exited process (slot %d of %s)", i, g->path);
+        if (i == g->slot) continue;
+        if (atomic_load(&slot_at(g, i)->in_use)) {
+            if (lock_byte(fd, 1 + i, F_WRLCK) != 0) continue; /* owner alive */
+            reclaim(g, i);
+            atomic_store(&slot_at(g, i)->in_use, 0);
+            lock_byte(fd, 1 + i, F_UNLCK);
+            dl_debug("returned the memory of an exited process (slot %d of %s)", i, g->path);
+        }
+        gone[i / 64] |= 1ull << (i % 64);
     }
-    close(fd);
+    if (table) drop_holders(g, gone);
+    close(fd); /* drops byte 0 */
 }
 
 int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
@@ -481,4 +587,136 @@ void dl_region_add_busy(int dev, int64_t ns) {
     if (ns > 0)
         atomic_fetch_add_explicit(&hdr(region_of(dev))->stats[entry_of(dev)].busy_ns, (uint64_t)ns,
                                   memory_order_relaxed);
+}
+
+/* ---- shared memory: the export table (see the top) ---- */
+
+/* Byte 0 on a description of our own, waiting at most LOCK_WAIT_MS: the descriptor, or -1. */
+static int table_lock(const struct region *g) {
+    int fd = own_description(g);
+    if (fd >= 0 && lock_byte_bounded(fd, 0) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static bool can_share(const struct region *g) {
+    return g->fd >= 0 && !g->closed && !atomic_load_explicit(&g->bad, memory_order_relaxed);
+}
+
+static uint64_t own_pidns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+void dl_export_key_fd(struct dl_export_key *k, int fd) {
+    memset(k, 0, sizeof *k);
+    k->kind = DL_EXPORT_FD;
+    k->fd = fd;
+    k->pid = (int32_t)getpid();
+    k->pidns = own_pidns();
+}
+
+int dl_region_export(int dev, const struct dl_export_key *k, uint64_t bytes) {
+    struct region *g = region_of(dev);
+    int r = dev / DL_MAX_DEVICES, e = entry_of(dev);
+    if (!can_share(g) || bytes == 0 || bytes > (uint64_t)SANE_BYTES) return -1;
+    int fd = table_lock(g);
+    if (fd < 0) return -1;
+    int idx = -1;
+    for (int i = 0; i < REGION_EXPORTS && idx < 0; i++)
+        if (!atomic_load(&export_at(g, i)->live)) idx = i;
+    if (idx >= 0) {
+        struct region_export *x = export_at(g, idx);
+        __atomic_store_n(&x->dev, (uint32_t)e, __ATOMIC_RELAXED);
+        x->kind = (uint32_t)k->kind;
+        x->pid = k->pid;
+        x->pidns = k->pidns;
+        x->fd = k->kind == DL_EXPORT_FD ? k->fd : -1;
+        __atomic_store_n(&x->bytes, (int64_t)bytes, __ATOMIC_RELAXED); /* verify() reads it unlocked */
+        memcpy(x->key, k->key, sizeof x->key);
+        for (int w = 0; w < HOLDER_WORDS; w++) atomic_store(&x->holders[w], 0);
+        set_holder(x, g->slot);
+        struct own_export *o = &own_exports[r][idx];
+        struct stat st;
+        o->fd = k->kind == DL_EXPORT_FD && fstat(k->fd, &st) == 0 ? k->fd : -1;
+        o->fd_dev = o->fd >= 0 ? st.st_dev : 0;
+        o->fd_ino = o->fd >= 0 ? st.st_ino : 0;
+        atomic_store(&o->holds, 1);
+        /* Slot first, then the entry: a process killed in between leaves the total too high, never too low. */
+        atomic_fetch_sub(&slot_at(g, g->slot)->used[e], (int64_t)bytes);
+        atomic_store(&x->live, 1);
+    }
+    close(fd);
+    static _Atomic int told;
+    if (idx < 0 && !atomic_exchange(&told, 1))
+        dl_info("the shared-memory table of %s (%s) is full: memory exported now is charged to every process "
+                "of the claim that holds it", g->path, g->what);
+    return idx;
+}
+
+/* Whether an entry is the memory k names (caller holds byte 0). */
+static bool same_memory(const struct region_export *x, const struct dl_export_key *k) {
+    if (x->kind != (uint32_t)k->kind) return false;
+    if (k->kind == DL_EXPORT_IPC) return memcmp(x->key, k->key, sizeof x->key) == 0;
+    /* The importer's descriptor must be the very open file description the exporter keeps: the kernel
+     * compares them (refused without ptrace-read access to the exporter, or where seccomp forbids kcmp). */
+    return x->pidns != 0 && x->pidns == k->pidns && x->fd >= 0 &&
+           syscall(SYS_kcmp, (pid_t)k->pid, (pid_t)x->pid, KCMP_FILE, (unsigned long)k->fd,
+                   (unsigned long)x->fd) == 0;
+}
+
+int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint64_t limit) {
+    struct region *g = region_of(dev);
+    int r = dev / DL_MAX_DEVICES, e = entry_of(dev);
+    if (!can_share(g)) return -1;
+    int fd = table_lock(g);
+    if (fd < 0) return -1;
+    int idx = -1;
+    for (int i = 0; i < REGION_EXPORTS && idx < 0; i++) {
+        struct region_export *x = export_at(g, i);
+        if (atomic_load(&x->live) && x->dev == (uint32_t)e && x->bytes > 0 &&
+            (*bytes == 0 || (uint64_t)x->bytes == *bytes) && same_memory(x, k))
+            idx = i;
+    }
+    if (idx >= 0) {
+        /* What this process holds still counts against the limit in its own memory. */
+        struct region_export *x = export_at(g, idx);
+        int64_t b = x->bytes, mine = atomic_load(&own_used[dev]);
+        if (limit != DL_NO_LIMIT && (mine < 0 || (uint64_t)b > limit || (uint64_t)mine > limit - (uint64_t)b)) {
+            idx = -1;
+        } else {
+            atomic_fetch_add(&own_used[dev], b);
+            struct own_export *o = &own_exports[r][idx];
+            if (atomic_load(&o->holds) == 0) o->fd = -1; /* keeps no descriptor: it did not export it */
+            if (atomic_fetch_add(&o->holds, 1) == 0) set_holder(x, g->slot);
+            *bytes = (uint64_t)b;
+        }
+    }
+    close(fd);
+    return idx;
+}
+
+void dl_region_leave(int dev, int idx, uint64_t bytes) {
+    struct region *g = region_of(dev);
+    int r = dev / DL_MAX_DEVICES;
+    if (g->closed || idx < 0 || idx >= REGION_EXPORTS) return;
+    atomic_fetch_sub(&own_used[dev], (int64_t)bytes);
+    if (g->fd < 0) return;
+    int fd = table_lock(g); /* not taken: the hold still goes; a later sweep retires the entry */
+    struct region_export *x = export_at(g, idx);
+    struct own_export *o = &own_exports[r][idx];
+    int held = atomic_load(&o->holds);
+    while (held > 0 && !atomic_compare_exchange_weak(&o->holds, &held, held - 1)) {
+    }
+    if (held == 1) {
+        if (o->fd >= 0) x->fd = -1; /* no longer a descriptor to match imports against */
+        close_kept(o);
+        atomic_fetch_and(&x->holders[g->slot / 64], ~(1ull << (g->slot % 64)));
+        uint64_t left = 0;
+        for (int w = 0; w < HOLDER_WORDS; w++) left |= atomic_load(&x->holders[w]);
+        if (fd >= 0 && !left && atomic_load(&x->live)) retire(g, x);
+    }
+    if (fd >= 0) close(fd);
 }

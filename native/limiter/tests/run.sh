@@ -71,7 +71,7 @@ run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
 run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
 
 # Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
-for sc in stream-device pool-kept graph capture legacy-abi granularity import ipc; do
+for sc in stream-device pool-kept graph capture legacy-abi granularity import ipc ipc-same-claim import-same-claim; do
     run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
 done
 run "t_paths contexts" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 \
@@ -81,7 +81,7 @@ run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
 run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
 run t_failopen "$here/t_failopen.sh" "$B" "$PRELOAD"
-for c in lowered impossible deleted resized header clock; do
+for c in lowered impossible deleted resized header shared clock; do
     run "t_region $c" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=50 sh -c '"$1" "$2" 2>"$3"; r=$?; [ $r -ne 0 ] && cat "$3";
         [ $r -eq 0 ] && { [ "$2" = lowered ] || [ "$(grep -c "dragpu-limiter: error: the " "$3")" -eq 1 ] ||
         { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"

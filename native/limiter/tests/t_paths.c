@@ -16,9 +16,17 @@
  *                  charged to the importer when mapped; importing its own export takes no second charge
  *   ipc            legacy CUDA IPC memory opened from a process of another claim is charged to the importer
  *                  (refused over the limit) until its last cuIpcCloseMemHandle
+ *   ipc-same-claim legacy CUDA IPC between two processes of one claim: charged once, for as long as either
+ *                  holds it (the exporter's free, or its death, leaves it charged while it is open here;
+ *                  an opener's death and the exporter's free give it all back)
+ *   import-same-claim  the same for VMM memory shared through a POSIX descriptor, where the kernel can tell
+ *                  that the importer's descriptor is the exporter's (kcmp); where kcmp is refused (seccomp),
+ *                  the importer is charged as well: the claim gets less, never more
  */
 #include "device.h"
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -343,6 +351,19 @@ static CUmemAllocationProp device0_prop(void) {
     return prop;
 }
 
+/* Sends a descriptor (SCM_RIGHTS) with one byte. */
+static void send_fd(int sock, int fd) {
+    char byte = 0, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    CHECK(sendmsg(sock, &msg, 0) == 1, "sendmsg");
+}
+
 /* A process of another claim exports 512 MiB of device 0 and hands the descriptor over; it exits when told. */
 static int exporter(int sock) {
     /* Its own claim (the environment is read again after fork): a state directory beside the importer's. */
@@ -356,16 +377,8 @@ static int exporter(int sock) {
     int fd;
     CHECK_CU(cuMemCreate(&h, 512 * MiB, &prop, 0), CUDA_SUCCESS);
     CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
-    char byte = 0;
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {&byte, 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    CHECK(sendmsg(sock, &msg, 0) == 1, "sendmsg");
+    send_fd(sock, fd);
+    char byte;
     CHECK(read(sock, &byte, 1) == 1, "read");
     return 0;
 }
@@ -487,6 +500,180 @@ static void ipc(void) {
     CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0, "the exporter failed");
 }
 
+/* ---- two processes of one claim (the child keeps the state directory, so the region, of the parent) ---- */
+
+#define LAZY CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+
+/* The claim's other process: on 'i' it allocates 512 MiB with cuMemAlloc and sends its IPC handle, on 'v' it
+ * creates 512 MiB with cuMemCreate and sends a descriptor of it (closing its own, as senders do), on 'f' it
+ * frees or releases that memory; each command is answered. It exits when the socket closes. */
+static int claim_peer(int sock) {
+    CUdeviceptr p = 0;
+    CUmemGenericAllocationHandle h = 0;
+    char cmd;
+    while (read(sock, &cmd, 1) == 1) {
+        if (cmd == 'i') {
+            CUipcMemHandle ih;
+            CHECK_CU(cuMemAlloc_v2(&p, 512 * MiB), CUDA_SUCCESS);
+            CHECK_CU(cuIpcGetMemHandle(&ih, p), CUDA_SUCCESS);
+            CHECK_CU(cuIpcGetMemHandle(&ih, p), CUDA_SUCCESS); /* asked twice: still one charge */
+            CHECK(write(sock, &ih, sizeof ih) == (ssize_t)sizeof ih, "write");
+        } else if (cmd == 'v') {
+            CUmemAllocationProp prop = device0_prop();
+            int fd;
+            CHECK_CU(cuMemCreate(&h, 512 * MiB, &prop, 0), CUDA_SUCCESS);
+            CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+            send_fd(sock, fd);
+            close(fd);
+        } else if (cmd == 'f') {
+            if (p) CHECK_CU(cuMemFree_v2(p), CUDA_SUCCESS);
+            if (h) CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+            p = h = 0;
+            CHECK(write(sock, &cmd, 1) == 1, "write");
+        }
+    }
+    return 0;
+}
+
+static pid_t start_peer(int *sock) {
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(claim_peer(sv[1]));
+    }
+    close(sv[1]);
+    *sock = sv[0];
+    return pid;
+}
+
+static void ask(int sock, char cmd, void *reply, size_t n) {
+    CHECK(write(sock, &cmd, 1) == 1, "write");
+    CHECK(read(sock, reply, n) == (ssize_t)n, "no answer to '%c'", cmd);
+}
+
+static void stop_peer(pid_t pid, int sock, int kill_it) {
+    if (kill_it) kill(pid, SIGKILL);
+    close(sock);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    CHECK(kill_it || (WIFEXITED(status) && WEXITSTATUS(status) == 0), "the claim's other process failed");
+}
+
+#define CLAIM_HOLDS(bytes0) CHECK_EQ_U64(accounted(0), bytes0)
+
+static void ipc_same_claim(void) {
+    int sock;
+    pid_t pid = start_peer(&sock);
+    CUipcMemHandle h;
+    CUdeviceptr a, q;
+    ask(sock, 'i', &h, sizeof h);
+    CLAIM_HOLDS(512 * MiB); /* the other process's charge, claim-wide */
+    CHECK_CU(cuIpcOpenMemHandle_v2(&a, h, LAZY), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0); /* open here too: one allocation, one charge */
+    CHECK_CU(cuMemAlloc_v2(&q, 512 * MiB), CUDA_SUCCESS); /* the rest of the limit is still the claim's */
+    CLAIM_HOLDS(1 * GiB);
+    REFUSED(cuMemAlloc_v2(&q, 2 * MiB), "cuMemAlloc_v2");
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    /* The exporter frees it: the driver keeps the memory while it is open here, and the claim its charge. */
+    char done;
+    ask(sock, 'f', &done, 1);
+    HOLDS(512 * MiB, 0);
+    REFUSED(cuMemAlloc_v2(&q, 600 * MiB), "cuMemAlloc_v2");
+    CHECK_CU(cuIpcCloseMemHandle(a), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    /* The exporter killed while the memory is open here: charged until it is closed. */
+    ask(sock, 'i', &h, sizeof h);
+    CHECK_CU(cuIpcOpenMemHandle_v2(&a, h, LAZY), CUDA_SUCCESS);
+    stop_peer(pid, sock, 1);
+    HOLDS(512 * MiB, 0);
+    CHECK_CU(cuIpcCloseMemHandle(a), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    /* This process exports; another process of the claim opens it and is killed; the free gives all back. */
+    CHECK_CU(cuMemAlloc_v2(&q, 512 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuIpcGetMemHandle(&h, q), CUDA_SUCCESS);
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+    pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        CUdeviceptr b;
+        char ok = cuIpcOpenMemHandle_v2(&b, h, LAZY) == CUDA_SUCCESS;
+        if (write(sv[1], &ok, 1) != 1) _exit(1);
+        pause();
+        _exit(0);
+    }
+    char opened = 0;
+    CHECK(read(sv[0], &opened, 1) == 1 && opened, "the claim's other process could not open the memory");
+    HOLDS(512 * MiB, 0);
+    stop_peer(pid, sv[0], 1);
+    close(sv[1]);
+    HOLDS(512 * MiB, 0);
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuMemAlloc_v2(&q, 1 * GiB), CUDA_SUCCESS); /* nothing left behind */
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+}
+
+/* Whether seccomp or the kernel lets this process compare descriptors (kcmp): without it a VMM descriptor
+ * cannot be proven to be another process's export, and is charged to the importer too. */
+static int kcmp_allowed(void) { return syscall(SYS_kcmp, getpid(), getpid(), 0 /* KCMP_FILE */, 0, 0) == 0; }
+
+
+static void import_same_claim(void) {
+    int sock;
+    pid_t pid = start_peer(&sock);
+    const uint64_t mine = kcmp_allowed() ? 0 : 512 * MiB; /* what this process is charged for importing */
+    CHECK(write(sock, "v", 1) == 1, "write");
+    int fd = receive_fd(sock);
+    CLAIM_HOLDS(512 * MiB);
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va, q;
+    CHECK_CU(cuMemAddressReserve(&va, 1 * GiB, 0, 0, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             CUDA_SUCCESS);
+    close(fd);
+    CHECK_CU(cuMemMap(va, 512 * MiB, 0, h, 0), CUDA_SUCCESS);
+    CLAIM_HOLDS(512 * MiB + mine);
+    if (mine) {
+        CHECK_CU(cuMemUnmap(va, 512 * MiB), CUDA_SUCCESS);
+        CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+        stop_peer(pid, sock, 0);
+        HOLDS(0, 0);
+        fprintf(stderr, "kcmp is not allowed here: VMM memory shared within the claim is charged to each holder\n");
+        return;
+    }
+    CHECK_CU(cuMemAlloc_v2(&q, 512 * MiB), CUDA_SUCCESS);
+    CLAIM_HOLDS(1 * GiB);
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+    /* The exporter releases its handle: mapped here, the memory and its charge stay. */
+    char done;
+    ask(sock, 'f', &done, 1);
+    HOLDS(512 * MiB, 0);
+    REFUSED(cuMemAlloc_v2(&q, 600 * MiB), "cuMemAlloc_v2");
+    CHECK_CU(cuMemUnmap(va, 512 * MiB), CUDA_SUCCESS);
+    CLAIM_HOLDS(512 * MiB); /* the imported handle still holds it */
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    /* The exporter killed while the memory is imported here. */
+    CHECK(write(sock, "v", 1) == 1, "write");
+    fd = receive_fd(sock);
+    CHECK_CU(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             CUDA_SUCCESS);
+    close(fd);
+    stop_peer(pid, sock, 1);
+    CLAIM_HOLDS(512 * MiB);
+    CHECK_CU(cuMemMap(va, 512 * MiB, 0, h, 0), CUDA_SUCCESS);
+    HOLDS(512 * MiB, 0);
+    CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_CU(cuMemUnmap(va, 512 * MiB), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuMemAlloc_v2(&q, 1 * GiB), CUDA_SUCCESS); /* nothing left behind */
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
@@ -495,7 +682,8 @@ int main(int argc, char **argv) {
     } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
                      {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
                      {"contexts", contexts},           {"import", import},
-                     {"ipc", ipc}};
+                     {"ipc", ipc},                     {"ipc-same-claim", ipc_same_claim},
+                     {"import-same-claim", import_same_claim}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

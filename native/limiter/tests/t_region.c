@@ -9,12 +9,13 @@
  *   deleted     the file unlinked: refused from then on (a new file would be a new, empty account)
  *   resized     the file grown: refused from then on
  *   header      the layout fields rewritten: refused from then on
+ *   shared      an entry of the shared-memory table holding a negative charge: refused from then on
  *   clock       the compute clock set an hour and more ahead: a launch does not wait for it (run with a
  *               compute share; a hang fails the test after 30 s)
  *
  * Each refusal is logged once, naming the region and the reason.
  *
- * usage: t_region lowered|impossible|deleted|resized|header|clock
+ * usage: t_region lowered|impossible|deleted|resized|header|shared|clock
  */
 #include "device.h"
 
@@ -25,11 +26,14 @@
 
 /* Offsets in the file (src/region.c, mirrored by src/dra_gpu/monitor/region.py). */
 #define HEADER_BYTES 4096
+#define EXPORT_BYTES (128 * 256)
+#define SLOTS_AT (HEADER_BYTES + EXPORT_BYTES)
 #define SLOT_BYTES 192
-#define REGION_BYTES (HEADER_BYTES + 1024 * SLOT_BYTES)
+#define REGION_BYTES (SLOTS_AT + 1024 * SLOT_BYTES)
 #define DEV0_USED (64 + 64)
 #define DEV0_TAT (64 + 128)
 #define SLOT_USED 8
+#define EXPORT_ENTRY_BYTES_AT 32
 
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -37,7 +41,7 @@ static void sleep_ms(long ms) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|resized|header|clock");
+    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|resized|header|shared|clock");
     const char *mode = argv[1], *dir = getenv("DRAGPU_LIMITER_STATE_DIR");
     CHECK(dir, "run with DRAGPU_LIMITER_STATE_DIR set");
     char path[4200];
@@ -70,7 +74,7 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "lowered") == 0) {
         /* The rewrite a process would do to get more: every counter of the file back to zero. */
         *total = 0;
-        for (int i = 0; i < 1024; i++) memset(base + HEADER_BYTES + (size_t)i * SLOT_BYTES + SLOT_USED, 0, 128);
+        for (int i = 0; i < 1024; i++) memset(base + SLOTS_AT + (size_t)i * SLOT_BYTES + SLOT_USED, 0, 128);
         CHECK_CU(cuMemAlloc(&p, 512 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
         CHECK_CU(cuMemAlloc(&p, 256 * MiB), CUDA_SUCCESS); /* up to its limit, not past it */
         CHECK_CU(cuMemAlloc(&p, 1 * MiB), CUDA_ERROR_OUT_OF_MEMORY);
@@ -83,6 +87,11 @@ int main(int argc, char **argv) {
             CHECK(ftruncate(fd, REGION_BYTES + 4096) == 0, "ftruncate");
         } else if (strcmp(mode, "header") == 0) {
             ((uint32_t *)base)[4] = 7; /* slot_count */
+        } else if (strcmp(mode, "shared") == 0) {
+            /* A shared-memory entry that would give bytes back when retired: a negative charge. */
+            char *x = base + HEADER_BYTES;
+            *(int64_t *)(x + EXPORT_ENTRY_BYTES_AT) = -(int64_t)(512 * MiB);
+            *(uint32_t *)x = 1; /* live */
         } else {
             CHECK(0, "unknown case %s", mode);
         }
