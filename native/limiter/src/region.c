@@ -26,7 +26,8 @@
  * the region and the device entry in it (region * DL_MAX_DEVICES + entry), so the wrappers never care.
  *
  * Failing closed: a claim's region that cannot be used (missing or unwritable directory, a file of
- * another layout or size, all slots taken, its lock held past LOCK_WAIT_MS, a deleted or resized file,
+ * another layout version still in use (one that no process uses any more is made again) or of an unknown
+ * layout or size, all slots taken, its lock held past LOCK_WAIT_MS, a deleted or resized file,
  * impossible counter values) refuses every limited allocation on its devices - never "no limit". Only
  * the environment's region, outside any claim, falls back to per-process accounting with a warning, as
  * it always has. Besides the shared total, every process checks its own charges against the limit,
@@ -300,6 +301,31 @@ static void unmap(struct region *g) {
     g->fd = -1;
 }
 
+/* The layout version of a region file made by a library of another version, or 0 (one of this layout, or
+ * not a region at all). */
+static uint32_t other_version(const struct region *g, const struct stat *st) {
+    uint64_t magic = 0;
+    uint32_t version = 0;
+    if (st->st_size < 12 || pread(g->fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic ||
+        pread(g->fd, &version, sizeof version, 8) != (ssize_t)sizeof version || magic != REGION_MAGIC)
+        return 0;
+    return version == REGION_VERSION && st->st_size == (off_t)REGION_BYTES ? 0 : version ? version : UINT32_MAX;
+}
+
+/* Whether any process holds a slot of the file (every layout keeps slot i's lock on byte 1 + i). */
+static bool slots_held(const struct region *g) {
+    for (int i = 0; i < REGION_SLOTS; i++) {
+        struct flock fl;
+        memset(&fl, 0, sizeof fl);
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = 1 + i;
+        fl.l_len = 1;
+        if (fcntl(g->fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK) return true;
+    }
+    return false;
+}
+
 static int open_shared(struct region *g, const char *dir, int log_level) {
     snprintf(g->path, sizeof g->path, "%s/%s", dir, REGION_FILE);
     const char *consequence = log_level == DL_LOG_ERROR ? "refusing allocations on its devices"
@@ -325,13 +351,19 @@ static int open_shared(struct region *g, const char *dir, int log_level) {
     }
     const char *problem = NULL;
     struct stat st;
+    uint32_t old = 0;
     if (fstat(g->fd, &st) != 0) {
         problem = strerror(errno);
     } else if (!S_ISREG(st.st_mode)) {
         problem = "it is not a regular file";
-    } else if (st.st_size == 0 && ftruncate(g->fd, (off_t)REGION_BYTES) != 0) {
+    } else if ((old = other_version(g, &st)) != 0 && slots_held(g)) {
+        /* Its processes and ours could not share one account: refused until they have all exited. */
+        problem = "a process of the claim still uses it with another version of the library (another layout)";
+    } else if (old != 0 && ftruncate(g->fd, 0) != 0) {
         problem = strerror(errno);
-    } else if (st.st_size != 0 && st.st_size != (off_t)REGION_BYTES) {
+    } else if ((old != 0 || st.st_size == 0) && ftruncate(g->fd, (off_t)REGION_BYTES) != 0) {
+        problem = strerror(errno);
+    } else if (old == 0 && st.st_size != 0 && st.st_size != (off_t)REGION_BYTES) {
         problem = "the file has an unknown layout (its size differs)";
     } else {
         void *p = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
@@ -339,7 +371,11 @@ static int open_shared(struct region *g, const char *dir, int log_level) {
             problem = strerror(errno);
         } else {
             g->base = p;
-            /* magic 0: we created it, or its creator died before finishing; both under the lock. */
+            /* The claim outlived an upgrade of the library, and no process uses the old layout any more. */
+            if (old)
+                dl_info("made the shared region %s (%s) again: no process uses its old layout any more", g->path,
+                        g->what);
+            /* magic 0: we created it, made it again, or its creator died before finishing; all under the lock. */
             if (__atomic_load_n(&hdr(g)->magic, __ATOMIC_ACQUIRE) == 0) fill_header(g);
             if (!header_matches(g)) problem = "the file has an unknown layout (magic or version differ)";
         }

@@ -152,6 +152,36 @@ expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12"
 expect_in "cannot lock the shared region $region (claim ns/one)" "$tmp/o12.err"
 reset
 
+# 7b. The claim outlived an upgrade of the library: a region of the old layout (version 1) is made again once
+#     no process uses it; while one does (it holds a slot), refused with one line saying so.
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+region=$tmp/state-c1/dragpu-limiter.region
+python3 - "$region" <<'EOF'
+import struct, sys
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("=QIIIIII", 0x314C504741524444, 1, 4096, 1024, 192, 16, 0))
+    f.truncate(4096 + 1024 * 192)
+EOF
+python3 - "$region" 1 1 >"$tmp/locker" 2>&1 <<'EOF' &
+import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+for off in range(int(sys.argv[2]), int(sys.argv[2]) + int(sys.argv[3])):
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, off, 1, 0))
+print("locked", flush=True)
+time.sleep(60)
+EOF
+pids+=($!)
+for _ in $(seq 200); do grep -q locked "$tmp/locker" && break; sleep 0.05; done
+run_probe "$tmp/o12b" -- alloc $chunk
+expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12b"
+expect_in "cannot use the shared region $region (claim ns/one): a process of the claim still uses it with another version of the library (another layout); refusing allocations on its devices" "$tmp/o12b.err"
+kill -9 "${pids[@]}"; wait 2>/dev/null; pids=()
+run_probe "$tmp/o12c" DRAGPU_LOG_LEVEL=info -- alloc $chunk
+expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12c"
+expect_in "made the shared region $region (claim ns/one) again: no process uses its old layout any more" "$tmp/o12c.err"
+[ "$(stat -c %s "$region")" = 233472 ] || fail "the region was not made again in the current layout"
+reset
+
 # 8. The file's compute share applies without DRAGPU_CORES_LIMIT, and the environment cannot raise it.
 claim c1 ns/one "$GPU0 memory=unlimited cores=30"
 env LD_PRELOAD="$LIB" DRAGPU_CORES_LIMIT=100 "$B/tests/t_compute" 30 1 >"$tmp/o13" 2>&1 ||
