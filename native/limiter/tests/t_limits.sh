@@ -61,6 +61,20 @@ hold() {
     for _ in $(seq 200); do grep -q holding "$out" && return 0; sleep 0.05; done
     fail "the holder did not start: $(cat "$out" "$out.err")"
 }
+# lock_bytes <file> <first byte> <count>: a background process holds write locks (OFD) on those bytes, as a
+# process of the claim holding the region's lock or its slots would; waits until it does.
+lock_bytes() {
+    python3 - "$@" >"$tmp/locker" 2>&1 <<'EOF' &
+import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+for off in range(int(sys.argv[2]), int(sys.argv[2]) + int(sys.argv[3])):
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, off, 1, 0))
+print("locked", flush=True)
+time.sleep(60)
+EOF
+    pids+=($!)
+    for _ in $(seq 200); do grep -q locked "$tmp/locker" && break; sleep 0.05; done
+}
 reset() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; pids=(); rm -rf "$ROOT" "$tmp"/state-*; }
 
 # 1. The file's limit applies with no DRAGPU_* variable at all; the region is in the file's state dir.
@@ -123,30 +137,12 @@ reset
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
 run_probe "$tmp/o10" -- info
 region=$tmp/state-c1/dragpu-limiter.region
-python3 - "$region" 1 1024 >"$tmp/locker" 2>&1 <<'EOF' &
-import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR)
-for off in range(int(sys.argv[2]), int(sys.argv[2]) + int(sys.argv[3])):
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, off, 1, 0))
-print("locked", flush=True)
-time.sleep(60)
-EOF
-pids+=($!)
-for _ in $(seq 200); do grep -q locked "$tmp/locker" && break; sleep 0.05; done
+lock_bytes "$region" 1 1024
 run_probe "$tmp/o11" -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o11"
 expect_in "all process slots are in use; refusing allocations on its devices" "$tmp/o11.err"
 kill -9 "${pids[@]}"; wait 2>/dev/null; pids=()
-python3 - "$region" 0 1 >"$tmp/locker" 2>&1 <<'EOF' &
-import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR)
-for off in range(int(sys.argv[2]), int(sys.argv[2]) + int(sys.argv[3])):
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, off, 1, 0))
-print("locked", flush=True)
-time.sleep(60)
-EOF
-pids+=($!)
-for _ in $(seq 200); do grep -q locked "$tmp/locker" && break; sleep 0.05; done
+lock_bytes "$region" 0 1
 timeout 20 env LD_PRELOAD="$LIB" "$probe" alloc $chunk >"$tmp/o12" 2>"$tmp/o12.err" || fail "a held region lock hung the probe"
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12"
 expect_in "cannot lock the shared region $region (claim ns/one)" "$tmp/o12.err"
@@ -162,16 +158,7 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("=QIIIIII", 0x314C504741524444, 1, 4096, 1024, 192, 16, 0))
     f.truncate(4096 + 1024 * 192)
 EOF
-python3 - "$region" 1 1 >"$tmp/locker" 2>&1 <<'EOF' &
-import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR)
-for off in range(int(sys.argv[2]), int(sys.argv[2]) + int(sys.argv[3])):
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, off, 1, 0))
-print("locked", flush=True)
-time.sleep(60)
-EOF
-pids+=($!)
-for _ in $(seq 200); do grep -q locked "$tmp/locker" && break; sleep 0.05; done
+lock_bytes "$region" 1 1
 run_probe "$tmp/o12b" -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12b"
 expect_in "cannot use the shared region $region (claim ns/one): a process of the claim still uses it with another version of the library (another layout); refusing allocations on its devices" "$tmp/o12b.err"
