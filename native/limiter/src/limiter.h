@@ -189,9 +189,12 @@ struct dl_export_key {
 };
 void dl_export_key_fd(struct dl_export_key *k, int fd);
 /* Moves bytes this process charged on dev into a new entry that it holds (for DL_EXPORT_FD the descriptor is
- * kept until the hold ends). The entry, or -1 (no shared region, table full, lock not taken): the charge
+ * kept until the hold ends, to compare importers' with). The entry, or -1 (no shared region, table full, lock not taken): the charge
  * then stays with the process. */
 int dl_region_export(int dev, const struct dl_export_key *k, uint64_t bytes);
+/* Adds another descriptor of the same allocation (exported again) to an entry this process exported: 0, or
+ * -1 when it cannot (the caller closes it; importers of that descriptor are charged as well). */
+int dl_region_export_again(int dev, int idx, int fd);
 /* Joins the entry of k's memory in dev's region, charging its bytes (*bytes, when not 0, must match) to
  * this process alone, within limit; the entry with *bytes set, or -1: charge the memory as usual. */
 int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint64_t limit);

@@ -548,11 +548,12 @@ DL_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 static int op_keep(struct entry *e) { (void)e; return 0; }
 
-/* Moves the charge of an allocation this process exports into the claim's export table; whether it did (a
- * second export of the same allocation keeps the first entry). */
+/* Moves the charge of an allocation this process exports into the claim's export table; whether the entry
+ * took it (exported again: an IPC handle is the same, a descriptor is added to the entry). */
 static bool export_charge(unsigned kind, uint64_t key, const struct dl_export_key *k) {
     struct entry e, old;
-    if (!update(kind, key, op_keep, &e) || e.handle || !e.bytes) return false;
+    if (!update(kind, key, op_keep, &e) || !e.bytes) return false;
+    if (e.handle) return k->kind == DL_EXPORT_FD && dl_region_export_again(e.dev, (int)e.handle - 1, k->fd) == 0;
     int idx = dl_region_export(e.dev, k, e.bytes);
     if (idx < 0) return false;
     /* A free racing the export (the application's own bug) found the entry gone and refunded nothing: the

@@ -77,6 +77,7 @@
 #define HEADER_BYTES 4096
 #define REGION_EXPORTS 128
 #define HOLDER_WORDS (REGION_SLOTS / 64)
+#define EXPORT_FDS (DL_EXPORT_KEY_BYTES / 4) /* descriptors of one allocation (one per export call) */
 
 struct region_dev {
     _Alignas(64) char uuid[DL_UUID_LEN];
@@ -119,10 +120,12 @@ struct region_export {
     uint32_t kind;                      /* DL_EXPORT_IPC or DL_EXPORT_FD */
     int32_t pid;                        /* FD: the exporter, as its PID namespace numbers it */
     uint64_t pidns;                     /* FD: that namespace's inode */
-    int32_t fd;                         /* FD: the descriptor the exporter keeps while it holds the memory */
-    uint32_t spare;
+    uint64_t spare;
     int64_t bytes;
-    unsigned char key[DL_EXPORT_KEY_BYTES]; /* IPC: the handle */
+    union {
+        unsigned char key[DL_EXPORT_KEY_BYTES]; /* IPC: the handle */
+        int32_t fds[EXPORT_FDS]; /* FD: descriptors the exporter keeps while it holds the memory (-1: none) */
+    } id;
     _Atomic uint64_t holders[HOLDER_WORDS]; /* bit i: the process of slot i holds the memory */
 };
 
@@ -157,15 +160,29 @@ static _Atomic int64_t own_used[MAX_REGIONS * DL_MAX_DEVICES];
  * still the file it was, should the application have closed it under us). Changed under byte 0. */
 static struct own_export {
     _Atomic int holds;
-    int fd;
-    dev_t fd_dev;
-    ino_t fd_ino;
+    int n_kept;
+    struct kept {
+        int fd;
+        dev_t dev;
+        ino_t ino;
+    } kept[EXPORT_FDS];
 } own_exports[MAX_REGIONS][REGION_EXPORTS];
 
-static void close_kept(struct own_export *o) {
+/* Keeps a descriptor for an entry this process exported: its index in the entry, or -1 when it is full. */
+static int keep_fd(struct own_export *o, int fd) {
     struct stat st;
-    if (o->fd >= 0 && fstat(o->fd, &st) == 0 && st.st_dev == o->fd_dev && st.st_ino == o->fd_ino) close(o->fd);
-    o->fd = -1;
+    if (o->n_kept == EXPORT_FDS || fstat(fd, &st) != 0) return -1;
+    o->kept[o->n_kept] = (struct kept){fd, st.st_dev, st.st_ino};
+    return o->n_kept++;
+}
+
+static void close_kept(struct own_export *o) {
+    for (int i = 0; i < o->n_kept; i++) {
+        struct kept *k = &o->kept[i];
+        struct stat st;
+        if (fstat(k->fd, &st) == 0 && st.st_dev == k->dev && st.st_ino == k->ino) close(k->fd);
+    }
+    o->n_kept = 0;
 }
 
 static struct region_header *hdr(const struct region *g) { return (struct region_header *)g->base; }
@@ -669,16 +686,17 @@ int dl_region_export(int dev, const struct dl_export_key *k, uint64_t bytes) {
         x->kind = (uint32_t)k->kind;
         x->pid = k->pid;
         x->pidns = k->pidns;
-        x->fd = k->kind == DL_EXPORT_FD ? k->fd : -1;
         __atomic_store_n(&x->bytes, (int64_t)bytes, __ATOMIC_RELAXED); /* verify() reads it unlocked */
-        memcpy(x->key, k->key, sizeof x->key);
+        struct own_export *o = &own_exports[r][idx];
+        o->n_kept = 0;
+        if (k->kind == DL_EXPORT_FD) {
+            for (int i = 0; i < EXPORT_FDS; i++) x->id.fds[i] = -1;
+            if (keep_fd(o, k->fd) == 0) x->id.fds[0] = k->fd;
+        } else {
+            memcpy(x->id.key, k->key, sizeof x->id.key);
+        }
         for (int w = 0; w < HOLDER_WORDS; w++) atomic_store(&x->holders[w], 0);
         set_holder(x, g->slot);
-        struct own_export *o = &own_exports[r][idx];
-        struct stat st;
-        o->fd = k->kind == DL_EXPORT_FD && fstat(k->fd, &st) == 0 ? k->fd : -1;
-        o->fd_dev = o->fd >= 0 ? st.st_dev : 0;
-        o->fd_ino = o->fd >= 0 ? st.st_ino : 0;
         atomic_store(&o->holds, 1);
         /* Slot first, then the entry: a process killed in between leaves the total too high, never too low. */
         atomic_fetch_sub(&slot_at(g, g->slot)->used[e], (int64_t)bytes);
@@ -695,12 +713,28 @@ int dl_region_export(int dev, const struct dl_export_key *k, uint64_t bytes) {
 /* Whether an entry is the memory k names (caller holds byte 0). */
 static bool same_memory(const struct region_export *x, const struct dl_export_key *k) {
     if (x->kind != (uint32_t)k->kind) return false;
-    if (k->kind == DL_EXPORT_IPC) return memcmp(x->key, k->key, sizeof x->key) == 0;
-    /* The importer's descriptor must be the very open file description the exporter keeps: the kernel
+    if (k->kind == DL_EXPORT_IPC) return memcmp(x->id.key, k->key, sizeof x->id.key) == 0;
+    /* The importer's descriptor must be the very open file description of one the exporter keeps: the kernel
      * compares them (refused without ptrace-read access to the exporter, or where seccomp forbids kcmp). */
-    return x->pidns != 0 && x->pidns == k->pidns && x->fd >= 0 &&
-           syscall(SYS_kcmp, (pid_t)k->pid, (pid_t)x->pid, KCMP_FILE, (unsigned long)k->fd,
-                   (unsigned long)x->fd) == 0;
+    if (x->pidns == 0 || x->pidns != k->pidns) return false;
+    for (int i = 0; i < EXPORT_FDS; i++)
+        if (x->id.fds[i] >= 0 && syscall(SYS_kcmp, (pid_t)k->pid, (pid_t)x->pid, KCMP_FILE, (unsigned long)k->fd,
+                                         (unsigned long)x->id.fds[i]) == 0)
+            return true;
+    return false;
+}
+
+int dl_region_export_again(int dev, int idx, int fd) {
+    struct region *g = region_of(dev);
+    struct own_export *o = &own_exports[dev / DL_MAX_DEVICES][idx];
+    if (!can_share(g) || idx < 0 || idx >= REGION_EXPORTS) return -1;
+    int lock = table_lock(g);
+    if (lock < 0) return -1;
+    struct region_export *x = export_at(g, idx);
+    int i = atomic_load(&o->holds) > 0 && atomic_load(&x->live) && x->kind == DL_EXPORT_FD ? keep_fd(o, fd) : -1;
+    if (i >= 0) x->id.fds[i] = fd;
+    close(lock);
+    return i < 0 ? -1 : 0;
 }
 
 int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint64_t limit) {
@@ -725,7 +759,7 @@ int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint
         } else {
             atomic_fetch_add(&own_used[dev], b);
             struct own_export *o = &own_exports[r][idx];
-            if (atomic_load(&o->holds) == 0) o->fd = -1; /* keeps no descriptor: it did not export it */
+            if (atomic_load(&o->holds) == 0) o->n_kept = 0; /* keeps no descriptor: it did not export it */
             if (atomic_fetch_add(&o->holds, 1) == 0) set_holder(x, g->slot);
             *bytes = (uint64_t)b;
         }
@@ -747,7 +781,8 @@ void dl_region_leave(int dev, int idx, uint64_t bytes) {
     while (held > 0 && !atomic_compare_exchange_weak(&o->holds, &held, held - 1)) {
     }
     if (held == 1) {
-        if (o->fd >= 0) x->fd = -1; /* no longer a descriptor to match imports against */
+        if (o->n_kept && x->kind == DL_EXPORT_FD) /* no longer descriptors to match imports against */
+            for (int i = 0; i < EXPORT_FDS; i++) x->id.fds[i] = -1;
         close_kept(o);
         atomic_fetch_and(&x->holders[g->slot / 64], ~(1ull << (g->slot % 64)));
         uint64_t left = 0;

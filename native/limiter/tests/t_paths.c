@@ -505,7 +505,8 @@ static void ipc(void) {
 #define LAZY CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
 /* The claim's other process: on 'i' it allocates 512 MiB with cuMemAlloc and sends its IPC handle, on 'v' it
- * creates 512 MiB with cuMemCreate and sends a descriptor of it (closing its own, as senders do), on 'f' it
+ * creates 512 MiB with cuMemCreate and sends a descriptor of it (closing its own, as senders do), on 'w' the
+ * same with the allocation exported twice (the second descriptor is sent), on 'f' it
  * frees or releases that memory; each command is answered. It exits when the socket closes. */
 static int claim_peer(int sock) {
     CUdeviceptr p = 0;
@@ -518,11 +519,16 @@ static int claim_peer(int sock) {
             CHECK_CU(cuIpcGetMemHandle(&ih, p), CUDA_SUCCESS);
             CHECK_CU(cuIpcGetMemHandle(&ih, p), CUDA_SUCCESS); /* asked twice: still one charge */
             CHECK(write(sock, &ih, sizeof ih) == (ssize_t)sizeof ih, "write");
-        } else if (cmd == 'v') {
+        } else if (cmd == 'v' || cmd == 'w') {
             CUmemAllocationProp prop = device0_prop();
             int fd;
             CHECK_CU(cuMemCreate(&h, 512 * MiB, &prop, 0), CUDA_SUCCESS);
             CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+            if (cmd == 'w') { /* exported again (one descriptor per peer, say): the second one is sent */
+                close(fd);
+                CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                         CUDA_SUCCESS);
+            }
             send_fd(sock, fd);
             close(fd);
         } else if (cmd == 'f') {
@@ -657,8 +663,8 @@ static void import_same_claim(void) {
     CLAIM_HOLDS(512 * MiB); /* the imported handle still holds it */
     CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
     HOLDS(0, 0);
-    /* The exporter killed while the memory is imported here. */
-    CHECK(write(sock, "v", 1) == 1, "write");
+    /* Exported twice, the second descriptor imported here; the exporter killed while it is. */
+    CHECK(write(sock, "w", 1) == 1, "write");
     fd = receive_fd(sock);
     CHECK_CU(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
              CUDA_SUCCESS);
