@@ -191,10 +191,13 @@ class Podman:
         volumes: Sequence[Volume] = (),
         env: Mapping[str, str] | None = None,
         name: str | None = None,
+        read_only: bool = False,
     ) -> list[str]:
         argv = ["podman", "--runtime", self.runtime, "run", "--rm", *RUN_FLAGS]
         if name:
             argv += ["--name", name]
+        if read_only:
+            argv += ["--read-only"]  # the root filesystem, as a pod's readOnlyRootFilesystem
         for device in devices:
             argv += ["--device", device]
         for volume in volumes:
@@ -211,11 +214,12 @@ class Podman:
         env: Mapping[str, str] | None = None,
         timeout: float = 120,
         check_specs: bool = True,
+        read_only: bool = False,
     ) -> Result:
         """Run ``script`` in a fresh container; the specs are checked first unless told otherwise."""
         if check_specs and devices:
             preflight(self.cdi_dir, devices)
-        argv = self.argv(script, devices, volumes, env)
+        argv = self.argv(script, devices, volumes, env, read_only=read_only)
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         return Result(argv, proc.returncode, proc.stdout, proc.stderr)
 

@@ -82,6 +82,24 @@ def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader
     assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY}"
 
 
+def test_a_read_only_root_filesystem_still_finds_libcuda_under_runc(
+    podman: Podman, limiter_build: Limiter, tmp_path: Path
+) -> None:
+    """runc makes the root read-only after the createContainer hooks, so the loader cache is written."""
+    if podman.runtime != "runc":
+        pytest.skip(f"runc's order of hooks and read-only remount; the runtime here is {podman.runtime}")
+    driver_root = fake_driver_root(tmp_path / "driver-root", limiter_build)
+    probe = [Volume(limiter_build.probe, CONTAINER_PROBE)]
+    env = {"FAKE_CUDA_MEMORY_BYTES": str(FAKE_MEMORY)}
+    with plugin_node(limiter_build, podman.cdi_dir, driver_root=driver_root) as node:
+        _, ids = node.prepare("read-only", [Alloc(device="gpu-0")], gpu_config("Exclusive"))
+        look = sections(write="touch /written 2>&1 || echo refused", probe="limiter-probe info")
+        result = podman.run(look, devices=ids, volumes=probe, env=env, read_only=True).check()
+        node.unprepare_all()
+    assert result.section("write")[-1] == "refused", "the root filesystem is not read-only"
+    assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY}"
+
+
 @pytest.fixture
 def toolkit_spec(tmp_path: Path, limiter_build: Limiter) -> Iterator[tuple[Path, Path, Path]]:
     """The toolkit's spec for two GPUs, where runtimes read it; (spec, hook log, dev root)."""
