@@ -22,8 +22,11 @@
  *   import-same-claim  the same for VMM memory shared through a POSIX descriptor, where the kernel can tell
  *                  that the importer's descriptor is the exporter's (kcmp); where kcmp is refused (seccomp),
  *                  the importer is charged as well: the claim gets less, never more
+ *   export-churn   two processes of the claim, four threads each, allocating, exporting (IPC handle and VMM
+ *                  descriptor) and freeing at once: nothing is left charged and the whole limit is free after
  */
 #include "device.h"
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -680,6 +683,48 @@ static void import_same_claim(void) {
     CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
 }
 
+#define CHURN_THREADS 4
+#define CHURN_ROUNDS 150
+
+static void *churn(void *arg) {
+    (void)arg;
+    CHECK_CU(cuCtxSetCurrent(ctx[0]), CUDA_SUCCESS);
+    CUmemAllocationProp prop = device0_prop();
+    for (int i = 0; i < CHURN_ROUNDS; i++) {
+        CUdeviceptr p;
+        CUipcMemHandle ih;
+        CUmemGenericAllocationHandle h;
+        int fd;
+        /* Refusals are fine (the threads of both processes share the limit); leaks are not. */
+        if (cuMemAlloc_v2(&p, 16 * MiB) == CUDA_SUCCESS) {
+            CHECK_CU(cuIpcGetMemHandle(&ih, p), CUDA_SUCCESS);
+            CHECK_CU(cuMemFree_v2(p), CUDA_SUCCESS);
+        }
+        if (cuMemCreate(&h, 32 * MiB, &prop, 0) == CUDA_SUCCESS) {
+            CHECK_CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+            close(fd);
+            CHECK_CU(cuMemRelease(h), CUDA_SUCCESS);
+        }
+    }
+    return NULL;
+}
+
+static void export_churn(void) {
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    pthread_t t[CHURN_THREADS];
+    for (int i = 0; i < CHURN_THREADS; i++) CHECK(pthread_create(&t[i], NULL, churn, NULL) == 0, "pthread_create");
+    for (int i = 0; i < CHURN_THREADS; i++) pthread_join(t[i], NULL);
+    if (pid == 0) _exit(0);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the claim's other process failed");
+    HOLDS(0, 0);
+    CUdeviceptr q;
+    CHECK_CU(cuMemAlloc_v2(&q, 1 * GiB), CUDA_SUCCESS); /* the whole limit, nothing left behind */
+    CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
@@ -689,7 +734,7 @@ int main(int argc, char **argv) {
                      {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
                      {"contexts", contexts},           {"import", import},
                      {"ipc", ipc},                     {"ipc-same-claim", ipc_same_claim},
-                     {"import-same-claim", import_same_claim}};
+                     {"import-same-claim", import_same_claim}, {"export-churn", export_churn}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;
