@@ -140,7 +140,7 @@ def test_pooled_budget_counts_both_processes() -> None:
     [
         ("mem", f"allocated={1024 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n", report.PASS),
         ("vmm", f"allocated={2048 * MIB}\nlast=CUDA_SUCCESS\nstopped=max\n", report.FAIL),
-        ("graph", f"allocated={2048 * MIB}\nlast=CUDA_SUCCESS\nstopped=max\n", report.KNOWN),
+        ("graph", f"allocated={2048 * MIB}\nlast=CUDA_SUCCESS\nstopped=max\n", report.FAIL),
         ("graph", f"allocated={1024 * MIB}\nlast=cudaErrorMemoryAllocation\n", report.PASS),
         ("pool", "setup_error=CUDA_ERROR_NOT_SUPPORTED\n", report.SKIP),
         ("pool", "setup_error=CUDA_ERROR_INVALID_VALUE\n", report.FAIL),
@@ -151,6 +151,47 @@ def test_family_verdicts(family: str, output: str, status: str) -> None:
     result = memory.judge_family(
         f"limiter.family.driver.{family}", "what", family, parse.key_values(output), ran(output)
     )
+    assert result.status == status, result.summary
+
+
+SHARED = 1472 * MIB
+
+
+@pytest.mark.parametrize(
+    ("kind", "output", "status"),
+    [
+        # What the fake driver prints under the limiter: 1472 MiB shared, the second process fills the rest.
+        (
+            "ipc",
+            f"shared={SHARED}\nkcmp=1\nopened=CUDA_SUCCESS\nallocated={CAP - SHARED}\n"
+            "last=CUDA_ERROR_OUT_OF_MEMORY\nchild_status=0\n",
+            report.PASS,
+        ),
+        # Charged to both: the second process stops at C less twice the shared memory.
+        (
+            "ipc",
+            f"shared={SHARED}\nkcmp=1\nopened=CUDA_SUCCESS\nallocated={CAP - 2 * SHARED}\n"
+            "last=CUDA_ERROR_OUT_OF_MEMORY\nchild_status=0\n",
+            report.FAIL,
+        ),
+        (
+            "vmm",
+            f"shared={SHARED}\nkcmp=0\nopened=CUDA_SUCCESS\nallocated={CAP - 2 * SHARED}\n"
+            "last=CUDA_ERROR_OUT_OF_MEMORY\nchild_status=0\n",
+            report.KNOWN,
+        ),
+        (
+            "vmm",
+            f"shared={SHARED}\nkcmp=1\nopened=CUDA_SUCCESS\nallocated={CAP}\n"
+            "last=CUDA_ERROR_OUT_OF_MEMORY\nchild_status=0\n",
+            report.FAIL,
+        ),
+        ("ipc", f"shared={SHARED}\nkcmp=1\nopened=CUDA_ERROR_OUT_OF_MEMORY\nchild_status=0\n", report.FAIL),
+        ("vmm", "setup_error=CUDA_ERROR_NOT_SUPPORTED\n", report.SKIP),
+    ],
+)
+def test_shared_memory_verdicts(kind: str, output: str, status: str) -> None:
+    result = memory.judge_shared(f"limiter.shared.{kind}", kind, CAP, parse.key_values(output), True, "")
     assert result.status == status, result.summary
 
 

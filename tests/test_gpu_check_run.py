@@ -100,6 +100,7 @@ def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path)
     out = tmp_path / "out"
     env = _environment(LD_LIBRARY_PATH=str(FAKE), GPU_CHECK_OUT=str(out), GPU_CHECK_QUICK="1")
     only = ["--only", "limiter.cap", "--only", "limiter.pooled", "--only", "limiter.view.nvml"]
+    only += ["--only", "limiter.shared"]
     done = _run([sys.executable, "-m", "gpucheck", *only], env)
     data = json.loads((out / "report.json").read_text())
     results = {r["name"]: r for r in data["results"]}
@@ -107,6 +108,8 @@ def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path)
     assert results["limiter.cap.driver-api"]["figures"]["reported_total"] == 3000 * 2**20
     assert results["limiter.pooled"]["status"] == "pass", done.stdout
     assert results["limiter.view.nvml"]["status"] == "pass", done.stdout
+    for kind in ("ipc", "vmm"):  # this machine allows kcmp: both are charged once
+        assert results[f"limiter.shared.{kind}"]["status"] == "pass", done.stdout
     # The fake cannot take the CUDA runtime past its initialisation: those fail, and say why.
     assert results["limiter.cap.runtime-shared"]["status"] == "fail"
     assert "cannot set up CUDA device 0" in results["limiter.cap.runtime-shared"]["summary"]

@@ -15,6 +15,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("limiter.cap", memory.cap_precision),
     ("limiter.view", memory.views),
     ("limiter.pooled", memory.pooled),
+    ("limiter.shared", memory.shared),
     ("limiter.family", memory.families),
     ("compute.baseline", compute.baseline),
     ("compute", compute.accuracy),

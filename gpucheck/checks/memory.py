@@ -35,7 +35,6 @@ FAMILIES = (
     ("gc_rt_shared", "entry", "cuMemAlloc through cudaGetDriverEntryPointByVersion"),
     ("gc_rt_shared", "graph", "captured cudaMallocAsync (graph memory node)"),
 )
-KNOWN_LIMITS = {"graph": "graph-owned memory is a documented known limit of the limiter (not charged)"}
 OOM = ("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation")
 
 
@@ -273,6 +272,68 @@ def judge_pooled(
     return result
 
 
+def shared(ctx: Context) -> list[Result]:
+    """Memory one process of a claim shares with another (legacy IPC, a VMM descriptor) is charged once."""
+    out = []
+    for kind in ("ipc", "vmm"):
+        name = f"limiter.shared.{kind}"
+        missing = ctx.missing("gc_drv", "limiter")
+        if missing:
+            out.append(skipped(name, missing))
+            continue
+        binary = ctx.program("gc_drv")
+        assert binary is not None
+        cap = cap_for(ctx)
+        share = cap // 2 // (64 * MIB) * 64 * MIB
+        env = ctx.limiter_env(memory=cap, state_dir=ctx.state_dir(name))
+        ran = run([binary, "share", kind, str(share), str(CHUNK)], env=env, timeout_s=HERE_TIMEOUT_S)
+        result = judge_shared(name, kind, cap, key_values(ran.stdout), ran.ok, ran.why())
+        result.details += ran.describe()
+        out.append(result)
+    return out
+
+
+def judge_shared(name: str, kind: str, cap: int, values: dict[str, str], ran_ok: bool, why: str) -> Result:
+    """The second process fills the cap less what is shared (and the contexts): not less what is shared twice."""
+    shared_bytes, allocated = int_of(values, "shared"), int_of(values, "allocated")
+    figures = {
+        "cap_bytes": cap,
+        "shared": shared_bytes,
+        "second_allocated": allocated,
+        "kcmp": values.get("kcmp"),
+    }
+    if "setup_error" in values:
+        error = values["setup_error"]
+        return (skipped if _unsupported(error) else failed)(
+            name, f"sharing failed to start: {error}", **figures
+        )
+    if not ran_ok or shared_bytes is None or values.get("child_status") != "0":
+        return failed(name, f"the programs failed: {why}", **figures)
+    if values.get("opened") != "CUDA_SUCCESS":
+        return failed(
+            name, f"the claim's second process could not open the memory: {values.get('opened')}", **figures
+        )
+    if allocated is None:
+        return failed(name, "the second process printed no allocation figure", **figures)
+    together = shared_bytes + allocated
+    text = (
+        f"{shared_bytes / MIB:.0f} MiB shared + {allocated / MIB:.0f} MiB more = {together / MIB:.0f} MiB "
+        f"of a {cap / MIB:.0f} MiB cap, then {values.get('last')}"
+    )
+    if together <= cap and cap - together <= CONTEXT_ALLOWANCE and values.get("last") in OOM:
+        return Result(name, PASS, f"{text}: charged once", figures)
+    if together > cap:
+        return failed(name, f"over the cap: {text}", **figures)
+    if kind == "vmm" and values.get("kcmp") == "0":
+        return Result(
+            name,
+            KNOWN,
+            f"{text}: charged to both processes, as documented where kcmp is not allowed (seccomp)",
+            figures,
+        )
+    return failed(name, f"charged twice: {text}", **figures)
+
+
 def families(ctx: Context) -> list[Result]:
     out = []
     for program, family, what in FAMILIES:
@@ -309,8 +370,6 @@ def judge_family(name: str, what: str, family: str, values: dict[str, str], ran:
         text = f"{what}: {allocated / MIB:.0f} MiB under a {FAMILY_CAP / MIB:.0f} MiB cap, then {values.get('last')}"
         if held:
             result = Result(name, PASS, text, figures)
-        elif family in KNOWN_LIMITS:
-            result = Result(name, KNOWN, f"{text} ({KNOWN_LIMITS[family]})", figures)
         else:
             result = failed(name, f"not enforced: {text}", **figures)
     result.details += ran.describe()

@@ -11,14 +11,23 @@
  *       names: mem pitch managed async pool vmm array graph dlsym-next dlopen getproc
  *       prints allocated= last= count= stopped=(refused|max); with --hold, then `holding` and
  *       keeps the memory until stdin reaches end of file.
+ *   gc_drv share ipc|vmm <bytes> <chunk>
+ *       two processes of one claim sharing memory: this one allocates <bytes> (cuMemAlloc, or cuMemCreate
+ *       exported as a POSIX descriptor), exports it and runs `gc_drv open` (same environment, so the same
+ *       claim), which opens or imports and maps it, then fills what is left with `family mem`.
+ *       prints shared= exporter_free= child_status=; the second process prints kcmp=(0|1) opened= and
+ *       the family's lines. Under the limiter the claim holds the shared memory once.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MIB (1024ULL * 1024ULL)
@@ -241,8 +250,99 @@ static int cmd_family(const char *name, size_t chunk, size_t max, int do_hold) {
     return 0;
 }
 
+static int usage(void);
+
+static CUmemAllocationProp shareable_prop(void) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)g_dev;
+    return prop;
+}
+
+static int cmd_share(const char *self, const char *kind, size_t bytes, const char *chunk) {
+    char arg[2 * sizeof(CUipcMemHandle) + 1] = "";
+    CUdeviceptr p = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r;
+    if (!strcmp(kind, "ipc")) {
+        CUipcMemHandle ih;
+        r = cuMemAlloc(&p, bytes);
+        if (r == CUDA_SUCCESS) r = cuIpcGetMemHandle(&ih, p);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < sizeof ih.reserved; i++)
+            snprintf(arg + 2 * i, 3, "%02x", (unsigned char)ih.reserved[i]);
+    } else {
+        CUmemAllocationProp prop = shareable_prop();
+        int fd = -1;
+        size_t granularity = 0;
+        r = cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r == CUDA_SUCCESS && granularity) bytes = (bytes + granularity - 1) / granularity * granularity;
+        if (r == CUDA_SUCCESS) r = cuMemCreate(&h, bytes, &prop, 0);
+        if (r == CUDA_SUCCESS) r = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r == CUDA_SUCCESS) {
+            fcntl(fd, F_SETFD, 0); /* the second process gets this very descriptor across exec */
+            snprintf(arg, sizeof arg, "%d", fd);
+        }
+    }
+    if (r != CUDA_SUCCESS) {
+        printf("setup_error=%s\n", err_name(r));
+        return 0;
+    }
+    size_t free_b = 0, total_b = 0;
+    cuMemGetInfo(&free_b, &total_b);
+    printf("shared=%zu\nexporter_free=%zu\n", bytes, free_b);
+    fflush(stdout);
+    char size_arg[32];
+    snprintf(size_arg, sizeof size_arg, "%zu", bytes);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/proc/self/exe", self, "open", kind, arg, size_arg, chunk, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) status = -1;
+    printf("child_status=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    if (p) cuMemFree(p);
+    if (h) cuMemRelease(h);
+    return 0;
+}
+
+static int hex_nibble(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static int cmd_open(const char *kind, const char *arg, size_t bytes, size_t chunk) {
+    /* Whether the kernel lets this process compare descriptors: the limiter needs it for VMM memory. */
+    printf("kcmp=%d\n", syscall(SYS_kcmp, getpid(), getpid(), 0, 0, 0) == 0);
+    CUresult r;
+    if (!strcmp(kind, "ipc")) {
+        CUipcMemHandle ih;
+        CUdeviceptr p;
+        if (strlen(arg) != 2 * sizeof ih.reserved) return usage();
+        for (size_t i = 0; i < sizeof ih.reserved; i++) {
+            int hi = hex_nibble(arg[2 * i]), lo = hex_nibble(arg[2 * i + 1]);
+            if (hi < 0 || lo < 0) return usage();
+            ih.reserved[i] = (char)(hi << 4 | lo);
+        }
+        r = cuIpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    } else {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va = 0;
+        int fd = atoi(arg);
+        r = cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r == CUDA_SUCCESS) r = cuMemAddressReserve(&va, bytes, 0, 0, 0);
+        if (r == CUDA_SUCCESS) r = cuMemMap(va, bytes, 0, h, 0);
+    }
+    printf("opened=%s\n", r == CUDA_SUCCESS ? "CUDA_SUCCESS" : err_name(r));
+    fflush(stdout);
+    return r == CUDA_SUCCESS ? cmd_family("mem", chunk, SIZE_MAX / 2, 0) : 0;
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: gc_drv info | gc_drv family <name> <chunk-bytes> <max-bytes> [--hold]\n");
+    fprintf(stderr, "usage: gc_drv info | gc_drv family <name> <chunk-bytes> <max-bytes> [--hold]\n"
+                    "       gc_drv share ipc|vmm <bytes> <chunk-bytes>\n");
     return 2;
 }
 
@@ -260,6 +360,18 @@ int main(int argc, char **argv) {
         if (*end1 || *end2 || chunk == 0 || (argc == 6 && !do_hold)) return usage();
         int rc = setup();
         return rc ? rc : cmd_family(argv[2], (size_t)chunk, (size_t)max, do_hold);
+    }
+    if ((!strcmp(argv[1], "share") && argc == 5) || (!strcmp(argv[1], "open") && argc == 6)) {
+        int share = !strcmp(argv[1], "share");
+        const char *kind = argv[2], *size = argv[share ? 3 : 4], *chunk = argv[share ? 4 : 5];
+        char *end1, *end2;
+        unsigned long long bytes = strtoull(size, &end1, 10), chunk_bytes = strtoull(chunk, &end2, 10);
+        if ((strcmp(kind, "ipc") && strcmp(kind, "vmm")) || *end1 || *end2 || !bytes || !chunk_bytes)
+            return usage();
+        int rc = setup();
+        if (rc) return rc;
+        if (share) return cmd_share(argv[0], kind, (size_t)bytes, chunk);
+        return cmd_open(kind, argv[3], (size_t)bytes, (size_t)chunk_bytes);
     }
     return usage();
 }
