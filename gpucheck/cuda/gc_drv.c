@@ -99,6 +99,17 @@ static void keep_pool(CUmemoryPool pool) {
     cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
 }
 
+/* Physical memory of device 0 for cuMemCreate, exportable as the handle types named. */
+static CUmemAllocationProp device_prop(CUmemAllocationHandleType handle_types) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = handle_types;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = (int)g_dev;
+    return prop;
+}
+
 static int family_setup(const char *name) {
     CUresult r = CUDA_SUCCESS;
     if (!strcmp(name, "async") || !strcmp(name, "pool") || !strcmp(name, "graph")) {
@@ -112,11 +123,7 @@ static int family_setup(const char *name) {
         r = cuMemPoolCreate(&g_pool, &p);
         if (r == CUDA_SUCCESS) keep_pool(g_pool);
     } else if (r == CUDA_SUCCESS && !strcmp(name, "vmm")) {
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = (int)g_dev;
+        CUmemAllocationProp prop = device_prop(CU_MEM_HANDLE_TYPE_NONE);
         r = cuMemGetAllocationGranularity(&g_granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     } else if (!strcmp(name, "dlsym-next")) {
         g_resolved = (alloc_fn)dlsym(RTLD_NEXT, "cuMemAlloc_v2");
@@ -156,13 +163,9 @@ static CUresult family_alloc(const char *name, size_t size) {
         return r == CUDA_SUCCESS ? cuStreamSynchronize(g_stream) : r;
     }
     if (!strcmp(name, "vmm")) {
-        CUmemAllocationProp prop;
+        CUmemAllocationProp prop = device_prop(CU_MEM_HANDLE_TYPE_NONE);
         CUmemGenericAllocationHandle h;
         CUmemAccessDesc access;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = (int)g_dev;
         size = (size + g_granularity - 1) / g_granularity * g_granularity;
         r = cuMemCreate(&h, size, &prop, 0);
         if (r != CUDA_SUCCESS) return r;
@@ -252,16 +255,6 @@ static int cmd_family(const char *name, size_t chunk, size_t max, int do_hold) {
 
 static int usage(void);
 
-static CUmemAllocationProp shareable_prop(void) {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = (int)g_dev;
-    return prop;
-}
-
 static int cmd_share(const char *self, const char *kind, size_t bytes, const char *chunk) {
     char arg[2 * sizeof(CUipcMemHandle) + 1] = "";
     CUdeviceptr p = 0;
@@ -274,7 +267,7 @@ static int cmd_share(const char *self, const char *kind, size_t bytes, const cha
         for (size_t i = 0; r == CUDA_SUCCESS && i < sizeof ih.reserved; i++)
             snprintf(arg + 2 * i, 3, "%02x", (unsigned char)ih.reserved[i]);
     } else {
-        CUmemAllocationProp prop = shareable_prop();
+        CUmemAllocationProp prop = device_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         int fd = -1;
         size_t granularity = 0;
         r = cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
