@@ -28,7 +28,7 @@ GiB = 2**30
 
 pytestmark = [pytest.mark.limiter, pytest.mark.timeout(900)]
 
-# The cases tests/run.sh reports for every build.
+# The cases tests/run.sh reports for every build (a case it reports that is not here fails the suite).
 CASES = [
     "exports",
     "env-parsing+fuzz",
@@ -52,6 +52,10 @@ CASES = [
             "legacy-abi",
             "granularity",
             "import",
+            "ipc",
+            "ipc-same-claim",
+            "import-same-claim",
+            "export-churn",
             "contexts",
         )
     ),
@@ -67,6 +71,7 @@ CASES = [
     "t_region deleted",
     "t_region resized",
     "t_region header",
+    "t_region shared",
     "t_region clock",
     "t_limits",
     "compute unlimited",
@@ -126,6 +131,14 @@ def test_native_suite_case(suite: dict[tuple[str, str], str], build: str, case: 
     report = suite.get((build, case))
     assert report is not None, f"{case} did not run in the {build} build"
     assert report.startswith("PASS"), report
+
+
+@pytest.mark.slow
+def test_every_case_the_suite_reports_is_checked(suite: dict[tuple[str, str], str]) -> None:
+    """A case added to tests/run.sh but not to CASES would fail without failing `make test`."""
+    optional = {"t_cudart", "cuda_min.h = toolkit"}  # checked below, where the toolkit is installed
+    unlisted = sorted({case for _, case in suite} - set(CASES) - optional)
+    assert not unlisted, f"tests/run.sh reports cases CASES does not list: {unlisted}"
 
 
 @pytest.mark.slow
