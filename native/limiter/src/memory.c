@@ -840,16 +840,23 @@ static uint64_t volume(uint64_t w, uint64_t h, uint64_t d, uint64_t elem) {
     return v;
 }
 
+/* What an array of descriptor d (2D: depth 1) holds. */
+#define ARRAY_BYTES(d, depth) volume((d)->Width, (d)->Height, depth, format_bytes((d)->Format, (d)->NumChannels))
+
+/* Creates an object (an array, a mipmapped array) whose memory, `bytes`, lands on the current device:
+ * charged first, refunded if the driver refuses, remembered under the handle the driver puts in *pHandle. */
+#define CHARGED_OBJECT(kind, bytes, call)                                         \
+    struct charge c;                                                              \
+    CUresult r = charge(current_ordinal(), (bytes), &c);                          \
+    if (r != CUDA_SUCCESS) return r;                                              \
+    r = call;                                                                     \
+    settle(r, kind, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);   \
+    return r
+
 DL_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
     REAL_OR_NOT_FOUND(cuArrayCreate_v2);
     if (!pHandle || !pAllocateArray) return dl_cuda.cuArrayCreate_v2(pHandle, pAllocateArray);
-    const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
-    struct charge c;
-    CUresult r = charge(current_ordinal(), volume(d->Width, d->Height, 1, format_bytes(d->Format, d->NumChannels)), &c);
-    if (r != CUDA_SUCCESS) return r;
-    r = dl_cuda.cuArrayCreate_v2(pHandle, pAllocateArray);
-    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
-    return r;
+    CHARGED_OBJECT(K_ARRAY, ARRAY_BYTES(pAllocateArray, 1), dl_cuda.cuArrayCreate_v2(pHandle, pAllocateArray));
 }
 
 /* Sparse and deferred-mapping arrays are created without memory: what backs them is mapped later from
@@ -860,14 +867,8 @@ DL_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCR
     REAL_OR_NOT_FOUND(cuArray3DCreate_v2);
     if (!pHandle || !pAllocateArray || UNBACKED_ARRAY(pAllocateArray))
         return dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray);
-    const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
-    struct charge c;
-    CUresult r = charge(current_ordinal(),
-                        volume(d->Width, d->Height, d->Depth, format_bytes(d->Format, d->NumChannels)), &c);
-    if (r != CUDA_SUCCESS) return r;
-    r = dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray);
-    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
-    return r;
+    CHARGED_OBJECT(K_ARRAY, ARRAY_BYTES(pAllocateArray, pAllocateArray->Depth),
+                   dl_cuda.cuArray3DCreate_v2(pHandle, pAllocateArray));
 }
 
 DL_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
@@ -885,12 +886,7 @@ DL_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_
         h = h > 1 ? h / 2 : h;
         z = z > 1 ? z / 2 : z;
     }
-    struct charge c;
-    CUresult r = charge(current_ordinal(), total, &c);
-    if (r != CUDA_SUCCESS) return r;
-    r = dl_cuda.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels);
-    settle(r, K_MIPMAP, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
-    return r;
+    CHARGED_OBJECT(K_MIPMAP, total, dl_cuda.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels));
 }
 
 DL_EXPORT CUresult cuArrayDestroy(CUarray hArray) {
@@ -998,25 +994,13 @@ DL_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
 DL_EXPORT CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray) {
     REAL_OR_NOT_FOUND(cuArrayCreate);
     if (!pHandle || !pAllocateArray) return dl_cuda.cuArrayCreate(pHandle, pAllocateArray);
-    const CUDA_ARRAY_DESCRIPTOR_v1 *d = pAllocateArray;
-    struct charge c;
-    CUresult r = charge(current_ordinal(), volume(d->Width, d->Height, 1, format_bytes(d->Format, d->NumChannels)), &c);
-    if (r != CUDA_SUCCESS) return r;
-    r = dl_cuda.cuArrayCreate(pHandle, pAllocateArray);
-    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
-    return r;
+    CHARGED_OBJECT(K_ARRAY, ARRAY_BYTES(pAllocateArray, 1), dl_cuda.cuArrayCreate(pHandle, pAllocateArray));
 }
 
 DL_EXPORT CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray) {
     REAL_OR_NOT_FOUND(cuArray3DCreate);
     if (!pHandle || !pAllocateArray || UNBACKED_ARRAY(pAllocateArray))
         return dl_cuda.cuArray3DCreate(pHandle, pAllocateArray);
-    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d = pAllocateArray;
-    struct charge c;
-    CUresult r = charge(current_ordinal(),
-                        volume(d->Width, d->Height, d->Depth, format_bytes(d->Format, d->NumChannels)), &c);
-    if (r != CUDA_SUCCESS) return r;
-    r = dl_cuda.cuArray3DCreate(pHandle, pAllocateArray);
-    settle(r, K_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, &c);
-    return r;
+    CHARGED_OBJECT(K_ARRAY, ARRAY_BYTES(pAllocateArray, pAllocateArray->Depth),
+                   dl_cuda.cuArray3DCreate(pHandle, pAllocateArray));
 }

@@ -367,14 +367,19 @@ static void send_fd(int sock, int fd) {
     CHECK(sendmsg(sock, &msg, 0) == 1, "sendmsg");
 }
 
-/* A process of another claim exports 512 MiB of device 0 and hands the descriptor over; it exits when told. */
-static int exporter(int sock) {
-    /* Its own claim (the environment is read again after fork): a state directory beside the importer's. */
+/* Makes a forked child a process of another claim (the environment is read again after fork): a state
+ * directory `name` beside the parent's. */
+static void join_another_claim(const char *name) {
     const char *parent = getenv("DRAGPU_LIMITER_STATE_DIR");
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/exporter", parent ? parent : "/tmp");
+    snprintf(dir, sizeof dir, "%s/%s", parent ? parent : "/tmp", name);
     CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
     setenv("DRAGPU_LIMITER_STATE_DIR", dir, 1);
+}
+
+/* A process of another claim exports 512 MiB of device 0 and hands the descriptor over; it exits when told. */
+static int exporter(int sock) {
+    join_another_claim("exporter");
     CUmemAllocationProp prop = device0_prop();
     CUmemGenericAllocationHandle h;
     int fd;
@@ -446,11 +451,7 @@ static void import(void) {
 /* A process of another claim allocates 512 MiB of device 0 with cuMemAlloc and hands its legacy IPC handle
  * over; it frees the memory and exits when told. */
 static int ipc_exporter(int sock) {
-    const char *parent = getenv("DRAGPU_LIMITER_STATE_DIR");
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/ipc-exporter", parent ? parent : "/tmp");
-    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
-    setenv("DRAGPU_LIMITER_STATE_DIR", dir, 1);
+    join_another_claim("ipc-exporter");
     CUdeviceptr p;
     CUipcMemHandle h;
     CHECK_CU(cuMemAlloc_v2(&p, 512 * MiB), CUDA_SUCCESS);
