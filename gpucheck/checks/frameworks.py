@@ -163,8 +163,12 @@ def frameworks(ctx: Context) -> list[Result]:
                 missing[variant.framework] = bare["skip"]
                 out.append(skipped(name, bare["skip"]))
                 continue
-            if bare.get("graph") != "ok" and "graph_error" not in bare:
-                bare["graph_error"] = ran.why()
+            if bare.get("graph") != "ok":
+                bare.setdefault("graph_error", ran.why())
+                result = judge_framework(name, variant, cap, CHUNK, {}, Usage(), ran.ok, ran.why(), bare)
+                result.details += details
+                out.append(result)
+                continue
         env = {**ctx.limiter_env(memory=cap, state_dir=ctx.state_dir(name)), **variant.env}
         values, usage, ran = run_workload(ctx, [*argv, *(["graph"] if variant.graph else [])], env, name)
         if "skip" in values:
