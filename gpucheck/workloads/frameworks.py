@@ -123,6 +123,9 @@ def cupy_run(allocator: str, chunk: int, most: int, do_fill: bool) -> int:
         return 0
     say(f"version={cupy.__version__}")
     if allocator == "async":
+        if not hasattr(cupy.cuda, "MemoryAsyncPool"):
+            say(f"skip=CuPy {cupy.__version__} has no cupy.cuda.MemoryAsyncPool")
+            return 0
         cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
 
     def allocate(size: int) -> Any:
