@@ -8,6 +8,11 @@ out-of-memory messages.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -142,6 +147,16 @@ def test_jax_limit_must_be_its_fraction_of_the_cap_not_of_the_gpu() -> None:
     result = judge("jax.prealloc", output)
     assert result.status == report.FAIL
     assert "allocator limit 64140607488 is neither the cap 4294967296 nor 0.75 of it" in result.summary
+
+
+def test_jax_without_preallocation_may_stop_a_tenth_short_of_what_the_cap_leaves() -> None:
+    output = f"total={CAP}\nready\nallocated={13 * CHUNK}\nstopped=JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory\n"
+    # XLA's regions of 256, 512 and 1024 MiB, then one of 1659 MiB after backing off once: 13 chunks
+    assert judge("jax.on-demand", output, Usage(600 * MIB, 600 * MIB + 13 * CHUNK)).status == report.PASS
+    short = output.replace(f"allocated={13 * CHUNK}", f"allocated={11 * CHUNK}")
+    result = judge("jax.on-demand", short, Usage(600 * MIB, 600 * MIB + 11 * CHUNK))
+    assert result.status == report.FAIL
+    assert "stopped at 2816 MiB, below 2890 MiB" in result.summary
 
 
 def test_jax_may_report_the_whole_cap_where_its_pool_grows_to_the_total() -> None:
@@ -289,3 +304,50 @@ def test_without_the_limiter_every_variant_is_skipped_with_the_build_error(node:
     node.limiter_error = "the limiter did not build: make failed"
     results = frameworks.frameworks(node)
     assert {r.summary for r in results} == {"the limiter did not build: make failed"}
+
+
+# -- the whole check on the limiter's fake driver, where no framework is installed --------------------
+
+FAKE = Path(__file__).resolve().parents[1] / "native/limiter/build/fake"
+
+
+@pytest.mark.slow
+@pytest.mark.limiter
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is not None or shutil.which("nvcc") is None,
+    reason="needs nvcc and no real GPU (the fake GPU is found only where nvidia-smi is absent)",
+)
+@pytest.mark.skipif(
+    not (FAKE / "libcuda.so.1").is_file(),
+    reason="the limiter and its fake driver are not built (make limiter)",
+)
+def test_make_gpu_check_skips_each_framework_that_its_python_lacks(tmp_path: Path) -> None:
+    pytest.importorskip("pynvml", reason="the fake GPU is found through NVML (nvidia-ml-py)")
+    lacking = [f for f in ("torch", "cupy", "jax") if importlib.util.find_spec(f) is None]
+    if not lacking:
+        pytest.skip("this Python has PyTorch, CuPy and JAX: nothing is missing")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_CHECK_", "DRAGPU_"))}
+    env.update(
+        LD_LIBRARY_PATH=str(FAKE),
+        GPU_CHECK_OUT=str(tmp_path / "out"),
+        GPU_CHECK_FRAMEWORK_PYTHON=sys.executable,
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucheck", "--only", "framework"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    data = json.loads((tmp_path / "out/report.json").read_text())
+    results = {r["name"]: r for r in data["results"]}
+    assert set(results) == {f"framework.{v.name}" for v in frameworks.VARIANTS}, done.stdout
+    names = {"torch": "PyTorch", "cupy": "CuPy", "jax": "JAX"}
+    for name, result in results.items():
+        framework = name.split(".")[1]
+        if framework in lacking:
+            assert result["status"] == "skip", done.stdout
+            assert result["summary"].startswith(f"{names[framework]} is not importable"), result["summary"]
