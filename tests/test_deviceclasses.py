@@ -150,7 +150,9 @@ def test_whole_gpu_class_leaves_out_mig_enabled_gpus(tmp_path: Path) -> None:
     whole = by_name()["gpu.dra-gpu.io"]
     assert matches(whole, [*devices, without_attribute]) == {device_name(1), "gpu-old"}
     values = tmp_path / "values.yaml"
-    values.write_text("controller:\n  classes:\n  - {name: whole.example, strategy: Exclusive, placement: {policy: Spread}}\n")
+    values.write_text(
+        "controller:\n  classes:\n  - {name: whole.example, strategy: Exclusive, placement: {policy: Spread}}\n"
+    )
     exclusive_managed = controller_classes(load_values(values))[0]
     exclusive_managed["spec"]["selectors"] = exclusive_managed["spec"]["selectors"][:1]
     assert matches(exclusive_managed, devices) == {device_name(1)}
