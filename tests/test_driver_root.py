@@ -26,7 +26,8 @@ from plugin_harness import (
 
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.driver_root import LIBRARIES, find_driver_files, install_ldcache_hook, tool_env
+from dra_gpu.plugin.commands import NvidiaCommands
+from dra_gpu.plugin.driver_root import LIBRARIES, find_driver_files, install_ldcache_hook, tool_env, tool_path
 from dra_gpu.plugin.prepare import NOTICE_REASON
 from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
 
@@ -68,10 +69,52 @@ def test_each_library_of_exactly_the_reported_driver_and_the_tools_are_found(tmp
 def test_the_agents_tools_find_only_the_driver_libraries(tmp_path: Path) -> None:
     root = driver_root(tmp_path / "root")
     env = tool_env(root, tmp_path / "links", V)
-    assert env == {"LD_LIBRARY_PATH": str(tmp_path / "links")}
+    assert env["LD_LIBRARY_PATH"] == str(tmp_path / "links")
     assert sorted(p.name for p in (tmp_path / "links").iterdir()) == sorted(f"{stem}.1" for stem in LIBRARIES)
     assert os.readlink(tmp_path / "links" / "libnvidia-ml.so.1") == str(root / LIBS / f"libnvidia-ml.so.{V}")
     assert tool_env(Path("/"), tmp_path / "unused") == {}
+
+
+FAKE_CONTROL = """#!/bin/sh
+# As nvidia-cuda-mps-control does: `-d` leaves a daemon, which starts nvidia-cuda-mps-server by name.
+dir="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then
+  nvidia-cuda-mps-server || { echo "cannot start nvidia-cuda-mps-server" >&2; exit 1; }
+  touch "$dir/control"; exit 0
+fi
+[ -e "$dir/control" ] || exit 1
+case "$(cat)" in *quit*) rm "$dir/control" ;; *) cat "$dir/server" ;; esac
+"""
+FAKE_SERVER = """#!/bin/sh
+echo "$(command -v nvidia-cuda-mps-server) $LD_LIBRARY_PATH" > "$CUDA_MPS_PIPE_DIRECTORY/server"
+"""
+
+
+def test_the_mps_daemon_from_a_driver_root_starts_its_server(tmp_path: Path) -> None:
+    """Under a driver root that is not /, as deployed: the daemon finds the root's server and libraries."""
+    root = driver_root(tmp_path / "root")
+    for name, text in (("nvidia-cuda-mps-control", FAKE_CONTROL), ("nvidia-cuda-mps-server", FAKE_SERVER)):
+        (root / "usr" / "bin" / name).write_text(text)
+        (root / "usr" / "bin" / name).chmod(0o755)
+    assert shutil.which("nvidia-cuda-mps-server") is None, "this machine has no MPS server of its own"
+    links = tmp_path / "links"
+    commands = NvidiaCommands(
+        nvidia_smi=tool_path(root, "nvidia-smi"),
+        mps_control=tool_path(root, "nvidia-cuda-mps-control"),
+        tool_env=tool_env(root, links, V),
+        timeout_s=10,
+    )
+    pipe, log = tmp_path / "pipe", tmp_path / "log"
+    pipe.mkdir()
+    log.mkdir()
+    commands.start_mps_daemon("GPU-0", pipe, log)
+    server, library_path = (pipe / "server").read_text().split()
+    assert server == str(root / "usr" / "bin" / "nvidia-cuda-mps-server")
+    assert library_path == str(links)
+    # MPS v3's commands go through the same interface, with the same program and environment.
+    assert commands.run_mps_control(pipe, log, ["server", "list"], protocol="3").split()[0] == server
+    commands.stop_mps_daemon("GPU-0", pipe)
+    assert not commands.mps_daemon_running("GPU-0", pipe)
 
 
 def test_nvml_is_loaded_from_the_driver_root(tmp_path: Path, built: Path) -> None:

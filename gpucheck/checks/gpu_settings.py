@@ -31,6 +31,46 @@ def _commands() -> Any:
     return agent.commands().NvidiaCommands(isolate_shm=True)
 
 
+DRIVER_ROOT_FILE = agent.COMMANDS.with_name("driver_root.py")
+HOST_TOP = ("usr", "lib", "lib64", "bin", "sbin", "etc", "opt")
+"""What the check's driver root shows of this machine's root: where the driver's files are."""
+
+
+def _driver_root_module() -> Any:
+    """The agent's `driver_root` module, loaded from its file as `agent.commands` is (standard library only)."""
+    import importlib.util
+    import sys
+
+    name = "gpucheck_agent_driver_root"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DRIVER_ROOT_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def deployed_commands(work: Path) -> Any:
+    """The agent's commands as the DaemonSet makes them: the host's root seen at a driver root other
+    than / (here a directory of links to this machine's top directories), its tools run from there
+    with a private directory of the driver's libraries, so the MPS daemon must find its server there."""
+    root = work / "driver-root"
+    root.mkdir(parents=True, exist_ok=True)
+    for top in HOST_TOP:
+        link = root / top
+        if Path("/", top).exists() and not link.is_symlink():
+            link.symlink_to(Path("/", top))
+    dr = _driver_root_module()
+    return agent.commands().NvidiaCommands(
+        nvidia_smi=dr.tool_path(root, "nvidia-smi"),
+        mps_control=dr.tool_path(root, "nvidia-cuda-mps-control"),
+        tool_env=dr.tool_env(root, work / "driver-libraries"),
+        isolate_shm=True,
+    )
+
+
 def _compute_mode(uuid: str) -> str:
     smi = which("nvidia-smi") or "nvidia-smi"
     ran = run([smi, "-i", uuid, "--query-gpu=compute_mode", "--format=csv,noheader"], timeout_s=60)
@@ -123,7 +163,7 @@ def mps(ctx: Context) -> list[Result]:
     if which("unshare") is None:
         return [skipped("mps", "unshare not found (util-linux): clients cannot get the daemon's /dev/shm")]
     CommandError, ComputeMode = agent.commands().CommandError, agent.commands().ComputeMode
-    commands = _commands()
+    commands = deployed_commands(ctx.work / "mps-driver-root")
     uuid = ctx.gpu.uuid
     base = ctx.work / "mps" / uuid
     pipe, log_dir, shm = base / "pipe", base / "log", base / "shm"
@@ -140,7 +180,11 @@ def mps(ctx: Context) -> list[Result]:
             results.append(_refusal("mps.start", "starting the daemon as the agent does", exc))
         else:
             results.append(
-                passed("mps.start", f"daemon answers on its pipe; compute mode {_compute_mode(uuid)}")
+                passed(
+                    "mps.start",
+                    f"daemon from the driver root {commands.mps_control} answers on its pipe; "
+                    f"compute mode {_compute_mode(uuid)}",
+                )
             )
             results += _mps_clients(ctx, control, pipe, shm, full_sms)
     finally:

@@ -165,6 +165,10 @@ def tool_env(root: Path, link_dir: Path, version: str | None = None) -> dict[str
     if root == Path("/"):
         return {}
     version = version or kernel_driver_version()
+    # The control daemon starts `nvidia-cuda-mps-server` by name when its first client connects:
+    # the driver root's tool directories come first on PATH (NVIDIA's device plugin chroots for this).
+    tool_dirs = [str(root / d) for d in EXECUTABLE_DIRS if (root / d / "nvidia-cuda-mps-server").is_file()]
+    path = os.pathsep.join([*tool_dirs, os.environ.get("PATH") or os.defpath])
     link_dir.mkdir(parents=True, exist_ok=True)
     for stem in LIBRARIES:
         found = find_library(root, stem, version)
@@ -175,7 +179,7 @@ def tool_env(root: Path, link_dir: Path, version: str | None = None) -> dict[str
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(root / found)
         tmp.replace(link)
-    return {"LD_LIBRARY_PATH": str(link_dir)}
+    return {"LD_LIBRARY_PATH": str(link_dir), "PATH": path}
 
 
 def load_nvml(root: Path) -> Path | None:
