@@ -6,6 +6,7 @@ Exit statuses: 0 done, 1 a check failed or something outside the command failed 
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -170,25 +171,30 @@ def test_every_bad_flag_or_variable_exits_2_with_one_line(
     assert len([line for line in lines if line.startswith(("error", "dra-gpu"))]) == 1
 
 
-def test_help_shows_each_default_once() -> None:
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """`dra-gpu` and each subcommand's parser."""
     from dra_gpu.cli import build_parser
 
     parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict))
-    for name, child in [("dra-gpu", parser), *subparsers.choices.items()]:
-        for action in child._actions:
-            text = (action.help or "") % {"default": action.default} if action.help else ""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"dra-gpu": parser, **sub.choices}
+
+
+def test_help_shows_each_default_once() -> None:
+    for name, parser in parsers().items():
+        for action in parser._actions:
+            text = action.help % {"default": action.default} if action.help else ""
             assert text.count("(default") <= 1, f"{name} {action.option_strings}: {text}"
 
 
-@pytest.mark.parametrize("command", ["gpus", "usage"])
-def test_yaml_is_offered_wherever_json_is(command: str) -> None:
-    from dra_gpu.cli import build_parser
-
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict))
-    output = next(a for a in subparsers.choices[command]._actions if "--output" in a.option_strings)
-    assert output.choices is not None and {"json", "yaml"} <= set(output.choices)
+def test_yaml_is_offered_wherever_json_is() -> None:
+    offering = []
+    for name, parser in parsers().items():
+        for action in parser._actions:
+            if "--output" in action.option_strings and action.choices and "json" in action.choices:
+                assert "yaml" in action.choices, name
+                offering.append(name)
+    assert {"gpus", "usage"} <= set(offering)
 
 
 def test_gpus_as_yaml_is_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
