@@ -20,7 +20,7 @@ from pathlib import Path
 
 REGION_FILE = "dragpu-limiter.region"
 MAGIC = 0x314C504741524444
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 4096
 EXPORT_COUNT = 128
 EXPORT_BYTES = 256
@@ -45,8 +45,9 @@ _STATS = struct.Struct("=QQQQ")  # refused, throttled_ns, busy_ns, spare
 _EXPORT = struct.Struct("=II8x8x8xq64x")
 _EXPORT_HOLDERS_AT = 104
 _EXPORT_HOLDERS = struct.Struct(f"={SLOT_COUNT // 64}Q")
-_SLOT_USED = struct.Struct(f"={DEVICE_COUNT}q")  # struct region_slot: in_use u32, pid i32, used[16] i64
-_SLOT_USED_AT = 8
+# struct region_slot: in_use u32, pid i32, pidns u64, start u64, used[16] i64
+_SLOT_USED = struct.Struct(f"={DEVICE_COUNT}q")
+_SLOT_USED_AT = 24
 _SLOT_CHUNK = 32  # slots are claimed lowest first: read chunks until one has none in use
 _FLOCK = "hhqqi4x"  # native, as fcntl(2) takes it  # struct flock: l_type, l_whence, l_start, l_len, l_pid
 
@@ -62,6 +63,11 @@ class RegionDevice:
     busy_seconds: float
     index: int = 0
     """The entry's position in the device table (and in every slot's per-device array)."""
+
+
+def header_fields() -> bytes:
+    """The layout fields a region starts with (the agent makes claims' regions with them)."""
+    return _HEAD.pack(MAGIC, VERSION, HEADER_BYTES, SLOT_COUNT, SLOT_BYTES, DEVICE_COUNT, EXPORT_COUNT)
 
 
 def parse_header(header: bytes) -> list[RegionDevice] | None:
