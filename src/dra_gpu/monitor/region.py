@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -137,12 +138,18 @@ def live_bytes(fd: int) -> list[int]:
 
 
 def read_region(state_dir: Path | str) -> list[RegionDevice] | None:
-    """The figures of the region in a claim's limiter state directory; None if there is none (yet)."""
+    """The figures of the region in a claim's limiter state directory; None if there is none (yet).
+
+    Never blocks: the state directory is the tenant's to write on hosts where it is mounted read-write, so
+    a FIFO or a device in the file's place must not stall the node's monitor (non-blocking open, regular
+    files only, no symbolic link)."""
     try:
-        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         devices = parse_header(os.pread(fd, HEADER_BYTES, 0))
         if devices is None:
             return None
