@@ -4,6 +4,7 @@ then SIGKILL through a pidfd. Its truth is NVML's, and a region that NVML contra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, opaque, uid_of
 from test_monitor import _events, limiter_config
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor.cgroup import ProcReader
 from dra_gpu.monitor.region import read_region
 
 MiB = 2**20
@@ -111,14 +113,15 @@ def test_an_offender_gets_sigterm_then_sigkill_and_a_reused_pid_nothing(
             assert stubborn.poll() is None
             plugin.monitor.sample_once()  # past the grace period: SIGKILL
             assert stubborn.wait(timeout=30) == -signal.SIGKILL
-            # The PID now names another process (another start time): it is reported, never signalled.
-            driver.gpus[0].processes = {reused.pid: 6 * GiB}
-            stat = proc_root / str(reused.pid) / "stat"
-            fields = stat.read_text().split(" ")
-            fields[21] = str(int(fields[21]) + 1)
-            plugin.monitor.sample_once()
-            stat.write_text(" ".join(fields))
-            plugin.monitor.sample_once()
+            # A violation seen for a process of another start time (the PID was reused since): reported,
+            # never signalled.
+            fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
+            seen = dataclasses.replace(
+                watchdog.active[0],
+                pid=reused.pid,
+                start=(ProcReader(proc_root).start_time(reused.pid) or 0) + 1,
+            )
+            watchdog.handle([seen], {reused.pid})
             assert reused.poll() is None
             kubelet.close()
     finally:
