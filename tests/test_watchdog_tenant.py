@@ -122,6 +122,12 @@ def test_an_offender_gets_sigterm_then_sigkill_and_a_reused_pid_nothing(
                 start=(ProcReader(proc_root).start_time(reused.pid) or 0) + 1,
             )
             watchdog.handle([seen], {reused.pid})
+            said = [
+                e["message"]
+                for e in _events(api, "Pod", "greedy-pod")
+                if f"process {reused.pid} " in e["message"]
+            ]
+            assert len(said) == 1 and said[0].endswith("it could not be terminated")
             assert reused.poll() is None
             kubelet.close()
     finally:
