@@ -81,9 +81,9 @@ run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
 run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
 run t_failopen "$here/t_failopen.sh" "$B" "$PRELOAD"
-for c in lowered impossible deleted resized header shared clock; do
+for c in lowered impossible deleted replaced resized header shared clock unlocked; do
     run "t_region $c" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=50 sh -c '"$1" "$2" 2>"$3"; r=$?; [ $r -ne 0 ] && cat "$3";
-        [ $r -eq 0 ] && { [ "$2" = lowered ] || [ "$(grep -c "dragpu-limiter: error: the " "$3")" -eq 1 ] ||
+        [ $r -eq 0 ] && { { [ "$2" = lowered ] || [ "$2" = unlocked ]; } || [ "$(grep -c "dragpu-limiter: error: the " "$3")" -eq 1 ] ||
         { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"
 done
 run t_limits "$here/t_limits.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT"
