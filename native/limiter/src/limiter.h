@@ -438,5 +438,10 @@ void dl_throttle_forget_context(CUcontext ctx);
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);
+/* While a stream capture is open in the process, the library's own driver calls run with this thread's
+ * capture mode relaxed, so that none of them can invalidate the application's capture. dl_capture_relax
+ * returns what dl_capture_restore takes back (-1: nothing was changed: no capture open, or no such call). */
+int dl_capture_relax(void);
+void dl_capture_restore(int saved);
 
 #endif

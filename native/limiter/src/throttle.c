@@ -244,17 +244,30 @@ static void sleep_ns(int64_t ns) {
     clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
 }
 
+int dl_capture_relax(void) {
+    if (DL_LIKELY(!atomic_load_explicit(&captures, memory_order_relaxed))) return -1;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return -1;
+    return (int)mode;
+}
+
+void dl_capture_restore(int saved) {
+    if (saved < 0) return;
+    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
+    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 /* Polls unless that could disturb an open capture. */
 static void poll_safely(void) {
     if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
         poll_completed();
         return;
     }
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-        return;
+    int saved = dl_capture_relax();
+    if (saved < 0) return; /* a capture is open and this thread cannot be relaxed: measurements wait */
     poll_completed();
-    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
+    dl_capture_restore(saved);
 }
 
 static void poll_if_no_capture(void) { poll_safely(); }

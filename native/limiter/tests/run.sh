@@ -93,6 +93,12 @@ if [ -x "$B/tests/t_cudart" ]; then
         sh -c '"$1" "$2" "$3" 2>"$3"' sh "$B/tests/t_cudart" "$TMP/lookups.log" "$TMP/limiter.log"
 fi
 
+# Stream capture survives the limiter, in every capture mode, and the graph's memory is charged.
+for sc in global thread-local relaxed other-thread; do
+    run "t_capture $sc (baseline)" "$B/tests/t_capture" "$sc"
+    run "t_capture $sc" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=30 "$B/tests/t_capture" "$sc"
+done
+
 run "compute unlimited" limited "$B/tests/t_compute" 100 1
 for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5

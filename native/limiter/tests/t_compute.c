@@ -162,7 +162,8 @@ static void measure(double start, double seconds, uint64_t *busy_ns, uint64_t *w
     *busy_ns = fakecuda_busy_ns(0) - b0;
     *window_ns = (uint64_t)((now_s() - t0) * 1e9);
     *starved_ns = run_delay_ns() - d0;
-    CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+    /* Not cuCtxSynchronize: with a capture open (T_COMPUTE_OPEN_CAPTURE) that would invalidate it. */
+    CHECK_CU(cuStreamSynchronize(stream), CUDA_SUCCESS);
 }
 
 int main(int argc, char **argv) {

@@ -112,7 +112,8 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 /* A context holds device memory for its limits (cuCtxSetLimit): the stack of every thread the device can
  * hold resident, the malloc heap and the printf FIFO. gen is bumped when the context is destroyed. */
 struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
-struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
+struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx;
+                     pthread_t owner; int invalidated; /* the thread that began its capture; the capture is invalid */ };
 struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
 struct CUmod_st { unsigned magic; };
 struct CUfunc_st { unsigned magic; char name[64]; };
@@ -203,6 +204,11 @@ static CUresult check(int need_ctx) {
     } while (0)
 
 static int cur_device(void) { return current()->device; }
+
+/* Stream capture rules (below, with cuThreadExchangeStreamCaptureMode). */
+static int unsafe_call_invalidates(void);
+static int captured_address(uint64_t addr);
+static int unsafe_call_invalidates_locked(void);
 
 static int valid_device(int d) { return d >= 0 && d < G.count; }
 
@@ -923,6 +929,7 @@ static void release_pools_of(int device) {
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT();
     CHECK(1);
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_idle(cur_device());
     release_pools_of(cur_device());
     return CUDA_SUCCESS;
@@ -952,6 +959,7 @@ static CUresult alloc_on(int device, CUdeviceptr *p, size_t bytes) {
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     COUNT();
     CHECK(1);
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return alloc_on(cur_device(), p, bytes);
 }
 
@@ -1260,6 +1268,10 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
     }
     if (attr != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&mu);
+    if (captured_address(ptr) && unsafe_call_invalidates_locked()) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     int d = addr_device(ptr);
     pthread_mutex_unlock(&mu);
     if (d < 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1737,7 +1749,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     if (!s) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *st = calloc(1, sizeof *st);
     if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
-    *st = (struct CUstream_st){MAGIC_STREAM, cur_device(), 0, NULL, 0, 0, current()};
+    *st = (struct CUstream_st){.magic = MAGIC_STREAM, .device = cur_device(), .ctx = current()};
     *s = st;
     return CUDA_SUCCESS;
 }
@@ -1754,7 +1766,10 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 static CUresult stream_sync(CUstream s) {
     CHECK(1);
     if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s && s->capturing) { /* its work is not scheduled: the capture is invalid from now on */
+        s->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     wait_idle(stream_device(s));
     release_pools_of(stream_device(s));
     return CUDA_SUCCESS;
@@ -1795,12 +1810,18 @@ EXPORT CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) {
     return stream_get_device(s, d);
 }
 
-/* Capture modes (cuda.h): while a capture begun in global mode is open anywhere in the process, a thread
- * whose own mode is not relaxed must not make potentially unsafe calls such as cuEventQuery; one that does
- * gets CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures. */
+/* ---- capture interaction modes (cuThreadExchangeStreamCaptureMode, cuStreamBeginCapture_v2) ----
+ * A thread whose own mode is not relaxed is prohibited from potentially unsafe calls when it has an open
+ * capture of its own not begun in relaxed mode, or (its mode global) when another thread has one begun in
+ * global mode. A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
+ * captures that prohibited it: their cuStreamEndCapture returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
+ * graph. Unsafe here: cudaMalloc's driver calls (the driver's own example), synchronisation and queries of
+ * execution status (cuCtxSynchronize, cuEventQuery, cuEventSynchronize), and a query of an address that an
+ * open capture allocated (a node of a graph being built, not memory: treated as a captured event is). */
+#define MAX_OPEN_CAPTURES 64
 static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-static _Atomic int global_captures;
-static _Atomic unsigned capture_invalidations;
+static CUstream open_captures[MAX_OPEN_CAPTURES]; /* under mu */
+static _Atomic int open_capture_count;
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
     COUNT();
@@ -1812,10 +1833,38 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
     return CUDA_SUCCESS;
 }
 
+/* Whether this thread may not make a potentially unsafe call now; if so, the captures that forbid it are
+ * invalidated. Caller holds mu. */
+static int unsafe_call_invalidates_locked(void) {
+    if (thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
+    int hit = 0;
+    for (int i = 0; i < MAX_OPEN_CAPTURES; i++) {
+        CUstream c = open_captures[i];
+        if (!c || c->mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+        int mine = pthread_equal(c->owner, pthread_self());
+        if (mine || (thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            hit = 1;
+        }
+    }
+    return hit;
+}
+
 static int unsafe_call_invalidates(void) {
-    if (atomic_load(&global_captures) == 0 || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
-    atomic_fetch_add(&capture_invalidations, 1);
-    return 1;
+    if (!atomic_load(&open_capture_count)) return 0;
+    pthread_mutex_lock(&mu);
+    int hit = unsafe_call_invalidates_locked();
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+
+/* Whether addr was handed out by an allocation of a capture still open. Caller holds mu. */
+static int captured_address(uint64_t addr) {
+    if (!atomic_load(&open_capture_count)) return 0;
+    struct alloc *a = alloc_find(addr, A_GRAPHVA);
+    for (int i = 0; a && i < MAX_OPEN_CAPTURES; i++)
+        if (open_captures[i] && (uint64_t)(uintptr_t)open_captures[i]->capture == a->handle) return 1;
+    return 0;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
@@ -1853,11 +1902,22 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
     struct CUgraph_st *g = calloc(1, sizeof *g);
     if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
     g->magic = MAGIC_GRAPH;
+    pthread_mutex_lock(&mu);
+    int slot = 0;
+    while (slot < MAX_OPEN_CAPTURES && open_captures[slot]) slot++;
+    if (slot == MAX_OPEN_CAPTURES) {
+        pthread_mutex_unlock(&mu);
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     s->capture = g;
     s->capturing = 1;
     s->mode = mode;
-    s->gen = atomic_load(&capture_invalidations);
-    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) atomic_fetch_add(&global_captures, 1);
+    s->owner = pthread_self();
+    s->invalidated = 0;
+    open_captures[slot] = s;
+    atomic_fetch_add(&open_capture_count, 1);
+    pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
 
@@ -1875,15 +1935,17 @@ static CUresult end_capture(CUstream s, CUgraph *g) {
     CHECK(1);
     if (!g) return CUDA_ERROR_INVALID_VALUE;
     if (!s || s->magic != MAGIC_STREAM || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_OPEN_CAPTURES; i++)
+        if (open_captures[i] == s) open_captures[i] = NULL;
+    atomic_fetch_sub(&open_capture_count, 1);
+    pthread_mutex_unlock(&mu);
     s->capturing = 0;
-    if (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
-        atomic_fetch_sub(&global_captures, 1);
-        if (s->gen != atomic_load(&capture_invalidations)) {
-            free(s->capture);
-            s->capture = NULL;
-            *g = NULL;
-            return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        }
+    if (s->invalidated) {
+        free(s->capture);
+        s->capture = NULL;
+        *g = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
     *g = s->capture;
     s->capture = NULL;
@@ -2189,6 +2251,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     COUNT();
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (e->recorded) sleep_until(e->ts);
     release_pools_of(e->device);
     return CUDA_SUCCESS;
