@@ -311,8 +311,32 @@ static int can_time(int ptsz) {
            (dl_cuda.cuEventElapsedTime || dl_cuda.cuEventElapsedTime_v2);
 }
 
-static CUresult record(CUevent e, CUstream s, int ptsz) {
-    return ptsz ? dl_cuda.cuEventRecord_ptsz(e, s) : dl_cuda.cuEventRecord(e, s);
+/* Calls fn(a, b, ptsz) with ctx current. Tried as it is first: the launch's thread almost always has the
+ * stream's context current, and then this costs nothing; otherwise (no current context, as with a
+ * context-less CUkernel, or another device's) ctx is pushed around a second try - the driver needs a current
+ * context to record an event or synchronise a stream. */
+static CUresult in_context(CUcontext ctx, CUresult (*fn)(void *, CUstream, int), void *a, CUstream s, int ptsz) {
+    CUresult r = fn(a, s, ptsz);
+    if (r == CUDA_SUCCESS || !ctx || !dl_cuda.cuCtxPushCurrent_v2 || !dl_cuda.cuCtxPopCurrent_v2) return r;
+    CUcontext current = NULL;
+    if (dl_cuda.cuCtxGetCurrent && dl_cuda.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return r;
+    if (dl_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return r;
+    r = fn(a, s, ptsz);
+    CUcontext popped;
+    dl_cuda.cuCtxPopCurrent_v2(&popped);
+    return r;
+}
+
+static CUresult record_fn(void *e, CUstream s, int ptsz) {
+    return ptsz ? dl_cuda.cuEventRecord_ptsz((CUevent)e, s) : dl_cuda.cuEventRecord((CUevent)e, s);
+}
+
+static CUresult record(CUcontext ctx, CUevent e, CUstream s, int ptsz) { return in_context(ctx, record_fn, e, s, ptsz); }
+
+static CUresult sync_fn(void *unused, CUstream s, int ptsz) {
+    (void)unused;
+    PFN_cuStreamSynchronize_v2000 sync = ptsz ? dl_cuda.cuStreamSynchronize_ptsz : dl_cuda.cuStreamSynchronize;
+    return sync ? sync(s) : CUDA_ERROR_NOT_FOUND;
 }
 
 /* One log line per kind of launch the limiter cannot attribute or time. */
@@ -418,7 +442,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
 
     t->dev = dev;
     admit(dev, wall_cost(t->charged_ns), now);
-    if (t->measure && record(t->start, stream, ptsz) != CUDA_SUCCESS) {
+    if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         t->measure = 0;
@@ -431,8 +455,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
 }
 
 static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
-    PFN_cuStreamSynchronize_v2000 sync = ptsz ? dl_cuda.cuStreamSynchronize_ptsz : dl_cuda.cuStreamSynchronize;
-    if (!sync || sync(stream) != CUDA_SUCCESS) return; /* keeps the estimate */
+    if (in_context(t->ctx, sync_fn, NULL, stream, ptsz) != CUDA_SUCCESS) return; /* keeps the estimate */
     int64_t actual = (int64_t)dl_now_ns() - t->synced;
     atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
     dl_region_add_busy(t->dev, actual);
@@ -453,7 +476,7 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         if (t->synced) sync_timed(t, stream, ptsz);
         return;
     }
-    if (record(t->end, stream, ptsz) != CUDA_SUCCESS) {
+    if (record(t->ctx, t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         return;

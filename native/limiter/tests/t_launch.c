@@ -5,7 +5,9 @@
  * launcher had a CPU (tests/schedstat.h).
  *
  *   other-device  launches on a stream of device 1 while device 0's context is current (two GPUs)
- *   no-context    context-less CUkernel launches on a stream, with no current context at all
+ *   no-context    context-less CUkernel launches of 2 ms (ten times the limiter's prior) on a stream, with no
+ *                 current context at all: the share holds only if they are measured (the limiter must make
+ *                 the stream's context current around its timing events, which need one)
  *   long-kernels  kernels of 10 ms, longer than the limiter's burst: paid as debt
  *
  * usage: t_launch <scenario> <cores%> <seconds>
@@ -27,10 +29,10 @@ static double now_s(void) {
 static CUfunction fn;
 static CUstream stream;
 static unsigned waves_of[4] = {1, 5, 20, 50};
-static int long_kernels;
+static int long_kernels, prior_beaters;
 
 static void launch(unsigned i) {
-    unsigned waves = long_kernels ? 1000 : waves_of[i % 4];
+    unsigned waves = long_kernels ? 1000 : prior_beaters ? 200 : waves_of[i % 4];
     CHECK_CU(cuLaunchKernel(fn, SMS * waves, 1, 1, 128, 1, 1, 0, stream, NULL, NULL), CUDA_SUCCESS);
 }
 
@@ -65,6 +67,7 @@ int main(int argc, char **argv) {
         CUcontext none;
         CHECK_CU(cuCtxGetCurrent(&none), CUDA_SUCCESS);
         CHECK(none == NULL, "a context is still current");
+        prior_beaters = 1;
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         long_kernels = 1;
