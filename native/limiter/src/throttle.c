@@ -199,42 +199,59 @@ static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
 }
 
 /* Applies the measurements of launches that have completed, oldest first. One thread at a time (the
- * others go on without waiting); the ring's tables are read and updated under mu, the events are queried
- * without it. */
+ * others go on without waiting). The ring's tables are read and updated under mu, once per batch: the
+ * pending entries are copied out, their events queried without the lock, then what completed is learnt,
+ * its events pooled and the head advanced in one more look at the tables. */
+#define POLL_BATCH 32
 static void poll_completed(void) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&polling, &expected, 1)) return;
     for (;;) {
+        struct pending batch[POLL_BATCH];
+        int64_t actual[POLL_BATCH];
         pthread_mutex_lock(&mu);
-        if (!ring_count) {
-            pthread_mutex_unlock(&mu);
-            break;
-        }
-        struct pending p = ring[ring_head];
+        unsigned n = ring_count < POLL_BATCH ? ring_count : POLL_BATCH;
+        for (unsigned k = 0; k < n; k++) batch[k] = ring[(ring_head + k) % RING];
         pthread_mutex_unlock(&mu);
-        if (p.ctx) {
-            CUresult q = dl_cuda.cuEventQuery(p.end);
+        unsigned done = 0;
+        for (; done < n; done++) {
+            struct pending *p = &batch[done];
+            actual[done] = -1;
+            if (!p->ctx) continue; /* its context was destroyed: forget_context took its events */
+            CUresult q = dl_cuda.cuEventQuery(p->end);
             if (q == CUDA_ERROR_NOT_READY) break;
             float ms;
-            if (q == CUDA_SUCCESS && elapsed_ms(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
-                int64_t actual = (int64_t)((double)ms * 1e6);
-                atomic_fetch_add(dl_region_tat(p.dev), wall_cost(actual - p.charged_ns));
-                dl_region_add_busy(p.dev, actual);
-                pthread_mutex_lock(&mu);
-                learn(p.key, actual);
-                pthread_mutex_unlock(&mu);
-                put_event(p.ctx, p.start);
-                put_event(p.ctx, p.end);
-            } else {
-                /* Events unusable: keep the estimate, drop the events. */
-                dl_cuda.cuEventDestroy_v2(p.start);
-                dl_cuda.cuEventDestroy_v2(p.end);
+            if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
+                actual[done] = (int64_t)((double)ms * 1e6);
+                atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual[done] - p->charged_ns));
+                dl_region_add_busy(p->dev, actual[done]);
             }
         }
+        /* Events that cannot be pooled (unusable, or the pool is full) are destroyed without the lock. */
+        CUevent doomed[2 * POLL_BATCH];
+        int nd = 0;
         pthread_mutex_lock(&mu);
-        ring_head = (ring_head + 1) % RING;
-        ring_count--;
+        for (unsigned k = 0; k < done; k++) {
+            struct pending *p = &batch[k];
+            if (!p->ctx) continue;
+            if (actual[k] < 0) {
+                doomed[nd++] = p->start;
+                doomed[nd++] = p->end;
+                continue;
+            }
+            learn(p->key, actual[k]);
+            struct pool *pl = pool_for(p->ctx, 1);
+            CUevent ev[2] = {p->start, p->end};
+            for (int e = 0; e < 2; e++) {
+                if (pl && pl->n < POOL_EVENTS) pl->ev[pl->n++] = ev[e];
+                else doomed[nd++] = ev[e];
+            }
+        }
+        ring_head = (ring_head + done) % RING;
+        ring_count -= done;
         pthread_mutex_unlock(&mu);
+        for (int k = 0; k < nd; k++) dl_cuda.cuEventDestroy_v2(doomed[k]);
+        if (done < n || n < POLL_BATCH) break;
     }
     atomic_store(&polling, 0);
 }
