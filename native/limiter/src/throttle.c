@@ -472,7 +472,12 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
 }
 
 static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
-    if (in_context(t->ctx, sync_fn, NULL, stream, ptsz) != CUDA_SUCCESS) return; /* keeps the estimate */
+    /* Synchronising a stream is forbidden to a thread in global or thread-local mode while a capture is open
+     * (the real driver's record): relaxed, as the event polls are, so that it cannot invalidate the capture. */
+    int saved = dl_capture_relax();
+    CUresult r = in_context(t->ctx, sync_fn, NULL, stream, ptsz);
+    dl_capture_restore(saved);
+    if (r != CUDA_SUCCESS) return; /* keeps the estimate */
     int64_t actual = (int64_t)dl_now_ns() - t->synced;
     atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
     dl_region_add_busy(t->dev, actual);

@@ -98,6 +98,10 @@ for sc in global thread-local relaxed other-thread; do
     run "t_capture $sc (baseline)" "$B/tests/t_capture" "$sc"
     run "t_capture $sc" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=30 "$B/tests/t_capture" "$sc"
 done
+# The fake's capture rules are the real driver's record, with and without the limiter.
+run "t_capture record (baseline)" "$B/tests/t_capture" record "$here/real-gpu/h100-driver-facts.txt"
+run "t_capture record" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=30 "$B/tests/t_capture" record \
+    "$here/real-gpu/h100-driver-facts.txt"
 
 run "compute unlimited" limited "$B/tests/t_compute" 100 1
 for c in 10 30 50 70; do

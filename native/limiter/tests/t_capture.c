@@ -8,6 +8,9 @@
  *
  * usage: t_capture global|thread-local|relaxed|other-thread  (run with DRAGPU_MEMORY_LIMIT=1Gi and, to
  * throttle the captured launch too, DRAGPU_CORES_LIMIT)
+ *        t_capture record FILE  the real driver's record (tests/real-gpu/h100-driver-facts.txt): each
+ *        `capture.*` line of a call the fake implements is repeated as driver-facts.cu made it, in the same
+ *        order, and must give the same two results (the call's, then cuStreamEndCapture's)
  */
 #include "device.h"
 #include <pthread.h>
@@ -74,9 +77,202 @@ static void *capturer(void *arg) {
     return NULL;
 }
 
+
+/* ---- the real driver's record, repeated (driver-facts.cu's capture_rules, same operations, same order) ---- */
+CUresult CUDAAPI cuStreamQuery(CUstream s); /* not in cuda_min.h: the library never calls it */
+
+static CUstream side;    /* a stream that is never captured */
+static CUdeviceptr held; /* an allocation made before capture */
+static CUevent ev_side, ev_cap;
+
+/* The record's operations; NULL: one the fake does not implement (cuStreamGetCaptureInfo, cuMemcpyHtoD). */
+static const char *op_names[] = {
+    "cuMemGetInfo",          "cuMemAlloc",           "cuMemFree",
+    "cuCtxSynchronize",      "cuStreamQuery.capturing", "cuStreamQuery.legacy",
+    "cuStreamQuery.side",    "cuEventRecord.side",   "cuEventQuery.side",
+    "cuEventRecord.capturing", "cuEventQuery.capturing", "cuStreamSynchronize.side",
+    "cuMemPoolGetAttribute", "cuDeviceGetGraphMemAttribute", "cuMemPoolTrimTo",
+    "cuDeviceGraphMemTrim",  NULL /* cuStreamGetCaptureInfo */, "cuCtxPushPop",
+    "cuMemAllocAsync.capturing", NULL /* cuMemcpyHtoD */, "cuPointerGetAttribute",
+    "cuEventSynchronize.side",
+};
+#define N_OPS ((int)(sizeof op_names / sizeof op_names[0]))
+
+static CUresult run_op(int op, CUstream cap) {
+    size_t f, t;
+    CUdeviceptr p;
+    CUmemoryPool pool;
+    cuuint64_t v;
+    CUcontext c;
+    switch (op) {
+    case 0: return cuMemGetInfo_v2(&f, &t);
+    case 1: {
+        CUresult r = cuMemAlloc_v2(&p, 1 << 20);
+        if (r == CUDA_SUCCESS) cuMemFree_v2(p);
+        return r;
+    }
+    case 2: {
+        CUdeviceptr q;
+        if (cuMemAlloc_v2(&q, 1 << 20) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+        return cuMemFree_v2(q);
+    }
+    case 3: return cuCtxSynchronize();
+    case 4: return cuStreamQuery(cap);
+    case 5: return cuStreamQuery((CUstream)0);
+    case 6: return cuStreamQuery(side);
+    case 7: return cuEventRecord(ev_side, side);
+    case 8: return cuEventQuery(ev_side);
+    case 9: return cuEventRecord(ev_cap, cap);
+    case 10: return cuEventQuery(ev_cap);
+    case 11: return cuStreamSynchronize(side);
+    case 12:
+        if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+        return cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
+    case 13: return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
+    case 14:
+        if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+        return cuMemPoolTrimTo(pool, 0);
+    case 15: return cuDeviceGraphMemTrim(0);
+    case 17: {
+        CUresult r = cuCtxPushCurrent_v2(ctx);
+        if (r == CUDA_SUCCESS) r = cuCtxPopCurrent_v2(&c);
+        return r;
+    }
+    case 18: {
+        CUresult r = cuMemAllocAsync(&p, 1 << 20, cap);
+        if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, cap);
+        return r;
+    }
+    case 20: { /* the record asked for the memory type; the fake answers the device ordinal */
+        int o;
+        return cuPointerGetAttribute(&o, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, held);
+    }
+    case 21: return cuEventSynchronize(ev_side);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+struct other_args {
+    int op;
+    CUstream cap;
+    CUresult result;
+};
+
+static void *other_thread(void *p) {
+    struct other_args *a = (struct other_args *)p;
+    CHECK_CU(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    a->result = run_op(a->op, a->cap);
+    return NULL;
+}
+
+static const char *err(CUresult r) {
+    const char *s = NULL;
+    return cuGetErrorName(r, &s) == CUDA_SUCCESS && s ? s : "?";
+}
+
+/* What the fake gives for `capture.[other_thread.]MODE.OP`, as "call/end", in buf. */
+static void measure(int other, int m, int op, char *buf, size_t n) {
+    const CUstreamCaptureMode modes[3] = {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                          CU_STREAM_CAPTURE_MODE_RELAXED};
+    CUstream cap;
+    CHECK_CU(cuStreamCreate(&cap, 0), CUDA_SUCCESS);
+    CHECK_CU(cuEventRecord(ev_side, side), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(side), CUDA_SUCCESS);
+    CHECK_CU(cuStreamBeginCapture_v2(cap, modes[m]), CUDA_SUCCESS);
+    CUresult r;
+    if (other) {
+        struct other_args a = {op, cap, CUDA_ERROR_UNKNOWN};
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, other_thread, &a) == 0, "pthread_create");
+        CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+        r = a.result;
+    } else {
+        r = run_op(op, cap);
+    }
+    CUgraph g = NULL;
+    CUresult end = cuStreamEndCapture(cap, &g);
+    if (g) cuGraphDestroy(g);
+    snprintf(buf, n, "%s/%s", err(r), err(end));
+    cuStreamDestroy_v2(cap);
+    cuCtxSynchronize();
+}
+
+static void record(const char *path) {
+    const char *mode_names[3] = {"global", "thread_local", "relaxed"};
+    CHECK_CU(cuStreamCreate(&side, 0), CUDA_SUCCESS);
+    CHECK_CU(cuEventCreate(&ev_side, 0), CUDA_SUCCESS);
+    CHECK_CU(cuEventCreate(&ev_cap, 0), CUDA_SUCCESS);
+    CHECK_CU(cuMemAlloc_v2(&held, 1 << 20), CUDA_SUCCESS);
+    /* The record's lines by key. */
+    static char keys[256][96], want[256][128];
+    int nlines = 0;
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "cannot open %s", path);
+    char line[512];
+    while (fgets(line, sizeof line, f) && nlines < 256) {
+        char *eq = strchr(line, '=');
+        if (strncmp(line, "capture.", 8) || !eq) continue;
+        *eq = 0;
+        eq[strcspn(eq + 1, "\n") + 1] = 0;
+        CHECK(strlen(line + 8) < sizeof keys[0] && strlen(eq + 1) < sizeof want[0], "a long line: %s", line);
+        memcpy(keys[nlines], line + 8, strlen(line + 8) + 1);
+        memcpy(want[nlines], eq + 1, strlen(eq + 1) + 1);
+        nlines++;
+    }
+    fclose(f);
+    int checked = 0, wrong = 0;
+    for (int other = 0; other < 2; other++)
+        for (int m = 0; m < 3; m++)
+            for (int op = 0; op < N_OPS; op++) {
+                if (!op_names[op]) continue;
+                char key[96], got[128];
+                snprintf(key, sizeof key, "%s%s.%s", other ? "other_thread." : "", mode_names[m], op_names[op]);
+                int i = 0;
+                while (i < nlines && strcmp(keys[i], key)) i++;
+                CHECK(i < nlines, "the record has no line capture.%s", key);
+                measure(other, m, op, got, sizeof got);
+                checked++;
+                if (strcmp(got, want[i])) {
+                    fprintf(stderr, "capture.%s: the fake gives %s, the real driver %s\n", key, got, want[i]);
+                    wrong++;
+                }
+            }
+    /* The library's way out: relaxed around a forbidden call in a global-mode capture. */
+    CUstream cap;
+    CHECK_CU(cuStreamCreate(&cap, 0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK_CU(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+    size_t fr, tot;
+    CUresult r = cuMemGetInfo_v2(&fr, &tot);
+    CUresult q = cuEventQuery(ev_side);
+    CHECK_CU(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+    CUgraph g = NULL;
+    CUresult end = cuStreamEndCapture(cap, &g);
+    if (g) cuGraphDestroy(g);
+    char got[128];
+    snprintf(got, sizeof got, "%s,%s/%s", err(r), err(q), err(end));
+    for (int i = 0; i < nlines; i++)
+        if (!strcmp(keys[i], "global.relaxed_around.cuMemGetInfo+cuEventQuery.side")) {
+            checked++;
+            if (strcmp(got, want[i])) {
+                fprintf(stderr, "capture.%s: the fake gives %s, the real driver %s\n", keys[i], got, want[i]);
+                wrong++;
+            }
+        }
+    CHECK(wrong == 0, "%d of %d capture rules differ from the real driver's record", wrong, checked);
+    CHECK(checked >= 6 * 19 + 1, "only %d of the record's capture lines were checked", checked);
+    printf("t_capture record: %d capture rules as the real driver's\n", checked);
+}
+
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: t_capture global|thread-local|relaxed|other-thread");
+    CHECK(argc >= 2, "usage: t_capture global|thread-local|relaxed|other-thread|record FILE");
     ctx = use_device0();
+    if (!strcmp(argv[1], "record")) {
+        CHECK(argc == 3, "usage: t_capture record FILE");
+        record(argv[2]);
+        return 0;
+    }
     CUmodule mod;
     CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
     CHECK_CU(cuModuleGetFunction(&fn, mod, "k"), CUDA_SUCCESS);

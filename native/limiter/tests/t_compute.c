@@ -162,8 +162,12 @@ static void measure(double start, double seconds, uint64_t *busy_ns, uint64_t *w
     *busy_ns = fakecuda_busy_ns(0) - b0;
     *window_ns = (uint64_t)((now_s() - t0) * 1e9);
     *starved_ns = run_delay_ns() - d0;
-    /* Not cuCtxSynchronize: with a capture open (T_COMPUTE_OPEN_CAPTURE) that would invalidate it. */
+    /* With a global-mode capture open (T_COMPUTE_OPEN_CAPTURE) the real driver lets this thread wait for a
+     * stream only in relaxed mode (and cuCtxSynchronize not at all): the application's business. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK_CU(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
     CHECK_CU(cuStreamSynchronize(stream), CUDA_SUCCESS);
+    CHECK_CU(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
 }
 
 int main(int argc, char **argv) {

@@ -114,7 +114,8 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
 struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx;
                      pthread_t owner; int invalidated; /* the thread that began its capture; the capture is invalid */ };
-struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
+struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen;
+                    int captured; /* last recorded into a capturing stream: a node of a graph, not a time */ };
 struct CUmod_st { unsigned magic; };
 struct CUfunc_st { unsigned magic; char name[64]; };
 /* Graph memory: what the graph's allocation nodes reserve (alloc_bytes) and what its free nodes give back
@@ -207,7 +208,7 @@ static int cur_device(void) { return current()->device; }
 
 /* Stream capture rules (below, with cuThreadExchangeStreamCaptureMode). */
 static int unsafe_call_invalidates(void);
-static int captured_address(uint64_t addr);
+static int waiting_on_capture_invalidates(int device);
 static int unsafe_call_invalidates_locked(void);
 
 static int valid_device(int d) { return d >= 0 && d < G.count; }
@@ -538,6 +539,7 @@ static const struct {
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
      "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
 EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
@@ -929,7 +931,10 @@ static void release_pools_of(int device) {
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT();
     CHECK(1);
-    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    /* Waits for every stream of the context: a capturing one there is invalidated whatever its mode and
+     * whichever thread asks (the record: also relaxed and another thread's thread-local capture). */
+    int waited = waiting_on_capture_invalidates(cur_device());
+    if (unsafe_call_invalidates() || waited) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_idle(cur_device());
     release_pools_of(cur_device());
     return CUDA_SUCCESS;
@@ -1200,6 +1205,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     COUNT();
     CHECK(0);
     if (!pool || pool->magic != MAGIC_POOL) return CUDA_ERROR_INVALID_VALUE;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&mu);
     pool_shrink(pool, keep);
     pthread_mutex_unlock(&mu);
@@ -1231,6 +1237,7 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     COUNT();
     CHECK(0);
     if (!pool || pool->magic != MAGIC_POOL || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&mu);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
@@ -1268,10 +1275,6 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
     }
     if (attr != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&mu);
-    if (captured_address(ptr) && unsafe_call_invalidates_locked()) {
-        pthread_mutex_unlock(&mu);
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    }
     int d = addr_device(ptr);
     pthread_mutex_unlock(&mu);
     if (d < 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1770,6 +1773,7 @@ static CUresult stream_sync(CUstream s) {
         s->invalidated = 1;
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_idle(stream_device(s));
     release_pools_of(stream_device(s));
     return CUDA_SUCCESS;
@@ -1815,9 +1819,14 @@ EXPORT CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) {
  * capture of its own not begun in relaxed mode, or (its mode global) when another thread has one begun in
  * global mode. A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
  * captures that prohibited it: their cuStreamEndCapture returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
- * graph. Unsafe here: cudaMalloc's driver calls (the driver's own example), synchronisation and queries of
- * execution status (cuCtxSynchronize, cuEventQuery, cuEventSynchronize), and a query of an address that an
- * open capture allocated (a node of a graph being built, not memory: treated as a captured event is). */
+ * graph. Which calls are unsafe follows the real driver's record (tests/real-gpu/h100-driver-facts.txt,
+ * checked by `t_capture record`): cuMemAlloc, cuCtxSynchronize, cuStreamQuery, cuStreamSynchronize,
+ * cuEventQuery, cuEventSynchronize, cuMemPoolGetAttribute and cuMemPoolTrimTo; not cuMemGetInfo,
+ * cuEventRecord, cuDeviceGetGraphMemAttribute, cuDeviceGraphMemTrim, cuCtxPush/PopCurrent or
+ * cuPointerGetAttribute (of an ordinary allocation; of a captured one it was not measured, and the fake
+ * allows it). A wait for the capturing stream itself (cuStreamQuery, cuStreamSynchronize of it,
+ * cuCtxSynchronize of its context) invalidates it in every mode and from every thread. cuEventQuery of an
+ * event last recorded into a capture returns CUDA_ERROR_INVALID_VALUE and invalidates nothing. */
 #define MAX_OPEN_CAPTURES 64
 static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 static CUstream open_captures[MAX_OPEN_CAPTURES]; /* under mu */
@@ -1858,13 +1867,36 @@ static int unsafe_call_invalidates(void) {
     return hit;
 }
 
-/* Whether addr was handed out by an allocation of a capture still open. Caller holds mu. */
-static int captured_address(uint64_t addr) {
+/* A wait for a device's streams (cuCtxSynchronize) while one of them captures: that capture is invalidated,
+ * in every mode and from every thread. Whether there was one. */
+static int waiting_on_capture_invalidates(int device) {
     if (!atomic_load(&open_capture_count)) return 0;
-    struct alloc *a = alloc_find(addr, A_GRAPHVA);
-    for (int i = 0; a && i < MAX_OPEN_CAPTURES; i++)
-        if (open_captures[i] && (uint64_t)(uintptr_t)open_captures[i]->capture == a->handle) return 1;
-    return 0;
+    int hit = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_OPEN_CAPTURES; i++)
+        if (open_captures[i] && open_captures[i]->device == device) {
+            open_captures[i]->invalidated = 1;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+
+/* Not in cuda_min.h: the library does not call it; applications (and the record's test) do. */
+EXPORT CUresult cuStreamQuery(CUstream s);
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    COUNT();
+    CHECK(1);
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (s && s->capturing) { /* asks whether captured work ran: the capture is invalid, in every mode */
+        s->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&mu);
+    int busy = devices[stream_device(s)].busy_until > now_ns();
+    pthread_mutex_unlock(&mu);
+    return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
@@ -2199,7 +2231,7 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     struct CUevent_st *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *ctx = current();
-    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0, ctx, ctx ? ctx->gen : 0};
+    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0, ctx, ctx ? ctx->gen : 0, 0};
     *e = ev;
     return CUDA_SUCCESS;
 }
@@ -2218,9 +2250,14 @@ static int stale(CUevent e) {
 static CUresult event_record(CUevent e, CUstream s) {
     CHECK(1);
     if (!e || e->magic != MAGIC_EVENT || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (e->device != stream_device(s)) return CUDA_ERROR_INVALID_HANDLE; /* another context's event */
     if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (s && s->capturing) { /* an event node of the graph being built; the event has no time until re-recorded */
+        e->captured = 1;
+        e->recorded = 0;
+        return CUDA_SUCCESS;
+    }
+    e->captured = 0;
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
     e->ts = busy > now ? busy : now;
@@ -2244,6 +2281,7 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
     if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (e->captured) return CUDA_ERROR_INVALID_VALUE; /* the record: checked first, invalidates nothing */
     if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return !e->recorded || e->ts <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
