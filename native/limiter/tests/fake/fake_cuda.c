@@ -141,6 +141,7 @@ static struct device {
     uint64_t busy_until;      /* ns, CLOCK_MONOTONIC: when the queued work completes */
     uint64_t busy_total;      /* ns of kernel time ever queued */
     uint64_t queue_end[QUEUE_DEPTH];
+    uint64_t queue_start[QUEUE_DEPTH]; /* when each queued kernel starts (after its launch latency) */
     unsigned queue_pos;
 } devices[FAKE_MAX_DEVICES];
 
@@ -150,6 +151,7 @@ static struct {
     uint64_t memory, sms, wave_ns;
     int driver_version;
     int event_create_fails;
+    int real_timing; /* FAKE_CUDA_REAL_TIMING: the H100's launch latency, event ticks and host costs */
     uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
 } G;
 
@@ -166,6 +168,7 @@ static void load_config(void) {
     G.wave_ns = fake_env_u64("FAKE_CUDA_WAVE_NS", 10000);
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
+    G.real_timing = fake_env_u64("FAKE_CUDA_REAL_TIMING", 0) != 0;
     G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
     G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
     G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
@@ -440,6 +443,33 @@ EXPORT uint64_t fakecuda_used_bytes(int device) {
 
 /* ---------------------------------------------------------------- simulated execution */
 
+/* The real H100's timing (driver 580), as driver-facts.cu measured it: tests/real-gpu/h100-driver-facts.txt,
+ * `timing.*` lines. With FAKE_CUDA_REAL_TIMING=1 the fake follows them; otherwise a kernel starts the moment
+ * the device is free and calls take no time.
+ *   - a kernel on an idle device starts LATENCY_IDLE_NS after its launch: events around an empty kernel
+ *     measure 6144 ns, around a 50 us kernel 56448 ns (timing.empty_kernel_events_ns,
+ *     timing.spin50us_events_ns);
+ *   - a kernel queued behind another starts LATENCY_QUEUED_NS after it ends
+ *     (timing.queued_50us_kernel_overhead_ns = 2323);
+ *   - event timestamps are multiples of EVENT_TICK_NS (timing.back_to_back_events_ns: 1280 and 1248);
+ *   - the calling thread spends HOST_LAUNCH_NS in a launch, HOST_EVENT_RECORD_NS in cuEventRecord and
+ *     HOST_EVENT_QUERY_NS in cuEventQuery (timing.launch_host_ns, event_record_host_ns,
+ *     event_query_*_host_ns).
+ * Busy time (fakecuda_busy_ns) is the kernels' own time: latencies are not in it. */
+#define LATENCY_IDLE_NS 6000ull
+#define LATENCY_QUEUED_NS 2300ull
+#define EVENT_TICK_NS 32ull
+#define HOST_LAUNCH_NS 4070ull
+#define HOST_EVENT_RECORD_NS 1225ull
+#define HOST_EVENT_QUERY_NS 280ull
+
+static void host_cost(uint64_t ns) {
+    if (!G.real_timing) return;
+    uint64_t until = now_ns() + ns;
+    while (now_ns() < until) {
+    }
+}
+
 static uint64_t kernel_ns(uint64_t blocks) {
     if (blocks == 0) blocks = 1;
     return (blocks + G.sms - 1) / G.sms * G.wave_ns;
@@ -458,8 +488,10 @@ static void enqueue(int device, uint64_t duration) {
     }
     uint64_t now = now_ns();
     uint64_t start = d->busy_until > now ? d->busy_until : now;
+    if (G.real_timing) start += d->busy_until > now ? LATENCY_QUEUED_NS : LATENCY_IDLE_NS;
     d->busy_until = start + duration;
     d->busy_total += duration;
+    d->queue_start[d->queue_pos] = start;
     d->queue_end[d->queue_pos] = d->busy_until;
     d->queue_pos = (d->queue_pos + 1) % QUEUE_DEPTH;
     pthread_mutex_unlock(&mu);
@@ -471,7 +503,11 @@ EXPORT uint64_t fakecuda_busy_ns(int device) {
     if (device < 0 || device >= FAKE_MAX_DEVICES) return 0;
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), b = devices[device].busy_total;
-    if (devices[device].busy_until > now) b -= devices[device].busy_until - now;
+    if (devices[device].busy_until > now) /* kernel time still to run: what is after now of each queued kernel */
+        for (int i = 0; i < QUEUE_DEPTH; i++) {
+            uint64_t st = devices[device].queue_start[i], en = devices[device].queue_end[i];
+            if (en > now) b -= en - (st > now ? st : now);
+        }
     pthread_mutex_unlock(&mu);
     return b;
 }
@@ -491,6 +527,7 @@ static CUresult launch(CUfunction f, uint64_t blocks, CUstream s) {
     CHECK(!s);
     if (!f || f->magic != MAGIC_FUNC || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t duration = kernel_ns(blocks);
+    host_cost(HOST_LAUNCH_NS);
     if (s && s->capturing) {
         s->capture->duration_ns += duration;
         s->capture->nodes++;
@@ -2258,9 +2295,11 @@ static CUresult event_record(CUevent e, CUstream s) {
         return CUDA_SUCCESS;
     }
     e->captured = 0;
+    host_cost(HOST_EVENT_RECORD_NS);
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
     e->ts = busy > now ? busy : now;
+    if (G.real_timing) e->ts = (e->ts + EVENT_TICK_NS - 1) / EVENT_TICK_NS * EVENT_TICK_NS;
     e->recorded = 1;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
@@ -2282,6 +2321,7 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
     if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     if (e->captured) return CUDA_ERROR_INVALID_VALUE; /* the record: checked first, invalidates nothing */
+    host_cost(HOST_EVENT_QUERY_NS);
     if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return !e->recorded || e->ts <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
