@@ -86,8 +86,8 @@ static struct {
     uint32_t measured; /* measurements of this key */
     uint32_t launches; /* launches of this key since it was last measured */
 } estimates[EST_SLOTS];
-#define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch */
-#define SAMPLE_EVERY 2
+#define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch (4: callgrind, 74 fewer instructions per throttled launch than 2) */
+#define SAMPLE_EVERY 4
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
 
 void dl_throttle_configure(int pct) {
