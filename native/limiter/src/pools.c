@@ -205,11 +205,7 @@ static int pool_ordinal(CUmemoryPool pool) {
     return o;
 }
 
-static int capturing(CUstream s, int ptsz) {
-    PFN_cuStreamIsCapturing_v10000 f = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return f && f(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
+static int capturing(CUstream s, int ptsz) { return dl_stream_capture_status(s, ptsz) == 1; }
 
 /* Graph records are keyed by object and device: pointers leave the top byte free. */
 static uint64_t gkey(const void *obj, int ordinal) { return (uint64_t)(uintptr_t)obj | ((uint64_t)(ordinal + 1) << 56); }
@@ -265,9 +261,12 @@ static CUresult captured_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool poo
 CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int variant,
                           CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int)) {
     int ptsz = variant & 1;
-    int ordinal = pool ? pool_ordinal(pool) : -1;
-    if (ordinal < 0) ordinal = dl_stream_ordinal(s, ptsz);
+    /* Whether the stream captures is asked first: a capturing stream must not be asked for its device (the
+     * real driver invalidates the capture); then the allocation's device is its pool's, else the current
+     * context's (the capturing thread's, as the application's own cuMemAllocAsync sees it). */
     int in_capture = capturing(s, ptsz);
+    int ordinal = pool ? pool_ordinal(pool) : -1;
+    if (ordinal < 0) ordinal = in_capture ? dl_current_ordinal() : dl_stream_ordinal(s, ptsz);
     if (in_capture) return captured_alloc(dptr, bytes, pool, s, variant, ordinal, call);
     /* What the pool keeps unused serves the allocation first: only the rest can make it grow. */
     CUmemoryPool target = pool;

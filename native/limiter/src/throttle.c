@@ -29,7 +29,10 @@
  * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
  *
  * Launches recorded into a capturing stream are not executed then: they are neither charged nor
- * measured (the graph is charged when launched, by measuring cuGraphLaunch). While any stream of the
+ * measured (the graph is charged when launched, by measuring cuGraphLaunch), and the stream is asked nothing
+ * but whether it captures (the real driver invalidates a capture whose stream is asked for its device). A
+ * launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
+ * current context's device, neither timed nor synchronised. While any stream of the
  * process is capturing, completed events are polled with this thread's capture mode relaxed
  * (cuThreadExchangeStreamCaptureMode), so that the query cannot invalidate a global-mode capture; only a
  * driver without that call makes measurements wait until the capture ends.
@@ -275,6 +278,15 @@ void dl_capture_restore(int saved) {
     dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
+int dl_captures_open(void) { return atomic_load_explicit(&captures, memory_order_relaxed) != 0; }
+
+int dl_stream_capture_status(CUstream s, int ptsz) {
+    PFN_cuStreamIsCapturing_v10000 f = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!f || f(s, &st) != CUDA_SUCCESS) return -1;
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Polls unless that could disturb an open capture. */
 static void poll_safely(void) {
     if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
@@ -383,10 +395,12 @@ static int context_ordinal(CUcontext ctx) {
 }
 
 /* Where a launch runs: the region device and the context whose events can time it (the stream's). A device
- * that cannot be told is the claim's first, so the launch still counts. */
-static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
+ * that cannot be told is the claim's first, so the launch still counts. ask_stream 0: the stream may be
+ * capturing (a capture is open and cuStreamIsCapturing cannot tell), and a capturing stream must not be asked
+ * for its device or context (the real driver invalidates the capture): the current context's is taken. */
+static int launch_target(CUstream stream, int ptsz, int ask_stream, CUcontext *ctx) {
     int ordinal;
-    if ((uintptr_t)stream <= 2u) {
+    if ((uintptr_t)stream <= 2u || !ask_stream) {
         if (!dl_cuda.cuCtxGetCurrent || dl_cuda.cuCtxGetCurrent(ctx) != CUDA_SUCCESS) *ctx = NULL;
         ordinal = *ctx ? context_ordinal(*ctx) : -1;
     } else {
@@ -410,14 +424,12 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
     int capture_known = 1;
     if (atomic_load_explicit(&captures, memory_order_relaxed)) {
-        CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-        PFN_cuStreamIsCapturing_v10000 is_capturing =
-            ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-        capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
-        if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
+        int status = dl_stream_capture_status(stream, ptsz);
+        if (status == 1) return; /* charged when the graph runs */
+        capture_known = status == 0;
     }
     t->ctx = NULL;
-    int dev = launch_target(stream, ptsz, &t->ctx);
+    int dev = launch_target(stream, ptsz, capture_known, &t->ctx);
     if (dev < 0) return; /* no device of a claim in this process: nothing to charge */
 
     int have_ctx = capture_known && t->ctx && can_time(ptsz);
@@ -454,7 +466,8 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         else put_event(t->ctx, t->start);
     }
     t->measure = got == 2;
-    int untimed = !t->measure && !ring_full && sample;
+    /* A stream that may be capturing is neither timed by events nor synchronised: it keeps its estimate. */
+    int untimed = !t->measure && !ring_full && sample && capture_known;
     if (untimed) warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;

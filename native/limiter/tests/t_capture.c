@@ -10,7 +10,8 @@
  * throttle the captured launch too, DRAGPU_CORES_LIMIT)
  *        t_capture record FILE  the real driver's record (tests/real-gpu/h100-driver-facts.txt): each
  *        `capture.*` line of a call the fake implements is repeated as driver-facts.cu made it, in the same
- *        order, and must give the same two results (the call's, then cuStreamEndCapture's)
+ *        order, and must give the same two results (the call's, then cuStreamEndCapture's); and what the
+ *        driver's own error log showed of cuStreamGetDevice on a capturing stream (logged_rules)
  */
 #include "device.h"
 #include <pthread.h>
@@ -80,6 +81,7 @@ static void *capturer(void *arg) {
 
 /* ---- the real driver's record, repeated (driver-facts.cu's capture_rules, same operations, same order) ---- */
 CUresult CUDAAPI cuStreamQuery(CUstream s); /* not in cuda_min.h: the library never calls it */
+CUresult CUDAAPI cuStreamGetDevice(CUstream s, CUdevice *d); /* not declared in cuda_min.h (its type is) */
 
 static CUstream side;    /* a stream that is never captured */
 static CUdeviceptr held; /* an allocation made before capture */
@@ -197,6 +199,38 @@ static void measure(int other, int m, int op, char *buf, size_t n) {
     cuCtxSynchronize();
 }
 
+/* What the real driver's own error log (CUDA_LOG_FILE=stdout, same kind of node) showed, not in the record: a
+ * captured cuMemAllocAsync under a limiter that asked the capturing stream for its device, in global and
+ * thread-local mode, from the capturing thread: cuStreamGetDevice 900 (the capture invalidated), then
+ * cuStreamGetCtx and cuMemAllocAsync on that stream 901. How many differ. */
+static int logged_rules(void) {
+    const CUstreamCaptureMode modes[2] = {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL};
+    int wrong = 0;
+    for (int m = 0; m < 2; m++) {
+        CUstream cap;
+        CHECK_CU(cuStreamCreate(&cap, 0), CUDA_SUCCESS);
+        CHECK_CU(cuStreamBeginCapture_v2(cap, modes[m]), CUDA_SUCCESS);
+        CUdevice d;
+        CUcontext c;
+        CUdeviceptr p;
+        CUresult got[3] = {cuStreamGetDevice(cap, &d), cuStreamGetCtx(cap, &c), cuMemAllocAsync(&p, 1 << 20, cap)};
+        CUgraph g = NULL;
+        CUresult end = cuStreamEndCapture(cap, &g);
+        if (g) cuGraphDestroy(g);
+        const CUresult want[4] = {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                                  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED};
+        if (got[0] != want[0] || got[1] != want[1] || got[2] != want[2] || end != want[3]) {
+            fprintf(stderr, "capture.%s: cuStreamGetDevice, cuStreamGetCtx, cuMemAllocAsync/end: the fake gives "
+                            "%s, %s, %s/%s; the real driver's log %s, %s, %s/%s\n",
+                    m ? "thread_local" : "global", err(got[0]), err(got[1]), err(got[2]), err(end), err(want[0]),
+                    err(want[1]), err(want[2]), err(want[3]));
+            wrong++;
+        }
+        cuStreamDestroy_v2(cap);
+    }
+    return wrong;
+}
+
 static void record(const char *path) {
     const char *mode_names[3] = {"global", "thread_local", "relaxed"};
     CHECK_CU(cuStreamCreate(&side, 0), CUDA_SUCCESS);
@@ -260,6 +294,8 @@ static void record(const char *path) {
                 wrong++;
             }
         }
+    wrong += logged_rules();
+    checked += 2;
     CHECK(wrong == 0, "%d of %d capture rules differ from the real driver's record", wrong, checked);
     CHECK(checked >= 6 * 19 + 1, "only %d of the record's capture lines were checked", checked);
     printf("t_capture record: %d capture rules as the real driver's\n", checked);

@@ -1105,6 +1105,7 @@ static CUresult alloc_async(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUs
     CHECK(1);
     if (!valid_stream(s) || (pool && pool->magic != MAGIC_POOL)) return CUDA_ERROR_INVALID_HANDLE;
     if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (s && s->capturing && s->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; /* the real log */
     pthread_mutex_lock(&mu);
     if (!pool) pool = device_pool(stream_device(s));
     CUresult r = s && s->capturing ? graph_alloc(s->capture, pool->device, bytes, p) : pool_alloc(pool, bytes, p);
@@ -1816,9 +1817,25 @@ static CUresult stream_sync(CUstream s) {
     return CUDA_SUCCESS;
 }
 
+/* Asking a capturing stream for its device: the real H100 (driver 580, its own error log, CUDA_LOG_FILE) answered
+ * cuStreamGetDevice on a stream capturing in global or thread-local mode with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidated the capture; every later call on that stream in the capture (cuStreamGetCtx, cuMemAllocAsync)
+ * returned CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. The fake does so in every mode and from every thread (relaxed
+ * mode and other threads were not seen: the stricter rule). cuStreamGetCtx on a capturing stream was not isolated
+ * (it was only seen after the capture was already invalid): the fake treats it the same way, conservatively.
+ * Whether the call fails; CUDA_SUCCESS when the stream is not capturing. */
+static CUresult stream_query_in_capture(CUstream s) {
+    if (!s || !s->capturing) return CUDA_SUCCESS;
+    if (s->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    s->invalidated = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 static CUresult stream_get_device(CUstream s, CUdevice *d) {
     CHECK(0);
     if (!d || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult c = stream_query_in_capture(s);
+    if (c != CUDA_SUCCESS) return c;
     if (!s && !current()) return CUDA_ERROR_INVALID_CONTEXT;
     *d = stream_device(s);
     return CUDA_SUCCESS;
@@ -1827,6 +1844,8 @@ static CUresult stream_get_device(CUstream s, CUdevice *d) {
 static CUresult stream_get_ctx(CUstream s, CUcontext *c) {
     CHECK(!s);
     if (!c || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult q = stream_query_in_capture(s);
+    if (q != CUDA_SUCCESS) return q;
     *c = s ? s->ctx : current();
     return CUDA_SUCCESS;
 }
