@@ -57,6 +57,12 @@
 #define POOLS 8            /* contexts with spare timing events */
 #define POOL_EVENTS 32
 #define EST_SLOTS 1024     /* direct-mapped cost estimates */
+/* What a bracket of timing events measures beyond the kernel (the real H100's record): the device's own gap
+ * before a kernel starts, 2.3 us after the previous kernel or after the launch call returns (LAUNCH_GAP_NS,
+ * taken a little short so that a queued kernel is never charged less than it ran), and, when the device was
+ * idle, the host's time from the start event's record to the launch's return (measured per launch). */
+#define LAUNCH_GAP_NS 2000LL
+#define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
 bool dl_throttle_on;
 static int64_t cores = 100;
@@ -70,6 +76,7 @@ struct pending {
     uint64_t key;
     int dev;
     int64_t charged_ns; /* GPU time charged at admission */
+    int64_t idle_ns;    /* host time in the bracket while the device had nothing of ours queued */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -83,6 +90,11 @@ static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
 
+/* When the work this process has queued on each device should end (host clock; the sum of the estimates of
+ * what was launched, each LAUNCH_GAP_NS apart): a launch made before then is queued and its bracket holds no
+ * host time. A guess that errs long (several streams at once, other processes) only deducts less. */
+static _Atomic int64_t queued_until[DL_MAX_DEVICES];
+
 static struct {
     uint64_t key;
     int64_t ns;
@@ -92,6 +104,15 @@ static struct {
 #define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch (4: callgrind, 74 fewer instructions per throttled launch than 2) */
 #define SAMPLE_EVERY 4
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
+
+/* The first launch of a kind never measured, being measured (since: when it was admitted; 0: none). */
+static struct {
+    uint64_t key;
+    int64_t since;
+} probes[EST_SLOTS];
+#define PROBE_WAIT_NS 20000000LL   /* longest a launch waits for the first measurement of its kind */
+#define PROBE_SLICE_NS 50000LL     /* between two looks at it */
+#define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
 
 void dl_throttle_configure(int pct) {
     cores = pct;
@@ -105,11 +126,22 @@ void dl_throttle_reset_after_fork(void) {
     memset(ring, 0, sizeof ring);
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
+    memset(probes, 0, sizeof probes);
     atomic_store(&captures, 0);
     atomic_store(&polling, 0);
+    for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
 }
 
 static int64_t wall_cost(int64_t gpu_ns) { return gpu_ns * 100 / cores; }
+
+
+/* The kernel's own time in a bracket of events: the bracket less the device's launch gap and the host time
+ * the device was idle in it, never below MIN_CHARGE_NS (nor above the bracket). */
+static int64_t kernel_time(int64_t bracket, int64_t idle_ns) {
+    int64_t k = bracket - LAUNCH_GAP_NS - idle_ns;
+    int64_t floor = bracket < MIN_CHARGE_NS ? bracket : MIN_CHARGE_NS;
+    return k > floor ? k : floor;
+}
 
 static uint64_t launch_key(const void *fn, uint64_t blocks) {
     return dl_hash64((uint64_t)(uintptr_t)fn ^ (blocks * 0x9e3779b97f4a7c15ull));
@@ -127,6 +159,13 @@ static void learn(uint64_t key, int64_t ns) {
     estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
+    if (probes[i].key == key) probes[i].since = 0;
+}
+
+/* A first launch that will not be measured after all: the next of its kind becomes the first. Caller holds mu. */
+static void probe_dropped(uint64_t key) {
+    unsigned i = (unsigned)(key & (EST_SLOTS - 1));
+    if (probes[i].key == key) probes[i].since = 0;
 }
 
 /* Spare timing events per context. mu guards the tables only: every driver call (creating, destroying,
@@ -191,6 +230,7 @@ static void forget_context(CUcontext ctx) {
         doomed[n++] = p->start;
         doomed[n++] = p->end;
         p->ctx = NULL; /* the poller skips it */
+        probe_dropped(p->key);
     }
     pthread_mutex_unlock(&mu);
     atomic_store(&polling, 0);
@@ -225,7 +265,7 @@ static void poll_completed(void) {
             if (q == CUDA_ERROR_NOT_READY) break;
             float ms;
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
-                actual[done] = (int64_t)((double)ms * 1e6);
+                actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->idle_ns);
                 atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual[done] - p->charged_ns));
                 dl_region_add_busy(p->dev, actual[done]);
             }
@@ -240,6 +280,7 @@ static void poll_completed(void) {
             if (actual[k] < 0) {
                 doomed[nd++] = p->start;
                 doomed[nd++] = p->end;
+                probe_dropped(p->key);
                 continue;
             }
             learn(p->key, actual[k]);
@@ -323,9 +364,48 @@ static void admit(int dev, int64_t wall, int64_t now) {
     }
 }
 
+/* A kind of launch never measured is admitted once at the estimate of an unknown launch (the average, or the
+ * prior) and measured; a burst of it must not follow at that estimate (a queue of long kernels would keep the
+ * device busy far beyond the share before the first measurement came back). So the next launches of that kind
+ * wait - polling, at most PROBE_WAIT_NS - for the first one's measurement and are admitted at the learned
+ * cost; one that waited out the bound is charged at least as long as the first has been running (the
+ * measurement settles the difference, either way). Returns whether this launch is the first of its kind; *now
+ * is brought up to date after a wait; *floor: the least this launch is charged. */
+static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
+    unsigned i = (unsigned)(key & (EST_SLOTS - 1));
+    *floor = 0;
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        int known = estimates[i].key == key;
+        int64_t since = probes[i].key == key ? probes[i].since : 0;
+        int first = !known && (!since || *now - since > PROBE_STALE_NS);
+        if (first) {
+            probes[i].key = key;
+            probes[i].since = *now;
+        }
+        pthread_mutex_unlock(&mu);
+        if (known) return 0;
+        if (first) return 1;
+        int64_t waited = *now - since;
+        if (waited >= PROBE_WAIT_NS) {
+            *floor = waited;
+            return 0;
+        }
+        int64_t left = PROBE_WAIT_NS - waited;
+        int64_t before_sleep = *now;
+        sleep_ns(left < PROBE_SLICE_NS ? left : PROBE_SLICE_NS);
+        poll_safely();
+        *now = (int64_t)dl_now_ns();
+        dl_region_add_throttled(dev, *now - before_sleep);
+    }
+}
+
 struct ticket {
     int dev;
     int measure;    /* timed by events */
+    int first;        /* the first launch of its kind, being measured (probe) */
+    int64_t recorded; /* measured: the host time its start event was recorded */
+    int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
     int64_t synced; /* not: the wall time at admission, for timing by synchronising the stream */
     int64_t charged_ns;
     uint64_t key;
@@ -415,11 +495,20 @@ static int launch_target(CUstream stream, int ptsz, int ask_stream, CUcontext *c
     return dev;
 }
 
+static void drop_probe(struct ticket *t) {
+    if (!t->first) return;
+    pthread_mutex_lock(&mu);
+    probe_dropped(t->key);
+    pthread_mutex_unlock(&mu);
+    t->first = 0;
+}
+
 #define POLL_NS 20000 /* completed measurements are looked for at most this often (and when the ring fills) */
 static _Atomic int64_t last_poll;
 
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
+    t->first = 0;
     t->measure = 0;
     /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
     int capture_known = 1;
@@ -440,6 +529,8 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         poll_safely();
     }
     t->key = key;
+    int64_t floor = 0;
+    t->first = have_ctx ? probe(dev, key, &now, &floor) : 0;
     /* One look at the tables: the ring's room, two pooled events, the estimate. */
     int got = 0;
     pthread_mutex_lock(&mu);
@@ -460,12 +551,18 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
      * events the next poll would have to destroy again. */
     if (p && p->n < 4 && ring_count) atomic_store_explicit(&last_poll, 0, memory_order_relaxed);
     t->charged_ns = estimate(key);
+    if (t->charged_ns < floor) t->charged_ns = floor;
+    if (t->first && (ring_full || !p)) { /* it will not be measured: not the first after all */
+        probe_dropped(key);
+        t->first = 0;
+    }
     pthread_mutex_unlock(&mu);
     if (have_ctx && !ring_full && sample && !got && get_event(t->ctx, &t->start) == 0) {
         if (get_event(t->ctx, &t->end) == 0) got = 2;
         else put_event(t->ctx, t->start);
     }
     t->measure = got == 2;
+    if (t->first && !t->measure) drop_probe(t);
     /* A stream that may be capturing is neither timed by events nor synchronised: it keeps its estimate. */
     int untimed = !t->measure && !ring_full && sample && capture_known;
     if (untimed) warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
@@ -475,9 +572,15 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
+        drop_probe(t);
         t->measure = 0;
         untimed = 1;
         warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
+    }
+    if (t->measure) {
+        t->recorded = (int64_t)dl_now_ns();
+        int64_t q = atomic_load_explicit(&queued_until[dev % DL_MAX_DEVICES], memory_order_relaxed) - t->recorded;
+        t->backlog = q > 0 ? q : 0;
     }
     /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
      * (it includes what was queued before), so the share errs on the side of the limit. */
@@ -496,11 +599,23 @@ static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
     dl_region_add_busy(t->dev, actual);
 }
 
+/* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
+static int64_t launched(struct ticket *t) {
+    int64_t now = (int64_t)dl_now_ns();
+    _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
+    int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
+    do next = (until > now ? until : now) + LAUNCH_GAP_NS + t->charged_ns;
+    while (!atomic_compare_exchange_weak_explicit(q, &until, next, memory_order_relaxed, memory_order_relaxed));
+    return now;
+}
+
 static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
     if (t->dev < 0) return;
+    int64_t returned = r == CUDA_SUCCESS ? launched(t) : 0;
     if (r != CUDA_SUCCESS) {
         /* Nothing will run: refund the charge. */
         atomic_fetch_sub(dl_region_tat(t->dev), wall_cost(t->charged_ns));
+        drop_probe(t);
         if (t->measure) {
             put_event(t->ctx, t->start);
             put_event(t->ctx, t->end);
@@ -514,14 +629,19 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
     if (record(t->ctx, t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
+        drop_probe(t);
         return;
     }
     pthread_mutex_lock(&mu);
     int queued = ring_count < RING;
     if (queued) {
-        ring[(ring_head + ring_count) % RING] = (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns};
+        /* The host time from the start event to the launch's return that no queued work of ours covered. */
+        int64_t idle = returned - t->recorded - t->backlog;
+        ring[(ring_head + ring_count) % RING] =
+            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, idle > 0 ? idle : 0};
         ring_count++;
     }
+    if (!queued) probe_dropped(t->key);
     pthread_mutex_unlock(&mu);
     if (!queued) {
         put_event(t->ctx, t->start);
@@ -704,3 +824,4 @@ DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
 /* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */
 
 void dl_throttle_forget_context(CUcontext ctx) { forget_context(ctx); }
+

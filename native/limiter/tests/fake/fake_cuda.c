@@ -446,17 +446,20 @@ EXPORT uint64_t fakecuda_used_bytes(int device) {
 /* The real H100's timing (driver 580), as driver-facts.cu measured it: tests/real-gpu/h100-driver-facts.txt,
  * `timing.*` lines. With FAKE_CUDA_REAL_TIMING=1 the fake follows them; otherwise a kernel starts the moment
  * the device is free and calls take no time.
- *   - a kernel on an idle device starts LATENCY_IDLE_NS after its launch: events around an empty kernel
- *     measure 6144 ns, around a 50 us kernel 56448 ns (timing.empty_kernel_events_ns,
- *     timing.spin50us_events_ns);
+ *   - a kernel on an idle device starts LATENCY_IDLE_NS after its launch call returns (which takes the host
+ *     HOST_LAUNCH_NS): events around a 50 us kernel measure 56448 ns (timing.spin50us_events_ns) = the
+ *     launch's host time 4070 + 2378 + 50000, and around an empty kernel 6144 ns
+ *     (timing.empty_kernel_events_ns: 4070 + about 2000 + the empty kernel's own time);
  *   - a kernel queued behind another starts LATENCY_QUEUED_NS after it ends
- *     (timing.queued_50us_kernel_overhead_ns = 2323);
+ *     (timing.queued_50us_kernel_overhead_ns = 2323): the device's own gap between kernels, the same in both;
+ *   - an event recorded on an idle device is stamped when its record returns (two back to back measure
+ *     the record's host time), one recorded behind work when that work ends;
  *   - event timestamps are multiples of EVENT_TICK_NS (timing.back_to_back_events_ns: 1280 and 1248);
  *   - the calling thread spends HOST_LAUNCH_NS in a launch, HOST_EVENT_RECORD_NS in cuEventRecord and
  *     HOST_EVENT_QUERY_NS in cuEventQuery (timing.launch_host_ns, event_record_host_ns,
  *     event_query_*_host_ns).
  * Busy time (fakecuda_busy_ns) is the kernels' own time: latencies are not in it. */
-#define LATENCY_IDLE_NS 6000ull
+#define LATENCY_IDLE_NS 2300ull
 #define LATENCY_QUEUED_NS 2300ull
 #define EVENT_TICK_NS 32ull
 #define HOST_LAUNCH_NS 4070ull
