@@ -10,7 +10,10 @@
  *     launches). Until a measurement arrives, the launch is charged an estimate: the running average of
  *     earlier measurements of the same function and grid size, else of all launches, else (nothing
  *     measured yet) PRIOR_NS. The prior is not zero: a cold process must not admit a queue-full of
- *     launches free of charge before its first measurement comes back.
+ *     launches free of charge before its first measurement comes back; nor is a kind never measured
+ *     admitted more than once before its first measurement (probe()).
+ *   - A bracket holds more than the kernel: the device's launch gap, and the host's time in the launch
+ *     while the device was idle (kernel_time()); both are taken off the measurement.
  *   - Admission is GCRA (the virtual-scheduling form of a token bucket) on one clock per device kept in
  *     the claim's region: `tat` is the wall time at which the claim will have paid for all GPU time
  *     admitted so far. A launch of cost c advances tat by c * 100 / cores; it may proceed while tat is at
