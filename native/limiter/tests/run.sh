@@ -93,6 +93,16 @@ if [ -x "$B/tests/t_cudart" ]; then
         sh -c '"$1" "$2" "$3" 2>"$3"' sh "$B/tests/t_cudart" "$TMP/lookups.log" "$TMP/limiter.log"
 fi
 
+# Stream capture survives the limiter, in every capture mode, and the graph's memory is charged.
+for sc in global thread-local relaxed other-thread; do
+    run "t_capture $sc (baseline)" "$B/tests/t_capture" "$sc"
+    run "t_capture $sc" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=30 "$B/tests/t_capture" "$sc"
+done
+# The fake's capture rules are the real driver's record, with and without the limiter.
+run "t_capture record (baseline)" "$B/tests/t_capture" record "$here/real-gpu/h100-driver-facts.txt"
+run "t_capture record" limited DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_CORES_LIMIT=30 "$B/tests/t_capture" record \
+    "$here/real-gpu/h100-driver-facts.txt"
+
 run "compute unlimited" limited "$B/tests/t_compute" 100 1
 for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
@@ -102,6 +112,18 @@ run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute
 for sc in other-device no-context long-kernels; do
     run "t_launch $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" "$sc" 30 1.5
 done
+# A cold process's burst of 2 ms kernels: the first is measured before more are admitted at its cost.
+run "t_launch cold-burst" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" cold-burst 30 0.03
+# The real H100's launch latency, event ticks and host costs (FAKE_CUDA_REAL_TIMING=1): a bracket of events
+# holds the launch's host time and the device's gap, which the limiter must not charge; short and long
+# kernels within 1 point of the target, and the mixed load.
+for us in 50 5000; do
+    for c in 10 30 50 70; do
+        run "compute ${c}%, ${us} us kernels, H100 timing" limited FAKE_CUDA_REAL_TIMING=1 DRAGPU_CORES_LIMIT=$c \
+            T_COMPUTE_KERNEL_US=$us T_COMPUTE_POINTS=1 "$B/tests/t_compute" $c 1.5
+    done
+done
+run "compute 30%, H100 timing" limited FAKE_CUDA_REAL_TIMING=1 DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5
 run "compute 30%, capture open" limited DRAGPU_CORES_LIMIT=30 T_COMPUTE_OPEN_CAPTURE=1 "$B/tests/t_compute" 30 1.5
 # No timing events to be had: launches are timed by synchronising their stream (an upper bound).
 run "compute without events, at most" limited DRAGPU_CORES_LIMIT=30 FAKE_CUDA_EVENT_CREATE_FAILS=1 \

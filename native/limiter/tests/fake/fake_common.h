@@ -8,6 +8,7 @@
  *   FAKE_CUDA_WAVE_NS        simulated time of one wave of blocks, ns (default 10000)
  *   FAKE_CUDA_DRIVER_VERSION value of cuDriverGetVersion (default 13000)
  *   FAKE_CUDA_EVENT_CREATE_FAILS  1: cuEventCreate answers CUDA_ERROR_OUT_OF_MEMORY (default 0)
+ *   FAKE_CUDA_REAL_TIMING    1: the real H100's launch latency, event ticks and host costs (default 0)
  */
 #ifndef FAKE_COMMON_H
 #define FAKE_COMMON_H
