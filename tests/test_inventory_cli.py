@@ -30,6 +30,8 @@ CAMEL_KEYS = {
     "pciBusId",
     "migCapable",
     "migEnabled",
+    "migDynamic",
+    "migInstances",
     "healthy",
     "healthReason",
 }

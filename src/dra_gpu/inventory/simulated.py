@@ -13,7 +13,9 @@ import threading
 import uuid
 from dataclasses import dataclass, replace
 
-from dra_gpu.inventory.capabilities import CgroupLayout, detect, driver_major, with_capabilities
+from dra_gpu.inventory.capabilities import Capabilities, CgroupLayout, detect, driver_major, with_capabilities
+from dra_gpu.inventory.mig import MigInstance, overlaps, simulated_mig_uuid
+from dra_gpu.inventory.mig_profiles import MEMORY_SLICES, MIG_TABLES, MigProfile, profile_memory
 from dra_gpu.inventory.models import KNOWN_MODELS, GpuModel, find_model
 from dra_gpu.inventory.types import GpuInfo, InventoryError
 
@@ -34,6 +36,11 @@ def known_models_text() -> str:
 
 def parse_profile(profile: str) -> list[GpuModel]:
     """One model per GPU, in index order, from a profile such as 2xH100-80GB,1xL4-24GB."""
+    return [model for model, _ in parse_gpus(profile)]
+
+
+def parse_gpus(profile: str) -> list[tuple[GpuModel, SimulatedMig | None]]:
+    """One (model, MIG layout or None) per GPU: `1xH100-80GB:mig`, `1xH100-80GB:mig=1g.10gb*7`."""
 
     def bad(part: str, why: str) -> InventoryError:
         return InventoryError(
@@ -43,9 +50,10 @@ def parse_profile(profile: str) -> list[GpuModel]:
 
     if not profile.strip():
         raise bad(profile, "is empty")
-    gpus: list[GpuModel] = []
+    gpus: list[tuple[GpuModel, SimulatedMig | None]] = []
     for raw in profile.split(","):
-        part = raw.strip()
+        part, _, mig_text = raw.strip().partition(":")
+        part = part.strip()
         match = _PART.match(part)
         if match is None:
             if find_model(part) is not None:
@@ -57,10 +65,96 @@ def parse_profile(profile: str) -> list[GpuModel]:
             raise bad(part, f"names an unknown GPU model {name!r}")
         if count < 1:
             raise bad(part, "asks for no GPUs (the count must be at least 1)")
-        gpus.extend([model] * count)
+        mig = parse_mig(model, mig_text, raw.strip()) if mig_text else None
+        gpus.extend([(model, mig)] * count)
         if len(gpus) > MAX_SIMULATED_GPUS:
             raise bad(part, f"brings the node above {MAX_SIMULATED_GPUS} GPUs")
     return gpus
+
+
+@dataclass(frozen=True)
+class SimulatedMig:
+    """A GPU in MIG mode: with `profiles` it has those instances (static), else none (dynamic)."""
+
+    profiles: tuple[str, ...] = ()
+
+
+def parse_mig(model: GpuModel, text: str, part: str) -> SimulatedMig:
+    """`mig` or `mig=3g.40gb/1g.10gb*4`: profiles in creation order, `*N` for N of one."""
+    usage = "write MODEL:mig (dynamic) or MODEL:mig=PROFILE[*N][/PROFILE[*N]...] such as 1xH100-80GB:mig=1g.10gb*7"
+    key, sep, value = text.partition("=")
+    if key.strip().lower() != "mig" or (sep and not value.strip()):
+        raise InventoryError(f"bad GPU profile part {part!r}: {usage}")
+    table = MIG_TABLES.get(model.key)
+    if table is None:
+        capable = ", ".join(MIG_TABLES)
+        raise InventoryError(
+            f"bad GPU profile part {part!r}: {model.key} has no MIG profiles here ({capable} do)"
+        )
+    profiles: list[str] = []
+    for entry in filter(None, (e.strip() for e in value.split("/"))):
+        name, star, times = entry.partition("*")
+        found = table.find(name)
+        if found is None:
+            raise InventoryError(
+                f"bad GPU profile part {part!r}: {model.key} has no MIG profile {name.strip()!r}; "
+                f"it has {table.names()}"
+            )
+        if star and not (times.strip().isdigit() and int(times) >= 1):
+            raise InventoryError(
+                f"bad GPU profile part {part!r}: {entry!r} needs a count of at least 1 after '*'"
+            )
+        profiles.extend([found.name] * (int(times) if star else 1))
+    return SimulatedMig(tuple(profiles))
+
+
+def simulated_instances(gpu: GpuInfo, model: GpuModel, mig: SimulatedMig) -> tuple[MigInstance, ...]:
+    """The layout as an admin (or a MIG manager) would make it: a placement for every instance.
+
+    Larger profiles are placed first, each trying its starts from the last, with backtracking, so
+    that `3g.40gb/1g.10gb*4` fits as it does on the real GPU (3g at slice 4, the 1g ones below).
+    """
+    table = MIG_TABLES[model.key]
+    wanted = [table.find(name) for name in mig.profiles]
+    profiles = sorted((p for p in wanted if p is not None), key=lambda p: -p.memory_slices)
+
+    def place(i: int, made: list[tuple[MigProfile, int]]) -> list[tuple[MigProfile, int]] | None:
+        if i == len(profiles):
+            return made
+        for start in reversed(profiles[i].starts):
+            span = (start, profiles[i].memory_slices)
+            if not any(overlaps(span, (s, p.memory_slices)) for p, s in made):
+                found = place(i + 1, [*made, (profiles[i], start)])
+                if found is not None:
+                    return found
+        return None
+
+    full = table.full
+    for engine in ("compute_slices", "copy_engines", "decoders", "jpeg_decoders", "ofa"):
+        if sum(getattr(p, engine) for p in profiles) > getattr(full, engine):
+            raise InventoryError(
+                f"bad GPU profile: MIG {'/'.join(mig.profiles)} needs more {engine.replace('_', ' ')} "
+                f"than one {model.key} has ({getattr(full, engine)})"
+            )
+    layout = place(0, [])
+    if layout is None:
+        raise InventoryError(
+            f"bad GPU profile: MIG {'/'.join(mig.profiles)} does not fit on one {model.key} "
+            f"(it has {MEMORY_SLICES} memory slices; valid layouts are in NVIDIA's MIG user guide)"
+        )
+    return tuple(
+        MigInstance(
+            uuid=simulated_mig_uuid(gpu.uuid, profile.name, start),
+            parent_uuid=gpu.uuid,
+            profile=profile.name,
+            start=start,
+            size=profile.memory_slices,
+            gi_id=gi_id,
+            ci_id=0,
+            memory_bytes=profile_memory(profile, gpu.memory_bytes),
+        )
+        for gi_id, (profile, start) in enumerate(sorted(layout, key=lambda ps: ps[1]), start=1)
+    )
 
 
 _CGROUP_LAYOUTS = {
@@ -84,7 +178,7 @@ def split_options(profile: str) -> tuple[str, NodeOptions]:
     driver, cgroup = SIMULATED_DRIVER_VERSION, _CGROUP_LAYOUTS["dmem"]
     for raw in profile.split(","):
         key, sep, value = raw.partition("=")
-        if not sep:
+        if not sep or ":" in key:  # `1xH100-80GB:mig=1g.10gb*7` is a GPU with its MIG layout
             gpus.append(raw)
             continue
         key, value = key.strip().lower(), value.strip()
@@ -109,6 +203,14 @@ def simulated_pci_bus_id(index: int) -> str:
     return f"{domain:04x}:{_PCI_BUSES[slot]:02x}:00.0"
 
 
+def _with_mig(gpu: GpuInfo, model: GpuModel, mig: SimulatedMig | None, caps: Capabilities) -> GpuInfo:
+    gpu = with_capabilities(gpu, caps)
+    if mig is None:
+        return gpu
+    instances = simulated_instances(gpu, model, mig)
+    return replace(gpu, mig_enabled=True, mig_instances=instances, mig_dynamic=not instances)
+
+
 class SimulatedInventory:
     """GPUs from a profile; set_health() stands in for NVML's health signals in tests and demos."""
 
@@ -123,8 +225,9 @@ class SimulatedInventory:
         self._changes = 0
         self._seen = 0
         caps = detect(options.driver_version, options.cgroup, mig_enabled=False, hook_problem=hook_problem)
+        mig_caps = detect(options.driver_version, options.cgroup, mig_enabled=True, hook_problem=hook_problem)
         self._gpus = [
-            with_capabilities(
+            _with_mig(
                 GpuInfo(
                     index=i,
                     minor=i,
@@ -138,9 +241,11 @@ class SimulatedInventory:
                     pci_bus_id=simulated_pci_bus_id(i),
                     mig_capable=model.mig_capable,
                 ),
-                caps,
+                model,
+                mig,
+                mig_caps if mig else caps,
             )
-            for i, model in enumerate(parse_profile(gpu_profile))
+            for i, (model, mig) in enumerate(parse_gpus(gpu_profile))
         ]
 
     def gpus(self) -> list[GpuInfo]:

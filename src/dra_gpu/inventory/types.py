@@ -7,7 +7,10 @@ these names only, so that a simulated node and a real one are indistinguishable 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from dra_gpu.inventory.mig import MigInstance
 
 
 class InventoryError(Exception):
@@ -38,7 +41,11 @@ class GpuInfo:
     mig_capable: bool
     healthy: bool = True
     mig_enabled: bool = False
-    """MIG mode is on: the GPU is published unshareable (Exclusive) until MIG devices are supported."""
+    """MIG mode is on: the whole GPU is no longer a device; its instances (or placements) are."""
+    mig_instances: tuple[MigInstance, ...] = ()
+    """Instances that exist now (static MIG), in placement order."""
+    mig_dynamic: bool = False
+    """The node lets the driver create and destroy instances on this GPU (dynamic MIG)."""
     health_reason: str = ""
     memory_isolation: str = "limiter"
     """"driver" or "limiter" (see inventory.capabilities), published as the `memoryIsolation` attribute."""
@@ -61,6 +68,8 @@ class GpuInfo:
             "pciBusId": self.pci_bus_id,
             "migCapable": self.mig_capable,
             "migEnabled": self.mig_enabled,
+            "migDynamic": self.mig_dynamic,
+            "migInstances": [m.to_json() for m in self.mig_instances],
             "healthy": self.healthy,
             "healthReason": self.health_reason,
             "memoryIsolation": self.memory_isolation,
