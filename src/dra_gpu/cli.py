@@ -8,7 +8,17 @@ import sys
 from types import ModuleType
 
 from dra_gpu import __version__
-from dra_gpu.commands import cdi_hook, controller, demo, gpus, kubelet_plugin, manifests, schema, usage
+from dra_gpu.commands import (
+    cdi_hook,
+    controller,
+    demo,
+    gpus,
+    kubelet_plugin,
+    manifests,
+    schema,
+    slices,
+    usage,
+)
 from dra_gpu.flags import add_flag
 from dra_gpu.logs import setup_logging
 
@@ -20,6 +30,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     kubelet_plugin,
     manifests,
     schema,
+    slices,
     usage,
 )
 """Every subcommand, in the order `--help` lists them."""

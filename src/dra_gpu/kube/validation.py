@@ -64,6 +64,7 @@ def slice_errors(obj: dict[str, Any]) -> list[str]:
             "spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
             "`perDeviceNodeSelection` is required"
         )
+    errors.extend(_counter_errors(spec))
     names: set[str] = set()
     for i, device in enumerate(devices):
         where = f"spec.devices[{i}]"
@@ -99,6 +100,59 @@ def slice_errors(obj: dict[str, Any]) -> list[str]:
                     f"{where}.capacity[{cap_name}]", cap, bool(device.get("allowMultipleAllocations"))
                 )
             )
+    return errors
+
+
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMES_COUNTERS_PER_DEVICE = 2
+
+
+def _counter_errors(spec: dict[str, Any]) -> list[str]:
+    """The 1.35+ partitionable-device rules (`reference/dra-protocol.md` §2.5)."""
+    errors: list[str] = []
+    sets = spec.get("sharedCounters") or []
+    if sets and spec.get("devices"):
+        errors.append("spec: Invalid value: a slice may carry devices or sharedCounters, not both")
+    if len(sets) > MAX_COUNTER_SETS_PER_SLICE:
+        errors.append(
+            f"spec.sharedCounters: Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS_PER_SLICE} items"
+        )
+    seen: set[str] = set()
+    for i, counter_set in enumerate(sets):
+        where = f"spec.sharedCounters[{i}]"
+        name = str(counter_set.get("name", ""))
+        if not _DNS_LABEL.match(name) or len(name) > 63:
+            errors.append(f'{where}.name: Invalid value: "{name}": {_LABEL_MSG}')
+        if name in seen:
+            errors.append(f'{where}.name: Duplicate value: "{name}"')
+        seen.add(name)
+        errors.extend(_counters_errors(where, counter_set.get("counters") or {}))
+    for i, device in enumerate(spec.get("devices") or []):
+        consumes = device.get("consumesCounters") or []
+        where = f"spec.devices[{i}].consumesCounters"
+        if len(consumes) > MAX_CONSUMES_COUNTERS_PER_DEVICE:
+            errors.append(
+                f"{where}: Too many: {len(consumes)}: must have at most {MAX_CONSUMES_COUNTERS_PER_DEVICE} items"
+            )
+        for j, entry in enumerate(consumes):
+            errors.extend(_counters_errors(f"{where}[{j}]", entry.get("counters") or {}))
+    return errors
+
+
+def _counters_errors(where: str, counters: dict[str, Any]) -> list[str]:
+    errors: list[str] = []
+    if len(counters) > MAX_COUNTERS_PER_SET:
+        errors.append(
+            f"{where}.counters: Too many: {len(counters)}: must have at most {MAX_COUNTERS_PER_SET} items"
+        )
+    for name, counter in counters.items():
+        if not _DNS_LABEL.match(name) or len(name) > 63:
+            errors.append(f'{where}.counters: Invalid value: "{name}": {_LABEL_MSG}')
+        try:
+            parse_quantity((counter or {}).get("value", ""))
+        except QuantityError:
+            errors.append(f"{where}.counters[{name}].value: Required value")
     return errors
 
 

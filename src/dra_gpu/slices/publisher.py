@@ -50,6 +50,7 @@ from dra_gpu.slices.devices import (
     unhealthy_taint,
 )
 from dra_gpu.slices.dropped import CONSUMABLE_CAPACITY, DEVICE_TAINTS, DroppedFields, dropped_fields
+from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
 
 Obj = dict[str, Any]
@@ -143,6 +144,7 @@ class SlicePublisher:
         self._node_uid: str | None = None
         self._published_health: list[tuple[str, bool, str]] | None = None
         self._warned: set[str] = set()
+        self._counter_sets: list[Obj] = []
 
     @property
     def field_selector(self) -> str:
@@ -186,6 +188,15 @@ class SlicePublisher:
                 "devices": c,
             }
             for c in chunks
+        ]
+        specs += [  # dynamic MIG GPUs' counters, each chunk in a slice of its own (1.35+)
+            {
+                "driver": self.driver,
+                "nodeName": self.node_name,
+                "pool": {"name": self.node_name},
+                "sharedCounters": c,
+            }
+            for c in split_counter_sets(self._counter_sets)
         ]
         plan = plan_pool(ours, specs, owner_references)
         plan.delete.extend(foreign_pools)
@@ -294,6 +305,7 @@ class SlicePublisher:
         now = _now()
         devices = []
         gpus = self.inventory.gpus()
+        self._counter_sets = counter_sets(gpus)
         self._published_health = self._health_of(gpus)
         live: LiveClaims | str | None = None
         pending: dict[str, PendingModeChange] = {}
@@ -331,6 +343,15 @@ class SlicePublisher:
                 if not self.device_taints:
                     continue
                 taints = [unhealthy_taint(gpu.health_reason or "Unhealthy", self._unhealthy_since[gpu.uuid])]
+            mig = mig_devices(
+                gpu,
+                self.sharing.mode_for(gpu.index, gpu.uuid),
+                consumable_capacity=self.consumable_capacity,
+                taints=taints,
+            )
+            if mig is not None:
+                devices.extend(mig)
+                continue
             devices.append(
                 build_device(gpu, mode, consumable_capacity=self.consumable_capacity, taints=taints)
             )

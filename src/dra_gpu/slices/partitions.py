@@ -1,0 +1,156 @@
+"""MIG devices: static instances as devices, dynamic MIG GPUs as partitionable devices (counters).
+
+- A static instance is published like a GPU of its own (so it can be Exclusive, Shared or MPS,
+  with `memory` the instance's memory and `cores` a percentage of the instance), plus attributes
+  `type: mig`, `profile`, `migUUID`, `parentUUID`, `placementStart`, `memorySlices`,
+  `computeSlices` and `copyEngines`. `uuid` is the MIG UUID, which is what the sharing backends
+  and the limiter key their limits by.
+- A dynamic GPU publishes one counter set `gpu-<index>-mig` holding one counter per memory slice
+  (`memory-slice-<n>`, value 1: two placements that share a slice cannot both be allocated) and
+  the GPU's totals of compute slices and engines; and one device per valid placement of every
+  profile, consuming its slices and engines from that one set (one consumesCounters entry, so the
+  1.35+ limit of two is never reached). Counter sets go into slices of their own (1.35+ forbids
+  devices and counter sets in one slice), at most 8 sets per slice. A dynamic device is
+  Exclusive: its instance exists only while its one claim is prepared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dra_gpu.config import GpuSharingMode
+from dra_gpu.inventory.mig import MigInstance
+from dra_gpu.inventory.mig_profiles import MEMORY_SLICES, MigProfile, MigTable, profile_memory, table_for
+from dra_gpu.inventory.types import GpuInfo
+from dra_gpu.slices.devices import MAX_STRING, build_device
+
+Obj = dict[str, Any]
+
+TYPE_ATTRIBUTE = "type"
+PROFILE_ATTRIBUTE = "profile"
+MIG_UUID_ATTRIBUTE = "migUUID"
+PARENT_UUID_ATTRIBUTE = "parentUUID"
+PLACEMENT_START_ATTRIBUTE = "placementStart"
+DYNAMIC_ATTRIBUTE = "migDynamic"
+MAX_COUNTER_SETS_PER_SLICE = 8
+ENGINE_COUNTERS = {
+    "compute-slices": "compute_slices",
+    "copy-engines": "copy_engines",
+    "decoders": "decoders",
+    "jpeg-decoders": "jpeg_decoders",
+    "ofa": "ofa",
+}
+"""Counter name -> MigProfile field: the engines a placement takes besides its memory slices."""
+
+
+def counter_set_name(gpu: GpuInfo) -> str:
+    return f"gpu-{gpu.index}-mig"
+
+
+def profile_slug(name: str) -> str:
+    """`1g.10gb+me` -> `1g10gbme`: a device name is a DNS label (no dots, no plus)."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def mig_device_name(gpu_index: int, profile: str, start: int) -> str:
+    return f"gpu-{gpu_index}-mig-{profile_slug(profile)}-{start}"
+
+
+def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str, dynamic: bool) -> Obj:
+    attributes: Obj = {
+        TYPE_ATTRIBUTE: {"string": "mig"},
+        PROFILE_ATTRIBUTE: {"string": profile.name},
+        PARENT_UUID_ATTRIBUTE: {"string": gpu.uuid[:MAX_STRING]},
+        PLACEMENT_START_ATTRIBUTE: {"int": start},
+        "memorySlices": {"int": profile.memory_slices},
+        "computeSlices": {"int": profile.compute_slices},
+        "copyEngines": {"int": profile.copy_engines},
+        DYNAMIC_ATTRIBUTE: {"bool": dynamic},
+    }
+    if mig_uuid:
+        attributes[MIG_UUID_ATTRIBUTE] = {"string": mig_uuid[:MAX_STRING]}
+    return attributes
+
+
+def static_device(
+    gpu: GpuInfo,
+    instance: MigInstance,
+    profile: MigProfile,
+    mode: GpuSharingMode,
+    *,
+    consumable_capacity: bool = True,
+    taints: list[Obj] | None = None,
+) -> Obj:
+    """An existing instance as a device, in the GPU's sharing mode (its share is of the instance)."""
+    as_gpu = replace(gpu, uuid=instance.uuid, memory_bytes=instance.memory_bytes, mig_enabled=False)
+    device = build_device(as_gpu, mode, consumable_capacity=consumable_capacity, taints=taints)
+    device["name"] = mig_device_name(gpu.index, profile.name, instance.start)
+    device["attributes"]["migEnabled"] = {"bool": True}
+    device["attributes"].update(_mig_attributes(gpu, profile, instance.start, instance.uuid, False))
+    return device
+
+
+def dynamic_device(gpu: GpuInfo, profile: MigProfile, start: int, taints: list[Obj] | None = None) -> Obj:
+    """A placement that prepare will create: Exclusive, consuming its slices and engines."""
+    as_gpu = replace(gpu, memory_bytes=profile_memory(profile, gpu.memory_bytes), mig_enabled=False)
+    device = build_device(as_gpu, GpuSharingMode.EXCLUSIVE, taints=taints)
+    device["name"] = mig_device_name(gpu.index, profile.name, start)
+    del device["attributes"]["uuid"]  # the instance has no UUID until it is made
+    device["attributes"]["migEnabled"] = {"bool": True}
+    device["attributes"].update(_mig_attributes(gpu, profile, start, "", True))
+    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(start, start + profile.memory_slices)}
+    for counter, field in ENGINE_COUNTERS.items():
+        amount = getattr(profile, field)
+        if amount:
+            counters[counter] = {"value": str(amount)}
+    device["consumesCounters"] = [{"counterSet": counter_set_name(gpu), "counters": counters}]
+    return device
+
+
+def counter_set(gpu: GpuInfo, table: MigTable) -> Obj:
+    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(MEMORY_SLICES)}
+    for counter, field in ENGINE_COUNTERS.items():
+        counters[counter] = {"value": str(getattr(table.full, field))}
+    return {"name": counter_set_name(gpu), "counters": counters}
+
+
+def mig_devices(
+    gpu: GpuInfo,
+    mode: GpuSharingMode,
+    *,
+    consumable_capacity: bool = True,
+    taints: list[Obj] | None = None,
+) -> list[Obj] | None:
+    """The devices of a GPU in MIG mode; None to publish it whole (Exclusive, `migEnabled`) as before:
+    not in MIG mode, a model without a profile table, or a static GPU with no instances yet."""
+    table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
+    if table is None or not (gpu.mig_dynamic or gpu.mig_instances):
+        return None
+    if gpu.mig_dynamic:
+        return [dynamic_device(gpu, p, start, taints) for p in table.profiles for start in p.starts]
+    devices = []
+    for instance in gpu.mig_instances:
+        profile = table.find(instance.profile)
+        if profile is not None:
+            devices.append(
+                static_device(
+                    gpu, instance, profile, mode, consumable_capacity=consumable_capacity, taints=taints
+                )
+            )
+    return devices
+
+
+def counter_sets(gpus: list[GpuInfo]) -> list[Obj]:
+    sets = []
+    for gpu in gpus:
+        table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled and gpu.mig_dynamic else None
+        if table is not None:
+            sets.append(counter_set(gpu, table))
+    return sets
+
+
+def split_counter_sets(sets: list[Obj]) -> list[list[Obj]]:
+    """Chunks of at most 8 sets (the 1.35+ limit per slice)."""
+    step = MAX_COUNTER_SETS_PER_SLICE
+    return [sets[i : i + step] for i in range(0, len(sets), step)]
