@@ -763,12 +763,10 @@ def test_malformed_requests_are_named(req: dict[str, Any], message: str) -> None
         alloc.allocate(claim("c", req))
 
 
-def test_devices_consuming_shared_counters_are_left_out_with_a_reason() -> None:
+def test_a_device_consuming_a_counter_set_the_pool_lacks_leaves_the_pool_out() -> None:
     partition = gpu(
         "mig-0", consumesCounters=[{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}}}]
     )
     alloc = make_allocator(one_node(partition))
-    with pytest.raises(
-        AllocationError, match=r"1 consume shared counters \(partitionable devices are not supported\)"
-    ):
+    with pytest.raises(AllocationError, match=r'counter set "gpu-0", which the pool does not have'):
         alloc.allocate(claim("c", request(device_class=WHOLE_CLASS)))

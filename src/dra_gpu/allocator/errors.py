@@ -19,7 +19,7 @@ class Refusal(Enum):
     CAPACITY_REQUEST = ("cannot serve the capacity request", "CapacityRequestInvalid")
     TAINTED = ("tainted, not tolerated", "DevicesTainted")
     POOL_LEFT_OUT = ("in pools that are left out", "PoolUnusable")
-    COUNTERS = ("consume shared counters (partitionable devices are not supported)", "Unsatisfiable")
+    COUNTERS = ("overlap a partition already allocated (their shared counters are taken)", "Unsatisfiable")
 
     def __init__(self, phrase: str, reason: str) -> None:
         self.phrase = phrase

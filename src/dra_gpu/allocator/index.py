@@ -94,7 +94,9 @@ class DeviceIndex:
     def sig(self, index: int) -> Sig:
         u = self.usage
         d = self.devices[index]
-        return (d.spec_key, d.multi, u.whole[index] > 0, u.used[index], not u.holders[index])
+        # A partition whose shared counters are taken by another is as unavailable as one in use.
+        blocked = bool(d.counters) and not u.holders[index] and bool(u.counters_short(index))
+        return (d.spec_key, d.multi, u.whole[index] > 0 or blocked, u.used[index], not u.holders[index])
 
     def _rebucket(self, index: int) -> None:
         new = self.sig(index)
@@ -196,8 +198,6 @@ class DeviceIndex:
             taint = blocking_taint(d, tolerations)
             if taint is not None:
                 tainted.append((d.index, taint))
-            elif d.consumes_counters:
-                counters.append(d.index)
             else:
                 members.append(d.index)
         buckets: dict[Sig, list[int]] = {}

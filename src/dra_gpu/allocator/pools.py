@@ -16,7 +16,10 @@ from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, CapacitySpec
 from dra_gpu.allocator.cel_env import device_variable
-from dra_gpu.quantity import QuantityError
+from dra_gpu.quantity import QuantityError, parse_quantity
+
+CounterKey = tuple[str, str, str, str]
+"""(driver, pool, counter set, counter): one shared counter of a partitionable pool."""
 
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device): how results and the usage index name a GPU."""
@@ -40,6 +43,8 @@ class Device:
     consumes_counters: bool
     binding_conditions: tuple[str, ...]
     binding_failure_conditions: tuple[str, ...]
+    counters: tuple[tuple[CounterKey, Amount], ...] = ()
+    """What the device takes from its pool's shared counters while allocated."""
 
     @property
     def key(self) -> DeviceKey:
@@ -68,6 +73,10 @@ class Inventory:
     devices: list[Device] = field(default_factory=list)
     by_key: dict[DeviceKey, Device] = field(default_factory=dict)
     problems: list[PoolProblem] = field(default_factory=list)
+    counters: dict[CounterKey, Amount] = field(default_factory=dict)
+    """Every shared counter of the usable pools and its total."""
+    counter_devices: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
+    """(driver, pool, counter set) -> the devices that consume from it."""
 
 
 def _slice_placement(spec: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
@@ -107,6 +116,15 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         names: set[str] = set()
         parsed: list[Device] = []
         problem = None
+        pool_counters: dict[CounterKey, Amount] = {}
+        for m in current:  # the counter sets first: a device may consume from another slice's set
+            for counter_set in m["spec"].get("sharedCounters") or []:
+                for cname, counter in (counter_set.get("counters") or {}).items():
+                    key = (driver, pool, str(counter_set.get("name", "")), str(cname))
+                    try:
+                        pool_counters[key] = _amount((counter or {}).get("value", 0))
+                    except QuantityError as exc:
+                        problem = f'invalid: counter "{cname}": {exc}'
         for m in current:
             spec = m["spec"]
             slice_name = str((m.get("metadata") or {}).get("name", ""))
@@ -125,6 +143,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                         for cname, centry in sorted((raw.get("capacity") or {}).items())
                     )
                     cel_var = device_variable(driver, raw)
+                    counters = _consumption(driver, pool, raw, pool_counters)
                 except (QuantityError, ValueError) as exc:
                     problem = f'invalid: device "{name}": {exc}'
                     break
@@ -146,6 +165,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                         consumes_counters=bool(raw.get("consumesCounters")),
                         binding_conditions=tuple(raw.get("bindingConditions") or ()),
                         binding_failure_conditions=tuple(raw.get("bindingFailureConditions") or ()),
+                        counters=counters,
                     )
                 )
             if problem:
@@ -153,11 +173,36 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         if problem:
             inv.problems.append(PoolProblem(driver, pool, problem))
             continue
+        inv.counters.update(pool_counters)
         for d in parsed:
             d.index = len(inv.devices)
             inv.devices.append(d)
             inv.by_key[d.key] = d
+            for counter_set in {key[2] for key, _ in d.counters}:
+                inv.counter_devices.setdefault((driver, pool, counter_set), []).append(d.index)
     return inv
+
+
+def _amount(value: Any) -> Amount:
+    amount = parse_quantity(value)
+    return int(amount) if amount.denominator == 1 else amount
+
+
+def _consumption(
+    driver: str, pool: str, raw: Mapping[str, Any], pool_counters: Mapping[CounterKey, Amount]
+) -> tuple[tuple[CounterKey, Amount], ...]:
+    """A device's consumesCounters; a set or counter the pool does not publish makes it invalid."""
+    taken: list[tuple[CounterKey, Amount]] = []
+    for entry in raw.get("consumesCounters") or []:
+        set_name = str(entry.get("counterSet", ""))
+        for cname, counter in (entry.get("counters") or {}).items():
+            key = (driver, pool, set_name, str(cname))
+            if key not in pool_counters:
+                raise ValueError(
+                    f'consumes counter "{cname}" of counter set "{set_name}", which the pool does not have'
+                )
+            taken.append((key, _amount((counter or {}).get("value", 0))))
+    return tuple(taken)
 
 
 def lookup_attribute(device: Device, name: str) -> Any:

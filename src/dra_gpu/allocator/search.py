@@ -18,7 +18,7 @@ from dra_gpu.allocator.claims import MAX_RESULTS, Alt, Constraint, Request
 from dra_gpu.allocator.errors import AllocationError, Refusal, reason_of
 from dra_gpu.allocator.index import DeviceIndex
 from dra_gpu.allocator.policies import LabelRules, Score, score
-from dra_gpu.allocator.pools import Device
+from dra_gpu.allocator.pools import CounterKey, Device
 from dra_gpu.config import PlacementPolicy
 
 _BLOCKS_ALL = {Refusal.TAINTED, Refusal.COUNTERS, Refusal.IN_USE, Refusal.PLACEMENT}
@@ -63,6 +63,7 @@ class Search:
         self.steps = 0
         self.scope: set[int] = set()
         self.refusals: set[Refusal] = set()
+        self.counters_extra: dict[CounterKey, Amount] = {}  # tentatively taken shared counters
 
     # --- per-device checks ------------------------------------------------------------------------
 
@@ -87,6 +88,8 @@ class Search:
         u = self.usage
         if isinstance(cons, str) or u.whole[index]:
             return None
+        if d.counters and self._newly_used(index) and u.counters_short(index, self.counters_extra):
+            return None
         if not d.multi:
             return () if (not u.holders[index] and index not in self.taken) else None
         used = u.used[index]
@@ -96,6 +99,14 @@ class Search:
             if total > spec.value:
                 return None
         return cons
+
+    def _newly_used(self, index: int) -> bool:
+        """Whether taking the device now would take its counters (they are taken once per device)."""
+        return not self.usage.holders[index] and index not in self.taken and index not in self.extra
+
+    def _take_counters(self, index: int, sign: int) -> None:
+        for key, amount in self.devices[index].counters:
+            self.counters_extra[key] = self.counters_extra.get(key, 0) + sign * amount
 
     def device_score(self, index: int, cons: tuple[Amount, ...] | None) -> tuple[Any, ...]:
         """Affinity first, then the policy, counting this search's tentative picks."""
@@ -321,6 +332,7 @@ class Search:
         if cons is None:
             return False
         d = self.devices[index]
+        takes_counters = bool(d.counters) and self._newly_used(index)
         added = 0
         for c in self.constraints:
             if not c.add(alt, d):
@@ -328,6 +340,8 @@ class Search:
                     done.remove(alt)
                 return False
             added += 1
+        if takes_counters:
+            self._take_counters(index, +1)
         if d.multi:
             prev = self.extra.get(index)
             self.extra[index] = (
@@ -345,12 +359,16 @@ class Search:
             c.remove(pick.alt)
         if pick.consumed is None:
             self.taken.discard(pick.index)
+            if self.devices[pick.index].counters and not self.usage.holders[pick.index]:
+                self._take_counters(pick.index, -1)
             return
         rest = tuple(a - b for a, b in zip(self.extra[pick.index], pick.consumed, strict=True))
         if any(p.index == pick.index for p in self.picks):
             self.extra[pick.index] = rest
         else:
             del self.extra[pick.index]
+            if self.devices[pick.index].counters and not self.usage.holders[pick.index]:
+                self._take_counters(pick.index, -1)
 
     # --- why not ----------------------------------------------------------------------------------
 
@@ -456,6 +474,9 @@ class Search:
         u = self.usage
         if u.whole[index] or (not d.multi and u.holders[index]):
             return (Refusal.IN_USE, "")
+        short_counters = u.counters_short(index) if d.counters and not u.holders[index] else ""
+        if short_counters:
+            return (Refusal.COUNTERS, short_counters)
         used = u.used[index]
         if d.multi and used is not None:
             short = [

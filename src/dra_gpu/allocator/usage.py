@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, amount
-from dra_gpu.allocator.pools import DeviceKey, Inventory
+from dra_gpu.allocator.pools import CounterKey, DeviceKey, Inventory
 
 UNLABELLED = None
 """The label value of a claim without the label; exclusion treats it as a value of its own."""
@@ -67,8 +67,19 @@ class Usage:
         self.holders: list[Counter[str]] = [Counter() for _ in range(n)]
         self.claims: dict[str, ClaimRecord] = {}
         self.label_devices: dict[tuple[str, str], Counter[int]] = {}
+        self.counters_used: dict[CounterKey, Amount] = {}
+        """Shared counters taken by allocated partitionable devices, across every slice of a pool."""
 
     # --- queries ----------------------------------------------------------------------------------
+
+    def counters_short(self, index: int, extra: Mapping[CounterKey, Amount] | None = None) -> str:
+        """Why the device's counters do not fit now ('' when they do): `set/counter needs n, m left`."""
+        for key, needed in self._inv.devices[index].counters:
+            used = self.counters_used.get(key, 0) + (extra.get(key, 0) if extra else 0)
+            total = self._inv.counters[key]
+            if used + needed > total:
+                return f'counter "{key[3]}" of set "{key[2]}": needs {needed}, {total - used} of {total} left'
+        return ""
 
     def idle(self, index: int) -> bool:
         return not self.holders[index]
@@ -121,6 +132,7 @@ class Usage:
             new = tuple(a + sign * b for a, b in zip(prev, hold.consumed, strict=True))
             self.used[index] = new if self.shares[index] > 0 else None
         holders = self.holders[index]
+        was_idle = not holders
         holders[uid] += sign
         if holders[uid] <= 0:
             del holders[uid]
@@ -129,5 +141,14 @@ class Usage:
             devices[index] += sign
             if devices[index] <= 0:
                 del devices[index]
+        device = self._inv.devices[index]
+        if device.counters and was_idle != (not holders):  # taken or given back: once per device
+            for key, amount in device.counters:
+                self.counters_used[key] = self.counters_used.get(key, 0) + sign * amount
         if self._listener is not None:
             self._listener(index)
+            if device.counters:  # every placement sharing these counters may fit or not now
+                for counter_set in {key[:3] for key, _ in device.counters}:
+                    for other in self._inv.counter_devices.get(counter_set, ()):
+                        if other != index:
+                            self._listener(other)
