@@ -117,7 +117,13 @@ def prepare_three(dirs: PluginDirs, api: FakeKube) -> list[dict]:
         add_claim(
             api,
             "ts",
-            [Alloc(device="gpu-1", share_id="a0000000-0000-4000-8000-000000000002")],
+            [
+                Alloc(
+                    device="gpu-1",
+                    share_id="a0000000-0000-4000-8000-000000000002",
+                    consumed={"memory": "1Gi", "cores": "10"},
+                )
+            ],
             [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Short"}))],
         ),
     ]
