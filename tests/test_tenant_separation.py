@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from plugin_harness import (
     Alloc,
@@ -56,7 +57,7 @@ def mps(name: str, api: FakeKube, device: str = "gpu-0", **mps_config: object) -
     )
 
 
-def prepare(dirs: PluginDirs, api: FakeKube, *claims: dict, **config: object) -> dict[str, object]:
+def prepare(dirs: PluginDirs, api: FakeKube, *claims: dict, **config: Any) -> dict[str, Any]:
     with running_plugin(dirs, api, **config):
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -74,7 +75,7 @@ def test_no_container_gets_the_mps_control_program(dirs: PluginDirs, api: FakeKu
     ]
     responses = prepare(dirs, api, *claims, driver_root=driver_root(tmp_path / "root"))
     for name, response in responses.items():
-        assert response.error == "", name  # type: ignore[attr-defined]
+        assert response.error == "", name
         container = resolve(dirs, cdi_ids(response))
         tools = sorted(m.container_path for m in container.mounts if m.container_path.startswith("/usr/bin/"))
         assert tools == ["/usr/bin/nvidia-smi"], name
@@ -86,7 +87,7 @@ def test_mps_claims_of_different_uids_never_share_a_gpus_daemon(dirs: PluginDirs
     same_uid = mps("uid-1000-too", api, runAsUser=1000)
     other_gpu = mps("uid-2000-gpu-1", api, device="gpu-1", runAsUser=2000)
     responses = prepare(dirs, api, first, other_uid, same_uid, other_gpu)
-    errors = {name: r.error for name, r in responses.items()}  # type: ignore[attr-defined]
+    errors = {name: r.error for name, r in responses.items()}
     assert errors["uid-1000"] == errors["uid-1000-too"] == errors["uid-2000-gpu-1"] == ""
     assert "serves MPS claim default/uid-1000 as UID 1000" in errors["uid-2000"]
     assert "sharing.mps.runAsUser 2000" in errors["uid-2000"]
@@ -95,7 +96,7 @@ def test_mps_claims_of_different_uids_never_share_a_gpus_daemon(dirs: PluginDirs
 
 def test_an_mps_claim_that_declares_no_uid_is_told_to(dirs: PluginDirs, api: FakeKube) -> None:
     claim = mps("anyone", api)
-    assert prepare(dirs, api, claim)["anyone"].error == ""  # type: ignore[attr-defined]
+    assert prepare(dirs, api, claim)["anyone"].error == ""
     messages = [
         e["message"]
         for e in api.objects("Event")
@@ -135,7 +136,7 @@ def test_a_time_sliced_claim_beside_a_limiter_claim_cannot_take_more_than_it_was
     limited, sliced = _limiter(api), _timesliced(api, {"memory": "1Gi", "cores": "50"})
     responses = prepare(dirs, api, limited, sliced)
     response = responses["sliced"]
-    assert response.error == ""  # type: ignore[attr-defined]
+    assert response.error == ""
     container = resolve(dirs, cdi_ids(response))
     assert CONTAINER_PRELOAD in [m.container_path for m in container.mounts], (
         "the library loads in every process"
@@ -165,7 +166,7 @@ def test_an_uncapped_time_sliced_claim_and_a_limiter_claim_never_share_a_gpu(dir
     """Without consumable capacity there is no amount to cap a time-sliced claim to."""
     api = FakeKube()
     limited, sliced = _limiter(api), _timesliced(api, None)
-    errors = {n: r.error for n, r in prepare(dirs, api, limited, sliced).items()}  # type: ignore[attr-defined]
+    errors = {n: r.error for n, r in prepare(dirs, api, limited, sliced).items()}
     assert errors["capped"] == ""
     assert (
         "hosts limiter claim default/capped; this time-sliced claim has no consumed memory"
@@ -176,7 +177,7 @@ def test_an_uncapped_time_sliced_claim_and_a_limiter_claim_never_share_a_gpu(dir
     try:
         api = FakeKube()
         sliced, limited = _timesliced(api, None), _limiter(api)
-        errors = {n: r.error for n, r in prepare(other, api, sliced, limited).items()}  # type: ignore[attr-defined]
+        errors = {n: r.error for n, r in prepare(other, api, sliced, limited).items()}
         assert errors["sliced"] == ""
         assert "hosts claim default/sliced, time-sliced without a memory cap" in errors["capped"]
     finally:
