@@ -112,20 +112,35 @@ def test_a_container_using_two_claims_sees_the_gpus_of_both(
     assert result.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
-def test_time_sliced_container_gets_its_gpu_and_nothing_of_the_limiter_or_mps(
-    podman: Podman, limiter_build: Limiter, dev_root: Path
+def test_time_sliced_container_is_capped_to_the_memory_it_was_charged_and_gets_nothing_of_mps(
+    podman: Podman, limiter_build: Limiter, dev_root: Path, driver_stand_in: list[Volume]
 ) -> None:
+    """Time-sliced and limiter claims share GPUs: uncapped, a time-sliced tenant could take them all."""
+    memory = "8Gi"
     with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
-        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": "8Gi", "cores": "10"})]
-        _, ids = node.prepare(
+        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": memory, "cores": "10"})]
+        claim, ids = node.prepare(
             "time-sliced", allocs, gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})
         )
-        result = podman.run(LOOK, devices=ids).check()
+        gpu = node.gpus["gpu-0"]
+        cap = to_int(parse_quantity(memory))
+        inside = container_claim_dir(claim["metadata"]["uid"])
+        result = podman.run(
+            LOOK + "; " + sections(limits=f"cat {inside}/limits", probe="limiter-probe info"),
+            devices=ids,
+            volumes=driver_stand_in,
+            env={"FAKE_CUDA_MEMORY_BYTES": str(4 * cap), "CUDA_VISIBLE_DEVICES": gpu.uuid},
+        ).check()
         node.unprepare_all()
 
-    assert gpu_nodes(result) == [f"nvidia{node.gpus['gpu-0'].minor}"]
-    assert result.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
-    _assert_no_limiter_or_mps(result)
+    assert gpu_nodes(result) == [f"nvidia{gpu.minor}"]
+    env = result.env()
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert not any(k.startswith(ENFORCEMENT_ENV) for k in env)
+    assert CONTAINER_PIPE_DIR not in _mount_points(result)
+    # A memory budget of what the scheduler charged, no compute cap; every process loads the library.
+    assert result.section("limits")[-1] == f"device={gpu.uuid} memory={cap} cores=100"
+    assert result.section("probe") == [f"total={cap} free={cap}", f"device_total={cap}"]
 
 
 def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
