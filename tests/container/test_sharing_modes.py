@@ -16,6 +16,7 @@ from container_node import Limiter, Node, make_device_nodes, plugin_node
 from container_support import Podman, Result, Volume, mount_options, sections
 from plugin_harness import Alloc, gpu_config
 
+from dra_gpu.monitor.region import REGION_FILE
 from dra_gpu.plugin.sharing.limiter import (
     CONTAINER_CLAIMS_ROOT,
     CONTAINER_LIBRARY,
@@ -202,7 +203,7 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
         + sections(
             library=f"sha256sum {CONTAINER_LIBRARY}",
             write_library=f"touch {CONTAINER_LIBRARY} 2>&1 && echo writable",
-            write_state=f"echo {token} > {state_dir}/{token} && echo ok",
+            write_state=f"echo {token} > {state_dir}/{token} 2>/dev/null && echo ok || echo refused",
             limits=f"cat {inside}/limits",
             preload=f"cat {CONTAINER_PRELOAD}",
             probe="limiter-probe info",
@@ -231,9 +232,11 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
     assert result.section("library") == [f"{digest}  {CONTAINER_LIBRARY}"]
     assert "ro" in mount_options(result.section("mounts"), CONTAINER_LIBRARY)
     assert "Read-only file system" in "\n".join(result.section("write_library"))
-    # The claim's state directory, writable, the same directory for every pod of the claim.
-    assert "rw" in mount_options(result.section("mounts"), state_dir)
-    assert result.section("write_state") == ["ok"]
-    assert (node.claim_dir(claim) / "limiter" / token).read_text().strip() == token
+    # The claim's state directory is read-only (no tenant can delete or replace the accounting region);
+    # the region the agent made in it is the one writable file, the same for every pod of the claim.
+    assert "ro" in mount_options(result.section("mounts"), state_dir)
+    assert "rw" in mount_options(result.section("mounts"), f"{state_dir}/{REGION_FILE}")
+    assert result.section("write_state") == ["refused"]
+    assert not (node.claim_dir(claim) / "limiter" / token).exists()
     # Preloaded for real: a CUDA program sees the claim's memory, not the GPU's.
     assert result.section("probe") == [f"total={cap} free={cap}", f"device_total={cap}"]
