@@ -13,7 +13,9 @@
  * holding an open-file-description (OFD) write lock on byte 1 + slot of the file. The kernel drops the
  * lock when the process dies, however it dies (SIGKILL included); the next process that locks the slot
  * (to claim it, or in a sweep before refusing an allocation) returns the dead owner's bytes to the
- * device totals. Creation and the device table are serialised by an OFD lock on byte 0.
+ * device totals - once the owner is gone by PID and start time too, which a process can tell only in its own
+ * PID namespace; the node agent, which sees every process, marks the slots of others SLOT_GONE. Creation and
+ * the device table are serialised by an OFD lock on byte 0.
  *
  * Counters are lock-free atomics in the shared mapping: admission is a compare-and-swap on the device
  * total against the limit, so concurrent allocations of several processes never overshoot the limit.

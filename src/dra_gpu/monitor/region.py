@@ -5,7 +5,9 @@ beside it), the export table (memory processes of the claim share, charged once)
 in use. A slot counts only while its owner holds the slot's open-file-description lock (asked with
 F_OFD_GETLK, which takes no lock), and an export entry only while one of its holders' slots does: the
 bytes of a process that died stay in the totals until the next limited process of the claim sweeps
-them, but not in what the agent reports. A file of another layout (magic, version or sizes differ) is skipped, never
+them, but not in what the agent reports. The agent writes one thing: a slot whose process is gone from the
+node (the library can tell only in its own PID namespace) is marked SLOT_GONE (`unlocked_slots`,
+`hand_back`), and the library's next sweep refunds it. A file of another layout (magic, version or sizes differ) is skipped, never
 reinterpreted. Keep this module in step with region.c; a test builds a region with the real library
 and reads it back here, so drift fails there.
 """
