@@ -56,6 +56,7 @@ def _exported(tmp_path: Path) -> set[str]:
     monitor.watchdog.active = [violation]
     monitor.watchdog.violations_total[("ns", "c", "p", "GPU-1", "MemoryOverLimit")] = 1
     monitor.watchdog.terminated_total[("ns", "c", "p", "GPU-1", "MemoryOverLimit")] = 1
+    monitor.slots_reclaimed[("ns", "c")] = 1
     registry = CollectorRegistry()
     registry.register(MonitorCollector(monitor))
     text = generate_latest(registry).decode()

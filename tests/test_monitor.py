@@ -333,3 +333,15 @@ def test_fake_per_process_calls_have_the_bindings_names_and_fields() -> None:
         assert sorted(vars(proc)) == sorted(real_process)
     finally:
         fake_pynvml.install(None)
+
+
+def test_the_context_allowance_and_grace_period_are_the_agents_settings(dirs: PluginDirs) -> None:
+    """`--watchdog-context-allowance` and `--watchdog-grace-period` reach the monitor and the watchdog."""
+    from plugin_harness import running_plugin
+
+    with running_plugin(dirs, FakeKube(), watchdog_context_allowance=3 * GiB, watchdog_grace_s=2.5) as plugin:
+        assert plugin.monitor.context_allowance == 3 * GiB
+        assert plugin.monitor.watchdog.grace_s == 2.5
+    with running_plugin(dirs, FakeKube()) as plugin:
+        assert plugin.monitor.context_allowance == 2 * GiB, "the default: above a PyTorch process's context"
+        assert plugin.monitor.watchdog.grace_s == 10.0

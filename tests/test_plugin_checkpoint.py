@@ -117,7 +117,13 @@ def prepare_three(dirs: PluginDirs, api: FakeKube) -> list[dict]:
         add_claim(
             api,
             "ts",
-            [Alloc(device="gpu-1", share_id="a0000000-0000-4000-8000-000000000002")],
+            [
+                Alloc(
+                    device="gpu-1",
+                    share_id="a0000000-0000-4000-8000-000000000002",
+                    consumed={"memory": "1Gi", "cores": "10"},
+                )
+            ],
             [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Short"}))],
         ),
     ]
@@ -189,16 +195,16 @@ class BrokenList(FakeKube):
 
 def test_without_the_api_the_rebuild_removes_nothing_and_unprepare_cleans_up(dirs: PluginDirs) -> None:
     api = FakeKube()
-    _, lim, _ = prepare_three(dirs, api)
+    _, lim, ts = prepare_three(dirs, api)
     (dirs.state_dir / "checkpoint.json").write_text("corrupt")
     broken = BrokenList()
     with running_plugin(dirs, broken):
-        assert len(dirs.spec_files()) == 3 and dirs.claim_dirs() == [uid_of(lim)]
+        assert len(dirs.spec_files()) == 3 and dirs.claim_dirs() == sorted([uid_of(lim), uid_of(ts)])
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
         assert kubelet.unprepare(lim) == {uid_of(lim): ""}
         kubelet.close()
-        assert len(dirs.spec_files()) == 2 and dirs.claim_dirs() == []
+        assert len(dirs.spec_files()) == 2 and dirs.claim_dirs() == [uid_of(ts)]
 
 
 def test_after_a_reboot_a_repeated_prepare_rewrites_specs_and_settings(dirs: PluginDirs) -> None:
@@ -260,7 +266,7 @@ def test_records_from_before_a_reboot_whose_claims_are_gone_are_collected(dirs: 
 
 def test_files_of_a_lost_write_are_removed_at_start(dirs: PluginDirs) -> None:
     api = FakeKube()
-    _, lim, _ = prepare_three(dirs, api)
+    _, lim, ts = prepare_three(dirs, api)
     lost = "6b9a3c1e-0000-4000-8000-00000000beef"
     (dirs.cdi_dir / f"gpu.dra-gpu.io-claim_{lost}.json").write_text(
         (dirs.cdi_dir / f"gpu.dra-gpu.io-claim_{uid_of(lim)}.json").read_text()
@@ -268,7 +274,7 @@ def test_files_of_a_lost_write_are_removed_at_start(dirs: PluginDirs) -> None:
     (dirs.state_dir / "claims" / lost / "limiter").mkdir(parents=True)
     with running_plugin(dirs, api):
         assert lost not in "".join(dirs.spec_files()) and lost not in dirs.claim_dirs()
-        assert len(dirs.spec_files()) == 3 and dirs.claim_dirs() == [uid_of(lim)]
+        assert len(dirs.spec_files()) == 3 and dirs.claim_dirs() == sorted([uid_of(lim), uid_of(ts)])
 
 
 def test_a_rebuild_without_the_api_is_finished_once_the_api_answers(dirs: PluginDirs) -> None:

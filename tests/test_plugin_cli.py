@@ -65,6 +65,8 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
         "--kubeconfig",
         "--http-address",
         "--publish-slices",
+        "--watchdog-context-allowance",
+        "--watchdog-grace-period",
     ):
         assert flag in text
         assert "DRA_GPU_" + flag[2:].upper().replace("-", "_") in text.replace("\n", " ").replace("  ", " ")
@@ -82,6 +84,18 @@ def test_bad_flags_are_named(dirs: PluginDirs, tmp_path: Path) -> None:
     bad_shm = run_cli("--node-name", "n", "--mps-shm-size", "lots", env=env)
     assert bad_shm.returncode == 2
     assert "--mps-shm-size 'lots' must be a quantity of at least 64Mi (e.g. 1Gi)" in bad_shm.stderr
+    bad_allowance = run_cli("--node-name", "n", "--watchdog-context-allowance=-1Gi", env=env)
+    assert bad_allowance.returncode == 2
+    assert (
+        "--watchdog-context-allowance '-1Gi' must be a quantity of 0 or more (e.g. 2Gi)"
+        in bad_allowance.stderr
+    )
+    bad_grace = run_cli("--node-name", "n", "--watchdog-grace-period=-5", env=env)
+    assert bad_grace.returncode == 2
+    assert "--watchdog-grace-period must be 0 or a positive number of seconds" in bad_grace.stderr
+    bad_grace_env = run_cli("--node-name", "n", env={**env, "DRA_GPU_WATCHDOG_GRACE_PERIOD": "soon"})
+    assert bad_grace_env.returncode == 2
+    assert "DRA_GPU_WATCHDOG_GRACE_PERIOD='soon' is invalid: expected a number" in bad_grace_env.stderr
     no_root = run_cli("--node-name", "n", "--driver-root", str(tmp_path / "nowhere"), env=env)
     assert (
         no_root.returncode == 2

@@ -116,10 +116,11 @@ def assert_prepared(cluster: Cluster, answers: dict[str, Any]) -> None:
     assert state["computeMode"] == {GPU0: "EXCLUSIVE_PROCESS"}
     assert set(state["mps"]) == {GPU0}
     assert state["timeslice"] == {"1": 2}
-    # The limiter's claim and the MPS claim (its memory budget is pooled by the limiter) have state.
-    mps, lim = uid_of(cluster.claims[0]), uid_of(cluster.claims[1])
-    assert dirs.claim_dirs() == sorted([mps, lim])
-    assert all((dirs.state_dir / "claims" / uid / "limiter").is_dir() for uid in (mps, lim))
+    # Every claim has a limiter budget: the limiter's, the MPS claim's pooled memory, and the
+    # time-sliced claim's cap beside the limiter claim.
+    uids = [uid_of(c) for c in cluster.claims]
+    assert dirs.claim_dirs() == sorted(uids)
+    assert all((dirs.state_dir / "claims" / uid / "limiter").is_dir() for uid in uids)
 
 
 def assert_clean(dirs: PluginDirs) -> None:

@@ -79,6 +79,7 @@ def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader
             libs=f"ls {DRIVER_LIB_DIR}",
             dev=f"readlink {DRIVER_LIB_DIR}/libcuda.so",
             smi="nvidia-smi",
+            mps_control="ls /usr/bin/nvidia-cuda-mps-control 2>/dev/null || echo absent",
             probe="limiter-probe info",
         )
         result = podman.run(look, devices=ids, volumes=probe, env=env).check()
@@ -104,6 +105,8 @@ def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader
     ]
     assert result.section("dev") == ["libcuda.so.1"]
     assert result.section("smi") == ["nvidia-smi stand-in"]
+    # The MPS control program is the agent's: with it, a tenant could `quit` a GPU's MPS daemon.
+    assert result.section("mps_control") == ["absent"]
     assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY}"
 
 

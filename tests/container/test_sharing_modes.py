@@ -16,6 +16,7 @@ from container_node import Limiter, Node, make_device_nodes, plugin_node
 from container_support import Podman, Result, Volume, mount_options, sections
 from plugin_harness import Alloc, gpu_config
 
+from dra_gpu.monitor.region import REGION_FILE
 from dra_gpu.plugin.sharing.limiter import (
     CONTAINER_CLAIMS_ROOT,
     CONTAINER_LIBRARY,
@@ -112,20 +113,35 @@ def test_a_container_using_two_claims_sees_the_gpus_of_both(
     assert result.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
-def test_time_sliced_container_gets_its_gpu_and_nothing_of_the_limiter_or_mps(
-    podman: Podman, limiter_build: Limiter, dev_root: Path
+def test_time_sliced_container_is_capped_to_the_memory_it_was_charged_and_gets_nothing_of_mps(
+    podman: Podman, limiter_build: Limiter, dev_root: Path, driver_stand_in: list[Volume]
 ) -> None:
+    """Time-sliced and limiter claims share GPUs: uncapped, a time-sliced tenant could take them all."""
+    memory = "8Gi"
     with plugin_node(limiter_build, podman.cdi_dir, dev_root=dev_root) as node:
-        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": "8Gi", "cores": "10"})]
-        _, ids = node.prepare(
+        allocs = [Alloc(device="gpu-0", share_id=SHARE_ID + "01", consumed={"memory": memory, "cores": "10"})]
+        claim, ids = node.prepare(
             "time-sliced", allocs, gpu_config("TimeSlicing", timeSlicing={"interval": "Long"})
         )
-        result = podman.run(LOOK, devices=ids).check()
+        gpu = node.gpus["gpu-0"]
+        cap = to_int(parse_quantity(memory))
+        inside = container_claim_dir(claim["metadata"]["uid"])
+        result = podman.run(
+            LOOK + "; " + sections(limits=f"cat {inside}/limits", probe="limiter-probe info"),
+            devices=ids,
+            volumes=driver_stand_in,
+            env={"FAKE_CUDA_MEMORY_BYTES": str(4 * cap), "CUDA_VISIBLE_DEVICES": gpu.uuid},
+        ).check()
         node.unprepare_all()
 
-    assert gpu_nodes(result) == [f"nvidia{node.gpus['gpu-0'].minor}"]
-    assert result.env()["NVIDIA_VISIBLE_DEVICES"] == "void"
-    _assert_no_limiter_or_mps(result)
+    assert gpu_nodes(result) == [f"nvidia{gpu.minor}"]
+    env = result.env()
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert not any(k.startswith(ENFORCEMENT_ENV) for k in env)
+    assert CONTAINER_PIPE_DIR not in _mount_points(result)
+    # A memory budget of what the scheduler charged, no compute cap; every process loads the library.
+    assert result.section("limits")[-1] == f"device={gpu.uuid} memory={cap} cores=100"
+    assert result.section("probe") == [f"total={cap} free={cap}", f"device_total={cap}"]
 
 
 def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
@@ -187,7 +203,7 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
         + sections(
             library=f"sha256sum {CONTAINER_LIBRARY}",
             write_library=f"touch {CONTAINER_LIBRARY} 2>&1 && echo writable",
-            write_state=f"echo {token} > {state_dir}/{token} && echo ok",
+            write_state=f"echo {token} > {state_dir}/{token} 2>/dev/null && echo ok || echo refused",
             limits=f"cat {inside}/limits",
             preload=f"cat {CONTAINER_PRELOAD}",
             probe="limiter-probe info",
@@ -216,9 +232,11 @@ def test_limiter_is_mounted_read_only_preloaded_and_limited_to_the_claims_capaci
     assert result.section("library") == [f"{digest}  {CONTAINER_LIBRARY}"]
     assert "ro" in mount_options(result.section("mounts"), CONTAINER_LIBRARY)
     assert "Read-only file system" in "\n".join(result.section("write_library"))
-    # The claim's state directory, writable, the same directory for every pod of the claim.
-    assert "rw" in mount_options(result.section("mounts"), state_dir)
-    assert result.section("write_state") == ["ok"]
-    assert (node.claim_dir(claim) / "limiter" / token).read_text().strip() == token
+    # The claim's state directory is read-only (no tenant can delete or replace the accounting region);
+    # the region the agent made in it is the one writable file, the same for every pod of the claim.
+    assert "ro" in mount_options(result.section("mounts"), state_dir)
+    assert "rw" in mount_options(result.section("mounts"), f"{state_dir}/{REGION_FILE}")
+    assert result.section("write_state") == ["refused"]
+    assert not (node.claim_dir(claim) / "limiter" / token).exists()
     # Preloaded for real: a CUDA program sees the claim's memory, not the GPU's.
     assert result.section("probe") == [f"total={cap} free={cap}", f"device_total={cap}"]

@@ -13,7 +13,9 @@
  * holding an open-file-description (OFD) write lock on byte 1 + slot of the file. The kernel drops the
  * lock when the process dies, however it dies (SIGKILL included); the next process that locks the slot
  * (to claim it, or in a sweep before refusing an allocation) returns the dead owner's bytes to the
- * device totals. Creation and the device table are serialised by an OFD lock on byte 0.
+ * device totals - once the owner is gone by PID and start time too, which a process can tell only in its own
+ * PID namespace; the node agent, which sees every process, marks the slots of others SLOT_GONE. Creation and
+ * the device table are serialised by an OFD lock on byte 0.
  *
  * Counters are lock-free atomics in the shared mapping: admission is a compare-and-swap on the device
  * total against the limit, so concurrent allocations of several processes never overshoot the limit.
@@ -107,6 +109,10 @@ struct region_header {
     struct region_dev devs[DL_MAX_DEVICES];
     struct region_stats stats[DL_MAX_DEVICES];
 };
+
+/* in_use: 0 free, 1 owned by the process it names, SLOT_GONE: that process is gone as the node agent found it
+ * (src/dra_gpu/monitor/region.py): the next sweep or claim gives its bytes back. */
+#define SLOT_GONE 2u
 
 struct region_slot {
     _Alignas(64) _Atomic uint32_t in_use;
@@ -298,8 +304,11 @@ static void mark_bad(struct region *g, const char *why) {
 /* Whether a slot whose lock is free may be given back: its process is gone, by PID and start time. An unlocked
  * lock alone proves nothing (a process can unlock its own slot through the library's descriptor), and a
  * process of another PID namespace cannot be looked up from here: its slot stays charged until a process of
- * its namespace sweeps it. A slot never used names no process and is free. */
+ * its namespace sweeps it, or until the node agent, which sees every process of the node, finds it gone and
+ * marks the slot SLOT_GONE (under the slot's lock, as a sweep holds it). A slot never used names no process
+ * and is free. */
 static bool owner_gone(const struct region_slot *s) {
+    if (atomic_load(&s->in_use) == SLOT_GONE) return true;
     int32_t pid = s->pid;
     uint64_t ns = s->pidns, start = s->start, now = 0;
     if (pid == 0 && ns == 0 && start == 0) return !atomic_load(&s->in_use);

@@ -8,7 +8,9 @@
  *   3. four processes allocating concurrently get exactly 1 GiB between them;
  *   4. holders in two separate PID namespaces (both are PID 1 there) are told apart and both counted,
  *      and once killed, their memory stays charged as seen from another PID namespace, where their death
- *      cannot be proven (skipped where user namespaces are unavailable).
+ *      cannot be proven - until the node agent, which sees every process, marks the slot gone (done here
+ *      as src/dra_gpu/monitor/region.py does it): then it comes back, and only the dead holder's
+ *      (skipped where user namespaces are unavailable).
  *
  * usage: t_multiproc <build dir>
  */
@@ -93,6 +95,41 @@ static unsigned long long free_now(void) {
     return field(p.buf, "free=");
 }
 
+/* Offsets in the region file (src/region.c, mirrored by src/dra_gpu/monitor/region.py). */
+#define SLOTS_AT (4096 + 128 * 256)
+#define SLOT_BYTES 192
+#define SLOT_GONE 2u
+
+static int slot_lock(int fd, int slot, short type, int cmd) {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = 1 + slot, .l_len = 1};
+    if (fcntl(fd, cmd, &fl) != 0) return -1;
+    return cmd == F_OFD_GETLK ? fl.l_type : 0;
+}
+
+/* What the node agent does for a process it found gone from the node: every slot in use whose lock no
+ * process holds is taken (without waiting), marked SLOT_GONE and let go. Only the dead holder's qualifies
+ * here: the live one holds its lock. Returns how many were marked. */
+static int mark_unlocked_slots_gone(void) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/dragpu-limiter.region", getenv("DRAGPU_LIMITER_STATE_DIR"));
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0, "%s: %s", path, strerror(errno));
+    int marked = 0;
+    for (int i = 0; i < 1024; i++) {
+        uint32_t in_use = 0;
+        off_t at = SLOTS_AT + (off_t)i * SLOT_BYTES;
+        CHECK(pread(fd, &in_use, sizeof in_use, at) == (ssize_t)sizeof in_use, "pread");
+        if (in_use != 1 || slot_lock(fd, i, F_WRLCK, F_OFD_GETLK) != F_UNLCK) continue;
+        if (slot_lock(fd, i, F_WRLCK, F_OFD_SETLK) != 0) continue;
+        in_use = SLOT_GONE;
+        CHECK(pwrite(fd, &in_use, sizeof in_use, at) == (ssize_t)sizeof in_use, "pwrite");
+        slot_lock(fd, i, F_UNLCK, F_OFD_SETLK);
+        marked++;
+    }
+    close(fd);
+    return marked;
+}
+
 static int have_user_pid_namespaces(void) {
     pid_t pid = fork();
     if (pid == 0) {
@@ -158,6 +195,9 @@ int main(int argc, char **argv) {
      * killed holder held stays charged here (the claim gets less than its limit, never more). */
     finish(&ns[0], 1);
     CHECK_EQ_U64(free_now(), 512 * MiB);
+    /* The agent finds it gone: the next sweep gives its memory back; the live holder's stays charged. */
+    CHECK(mark_unlocked_slots_gone() >= 1, "no unlocked slot of the dead holder");
+    CHECK_EQ_U64(free_now(), 768 * MiB);
     finish(&ns[1], 1);
     printf("t_multiproc: ok\n");
     return 0;

@@ -78,6 +78,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--watchdog-context-allowance",
+        default="2Gi",
+        help="GPU memory NVML may count per process beyond what the limiter charged (its CUDA context) before "
+        "the watchdog reports MemoryOverLimit or AccountingMismatch (a quantity, e.g. 2Gi)",
+    )
+    add_flag(
+        parser,
+        "--watchdog-grace-period",
+        default=10.0,
+        type=float,
+        help="seconds between the watchdog's SIGTERM and its SIGKILL of a process it terminates (policy "
+        "Terminate); the SIGKILL comes at the first sampling after it",
+    )
+    add_flag(
+        parser,
         "--proc-root",
         default="/proc",
         type=Path,
@@ -136,6 +151,20 @@ def run(args: argparse.Namespace) -> int:
         print("error: --monitor-interval must be 0 (off) or a positive number of seconds", file=sys.stderr)
         return 2
     try:
+        context_allowance = to_int(parse_quantity(args.watchdog_context_allowance))
+    except (ValueError, ArithmeticError):
+        context_allowance = -1
+    if context_allowance < 0:
+        print(
+            f"error: --watchdog-context-allowance {args.watchdog_context_allowance!r} must be a quantity of 0 "
+            "or more (e.g. 2Gi)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.watchdog_grace_period >= 0 or args.watchdog_grace_period == float("inf"):
+        print("error: --watchdog-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
         sharing = NodeSharing.parse(args.sharing)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -189,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         dev_root=args.dev_root,
         http_address=args.http_address or None,
         monitor_interval_s=args.monitor_interval,
+        watchdog_context_allowance=context_allowance,
+        watchdog_grace_s=args.watchdog_grace_period,
         proc_root=args.proc_root,
         driver_root=args.driver_root,
         driver_root_host_path=args.driver_root_host_path,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -35,10 +35,17 @@ class TimeSlicingConfig(Strict):
 
 
 class MpsConfig(Strict):
-    """Defaults for MPS clients when the claim's allocation carries no consumed capacity."""
+    """Defaults for MPS clients when the claim's allocation carries no consumed capacity, and the UID
+    the claim's pods run as.
+
+    `runAsUser`: the GPU's MPS control daemon serves one UID at a time (one server per UID), so
+    claims whose pods run as different UIDs would queue behind each other; the node refuses a claim
+    declaring a UID other than the one the GPU's MPS claims declared.
+    """
 
     defaultActiveThreadPercentage: Percent | None = None
     defaultPinnedDeviceMemoryLimit: str | None = None
+    runAsUser: Annotated[int, Field(ge=0, le=4294967294)] | None = None
 
     @field_validator("defaultPinnedDeviceMemoryLimit", mode="before")
     @classmethod
@@ -147,7 +154,7 @@ _FIELDS_HINT = {
     (): "apiVersion, kind, sharing, placement, watchdog",
     ("sharing",): "strategy, timeSlicing, mps, limiter",
     ("sharing", "timeSlicing"): "interval",
-    ("sharing", "mps"): "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit",
+    ("sharing", "mps"): "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, runAsUser",
     ("sharing", "limiter"): "memory, memoryLimit, cores",
     ("placement",): "policy, affinityLabel, antiAffinityLabel, exclusionLabel",
     ("watchdog",): "policy",

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from dra_gpu.monitor.region import SlotOwner
 
 _POD = re.compile(
     r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
@@ -45,6 +48,31 @@ def parse_cgroup(text: str) -> PodRef | None:
         container = _CONTAINER.match(leaf)
         return PodRef(uid, container.group(1) if container else "")
     return None
+
+
+@dataclass
+class ProcessIndex:
+    """Every process of the node as a limiter slot names it: (PID namespace inode, PID there, start time).
+
+    Built from the host's /proc in one scan. What could not be read of a process that still exists makes
+    the index unsure, never sure that a process is gone: `alive` answers None for any owner such a process
+    might be (the same start time, or any owner when not even that was read)."""
+
+    processes: set[tuple[int, int, int]] = field(default_factory=set)
+    unsure_starts: set[int] = field(default_factory=set)
+    blind: bool = False
+    """A process of which nothing could be read, or the scan ran out of time."""
+
+    def alive(self, owner: SlotOwner) -> bool | None:
+        if (owner.pidns, owner.pid, owner.start) in self.processes:
+            return True
+        if self.blind or owner.start in self.unsure_starts:
+            return None
+        return False
+
+
+SCAN_BUDGET_S = 2.0
+"""At most this long for one scan of /proc; an unfinished scan is unsure of everything."""
 
 
 class ProcReader:
@@ -85,3 +113,54 @@ class ProcReader:
         except OSError:
             return None
         return False
+
+    def process_index(self, budget_s: float = SCAN_BUDGET_S) -> ProcessIndex:
+        """Every process under the proc root: its PID namespace (the inode of `ns/pid`), its PID in that
+        namespace (the last of `status`'s NSpid) and its start time (`stat` field 22)."""
+        index = ProcessIndex()
+        deadline = time.monotonic() + budget_s
+        try:
+            entries = [e.name for e in os.scandir(self.root) if e.name.isdigit()]
+        except OSError:
+            index.blind = True
+            return index
+        for name in entries:
+            if time.monotonic() > deadline:
+                index.blind = True
+                break
+            base = f"{self._prefix}{name}"
+            start = self.start_time(int(name))
+            try:
+                with open(f"{base}/status", "rb") as f:
+                    status = f.read(65536)
+                ns_pid, zombie = _nspid(status)
+                if zombie:
+                    continue  # it has exited: its files, and its slot's lock, are closed
+                pidns = os.stat(f"{base}/ns/pid").st_ino
+            except (OSError, ValueError):
+                if os.path.lexists(base):  # still there, but unreadable
+                    if start is None:
+                        index.blind = True
+                    else:
+                        index.unsure_starts.add(start)
+                continue  # else gone meanwhile
+            if start is None:
+                if os.path.lexists(base):
+                    index.blind = True
+                continue
+            index.processes.add((pidns, ns_pid, start))
+        return index
+
+
+def _nspid(status: bytes) -> tuple[int, bool]:
+    """The PID in the process's own namespace (the last of NSpid) and whether it is a zombie or dead."""
+    ns_pid: int | None = None
+    zombie = False
+    for line in status.splitlines():
+        if line.startswith(b"State:"):
+            zombie = line.split()[1:2] in ([b"Z"], [b"X"])
+        elif line.startswith(b"NSpid:"):
+            ns_pid = int(line.split()[-1])
+    if ns_pid is None:
+        raise ValueError("no NSpid")
+    return ns_pid, zombie

@@ -27,6 +27,8 @@ METRICS = {
     "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit.",
     "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML.",
     "dra_gpu_container_compute_busy_seconds_total": "GPU time one container of a claim kept the GPU busy.",
+    "dra_gpu_claim_slots_reclaimed_total": "Limiter region slots of the claim the agent handed back because "
+    "their process was gone (a process of another PID namespace, which the claim's own processes cannot see).",
     "dra_gpu_watchdog_violations_total": "Processes found escaping their claim's share, by reason.",
     "dra_gpu_watchdog_terminations_total": "Processes the watchdog terminated (policy Terminate).",
     "dra_gpu_watchdog_violating_processes": "Processes escaping their claim's share at the last sampling.",
@@ -98,7 +100,14 @@ class MonitorCollector(Collector):
             labels = [h.claim.namespace, h.claim.name, pod, container, gpu, h.sharing]
             c_used.add_metric(labels, cfig.memory_used)
             c_busy.add_metric(labels, cfig.busy_seconds)
-        yield from (used, limit, share, busy, throttled, refused, c_used, c_busy)
+        reclaimed = CounterMetricFamily(
+            _name("dra_gpu_claim_slots_reclaimed_total"),
+            m["dra_gpu_claim_slots_reclaimed_total"],
+            labels=["namespace", "claim"],
+        )
+        for (namespace, claim), count in list(self._monitor.slots_reclaimed.items()):
+            reclaimed.add_metric([namespace, claim], count)
+        yield from (used, limit, share, busy, throttled, refused, c_used, c_busy, reclaimed)
 
         wd = self._monitor.watchdog
         violations = CounterMetricFamily(

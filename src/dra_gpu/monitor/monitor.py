@@ -20,7 +20,7 @@ from dra_gpu.config import Strategy, WatchdogPolicy
 from dra_gpu.monitor.cgroup import PodRef, ProcReader
 from dra_gpu.monitor.nvml import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
-from dra_gpu.monitor.region import RegionDevice, read_region
+from dra_gpu.monitor.region import RegionDevice, hand_back, read_region, unlocked_slots
 from dra_gpu.monitor.watchdog import CONTEXT_ALLOWANCE, ClaimRef, Reason, Violation, Watchdog
 from dra_gpu.plugin.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, PreparedClaim
 from dra_gpu.plugin.sharing.usage_facts import CORES, MEMORY, WATCHDOG
@@ -119,6 +119,8 @@ class Monitor:
         self._limiter_cache: dict[tuple[int, PodRef], bool | None] = {}
         self._seen_as: dict[int, tuple[PodInfo, PodRef, int | None]] = {}
         """pid -> its pod, cgroup and start time as this sampling saw them."""
+        self.slots_reclaimed: dict[tuple[str, str], int] = {}
+        """(namespace, claim) -> slots of the claim's region handed back because their process was gone."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -253,6 +255,7 @@ class Monitor:
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
         self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
 
+        self._reclaim_slots(list(held.values()))
         for key, fig in snap.claims.items():
             h = fig.held
             region = self._region(h) if h.sharing == Strategy.LIMITER.value else None
@@ -286,6 +289,7 @@ class Monitor:
             cfig.busy_seconds = self._container_busy.get(ckey, 0.0)
         self._busy = {k: v for k, v in self._busy.items() if k in held}
         self._container_busy = {k: v for k, v in self._container_busy.items() if (k[0], k[3]) in held}
+        self.slots_reclaimed = {k: v for k, v in self.slots_reclaimed.items() if k in by_name}
         self.watchdog.retain({key: c.uid for key, c in by_name.items()})
         self.watchdog.handle(violations, live)
         self.snapshot = snap
@@ -313,6 +317,32 @@ class Monitor:
         if key not in self._limiter_cache:
             self._limiter_cache[key] = self._proc.has_limiter(pid)
         return self._limiter_cache[key]
+
+    def _reclaim_slots(self, held: list[Held]) -> None:
+        """Hands back the region slots of processes that are gone, in every limiter claim's region.
+
+        The library frees a slot only for a process it can prove dead, which it cannot from another PID
+        namespace: without this, every restarted pod or exited container of a claim shared by several pods
+        would leave its memory charged for the claim's lifetime. The agent sees every process of the node
+        (its proc root is the host's); /proc is scanned once per sampling, and only when a region has a
+        slot whose lock no process holds."""
+        claims = {h.claim.uid: h.claim for h in held if h.sharing == Strategy.LIMITER.value}
+        candidates = {uid: unlocked_slots(f"{self._claims_dir}/{uid}/limiter") for uid in claims}
+        if not any(candidates.values()):
+            return
+        index = self._proc.process_index()  # after the candidates were read: see `hand_back`
+        for uid, slots in candidates.items():
+            marked = hand_back(
+                f"{self._claims_dir}/{uid}/limiter", [s for s in slots if index.alive(s[1]) is False]
+            )
+            if marked:
+                claim = claims[uid]
+                key = (claim.namespace, claim.name)
+                self.slots_reclaimed[key] = self.slots_reclaimed.get(key, 0) + marked
+                log.info(
+                    "handed back the region slots of exited processes",
+                    extra={"claim": f"{claim.namespace}/{claim.name}", "slots": marked},
+                )
 
     def _region(self, h: Held) -> RegionDevice | None:
         devices = read_region(f"{self._claims_dir}/{h.claim.uid}/limiter")

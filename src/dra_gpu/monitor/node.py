@@ -41,17 +41,22 @@ def start_monitor(
     config: PluginConfig, api: KubeAPI, inventory: Inventory, registry: CollectorRegistry, nvml: Any = None
 ) -> Monitor:
     proc = ProcReader(config.proc_root)
+    watchdog = Watchdog(api, config.node_name, proc)
+    if config.watchdog_grace_s is not None:
+        watchdog.grace_s = config.watchdog_grace_s
     monitor = Monitor(
         # A store of its own: the preparer's is used under the node lock only.
         store=CheckpointStore(config.checkpoint_file),
         claims_dir=config.state_dir / "claims",
         gpus=lambda: [g.uuid for g in inventory.gpus()],
         pods=PodDirectory(api, config.node_name, min_refresh_s=config.monitor_interval_s),
-        watchdog=Watchdog(api, config.node_name, proc),
+        watchdog=watchdog,
         sampler=_sampler(inventory, nvml),
         proc=proc,
         interval_s=config.monitor_interval_s,
     )
+    if config.watchdog_context_allowance is not None:
+        monitor.context_allowance = config.watchdog_context_allowance
     collector = MonitorCollector(monitor)
     registry.register(collector)
     monitor.start()

@@ -5,7 +5,9 @@ beside it), the export table (memory processes of the claim share, charged once)
 in use. A slot counts only while its owner holds the slot's open-file-description lock (asked with
 F_OFD_GETLK, which takes no lock), and an export entry only while one of its holders' slots does: the
 bytes of a process that died stay in the totals until the next limited process of the claim sweeps
-them, but not in what the agent reports. A file of another layout (magic, version or sizes differ) is skipped, never
+them, but not in what the agent reports. The agent writes one thing: a slot whose process is gone from the
+node (the library can tell only in its own PID namespace) is marked SLOT_GONE (`unlocked_slots`,
+`hand_back`), and the library's next sweep refunds it. A file of another layout (magic, version or sizes differ) is skipped, never
 reinterpreted. Keep this module in step with region.c; a test builds a region with the real library
 and reads it back here, so drift fails there.
 """
@@ -47,6 +49,10 @@ _EXPORT = struct.Struct("=II8x8x8xq64x")
 _EXPORT_HOLDERS_AT = 104
 _EXPORT_HOLDERS = struct.Struct(f"={SLOT_COUNT // 64}Q")
 # struct region_slot: in_use u32, pid i32, pidns u64, start u64, used[16] i64
+_SLOT_OWNER = struct.Struct("=IiQQ")
+SLOT_OWNED = 1
+SLOT_GONE = 2
+"""`in_use` of a slot whose process the agent found gone: the library's next sweep gives its bytes back."""
 _SLOT_USED = struct.Struct(f"={DEVICE_COUNT}q")
 _SLOT_USED_AT = 24
 _SLOT_CHUNK = 32  # slots are claimed lowest first: read chunks until one has none in use
@@ -160,3 +166,109 @@ def read_region(state_dir: Path | str) -> list[RegionDevice] | None:
         os.close(fd)
     # Index i of the device table is device i of every slot; report what live processes hold.
     return [replace(d, used_bytes=min(d.used_bytes, live[d.index])) for d in devices]
+
+
+@dataclass(frozen=True)
+class SlotOwner:
+    """The process a slot names: its PID namespace's inode, its PID there and its start time (clock ticks)."""
+
+    pidns: int
+    pid: int
+    start: int
+
+
+def _slot_owner(raw: bytes) -> tuple[int, SlotOwner]:
+    in_use, pid, pidns, start = _SLOT_OWNER.unpack_from(raw)
+    return in_use, SlotOwner(pidns, pid, start)
+
+
+def _lock_slot(fd: int, slot: int, kind: int) -> bool:
+    """Takes (F_WRLCK) or drops (F_UNLCK) the slot's lock on this open file description; never waits."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, kind, os.SEEK_SET, 1 + slot, 1, 0))
+    except OSError:
+        return False
+    return True
+
+
+def _open_for_hand_back(state_dir: Path | str) -> int | None:
+    """The region open for writing when it is a regular file of this layout; never blocks."""
+    try:
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (
+            stat.S_ISREG(st.st_mode)
+            and st.st_size == REGION_BYTES
+            and parse_header(os.pread(fd, HEADER_BYTES, 0)) is not None
+        ):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def unlocked_slots(state_dir: Path | str) -> list[tuple[int, SlotOwner]]:
+    """The slots in use that no process holds the lock of, with the process each names: the candidates
+    for `hand_back`. A slot that names no process (its /proc was unreadable) can never be proven gone."""
+    fd = _open_for_hand_back(state_dir)
+    if fd is None:
+        return []
+    out: list[tuple[int, SlotOwner]] = []
+    try:
+        for first in range(0, SLOT_COUNT, _SLOT_CHUNK):
+            chunk = os.pread(fd, _SLOT_CHUNK * SLOT_BYTES, SLOTS_AT + first * SLOT_BYTES)
+            chunk = chunk[: len(chunk) - len(chunk) % SLOT_BYTES]
+            in_use = memoryview(chunk).cast("I")[:: SLOT_BYTES // 4]
+            busy = [i for i, flag in enumerate(in_use) if flag]
+            if not busy:
+                break
+            for i in busy:
+                state, owner = _slot_owner(chunk[i * SLOT_BYTES : i * SLOT_BYTES + _SLOT_OWNER.size])
+                named = owner.pid > 0 and owner.pidns and owner.start
+                if state == SLOT_OWNED and named and not _slot_alive(fd, first + i):
+                    out.append((first + i, owner))
+    except OSError:
+        return out
+    finally:
+        os.close(fd)
+    return out
+
+
+def hand_back(state_dir: Path | str, gone: list[tuple[int, SlotOwner]]) -> int:
+    """Marks SLOT_GONE each of these slots (from `unlocked_slots`) that still names the same process and
+    whose lock no process holds; returns how many it marked.
+
+    The library can tell a dead owner only in its own PID namespace, so a slot of a pod that restarted or of
+    a container that exited would stay charged for the claim's lifetime. The agent sees every process of the
+    node; the caller passes only slots whose process it found gone *after* `unlocked_slots` read them (a
+    process gone then stays gone). region.c's protocol: the slot's lock is taken without waiting, as a sweep
+    takes it, the owner read again under it, and only then is the slot marked. No counter is changed (they
+    are lock-free atomics the library updates): the claim's next process that sweeps - at its start, before
+    it refuses an allocation, when it reports free memory - gives the bytes back and frees the slot."""
+    if not gone:
+        return 0
+    fd = _open_for_hand_back(state_dir)
+    if fd is None:
+        return 0
+    marked = 0
+    try:
+        for slot, owner in gone:
+            if not _lock_slot(fd, slot, fcntl.F_WRLCK):
+                continue  # a process claims or sweeps it right now
+            try:
+                at = SLOTS_AT + slot * SLOT_BYTES
+                state, now = _slot_owner(os.pread(fd, _SLOT_OWNER.size, at))
+                if state == SLOT_OWNED and now == owner:
+                    os.pwrite(fd, struct.pack("=I", SLOT_GONE), at)
+                    marked += 1
+            finally:
+                _lock_slot(fd, slot, fcntl.F_UNLCK)
+    except OSError:
+        return marked
+    finally:
+        os.close(fd)
+    return marked

@@ -86,6 +86,10 @@ class PluginConfig:
     health_heartbeat_s: float = 10.0
     monitor_interval_s: float = 5.0
     """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
+    watchdog_context_allowance: int | None = None
+    """Bytes NVML may count per process beyond the limiter's charges; None: the watchdog's default."""
+    watchdog_grace_s: float | None = None
+    """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
     proc_root: Path = Path("/proc")
     """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
     driver_root: Path = Path("/")

@@ -79,7 +79,7 @@ static CUstream side;    /* a non-blocking stream that is never captured */
 static CUdeviceptr held; /* an allocation made before capture */
 static CUevent ev_side, ev_cap;
 
-enum { N_OPS = 22 };
+enum { N_OPS = 26 };
 static const char *op_names[N_OPS] = {
     "cuMemGetInfo",          "cuMemAlloc",           "cuMemFree",
     "cuCtxSynchronize",      "cuStreamQuery.capturing", "cuStreamQuery.legacy",
@@ -88,7 +88,8 @@ static const char *op_names[N_OPS] = {
     "cuMemPoolGetAttribute", "cuDeviceGetGraphMemAttribute", "cuMemPoolTrimTo",
     "cuDeviceGraphMemTrim",  "cuStreamGetCaptureInfo", "cuCtxPushPop",
     "cuMemAllocAsync.capturing", "cuMemcpyHtoD",    "cuPointerGetAttribute",
-    "cuEventSynchronize.side",
+    "cuEventSynchronize.side", "cuStreamGetDevice.capturing", "cuStreamGetCtx.capturing",
+    "cuStreamIsCapturing.capturing", "cuCtxGetDevice",
 };
 
 static CUresult run_op(int op, CUstream cap) {
@@ -145,6 +146,16 @@ static CUresult run_op(int op, CUstream cap) {
         return cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, held);
     }
     case 21: return cuEventSynchronize(ev_side);
+    case 22: {
+        CUdevice d;
+        return cuStreamGetDevice(cap, &d);
+    }
+    case 23: return cuStreamGetCtx(cap, &c);
+    case 24: return cuStreamIsCapturing(cap, &st);
+    case 25: {
+        CUdevice d;
+        return cuCtxGetDevice(&d);
+    }
     }
     return CUDA_ERROR_INVALID_VALUE;
 }

@@ -6,7 +6,7 @@ beside ours and add no nodes. Otherwise our spec lists the device nodes that exi
 runtime refuses the whole container for a node that does not exist, and simulated GPUs have none)
 and brings the driver's user-space files found under the node's driver root, of exactly the driver
 version NVML reports: ``libcuda``, NVML, the PTX JIT, the GPU compiler, NVVM, the debugger back
-end, ``nvidia-smi`` and the MPS programs. The libraries are mounted into ``DRIVER_LIB_DIR``,
+end and ``nvidia-smi``; never the MPS programs (``AGENT_ONLY_TOOLS``). The libraries are mounted into ``DRIVER_LIB_DIR``,
 which an ``/etc/ld.so.conf.d`` entry names and a ``createContainer`` hook adds to the container's
 loader cache (``driver_root.install_ldcache_hook``), so the loader finds them without
 ``LD_LIBRARY_PATH``.
@@ -43,6 +43,9 @@ DRIVER_LIB_DIR = "/usr/local/lib/dra-gpu/driver"
 DRIVER_BIN_DIR = "/usr/bin"
 LDCONFIG_ENTRY = "/etc/ld.so.conf.d/dra-gpu-driver.conf"
 HOOK_TIMEOUT_S = 30
+AGENT_ONLY_TOOLS = frozenset({"nvidia-cuda-mps-control", "nvidia-cuda-mps-server"})
+"""The agent runs these; a container never gets them. An MPS client needs only the pipe directory and
+libcuda, and a tenant with the control program could ``quit`` the daemon every MPS claim of the GPU uses."""
 
 
 class NvidiaCtkSpecs:
@@ -193,6 +196,8 @@ class DeviceAccess:
                 host_root / rel, f"{DRIVER_LIB_DIR}/{rel.name}", ["ro", "nosuid", "nodev", "bind"]
             )
         for rel in files.executables:
+            if rel.name in AGENT_ONLY_TOOLS:
+                continue
             edits.add_mount(
                 host_root / rel, f"{DRIVER_BIN_DIR}/{rel.name}", ["ro", "nosuid", "nodev", "bind"]
             )

@@ -52,6 +52,40 @@ def per_process_compute_notice(percentage: int) -> str:
     )
 
 
+USER_DETAIL = "mpsRunAsUser"
+"""The UID a MPS share declared (`sharing.mps.runAsUser`), kept so later claims on the GPU are checked."""
+
+
+def run_as_user(share: Share) -> int | None:
+    mps = share.config.sharing.mps
+    return mps.runAsUser if mps is not None else None
+
+
+def undeclared_user_notice() -> str:
+    return (
+        "sharing.mps.runAsUser is not set: the GPU's MPS control daemon serves one UID at a time, so "
+        "pods of MPS claims on this GPU that run as different UIDs wait for each other. Set runAsUser "
+        "to the UID the claim's pods run as, and the node refuses a claim that would wait"
+    )
+
+
+def user_conflict(share: Share, others: Sequence[Holder]) -> str | None:
+    """Why `share`'s declared UID cannot join the GPU's MPS daemon, or None."""
+    wanted = run_as_user(share)
+    if wanted is None:
+        return None
+    for other in others:
+        declared = other.record.detail.get(USER_DETAIL)
+        if other.record.strategy == Strategy.MPS.value and declared and declared != str(wanted):
+            return (
+                f"GPU {share.device} ({share.gpu.uuid}) serves MPS claim {other.claim} as UID {declared}; "
+                f"this claim sets sharing.mps.runAsUser {wanted}. The MPS control daemon runs one server "
+                f"per UID at a time, so the two claims' pods would wait for each other: run them as the "
+                f"same UID, or use another GPU"
+            )
+    return None
+
+
 def claim_limits(plan: Plan, gpu: GpuInfo, shares: list[Share], driver: str) -> tuple[int | None, int | None]:
     """The claim's MPS cores and memory on `gpu`; memory also goes into the claim's pooled budget."""
     cores = _sum([_cores(s, driver) for s in shares])
@@ -96,6 +130,9 @@ class Mps:
     def conflict(self, share: Share, others: Sequence[Holder]) -> str | None:
         shared = [o for o in others if o.record.strategy != Strategy.EXCLUSIVE.value]
         if share.strategy == Strategy.MPS:
+            problem = user_conflict(share, shared)
+            if problem is not None:
+                return problem
             other = next((o for o in shared if o.record.strategy != Strategy.MPS.value), None)
             if other is not None:
                 return (
@@ -114,6 +151,13 @@ class Mps:
         return None
 
     def contribute(self, plan: Plan, node: NodeContext) -> None:
+        # v2 and v3 alike: both start one server per UID (v3: `server create --uid`).
+        for share in plan.sharing(Strategy.MPS):
+            user = run_as_user(share)
+            if user is None:
+                plan.notice(undeclared_user_notice())
+            else:
+                plan.detail(share, USER_DETAIL, str(user))
         # GPUs with MPS v3 namespaces are served by mps_v3 (server-side limits).
         shares = [s for s in plan.sharing(Strategy.MPS) if not _served_by_v3(s)]
         if not shares:

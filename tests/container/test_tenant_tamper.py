@@ -1,0 +1,167 @@
+"""A tenant cannot reset or raise its claim's accounting from inside its own container.
+
+Each container is set up as the agent sets it up (the claim's CDI spec: the limits file, the state
+directory read-only, the region file a read-write mount of its own, `/etc/ld.so.preload`) and runs as a
+non-root UID, as a pod's `runAsUser` does:
+
+- deleting, truncating or replacing `dragpu-limiter.region` fails, or is noticed: the next process of
+  the claim refuses its allocations instead of starting a fresh account;
+- a forged limits file under the claims root (`000-forged/limits`, unlimited) cannot be written, and one
+  written by the container's root is ignored or fails closed: the limit is never raised.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from container_node import Node
+from container_support import Podman, Result, Volume, sections
+from plugin_harness import Alloc, gpu_config
+
+from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT
+from dra_gpu.quantity import parse_quantity, to_int
+
+pytestmark = pytest.mark.container
+
+MIB = 1024 * 1024
+OOM = "CUDA_ERROR_OUT_OF_MEMORY"
+TENANT = "1000:1000"
+REGION = "dragpu-limiter.region"
+
+
+def _allocated(lines: list[str]) -> tuple[int, str]:
+    for line in lines:
+        match = re.fullmatch(r"allocated=(\d+) last=(\S+)", line)
+        if match:
+            return int(match[1]), match[2]
+    raise AssertionError(f"no 'allocated=' line in the probe's output: {lines}")
+
+
+def _run_as(
+    podman: Podman,
+    user: str,
+    script: str,
+    ids: Sequence[str],
+    volumes: Sequence[Volume],
+    env: dict[str, str],
+) -> Result:
+    """`podman.run` with `--user`: the container's processes run as that UID:GID."""
+    argv = podman.argv(script, ids, volumes, env)
+    at = argv.index(podman.image)
+    argv[at:at] = ["--user", user]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    return Result(argv, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _prepare(
+    node: Node, name: str, share: str, memory: str
+) -> tuple[dict[str, Any], list[str], int, dict[str, str]]:
+    allocs = [
+        Alloc(
+            device="gpu-0",
+            share_id=f"7a6b5c4d-0000-4000-8000-0000000000{share}",
+            consumed={"memory": memory, "cores": "100"},
+        )
+    ]
+    claim, ids = node.prepare(name, allocs, gpu_config("Limiter"))
+    cap = to_int(parse_quantity(memory))
+    env = {"FAKE_CUDA_MEMORY_BYTES": str(8 * cap), "CUDA_VISIBLE_DEVICES": node.gpus["gpu-0"].uuid}
+    return claim, ids, cap, env
+
+
+def test_a_tenant_cannot_delete_replace_or_reset_the_region(
+    node: Node, podman: Podman, driver_stand_in: list[Volume]
+) -> None:
+    claim, ids, cap, env = _prepare(node, "tamper-region", "01", "512Mi")
+    region = f"{CONTAINER_CLAIMS_ROOT}/{claim['metadata']['uid']}/limiter/{REGION}"
+    chunk = 64 * MIB
+    host_region = node.claim_dir(claim) / "limiter" / REGION
+    made = host_region.stat()
+
+    tries = _run_as(
+        podman,
+        TENANT,
+        sections(
+            id="id -u",
+            delete=f"rm -f {region} 2>&1; test -e {region} && echo still-there",
+            rename=f"mv {region} {region}.old 2>&1; test -e {region} && echo still-there",
+            replace=f"echo x > /tmp/fresh && mv -f /tmp/fresh {region} 2>&1; test -s {region} && echo still-there",
+            beside=f"touch {region}.new 2>&1 || echo refused",
+            alloc=f"limiter-probe alloc {chunk}",
+        ),
+        ids,
+        driver_stand_in,
+        env,
+    ).check()
+    assert tries.section("id") == ["1000"]
+    for attempt in ("delete", "rename", "replace"):
+        assert tries.section(attempt)[-1] == "still-there", (attempt, tries.section(attempt))
+    assert tries.section("beside")[-1] == "refused", "nothing can be added beside the region"
+    # Still the agent's file, and the claim's account: the cap holds.
+    assert (host_region.stat().st_ino, host_region.stat().st_size) == (made.st_ino, made.st_size)
+    assert _allocated(tries.section("alloc")) == (cap, OOM)
+
+    # Truncating it works (the file is every UID's to write); the next process refuses everything
+    # rather than starting a fresh account, and says why in one line.
+    reset = _run_as(
+        podman,
+        TENANT,
+        sections(truncate=f": > {region} && echo truncated", alloc=f"limiter-probe alloc {chunk}"),
+        ids,
+        driver_stand_in,
+        env,
+    ).check()
+    assert reset.section("truncate") == ["truncated"]
+    assert _allocated(reset.section("alloc")) == (0, OOM)
+    assert "refusing allocations" in reset.stderr, reset.stderr
+    assert host_region.stat().st_size == 0, "the library never makes a fresh account in its place"
+
+
+def test_a_forged_limits_file_never_raises_the_limit(
+    node: Node, podman: Podman, driver_stand_in: list[Volume]
+) -> None:
+    _, ids, cap, env = _prepare(node, "forged-limits", "02", "256Mi")
+    gpu = node.gpus["gpu-0"].uuid
+    chunk = 64 * MIB
+    forged_dir = f"{CONTAINER_CLAIMS_ROOT}/000-forged"
+    forged = "\\n".join(
+        [
+            "version=1",
+            "claim=default/forged",
+            f"state={forged_dir}",
+            f"device={gpu} memory=unlimited cores=100",
+        ]
+    )
+    write = f"mkdir -p {forged_dir} && printf '{forged}\\n' > {forged_dir}/limits && echo written"
+
+    # As the tenant's UID: the claims root is not its to write.
+    tenant = _run_as(
+        podman,
+        TENANT,
+        sections(forge=f"{write} 2>&1 || echo refused", alloc=f"limiter-probe alloc {chunk}"),
+        ids,
+        driver_stand_in,
+        env,
+    ).check()
+    assert tenant.section("forge")[-1] == "refused"
+    assert _allocated(tenant.section("alloc")) == (cap, OOM)
+
+    # As the container's root, which can write it: the library does not trust a file it did not get from
+    # the agent's read-only mount - it says so in one line and never allocates past the claim's cap.
+    root = _run_as(
+        podman,
+        "0:0",
+        sections(forge=write, alloc=f"limiter-probe alloc {chunk}"),
+        ids,
+        driver_stand_in,
+        env,
+    ).check()
+    assert root.section("forge") == ["written"]
+    held, last = _allocated(root.section("alloc"))
+    # The claim's own file still limits its GPU (or the GPU is refused outright): never more than the cap.
+    assert held <= cap and last == OOM, (held, last)
+    assert f"{forged_dir}/limits: not a read-only mount of the node agent's" in root.stderr, root.stderr
