@@ -92,6 +92,7 @@ def test_each_class_carries_the_gpu_config_of_its_mode() -> None:
         "mps.gpu.dra-gpu.io": Strategy.MPS,
         "limiter.gpu.dra-gpu.io": Strategy.LIMITER,
         "isolated.gpu.dra-gpu.io": Strategy.LIMITER,
+        "mig.gpu.dra-gpu.io": Strategy.EXCLUSIVE,
     }
     classes = by_name()
     assert set(classes) == set(expected)
@@ -156,3 +157,24 @@ def test_whole_gpu_class_leaves_out_mig_enabled_gpus(tmp_path: Path) -> None:
     exclusive_managed = controller_classes(load_values(values))[0]
     exclusive_managed["spec"]["selectors"] = exclusive_managed["spec"]["selectors"][:1]
     assert matches(exclusive_managed, devices) == {device_name(1)}
+
+
+def test_the_mig_class_selects_mig_instances_and_placements_and_no_whole_gpu() -> None:
+    from dra_gpu.slices.partitions import mig_devices
+
+    static, dynamic, plain = open_inventory(
+        "simulated:1xH100-80GB:mig=3g.40gb/1g.10gb*4,1xH100-80GB:mig,1xH100-80GB", seed="n"
+    ).gpus()
+    devices = [
+        *(mig_devices(static, GpuSharingMode.EXCLUSIVE) or []),
+        *(mig_devices(dynamic, GpuSharingMode.EXCLUSIVE) or []),
+        build_device(plain, GpuSharingMode.EXCLUSIVE),
+    ]
+    classes = by_name()
+    chosen = matches(classes["mig.gpu.dra-gpu.io"], devices)
+    assert "gpu-0-mig-3g40gb-4" in chosen and "gpu-1-mig-7g80gb-0" in chosen
+    assert chosen == {d["name"] for d in devices} - {device_name(2)}
+    assert matches(classes["gpu.dra-gpu.io"], devices) == {device_name(2)}
+    shared = mig_devices(static, GpuSharingMode.SHARED) or []
+    assert matches(classes["mig.gpu.dra-gpu.io"], shared) == set(), "a Shared instance is the limiter's"
+    assert matches(classes["limiter.gpu.dra-gpu.io"], shared) == {d["name"] for d in shared}

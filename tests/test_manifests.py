@@ -421,7 +421,7 @@ def test_cli_prints_an_installable_stream_and_reports_bad_values(
 ) -> None:
     assert main(["manifests"]) == 0
     kinds = [d["kind"] for d in documents(capsys.readouterr().out)]
-    assert "Kustomization" not in kinds and "DaemonSet" in kinds and kinds.count("DeviceClass") == 5
+    assert "Kustomization" not in kinds and "DaemonSet" in kinds and kinds.count("DeviceClass") == 6
     bad = tmp_path / "v.yaml"
     bad.write_text("namespace: Not_A_Namespace\n")
     assert main(["manifests", "--values", str(bad)]) == 2

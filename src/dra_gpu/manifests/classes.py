@@ -11,6 +11,10 @@ the kubelet plugin parses exactly what the classes carry.
 | `limiter.gpu.dra-gpu.io` | `sharing == "Shared"` | Limiter |
 | `mps.gpu.dra-gpu.io` | `sharing == "MPS"` | MPS |
 | `isolated.gpu.dra-gpu.io` | `sharing == "Shared" && memoryIsolation == "driver"` | Limiter, with the memory cap enforced by the NVIDIA driver on the container's cgroup (hard isolation: never allocated on a node whose driver cannot) |
+| `mig.gpu.dra-gpu.io` | `sharing == "Exclusive" && type == "mig"` | Exclusive: one whole MIG instance, static or made at prepare (dynamic); select the profile by attribute |
+
+Shared static MIG instances are published `Shared` like GPUs, so the limiter and time-slicing
+classes already select them (with the GPUs: add a selector on `type` to ask for an instance).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
 from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, MIG_ENABLED_ATTRIBUTE, SHARING_ATTRIBUTE
+from dra_gpu.slices.partitions import TYPE_ATTRIBUTE
 
 Obj = dict[str, Any]
 
@@ -36,6 +41,8 @@ class ClassSpec:
     """The GPU sharing mode the class selects; None selects every GPU of the driver."""
     isolation: MemoryIsolation | None = None
     """The memory isolation the class requires; None accepts any."""
+    mig: bool = False
+    """Selects MIG instances (and placements) instead of whole GPUs."""
 
 
 CLASSES = (
@@ -44,6 +51,7 @@ CLASSES = (
     ClassSpec(f"mps.{DRIVER_NAME}", Strategy.MPS, GpuSharingMode.MPS),
     ClassSpec(f"limiter.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED),
     ClassSpec(f"isolated.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED, MemoryIsolation.DRIVER),
+    ClassSpec(f"mig.{DRIVER_NAME}", Strategy.EXCLUSIVE, GpuSharingMode.EXCLUSIVE, mig=True),
 )
 
 MODE_FOR_STRATEGY = {
@@ -55,18 +63,24 @@ MODE_FOR_STRATEGY = {
 
 
 def selector_expression(
-    mode: GpuSharingMode | None, driver: str = DRIVER_NAME, isolation: MemoryIsolation | None = None
+    mode: GpuSharingMode | None,
+    driver: str = DRIVER_NAME,
+    isolation: MemoryIsolation | None = None,
+    mig: bool = False,
 ) -> str:
     expression = f'device.driver == "{driver}"'
     if mode is not None:
         expression += f' && device.attributes["{driver}"].{SHARING_ATTRIBUTE} == "{mode.value}"'
     if isolation is not None:
         expression += f' && device.attributes["{driver}"].{MEMORY_ISOLATION_ATTRIBUTE} == "{isolation.value}"'
-    if mode is GpuSharingMode.EXCLUSIVE:
-        # A MIG-enabled GPU is published Exclusive, but a whole-GPU claim of it would get no MIG
-        # device nodes (/dev/nvidia-caps): kept out until MIG is supported as a feature of its own.
-        mig = f'device.attributes["{driver}"].{MIG_ENABLED_ATTRIBUTE}'
-        expression += f" && !(has({mig}) && {mig})"
+    if mig:
+        kind = f'device.attributes["{driver}"].{TYPE_ATTRIBUTE}'
+        expression += f' && has({kind}) && {kind} == "mig"'
+    elif mode is GpuSharingMode.EXCLUSIVE:
+        # A GPU in MIG mode (whole, or its instances) is not a whole GPU to hand out: its compute
+        # belongs to its instances, which the MIG class selects.
+        enabled = f'device.attributes["{driver}"].{MIG_ENABLED_ATTRIBUTE}'
+        expression += f" && !(has({enabled}) && {enabled})"
     return expression
 
 
@@ -102,7 +116,7 @@ def device_classes(values: Values) -> list[Obj]:
     return [
         device_class(
             c.name,
-            selector_expression(c.mode, isolation=c.isolation),
+            selector_expression(c.mode, isolation=c.isolation, mig=c.mig),
             gpu_config(c.strategy, values),
             names.get(c.name),
         )

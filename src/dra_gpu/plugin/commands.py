@@ -26,11 +26,31 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from dra_gpu.inventory import GpuInfo
+from dra_gpu.inventory.mig import MigInstance
+from dra_gpu.inventory.mig_profiles import MigProfile, profile_memory, table_for
+from dra_gpu.plugin.mig_commands import (
+    MIG_MINORS,
+    MigCommandError,
+    instance_from_json,
+    parse_created,
+    parse_gpu_instances,
+    parse_mig_uuids,
+    simulated_create,
+    simulated_mig_minors,
+)
+
 log = logging.getLogger(__name__)
 
 
 DEFAULT_MPS_SHM_BYTES = 1 << 30
 """The size of an MPS daemon's /dev/shm where the node does not set one (`--mps-shm-size`)."""
+
+
+STATE_KEYS = ("computeMode", "timeslice", "mps", "mig", "migInUse", "migSerial")
+"""The simulated GPU state: the settings, MIG instances per GPU, busy instances, a UUID serial."""
+SETTINGS = STATE_KEYS[:3]
+"""Always in a snapshot; the MIG keys only once there is something in them."""
 
 
 class ComputeMode(StrEnum):
@@ -92,6 +112,22 @@ class GpuCommands(Protocol):
         """
         ...
 
+    def create_mig_instance(self, gpu: GpuInfo, profile: MigProfile, start: int) -> MigInstance:
+        """A GPU instance of `profile` at memory slice `start` with one compute instance spanning it."""
+        ...
+
+    def destroy_mig_instance(self, gpu: GpuInfo, instance: MigInstance) -> None:
+        """Its compute instance, then its GPU instance; CommandError while a process uses it."""
+        ...
+
+    def mig_instances(self, gpu: GpuInfo) -> list[MigInstance]:
+        """The instances on `gpu` now (uuid "" where the tool does not say it)."""
+        ...
+
+    def mig_minors_file(self) -> Path:
+        """The driver's table of `/dev/nvidia-caps` minors (`gpu0/gi1/access 12` lines)."""
+        ...
+
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -112,6 +148,7 @@ class NvidiaCommands:
         isolate_shm: bool = False,
         mps_shm_bytes: int = DEFAULT_MPS_SHM_BYTES,
         mps_cgroup: Path | None = None,
+        mig_minors: Path = Path("/") / MIG_MINORS,
     ) -> None:
         """With `isolate_shm`, the GPU's `<mps dir>/shm` is a tmpfs of `mps_shm_bytes` (memory, not
         the node's disk, and bounded), and the MPS daemon runs in its own mount namespace with that
@@ -126,6 +163,7 @@ class NvidiaCommands:
         self.isolate_shm = isolate_shm
         self.mps_shm_bytes = mps_shm_bytes
         self.mps_cgroup = mps_cgroup
+        self.mig_minors = mig_minors
         self.nvidia_smi = nvidia_smi
         self.mps_control = mps_control
         self.timeout_s = timeout_s
@@ -289,6 +327,49 @@ class NvidiaCommands:
             return self._check(argv, env, output=log_dir / "control-start.out")
         return self._check(argv, env, stdin="")
 
+    def _mig_uuids(self, gpu: GpuInfo) -> set[str]:
+        return set(parse_mig_uuids(self._check([self.nvidia_smi, "-L", "-i", gpu.uuid])))
+
+    def create_mig_instance(self, gpu: GpuInfo, profile: MigProfile, start: int) -> MigInstance:
+        before = self._mig_uuids(gpu)
+        out = self._check(
+            [self.nvidia_smi, "mig", "-i", gpu.uuid, "-cgi", f"{profile.profile_id}:{start}", "-C"]
+        )
+        try:
+            gi, ci = parse_created(out)
+        except MigCommandError as exc:
+            raise CommandError(str(exc)) from None
+        made = sorted(self._mig_uuids(gpu) - before)
+        if len(made) != 1:
+            raise CommandError(
+                f"created MIG {profile.name} at slice {start} on {gpu.uuid} (GPU instance {gi}), but "
+                f"nvidia-smi -L lists {len(made)} new MIG devices instead of one"
+            )
+        return MigInstance(
+            made[0], gpu.uuid, profile.name, start, profile.memory_slices, gi, ci,
+            profile_memory(profile, gpu.memory_bytes),
+        )  # fmt: skip
+
+    def destroy_mig_instance(self, gpu: GpuInfo, instance: MigInstance) -> None:
+        gi = str(instance.gi_id)
+        self._check([self.nvidia_smi, "mig", "-i", gpu.uuid, "-gi", gi, "-ci", str(instance.ci_id), "-dci"])
+        self._check([self.nvidia_smi, "mig", "-i", gpu.uuid, "-gi", gi, "-dgi"])
+
+    def mig_instances(self, gpu: GpuInfo) -> list[MigInstance]:
+        table = table_for(gpu.product_name, gpu.memory_bytes)
+        found = []
+        for name, _profile_id, gi, start in parse_gpu_instances(
+            self._check([self.nvidia_smi, "mig", "-lgi", "-i", gpu.uuid])
+        ):
+            profile = table.find(name) if table else None
+            size = profile.memory_slices if profile else 1
+            memory = profile_memory(profile, gpu.memory_bytes) if profile else 0
+            found.append(MigInstance("", gpu.uuid, name, start, size, gi, 0, memory))
+        return found
+
+    def mig_minors_file(self) -> Path:
+        return self.mig_minors
+
 
 class SimulatedCommands:
     """Stands in for nvidia-smi and the MPS control daemon where there is no GPU.
@@ -298,7 +379,9 @@ class SimulatedCommands:
     the driver's defaults are not stored, so an untouched node has an empty state. With
     ``state_file`` the state is re-read before and written after every call, so it survives a
     plugin restart. ``fail`` maps an operation name (``set_compute_mode``, ``set_timeslice``,
-    ``start_mps_daemon``, ``stop_mps_daemon``) to the error message it should raise.
+    ``start_mps_daemon``, ``stop_mps_daemon``, ``create_mig_instance``, ``destroy_mig_instance``) to the
+    error message it should raise. MIG instances are a table per GPU that refuses what the driver
+    refuses; ``set_mig_in_use`` stands for a process running on an instance.
     """
 
     simulated = True
@@ -315,7 +398,7 @@ class SimulatedCommands:
         self.fail: dict[str, str] = dict(fail or {})
         self.calls: list[tuple[str, ...]] = []
         self._lock = threading.Lock()
-        self._state: dict[str, dict[str, Any]] = {"computeMode": {}, "timeslice": {}, "mps": {}}
+        self._state: dict[str, dict[str, Any]] = {k: {} for k in STATE_KEYS}
 
     # -- state -----------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -330,7 +413,7 @@ class SimulatedCommands:
                 "simulated GPU state unreadable, starting clean", extra={"path": str(self.state_file)}
             )
             data = {}
-        self._state = {key: dict(data.get(key) or {}) for key in ("computeMode", "timeslice", "mps")}
+        self._state = {key: dict(data.get(key) or {}) for key in STATE_KEYS}
 
     def _save(self) -> None:
         if self.state_file is None:
@@ -357,10 +440,12 @@ class SimulatedCommands:
             yield
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        """The GPU-wide state now: `{"computeMode": {...}, "timeslice": {...}, "mps": {...}}`."""
+        """The GPU-wide state now: `{"computeMode": {...}, "timeslice": {...}, "mps": {...}}`, plus
+        `mig` (instances per GPU) and `migInUse` where not empty."""
         with self._lock:
             self._load()
-            return json.loads(json.dumps(self._state))  # type: ignore[no-any-return]
+            shown = {k: v for k, v in self._state.items() if k in SETTINGS or (v and k != "migSerial")}
+            return json.loads(json.dumps(shown))  # type: ignore[no-any-return]
 
     def _do(self, op: str, *args: str, change: Callable[[], None] | None = None) -> None:
         with self._lock:
@@ -455,3 +540,64 @@ class SimulatedCommands:
             self._load()
             self._state["mps"].pop(gpu_uuid, None)
             self._save()
+
+    # -- MIG ---------------------------------------------------------------------------------------
+    def _live(self, gpu_uuid: str) -> list[MigInstance]:
+        return [instance_from_json(d) for d in self._state["mig"].get(gpu_uuid, [])]
+
+    def create_mig_instance(self, gpu: GpuInfo, profile: MigProfile, start: int) -> MigInstance:
+        made: list[MigInstance] = []
+
+        def change() -> None:
+            serial = int(self._state["migSerial"].get("next", 0))
+            try:
+                instance = simulated_create(gpu, profile, start, self._live(gpu.uuid), serial)
+            except MigCommandError as exc:
+                raise CommandError(f"nvidia-smi mig -cgi {profile.profile_id}:{start}: {exc}") from None
+            self._state["migSerial"]["next"] = serial + 1
+            self._state["mig"].setdefault(gpu.uuid, []).append(instance.to_json())
+            made.append(instance)
+
+        self._do("create_mig_instance", gpu.uuid, profile.name, str(start), change=change)
+        return made[0]
+
+    def destroy_mig_instance(self, gpu: GpuInfo, instance: MigInstance) -> None:
+        def change() -> None:
+            live = self._state["mig"].get(gpu.uuid, [])
+            kept = [d for d in live if int(d["giId"]) != instance.gi_id]
+            if len(kept) == len(live):
+                raise CommandError(
+                    f"nvidia-smi mig -dgi: GPU {gpu.uuid} has no GPU instance {instance.gi_id}"
+                )
+            gone = next(d for d in live if int(d["giId"]) == instance.gi_id)
+            if self._state["migInUse"].get(gone["uuid"]):
+                raise CommandError(
+                    f"nvidia-smi mig -dci: compute instance {instance.ci_id} of GPU instance "
+                    f"{instance.gi_id} on {gpu.uuid} is in use by another client"
+                )
+            self._state["mig"][gpu.uuid] = kept
+
+        self._do("destroy_mig_instance", gpu.uuid, str(instance.gi_id), change=change)
+
+    def mig_instances(self, gpu: GpuInfo) -> list[MigInstance]:
+        with self._lock:
+            self._load()
+            return self._live(gpu.uuid)
+
+    def set_mig_in_use(self, mig_uuid: str, in_use: bool) -> None:
+        """A process starts or stops on an instance (tests)."""
+        with self._lock, self._file_lock():
+            self._load()
+            if in_use:
+                self._state["migInUse"][mig_uuid] = True
+            else:
+                self._state["migInUse"].pop(mig_uuid, None)
+            self._save()
+
+    def mig_minors_file(self) -> Path:
+        base = self.state_file.parent if self.state_file is not None else Path(tempfile.gettempdir())
+        path = base / "simulated-mig-minors"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(simulated_mig_minors())
+        return path

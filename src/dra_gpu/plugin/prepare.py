@@ -51,6 +51,8 @@ from dra_gpu.plugin.commands import CommandError
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.plugin.mig_devices import mig_views
+from dra_gpu.plugin.mig_instances import MigInstances
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, HoldHandler, NodeContext, Plan, Share
 from dra_gpu.slices.devices import device_name as slice_device_name
 
@@ -129,6 +131,7 @@ class Preparer:
         self.metrics = metrics or PluginMetrics()
         self.events = events or EventRecorder(api, pool, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
         self._hook = fault_hook or (lambda _step: None)
+        self._mig = MigInstances(node.state_dir, node.commands, lock, lambda step: self._hook(step), api)
         self._backends = sharing.backends()
         self._handlers = sharing.hold_handlers()
         self._notices: dict[str, tuple[dict[str, Any], list[str]]] = {}
@@ -150,6 +153,9 @@ class Preparer:
                 for uid in self._uids_on_disk() - set(self._load().claims):
                     # Specs and directories are created after their claim's record: these are from a lost write.
                     self._remove_leftovers(uid)
+        current = self._read()
+        if not current.rebuildPending:  # else the claims in use are not known yet: keep their instances
+            self._mig.reconcile(set(current.claims), self.inventory.gpus())
         stale = [c.ref for c in checkpoint.claims.values() if c.bootId != self.boot_id]
         if stale:
             log.info(
@@ -400,7 +406,8 @@ class Preparer:
         return handler
 
     def _gpus(self) -> dict[str, GpuInfo]:
-        return {device_name(g): g for g in self.inventory.gpus()}
+        gpus = self.inventory.gpus()
+        return {**{device_name(g): g for g in gpus}, **mig_views(gpus)[0]}
 
     def _prepare_fresh(self, claim: ClaimInfo, obj: dict[str, Any]) -> list[PreparedDevice]:
         """Prepare an allocation; the caller holds the claim's and its GPUs' locks."""
@@ -411,7 +418,12 @@ class Preparer:
                     f"GPU {share.device} ({share.gpu.uuid}) is unhealthy: {share.gpu.health_reason}",
                     reason="unhealthy_device",
                 )
-        plan = self._plan(self._read(), claim, shares)
+        shares = self._mig.materialize(claim, shares, self.inventory.gpus())
+        try:
+            plan = self._plan(self._read(), claim, shares)
+        except Exception:
+            self._mig.release(claim.uid, self.inventory.gpus())
+            raise
         spec = plan.cdi_spec()
         entry = PreparedClaim(
             uid=claim.uid,
@@ -508,6 +520,7 @@ class Preparer:
                     extra={"claim": entry.ref, "error": str(exc)},
                 )
                 return  # keep the record: the kubelet's next call retries the undo
+        self._mig.release(entry.uid, self.inventory.gpus())
         with self.lock.hold():
             self.specs.remove(entry.uid)
             self._update(lambda c: _drop(c, entry.uid))
@@ -541,6 +554,7 @@ class Preparer:
         self._hook("unprepare:cdi-removed")
         for hold in reversed(entry.holds):
             self._handler(hold).release(hold, self.node, self._last_holder(entry, hold))
+        self._mig.release(entry.uid, self.inventory.gpus())
         self._hook("unprepare:holds-released")
         self._update(lambda c: _drop(c, entry.uid))
         self._hook("unprepare:checkpoint-removed")

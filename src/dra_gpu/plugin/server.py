@@ -38,6 +38,7 @@ from dra_gpu.plugin.health import (
 )
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.plugin.mig_commands import MIG_MINORS
 from dra_gpu.plugin.prepare import FaultHook, Preparer, device_name
 from dra_gpu.plugin.registration import RegistrationServicer
 from dra_gpu.plugin.service import DraV1Servicer
@@ -131,6 +132,7 @@ def default_commands(inventory: Inventory, config: PluginConfig) -> GpuCommands:
             isolate_shm=True,
             mps_shm_bytes=config.mps_shm_bytes,
             mps_cgroup=config.mps_cgroup,
+            mig_minors=root / MIG_MINORS,
         )
     state = state_dir / "simulated-gpus.json"
     log.warning(

@@ -31,14 +31,15 @@ from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.driver_root import LDCACHE_HOOK, find_driver_files
+from dra_gpu.plugin.mig_devices import capability_nodes
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
 log = logging.getLogger(__name__)
 
 NVIDIA_CTK_KIND = "nvidia.com/gpu"
 COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-"""As in the toolkit's spec, each where the host has it. No /dev/nvidia-caps: those are for MIG, and
-MIG-enabled GPUs are kept out of claims until MIG is supported."""
+"""As in the toolkit's spec, each where the host has it. A MIG device adds its instance's
+`/dev/nvidia-caps` nodes (see `mig_devices.capability_nodes`), never the `config` or `monitor` ones."""
 DRIVER_LIB_DIR = "/usr/local/lib/dra-gpu/driver"
 DRIVER_BIN_DIR = "/usr/bin"
 LDCONFIG_ENTRY = "/etc/ld.so.conf.d/dra-gpu-driver.conf"
@@ -106,8 +107,10 @@ class NvidiaCtkSpecs:
 
 
 def ctk_device_name(gpu: GpuInfo, available: set[str]) -> str | None:
-    """The toolkit names a GPU by UUID and by index; prefer the UUID (indexes can change)."""
-    for name in (gpu.uuid, str(gpu.index)):
+    """The toolkit names a GPU by UUID and by index; prefer the UUID (indexes can change). A MIG
+    device only by its MIG UUID: the parent's index is the whole GPU."""
+    names = (gpu.uuid,) if gpu.mig_instance is not None else (gpu.uuid, str(gpu.index))
+    for name in names:
         if name in available:
             return name
     return None
@@ -172,6 +175,10 @@ class DeviceAccess:
             gpu_node = self._host_node(node, f"/dev/nvidia{share.gpu.minor}")
             if gpu_node is not None:
                 edits.add_device_node(gpu_node)
+            for path in capability_nodes(share.gpu, str(node.commands.mig_minors_file())):
+                cap_node = self._host_node(node, path)
+                if cap_node is not None:
+                    edits.add_device_node(cap_node)
         if needs_common_nodes:
             for path in COMMON_NODES:
                 common = self._host_node(node, path)

@@ -1,0 +1,207 @@
+"""Dynamic MIG instances the agent makes for claims, recorded before they are made.
+
+The record (claim, GPU, profile, start) is written before the instance is created, and completed
+with the instance's UUID and ids once it exists, so a restarted agent knows every instance it may
+have made: a repeated prepare of the claim adopts the instance at the recorded placement; at start,
+records of claims the checkpoint does not have are undone (the instance destroyed) once the API says
+the claim is gone; while it exists the kubelet's retry adopts the instance. An instance
+without a record (an admin's, another tool's) is never adopted or destroyed. The file is only read
+and written under the node lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence, Set
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dra_gpu.inventory import GpuInfo
+from dra_gpu.inventory.mig import MigInstance
+from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.plugin.commands import CommandError, GpuCommands
+from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.locking import NodeLock
+from dra_gpu.plugin.mig_devices import MigPlacement, instance_view, mig_views
+from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
+
+log = logging.getLogger(__name__)
+
+STORE_NAME = "mig-instances.json"
+Record = dict[str, Any]
+
+
+class MigInstances:
+    def __init__(
+        self,
+        state_dir: Path,
+        commands: GpuCommands,
+        lock: NodeLock,
+        hook: Callable[[str], None],
+        api: KubeAPI,
+    ) -> None:
+        self.api = api
+        self.path = state_dir / STORE_NAME
+        self.commands = commands
+        self.lock = lock
+        self._hook = hook
+
+    # -- the record file -----------------------------------------------------------------------------
+    def _read(self) -> list[Record]:
+        try:
+            return list(json.loads(self.path.read_text()).get("instances") or [])
+        except FileNotFoundError:
+            return []
+
+    def _write(self, records: list[Record]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".mig-instances.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"instances": records}, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    @contextmanager
+    def _records(self) -> Iterator[list[Record]]:
+        """The records, written back after the block (under the node lock)."""
+        with self.lock.hold():
+            records = self._read()
+            yield records
+            self._write(records)
+
+    def records(self) -> list[Record]:
+        with self.lock.hold():
+            return self._read()
+
+    # -- prepare and unprepare -------------------------------------------------------------------------
+    def materialize(self, claim: ClaimInfo, shares: Sequence[Share], gpus: Sequence[GpuInfo]) -> list[Share]:
+        """Shares on dynamic placements get their instance (adopted if recorded and there, else made)."""
+        _, placements = mig_views(list(gpus))
+        out = []
+        for share in shares:
+            placement = placements.get(share.device)
+            if placement is None:
+                out.append(share)
+                continue
+            instance = self._instance_for(claim, placement)
+            out.append(replace(share, gpu=instance_view(placement.parent, instance)))
+        return out
+
+    def _instance_for(self, claim: ClaimInfo, placement: MigPlacement) -> MigInstance:
+        gpu, profile, start = placement.parent, placement.profile, placement.start
+        key = {"claim": claim.uid, "gpu": gpu.uuid, "profile": profile.name, "start": start}
+        live = self._live(gpu)
+        unknown: MigInstance | None = None
+        with self._records() as records:
+            mine = next((r for r in records if all(r.get(k) == v for k, v in key.items())), None)
+            if mine is None:
+                records.append({**key, "namespace": claim.namespace, "name": claim.name, "uuid": ""})
+            elif (found := _at(live, profile.name, start, mine.get("uuid") or None)) is not None:
+                if found.uuid:
+                    log.info("adopted the MIG instance made for this claim", extra={"uuid": found.uuid})
+                    mine.update(uuid=found.uuid, giId=found.gi_id, ciId=found.ci_id)
+                    return found
+                unknown = found
+        if unknown is not None:
+            self._destroy(gpu, unknown, claim.ref)  # ours by its placement, but its UUID is not listed
+        self._hook("prepare:mig-recorded")
+        try:
+            instance = self.commands.create_mig_instance(gpu, profile, start)
+        except CommandError as exc:
+            with self._records() as records:
+                records[:] = [r for r in records if not all(r.get(k) == v for k, v in key.items())]
+            raise PrepareError(
+                f"ResourceClaim {claim.ref}: creating MIG {profile.name} at memory slice {start} on GPU "
+                f"{gpu.uuid} failed: {exc}; the placement is taken by an instance this driver did not "
+                f"make, or the GPU left MIG mode: delete the instance or the claim",
+                reason="setup_failed",
+            ) from None
+        with self._records() as records:
+            for r in records:
+                if all(r.get(k) == v for k, v in key.items()):
+                    r.update(uuid=instance.uuid, giId=instance.gi_id, ciId=instance.ci_id)
+        self._hook("prepare:mig-created")
+        log.info(
+            "created a MIG instance",
+            extra={"claim": claim.ref, "gpu": gpu.uuid, "profile": profile.name, "start": start},
+        )
+        return instance
+
+    def release(self, uid: str, gpus: Sequence[GpuInfo]) -> None:
+        """Destroy the claim's instances and drop their records; PrepareError while one is in use."""
+        by_uuid = {g.uuid: g for g in gpus}
+        for record in [r for r in self.records() if r.get("claim") == uid]:
+            gpu = by_uuid.get(str(record["gpu"]))
+            if gpu is not None:
+                found = _at(
+                    self._live(gpu), str(record["profile"]), int(record["start"]), record.get("uuid") or None
+                )
+                if found is not None:
+                    self._destroy(gpu, found, uid)
+            with self._records() as records:
+                records[:] = [r for r in records if r != record]
+
+    def reconcile(self, claims: Set[str], gpus: Sequence[GpuInfo]) -> None:
+        """At start: undo the records of deleted claims the checkpoint does not have (a prepare that died)."""
+        unknown = {str(r["claim"]): r for r in self.records() if str(r.get("claim")) not in claims}
+        for uid, record in sorted(unknown.items()):
+            if not self._gone(uid, record):
+                continue
+            try:
+                self.release(uid, gpus)
+                log.info("destroyed a MIG instance of an interrupted prepare", extra={"uid": uid})
+            except PrepareError as exc:
+                log.error(
+                    "could not destroy a MIG instance left by an interrupted prepare",
+                    extra={"error": exc.message},
+                )
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _gone(self, uid: str, record: Record) -> bool:
+        """The claim was deleted (or re-created); False while it exists or the API cannot say."""
+        try:
+            obj = self.api.get("ResourceClaim", str(record.get("name")), str(record.get("namespace")))
+        except NotFound:
+            return True
+        except Exception as exc:  # unreachable: keep the instance; the kubelet's unprepare undoes it
+            log.warning(
+                "cannot tell whether a MIG instance's claim exists", extra={"uid": uid, "error": str(exc)}
+            )
+            return False
+        return bool((obj.get("metadata") or {}).get("uid") != uid)
+
+    def _live(self, gpu: GpuInfo) -> list[MigInstance]:
+        try:
+            return self.commands.mig_instances(gpu)
+        except CommandError as exc:
+            raise PrepareError(
+                f"listing the MIG instances of GPU {gpu.uuid}: {exc}", reason="setup_failed"
+            ) from None
+
+    def _destroy(self, gpu: GpuInfo, instance: MigInstance, who: str) -> None:
+        try:
+            self.commands.destroy_mig_instance(gpu, instance)
+        except CommandError as exc:
+            raise PrepareError(
+                f"destroying MIG instance {instance.uuid or instance.gi_id} of {who} on GPU {gpu.uuid}: "
+                f"{exc}; stop the processes still using it",
+                reason="setup_failed",
+            ) from None
+
+
+def _at(live: Sequence[MigInstance], profile: str, start: int, uuid: str | None) -> MigInstance | None:
+    """The live instance at a placement (and with `uuid`, when the record knows it)."""
+    return next(
+        (
+            i
+            for i in live
+            if i.profile == profile and i.start == start and (uuid is None or not i.uuid or i.uuid == uuid)
+        ),
+        None,
+    )
