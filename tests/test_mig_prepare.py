@@ -4,6 +4,7 @@ crash-safe, an admin's instance never touched) and a static instance shared with
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +241,7 @@ def test_killed_around_the_create_then_the_claim_deleted_leaves_no_instance(dirs
     api.delete("ResourceClaim", "mig", "default")
     with running_plugin(dirs, api, inventory=inventory, commands=commands):
         assert commands.mig_instances(gpu) == [], "the restarted agent destroys what it made"
+    assert json.loads((dirs.state_dir / STORE_NAME).read_text()) == {"instances": []}
 
 
 def test_killed_after_the_create_then_retried_adopts_the_instance(dirs, api, kubelet, dynamic) -> None:
