@@ -17,7 +17,7 @@ from dra_gpu.config import ConfigError, merge_configs
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.kube import ApiError, KubeAPI, NotFound
 from dra_gpu.plugin.checkpoint import ShareRecord
-from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.errors import PrepareError, quote, short
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
 from dra_gpu.slices.devices import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
@@ -131,7 +131,7 @@ def _consumed(raw: Mapping[str, Any] | None, where: str) -> dict[str, Fraction]:
             result[name] = parse_quantity(value)
         except QuantityError as exc:
             raise PrepareError(
-                f"{where}: consumedCapacity {name!r}: {exc}", reason="invalid_allocation"
+                f"{where}: consumedCapacity {quote(name)}: {exc}", reason="invalid_allocation"
             ) from None
     return result
 
@@ -150,7 +150,9 @@ def shares_of(
     ours = [r for r in results if r.get("driver") == driver]
     if not ours:
         others = sorted({str(r.get("driver")) for r in results})
-        detail = f"its devices are from {', '.join(others)}" if others else "it has no allocated devices"
+        shown = ", ".join(short(d) for d in others[:5])
+        shown += f" and {len(others) - 5} more" if len(others) > 5 else ""
+        detail = f"its devices are from {shown}" if others else "it has no allocated devices"
         raise PrepareError(
             f"ResourceClaim {claim.ref} has no device allocated by {driver} ({detail})", reason="other_driver"
         )
@@ -158,10 +160,10 @@ def shares_of(
     shares: list[Share] = []
     for position, result in enumerate(ours):
         request, device = str(result.get("request", "")), str(result.get("device", ""))
-        where = f"ResourceClaim {claim.ref}, request {request!r}, device {result.get('pool')}/{device}"
+        where = f"ResourceClaim {claim.ref}, request {quote(request)}, device {short(result.get('pool'))}/{short(device)}"
         if result.get("pool") != pool:
             raise PrepareError(
-                f"{where}: the device is in pool {result.get('pool')!r}, not in this node's pool {pool!r}",
+                f"{where}: the device is in pool {quote(result.get('pool'))}, not in this node's pool {pool!r}",
                 reason="wrong_node",
             )
         gpu = gpus.get(device)

@@ -29,7 +29,7 @@ from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.plugin.driver_root import LDCACHE_HOOK, find_driver_files
+from dra_gpu.plugin.driver_root import LDCACHE_HOOK
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class DeviceAccess:
     @staticmethod
     def _driver_files(plan: Plan, node: NodeContext) -> None:
         """The driver's libraries and tools from the driver root, and the loader told where they are."""
-        files = find_driver_files(node.driver_root)
+        files = node.driver_files()
         if not files.libraries and not files.executables:
             return  # simulated GPUs, or a node whose driver the runtime brings some other way
         host_root = node.driver_root_host_path or node.driver_root
