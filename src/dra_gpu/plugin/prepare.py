@@ -255,7 +255,12 @@ class Preparer:
         return results
 
     def _refresh_metrics(self, force: bool = False) -> None:
-        """Recount the gauges if the checkpoint was read anew since (each write updates them itself)."""
+        """Recount the gauges if the checkpoint was read anew since (each write updates them itself).
+
+        Another process's writes are found by the next load (every call loads): a call that ends with
+        `reloads` unchanged changed nothing the metrics did not follow."""
+        if not force and self.store.reloads == self._metrics_reloads:
+            return  # the common case: this process's own writes, which the metrics followed
         try:
             with self.lock.hold():
                 checkpoint = self._load()
@@ -598,8 +603,9 @@ class Preparer:
         """Undo what a failed prepare did. What cannot be undone keeps the claim's record, so that the
         kubelet's next call (prepare undoes it first, unprepare undoes it) or the sweep retries it."""
         try:
+            last = self._last_holders(entry)
             for hold in reversed(applied):
-                self._handler(hold).release(hold, self.node, self._last_holder(entry, hold))
+                self._handler(hold).release(hold, self.node, last[hold.key])
             with self.lock.hold():
                 self.specs.remove(entry.uid)
                 self._drop(entry.uid)
@@ -621,11 +627,12 @@ class Preparer:
             self._undo(entry)
             return []
 
-    def _last_holder(self, entry: PreparedClaim, hold: Hold) -> bool:
-        """Whether no other claim holds `hold`'s setting (its GPU's lock keeps the answer true)."""
+    def _last_holders(self, entry: PreparedClaim) -> dict[str, bool]:
+        """For each hold of `entry`, whether no other claim holds its setting (the claim's and its
+        GPUs' locks, which the caller holds, keep the answers true until it releases them)."""
         with self.lock.hold():
             self._load()
-            return not (self.store.holders(hold.key) - {entry.uid})
+            return {h.key: not (self.store.holders(h.key) - {entry.uid}) for h in entry.holds}
 
     def _undo(self, entry: PreparedClaim) -> None:
         """Undo a record; the caller holds the claim's and its GPUs' locks."""
@@ -634,8 +641,9 @@ class Preparer:
         with self.lock.hold():
             self.specs.remove(entry.uid)
         self._hook("unprepare:cdi-removed")
+        last = self._last_holders(entry)
         for hold in reversed(entry.holds):
-            self._handler(hold).release(hold, self.node, self._last_holder(entry, hold))
+            self._handler(hold).release(hold, self.node, last[hold.key])
         self._hook("unprepare:holds-released")
         self._drop(entry.uid)
         self._hook("unprepare:checkpoint-removed")
@@ -687,6 +695,8 @@ class Preparer:
                 gpu = hold.params.get("gpu")
                 try:
                     handler = self._handler(hold)
+                    if not gpu and handler.in_place(hold, self.node):
+                        continue  # a claim's own files: looked at first without its lock, the common case
                     with self.gpu_locks.hold([str(gpu)] if gpu else [f"claim:{entry.uid}"]):
                         current = self._entry(entry.uid)
                         if current is None or all(h.key != hold.key for h in current.holds):
@@ -705,6 +715,7 @@ class Preparer:
                         extra={"hold": hold.key, "error": bounded(describe(exc))},
                     )
         self.compact()
+        self._refresh_metrics()  # another process's writes, read by this round's loads
 
     def collect_stale(self) -> None:
         """Undo records of claims that no longer exist and that the kubelet will not unprepare.

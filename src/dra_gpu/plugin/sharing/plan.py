@@ -99,6 +99,7 @@ class DeviceLimit:
     """Percent of the GPU's compute; 100: no compute cap."""
 
 
+DRIVER_FILES_RECHECK_S = 1.0
 DirectoryStamps = tuple[tuple[int, int, int] | None, ...]
 """(mtime, inode, device) of each directory the driver's files are looked for in; None: absent."""
 
@@ -133,21 +134,27 @@ class NodeContext:
     """The installed `update-ldcache` OCI hook (see `driver_root.install_ldcache_hook`)."""
     limit_hook: LimitHook | None = None
     """The memory-limit hook decided at start (`capabilities.find_limit_hook`); None: looked up when needed."""
-    _driver_files: tuple[DirectoryStamps, DriverFiles] | None = field(default=None, repr=False, compare=False)
+    _driver_files: tuple[DirectoryStamps, DriverFiles, float] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def driver_files(self) -> DriverFiles:
         """The driver's files under the driver root, looked for again only when one of the directories
-        they are looked for in changed (a driver upgrade): listing them for every claim cost more than
-        the rest of a prepare."""
-        stamps = _directory_stamps(self.driver_root)
+        they are looked for in changed (a driver upgrade; looked at once a second at most): listing
+        them for every claim cost more than the rest of a prepare."""
         cached = self._driver_files
+        now = time.monotonic()
+        if cached is not None and now - cached[2] < DRIVER_FILES_RECHECK_S:
+            return cached[1]
+        stamps = _directory_stamps(self.driver_root)
         if cached is not None and cached[0] == stamps:
+            self._driver_files = (stamps, cached[1], now)
             return cached[1]
         files = find_driver_files(self.driver_root)
         # A directory changed in the last second may change again within its timestamp's resolution.
         settled = time.time() - 1.0
         if all(s is None or s[0] < settled * 1e9 for s in stamps):
-            self._driver_files = (stamps, files)
+            self._driver_files = (stamps, files, now)
         return files
 
     def claim_dir(self, uid: str) -> Path:
