@@ -46,7 +46,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -527,11 +527,3 @@ class CheckpointStore:
         except FileNotFoundError:
             return None
         return target
-
-    def files(self) -> Iterable[Path]:
-        return (self.path, self.journal_path)
-
-
-def records(checkpoint: Checkpoint) -> Iterator[PreparedClaim]:
-    """The records of a checkpoint, from a copy of its mapping (safe while the store changes it)."""
-    return iter(list(checkpoint.claims.values()))

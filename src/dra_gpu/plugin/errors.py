@@ -76,6 +76,5 @@ def os_error_text(exc: OSError) -> str:
 
 def filesystem_error(action: str, path: Path | str, exc: OSError) -> PrepareError:
     """A file operation that failed, naming the file (the one the error names, else `path`) and why."""
-    where = exc.filename if exc.filename is not None else path
-    also = f" -> {exc.filename2}" if exc.filename2 is not None else ""
-    return PrepareError(f"{action} {where}{also}: {os_error_text(exc)}", reason="filesystem")
+    where = describe(exc) if exc.filename is not None else f"{path}: {os_error_text(exc)}"
+    return PrepareError(f"{action} {where}", reason="filesystem")

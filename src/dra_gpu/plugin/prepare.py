@@ -30,7 +30,6 @@ the next sweep, tries again; the sweep goes on to the other records.
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,7 +58,7 @@ from dra_gpu.plugin.errors import PrepareError, bounded, describe, filesystem_er
 from dra_gpu.plugin.identity import claim_problem, is_path_component
 from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.sharing.directories import claim_temp_files
+from dra_gpu.plugin.sharing.directories import claim_temp_files, remove_tree
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, HoldHandler, NodeContext, Plan, Share
 from dra_gpu.slices.devices import device_name as slice_device_name
 
@@ -663,21 +662,7 @@ class Preparer:
         claim_dir = self.node.claim_dir(uid)
         if not claim_dir.exists():
             return
-        problems: list[str] = []
-
-        def failed(_function: Any, path: str, exc_info: Any) -> None:
-            exc = exc_info[1]
-            problems.append(
-                filesystem_error("removing", path, exc).message if isinstance(exc, OSError) else str(exc)
-            )
-
-        shutil.rmtree(claim_dir, onerror=failed)
-        if problems:
-            raise PrepareError(
-                f"removing the leftover claim directory {claim_dir}: {problems[0]}"
-                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-                reason="filesystem",
-            )
+        remove_tree(claim_dir)
         log.info("removed a leftover claim directory", extra={"path": str(claim_dir)})
 
     # -- background duties -------------------------------------------------------------------------------

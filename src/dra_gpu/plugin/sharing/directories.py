@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
+from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
 
 
@@ -38,15 +39,7 @@ class ClaimDirectory:
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
         path = Path(str(hold.params["path"]))
-        problems: list[OSError] = []
-
-        def failed(_function: object, _path: str, exc_info: tuple[type, BaseException, object]) -> None:
-            if isinstance(exc_info[1], OSError) and not isinstance(exc_info[1], FileNotFoundError):
-                problems.append(exc_info[1])
-
-        shutil.rmtree(path, onerror=failed)
-        if problems:
-            raise setup_failed(f"removing {path}", problems[0])
+        remove_tree(path)
         _remove_empty_parents(path, node)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
@@ -54,6 +47,23 @@ class ClaimDirectory:
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         return None  # per claim, not GPU-wide
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory and everything in it (nothing there is fine); PrepareError naming the first
+    file that could not be removed, and how many more."""
+    problems: list[OSError] = []
+
+    def failed(_function: object, _path: str, exc_info: tuple[type, BaseException, object]) -> None:
+        if isinstance(exc_info[1], OSError) and not isinstance(exc_info[1], FileNotFoundError):
+            problems.append(exc_info[1])
+
+    shutil.rmtree(path, onerror=failed)
+    if problems:
+        error = setup_failed(f"removing {path}", problems[0])
+        if len(problems) > 1:
+            error = PrepareError(f"{error.message} (and {len(problems) - 1} more)", reason=error.reason)
+        raise error
 
 
 def _remove_empty_parents(path: Path, node: NodeContext) -> None:

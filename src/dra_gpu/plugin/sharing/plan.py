@@ -25,7 +25,7 @@ from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
 from dra_gpu.plugin.commands import GpuCommands
 from dra_gpu.plugin.driver_root import EXECUTABLE_DIRS, LIBRARY_DIRS, DriverFiles, find_driver_files
-from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.errors import PrepareError, describe, os_error_text
 from dra_gpu.plugin.identity import is_path_component
 from dra_gpu.quantity import to_int
 
@@ -341,4 +341,9 @@ class HoldHandler(Protocol):
 
 
 def setup_failed(what: str, exc: Exception) -> PrepareError:
-    return PrepareError(f"{what}: {exc}", reason="setup_failed")
+    """`what` failed because of `exc`; a file error in words (`Permission denied (EACCES)`), naming
+    its file unless `what` does."""
+    detail = str(exc)
+    if isinstance(exc, OSError):
+        detail = os_error_text(exc) if exc.filename is None or str(exc.filename) in what else describe(exc)
+    return PrepareError(f"{what}: {detail}", reason="setup_failed")
