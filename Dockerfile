@@ -42,9 +42,11 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 # The build secret `pip-ca`, when given, is the certificate bundle the downloads trust (a proxy with its
 # own authority; tools/build-image.sh passes the build machine's); it is not kept in the image.
+# Only the dependencies are installed here; the stand-in package names a version because pyproject.toml
+# reads it from dra_gpu.__version__.
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && mkdir -p src/dra_gpu && touch src/dra_gpu/__init__.py \
+    && mkdir -p src/dra_gpu && echo "__version__ = \"0\"" > src/dra_gpu/__init__.py \
     && /opt/dra-gpu/bin/pip install --quiet . && /opt/dra-gpu/bin/pip uninstall --quiet -y dra-gpu \
     && rm -rf src build
 COPY src/ src/

@@ -66,8 +66,9 @@ class PluginDirs:
     limiter_library: Path
 
     @classmethod
-    def create(cls, with_limiter: bool = True) -> PluginDirs:
-        root = Path(tempfile.mkdtemp(prefix="dg-", dir="/tmp"))
+    def create(cls, with_limiter: bool = True, parent: Path | None = None) -> PluginDirs:
+        """Under `parent` (default /tmp), e.g. a sandbox a test watches for what must not be touched."""
+        root = Path(tempfile.mkdtemp(prefix="dg-", dir=parent or "/tmp"))
         dirs = cls(
             root=root,
             registration_dir=root / "reg",
@@ -418,7 +419,8 @@ class PluginProcess:
     boot_id: str = "boot-1"
     profile: str = PROFILE
     extra_args: tuple[str, ...] = ()
-    """More `serve` options, e.g. `--mps-control PATH` to drive real (stand-in) GPU tools."""
+    """More `serve` options, e.g. `--mps-control PATH` to drive real (stand-in) GPU tools, or
+    `--http-address 127.0.0.1:0` (the bound port is then in `<root>/http-port`)."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -518,13 +520,15 @@ def _serve(args: argparse.Namespace) -> int:
             timeout_s=10,
         )
     plugin = KubeletPlugin(
-        dirs.config(boot_id=args.boot_id),
+        dirs.config(boot_id=args.boot_id, http_address=args.http_address),
         SnapshotKube(Path(args.snapshot)),
         SimulatedInventory(args.profile, seed=NODE),
         commands,
         fault_hook=hook,
     )
     plugin.start()
+    if plugin.http_port is not None:
+        (dirs_root / "http-port").write_text(str(plugin.http_port))
     (dirs_root / "ready").write_text(str(os.getpid()))
     stop = threading.Event()
     try:
@@ -548,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--mps-control", help="run this nvidia-cuda-mps-control (real processes)")
     serve.add_argument("--nvidia-smi", default="true", help="with --mps-control: the nvidia-smi to run")
     serve.add_argument("--mps-cgroup", help="with --mps-control: the MPS daemons' cgroup directory")
+    serve.add_argument("--http-address", help="serve /metrics and the health checks here")
     args = parser.parse_args(argv)
     return _serve(args)
 

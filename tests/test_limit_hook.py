@@ -54,7 +54,10 @@ def install(root: Path, path: str, mode: int = 0o755) -> None:
 @pytest.fixture
 def nvml_615() -> Iterator[None]:
     fake_pynvml.install(
-        fake_pynvml.FakeDriver(gpus=[fake_pynvml.FakeGpu(uuid="GPU-a")], driver_version="615.71.09")
+        fake_pynvml.FakeDriver(
+            gpus=[fake_pynvml.FakeGpu(uuid="GPU-0a000000-0000-4000-8000-000000000615")],
+            driver_version="615.71.09",
+        )
     )
     yield
     fake_pynvml.install(None)

@@ -59,7 +59,7 @@ def test_round_trip_and_file_format(tmp_path: Path) -> None:
     assert store.load() == Checkpoint() and not store.exists()
     store.save(sample())
     document = json.loads((tmp_path / "checkpoint.json").read_text())
-    assert document["kind"] == "DraGpuCheckpoint" and document["version"] == 1
+    assert document["kind"] == "DraGpuCheckpoint" and document["version"] == 2
     assert document["checksum"] == _checksum(document["data"])
     assert CheckpointStore(tmp_path / "checkpoint.json").load() == sample()
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"], "no temporary files left"
@@ -147,7 +147,7 @@ def test_a_corrupt_checkpoint_is_set_aside_and_the_state_rebuilt(
         {
             "garbage": "\x00\x01 definitely not a checkpoint",
             "checksum": text.replace('"Short"', '"Long"'),
-            "version": text.replace('"version":1', '"version":2'),
+            "version": text.replace('"version":2', '"version":9'),
             "truncated": text[: len(text) // 2],
         }[damage]
     )

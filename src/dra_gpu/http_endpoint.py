@@ -1,18 +1,45 @@
-"""The HTTP endpoint of the node agent and the controller: Prometheus `/metrics` and health checks."""
+"""The HTTP endpoint of the node agent and the controller: Prometheus `/metrics` and health checks.
+
+It stays answerable whatever its clients do. One thread accepts connections and reads their
+requests without blocking on any of them; a request must arrive whole within `read_timeout_s` of
+its connection, or the connection is closed (so idle or slow connections cost no thread, and at
+most `max_connections` are open: past that the oldest unfinished one is dropped). The listen backlog
+is `backlog`. Health checks are answered by that thread at once, from what the checks know in
+memory, never behind `/metrics`: a check must not block. `/metrics` is rendered by a bounded pool of
+`workers` threads with a bounded queue; when the queue is full the request is answered 503 at once.
+Every answer closes its connection (`Connection: close`), and an answer a client does not take
+within `write_timeout_s` is dropped.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
+import queue
+import selectors
+import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
 
 Check = Callable[[], tuple[bool, str]]
-"""A health check: whether it passes, and the line to answer with."""
+"""A health check: whether it passes, and the line to answer with. It answers from memory, at once."""
+
+MAX_REQUEST_HEAD = 8192
+TEXT = "text/plain; charset=utf-8"
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -28,47 +55,251 @@ def bool_check(check: Callable[[], bool], failing: str = "not ready") -> Check:
     return lambda: (True, "ok") if check() else (False, failing)
 
 
+def _response(code: int, body: bytes, content_type: str, head_only: bool = False) -> bytes:
+    head = (
+        f"HTTP/1.1 {code} {REASONS.get(code, '')}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    return head if head_only else head + body
+
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    deadline: float
+    received: bytearray = field(default_factory=bytearray)
+    outgoing: bytes = b""
+    open: bool = True
+
+
 class HttpServer:
     """Serves `/metrics` from `registry` and each path of `checks` (200 or 503); `port` is the bound port."""
 
     def __init__(
-        self, address: str, registry: CollectorRegistry, checks: Mapping[str, Check], name: str = "http"
+        self,
+        address: str,
+        registry: CollectorRegistry,
+        checks: Mapping[str, Check],
+        name: str = "http",
+        *,
+        workers: int = 2,
+        queue_size: int = 16,
+        backlog: int = 1024,
+        max_connections: int = 1024,
+        read_timeout_s: float = 5.0,
+        write_timeout_s: float = 10.0,
     ) -> None:
-        paths = dict(checks)
-        hint = ", ".join(["/metrics", *paths]).encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif path in paths:
-                    ok, why = paths[path]()
-                    self._reply(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
-                else:
-                    self._reply(404, b"not found: try " + hint + b"\n", "text/plain; charset=utf-8")
-
-            def _reply(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:  # probes every few seconds
-                log.debug("http request", extra={"request": format % args})
-
-        self._server = ThreadingHTTPServer(parse_address(address), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+        self._registry = registry
+        self._checks = dict(checks)
+        self._hint = ", ".join(["/metrics", *self._checks]).encode()
+        self._name = name
+        self._read_timeout_s = read_timeout_s
+        self._write_timeout_s = write_timeout_s
+        self._max_connections = max_connections
+        host, port = parse_address(address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=backlog)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
+        self._reading: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
+        """Connections whose request is not complete yet, oldest first (their deadlines in order)."""
+        self._writing: set[_Connection] = set()
+        self._jobs: queue.Queue[tuple[_Connection, bool] | None] = queue.Queue(maxsize=queue_size)
+        self._stopping = threading.Event()
+        self._loop = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._workers = [
+            threading.Thread(target=self._work, name=f"{name}-metrics-{i}", daemon=True)
+            for i in range(workers)
+        ]
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._listener.getsockname()[1])
 
     def start(self) -> None:
-        self._thread.start()
+        for worker in self._workers:
+            worker.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._wake_write.send(b"x")
+        if self._loop.is_alive():
+            self._loop.join(timeout=5)
+        for _ in self._workers:
+            with contextlib.suppress(queue.Full):
+                self._jobs.put_nowait(None)
+        for worker in self._workers:
+            if worker.is_alive():
+                worker.join(timeout=self._write_timeout_s + 1)
+        for conn in [*self._reading, *self._writing]:
+            self._close(conn)
+        self._selector.close()
+        for sock in (self._listener, self._wake_read, self._wake_write):
+            sock.close()
+
+    # -- the loop: accept, read requests, answer checks ----------------------------------------------
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            timeout = 1.0
+            if self._reading:
+                oldest = next(iter(self._reading))
+                timeout = max(0.0, min(timeout, oldest.deadline - time.monotonic()))
+            for key, events in self._selector.select(timeout):
+                try:
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_read.recv(4096)
+                    elif events & selectors.EVENT_WRITE:
+                        self._flush(key.data)
+                    else:
+                        self._read(key.data)
+                except Exception:  # one connection's trouble never stops the endpoint
+                    log.exception("http connection failed", extra={"server": self._name})
+                    if isinstance(key.data, _Connection):
+                        self._close(key.data)
+            self._expire()
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst at a time, then the others' turn
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors: the backlog keeps them
+                log.warning("http accept failed", extra={"server": self._name, "error": str(exc)})
+                return
+            sock.setblocking(False)
+            if len(self._reading) + len(self._writing) >= self._max_connections and self._reading:
+                self._close(next(iter(self._reading)))  # the oldest unfinished request makes room
+            conn = _Connection(sock, time.monotonic() + self._read_timeout_s)
+            self._reading[conn] = None
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.received += data
+        end = conn.received.find(b"\r\n\r\n")
+        if end < 0:
+            if len(conn.received) > MAX_REQUEST_HEAD:
+                self._answer(conn, _response(400, b"request head too large\n", TEXT))
+            return
+        self._reading.pop(conn, None)
+        self._selector.unregister(conn.sock)
+        self._dispatch(conn, bytes(conn.received[:end]))
+
+    def _dispatch(self, conn: _Connection, head: bytes) -> None:
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            self._answer(conn, _response(400, b"bad request\n", TEXT))
+            return
+        method, target = parts[0], parts[1]
+        if method not in ("GET", "HEAD"):
+            self._answer(conn, _response(405, b"only GET and HEAD\n", TEXT))
+            return
+        head_only = method == "HEAD"
+        path = target.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                self._jobs.put_nowait((conn, head_only))
+            except queue.Full:
+                self._answer(
+                    conn, _response(503, b"busy: too many /metrics requests at once\n", TEXT, head_only)
+                )
+            return
+        check = self._checks.get(path)
+        if check is None:
+            self._answer(conn, _response(404, b"not found: try " + self._hint + b"\n", TEXT, head_only))
+            return
+        try:
+            ok, why = check()
+        except Exception as exc:
+            ok, why = False, f"the check failed: {exc}"
+        self._answer(conn, _response(200 if ok else 503, (why + "\n").encode(), TEXT, head_only))
+
+    def _answer(self, conn: _Connection, data: bytes) -> None:
+        """Send `data` and close, without blocking: what the socket does not take now is sent later."""
+        self._reading.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+        conn.outgoing = data
+        conn.deadline = time.monotonic() + self._write_timeout_s
+        self._writing.add(conn)
+        self._flush(conn, register=True)
+
+    def _flush(self, conn: _Connection, register: bool = False) -> None:
+        try:
+            sent = conn.sock.send(conn.outgoing)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(conn)
+            return
+        conn.outgoing = conn.outgoing[sent:]
+        if not conn.outgoing:
+            self._close(conn)
+        elif register:
+            self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._reading:
+            oldest = next(iter(self._reading))
+            if oldest.deadline > now:
+                break
+            self._close(oldest)
+        for conn in [c for c in self._writing if c.deadline <= now]:
+            self._close(conn)
+
+    def _close(self, conn: _Connection) -> None:
+        self._reading.pop(conn, None)
+        self._writing.discard(conn)
+        if not conn.open:
+            return
+        conn.open = False
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    # -- the workers: /metrics ------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            conn, head_only = job
+            try:
+                body = generate_latest(self._registry)
+                data = _response(200, body, CONTENT_TYPE_LATEST, head_only)
+            except Exception as exc:
+                log.exception("rendering /metrics failed", extra={"server": self._name})
+                data = _response(503, f"metrics unavailable: {exc}\n".encode(), TEXT, head_only)
+            try:
+                conn.sock.settimeout(self._write_timeout_s)
+                conn.sock.sendall(data)
+            except OSError:
+                pass  # the client left or did not read in time
+            finally:
+                conn.open = False
+                with contextlib.suppress(OSError):
+                    conn.sock.close()

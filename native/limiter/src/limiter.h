@@ -108,7 +108,7 @@ struct dl_claim_device {
     int cores;       /* 1..100 */
 };
 struct dl_claim {
-    char name[256];       /* <namespace>/<name> (the directory name when the file is broken) */
+    char name[320];       /* <namespace>/<name>: up to 63 + 1 + 253 (the directory name when the file is broken) */
     char state_dir[4096]; /* the claim's shared accounting directory, as the container sees it */
     int n_devices;
     struct dl_claim_device devices[DL_MAX_DEVICES];

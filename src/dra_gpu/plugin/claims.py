@@ -7,6 +7,7 @@ what the user finds in the pod's events.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from dra_gpu.config import ConfigError, merge_configs
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.kube import ApiError, KubeAPI, NotFound
 from dra_gpu.plugin.checkpoint import ShareRecord
-from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.errors import PrepareError, quote, short
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
 from dra_gpu.slices.devices import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
@@ -79,12 +80,20 @@ def allocation_results(obj: Mapping[str, Any], driver: str, pool: str) -> list[M
     return [r for r in devices.get("results") or [] if r.get("driver") == driver and r.get("pool") == pool]
 
 
-def _amount(record: ShareRecord, name: str) -> Fraction | None:
+def _amount(record: ShareRecord, name: str) -> Fraction | int | None:
     text = record.consumed.get(name)
+    return None if text is None else _parse_amount(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_amount(text: str) -> Fraction | int | None:
+    """A recorded amount (a few distinct values on a node: parsed once each, not per claim per call);
+    whole numbers as int, which add up much faster."""
     try:
-        return None if text is None else Fraction(text)
+        value = Fraction(text)
     except (ValueError, ZeroDivisionError):
         return None
+    return value.numerator if value.denominator == 1 else value
 
 
 def _show_memory(value: Fraction | int) -> str:
@@ -109,10 +118,10 @@ def over_capacity(share: Share, record: ShareRecord, others: list[Holder], drive
         mine = _amount(record, name)
         if mine is None:
             continue
-        taken = [(o.claim, amount) for o in others if (amount := _amount(o.record, name)) is not None]
-        used = sum((amount for _, amount in taken), Fraction(0))
+        used = sum(amount for o in others if (amount := _amount(o.record, name)) is not None)
         if used + mine <= limit:
             continue
+        taken = [(o.claim, amount) for o in others if (amount := _amount(o.record, name)) is not None]
         show = _show_memory if name == MEMORY_CAPACITY else _show_number
         holders = ", ".join(f"{claim} {show(amount)}" for claim, amount in taken) or "none"
         return (
@@ -131,7 +140,7 @@ def _consumed(raw: Mapping[str, Any] | None, where: str) -> dict[str, Fraction]:
             result[name] = parse_quantity(value)
         except QuantityError as exc:
             raise PrepareError(
-                f"{where}: consumedCapacity {name!r}: {exc}", reason="invalid_allocation"
+                f"{where}: consumedCapacity {quote(name)}: {exc}", reason="invalid_allocation"
             ) from None
     return result
 
@@ -150,7 +159,9 @@ def shares_of(
     ours = [r for r in results if r.get("driver") == driver]
     if not ours:
         others = sorted({str(r.get("driver")) for r in results})
-        detail = f"its devices are from {', '.join(others)}" if others else "it has no allocated devices"
+        shown = ", ".join(short(d) for d in others[:5])
+        shown += f" and {len(others) - 5} more" if len(others) > 5 else ""
+        detail = f"its devices are from {shown}" if others else "it has no allocated devices"
         raise PrepareError(
             f"ResourceClaim {claim.ref} has no device allocated by {driver} ({detail})", reason="other_driver"
         )
@@ -158,10 +169,10 @@ def shares_of(
     shares: list[Share] = []
     for position, result in enumerate(ours):
         request, device = str(result.get("request", "")), str(result.get("device", ""))
-        where = f"ResourceClaim {claim.ref}, request {request!r}, device {result.get('pool')}/{device}"
+        where = f"ResourceClaim {claim.ref}, request {quote(request)}, device {short(result.get('pool'))}/{short(device)}"
         if result.get("pool") != pool:
             raise PrepareError(
-                f"{where}: the device is in pool {result.get('pool')!r}, not in this node's pool {pool!r}",
+                f"{where}: the device is in pool {quote(result.get('pool'))}, not in this node's pool {pool!r}",
                 reason="wrong_node",
             )
         gpu = gpus.get(device)

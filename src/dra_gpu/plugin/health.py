@@ -3,7 +3,9 @@
 The stream is served as health API v1 (kubelet 1.37+ prefers it) and v1alpha1 (older kubelets).
 
 The probe behind `/healthz` dials both sockets as the kubelet does (registration `GetInfo`, then the
-standard gRPC health check on the DRA socket), so a wedged server or a deleted socket fails it.
+standard gRPC health check on the DRA socket), so a wedged server or a deleted socket fails it. It runs
+in a thread of its own (`HealthProbe`); `/healthz` answers from its last result at once, so a probe
+never waits behind a slow socket, and a probe that stopped finishing is itself a failure.
 """
 
 from __future__ import annotations
@@ -105,6 +107,59 @@ class DeviceHealthV1alpha1Servicer(health_v1alpha1_grpc.DRAResourceHealthService
         self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Any
     ) -> Iterator[health_v1alpha1.NodeWatchResourcesResponse]:
         return self.stream.watch(health_v1alpha1, context)
+
+
+class HealthProbe:
+    """`probe()` every `interval_s` in a thread; `check()` answers from the last result, at once.
+
+    The sockets' existence is looked at on every `check()` (a stat, which does not wait on anyone),
+    so a deleted socket fails the next check. A result older than `stale_s` fails too: the probe
+    itself hangs.
+    """
+
+    def __init__(
+        self, registration_socket: Path, service_socket: Path, interval_s: float = 2.0, timeout_s: float = 2.0
+    ) -> None:
+        self.sockets = (registration_socket, service_socket)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.stale_s = 3 * (interval_s + timeout_s)
+        self._result: tuple[bool, str, float] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="health-probe", daemon=True)
+
+    def start(self) -> None:
+        self.run_once()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timeout_s * 2 + 1)
+
+    def run_once(self) -> None:
+        ok, why = probe(*self.sockets, timeout_s=self.timeout_s)
+        self._result = (ok, why, time.monotonic())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception as exc:  # the next round tries again; meanwhile the result goes stale
+                self._result = (False, f"the health probe failed: {exc}", time.monotonic())
+
+    def check(self) -> tuple[bool, str]:
+        for path in self.sockets:
+            if not path.exists():
+                return False, f"socket {path} does not exist"
+        result = self._result
+        if result is None:
+            return False, "not probed yet"
+        ok, why, at = result
+        age = time.monotonic() - at
+        if age > self.stale_s:
+            return False, f"the gRPC health probe has not finished for {age:.0f}s"
+        return ok, why
 
 
 def probe(registration_socket: Path, service_socket: Path, timeout_s: float = 2.0) -> tuple[bool, str]:

@@ -56,6 +56,8 @@ class NodeLock:
         self._owner: int | None = None
         self._depth = 0
         self._fd: int | None = None
+        self.holds = 0
+        """Counts the outermost holds: what was read under one of them stays true until it ends."""
 
     def _file(self) -> int:
         if self._fd is None:
@@ -87,6 +89,7 @@ class NodeLock:
                 f"(a second plugin pod on this node during an update?)",
             )
             self._owner, self._depth = me, 1
+            self.holds += 1
             try:
                 yield
             finally:
@@ -120,10 +123,13 @@ class KeyLocks:
             return self._locks.setdefault(key, threading.Lock())
 
     @contextmanager
-    def _hold_one(self, key: str, deadline: float) -> Iterator[None]:
+    def _hold_one(self, key: str, deadline: float, call_deadline: bool = False) -> Iterator[None]:
         what = key.removeprefix("claim:") if key.startswith("claim:") else f"GPU {key}"
         busy = (
-            f"{what} has been busy with another prepare or unprepare for more than {self.timeout_s:.0f}s "
+            f"{what} was busy with another prepare or unprepare until the deadline of the kubelet's call; "
+            f"nothing was changed, the kubelet's next call tries again"
+            if call_deadline
+            else f"{what} has been busy with another prepare or unprepare for more than {self.timeout_s:.0f}s "
             f"(a GPU command that does not return?)"
         )
         lock = self._lock(key)
@@ -148,9 +154,13 @@ class KeyLocks:
             lock.release()
 
     @contextmanager
-    def hold(self, keys: Iterable[str]) -> Iterator[None]:
-        deadline = time.monotonic() + self.timeout_s
+    def hold(self, keys: Iterable[str], deadline: float | None = None) -> Iterator[None]:
+        """Hold every key, waiting at most the timeout, and never past `deadline` (time.monotonic)."""
+        limit = time.monotonic() + self.timeout_s
+        by_call = deadline is not None and deadline < limit
+        if deadline is not None and by_call:
+            limit = deadline
         with ExitStack() as stack:
             for key in sorted(set(keys)):
-                stack.enter_context(self._hold_one(key, deadline))
+                stack.enter_context(self._hold_one(key, limit, by_call))
             yield

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dra_gpu.plugin.checkpoint import Checkpoint, ClaimState
+from dra_gpu.plugin.checkpoint import Checkpoint, ClaimState, PreparedClaim
+
+ShareKey = tuple[str, str, str]
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -51,16 +56,45 @@ class PluginMetrics:
         self.registered = Gauge(
             "dra_gpu_plugin_registered", "1 once the kubelet accepted the plugin's registration.", registry=r
         )
+        self.stale_uncleaned = Gauge(
+            "dra_gpu_stale_claims_uncleaned",
+            "Records of stale claims the last sweep could not undo (each logged; the next sweep retries).",
+            registry=r,
+        )
+        self._lock = threading.Lock()
+        self._completed = 0
+        self._counts: dict[ShareKey, int] = {}
 
     def refresh(self, checkpoint: Checkpoint) -> None:
         """Recompute the gauges from the checkpoint, the one source of truth."""
-        completed = [c for c in checkpoint.claims.values() if c.state == ClaimState.PREPARE_COMPLETED]
-        self.prepared_claims.set(len(completed))
-        counts: dict[tuple[str, str, str], int] = {}
-        for claim in completed:
-            for share in claim.shares:
-                key = (share.device, share.gpu, share.strategy)
-                counts[key] = counts.get(key, 0) + 1
-        self.gpu_shares.clear()
-        for (device, gpu, strategy), count in counts.items():
-            self.gpu_shares.labels(device=device, gpu_uuid=gpu, strategy=strategy).set(count)
+        with self._lock:
+            self._completed = 0
+            self._counts = {}
+            self.gpu_shares.clear()
+            for claim in list(checkpoint.claims.values()):
+                self._count(claim, 1)
+
+    def claim_changed(self, before: PreparedClaim | None, after: PreparedClaim | None) -> None:
+        """Follow one record's change (work per claim, not per node)."""
+        with self._lock:
+            if before is not None:
+                self._count(before, -1)
+            if after is not None:
+                self._count(after, 1)
+
+    def _count(self, claim: PreparedClaim, step: int) -> None:
+        if claim.state != ClaimState.PREPARE_COMPLETED:
+            return
+        self._completed += step
+        self.prepared_claims.set(self._completed)
+        for share in claim.shares:
+            key = (share.device, share.gpu, share.strategy)
+            count = self._counts.get(key, 0) + step
+            device, gpu, strategy = key
+            if count > 0:
+                self._counts[key] = count
+                self.gpu_shares.labels(device=device, gpu_uuid=gpu, strategy=strategy).set(count)
+            else:
+                self._counts.pop(key, None)
+                with contextlib.suppress(KeyError):
+                    self.gpu_shares.remove(device, gpu, strategy)

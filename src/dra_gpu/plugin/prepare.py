@@ -18,12 +18,18 @@ killed at any point leaves a state from which the kubelet's repeated call conver
 
 Reference counts of GPU-wide settings are never stored: they are the holds of the claims in the
 checkpoint, so they survive restarts by construction.
+
+A call's work is proportional to its claims, not to the node: records are read and written one at a
+time (the checkpoint store keeps them and an index of who is on which GPU), never copied as a whole.
+A call stops starting claims when its deadline has passed; a claim it started is finished or rolled
+back, so every claim is either prepared or not. One claim's failure is that claim's error only.
+A rollback or sweep that cannot undo something keeps the claim's record, so that a later call, or
+the next sweep, tries again; the sweep goes on to the other records.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,11 +54,13 @@ from dra_gpu.plugin.checkpoint import (
 )
 from dra_gpu.plugin.claims import allocation_digest, allocation_results, fetch_claim, over_capacity, shares_of
 from dra_gpu.plugin.commands import CommandError
-from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.errors import PrepareError, bounded, describe, filesystem_error
+from dra_gpu.plugin.identity import claim_problem, is_path_component
 from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.mig_devices import mig_views
 from dra_gpu.plugin.mig_instances import MigInstances
+from dra_gpu.plugin.sharing.directories import claim_temp_files, remove_tree
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, HoldHandler, NodeContext, Plan, Share
 from dra_gpu.slices.devices import device_name as slice_device_name
 
@@ -79,16 +87,14 @@ NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
 """Failures with no claim to report on, or none the user can fix in it."""
 
 
-def _drop(checkpoint: Checkpoint, uid: str) -> None:
-    checkpoint.claims.pop(uid, None)
-
-
-def _mark_pending(checkpoint: Checkpoint) -> None:
-    checkpoint.rebuildPending = True
-
-
-def _clear_pending(checkpoint: Checkpoint) -> None:
-    checkpoint.rebuildPending = False
+DEADLINE_PASSED = (
+    "not started: the deadline of the kubelet's call passed before this claim's turn; the kubelet's "
+    "next call does it"
+)
+TEMP_FILE_AGE_S = 600.0
+"""A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
+COMPACT_IN_CALL_FACTOR = 8
+"""A call folds the checkpoint's journal into its snapshot itself only when the background did not."""
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -140,22 +146,30 @@ class Preparer:
         self._rebuild_wanted = False
         """A damaged checkpoint was set aside: the next call rebuilds the state before its own work."""
         self._rebuild_lock = threading.Lock()
+        self._metrics_reloads = -1
+        """The store's `reloads` the metrics were last computed for (they follow each write since)."""
+        self._loaded: tuple[int, Checkpoint] | None = None
+        """(the node lock's hold, the checkpoint loaded under it)."""
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
         """Load (or rebuild) the checkpoint once, before the kubelet can call."""
-        checkpoint = self._read()
-        if checkpoint.rebuildPending or (not self.store.exists() and self.specs.uids_on_disk()):
-            log.warning("rebuilding the state from the claims in the API and the files on disk")
-            checkpoint = self._rebuild()
-        else:
-            with self.lock.hold():
-                for uid in self._uids_on_disk() - set(self._load().claims):
+        with self.lock.hold():
+            checkpoint = self._load()
+            rebuild = checkpoint.rebuildPending or (
+                not self.store.exists() and bool(self.specs.uids_on_disk())
+            )
+            if not rebuild:
+                for uid in self._uids_on_disk() - set(checkpoint.claims):
                     # Specs and directories are created after their claim's record: these are from a lost write.
                     self._remove_leftovers(uid)
-        current = self._read()
-        if not current.rebuildPending:  # else the claims in use are not known yet: keep their instances
-            self._mig.reconcile(set(current.claims), self.inventory.gpus())
+                self.store.compact()
+        if rebuild:
+            log.warning("rebuilding the state from the claims in the API and the files on disk")
+            self._rebuild()
+        checkpoint = self.snapshot()
+        if not checkpoint.rebuildPending:  # else the claims in use are not known yet: keep their instances
+            self._mig.reconcile(set(checkpoint.claims), self.inventory.gpus())
         stale = [c.ref for c in checkpoint.claims.values() if c.bootId != self.boot_id]
         if stale:
             log.info(
@@ -163,7 +177,16 @@ class Preparer:
                 "are restored when the kubelet prepares them again",
                 extra={"claims": stale},
             )
-        self.metrics.refresh(checkpoint)
+        self._refresh_metrics(force=True)
+
+    def close(self) -> None:
+        """Fold the checkpoint's journal into its snapshot (at stop: the next start reads one file)."""
+        try:
+            with self.lock.hold():
+                self._load()
+                self.store.compact()
+        except Exception as exc:  # the next start reads the journal too
+            log.warning("could not write the checkpoint's snapshot at stop", extra={"error": describe(exc)})
 
     def _rebuild_if_lost(self) -> None:
         """Rebuild now if a damaged checkpoint was set aside (see `_load`); one caller at a time.
@@ -180,10 +203,11 @@ class Preparer:
         finally:
             self._rebuild_lock.release()
 
-    def prepare(self, claims: Sequence[ClaimInfo]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: Sequence[ClaimInfo], deadline: float | None = None) -> dict[str, PrepareResult]:
+        """Prepare each claim; `deadline` (time.monotonic) is the caller's: no claim starts after it."""
         started = time.perf_counter()
         self._rebuild_if_lost()
-        results = {claim.uid: self._guarded("prepare", claim, self._prepare) for claim in claims}
+        results = self._each("prepare", claims, self._prepare, deadline)
         self._rebuild_if_lost()
         self._refresh_metrics()
         self._post_notices([claim.uid for claim in claims])
@@ -201,21 +225,54 @@ class Preparer:
                 except Exception as exc:  # the API unreachable: the prepare's log line stays
                     log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
 
-    def unprepare(self, claims: Sequence[ClaimInfo]) -> dict[str, str]:
+    def unprepare(self, claims: Sequence[ClaimInfo], deadline: float | None = None) -> dict[str, str]:
         started = time.perf_counter()
         self._rebuild_if_lost()
-        errors = {claim.uid: self._guarded("unprepare", claim, self._unprepare).error for claim in claims}
+        results = self._each("unprepare", claims, self._unprepare, deadline)
         self._rebuild_if_lost()
         self._refresh_metrics()
         self.metrics.unprepare_seconds.observe(time.perf_counter() - started)
-        return errors
+        return {uid: result.error for uid, result in results.items()}
 
-    def _refresh_metrics(self) -> None:
+    def _each(
+        self,
+        operation: str,
+        claims: Sequence[ClaimInfo],
+        work: Callable[[ClaimInfo, float | None], list[PreparedDevice]],
+        deadline: float | None,
+    ) -> dict[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        for claim in claims:
+            if claim.uid in results:
+                continue  # the same claim twice in one call: one answer
+            if deadline is not None and time.monotonic() >= deadline:
+                self.metrics.errors.labels(operation=operation, reason="deadline").inc()
+                results[claim.uid] = PrepareResult(error=DEADLINE_PASSED)
+                continue
+            results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, deadline))
+        skipped = sum(r.error == DEADLINE_PASSED for r in results.values())
+        if skipped:
+            log.warning(
+                f"the call's deadline passed: {skipped} of its claims were not started",
+                extra={"operation": operation, "claims": len(results)},
+            )
+        return results
+
+    def _refresh_metrics(self, force: bool = False) -> None:
+        """Recount the gauges if the checkpoint was read anew since (each write updates them itself).
+
+        Another process's writes are found by the next load (every call loads): a call that ends with
+        `reloads` unchanged changed nothing the metrics did not follow."""
+        if not force and self.store.reloads == self._metrics_reloads:
+            return  # the common case: this process's own writes, which the metrics followed
         try:
             with self.lock.hold():
-                self.metrics.refresh(self._load())
-        except LockTimeout:
-            pass  # the next call refreshes them
+                checkpoint = self._load()
+                if force or self.store.reloads != self._metrics_reloads:
+                    self.metrics.refresh(checkpoint)
+                    self._metrics_reloads = self.store.reloads
+        except Exception as exc:  # the next call refreshes them; never this call's failure
+            log.debug("metrics not refreshed", extra={"error": str(exc)})
 
     def _guarded(
         self,
@@ -227,28 +284,46 @@ class Preparer:
         try:
             devices = work(claim)
         except PrepareError as exc:
-            self.metrics.errors.labels(operation=operation, reason=exc.reason).inc()
-            log.warning(f"{operation} failed", extra={**fields, "reason": exc.reason, "error": exc.message})
-            return PrepareResult(error=exc.message)
+            return self._failed(operation, claim, exc.reason, exc.message)
         except LockTimeout as exc:
-            self.metrics.errors.labels(operation=operation, reason="lock_timeout").inc()
-            log.warning(f"{operation} failed", extra={**fields, "reason": "lock_timeout", "error": str(exc)})
-            return PrepareResult(error=str(exc))
+            return self._failed(operation, claim, "lock_timeout", str(exc))
+        except OSError as exc:
+            return self._failed(
+                operation, claim, "filesystem", f"{operation} of {claim.ref}: {describe(exc)}"
+            )
         except Exception as exc:
-            self.metrics.errors.labels(operation=operation, reason="internal").inc()
             log.exception(f"{operation} failed unexpectedly", extra=fields)
-            return PrepareResult(error=f"internal error in the {self.node.driver} plugin: {exc!r}")
+            text = f"internal error in the {self.node.driver} plugin: {describe(exc)}"
+            return self._failed(operation, claim, "internal", text, logged=True)
         log.info(f"{operation} done", extra={**fields, "devices": [d.device for d in devices]})
         return PrepareResult(devices=devices)
+
+    def _failed(
+        self, operation: str, claim: ClaimInfo, reason: str, message: str, logged: bool = False
+    ) -> PrepareResult:
+        """One claim's failure: counted, logged and answered, its message bounded (it quotes requests)."""
+        self.metrics.errors.labels(operation=operation, reason=reason).inc()
+        message = bounded(message)
+        if not logged:
+            log.warning(
+                f"{operation} failed",
+                extra={"claim": claim.ref, "uid": claim.uid, "reason": reason, "error": message},
+            )
+        return PrepareResult(error=message)
 
     # -- checkpoint ----------------------------------------------------------------------------------
     def _load(self) -> Checkpoint:
         """The checkpoint as stored; only under the node lock (the object is the store's own).
 
         A damaged file is set aside and an empty checkpoint marked `rebuildPending` takes its place.
+        The files are looked at once per hold of the node lock: nobody else writes while it is held.
         """
+        if self._loaded is not None and self._loaded[0] == self.lock.holds and self.store.current is not None:
+            return self.store.current
         try:
-            return self.store.load()
+            checkpoint = self.store.load()
+            self._loaded = (self.lock.holds, checkpoint)
+            return checkpoint
         except CheckpointCorrupt as exc:
             moved = self.store.set_aside()
             log.error(
@@ -257,32 +332,48 @@ class Preparer:
             )
             # The rebuild reads the API and sets GPUs up: it runs once the node lock is released.
             checkpoint = Checkpoint(rebuildPending=True)
-            self._save(checkpoint)
+            self.store.save(checkpoint)
             self._rebuild_wanted = True
+            self.metrics.refresh(checkpoint)
             return checkpoint
 
-    def _save(self, checkpoint: Checkpoint) -> None:
-        self.store.save(checkpoint)
-
-    def _read(self) -> Checkpoint:
-        """A copy of the checkpoint, to look at without the node lock."""
+    def _put(self, record: PreparedClaim) -> None:
+        """Store one claim's record (a new object: stored records are never changed in place)."""
         with self.lock.hold():
-            return self._load().model_copy(deep=True)
+            before = self._load().claims.get(record.uid)
+            self.store.put(record)
+            self.metrics.claim_changed(before, record)
+            self._compact_if_overdue()
 
-    def _update(self, change: Callable[[Checkpoint], None]) -> None:
-        """One read-modify-write of the checkpoint under the node lock."""
+    def _drop(self, uid: str) -> None:
         with self.lock.hold():
-            checkpoint = self._load()
-            try:
-                change(checkpoint)
-                self._save(checkpoint)
-            except BaseException:
-                self.store.invalidate()
-                raise
+            before = self._load().claims.get(uid)
+            if before is None:
+                return
+            self.store.drop(uid)
+            self.metrics.claim_changed(before, None)
+            self._compact_if_overdue()
+
+    def _set_pending(self, value: bool) -> None:
+        with self.lock.hold():
+            if self._load().rebuildPending != value:
+                self.store.set_rebuild_pending(value)
+
+    def _compact_if_overdue(self) -> None:
+        """The background folds the journal in; a call does it only if the journal got far too long."""
+        if self.store.compact_due(COMPACT_IN_CALL_FACTOR):
+            self.store.compact()
+
+    def compact(self) -> None:
+        """Fold the checkpoint's journal into its snapshot once it has outgrown it (background duty)."""
+        with self.lock.hold():
+            self._load()
+            if self.store.compact_due():
+                self.store.compact()
 
     def _entry(self, uid: str) -> PreparedClaim | None:
-        entry = self._read().claims.get(uid)
-        return entry
+        with self.lock.hold():
+            return self._load().claims.get(uid)
 
     # -- locks -----------------------------------------------------------------------------------------
     def _gpu_uuids(self, entry: PreparedClaim | None, obj: Mapping[str, Any] | None) -> set[str]:
@@ -301,17 +392,18 @@ class Preparer:
 
     @contextmanager
     def _claim_locked(
-        self, claim: ClaimInfo, obj: Mapping[str, Any] | None
+        self, claim: ClaimInfo, obj: Mapping[str, Any] | None, deadline: float | None = None
     ) -> Iterator[PreparedClaim | None]:
         """Hold the claim's and its GPUs' locks; yields the claim's record as it is under them.
 
         The GPUs come from the record read before locking; should the record have moved to other
         GPUs meanwhile (a concurrent call for the same claim in another plugin process), lock again.
+        Waiting ends at `deadline` too (LockTimeout): the claim is then left as it was.
         """
         entry = self._entry(claim.uid)
         for _ in range(3):
             wanted = self._gpu_uuids(entry, obj)
-            with self.gpu_locks.hold({f"claim:{claim.uid}", *wanted}):
+            with self.gpu_locks.hold({f"claim:{claim.uid}", *wanted}, deadline=deadline):
                 current = self._entry(claim.uid)
                 if self._gpu_uuids(current, obj) <= wanted:
                     yield current
@@ -320,7 +412,7 @@ class Preparer:
         raise LockTimeout(f"claim {claim.ref}: its record kept changing GPUs while waiting for their locks")
 
     # -- prepare ---------------------------------------------------------------------------------------
-    def _prepare(self, claim: ClaimInfo) -> list[PreparedDevice]:
+    def _prepare(self, claim: ClaimInfo, deadline: float | None = None) -> list[PreparedDevice]:
         # The API read comes first, outside every lock: it can take as long as the API server's timeout.
         fetched: dict[str, Any] | None = None
         fetch_error: PrepareError | None = None
@@ -329,7 +421,7 @@ class Preparer:
         except PrepareError as exc:
             fetch_error = exc
         try:
-            return self._prepare_locked(claim, fetched, fetch_error)
+            return self._prepare_locked(claim, fetched, fetch_error, deadline)
         except PrepareError as exc:
             if exc.reason not in NOT_REPORTED:
                 self._report(claim, fetched, exc)
@@ -351,14 +443,18 @@ class Preparer:
                 targets.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod})
         for target in targets:
             try:
-                self.events.record(target, "Warning", PREPARE_FAILED_REASON, exc.message)
+                self.events.record(target, "Warning", PREPARE_FAILED_REASON, bounded(exc.message))
             except Exception as error:  # an event is never worth failing or retrying the call for
                 log.warning("could not record a prepare failure event", extra={"error": str(error)})
 
     def _prepare_locked(
-        self, claim: ClaimInfo, fetched: dict[str, Any] | None, fetch_error: PrepareError | None
+        self,
+        claim: ClaimInfo,
+        fetched: dict[str, Any] | None,
+        fetch_error: PrepareError | None,
+        deadline: float | None = None,
     ) -> list[PreparedDevice]:
-        with self._claim_locked(claim, fetched) as entry:
+        with self._claim_locked(claim, fetched, deadline) as entry:
             obj: dict[str, Any] | None = None
             if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
                 obj = self._reallocated(entry, fetched)
@@ -420,7 +516,7 @@ class Preparer:
                 )
         shares = self._mig.materialize(claim, shares, self.inventory.gpus())
         try:
-            plan = self._plan(self._read(), claim, shares)
+            plan = self._plan(claim, shares)
         except Exception:
             self._mig.release(claim.uid, self.inventory.gpus())
             raise
@@ -437,7 +533,7 @@ class Preparer:
             cdiSpec=spec.to_dict(),
             allocation=allocation_digest(obj, self.node.driver),
         )
-        self._update(lambda c: c.claims.__setitem__(claim.uid, entry.model_copy(deep=True)))
+        self._put(entry)
         self._hook("prepare:checkpoint-started")
         applied: list[Hold] = []
         try:
@@ -451,11 +547,7 @@ class Preparer:
         except Exception:
             self._rollback(entry, applied)
             raise
-
-        def completed(checkpoint: Checkpoint) -> None:
-            checkpoint.claims[claim.uid].state = ClaimState.PREPARE_COMPLETED
-
-        self._update(completed)
+        self._put(entry.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
         self._hook("prepare:checkpoint-completed")
         for text in plan.notices:
             log.warning("prepared with a caveat", extra={"claim": claim.ref, "notice": text})
@@ -464,21 +556,31 @@ class Preparer:
                 self._notices[claim.uid] = (obj, list(plan.notices))
         return entry.devices
 
-    def _plan(self, checkpoint: Checkpoint, claim: ClaimInfo, shares: list[Share]) -> Plan:
+    def _others_on(self, claim: ClaimInfo, gpu_uuid: str) -> list[Holder]:
+        """The shares other claims prepared on the GPU (not admin access), from the store's index."""
+        with self.lock.hold():
+            self._load()
+            on_gpu = self.store.on_gpu(gpu_uuid)
+        return [
+            Holder(other.ref, record)
+            for other in on_gpu
+            if other.uid != claim.uid
+            for record in other.shares
+            if record.gpu == gpu_uuid and not record.adminAccess
+        ]
+
+    def _plan(self, claim: ClaimInfo, shares: list[Share]) -> Plan:
         plan = Plan(claim=claim, shares=shares, driver=self.node.driver)
         for backend in self._backends:
             backend.contribute(plan, self.node)
         records = plan.share_records()
+        on_gpu: dict[str, list[Holder]] = {}
         for share in shares:
             if share.admin_access:
                 continue
-            others = [
-                Holder(other.ref, record)
-                for other in checkpoint.claims.values()
-                if other.uid != claim.uid
-                for record in other.shares
-                if record.gpu == share.gpu.uuid and not record.adminAccess
-            ]
+            if share.gpu.uuid not in on_gpu:
+                on_gpu[share.gpu.uuid] = self._others_on(claim, share.gpu.uuid)
+            others = list(on_gpu[share.gpu.uuid])
             others += [
                 Holder(f"{claim.ref} (request {shares[r.position].request})", records[r.position])
                 for r in shares[: share.position]
@@ -502,32 +604,32 @@ class Preparer:
             raise PrepareError(f"the checkpoint has no CDI spec for claim {entry.ref}", reason="internal")
         with self.lock.hold():
             self.specs.write(entry.uid, entry.cdiSpec)
-
-        def booted(checkpoint: Checkpoint) -> None:
-            if entry.uid in checkpoint.claims:
-                checkpoint.claims[entry.uid].bootId = self.boot_id
-
-        self._update(booted)
+            current = self._load().claims.get(entry.uid)
+            if current is not None:
+                self._put(current.model_copy(update={"bootId": self.boot_id}))
         return entry.devices
 
     def _rollback(self, entry: PreparedClaim, applied: list[Hold]) -> None:
-        for hold in reversed(applied):
-            try:
-                self._handler(hold).release(hold, self.node, self._last_holder(entry, hold))
-            except PrepareError as exc:
-                log.error(
-                    "rolling back a failed prepare left a setting behind",
-                    extra={"claim": entry.ref, "error": str(exc)},
-                )
-                return  # keep the record: the kubelet's next call retries the undo
-        self._mig.release(entry.uid, self.inventory.gpus())
-        with self.lock.hold():
-            self.specs.remove(entry.uid)
-            self._update(lambda c: _drop(c, entry.uid))
+        """Undo what a failed prepare did. What cannot be undone keeps the claim's record, so that the
+        kubelet's next call (prepare undoes it first, unprepare undoes it) or the sweep retries it."""
+        try:
+            last = self._last_holders(entry)
+            for hold in reversed(applied):
+                self._handler(hold).release(hold, self.node, last[hold.key])
+            self._mig.release(entry.uid, self.inventory.gpus())
+            with self.lock.hold():
+                self.specs.remove(entry.uid)
+                self._drop(entry.uid)
+        except Exception as exc:
+            self.metrics.errors.labels(operation="rollback", reason=_reason(exc)).inc()
+            log.error(
+                "rolling back a failed prepare left setup behind; its record stays for a later call to retry",
+                extra={"claim": entry.ref, "error": bounded(describe(exc))},
+            )
 
     # -- unprepare -------------------------------------------------------------------------------------
-    def _unprepare(self, claim: ClaimInfo) -> list[PreparedDevice]:
-        with self._claim_locked(claim, None) as entry:
+    def _unprepare(self, claim: ClaimInfo, deadline: float | None = None) -> list[PreparedDevice]:
+        with self._claim_locked(claim, None, deadline) as entry:
             if entry is None:
                 with self.lock.hold():
                     if claim.uid not in self._load().claims:
@@ -536,14 +638,12 @@ class Preparer:
             self._undo(entry)
             return []
 
-    def _last_holder(self, entry: PreparedClaim, hold: Hold) -> bool:
-        """Whether no other claim holds `hold`'s setting (its GPU's lock keeps the answer true)."""
-        return not any(
-            h.key == hold.key
-            for other in self._read().claims.values()
-            if other.uid != entry.uid
-            for h in other.holds
-        )
+    def _last_holders(self, entry: PreparedClaim) -> dict[str, bool]:
+        """For each hold of `entry`, whether no other claim holds its setting (the claim's and its
+        GPUs' locks, which the caller holds, keep the answers true until it releases them)."""
+        with self.lock.hold():
+            self._load()
+            return {h.key: not (self.store.holders(h.key) - {entry.uid}) for h in entry.holds}
 
     def _undo(self, entry: PreparedClaim) -> None:
         """Undo a record; the caller holds the claim's and its GPUs' locks."""
@@ -552,38 +652,49 @@ class Preparer:
         with self.lock.hold():
             self.specs.remove(entry.uid)
         self._hook("unprepare:cdi-removed")
+        last = self._last_holders(entry)
         for hold in reversed(entry.holds):
-            self._handler(hold).release(hold, self.node, self._last_holder(entry, hold))
+            self._handler(hold).release(hold, self.node, last[hold.key])
         self._mig.release(entry.uid, self.inventory.gpus())
         self._hook("unprepare:holds-released")
-        self._update(lambda c: _drop(c, entry.uid))
+        self._drop(entry.uid)
         self._hook("unprepare:checkpoint-removed")
 
     def _remove_leftovers(self, uid: str) -> None:
-        """Files of a claim the checkpoint does not know (e.g. after it was rebuilt without the API)."""
+        """Files of a claim the checkpoint does not know (e.g. after it was rebuilt without the API).
+
+        `uid` names one file or directory of ours (validated at the gRPC boundary, or read from the
+        directory itself): nothing outside the CDI directory and the claims' directory is touched.
+        """
+        if not is_path_component(uid):
+            raise PrepareError(
+                f"refusing to remove files for the claim UID {uid[:64]!r}", reason="invalid_claim"
+            )
         if self.specs.remove(uid):
             log.info("removed a leftover CDI spec", extra={"uid": uid})
         claim_dir = self.node.claim_dir(uid)
-        if claim_dir.exists():
-            shutil.rmtree(claim_dir, ignore_errors=True)
-            log.info("removed a leftover claim directory", extra={"path": str(claim_dir)})
+        if not claim_dir.exists():
+            return
+        remove_tree(claim_dir)
+        log.info("removed a leftover claim directory", extra={"path": str(claim_dir)})
 
     # -- background duties -------------------------------------------------------------------------------
     def supervise(self) -> None:
         """Re-apply node-side setup that vanished behind our back (a crashed MPS control daemon)."""
         self._rebuild_if_lost()
-        checkpoint = self._read()
         checked: set[str] = set()
-        for entry in checkpoint.claims.values():
+        for entry in self.snapshot().claims.values():
             if entry.state != ClaimState.PREPARE_COMPLETED or entry.bootId != self.boot_id:
                 continue
             for hold in entry.holds:
                 if hold.key in checked:
                     continue
                 checked.add(hold.key)
-                handler = self._handler(hold)
                 gpu = hold.params.get("gpu")
                 try:
+                    handler = self._handler(hold)
+                    if not gpu and handler.in_place(hold, self.node):
+                        continue  # a claim's own files: looked at first without its lock, the common case
                     with self.gpu_locks.hold([str(gpu)] if gpu else [f"claim:{entry.uid}"]):
                         current = self._entry(entry.uid)
                         if current is None or all(h.key != hold.key for h in current.holds):
@@ -596,21 +707,28 @@ class Preparer:
                         )
                         handler.apply(hold, self.node)
                         self.metrics.setup_repairs.labels(kind=hold.kind).inc()
-                except (PrepareError, LockTimeout) as exc:
+                except Exception as exc:
                     log.error(
-                        "re-applying node-side setup failed", extra={"hold": hold.key, "error": str(exc)}
+                        "re-applying node-side setup failed",
+                        extra={"hold": hold.key, "error": bounded(describe(exc))},
                     )
+        self.compact()
+        self._refresh_metrics()  # another process's writes, read by this round's loads
 
     def collect_stale(self) -> None:
         """Undo records of claims that no longer exist and that the kubelet will not unprepare.
 
-        That is interrupted prepares, and records from before a reboot (the kubelet re-prepares the
-        claims of the pods it restarts; the others may never be unprepared).
+        That is interrupted prepares (a failed rollback's too), and records from before a reboot (the
+        kubelet re-prepares the claims of the pods it restarts; the others may never be unprepared).
+        A record it cannot undo is counted, logged and left for the next sweep; the sweep goes on.
+        Then files no record accounts for are removed: claims' directories and specs, and the
+        temporary files of interrupted writes.
         """
-        checkpoint = self._read()
+        checkpoint = self.snapshot()
         if checkpoint.rebuildPending:
             checkpoint = self._rebuild()
-        for entry in list(checkpoint.claims.values()):
+        failed: list[str] = []
+        for entry in checkpoint.claims.values():
             if entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id:
                 continue
             try:
@@ -632,12 +750,48 @@ class Preparer:
                         "undoing an interrupted operation of a deleted claim", extra={"claim": entry.ref}
                     )
                     self._undo(current)
-            except (PrepareError, LockTimeout) as exc:
-                log.error("undoing a stale claim failed", extra={"claim": entry.ref, "error": str(exc)})
+            except Exception as exc:
+                failed.append(entry.ref)
+                log.warning(
+                    "undoing a stale claim failed; its record stays and the next sweep tries again",
+                    extra={"claim": entry.ref, "error": bounded(describe(exc))},
+                )
+        self.metrics.stale_uncleaned.set(len(failed))
+        if not self.snapshot().rebuildPending:
+            self._remove_unrecorded()
         self._refresh_metrics()
 
+    def _remove_unrecorded(self) -> None:
+        """Claims' files no record accounts for, and temporary files of interrupted writes."""
+        with self.lock.hold():
+            known = set(self._load().claims)
+            for uid in sorted(self._uids_on_disk() - known):
+                try:
+                    self._remove_leftovers(uid)
+                except Exception as exc:
+                    log.warning(
+                        "could not remove a claim's leftover files; the next sweep tries again",
+                        extra={"uid": uid[:64], "error": bounded(describe(exc))},
+                    )
+        cutoff = time.time() - TEMP_FILE_AGE_S
+        for path in [*self.specs.temp_files(), *claim_temp_files(self.node.state_dir / "claims")]:
+            try:
+                if path.lstat().st_mtime < cutoff:
+                    path.unlink()
+                    log.info("removed the temporary file of an interrupted write", extra={"path": str(path)})
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning(
+                    "could not remove the temporary file of an interrupted write",
+                    extra={"error": filesystem_error("removing", path, exc).message},
+                )
+
     def snapshot(self) -> Checkpoint:
-        return self._read()
+        """The checkpoint as of now: a copy of the mapping of claims, sharing the (unchanging) records."""
+        with self.lock.hold():
+            checkpoint = self._load()
+            return Checkpoint(claims=dict(checkpoint.claims), rebuildPending=checkpoint.rebuildPending)
 
     # -- rebuilding a lost checkpoint ---------------------------------------------------------------------
     def _rebuild(self) -> Checkpoint:
@@ -656,8 +810,8 @@ class Preparer:
             log.error(
                 "cannot list ResourceClaims to rebuild the state; will retry", extra={"error": str(exc)}
             )
-            self._update(_mark_pending)
-            return self._read()
+            self._set_pending(True)
+            return self.snapshot()
         for obj in items:
             meta, status = obj.get("metadata") or {}, obj.get("status") or {}
             if not status.get("reservedFor") or not allocation_results(obj, self.node.driver, self.pool):
@@ -665,22 +819,33 @@ class Preparer:
             claim = ClaimInfo(
                 uid=str(meta.get("uid")), namespace=str(meta.get("namespace")), name=str(meta.get("name"))
             )
+            problem = claim_problem(claim.uid, claim.namespace, claim.name)
+            if problem is not None:
+                log.warning(
+                    "not re-adopting a claim the API server should not have", extra={"error": problem}
+                )
+                continue
             try:
                 with self._claim_locked(claim, obj) as entry:
                     if entry is not None:
                         continue
                     self._prepare_fresh(claim, obj)
                 log.info("re-adopted a claim in use", extra={"claim": claim.ref})
-            except (PrepareError, LockTimeout) as exc:
-                log.warning("could not re-adopt a claim", extra={"claim": claim.ref, "error": str(exc)})
+            except Exception as exc:
+                log.warning(
+                    "could not re-adopt a claim", extra={"claim": claim.ref, "error": bounded(describe(exc))}
+                )
             with self._notices_lock:
                 self._notices.pop(claim.uid, None)  # told when it was first prepared
         with self.lock.hold():
             for uid in self._uids_on_disk() - set(self._load().claims):
-                self._remove_leftovers(uid)
+                try:
+                    self._remove_leftovers(uid)
+                except Exception as exc:
+                    log.warning("could not remove a claim's leftover files", extra={"error": describe(exc)})
         self._reset_unheld_gpus()
-        self._update(_clear_pending)
-        return self._read()
+        self._set_pending(False)
+        return self.snapshot()
 
     def _uids_on_disk(self) -> set[str]:
         claims_root = self.node.state_dir / "claims"
@@ -691,7 +856,9 @@ class Preparer:
         for gpu in self.inventory.gpus():
             try:
                 with self.gpu_locks.hold([gpu.uuid]):
-                    held = {h.key for c in self._read().claims.values() for h in c.holds}
+                    with self.lock.hold():
+                        self._load()
+                        held = self.store.held_keys()
                     for handler in self._handlers.values():
                         try:
                             handler.reset_unheld(gpu, self.node, held)
@@ -702,3 +869,11 @@ class Preparer:
                             )
             except LockTimeout as exc:
                 log.warning("could not reset the GPU's settings nobody holds", extra={"error": str(exc)})
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, PrepareError):
+        return exc.reason
+    if isinstance(exc, LockTimeout):
+        return "lock_timeout"
+    return "filesystem" if isinstance(exc, OSError) else "internal"

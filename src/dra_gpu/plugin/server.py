@@ -34,7 +34,7 @@ from dra_gpu.plugin.health import (
     DeviceHealthServicer,
     DeviceHealthStream,
     DeviceHealthV1alpha1Servicer,
-    probe,
+    HealthProbe,
 )
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
@@ -223,9 +223,11 @@ class KubeletPlugin:
         self._reg_server: grpc.Server | None = None
         self._grpc_health: Any = None
         self._http: HttpServer | None = None
+        self._health = HealthProbe(config.registration_socket, config.service_socket)
         self._background: threading.Thread | None = None
         self._publisher: Any = None
         self._sockets: dict[Path, tuple[int, int]] = {}
+        self._started = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -236,9 +238,11 @@ class KubeletPlugin:
         try:
             self.node.ldcache_hook = install_ldcache_hook(self._hooks_dir)
             self.preparer.start()
+            self._started = True
             self._dra_server = self._serve_dra()
             self._reg_server = self._serve_registration()
             if cfg.http_address:
+                self._health.start()
                 self._http = HttpServer(
                     cfg.http_address,
                     self.metrics.registry,
@@ -295,12 +299,15 @@ class KubeletPlugin:
         if self._http is not None:
             self._http.stop()
             self._http = None
+        self._health.stop()
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
         if self._background is not None:
             self._background.join(timeout=grace_s + 5)
             self._background = None
+        if self._started:
+            self.preparer.close()
         self.lock.close()
         log.info("kubelet plugin stopped", extra={"driver": self.config.driver_name})
 
@@ -316,12 +323,12 @@ class KubeletPlugin:
         return self._http.port if self._http is not None else None
 
     def healthz(self) -> tuple[bool, str]:
+        """What `/healthz` answers, never waiting: a stalled monitor, else the background probe's last
+        result (`HealthProbe`)."""
         stalled = self.monitor.stalled() if self.monitor is not None else None
-        return (
-            (False, stalled)
-            if stalled
-            else probe(self.config.registration_socket, self.config.service_socket)
-        )
+        if stalled:
+            return (False, stalled)
+        return self._health.check()
 
     # -- servers ---------------------------------------------------------------------------------------
     def _serve_dra(self) -> grpc.Server:

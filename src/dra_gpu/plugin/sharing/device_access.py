@@ -30,7 +30,7 @@ from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.plugin.driver_root import LDCACHE_HOOK, find_driver_files
+from dra_gpu.plugin.driver_root import LDCACHE_HOOK
 from dra_gpu.plugin.mig_devices import capability_nodes
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
@@ -193,7 +193,7 @@ class DeviceAccess:
         """The driver's libraries and tools from the driver root, and the loader told where they are."""
         # Exactly the driver NVML reports: an older driver's leftover library would not match the kernel.
         versions = {share.gpu.driver_version for share in plan.shares if share.gpu.driver_version}
-        files = find_driver_files(node.driver_root, versions.pop() if len(versions) == 1 else None)
+        files = node.driver_files(versions.pop() if len(versions) == 1 else None)
         if not files.libraries and not files.executables:
             return  # simulated GPUs, or a node whose driver the runtime brings some other way
         host_root = node.driver_root_host_path or node.driver_root

@@ -1,10 +1,19 @@
 """Per-claim directories and files on the host (the limiter's shared accounting state, the claim's
-limits file), removed on unprepare."""
+limits file), removed on unprepare.
+
+Files are written to a temporary name and renamed, without an fsync: a killed agent leaves the old
+file or the new one, and after a power loss (the only case an fsync would cover) the claim's record
+is from another boot, so the repeated prepare rewrites every file whose content is not what the
+record says before it rewrites the CDI spec that mounts it. A kill between creating the temporary
+file and renaming it leaves `.<name>.XXXXXXXX` behind: releasing the file removes those too, and the
+stale-claim sweep removes old ones anywhere in the claims' directories.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Set
@@ -12,6 +21,7 @@ from pathlib import Path
 
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
+from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
 
 
@@ -29,7 +39,7 @@ class ClaimDirectory:
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
         path = Path(str(hold.params["path"]))
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
         _remove_empty_parents(path, node)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
@@ -39,6 +49,23 @@ class ClaimDirectory:
         return None  # per claim, not GPU-wide
 
 
+def remove_tree(path: Path) -> None:
+    """Remove a directory and everything in it (nothing there is fine); PrepareError naming the first
+    file that could not be removed, and how many more."""
+    problems: list[OSError] = []
+
+    def failed(_function: object, _path: str, exc_info: tuple[type, BaseException, object]) -> None:
+        if isinstance(exc_info[1], OSError) and not isinstance(exc_info[1], FileNotFoundError):
+            problems.append(exc_info[1])
+
+    shutil.rmtree(path, onerror=failed)
+    if problems:
+        error = setup_failed(f"removing {path}", problems[0])
+        if len(problems) > 1:
+            error = PrepareError(f"{error.message} (and {len(problems) - 1} more)", reason=error.reason)
+        raise error
+
+
 def _remove_empty_parents(path: Path, node: NodeContext) -> None:
     claims_root = node.state_dir / "claims"
     parent = path.parent
@@ -46,6 +73,42 @@ def _remove_empty_parents(path: Path, node: NodeContext) -> None:
         with contextlib.suppress(OSError):
             parent.rmdir()
         parent = parent.parent
+
+
+TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")
+"""`tempfile.mkstemp(prefix=f".{name}.")`: what an interrupted write of `name` leaves."""
+
+
+def temp_files(path: Path) -> list[Path]:
+    """The temporary files an interrupted write of `path` left beside it."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    return [
+        path.parent / n
+        for n in names
+        if n.startswith(prefix) and len(n) == len(prefix) + 8 and TEMP_NAME.fullmatch(n)
+    ]
+
+
+def claim_temp_files(claims_root: Path) -> list[Path]:
+    """Temporary files of interrupted writes in every claim's directory (where `ClaimFile`s are)."""
+    found: list[Path] = []
+    try:
+        claims = list(os.scandir(claims_root))
+    except OSError:
+        return found
+    for claim in claims:
+        if not claim.is_dir(follow_symlinks=False):
+            continue
+        try:
+            names = os.listdir(claim.path)
+        except OSError:
+            continue
+        found += [Path(claim.path) / n for n in names if n.startswith(".") and TEMP_NAME.fullmatch(n)]
+    return found
 
 
 class ClaimFile:
@@ -64,9 +127,7 @@ class ClaimFile:
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(str(hold.params["content"]))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.chmod(tmp, int(hold.params.get("mode", 0o444)))
+                    os.fchmod(f.fileno(), int(hold.params.get("mode", 0o444)))
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
@@ -77,8 +138,13 @@ class ClaimFile:
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
         path = Path(str(hold.params["path"]))
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        for leftover in [path, *temp_files(path)]:
+            try:
+                leftover.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise setup_failed(f"removing {leftover}", exc) from None
         _remove_empty_parents(path, node)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:

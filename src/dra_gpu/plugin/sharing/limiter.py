@@ -21,6 +21,7 @@ gpu-check) the same limits through the environment, as the library reads them th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -37,6 +38,18 @@ LIMITS_FILE = "limits"
 STATE_DIR = "limiter"
 PRELOAD_FILE = "ld.so.preload"
 LIMITS_VERSION = 1
+MAX_MEMORY = 2**64 - 1
+"""The largest byte count the library reads (an unsigned 64-bit integer)."""
+MAX_DEVICES = 16
+"""The devices the library takes from one claim's limits file (DL_MAX_DEVICES)."""
+MAX_CLAIM_REF = 63 + 1 + 253
+"""`claim=<namespace>/<name>`: the longest the library takes, and the longest Kubernetes allows."""
+_LIBRARY_UUID = re.compile(
+    r"(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+"""A device UUID as the library reads it."""
+_PLAIN = re.compile(r"[^\s/=#]+")
+"""A field of the file: no blank or control character, nothing its syntax gives a meaning to."""
 
 
 def memory_limit(share: Share, driver: str) -> int | None:
@@ -54,13 +67,49 @@ def container_claim_dir(claim_uid: str) -> str:
 
 
 def limits_text(plan: Plan, limits: dict[str, DeviceLimit]) -> str:
-    """The claim's limits file (format version 1)."""
+    """The claim's limits file (format version 1), or PrepareError for what the library would refuse:
+    a claim prepared with a file the library does not load would have every allocation refused."""
+    claim = plan.claim
+    if not (
+        _PLAIN.fullmatch(claim.namespace) and _PLAIN.fullmatch(claim.name) and len(claim.ref) <= MAX_CLAIM_REF
+    ):
+        raise PrepareError(
+            f"claim {claim.ref[:80]!r} cannot be written into the limiter's limits file "
+            f"(namespace/name of at most {MAX_CLAIM_REF} characters, no blanks)",
+            reason="invalid_claim",
+        )
+    if not _PLAIN.fullmatch(claim.uid):
+        raise PrepareError(
+            f"claim UID {claim.uid[:64]!r} cannot name the limiter's state directory", "invalid_claim"
+        )
+    if len(limits) > MAX_DEVICES:
+        raise PrepareError(
+            f"ResourceClaim {claim.ref} has Limiter budgets on {len(limits)} GPUs; the limiter takes at most "
+            f"{MAX_DEVICES} per claim: split the request into claims of at most {MAX_DEVICES} GPUs",
+            reason="invalid_config",
+        )
     lines = [
         f"version={LIMITS_VERSION}",
-        f"claim={plan.claim.ref}",
-        f"state={container_claim_dir(plan.claim.uid)}/{STATE_DIR}",
+        f"claim={claim.ref}",
+        f"state={container_claim_dir(claim.uid)}/{STATE_DIR}",
     ]
     for uuid, limit in limits.items():
+        if not _LIBRARY_UUID.fullmatch(uuid):
+            raise PrepareError(
+                f"GPU {uuid[:64]!r} has no UUID the limiter reads (GPU- or MIG- and 8-4-4-4-12 hex digits)",
+                reason="unsupported_device",
+            )
+        if limit.memory is not None and not 0 <= limit.memory <= MAX_MEMORY:
+            raise PrepareError(
+                f"ResourceClaim {claim.ref}: a memory limit of {limit.memory} bytes on {uuid} is more than the "
+                f"limiter can hold ({MAX_MEMORY} bytes, 16 EiB): ask for at most the GPU's memory",
+                reason="invalid_config",
+            )
+        if not 1 <= limit.cores <= 100:
+            raise PrepareError(
+                f"ResourceClaim {claim.ref}: a compute share of {limit.cores}% on {uuid} is not 1..100",
+                reason="invalid_config",
+            )
         memory = "unlimited" if limit.memory is None else str(limit.memory)
         lines.append(f"device={uuid} memory={memory} cores={limit.cores}")
     return "\n".join(lines) + "\n"

@@ -10,6 +10,8 @@ module in this package with a ``BACKEND`` and, if it changes the node, ``HOLD_HA
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -22,7 +24,9 @@ from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
 from dra_gpu.plugin.commands import GpuCommands
-from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.driver_root import EXECUTABLE_DIRS, LIBRARY_DIRS, DriverFiles, find_driver_files
+from dra_gpu.plugin.errors import PrepareError, describe, os_error_text
+from dra_gpu.plugin.identity import is_path_component
 from dra_gpu.quantity import to_int
 
 CDI_CLASS = "claim"
@@ -95,6 +99,23 @@ class DeviceLimit:
     """Percent of the GPU's compute; 100: no compute cap."""
 
 
+DRIVER_FILES_RECHECK_S = 1.0
+DirectoryStamps = tuple[tuple[int, int, int] | None, ...]
+"""(mtime, inode, device) of each directory the driver's files are looked for in; None: absent."""
+
+
+def _directory_stamps(root: Path) -> DirectoryStamps:
+    stamps: list[tuple[int, int, int] | None] = []
+    for directory in (*LIBRARY_DIRS, *EXECUTABLE_DIRS):
+        try:
+            st = os.stat(root / directory)
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((st.st_mtime_ns, st.st_ino, st.st_dev))
+    return tuple(stamps)
+
+
 @dataclass
 class NodeContext:
     """The node facts and tools that backends and hold handlers need."""
@@ -113,8 +134,34 @@ class NodeContext:
     """The installed `update-ldcache` OCI hook (see `driver_root.install_ldcache_hook`)."""
     limit_hook: LimitHook | None = None
     """The memory-limit hook decided at start (`capabilities.find_limit_hook`); None: looked up when needed."""
+    _driver_files: dict[str | None, tuple[DirectoryStamps, DriverFiles, float]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def driver_files(self, version: str | None = None) -> DriverFiles:
+        """The driver's files under the driver root, looked for again only when one of the directories
+        they are looked for in changed (a driver upgrade; looked at once a second at most): listing
+        them for every claim cost more than the rest of a prepare. With `version`, only the libraries of
+        exactly that driver (what NVML reports: an older driver's leftover would not match the kernel)."""
+        cached = self._driver_files.get(version)
+        now = time.monotonic()
+        if cached is not None and now - cached[2] < DRIVER_FILES_RECHECK_S:
+            return cached[1]
+        stamps = _directory_stamps(self.driver_root)
+        if cached is not None and cached[0] == stamps:
+            self._driver_files[version] = (stamps, cached[1], now)
+            return cached[1]
+        files = find_driver_files(self.driver_root, version)
+        # A directory changed in the last second may change again within its timestamp's resolution.
+        settled = time.time() - 1.0
+        if all(s is None or s[0] < settled * 1e9 for s in stamps):
+            self._driver_files[version] = (stamps, files, now)
+        return files
 
     def claim_dir(self, uid: str) -> Path:
+        """The claim's directory under the state directory; a UID that is no file name never gets one."""
+        if not is_path_component(uid):
+            raise PrepareError(f"not a claim UID for a directory name: {uid[:64]!r}", reason="invalid_claim")
         return self.state_dir / "claims" / uid
 
 
@@ -295,4 +342,9 @@ class HoldHandler(Protocol):
 
 
 def setup_failed(what: str, exc: Exception) -> PrepareError:
-    return PrepareError(f"{what}: {exc}", reason="setup_failed")
+    """`what` failed because of `exc`; a file error in words (`Permission denied (EACCES)`), naming
+    its file unless `what` does."""
+    detail = str(exc)
+    if isinstance(exc, OSError):
+        detail = os_error_text(exc) if exc.filename is None or str(exc.filename) in what else describe(exc)
+    return PrepareError(f"{what}: {detail}", reason="setup_failed")
