@@ -11,7 +11,9 @@ from gpucheck.report import FAIL, KNOWN, PASS, Result, failed, skipped, verdict
 
 CHUNK = 256 * MIB
 CONTEXT_ALLOWANCE = 512 * MIB
-"""How far below the cap usable memory may stop (the process's own context, if the limiter counts it)."""
+"""How far below the cap one process's usable memory may stop when its context's size is not known."""
+CONTEXT_TOLERANCE = 64 * MIB
+"""How far the limiter's figure for a context may differ from what NVML shows the process holding."""
 FAMILY_CAP = GIB
 FAMILY_CHUNK = 64 * MIB
 HERE_TIMEOUT_S = 120.0
@@ -225,8 +227,24 @@ def _smi_view(ctx: Context, cap: int) -> Result:
     )
 
 
+def usable(cap: int, processes: int, context: int | None) -> tuple[int, int]:
+    """What N processes of a claim of C bytes can allocate together, as (least, most).
+
+    The rule (native/limiter/README.md): each process's context is charged what the driver took for it, so
+    N processes can allocate C - N x context. The fill stops one chunk short at worst; the limiter's view of a
+    context may differ a little from NVML's. Where the context's size is not known, up to CONTEXT_ALLOWANCE
+    a process.
+    """
+    if context is None:
+        return cap - processes * CONTEXT_ALLOWANCE - CHUNK, cap
+    expected = cap - processes * context
+    return expected - CHUNK - processes * CONTEXT_TOLERANCE, min(
+        cap, expected + processes * CONTEXT_TOLERANCE
+    )
+
+
 def pooled(ctx: Context) -> Result:
-    """Two processes of one claim (one state directory) together stop at the cap."""
+    """Two processes of one claim (one state directory) together stop at the cap, less their contexts."""
     name = "limiter.pooled"
     missing = ctx.missing("gc_drv", "limiter")
     if missing:
@@ -234,6 +252,7 @@ def pooled(ctx: Context) -> Result:
     binary = ctx.program("gc_drv")
     assert binary is not None
     cap = cap_for(ctx)
+    context = context_bytes(ctx)
     env = ctx.limiter_env(memory=cap, state_dir=ctx.state_dir(name))
     first_share = cap // 2 // (64 * MIB) * 64 * MIB
     with background(
@@ -244,28 +263,50 @@ def pooled(ctx: Context) -> Result:
         second = _fill(ctx, "gc_drv", "mem", CHUNK, 2 * cap, env)
         first = holder.collect(30)
     return judge_pooled(
-        name, cap, key_values(first.stdout), key_values(second.stdout), first.describe() + second.describe()
+        name,
+        cap,
+        key_values(first.stdout),
+        key_values(second.stdout),
+        first.describe() + second.describe(),
+        context,
+    )
+
+
+def _rule_text(cap: int, processes: int, context: int | None) -> str:
+    least, most = usable(cap, processes, context)
+    if context is None:
+        return f"expected {least / MIB:.0f}-{most / MIB:.0f} MiB (context size unknown)"
+    return (
+        f"expected {cap / MIB:.0f} - {processes} x {context / MIB:.0f} MiB context = "
+        f"{(cap - processes * context) / MIB:.0f} MiB"
     )
 
 
 def judge_pooled(
-    name: str, cap: int, first: dict[str, str], second: dict[str, str], details: list[str]
+    name: str,
+    cap: int,
+    first: dict[str, str],
+    second: dict[str, str],
+    details: list[str],
+    context: int | None = None,
 ) -> Result:
     a, b = int_of(first, "allocated"), int_of(second, "allocated")
     if a is None or b is None:
         result = failed(name, "a process printed no allocation figure")
     else:
         together = a + b
-        ok = together <= cap and cap - together <= CONTEXT_ALLOWANCE and second.get("last") in OOM
+        least, most = usable(cap, 2, context)
+        ok = least <= together <= most and second.get("last") in OOM
         result = verdict(
             name,
             ok,
             f"{a / MIB:.0f} + {b / MIB:.0f} = {together / MIB:.0f} MiB of a {cap / MIB:.0f} MiB cap, "
-            f"then {second.get('last')}",
+            f"then {second.get('last')}; {_rule_text(cap, 2, context)}",
             cap_bytes=cap,
             first=a,
             second=b,
             together=together,
+            context_bytes=context,
             second_sees_total=int_of(second, "after_total"),
         )
     result.details += details
@@ -275,6 +316,7 @@ def judge_pooled(
 def shared(ctx: Context) -> list[Result]:
     """Memory one process of a claim shares with another (legacy IPC, a VMM descriptor) is charged once."""
     out = []
+    context = None
     for kind in ("ipc", "vmm"):
         name = f"limiter.shared.{kind}"
         missing = ctx.missing("gc_drv", "limiter")
@@ -283,23 +325,34 @@ def shared(ctx: Context) -> list[Result]:
             continue
         binary = ctx.program("gc_drv")
         assert binary is not None
+        if context is None:
+            context = context_bytes(ctx)
         cap = cap_for(ctx)
         share = cap // 2 // (64 * MIB) * 64 * MIB
         env = ctx.limiter_env(memory=cap, state_dir=ctx.state_dir(name))
         ran = run([binary, "share", kind, str(share), str(CHUNK)], env=env, timeout_s=HERE_TIMEOUT_S)
-        result = judge_shared(name, kind, cap, key_values(ran.stdout), ran.ok, ran.why())
+        result = judge_shared(name, kind, cap, key_values(ran.stdout), ran.ok, ran.why(), context)
         result.details += ran.describe()
         out.append(result)
     return out
 
 
-def judge_shared(name: str, kind: str, cap: int, values: dict[str, str], ran_ok: bool, why: str) -> Result:
-    """The second process fills the cap less what is shared (and the contexts): not less what is shared twice."""
+def judge_shared(
+    name: str,
+    kind: str,
+    cap: int,
+    values: dict[str, str],
+    ran_ok: bool,
+    why: str,
+    context: int | None = None,
+) -> Result:
+    """Two processes (exporter, importer) fill the cap less their contexts, the shared memory counted once."""
     shared_bytes, allocated = int_of(values, "shared"), int_of(values, "allocated")
     figures = {
         "cap_bytes": cap,
         "shared": shared_bytes,
         "second_allocated": allocated,
+        "context_bytes": context,
         "kcmp": values.get("kcmp"),
     }
     if "setup_error" in values:
@@ -316,22 +369,27 @@ def judge_shared(name: str, kind: str, cap: int, values: dict[str, str], ran_ok:
     if allocated is None:
         return failed(name, "the second process printed no allocation figure", **figures)
     together = shared_bytes + allocated
+    least, most = usable(cap, 2, context)
     text = (
         f"{shared_bytes / MIB:.0f} MiB shared + {allocated / MIB:.0f} MiB more = {together / MIB:.0f} MiB "
-        f"of a {cap / MIB:.0f} MiB cap, then {values.get('last')}"
+        f"of a {cap / MIB:.0f} MiB cap, then {values.get('last')}; {_rule_text(cap, 2, context)}"
     )
-    if together <= cap and cap - together <= CONTEXT_ALLOWANCE and values.get("last") in OOM:
-        return Result(name, PASS, f"{text}: charged once", figures)
     if together > cap:
         return failed(name, f"over the cap: {text}", **figures)
-    if kind == "vmm" and values.get("kcmp") == "0":
-        return Result(
-            name,
-            KNOWN,
-            f"{text}: charged to both processes, as documented where kcmp is not allowed (seccomp)",
-            figures,
-        )
-    return failed(name, f"charged twice: {text}", **figures)
+    if least <= together <= most and values.get("last") in OOM:
+        return Result(name, PASS, f"{text}: charged once", figures)
+    if together > most:
+        return failed(name, f"contexts charged less than the driver took for them: {text}", **figures)
+    if together + shared_bytes <= most:  # the shared memory counted a second time
+        if kind == "vmm" and values.get("kcmp") == "0":
+            return Result(
+                name,
+                KNOWN,
+                f"{text}: charged to both processes, as documented where kcmp is not allowed (seccomp)",
+                figures,
+            )
+        return failed(name, f"charged twice: {text}", **figures)
+    return failed(name, f"stopped below the rule: {text}", **figures)
 
 
 def families(ctx: Context) -> list[Result]:
