@@ -198,6 +198,9 @@ int dl_region_export_again(int dev, int idx, int fd);
 /* Joins the entry of k's memory in dev's region, charging its bytes (*bytes, when not 0, must match) to
  * this process alone, within limit; the entry with *bytes set, or -1: charge the memory as usual. */
 int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint64_t limit);
+/* The largest allocation a process of the claim exports as a descriptor on dev (0: none): what an import
+ * that cannot be told apart from them is charged. Read without the table's lock. */
+uint64_t dl_region_exported_most(int dev);
 /* Ends a hold taken by dl_region_export or dl_region_join; the last holder gives the charge back. */
 void dl_region_leave(int dev, int idx, uint64_t bytes);
 

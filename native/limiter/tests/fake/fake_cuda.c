@@ -231,6 +231,7 @@ struct alloc {
     uint64_t handle; /* A_MAP: the handle mapped */
     int refs;        /* A_HANDLE: the handle's own reference and retains (cuMemRelease drops one) */
     int maps;        /* A_HANDLE: mappings */
+    uint64_t alias;  /* A_HANDLE: a handle imported in the exporting process: the allocation it refers to */
 };
 static struct alloc *allocs;
 static size_t allocs_cap, allocs_used;
@@ -1295,7 +1296,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 
 /* Shareable handles (POSIX file descriptors): the descriptor is a memfd naming the allocation (the exporting
  * process, its handle, device and size). Imported in the exporting process, it is the same allocation
- * (another reference to it); imported in another process, this fake accounts the allocation's memory to the
+ * (the real driver returns a new handle per import, even here: one more reference to the allocation, held
+ * until the new handle is released and unmapped); imported in another process, this fake accounts the allocation's memory to the
  * importing process's device as well, from its first mapping there (handle = 1 until then), so that each
  * process's view holds what it uses. */
 struct shared_alloc { int pid; uint64_t handle; int device; uint64_t size; };
@@ -1336,7 +1338,14 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
     struct alloc *a = sa.pid == getpid() ? alloc_find(sa.handle, A_HANDLE) : NULL;
     if (a) {
         a->refs++;
-        *h = sa.handle;
+        uint64_t key = next_handle++;
+        if (alloc_put((struct alloc){.key = key, .device = sa.device, .kind = A_HANDLE, .size = sa.size, .refs = 1,
+                                     .alias = sa.handle}) != 0) {
+            alloc_find(sa.handle, A_HANDLE)->refs--;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *h = key;
+        }
     } else if (sa.pid == getpid()) {
         r = CUDA_ERROR_INVALID_VALUE; /* released since */
     } else {
@@ -1429,7 +1438,7 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     struct alloc *a = alloc_find(h, A_HANDLE);
-    int device = a ? a->device : 0, on_device = a && (a->bytes || a->handle == 1);
+    int device = a ? a->device : 0, on_device = a && (a->bytes || a->handle == 1 || a->alias);
     pthread_mutex_unlock(&mu);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     memset(prop, 0, sizeof *prop);
@@ -1444,6 +1453,11 @@ static void handle_settle(struct alloc *a) {
     if (a->refs > 0 || a->maps > 0) return;
     devices[a->device].used -= a->bytes;
     a->kind = -1;
+    struct alloc *of = a->alias ? alloc_find(a->alias, A_HANDLE) : NULL;
+    if (of) {
+        of->refs--;
+        handle_settle(of);
+    }
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
