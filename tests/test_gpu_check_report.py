@@ -124,6 +124,17 @@ def test_cap_fails_when_usable_memory_stops_far_below_the_cap() -> None:
     assert "stopped 1024 MiB below the cap" in result.summary
 
 
+def test_cap_follows_the_context_rule_when_the_context_is_known() -> None:
+    # The first H100 run: one process got 2718 MiB of 3000 while its context took 523.6 MiB (549 MB).
+    context = 548995072
+    recorded = parse.key_values(f"allocated={2718 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")
+    result = memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), recorded, context)
+    assert result.status == report.FAIL
+    assert "context charged less than the driver took for it" in result.summary
+    charged = parse.key_values(f"allocated={2304 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")  # 9 chunks of 256 MiB
+    assert memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), charged, context).status == report.PASS
+
+
 def test_pooled_budget_counts_both_processes() -> None:
     first = parse.key_values(f"allocated={1472 * MIB}\nholding\n")
     second = parse.key_values(f"allocated={1528 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\nafter_total={CAP}\n")

@@ -49,6 +49,8 @@
 #define DL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 #define DL_MAX_DEVICES 16  /* CUDA ordinals and region device entries per process / claim */
+/* contexts.c: a context is charged at most its limits' formula plus this much of what the driver took. */
+#define DL_CTX_SLACK (1ull << 30)
 #define DL_UUID_LEN 48     /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40) + NUL, rounded up */
 #define DL_NO_LIMIT UINT64_MAX
 
@@ -328,7 +330,11 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
     X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                \
     X(nvmlDeviceGetMemoryInfo_v2, dl_pfn_nvmlDeviceGetMemoryInfo_v2)
 
-#define DL_NVML_USED(X) X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)
+#define DL_NVML_USED(X)                                                       \
+    X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)                            \
+    X(nvmlInit_v2, dl_pfn_nvmlInit_v2)                                        \
+    X(nvmlShutdown, dl_pfn_nvmlShutdown)                                      \
+    X(nvmlDeviceGetHandleByUUID, dl_pfn_nvmlDeviceGetHandleByUUID)
 
 struct dl_real_cuda {
 #define DL_FIELD(name, type) type name;

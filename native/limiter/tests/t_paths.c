@@ -26,6 +26,7 @@
  *                  descriptor) and freeing at once: nothing is left charged and the whole limit is free after
  */
 #include "device.h"
+#include "fake_common.h"
 #include <pthread.h>
 #include <signal.h>
 #include <linux/filter.h>
@@ -311,8 +312,11 @@ static void granularity(void) {
 
 static void contexts(void) {
     /* A context of the fake's limits (1 KiB stack x 132 SMs x 2048 threads, 8 MiB heap, 1 MiB FIFO): 273 MiB,
-     * 274 MiB in whole granules. */
-    const uint64_t ctx_bytes = 274 * MiB;
+     * 274 MiB in whole granules, and what the driver takes besides (FAKE_CUDA_CTX_BYTES, measured by the
+     * limiter as the drop in free memory, and kept through cuCtxSetLimit). */
+    const uint64_t ctx_bytes = 274 * MiB + fake_context_bytes();
+    CHECK(fake_context_bytes() % (2 * MiB) == 0 && fake_context_bytes() <= 16 * MiB,
+          "run with FAKE_CUDA_CTX_BYTES a whole number of granules, 16 MiB at most");
     HOLDS(ctx_bytes, ctx_bytes); /* the two primary contexts */
     CUcontext c1, c2, c3;
     CHECK_CU(cuCtxCreate_v4(&c1, NULL, 0, 0), CUDA_SUCCESS);

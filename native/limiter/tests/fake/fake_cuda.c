@@ -109,8 +109,9 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 #define MAGIC_POOL 0x504f4f31u
 #define MAGIC_ARRAY 0x41525231u
 
-/* A context holds device memory for its limits (cuCtxSetLimit): the stack of every thread the device can
- * hold resident, the malloc heap and the printf FIFO. gen is bumped when the context is destroyed. */
+/* A context holds device memory: FAKE_CUDA_CTX_BYTES of its own (the real driver's 549 MB by default) and
+ * what its limits (cuCtxSetLimit) need: the stack of every thread the device can hold resident, the malloc
+ * heap and the printf FIFO. gen is bumped when the context is destroyed. */
 struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
 struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
 struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
@@ -149,6 +150,7 @@ static struct {
     int driver_version;
     int event_create_fails;
     uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
+    uint64_t ctx_base;                      /* what a context holds besides its limits' memory */
 } G;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -167,6 +169,7 @@ static void load_config(void) {
     G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
     G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
     G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
+    G.ctx_base = fake_context_bytes();
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
         devices[i].primary = (struct CUctx_st){.magic = MAGIC_CTX, .device = i};
         devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i, 0, 0, 0};
@@ -697,7 +700,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
 }
 
 static uint64_t ctx_bytes(uint64_t stack, uint64_t heap, uint64_t fifo) {
-    return granules(stack * G.sms * THREADS_PER_SM + heap + fifo);
+    return G.ctx_base + granules(stack * G.sms * THREADS_PER_SM + heap + fifo);
 }
 
 /* Takes a context's memory for limits (stack, heap, fifo): CUDA_ERROR_OUT_OF_MEMORY when the device cannot
