@@ -162,8 +162,10 @@ def judge_cap(
     elif allocated > cap:
         problems.append(f"allocated {allocated / MIB:.0f} MiB > cap {cap / MIB:.0f} MiB")
     elif allocated > most:
-        problems.append(f"context charged less than the driver took for it: {_rule_text(cap, 1, context)}, "
-                        f"allocated {allocated / MIB:.0f} MiB")
+        problems.append(
+            f"context charged less than the driver took for it: {_rule_text(cap, 1, context)}, "
+            f"allocated {allocated / MIB:.0f} MiB"
+        )
     elif allocated < least:
         problems.append(f"allocation stopped {(cap - allocated) / MIB:.0f} MiB below the cap")
     if fill.get("last") not in OOM:
