@@ -6,8 +6,9 @@
 # Plain Debian images only, no CUDA image: the limiter builds against the project's own CUDA
 # declarations. It is LD_PRELOADed into workload containers of every distribution, so it is built on an
 # old glibc (Debian 11: 2.31, as Ubuntu 20.04) and links nothing but the C library. NVML, nvidia-smi and
-# the MPS binaries are not in the image: on GPU nodes the NVIDIA container toolkit injects the host
-# driver's. Where no registry is reachable, tools/base-images.sh produces both base images locally.
+# the MPS binaries are not in the image: the node agent runs the host driver's, from the host's root
+# that the DaemonSet mounts at /driver-root (NVIDIA_VISIBLE_DEVICES=void: no runtime hook injects them).
+# Where no registry is reachable, tools/base-images.sh produces both base images locally.
 
 ARG BUILD_IMAGE=debian:bullseye-slim
 ARG RUNTIME_IMAGE=debian:bookworm-slim

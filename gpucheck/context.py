@@ -25,11 +25,18 @@ class Context:
     limiter: Path | None = None
     limiter_error: str = ""
     python: str = "python3"
+    framework_python: str = ""
+    """The Python with the frameworks the workloads use (GPU_CHECK_FRAMEWORK_PYTHON); empty: `python`."""
     pythonpath: list[Path] = field(default_factory=list)
     """Where the project (src) and its bundled dependencies are, for Python subprocesses."""
     quick: bool = False
     """Shorter measurement windows (GPU_CHECK_QUICK=1), for trying the suite out."""
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu-check-")))
+
+    @property
+    def workload_python(self) -> str:
+        """The Python that runs framework workloads (PyTorch, CuPy, JAX)."""
+        return self.framework_python or self.python
 
     def program(self, name: str) -> Path | None:
         return self.programs.get(name)

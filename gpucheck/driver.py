@@ -7,7 +7,9 @@ programs, so that a GPU-less machine still proves they compile).
 Environment: GPU_CHECK_OUT (report directory, default gpu-check-out), GPU_CHECK_BUILD (default
 build/gpu-check), GPU_CHECK_WHEELS (bundled wheels, default .gpu-check-wheels), GPU_CHECK_GPU
 (index or UUID of the GPU to check, default the first), GPU_CHECK_QUICK=1 (shorter windows),
-GPU_CHECK_KEEP=1 (keep the working files: logs, kernel intervals), NVCC (default nvcc on PATH).
+GPU_CHECK_KEEP=1 (keep the working files: logs, kernel intervals), GPU_CHECK_FRAMEWORK_PYTHON (the
+Python whose PyTorch, CuPy and JAX the workloads use, default the one running the check), NVCC
+(default nvcc on PATH).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         programs=built.programs,
         build_errors=built.errors,
         python=sys.executable,
+        framework_python=os.environ.get("GPU_CHECK_FRAMEWORK_PYTHON", ""),
         quick=os.environ.get("GPU_CHECK_QUICK", "") not in ("", "0"),
     )
     report = Report(

@@ -109,6 +109,14 @@ class Background:
             select.select([], [], [], 0.05)
         return False
 
+    def send(self, text: str) -> None:
+        """Write to its stdin and keep it open (a step of a program that waits more than once)."""
+        stdin = self.process.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(OSError, ValueError):
+                stdin.write(text)
+                stdin.flush()
+
     def release(self) -> None:
         stdin = self.process.stdin
         if stdin is not None and not stdin.closed:

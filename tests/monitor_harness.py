@@ -36,7 +36,9 @@ def add_pod(api: FakeKube, name: str, claims: list[str], namespace: str = "defau
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
                 "nodeName": NODE,
-                "containers": [{"name": "main", "image": "app"}],
+                "containers": [
+                    {"name": "main", "image": "app", "resources": {"claims": [{"name": c} for c in claims]}}
+                ],
                 "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
             },
         },
@@ -69,6 +71,12 @@ def fake_proc(
             "7f0000002000-7f0000003000 r-xp 00000000 08:01 2 /usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
         )
     (d / "maps").write_text("\n".join(lines) + "\n")
+    # `stat` as the kernel writes it: a real child's own (its start time is what the watchdog checks).
+    real = Path(f"/proc/{pid}/stat")
+    try:
+        (d / "stat").write_bytes(real.read_bytes())
+    except OSError:
+        (d / "stat").write_text(f"{pid} (app) S 1 {pid} {pid} 0 -1 4194560 " + "0 " * 13 + "1000 0\n")
 
 
 def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:

@@ -6,6 +6,7 @@ Exit statuses: 0 done, 1 a check failed or something outside the command failed 
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -132,3 +133,155 @@ def test_schema_check_says_missing_for_a_missing_file(
     assert capsys.readouterr().err == f"{path} is stale: run `dra-gpu schema --write`\n"
     assert main(["schema", "--write", "--path", str(path)]) == 0
     assert main(["schema", "--check", "--path", str(path)]) == 0
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *argv],
+        capture_output=True,
+        text=True,
+        env={**clean_env(), **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["gpus", "--simulate", "1xH100-80GB"], {"DRA_GPU_OUTPUT": "xml"}, "DRA_GPU_OUTPUT='xml'"),
+        (
+            ["kubelet-plugin", "--node-name", "n"],
+            {"DRA_GPU_MONITOR_INTERVAL": "abc"},
+            "DRA_GPU_MONITOR_INTERVAL='abc' is invalid: expected a number",
+        ),
+        (["kubelet-plugin", "--node-name", "n", "--gpu-backend", "cuda"], {}, "--gpu-backend cuda"),
+        (["controller", "--lease-duration", "abc"], {}, "--lease-duration: 'abc' is not a number of seconds"),
+        (["controller"], {"DRA_GPU_LEASE_DURATION": "-1"}, "'-1' must be a positive number of seconds"),
+    ],
+)
+def test_every_bad_flag_or_variable_exits_2_with_one_line(
+    argv: list[str], env: dict[str, str], named: str
+) -> None:
+    proc = run_cli(*argv, env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert named in lines[-1], proc.stderr
+    assert "Traceback" not in proc.stderr and "_positive" not in proc.stderr
+    assert len([line for line in lines if line.startswith(("error", "dra-gpu"))]) == 1
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """`dra-gpu` and each subcommand's parser."""
+    from dra_gpu.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"dra-gpu": parser, **sub.choices}
+
+
+def test_help_shows_each_default_once() -> None:
+    for name, parser in parsers().items():
+        for action in parser._actions:
+            text = action.help % {"default": action.default} if action.help else ""
+            assert text.count("(default") <= 1, f"{name} {action.option_strings}: {text}"
+
+
+def test_yaml_is_offered_wherever_json_is() -> None:
+    offering = []
+    for name, parser in parsers().items():
+        for action in parser._actions:
+            if "--output" in action.option_strings and action.choices and "json" in action.choices:
+                assert "yaml" in action.choices, name
+                offering.append(name)
+    assert {"gpus", "usage"} <= set(offering)
+
+
+def test_gpus_as_yaml_is_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import yaml
+
+    assert main(["gpus", "--simulate", "2xH100-80GB", "-o", "yaml"]) == 0
+    as_yaml = yaml.safe_load(capsys.readouterr().out)
+    assert main(["gpus", "--simulate", "2xH100-80GB", "-o", "json"]) == 0
+    assert as_yaml == json.loads(capsys.readouterr().out)
+
+
+def kubeconfig_for(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    return path
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_refused_connection_is_one_line_naming_the_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = closed_port()
+    config = kubeconfig_for(tmp_path, f"http://127.0.0.1:{port}")
+    assert main(["usage", "--kubeconfig", str(config), "--agents", "none"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"http://127.0.0.1:{port}/apis/resource.k8s.io" in err and "Connection refused" in err
+    assert "object at 0x" not in err and "MaxRetryError" not in err and "Pool(" not in err
+
+
+def test_an_html_error_page_is_one_line_naming_the_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            page = b"<html><head><title>404</title></head>\n<body><h1>Not Found</h1></body></html>\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        config = kubeconfig_for(tmp_path, base)
+        assert main(["usage", "--kubeconfig", str(config), "--agents", "none"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"{base}/apis/resource.k8s.io" in err and "HTTP 404 Not Found" in err
+        assert "<" not in err
+
+        from dra_gpu.commands.usage import UsageError, fetch_metrics
+
+        with pytest.raises(UsageError) as raised:
+            fetch_metrics(f"{base}/metrics")
+        assert str(raised.value) == f"{base}/metrics answered HTTP 404 Not Found"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_unreachable_metrics_url_is_one_readable_line() -> None:
+    from dra_gpu.commands.usage import UsageError, fetch_metrics
+
+    url = f"http://127.0.0.1:{closed_port()}/metrics"
+    with pytest.raises(UsageError) as raised:
+        fetch_metrics(url)
+    assert str(raised.value) == f"cannot reach {url}: Connection refused"

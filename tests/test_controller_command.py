@@ -36,7 +36,11 @@ def test_a_missing_kubeconfig_is_reported(tmp_path: Path, capsys: pytest.Capture
     assert f"cannot configure the Kubernetes client from --kubeconfig {missing}" in err
 
 
-def test_an_environment_value_that_is_not_a_boolean_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_environment_value_that_is_not_a_boolean_is_named(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("DRA_GPU_LEADER_ELECT", "maybe")
-    with pytest.raises(SystemExit, match="DRA_GPU_LEADER_ELECT='maybe' is invalid"):
+    with pytest.raises(SystemExit) as raised:
         build_parser()
+    assert raised.value.code == 2
+    assert "DRA_GPU_LEADER_ELECT='maybe' is invalid" in capsys.readouterr().err

@@ -133,3 +133,26 @@ def test_controller_classes_place_limiter_claims_on_shared_gpus() -> None:
         unmarked = copy.deepcopy(device_class)
         unmarked["spec"]["selectors"] = [s for s in unmarked["spec"]["selectors"] if s != MANAGED_SELECTOR]
         assert matches(unmarked, node_devices()) == names("Shared")
+
+
+def test_whole_gpu_class_leaves_out_mig_enabled_gpus(tmp_path: Path) -> None:
+    """A MIG-enabled GPU is published Exclusive, yet a whole-GPU claim of it would lack /dev/nvidia-caps."""
+    from dataclasses import replace
+
+    gpus = open_inventory("simulated:2xH100-80GB", seed="n").gpus()
+    devices = [
+        build_device(replace(gpus[0], mig_enabled=True), GpuSharingMode.EXCLUSIVE),
+        build_device(gpus[1], GpuSharingMode.EXCLUSIVE),
+    ]
+    without_attribute = copy.deepcopy(devices[1])  # a slice from an agent that did not publish it
+    del without_attribute["attributes"]["migEnabled"]
+    without_attribute["name"] = "gpu-old"
+    whole = by_name()["gpu.dra-gpu.io"]
+    assert matches(whole, [*devices, without_attribute]) == {device_name(1), "gpu-old"}
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "controller:\n  classes:\n  - {name: whole.example, strategy: Exclusive, placement: {policy: Spread}}\n"
+    )
+    exclusive_managed = controller_classes(load_values(values))[0]
+    exclusive_managed["spec"]["selectors"] = exclusive_managed["spec"]["selectors"][:1]
+    assert matches(exclusive_managed, devices) == {device_name(1)}

@@ -266,17 +266,17 @@ def test_overhead_is_the_ratio_of_medians() -> None:
 
 def test_mps_client_verdict_checks_threads_and_pinned_memory() -> None:
     fill = parse.key_values(f"allocated={960 * MIB}\nlast=cudaErrorMemoryAllocation\n")
-    sms = parse.key_values("sms_used=33\nsms=132\nelapsed_ns=8000000\n")
-    assert (
-        gpu_settings.judge_mps_client("mps.client-a", 25, 1024 * MIB, fill, sms, [ran()]).status
-        == report.PASS
-    )
+    # Under MPS the client sees its share of the GPU's 132 SMs and uses all it sees.
+    sms = parse.key_values("sms_used=32\nsms=32\nelapsed_ns=8000000\n")
+    judge = gpu_settings.judge_mps_client
+    assert judge("mps.client-a", 25, 1024 * MIB, fill, sms, [ran()], 132).status == report.PASS
     all_sms = parse.key_values("sms_used=132\nsms=132\n")
-    result = gpu_settings.judge_mps_client("mps.client-a", 25, 1024 * MIB, fill, all_sms, [ran()])
+    result = judge("mps.client-a", 25, 1024 * MIB, fill, all_sms, [ran()], 132)
     assert result.status == report.FAIL
-    assert "132 of 132 SMs used at 25 % active threads" in result.summary
+    assert "132 of the GPU's 132 SMs used at 25 % active threads" in result.summary
     over = parse.key_values(f"allocated={2048 * MIB}\n")
-    assert gpu_settings.judge_mps_client("m", 25, 1024 * MIB, over, sms, [ran()]).status == report.FAIL
+    assert judge("m", 25, 1024 * MIB, over, sms, [ran()], 132).status == report.FAIL
+    assert judge("m", 25, 1024 * MIB, fill, sms, [ran()], None).status == report.FAIL
 
 
 def test_refusals_are_told_apart_from_breakage() -> None:
@@ -470,7 +470,9 @@ esac
 exit 0
 """
 FAKE_CLIENT = r"""#!/bin/sh
-# A CUDA program under MPS: it finds the GPU's /dev/shm (mounted by the check) and the daemon.
+# A CUDA program: outside MPS (`info`) it sees the GPU's 132 SMs; under MPS it finds the GPU's /dev/shm
+# (mounted by the check) and the daemon, and sees only its share of the SMs (whole TPCs of 2), as on an H100.
+[ "$1" = info ] && [ -z "$CUDA_MPS_PIPE_DIRECTORY" ] && { echo "sms=132"; exit 0; }
 [ -e "$CUDA_MPS_PIPE_DIRECTORY/daemon" ] || { echo "error=cudaErrorMpsConnectionFailed"; exit 3; }
 touch "$CUDA_MPS_PIPE_DIRECTORY/server"
 mib=${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT#0=}; mib=${mib%M}
@@ -478,7 +480,8 @@ pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 case "$1" in
   family) echo "allocated=$(( (mib - 64) * 1048576 ))"; echo "last=cudaErrorMemoryAllocation"
           if [ "$5" = "--hold" ]; then echo holding; cat >/dev/null; fi ;;
-  sms) echo "sms_used=$(( 132 * pct / 100 ))"; echo "sms=132" ;;
+  info) echo "sms=132" ;;
+  sms) share=$(( 132 * pct / 100 / 2 * 2 )); echo "sms_used=$share"; echo "sms=$share" ;;
 esac
 """
 
@@ -498,7 +501,9 @@ def test_mps_is_started_as_the_agent_does_each_client_checked_and_stopped(
     assert [r.status for r in results.values()] == [report.PASS] * 5, [r.summary for r in results.values()]
     assert list(results) == ["mps.start", "mps.server", "mps.client-a", "mps.client-b", "mps.stop"]
     assert results["mps.start"].summary.endswith("compute mode Exclusive_Process")
-    assert results["mps.client-a"].figures["sms_used"] == 33
+    assert results["mps.client-a"].figures["sms_used"] == 32
+    assert results["mps.client-a"].figures["gpu_sms"] == 132
+    assert results["mps.server"].summary == "the daemon lists server PID 4242 while a client runs"
     assert results["mps.client-b"].figures["allocated"] == (2048 - 64) * MIB
     assert results["mps.stop"].figures["compute_mode"] == "Default"
     assert "quit" in (tmp_path / "state.mps").read_text()

@@ -127,3 +127,26 @@ def test_real_backend_through_nvml(
     assert [item["uuid"] for item in data] == ["GPU-11111111-2222-3333-4444-555555555555"]
     assert data[0]["pciBusId"] == "0000:18:00.0"
     assert machine.refcount == 0, "the command releases NVML before it exits"
+
+
+def test_mig_column_says_enabled_capable_or_dash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "yes" read as "MIG is on" when it meant the GPU could have it."""
+    on, off = (fake_pynvml.NVML_DEVICE_MIG_ENABLE,) * 2, (fake_pynvml.NVML_DEVICE_MIG_DISABLE,) * 2
+    machine = FakeDriver(
+        gpus=[
+            FakeGpu(uuid="GPU-00000000-0000-0000-0000-000000000000", mig_mode=on),
+            FakeGpu(uuid="GPU-11111111-1111-1111-1111-111111111111", mig_mode=off),
+            FakeGpu(uuid="GPU-22222222-2222-2222-2222-222222222222", mig_mode=None),
+        ]
+    )
+    fake_pynvml.install(machine)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    try:
+        assert main(["gpus"]) == 0
+    finally:
+        fake_pynvml.install(None)
+    lines = capsys.readouterr().out.splitlines()
+    column = lines[0].index("MIG")
+    assert [line[column:].split()[0] for line in lines[1:4]] == ["enabled", "capable", "-"]

@@ -376,8 +376,12 @@ def test_a_watch_the_server_refuses_raises_instead_of_ending_quietly(
 
 
 def test_an_error_body_that_is_not_json_is_reported_as_text(client: KubeClient) -> None:
-    err = KubeClient._error(503, b"upstream connect error")
-    assert (type(err), err.status, err.message) == (ApiError, 503, "upstream connect error")
+    err = KubeClient._error(503, b"upstream connect error", "https://api:6443/api/v1/nodes")
+    assert (type(err), err.status) == (ApiError, 503)
+    assert (
+        err.message
+        == "https://api:6443/api/v1/nodes answered HTTP 503 Service Unavailable: upstream connect error"
+    )
 
 
 def test_the_controllers_informer_works_over_the_real_client(server: ApiServer, client: KubeClient) -> None:

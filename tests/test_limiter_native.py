@@ -59,7 +59,12 @@ CASES = [
             "contexts",
         )
     ),
-    *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels")),
+    *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels", "cold-burst")),
+    *(
+        f"t_capture {sc}{variant}"
+        for sc in ("global", "thread-local", "relaxed", "other-thread", "record")
+        for variant in (" (baseline)", "")
+    ),
     "t_ctx (baseline)",
     "t_ctx",
     "t_multiproc",
@@ -73,6 +78,8 @@ CASES = [
     "t_region header",
     "t_region shared",
     "t_region clock",
+    "t_region unlocked",
+    "t_region replaced",
     "t_limits",
     "compute unlimited",
     "compute 10%",
@@ -82,6 +89,8 @@ CASES = [
     "compute 30%, 2 processes",
     "compute 30%, capture open",
     "compute without events, at most",
+    "compute 30%, H100 timing",
+    *(f"compute {pct}%, {us} us kernels, H100 timing" for us in (50, 5000) for pct in (10, 30, 50, 70)),
 ]
 BUILDS = ["build", "sanitize", "tsan"]
 

@@ -263,6 +263,55 @@ def test_the_image_holds_what_the_daemonset_runs() -> None:
         assert any(f" {tool}" in line for line in checked), f"the image build does not check for {tool}"
 
 
+def schedulable_on(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a node with `labels` passes the pod's node selector and required node affinity."""
+    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not required:
+        return True
+
+    def holds(e: dict[str, Any]) -> bool:
+        return e["key"] in labels if e["operator"] == "Exists" else labels.get(e["key"]) in e["values"]
+
+    return any(all(holds(e) for e in term["matchExpressions"]) for term in required["nodeSelectorTerms"])
+
+
+def test_daemonset_runs_only_on_gpu_nodes(tmp_path: Path) -> None:
+    pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    assert schedulable_on(pod, {"feature.node.kubernetes.io/pci-10de.present": "true"}), "NFD's label"
+    assert schedulable_on(pod, {"nvidia.com/gpu.present": "true"}), "the GPU operator's label"
+    assert not schedulable_on(pod, {"kubernetes.io/os": "linux"}), "a node without a GPU"
+
+    own = rendered_objects("kubeletPlugin:\n  gpuNodeLabels: [example.com/gpu]\n", tmp_path)
+    pod = find(own, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    assert schedulable_on(pod, {"example.com/gpu": "a100"})
+    assert not schedulable_on(pod, {"nvidia.com/gpu.present": "true"})
+
+    everywhere = rendered_objects("kubeletPlugin:\n  gpuNodeLabels: []\n", tmp_path)
+    pod = find(everywhere, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    assert schedulable_on(pod, {})
+
+    simulated = rendered_objects("kubeletPlugin:\n  gpuBackend: simulated:2xH100-80GB\n", tmp_path)
+    pod = find(simulated, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    assert schedulable_on(pod, {}), "simulated GPUs need no GPU node"
+
+
+def test_the_dashboard_lands_where_grafanas_sidecar_looks(tmp_path: Path) -> None:
+    default = find(rendered_objects(), "ConfigMap", "dra-gpu-grafana-dashboard")["metadata"]
+    assert default["namespace"] == "dra-gpu" and default["labels"]["grafana_dashboard"] == "1"
+    values = (
+        "grafanaDashboard: {namespace: monitoring, label: grafana_dashboard_x, labelValue: 'yes', "
+        "folder: GPUs, folderAnnotation: grafana_folder}\n"
+    )
+    meta = find(rendered_objects(values, tmp_path), "ConfigMap", "dra-gpu-grafana-dashboard")["metadata"]
+    assert meta["namespace"] == "monitoring"
+    assert meta["labels"]["grafana_dashboard_x"] == "yes"
+    assert meta["annotations"] == {"grafana_folder": "GPUs"}
+
+
 def test_simulated_nodes_run_without_privileges(tmp_path: Path) -> None:
     objects = rendered_objects("kubeletPlugin:\n  gpuBackend: simulated:2xH100-80GB\n", tmp_path)
     pod = find(objects, "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
@@ -397,3 +446,18 @@ def test_the_image_reference_comes_from_the_values_file(
     assert {(c["image"], c["imagePullPolicy"]) for c in containers} == {
         ("registry.internal/dra-gpu:1.2", "Always")
     }
+
+
+def test_the_readme_says_how_the_daemonset_reaches_the_driver() -> None:
+    """The README once said the toolkit injects NVML; the DaemonSet mounts the host's root instead."""
+    readme = Path("README.md").read_text()
+    pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
+    (plugin,) = pod["containers"]
+    env = env_of(plugin)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and "`NVIDIA_VISIBLE_DEVICES=void`" in readme
+    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == env["DRA_GPU_DRIVER_ROOT"])
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == "/" and f"`/` read-only at `{mount['mountPath']}`" in readme
+    assert "toolkit injects" not in readme
+    for label in load_values().kubeletPlugin.gpuNodeLabels:
+        assert f"`{label}`" in readme, label

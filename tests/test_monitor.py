@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -242,7 +243,7 @@ def test_process_beyond_its_share_without_the_limiter_is_caught(
             assert violations == {("greedy", "LimiterMissing"): 1.0, ("greedy", "MemoryOverLimit"): 1.0}
             if policy == "Terminate":
                 offender.wait(timeout=30)
-                assert offender.returncode == -9
+                assert offender.returncode == -signal.SIGTERM, "asked to stop first"
                 assert sum(v for _, v in metrics["dra_gpu_watchdog_terminations_total"]) == 1, "killed once"
                 killed = [e for e in _events(api, "Pod", "greedy-pod") if "was terminated" in e["message"]]
                 assert len(killed) == 2, "both violations say what happened"
@@ -260,10 +261,11 @@ def test_process_on_a_gpu_its_claims_do_not_hold_is_reported(dirs: PluginDirs, t
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = add_claim(api, "one-gpu", [Alloc(device="gpu-0")])
+    other = add_claim(api, "another", [Alloc(device="gpu-1")])  # this driver allocated gpu-1 to another claim
     with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
-        assert not kubelet.prepare(claim)[uid_of(claim)].error
+        assert not any(r.error for r in kubelet.prepare(claim, other).values())
         pod, cid = add_pod(api, "wanderer", ["one-gpu"])
         fake_proc(proc_root, 5001, pod, cid, limiter=False)
         driver.gpus[1].processes = {5001: GiB}

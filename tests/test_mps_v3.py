@@ -31,8 +31,7 @@ OLD = open_inventory("simulated:1xH100-80GB", seed="old").gpus()[0]
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NodeContext:
-    monkeypatch.setenv("DRA_GPU_MPS_CONTROL", str(FAKE))
-    commands = SimulatedCommands(tmp_path / "gpus.json")
+    commands = SimulatedCommands(tmp_path / "gpus.json", control_program=str(FAKE))
     return NodeContext("gpu.dra-gpu.io", tmp_path / "state", tmp_path / "lib.so", tmp_path, commands)
 
 
@@ -153,9 +152,10 @@ def test_old_driver_keeps_the_per_gpu_daemon_with_client_side_limits(node: NodeC
 def test_the_v3_daemon_is_started_outside_the_agent_like_the_v2_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DRA_GPU_MPS_CONTROL", str(FAKE))
     cgroup = tmp_path / "mps-cgroup"
-    commands = NvidiaCommands(nvidia_smi=shutil.which("true") or "/bin/true", mps_cgroup=cgroup, timeout_s=10)
+    commands = NvidiaCommands(
+        nvidia_smi=shutil.which("true") or "/bin/true", mps_control=str(FAKE), mps_cgroup=cgroup, timeout_s=10
+    )
     node = NodeContext("gpu.dra-gpu.io", tmp_path / "state", tmp_path / "lib.so", tmp_path, commands)
     plan = prepare(node, "uid-a", mps_share(NEW, 30, 10 * GIB))
     # Its launcher joined the MPS daemons' cgroup before it ran the control program.

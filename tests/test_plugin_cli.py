@@ -78,7 +78,7 @@ def test_bad_flags_are_named(dirs: PluginDirs, tmp_path: Path) -> None:
     bad_sharing = run_cli("--node-name", "n", "--sharing", "0=Fast", env=env)
     assert bad_sharing.returncode == 2 and "unknown mode 'Fast'" in bad_sharing.stderr
     bad_backend = run_cli("--node-name", "n", "--gpu-backend", "fake", env=env)
-    assert bad_backend.returncode == 1 and "unknown inventory 'fake'" in bad_backend.stderr
+    assert bad_backend.returncode == 2 and "unknown inventory 'fake'" in bad_backend.stderr
     bad_shm = run_cli("--node-name", "n", "--mps-shm-size", "lots", env=env)
     assert bad_shm.returncode == 2
     assert "--mps-shm-size 'lots' must be a quantity of at least 64Mi (e.g. 1Gi)" in bad_shm.stderr

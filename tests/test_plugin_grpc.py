@@ -33,6 +33,7 @@ from plugin_harness import (
 )
 
 from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.monitor.region import read_region
 from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
@@ -174,11 +175,17 @@ def test_limiter_claims_get_the_library_their_state_dir_and_their_share(dirs, ap
             library = container.mount_for(CONTAINER_LIBRARY)
             assert library is not None and library.host_path == str(dirs.limiter_library)
             assert "ro" in (library.options or [])
+            # The containers cannot unlink, replace or add to the claim's accounting: the directory is
+            # read-only, the region the agent made is a read-write mount of its own, usable by any UID.
             state = container.mount_for(f"{inside}/limiter")
-            assert state is not None and "rw" in (state.options or [])
+            assert state is not None and "ro" in (state.options or [])
             assert state.host_path == str(dirs.state_dir / "claims" / uid_of(claim) / "limiter")
-            assert os.path.isdir(state.host_path)
-            assert stat.S_IMODE(os.stat(state.host_path).st_mode) == 0o777, "pods of any user share it"
+            assert stat.S_IMODE(os.stat(state.host_path).st_mode) == 0o755
+            region = container.mount_for(f"{inside}/limiter/dragpu-limiter.region")
+            assert region is not None and "rw" in (region.options or [])
+            assert region.host_path == f"{state.host_path}/dragpu-limiter.region"
+            assert stat.S_IMODE(os.stat(region.host_path).st_mode) == 0o666, "pods of any user share it"
+            assert read_region(state.host_path) == [], "laid out by the agent, no device yet"
         assert sorted(dirs.claim_dirs()) == sorted([uid_of(a), uid_of(b)])
 
         assert kubelet.unprepare(a, b) == {uid_of(a): "", uid_of(b): ""}

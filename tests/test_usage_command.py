@@ -157,7 +157,7 @@ def test_an_unreachable_api_server_is_one_line_and_exit_1(
     )
     assert main(["usage", "--kubeconfig", str(kubeconfig)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot reach the Kubernetes API server: ")
+    assert err.startswith("error: cannot reach https://127.0.0.1:")
     assert "Connection refused" in err and err.count("\n") == 1 and "Traceback" not in err
 
 

@@ -9,26 +9,31 @@
 #   --push          push the image to its registry afterwards
 #   --archive FILE  also write the image to FILE as a docker-archive (kind load image-archive FILE)
 #   --builder       only print the builder that would be used (exit 3 when there is none)
+#   --runtime       only print the OCI runtime the build's RUN steps would use ("default": the builder's)
+# IMAGE_RUNTIME=runc|crun|... picks the runtime of podman's and buildah's RUN steps. Without it, where
+# /sys/fs/cgroup is not cgroup v2 alone (v1, or hybrid, which crun refuses: "cgroups in hybrid mode
+# not supported") and runc is installed, runc runs them, as it does the container tests.
 # Prints the image reference on stdout; the builder's output goes to stderr.
 set -euo pipefail
 
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 die() { echo "build-image: $*" >&2; exit 2; }
 
-values=() tag="" push=0 archive="" which=0
+values=() tag="" push=0 archive="" which=0 which_runtime=0
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --values) [ "$#" -ge 2 ] || die "--values needs a file"; values=(--values "$2"); shift 2 ;;
     --tag) [ "$#" -ge 2 ] || die "--tag needs an image reference"; tag=$2; shift 2 ;;
     --push) push=1; shift ;;
     --builder) which=1; shift ;;
+    --runtime) which_runtime=1; shift ;;
     --archive) [ "$#" -ge 2 ] || die "--archive needs a file"; archive=$2; shift 2 ;;
     --) shift; break ;;
     *) die "unknown argument $1 (see the usage at the top of $0)" ;;
   esac
 done
 
-if [ "$which" = 0 ] && [ -z "$tag" ]; then
+if [ "$which" = 0 ] && [ "$which_runtime" = 0 ] && [ -z "$tag" ]; then
   dra_gpu="$root_dir/.venv/bin/dra-gpu"
   [ -x "$dra_gpu" ] || dra_gpu=$(command -v dra-gpu) || die "dra-gpu is not installed: run \`make venv\` first"
   tag=$("$dra_gpu" manifests "${values[@]}" --image) || exit $?
@@ -47,6 +52,18 @@ fi
 command -v "$builder" >/dev/null || die "IMAGE_BUILDER=$builder is not installed"
 if [ "$which" = 1 ]; then echo "$builder"; exit 0; fi
 
+runtime=${IMAGE_RUNTIME:-}
+if [ -z "$runtime" ] && [ "$builder" != docker ] &&
+   [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" != cgroup2fs ] && command -v runc >/dev/null; then
+  runtime=runc
+fi
+if [ "$which_runtime" = 1 ]; then echo "${runtime:-default}"; exit 0; fi
+runtime_flag=()
+if [ -n "$runtime" ]; then
+  [ "$builder" != docker ] || die "IMAGE_RUNTIME applies to podman and buildah; docker's daemon picks its own"
+  runtime_flag=(--runtime "$runtime")
+fi
+
 # The certificate authorities the build's Python package downloads trust (see the Dockerfile): pip's
 # own setting, else this machine's trust store, so that a build behind a proxy with its own authority
 # works wherever pip on this machine does. A build secret: not stored in the image.
@@ -55,11 +72,11 @@ for ca in "${PIP_CERT:-}" "${REQUESTS_CA_BUNDLE:-}" "${SSL_CERT_FILE:-}" /etc/ss
   if [ -n "$ca" ] && [ -s "$ca" ]; then secret=(--secret "id=pip-ca,src=$ca"); break; fi
 done
 
-echo "build-image: building $tag with $builder" >&2
+echo "build-image: building $tag with $builder${runtime:+ (runtime $runtime)}" >&2
 case "$builder" in
   docker) DOCKER_BUILDKIT=1 docker build -t "$tag" "${secret[@]}" "$@" "$root_dir" >&2 ;;
-  podman) podman build --layers -t "$tag" "${secret[@]}" "$@" "$root_dir" >&2 ;;
-  buildah) buildah build --layers -t "$tag" "${secret[@]}" "$@" "$root_dir" >&2 ;;
+  podman) podman build --layers "${runtime_flag[@]}" -t "$tag" "${secret[@]}" "$@" "$root_dir" >&2 ;;
+  buildah) buildah build --layers "${runtime_flag[@]}" -t "$tag" "${secret[@]}" "$@" "$root_dir" >&2 ;;
   *) die "IMAGE_BUILDER=$builder: use docker, podman or buildah" ;;
 esac
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpucheck.checks import compute, gpu_settings, inventory, memory, nodepath, overhead
+from gpucheck.checks import compute, frameworks, gpu_settings, inventory, memory, nodepath, overhead
 from gpucheck.context import Context
 from gpucheck.report import Result
 
@@ -17,6 +17,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("limiter.pooled", memory.pooled),
     ("limiter.shared", memory.shared),
     ("limiter.family", memory.families),
+    ("framework", frameworks.frameworks),
     ("compute.baseline", compute.baseline),
     ("compute", compute.accuracy),
     ("overhead", overhead.overhead),

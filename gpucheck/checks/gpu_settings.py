@@ -31,6 +31,46 @@ def _commands() -> Any:
     return agent.commands().NvidiaCommands(isolate_shm=True)
 
 
+DRIVER_ROOT_FILE = agent.COMMANDS.with_name("driver_root.py")
+HOST_TOP = ("usr", "lib", "lib64", "bin", "sbin", "etc", "opt")
+"""What the check's driver root shows of this machine's root: where the driver's files are."""
+
+
+def _driver_root_module() -> Any:
+    """The agent's `driver_root` module, loaded from its file as `agent.commands` is (standard library only)."""
+    import importlib.util
+    import sys
+
+    name = "gpucheck_agent_driver_root"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DRIVER_ROOT_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def deployed_commands(work: Path) -> Any:
+    """The agent's commands as the DaemonSet makes them: the host's root seen at a driver root other
+    than / (here a directory of links to this machine's top directories), its tools run from there
+    with a private directory of the driver's libraries, so the MPS daemon must find its server there."""
+    root = work / "driver-root"
+    root.mkdir(parents=True, exist_ok=True)
+    for top in HOST_TOP:
+        link = root / top
+        if Path("/", top).exists() and not link.is_symlink():
+            link.symlink_to(Path("/", top))
+    dr = _driver_root_module()
+    return agent.commands().NvidiaCommands(
+        nvidia_smi=dr.tool_path(root, "nvidia-smi"),
+        mps_control=dr.tool_path(root, "nvidia-cuda-mps-control"),
+        tool_env=dr.tool_env(root, work / "driver-libraries"),
+        isolate_shm=True,
+    )
+
+
 def _compute_mode(uuid: str) -> str:
     smi = which("nvidia-smi") or "nvidia-smi"
     ran = run([smi, "-i", uuid, "--query-gpu=compute_mode", "--format=csv,noheader"], timeout_s=60)
@@ -123,7 +163,7 @@ def mps(ctx: Context) -> list[Result]:
     if which("unshare") is None:
         return [skipped("mps", "unshare not found (util-linux): clients cannot get the daemon's /dev/shm")]
     CommandError, ComputeMode = agent.commands().CommandError, agent.commands().ComputeMode
-    commands = _commands()
+    commands = deployed_commands(ctx.work / "mps-driver-root")
     uuid = ctx.gpu.uuid
     base = ctx.work / "mps" / uuid
     pipe, log_dir, shm = base / "pipe", base / "log", base / "shm"
@@ -131,6 +171,7 @@ def mps(ctx: Context) -> list[Result]:
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(perm)
     results: list[Result] = []
+    full_sms = full_sm_count(ctx)  # before the daemon: an MPS client sees only its share
     try:
         try:
             commands.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
@@ -139,9 +180,13 @@ def mps(ctx: Context) -> list[Result]:
             results.append(_refusal("mps.start", "starting the daemon as the agent does", exc))
         else:
             results.append(
-                passed("mps.start", f"daemon answers on its pipe; compute mode {_compute_mode(uuid)}")
+                passed(
+                    "mps.start",
+                    f"daemon from the driver root {commands.mps_control} answers on its pipe; "
+                    f"compute mode {_compute_mode(uuid)}",
+                )
             )
-            results += _mps_clients(ctx, control, pipe, shm)
+            results += _mps_clients(ctx, control, pipe, shm, full_sms)
     finally:
         results.append(_stop_mps(commands, CommandError, ComputeMode, uuid, pipe))
         shutil.rmtree(base, ignore_errors=True)
@@ -173,7 +218,14 @@ def _stop_mps(commands: Any, error: Any, modes: Any, uuid: str, pipe: Path) -> R
     )
 
 
-def _mps_clients(ctx: Context, control: str, pipe: Path, shm: Path) -> list[Result]:
+def full_sm_count(ctx: Context) -> int | None:
+    """The GPU's SMs as a program outside MPS sees them: what active-thread percentages are shares of."""
+    binary = ctx.program("gc_rt_shared")
+    assert binary is not None
+    return int_of(key_values(run([str(binary), "info"], env=ctx.base_env(), timeout_s=120).stdout), "sms")
+
+
+def _mps_clients(ctx: Context, control: str, pipe: Path, shm: Path, full_sms: int | None) -> list[Result]:
     binary = ctx.program("gc_rt_shared")
     assert binary is not None
     envs = {}
@@ -200,14 +252,7 @@ def _mps_clients(ctx: Context, control: str, pipe: Path, shm: Path) -> list[Resu
             timeout_s=120,
         )
         first = holder.collect(30)
-    results = [
-        verdict(
-            "mps.server",
-            servers.ok and bool(servers.stdout.strip()),
-            f"get_server_list while a client runs: {servers.stdout.strip() or servers.why()} "
-            "(empty: the client did not go through MPS)",
-        )
-    ]
+    results = [judge_mps_server(servers)]
     for (client, percent, limit), ran in zip(MPS_CLIENTS, (first, second), strict=True):
         sms = run(_client([str(binary), "sms", "4096", "2000"], shm), env=envs[client], timeout_s=120)
         results.append(
@@ -218,27 +263,56 @@ def _mps_clients(ctx: Context, control: str, pipe: Path, shm: Path) -> list[Resu
                 key_values(ran.stdout),
                 key_values(sms.stdout),
                 [ran, sms],
+                full_sms,
             )
         )
     return results
 
 
+def judge_mps_server(servers: Ran) -> Result:
+    """`get_server_list` while a client runs: the server PIDs it listed, or why it listed none."""
+    pids = servers.stdout.split() if servers.ok else []
+    if pids:
+        return passed(
+            "mps.server", f"the daemon lists server PID {', '.join(pids)} while a client runs", pids=pids
+        )
+    if not servers.ok:
+        return failed("mps.server", f"get_server_list failed: {servers.why()}")
+    return failed(
+        "mps.server", "get_server_list listed no server while a client ran: the client did not go through MPS"
+    )
+
+
 def judge_mps_client(
-    name: str, percent: int, limit: int, fill: dict[str, str], sms: dict[str, str], ran: list[Ran]
+    name: str,
+    percent: int,
+    limit: int,
+    fill: dict[str, str],
+    sms: dict[str, str],
+    ran: list[Ran],
+    full_sms: int | None,
 ) -> Result:
-    allocated, used, total = int_of(fill, "allocated"), int_of(sms, "sms_used"), int_of(sms, "sms")
+    """A client's memory under its pinned limit, and its SMs against `percent` of the GPU's full count.
+
+    The client's own SM count (`sms`) is already its share: MPS gives it about `percent` % of the
+    GPU's SMs (rounded to whole TPCs), and the client then fills what it sees.
+    """
+    allocated, used, seen = int_of(fill, "allocated"), int_of(sms, "sms_used"), int_of(sms, "sms")
     problems = []
     if allocated is None:
         problems.append("no allocation figure")
     elif allocated > limit or allocated < limit // 2:
         problems.append(f"allocated {allocated / MIB:.0f} MiB under a pinned limit of {limit / MIB:.0f} MiB")
-    if used is None or total is None:
+    if used is None or seen is None:
         problems.append("no SM figure")
+    elif full_sms is None:
+        problems.append("no full SM count of the GPU (the info run outside MPS failed)")
     else:
-        expected = total * percent / 100
+        expected = full_sms * percent / 100
         if not math.floor(expected * 0.8) <= used <= math.ceil(expected) + 2:
             problems.append(
-                f"{used} of {total} SMs used at {percent} % active threads (expected about {expected:.0f})"
+                f"{used} of the GPU's {full_sms} SMs used at {percent} % active threads "
+                f"(expected about {expected:.0f}; the client saw {seen})"
             )
     bad = next((r for r in ran if not r.ok), None)
     if bad is not None:
@@ -247,12 +321,14 @@ def judge_mps_client(
         name,
         not problems,
         "; ".join(problems)
-        or f"{percent} % threads: {used} of {total} SMs; pinned {limit / MIB:.0f} MiB: allocated {allocated / MIB if allocated else 0:.0f} MiB",
+        or f"{percent} % threads: {used} of the GPU's {full_sms} SMs (the client saw {seen}); "
+        f"pinned {limit / MIB:.0f} MiB: allocated {allocated / MIB if allocated else 0:.0f} MiB",
         percent=percent,
         limit_bytes=limit,
         allocated=allocated,
         sms_used=used,
-        sms=total,
+        sms=seen,
+        gpu_sms=full_sms,
     )
     for r in ran:
         result.details += r.describe()

@@ -23,7 +23,7 @@ def overhead(ctx: Context) -> list[Result]:
     if ctx.limiter is None:
         return [skipped(n, ctx.missing("limiter")) for n in names]
     script = ctx.root / "gpucheck/workloads/torch_bench.py"
-    argv = [ctx.python, str(script), *(f"{w}={n}" for w, n in WORKLOADS.items())]
+    argv = [ctx.workload_python, str(script), *(f"{w}={n}" for w, n in WORKLOADS.items())]
     times: dict[str, dict[str, list[float]]] = {w: {"bare": [], "preload": []} for w in WORKLOADS}
     for i in range(QUICK_ROUNDS if ctx.quick else ROUNDS):
         for kind in ("bare", "preload") if i % 2 == 0 else ("preload", "bare"):

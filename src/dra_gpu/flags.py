@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,22 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
 
 
+EXIT_USAGE = 2
+"""Exit status for bad input, a flag's or its variable's alike (argparse uses it for flags)."""
+
+
 def _invalid(variable: str, raw: str, why: object) -> SystemExit:
-    return SystemExit(f"error: environment variable {variable}={raw!r} is invalid: {why}")
+    """Say what to change on one line and exit 2: a bad variable is as much a usage error as a bad flag."""
+    print(f"error: environment variable {variable}={raw!r} is invalid: {why}", file=sys.stderr)
+    return SystemExit(EXIT_USAGE)
+
+
+def _type_problem(type: Callable[[str], Any], exc: Exception) -> str:
+    """What was wrong with a value, in the user's words: never a Python function's name."""
+    if isinstance(exc, argparse.ArgumentTypeError):
+        return str(exc)
+    expected = {int: "a whole number", float: "a number"}.get(type)  # type: ignore[call-overload]
+    return f"expected {expected}" if expected else str(exc)
 
 
 def _help(help: str, variable: str, default_text: str) -> str:
@@ -56,8 +71,8 @@ def add_flag(
     if raw is not None and raw != "":
         try:
             value = type(raw) if type is not None else raw
-        except (TypeError, ValueError) as exc:
-            raise _invalid(variable, raw, exc) from exc
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            raise _invalid(variable, raw, _type_problem(type, exc) if type else exc) from None
         if choices is not None and value not in choices:
             raise _invalid(variable, raw, f"choose from {', '.join(choices)}")
     names = [short, flag] if short else [flag]

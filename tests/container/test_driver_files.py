@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +24,23 @@ from container_node import CONTAINER_PROBE, Limiter, make_device_nodes, plugin_n
 from container_support import RUNTIME_CDI_DIR, Podman, Volume, mount_options, sections
 from plugin_harness import Alloc, gpu_config
 
+from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
 
 pytestmark = pytest.mark.container
 
-DRIVER_VERSION = "550.54.15"
+DRIVER_VERSION = SIMULATED_DRIVER_VERSION
+"""What NVML reports on the tests' node; the fake driver root also holds other drivers' leftovers."""
+STALE_VERSIONS = ("535.104.05", "999.1.1")
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 FAKE_MEMORY = 24 << 30
+
+
+def empty_library(path: Path, soname: str) -> None:
+    source = path.with_name(".empty.c")
+    source.write_text("int dra_gpu_stand_in;\n")
+    subprocess.run(["cc", "-shared", f"-Wl,-soname,{soname}", "-o", str(path), str(source)], check=True)
+    source.unlink()
 
 
 def fake_driver_root(root: Path, limiter: Limiter) -> Path:
@@ -40,6 +51,12 @@ def fake_driver_root(root: Path, limiter: Limiter) -> Path:
         limiter.fake_libcuda.with_name("libnvidia-ml.so.1"), libs / f"libnvidia-ml.so.{DRIVER_VERSION}"
     )
     (libs / "libcuda.so.1").symlink_to(f"libcuda.so.{DRIVER_VERSION}")  # as the driver installs it
+    # Empty libraries under the sonames the driver's have (gpucomp's is its full version).
+    empty_library(libs / f"libnvidia-gpucomp.so.{DRIVER_VERSION}", f"libnvidia-gpucomp.so.{DRIVER_VERSION}")
+    empty_library(libs / f"libnvidia-nvvm.so.{DRIVER_VERSION}", "libnvidia-nvvm.so.4")
+    for stale in STALE_VERSIONS:  # an older driver's leftovers, and a newer one's after a downgrade
+        shutil.copy(limiter.fake_libcuda, libs / f"libcuda.so.{stale}")
+        empty_library(libs / f"libnvidia-gpucomp.so.{stale}", f"libnvidia-gpucomp.so.{stale}")
     bin_dir = root / "usr" / "bin"
     bin_dir.mkdir(parents=True)
     for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):
@@ -60,6 +77,7 @@ def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader
             env="env",
             conf=f"cat {LDCONFIG_ENTRY}",
             libs=f"ls {DRIVER_LIB_DIR}",
+            dev=f"readlink {DRIVER_LIB_DIR}/libcuda.so",
             smi="nvidia-smi",
             probe="limiter-probe info",
         )
@@ -72,12 +90,19 @@ def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader
     # With it, the loader finds libcuda through its cache: no LD_LIBRARY_PATH, no legacy runtime hook.
     assert "LD_LIBRARY_PATH" not in result.env()
     assert result.section("conf") == [DRIVER_LIB_DIR]
+    # Exactly the reported driver's libraries (none of the leftovers), with the loader's soname links
+    # and the link a program built with -lcuda needs.
     assert sorted(result.section("libs")) == [
+        "libcuda.so",
         "libcuda.so.1",
         f"libcuda.so.{DRIVER_VERSION}",
+        f"libnvidia-gpucomp.so.{DRIVER_VERSION}",
         "libnvidia-ml.so.1",
         f"libnvidia-ml.so.{DRIVER_VERSION}",
+        "libnvidia-nvvm.so.4",
+        f"libnvidia-nvvm.so.{DRIVER_VERSION}",
     ]
+    assert result.section("dev") == ["libcuda.so.1"]
     assert result.section("smi") == ["nvidia-smi stand-in"]
     assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY}"
 

@@ -65,9 +65,10 @@ def image() -> tuple[str, str]:
     if builder == "buildah":
         pytest.skip("buildah builds but cannot run the image; install podman or docker to run it")
     no_bases = _ensure_base_images(builder)
-    # One tag per checkout: a rebuild reuses the cached layers, and two checkouts do not collide.
+    # One tag per checkout, so two checkouts do not collide. Built without the cache: a step that
+    # works only from a cached layer (a runtime that cannot run RUN steps here) must fail here.
     tag = f"localhost/dra-gpu-test:image-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:12]}"
-    proc = _run([str(BUILD), "--tag", tag], 1500)
+    proc = _run([str(BUILD), "--tag", tag, "--", "--no-cache"], 1500)
     if proc.returncode != 0 and no_bases:
         pytest.skip(f"{no_bases}, and the build could not pull them")
     assert proc.returncode == 0, f"the image build failed:\n{proc.stderr[-6000:]}"

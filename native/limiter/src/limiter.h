@@ -389,7 +389,10 @@ int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t
 /* The current context's CUDA ordinal, -1 without one. */
 int dl_current_ordinal(void);
 /* The CUDA ordinal of a stream's device (the current context's for the NULL and the legacy/per-thread
- * default streams), -1 when neither the stream nor a current context tells it. */
+ * default streams), -1 when neither the stream nor a current context tells it. A stream that is capturing (or
+ * may be: a capture is open and cuStreamIsCapturing cannot tell) is never asked - the real driver answers
+ * cuStreamGetDevice on a capturing stream with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
+ * capture -: its ordinal is the current context's. */
 int dl_stream_ordinal(CUstream s, int ptsz);
 /* Charges rounded up to whole units of the device's allocation granularity. */
 uint64_t dl_round_granule(int ordinal, uint64_t bytes);
@@ -447,5 +450,16 @@ void dl_throttle_forget_context(CUcontext ctx);
 extern bool dl_throttle_on;  /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);
+/* While a stream capture is open in the process, the library's own driver calls run with this thread's
+ * capture mode relaxed, so that none of them can invalidate the application's capture. dl_capture_relax
+ * returns what dl_capture_restore takes back (-1: nothing was changed: no capture open, or no such call). */
+int dl_capture_relax(void);
+void dl_capture_restore(int saved);
+/* Whether a stream capture is open anywhere in the process (every way to begin one is wrapped). */
+int dl_captures_open(void);
+/* Whether the stream is capturing: 1 yes, 0 no, -1 cannot tell (cuStreamIsCapturing missing or failing).
+ * cuStreamIsCapturing is the one question about a capturing stream that leaves its capture valid: a stream that
+ * may be capturing must not be asked for its device or context, synchronised or queried. */
+int dl_stream_capture_status(CUstream s, int ptsz);
 
 #endif

@@ -4,6 +4,10 @@
  * environment, are the source of a claim's limits: a process that sets DRAGPU_* can only lower them, and
  * one that points DRAGPU_LIMITER_STATE_DIR elsewhere still shares its claim's accounting.
  *
+ * Only a file the agent mounted is trusted: the root of a read-only mount of its own. A file the container
+ * wrote (its root could make CLAIMS_ROOT/000-forged/limits) lies on a writable filesystem, or on the
+ * image's read-only root where it is no mount of its own; such a file fails closed as a malformed one does.
+ *
  * Failing closed: a malformed or unreadable limits file is logged once and gives its claim's devices no
  * memory (every allocation on them is refused); if not even its devices can be read, every device of the
  * process gets none. Without any limits file (a process outside a claim, demos, tests) the environment
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "limiter.h"
@@ -165,6 +170,28 @@ static void salvage_devices(const char *text, size_t len, struct dl_claim *c) {
     }
 }
 
+/* The mount a descriptor's file is on (statx's mount id; without it, the device). */
+static int mount_of(int dirfd, const char *name, int flags, uint64_t *id) {
+    struct statx sx;
+    if (statx(dirfd, name, flags, STATX_MNT_ID, &sx) != 0) return -1;
+    *id = (sx.stx_mask & STATX_MNT_ID) ? sx.stx_mnt_id : ((uint64_t)sx.stx_dev_major << 32 | sx.stx_dev_minor);
+    return 0;
+}
+
+/* Whether the open limits file at path is the root of a read-only mount (the agent's bind mount). */
+static bool mounted_read_only(int fd, const char *path) {
+    struct statvfs sv;
+    if (fstatvfs(fd, &sv) != 0 || !(sv.f_flag & ST_RDONLY)) return false;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) return false;
+    *slash = '\0';
+    uint64_t mine, parent;
+    return mount_of(fd, "", AT_EMPTY_PATH, &mine) == 0 && mount_of(AT_FDCWD, dir, 0, &parent) == 0 &&
+           mine != parent;
+}
+
 static int read_file(const char *path, char *buf, size_t cap, size_t *len, char *why, size_t why_cap) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
@@ -175,6 +202,10 @@ static int read_file(const char *path, char *buf, size_t cap, size_t *len, char 
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return fail(why, why_cap, 0, "%s", "not a regular file");
+    }
+    if (!mounted_read_only(fd, path)) {
+        close(fd);
+        return fail(why, why_cap, 0, "%s", "not a read-only mount of the node agent's (the container could have written it)");
     }
     size_t n = 0;
     for (;;) {

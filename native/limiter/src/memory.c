@@ -87,6 +87,8 @@ int dl_current_ordinal(void) {
 
 int dl_stream_ordinal(CUstream s, int ptsz) {
     if (IS_DEFAULT_STREAM(s)) return current_ordinal();
+    /* Asked first, and only while a capture is open: a capturing stream is not asked about (limiter.h). */
+    if (dl_captures_open() && dl_stream_capture_status(s, ptsz) != 0) return current_ordinal();
     PFN_cuStreamGetDevice_v12080 get = ptsz ? dl_cuda.cuStreamGetDevice_ptsz : dl_cuda.cuStreamGetDevice;
     CUdevice d;
     if (get && get(s, &d) == CUDA_SUCCESS) return (int)d;

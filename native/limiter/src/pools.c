@@ -80,22 +80,36 @@ static int settle(uint64_t *charged, int dev, uint64_t reserved, struct dl_charg
     return 0;
 }
 
-static int read_pool(CUmemoryPool pool, uint64_t *reserved) {
+/* Pool reads happen at sync points and before admissions, perhaps while the application captures: relaxed
+ * then (dl_capture_relax), so that they can never invalidate its capture. */
+static int pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, uint64_t *out) {
     cuuint64_t v = 0;
-    if (!dl_cuda.cuMemPoolGetAttribute ||
-        dl_cuda.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
-        return -1;
-    *reserved = v;
+    if (!dl_cuda.cuMemPoolGetAttribute) return -1;
+    int saved = dl_capture_relax();
+    CUresult r = dl_cuda.cuMemPoolGetAttribute(pool, attr, &v);
+    dl_capture_restore(saved);
+    if (r != CUDA_SUCCESS) return -1;
+    *out = v;
     return 0;
 }
 
-static int read_graphmem(int ordinal, uint64_t *reserved) {
+static int graphmem_attr(int ordinal, CUgraphMem_attribute attr, uint64_t *out) {
     cuuint64_t v = 0;
-    if (!dl_cuda.cuDeviceGetGraphMemAttribute ||
-        dl_cuda.cuDeviceGetGraphMemAttribute(ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
-        return -1;
-    *reserved = v;
+    if (!dl_cuda.cuDeviceGetGraphMemAttribute) return -1;
+    int saved = dl_capture_relax();
+    CUresult r = dl_cuda.cuDeviceGetGraphMemAttribute(ordinal, attr, &v);
+    dl_capture_restore(saved);
+    if (r != CUDA_SUCCESS) return -1;
+    *out = v;
     return 0;
+}
+
+static int read_pool(CUmemoryPool pool, uint64_t *reserved) {
+    return pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, reserved);
+}
+
+static int read_graphmem(int ordinal, uint64_t *reserved) {
+    return graphmem_attr(ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, reserved);
 }
 
 /* The pool's entry, added on first sight; NULL when the table is full (then it is not charged beyond its
@@ -191,11 +205,7 @@ static int pool_ordinal(CUmemoryPool pool) {
     return o;
 }
 
-static int capturing(CUstream s, int ptsz) {
-    PFN_cuStreamIsCapturing_v10000 f = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return f && f(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
+static int capturing(CUstream s, int ptsz) { return dl_stream_capture_status(s, ptsz) == 1; }
 
 /* Graph records are keyed by object and device: pointers leave the top byte free. */
 static uint64_t gkey(const void *obj, int ordinal) { return (uint64_t)(uintptr_t)obj | ((uint64_t)(ordinal + 1) << 56); }
@@ -228,21 +238,43 @@ static int graph_move(unsigned from_kind, const void *from, unsigned to_kind, co
     return moved;
 }
 
+/* A stream-ordered allocation during capture is a graph allocation node: admitted now, charged when the
+ * graph is first uploaded or launched. The capture must survive the library: its own calls run relaxed (a
+ * global- or thread-local-mode capture forbids potentially unsafe calls), and the address is not asked
+ * about - it names a node of the graph being built, not memory; it lands on its pool's or stream's device. */
+static CUresult captured_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int variant,
+                               int ordinal, CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int)) {
+    int saved = dl_capture_relax();
+    struct dl_charge c;
+    CUresult r = dl_charge(ordinal, bytes, &c);
+    dl_refund(&c);
+    dl_capture_restore(saved);
+    if (r != CUDA_SUCCESS) return r;
+    r = call(dptr, bytes, pool, s, variant);
+    if (r != CUDA_SUCCESS) return r;
+    saved = dl_capture_relax();
+    graph_add(DL_REC_CAPTURE, s, ordinal, dl_round_granule(ordinal, bytes));
+    dl_capture_restore(saved);
+    return r;
+}
+
 CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int variant,
                           CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int)) {
     int ptsz = variant & 1;
-    int ordinal = pool ? pool_ordinal(pool) : -1;
-    if (ordinal < 0) ordinal = dl_stream_ordinal(s, ptsz);
+    /* Whether the stream captures is asked first: a capturing stream must not be asked for its device (the
+     * real driver invalidates the capture); then the allocation's device is its pool's, else the current
+     * context's (the capturing thread's, as the application's own cuMemAllocAsync sees it). */
     int in_capture = capturing(s, ptsz);
+    int ordinal = pool ? pool_ordinal(pool) : -1;
+    if (ordinal < 0) ordinal = in_capture ? dl_current_ordinal() : dl_stream_ordinal(s, ptsz);
+    if (in_capture) return captured_alloc(dptr, bytes, pool, s, variant, ordinal, call);
     /* What the pool keeps unused serves the allocation first: only the rest can make it grow. */
     CUmemoryPool target = pool;
     if (!target && ordinal >= 0 && dl_cuda.cuDeviceGetMemPool &&
         dl_cuda.cuDeviceGetMemPool(&target, ordinal) != CUDA_SUCCESS)
         target = NULL;
-    uint64_t spare = 0, reserved;
-    cuuint64_t used = 0;
-    if (target && !in_capture && read_pool(target, &reserved) == 0 &&
-        dl_cuda.cuMemPoolGetAttribute(target, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&
+    uint64_t spare = 0, reserved, used = 0;
+    if (target && read_pool(target, &reserved) == 0 && pool_attr(target, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == 0 &&
         reserved > used)
         spare = reserved - used;
     struct dl_charge c;
@@ -255,12 +287,6 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
     }
     int actual = pointer_ordinal(*dptr);
     if (actual < 0) actual = ordinal;
-    if (in_capture) {
-        /* A graph allocation node of the capture: charged when the graph is first uploaded or launched. */
-        dl_refund(&c);
-        graph_add(DL_REC_CAPTURE, s, actual, dl_round_granule(actual, bytes));
-        return r;
-    }
     if (!pool && actual == ordinal) pool = target;
     if (!pool && (!dl_cuda.cuDeviceGetMemPool || dl_cuda.cuDeviceGetMemPool(&pool, actual) != CUDA_SUCCESS)) {
         /* The pool cannot be told: the allocation keeps its own charge. */
@@ -433,10 +459,8 @@ CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t) {
         t->ordinal[k] = o;
         t->bytes[k] = bytes;
         /* What the graph memory pool already holds unused is not charged twice. */
-        uint64_t reserved = 0, free_in_pool = 0;
-        cuuint64_t used = 0;
-        if (read_graphmem(o, &reserved) == 0 && dl_cuda.cuDeviceGetGraphMemAttribute &&
-            dl_cuda.cuDeviceGetGraphMemAttribute(o, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS &&
+        uint64_t reserved = 0, free_in_pool = 0, used = 0;
+        if (read_graphmem(o, &reserved) == 0 && graphmem_attr(o, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) == 0 &&
             reserved > used)
             free_in_pool = reserved - used;
         CUresult r = dl_charge(o, bytes > free_in_pool ? bytes - free_in_pool : 0, &t->c[k]);

@@ -57,6 +57,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -72,7 +73,7 @@
 
 #define REGION_FILE "dragpu-limiter.region"
 #define REGION_MAGIC 0x314c504741524444ULL /* "DDRAGPL1", fixed */
-#define REGION_VERSION 2u /* 2: the export table */
+#define REGION_VERSION 3u /* 2: the export table; 3: slots name their process (PID namespace, start time) */
 #define REGION_SLOTS 1024
 #define HEADER_BYTES 4096
 #define REGION_EXPORTS 128
@@ -109,7 +110,9 @@ struct region_header {
 
 struct region_slot {
     _Alignas(64) _Atomic uint32_t in_use;
-    int32_t pid;  /* for people reading the file; liveness comes from the lock */
+    int32_t pid;    /* as the owner's PID namespace numbers it */
+    uint64_t pidns; /* that namespace's inode */
+    uint64_t start; /* the owner's start time (/proc/<pid>/stat field 22): a reused PID is another process */
     _Atomic int64_t used[DL_MAX_DEVICES];
 };
 
@@ -185,6 +188,42 @@ static void close_kept(struct own_export *o) {
     o->n_kept = 0;
 }
 
+/* This process's PID namespace and start time, as its slot records them (0: unknown). */
+static uint64_t self_pidns, self_start;
+
+static uint64_t own_pidns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Field 22 of /proc/<pid>/stat: 0 and *out set, 1 when no such process, -1 when it cannot be told. */
+static int proc_start(int32_t pid, uint64_t *out) {
+    char p[64], buf[1024];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT || errno == ESRCH ? 1 : -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return n < 0 && errno == ESRCH ? 1 : -1;
+    buf[n] = '\0';
+    char *s = strrchr(buf, ')'); /* the command name may hold anything but ends at the last ')' */
+    if (!s) return -1;
+    s++;
+    for (int field = 3; field < 22 && s; field++) s = strchr(s + 1, ' ');
+    if (!s) return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s + 1, &end, 10);
+    if (errno || end == s + 1) return -1;
+    *out = v;
+    return 0;
+}
+
+static void know_self(void) {
+    if (!self_pidns) self_pidns = own_pidns();
+    if (!self_start && proc_start((int32_t)getpid(), &self_start) != 0) self_start = 0;
+}
+
 static struct region_header *hdr(const struct region *g) { return (struct region_header *)g->base; }
 static struct region_slot *slot_at(const struct region *g, int i) {
     return (struct region_slot *)(g->base + SLOTS_AT) + i;
@@ -256,6 +295,26 @@ static void mark_bad(struct region *g, const char *why) {
         dl_error("the shared region %s (%s) %s; refusing allocations on its devices", g->path, g->what, why);
 }
 
+/* Whether a slot whose lock is free may be given back: its process is gone, by PID and start time. An unlocked
+ * lock alone proves nothing (a process can unlock its own slot through the library's descriptor), and a
+ * process of another PID namespace cannot be looked up from here: its slot stays charged until a process of
+ * its namespace sweeps it. A slot never used names no process and is free. */
+static bool owner_gone(const struct region_slot *s) {
+    int32_t pid = s->pid;
+    uint64_t ns = s->pidns, start = s->start, now = 0;
+    if (pid == 0 && ns == 0 && start == 0) return !atomic_load(&s->in_use);
+    know_self();
+    if (pid <= 0 || ns == 0 || start == 0 || ns != self_pidns) return false;
+    int r = proc_start(pid, &now);
+    return r == 1 || (r == 0 && now != start);
+}
+
+static void forget_owner(struct region_slot *s) {
+    s->pid = 0;
+    s->pidns = 0;
+    s->start = 0;
+}
+
 /* Gives the bytes recorded in a slot back to the device totals. Caller holds the slot's lock. */
 static void reclaim(struct region *g, int i) {
     struct region_slot *s = slot_at(g, i);
@@ -299,11 +358,18 @@ static int claim_slot(struct region *g) {
             int busy = atomic_load(&s->in_use) != 0;
             if (busy != pass) continue; /* free-looking slots first, then possibly dead ones */
             if (lock_byte(g->fd, 1 + i, F_WRLCK) != 0) continue;
+            if (!owner_gone(s)) { /* unlocked by its own process, or not ours to tell: still charged */
+                lock_byte(g->fd, 1 + i, F_UNLCK);
+                continue;
+            }
             reclaim(g, i);
             uint64_t gone[HOLDER_WORDS] = {0}; /* what the slot's dead owner held (caller holds byte 0) */
             gone[i / 64] = 1ull << (i % 64);
             drop_holders(g, gone);
+            know_self();
             s->pid = (int32_t)getpid();
+            s->pidns = self_pidns;
+            s->start = self_start;
             atomic_store(&s->in_use, 1);
             return i;
         }
@@ -343,14 +409,23 @@ static bool slots_held(const struct region *g) {
     return false;
 }
 
-static int open_shared(struct region *g, const char *dir, int log_level) {
+/* A claim's region (agent_made) is the node agent's: it made the file, laid out and sized, and the library
+ * never creates, resizes or initialises one, so deleting, truncating or zeroing it cannot start a fresh
+ * account - it closes the claim's region. Only the environment's region is made here. */
+static int open_shared(struct region *g, const char *dir, int log_level, bool agent_made) {
     snprintf(g->path, sizeof g->path, "%s/%s", dir, REGION_FILE);
     const char *consequence = log_level == DL_LOG_ERROR ? "refusing allocations on its devices"
                                                          : "limits apply to this process only";
     int created = 1;
-    /* Not world-writable: the containers of a claim share it through their user or group. */
-    g->fd = open(g->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0660);
-    if (g->fd < 0 && errno == EEXIST) {
+    /* Not world-writable: the containers of a claim share it through their user or group. O_NONBLOCK: a FIFO
+     * put in its place must not hang the process (it is then refused as not a regular file). */
+    if (agent_made) {
+        created = 0;
+        g->fd = open(g->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    } else {
+        g->fd = open(g->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0660);
+    }
+    if (g->fd < 0 && !agent_made && errno == EEXIST) {
         created = 0;
         g->fd = open(g->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     }
@@ -373,6 +448,10 @@ static int open_shared(struct region *g, const char *dir, int log_level) {
         problem = strerror(errno);
     } else if (!S_ISREG(st.st_mode)) {
         problem = "it is not a regular file";
+    } else if (agent_made && other_version(g, &st) != 0) {
+        problem = "it was made for another version of the library (the claim must be prepared again)";
+    } else if (agent_made && st.st_size != (off_t)REGION_BYTES) {
+        problem = "it was truncated or resized (the node agent made it whole)";
     } else if ((old = other_version(g, &st)) != 0 && slots_held(g)) {
         /* Its processes and ours could not share one account: refused until they have all exited. */
         problem = "a process of the claim still uses it with another version of the library (another layout)";
@@ -393,8 +472,10 @@ static int open_shared(struct region *g, const char *dir, int log_level) {
                 dl_info("made the shared region %s (%s) again: no process uses its old layout any more", g->path,
                         g->what);
             /* magic 0: we created it, made it again, or its creator died before finishing; all under the lock. */
-            if (__atomic_load_n(&hdr(g)->magic, __ATOMIC_ACQUIRE) == 0) fill_header(g);
-            if (!header_matches(g)) problem = "the file has an unknown layout (magic or version differ)";
+            if (!agent_made && __atomic_load_n(&hdr(g)->magic, __ATOMIC_ACQUIRE) == 0) fill_header(g);
+            if (!header_matches(g))
+                problem = agent_made ? "its header was zeroed or rewritten (the node agent made it)"
+                                     : "the file has an unknown layout (magic or version differ)";
         }
     }
     if (!problem && (g->slot = claim_slot(g)) < 0) problem = "all process slots are in use";
@@ -427,7 +508,7 @@ static void open_private(struct region *g, bool closed) {
 void dl_region_open(const char *dir) {
     struct region *g = &regions[0];
     snprintf(g->what, sizeof g->what, "the environment's state directory");
-    if (dir && dir[0] && open_shared(g, dir, DL_LOG_WARN) == 0) {
+    if (dir && dir[0] && open_shared(g, dir, DL_LOG_WARN, false) == 0) {
         /* shared */
     } else {
         if (!dir || !dir[0]) dl_debug("DRAGPU_LIMITER_STATE_DIR is not set: limits apply to this process only");
@@ -437,7 +518,7 @@ void dl_region_open(const char *dir) {
         struct region *r = &regions[1 + c];
         const struct dl_claim *cl = &dl_claims.claims[c];
         snprintf(r->what, sizeof r->what, "claim %.50s", cl->name);
-        if (cl->broken || open_shared(r, cl->state_dir, DL_LOG_ERROR) != 0) open_private(r, true);
+        if (cl->broken || open_shared(r, cl->state_dir, DL_LOG_ERROR, true) != 0) open_private(r, true);
     }
     snprintf(regions[CLOSED_REGION].what, sizeof regions[CLOSED_REGION].what, "unaccounted devices");
     open_private(&regions[CLOSED_REGION], true);
@@ -456,6 +537,7 @@ void dl_region_reset_after_fork(void) {
         atomic_store(&g->verified_ns, 0);
     }
     for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) atomic_store(&own_used[i], 0);
+    self_pidns = self_start = 0; /* the child is another process (and may be in a new PID namespace) */
     for (int r = 0; r < MAX_REGIONS; r++) /* the child holds nothing: it has no slot yet */
         for (int i = 0; i < REGION_EXPORTS; i++) {
             struct own_export *o = &own_exports[r][i];
@@ -516,7 +598,10 @@ static void verify(struct region *g) {
     if (g->fd < 0 || atomic_load(&g->bad)) return;
     atomic_store(&g->verified_ns, (int64_t)dl_now_ns());
     struct stat st;
+    struct stat at;
     if (fstat(g->fd, &st) != 0 || st.st_nlink == 0) mark_bad(g, "was deleted");
+    else if (stat(g->path, &at) != 0 || at.st_dev != st.st_dev || at.st_ino != st.st_ino)
+        mark_bad(g, "was replaced by another file");
     else if (st.st_size != (off_t)REGION_BYTES) mark_bad(g, "was resized");
     else if (!header_matches(g)) mark_bad(g, "has a rewritten header");
     for (int d = 0; d < DL_MAX_DEVICES; d++) {
@@ -544,10 +629,16 @@ static void sweep(struct region *g) {
     uint64_t gone[HOLDER_WORDS] = {0};
     for (int i = 0; i < REGION_SLOTS; i++) {
         if (i == g->slot) continue;
-        if (atomic_load(&slot_at(g, i)->in_use)) {
+        struct region_slot *s = slot_at(g, i);
+        if (atomic_load(&s->in_use)) {
             if (lock_byte(fd, 1 + i, F_WRLCK) != 0) continue; /* owner alive */
+            if (!owner_gone(s)) { /* its lock was dropped, its process was not */
+                lock_byte(fd, 1 + i, F_UNLCK);
+                continue;
+            }
             reclaim(g, i);
-            atomic_store(&slot_at(g, i)->in_use, 0);
+            forget_owner(s);
+            atomic_store(&s->in_use, 0);
             lock_byte(fd, 1 + i, F_UNLCK);
             dl_debug("returned the memory of an exited process (slot %d of %s)", i, g->path);
         }
@@ -656,11 +747,6 @@ static int table_lock(const struct region *g) {
 
 static bool can_share(const struct region *g) {
     return g->fd >= 0 && !g->closed && !atomic_load_explicit(&g->bad, memory_order_relaxed);
-}
-
-static uint64_t own_pidns(void) {
-    struct stat st;
-    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 void dl_export_key_fd(struct dl_export_key *k, int fd) {

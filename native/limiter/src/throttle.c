@@ -10,7 +10,10 @@
  *     launches). Until a measurement arrives, the launch is charged an estimate: the running average of
  *     earlier measurements of the same function and grid size, else of all launches, else (nothing
  *     measured yet) PRIOR_NS. The prior is not zero: a cold process must not admit a queue-full of
- *     launches free of charge before its first measurement comes back.
+ *     launches free of charge before its first measurement comes back; nor is a kind never measured
+ *     admitted more than once before its first measurement (probe()).
+ *   - A bracket holds more than the kernel: the device's launch gap, and the host's time in the launch
+ *     while the device was idle (kernel_time()); both are taken off the measurement.
  *   - Admission is GCRA (the virtual-scheduling form of a token bucket) on one clock per device kept in
  *     the claim's region: `tat` is the wall time at which the claim will have paid for all GPU time
  *     admitted so far. A launch of cost c advances tat by c * 100 / cores; it may proceed while tat is at
@@ -29,7 +32,10 @@
  * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
  *
  * Launches recorded into a capturing stream are not executed then: they are neither charged nor
- * measured (the graph is charged when launched, by measuring cuGraphLaunch). While any stream of the
+ * measured (the graph is charged when launched, by measuring cuGraphLaunch), and the stream is asked nothing
+ * but whether it captures (the real driver invalidates a capture whose stream is asked for its device). A
+ * launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
+ * current context's device, neither timed nor synchronised. While any stream of the
  * process is capturing, completed events are polled with this thread's capture mode relaxed
  * (cuThreadExchangeStreamCaptureMode), so that the query cannot invalidate a global-mode capture; only a
  * driver without that call makes measurements wait until the capture ends.
@@ -54,6 +60,12 @@
 #define POOLS 8            /* contexts with spare timing events */
 #define POOL_EVENTS 32
 #define EST_SLOTS 1024     /* direct-mapped cost estimates */
+/* What a bracket of timing events measures beyond the kernel (the real H100's record): the device's own gap
+ * before a kernel starts, 2.3 us after the previous kernel or after the launch call returns (LAUNCH_GAP_NS,
+ * taken a little short so that a queued kernel is never charged less than it ran), and, when the device was
+ * idle, the host's time from the start event's record to the launch's return (measured per launch). */
+#define LAUNCH_GAP_NS 2000LL
+#define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
 bool dl_throttle_on;
 static int64_t cores = 100;
@@ -67,6 +79,7 @@ struct pending {
     uint64_t key;
     int dev;
     int64_t charged_ns; /* GPU time charged at admission */
+    int64_t idle_ns;    /* host time in the bracket while the device had nothing of ours queued */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -80,15 +93,29 @@ static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
 
+/* When the work this process has queued on each device should end (host clock; the sum of the estimates of
+ * what was launched, each LAUNCH_GAP_NS apart): a launch made before then is queued and its bracket holds no
+ * host time. A guess that errs long (several streams at once, other processes) only deducts less. */
+static _Atomic int64_t queued_until[DL_MAX_DEVICES];
+
 static struct {
     uint64_t key;
     int64_t ns;
     uint32_t measured; /* measurements of this key */
     uint32_t launches; /* launches of this key since it was last measured */
 } estimates[EST_SLOTS];
-#define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch */
-#define SAMPLE_EVERY 2
+#define SAMPLE_AFTER 8 /* a key measured this often is timed every SAMPLE_EVERY-th launch (4: callgrind, 74 fewer instructions per throttled launch than 2) */
+#define SAMPLE_EVERY 4
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
+
+/* The first launch of a kind never measured, being measured (since: when it was admitted; 0: none). */
+static struct {
+    uint64_t key;
+    int64_t since;
+} probes[EST_SLOTS];
+#define PROBE_WAIT_NS 20000000LL   /* longest a launch waits for the first measurement of its kind */
+#define PROBE_SLICE_NS 50000LL     /* between two looks at it */
+#define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
 
 void dl_throttle_configure(int pct) {
     cores = pct;
@@ -102,11 +129,22 @@ void dl_throttle_reset_after_fork(void) {
     memset(ring, 0, sizeof ring);
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
+    memset(probes, 0, sizeof probes);
     atomic_store(&captures, 0);
     atomic_store(&polling, 0);
+    for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
 }
 
 static int64_t wall_cost(int64_t gpu_ns) { return gpu_ns * 100 / cores; }
+
+
+/* The kernel's own time in a bracket of events: the bracket less the device's launch gap and the host time
+ * the device was idle in it, never below MIN_CHARGE_NS (nor above the bracket). */
+static int64_t kernel_time(int64_t bracket, int64_t idle_ns) {
+    int64_t k = bracket - LAUNCH_GAP_NS - idle_ns;
+    int64_t floor = bracket < MIN_CHARGE_NS ? bracket : MIN_CHARGE_NS;
+    return k > floor ? k : floor;
+}
 
 static uint64_t launch_key(const void *fn, uint64_t blocks) {
     return dl_hash64((uint64_t)(uintptr_t)fn ^ (blocks * 0x9e3779b97f4a7c15ull));
@@ -124,6 +162,13 @@ static void learn(uint64_t key, int64_t ns) {
     estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
+    if (probes[i].key == key) probes[i].since = 0;
+}
+
+/* A first launch that will not be measured after all: the next of its kind becomes the first. Caller holds mu. */
+static void probe_dropped(uint64_t key) {
+    unsigned i = (unsigned)(key & (EST_SLOTS - 1));
+    if (probes[i].key == key) probes[i].since = 0;
 }
 
 /* Spare timing events per context. mu guards the tables only: every driver call (creating, destroying,
@@ -188,6 +233,7 @@ static void forget_context(CUcontext ctx) {
         doomed[n++] = p->start;
         doomed[n++] = p->end;
         p->ctx = NULL; /* the poller skips it */
+        probe_dropped(p->key);
     }
     pthread_mutex_unlock(&mu);
     atomic_store(&polling, 0);
@@ -199,42 +245,60 @@ static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
 }
 
 /* Applies the measurements of launches that have completed, oldest first. One thread at a time (the
- * others go on without waiting); the ring's tables are read and updated under mu, the events are queried
- * without it. */
+ * others go on without waiting). The ring's tables are read and updated under mu, once per batch: the
+ * pending entries are copied out, their events queried without the lock, then what completed is learnt,
+ * its events pooled and the head advanced in one more look at the tables. */
+#define POLL_BATCH 32
 static void poll_completed(void) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&polling, &expected, 1)) return;
     for (;;) {
+        struct pending batch[POLL_BATCH];
+        int64_t actual[POLL_BATCH];
         pthread_mutex_lock(&mu);
-        if (!ring_count) {
-            pthread_mutex_unlock(&mu);
-            break;
-        }
-        struct pending p = ring[ring_head];
+        unsigned n = ring_count < POLL_BATCH ? ring_count : POLL_BATCH;
+        for (unsigned k = 0; k < n; k++) batch[k] = ring[(ring_head + k) % RING];
         pthread_mutex_unlock(&mu);
-        if (p.ctx) {
-            CUresult q = dl_cuda.cuEventQuery(p.end);
+        unsigned done = 0;
+        for (; done < n; done++) {
+            struct pending *p = &batch[done];
+            actual[done] = -1;
+            if (!p->ctx) continue; /* its context was destroyed: forget_context took its events */
+            CUresult q = dl_cuda.cuEventQuery(p->end);
             if (q == CUDA_ERROR_NOT_READY) break;
             float ms;
-            if (q == CUDA_SUCCESS && elapsed_ms(&ms, p.start, p.end) == CUDA_SUCCESS && ms >= 0) {
-                int64_t actual = (int64_t)((double)ms * 1e6);
-                atomic_fetch_add(dl_region_tat(p.dev), wall_cost(actual - p.charged_ns));
-                dl_region_add_busy(p.dev, actual);
-                pthread_mutex_lock(&mu);
-                learn(p.key, actual);
-                pthread_mutex_unlock(&mu);
-                put_event(p.ctx, p.start);
-                put_event(p.ctx, p.end);
-            } else {
-                /* Events unusable: keep the estimate, drop the events. */
-                dl_cuda.cuEventDestroy_v2(p.start);
-                dl_cuda.cuEventDestroy_v2(p.end);
+            if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
+                actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->idle_ns);
+                atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual[done] - p->charged_ns));
+                dl_region_add_busy(p->dev, actual[done]);
             }
         }
+        /* Events that cannot be pooled (unusable, or the pool is full) are destroyed without the lock. */
+        CUevent doomed[2 * POLL_BATCH];
+        int nd = 0;
         pthread_mutex_lock(&mu);
-        ring_head = (ring_head + 1) % RING;
-        ring_count--;
+        for (unsigned k = 0; k < done; k++) {
+            struct pending *p = &batch[k];
+            if (!p->ctx) continue;
+            if (actual[k] < 0) {
+                doomed[nd++] = p->start;
+                doomed[nd++] = p->end;
+                probe_dropped(p->key);
+                continue;
+            }
+            learn(p->key, actual[k]);
+            struct pool *pl = pool_for(p->ctx, 1);
+            CUevent ev[2] = {p->start, p->end};
+            for (int e = 0; e < 2; e++) {
+                if (pl && pl->n < POOL_EVENTS) pl->ev[pl->n++] = ev[e];
+                else doomed[nd++] = ev[e];
+            }
+        }
+        ring_head = (ring_head + done) % RING;
+        ring_count -= done;
         pthread_mutex_unlock(&mu);
+        for (int k = 0; k < nd; k++) dl_cuda.cuEventDestroy_v2(doomed[k]);
+        if (done < n || n < POLL_BATCH) break;
     }
     atomic_store(&polling, 0);
 }
@@ -244,17 +308,39 @@ static void sleep_ns(int64_t ns) {
     clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
 }
 
+int dl_capture_relax(void) {
+    if (DL_LIKELY(!atomic_load_explicit(&captures, memory_order_relaxed))) return -1;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return -1;
+    return (int)mode;
+}
+
+void dl_capture_restore(int saved) {
+    if (saved < 0) return;
+    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
+    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+int dl_captures_open(void) { return atomic_load_explicit(&captures, memory_order_relaxed) != 0; }
+
+int dl_stream_capture_status(CUstream s, int ptsz) {
+    PFN_cuStreamIsCapturing_v10000 f = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!f || f(s, &st) != CUDA_SUCCESS) return -1;
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Polls unless that could disturb an open capture. */
 static void poll_safely(void) {
     if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
         poll_completed();
         return;
     }
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-        return;
+    int saved = dl_capture_relax();
+    if (saved < 0) return; /* a capture is open and this thread cannot be relaxed: measurements wait */
     poll_completed();
-    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
+    dl_capture_restore(saved);
 }
 
 static void poll_if_no_capture(void) { poll_safely(); }
@@ -281,9 +367,48 @@ static void admit(int dev, int64_t wall, int64_t now) {
     }
 }
 
+/* A kind of launch never measured is admitted once at the estimate of an unknown launch (the average, or the
+ * prior) and measured; a burst of it must not follow at that estimate (a queue of long kernels would keep the
+ * device busy far beyond the share before the first measurement came back). So the next launches of that kind
+ * wait - polling, at most PROBE_WAIT_NS - for the first one's measurement and are admitted at the learned
+ * cost; one that waited out the bound is charged at least as long as the first has been running (the
+ * measurement settles the difference, either way). Returns whether this launch is the first of its kind; *now
+ * is brought up to date after a wait; *floor: the least this launch is charged. */
+static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
+    unsigned i = (unsigned)(key & (EST_SLOTS - 1));
+    *floor = 0;
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        int known = estimates[i].key == key;
+        int64_t since = probes[i].key == key ? probes[i].since : 0;
+        int first = !known && (!since || *now - since > PROBE_STALE_NS);
+        if (first) {
+            probes[i].key = key;
+            probes[i].since = *now;
+        }
+        pthread_mutex_unlock(&mu);
+        if (known) return 0;
+        if (first) return 1;
+        int64_t waited = *now - since;
+        if (waited >= PROBE_WAIT_NS) {
+            *floor = waited;
+            return 0;
+        }
+        int64_t left = PROBE_WAIT_NS - waited;
+        int64_t before_sleep = *now;
+        sleep_ns(left < PROBE_SLICE_NS ? left : PROBE_SLICE_NS);
+        poll_safely();
+        *now = (int64_t)dl_now_ns();
+        dl_region_add_throttled(dev, *now - before_sleep);
+    }
+}
+
 struct ticket {
     int dev;
     int measure;    /* timed by events */
+    int first;        /* the first launch of its kind, being measured (probe) */
+    int64_t recorded; /* measured: the host time its start event was recorded */
+    int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
     int64_t synced; /* not: the wall time at admission, for timing by synchronising the stream */
     int64_t charged_ns;
     uint64_t key;
@@ -298,8 +423,32 @@ static int can_time(int ptsz) {
            (dl_cuda.cuEventElapsedTime || dl_cuda.cuEventElapsedTime_v2);
 }
 
-static CUresult record(CUevent e, CUstream s, int ptsz) {
-    return ptsz ? dl_cuda.cuEventRecord_ptsz(e, s) : dl_cuda.cuEventRecord(e, s);
+/* Calls fn(a, b, ptsz) with ctx current. Tried as it is first: the launch's thread almost always has the
+ * stream's context current, and then this costs nothing; otherwise (no current context, as with a
+ * context-less CUkernel, or another device's) ctx is pushed around a second try - the driver needs a current
+ * context to record an event or synchronise a stream. */
+static CUresult in_context(CUcontext ctx, CUresult (*fn)(void *, CUstream, int), void *a, CUstream s, int ptsz) {
+    CUresult r = fn(a, s, ptsz);
+    if (r == CUDA_SUCCESS || !ctx || !dl_cuda.cuCtxPushCurrent_v2 || !dl_cuda.cuCtxPopCurrent_v2) return r;
+    CUcontext current = NULL;
+    if (dl_cuda.cuCtxGetCurrent && dl_cuda.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return r;
+    if (dl_cuda.cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return r;
+    r = fn(a, s, ptsz);
+    CUcontext popped;
+    dl_cuda.cuCtxPopCurrent_v2(&popped);
+    return r;
+}
+
+static CUresult record_fn(void *e, CUstream s, int ptsz) {
+    return ptsz ? dl_cuda.cuEventRecord_ptsz((CUevent)e, s) : dl_cuda.cuEventRecord((CUevent)e, s);
+}
+
+static CUresult record(CUcontext ctx, CUevent e, CUstream s, int ptsz) { return in_context(ctx, record_fn, e, s, ptsz); }
+
+static CUresult sync_fn(void *unused, CUstream s, int ptsz) {
+    (void)unused;
+    PFN_cuStreamSynchronize_v2000 sync = ptsz ? dl_cuda.cuStreamSynchronize_ptsz : dl_cuda.cuStreamSynchronize;
+    return sync ? sync(s) : CUDA_ERROR_NOT_FOUND;
 }
 
 /* One log line per kind of launch the limiter cannot attribute or time. */
@@ -329,10 +478,12 @@ static int context_ordinal(CUcontext ctx) {
 }
 
 /* Where a launch runs: the region device and the context whose events can time it (the stream's). A device
- * that cannot be told is the claim's first, so the launch still counts. */
-static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
+ * that cannot be told is the claim's first, so the launch still counts. ask_stream 0: the stream may be
+ * capturing (a capture is open and cuStreamIsCapturing cannot tell), and a capturing stream must not be asked
+ * for its device or context (the real driver invalidates the capture): the current context's is taken. */
+static int launch_target(CUstream stream, int ptsz, int ask_stream, CUcontext *ctx) {
     int ordinal;
-    if ((uintptr_t)stream <= 2u) {
+    if ((uintptr_t)stream <= 2u || !ask_stream) {
         if (!dl_cuda.cuCtxGetCurrent || dl_cuda.cuCtxGetCurrent(ctx) != CUDA_SUCCESS) *ctx = NULL;
         ordinal = *ctx ? context_ordinal(*ctx) : -1;
     } else {
@@ -347,23 +498,30 @@ static int launch_target(CUstream stream, int ptsz, CUcontext *ctx) {
     return dev;
 }
 
+static void drop_probe(struct ticket *t) {
+    if (!t->first) return;
+    pthread_mutex_lock(&mu);
+    probe_dropped(t->key);
+    pthread_mutex_unlock(&mu);
+    t->first = 0;
+}
+
 #define POLL_NS 20000 /* completed measurements are looked for at most this often (and when the ring fills) */
 static _Atomic int64_t last_poll;
 
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
+    t->first = 0;
     t->measure = 0;
     /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
     int capture_known = 1;
     if (atomic_load_explicit(&captures, memory_order_relaxed)) {
-        CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-        PFN_cuStreamIsCapturing_v10000 is_capturing =
-            ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-        capture_known = is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS;
-        if (capture_known && status != CU_STREAM_CAPTURE_STATUS_NONE) return; /* charged when the graph runs */
+        int status = dl_stream_capture_status(stream, ptsz);
+        if (status == 1) return; /* charged when the graph runs */
+        capture_known = status == 0;
     }
     t->ctx = NULL;
-    int dev = launch_target(stream, ptsz, &t->ctx);
+    int dev = launch_target(stream, ptsz, capture_known, &t->ctx);
     if (dev < 0) return; /* no device of a claim in this process: nothing to charge */
 
     int have_ctx = capture_known && t->ctx && can_time(ptsz);
@@ -374,6 +532,8 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
         poll_safely();
     }
     t->key = key;
+    int64_t floor = 0;
+    t->first = have_ctx ? probe(dev, key, &now, &floor) : 0;
     /* One look at the tables: the ring's room, two pooled events, the estimate. */
     int got = 0;
     pthread_mutex_lock(&mu);
@@ -394,23 +554,36 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
      * events the next poll would have to destroy again. */
     if (p && p->n < 4 && ring_count) atomic_store_explicit(&last_poll, 0, memory_order_relaxed);
     t->charged_ns = estimate(key);
+    if (t->charged_ns < floor) t->charged_ns = floor;
+    if (t->first && (ring_full || !p)) { /* it will not be measured: not the first after all */
+        probe_dropped(key);
+        t->first = 0;
+    }
     pthread_mutex_unlock(&mu);
     if (have_ctx && !ring_full && sample && !got && get_event(t->ctx, &t->start) == 0) {
         if (get_event(t->ctx, &t->end) == 0) got = 2;
         else put_event(t->ctx, t->start);
     }
     t->measure = got == 2;
-    int untimed = !t->measure && !ring_full && sample;
+    if (t->first && !t->measure) drop_probe(t);
+    /* A stream that may be capturing is neither timed by events nor synchronised: it keeps its estimate. */
+    int untimed = !t->measure && !ring_full && sample && capture_known;
     if (untimed) warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
     admit(dev, wall_cost(t->charged_ns), now);
-    if (t->measure && record(t->start, stream, ptsz) != CUDA_SUCCESS) {
+    if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
+        drop_probe(t);
         t->measure = 0;
         untimed = 1;
         warn_once(&warned_timing, "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
+    }
+    if (t->measure) {
+        t->recorded = (int64_t)dl_now_ns();
+        int64_t q = atomic_load_explicit(&queued_until[dev % DL_MAX_DEVICES], memory_order_relaxed) - t->recorded;
+        t->backlog = q > 0 ? q : 0;
     }
     /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
      * (it includes what was queued before), so the share errs on the side of the limit. */
@@ -418,18 +591,34 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
 }
 
 static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
-    PFN_cuStreamSynchronize_v2000 sync = ptsz ? dl_cuda.cuStreamSynchronize_ptsz : dl_cuda.cuStreamSynchronize;
-    if (!sync || sync(stream) != CUDA_SUCCESS) return; /* keeps the estimate */
+    /* Synchronising a stream is forbidden to a thread in global or thread-local mode while a capture is open
+     * (the real driver's record): relaxed, as the event polls are, so that it cannot invalidate the capture. */
+    int saved = dl_capture_relax();
+    CUresult r = in_context(t->ctx, sync_fn, NULL, stream, ptsz);
+    dl_capture_restore(saved);
+    if (r != CUDA_SUCCESS) return; /* keeps the estimate */
     int64_t actual = (int64_t)dl_now_ns() - t->synced;
     atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
     dl_region_add_busy(t->dev, actual);
 }
 
+/* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
+static int64_t launched(struct ticket *t) {
+    int64_t now = (int64_t)dl_now_ns();
+    _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
+    int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
+    do next = (until > now ? until : now) + LAUNCH_GAP_NS + t->charged_ns;
+    while (!atomic_compare_exchange_weak_explicit(q, &until, next, memory_order_relaxed, memory_order_relaxed));
+    return now;
+}
+
 static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
     if (t->dev < 0) return;
+    int64_t returned = r == CUDA_SUCCESS ? launched(t) : 0;
     if (r != CUDA_SUCCESS) {
         /* Nothing will run: refund the charge. */
         atomic_fetch_sub(dl_region_tat(t->dev), wall_cost(t->charged_ns));
+        drop_probe(t);
         if (t->measure) {
             put_event(t->ctx, t->start);
             put_event(t->ctx, t->end);
@@ -440,17 +629,22 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         if (t->synced) sync_timed(t, stream, ptsz);
         return;
     }
-    if (record(t->end, stream, ptsz) != CUDA_SUCCESS) {
+    if (record(t->ctx, t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
+        drop_probe(t);
         return;
     }
     pthread_mutex_lock(&mu);
     int queued = ring_count < RING;
     if (queued) {
-        ring[(ring_head + ring_count) % RING] = (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns};
+        /* The host time from the start event to the launch's return that no queued work of ours covered. */
+        int64_t idle = returned - t->recorded - t->backlog;
+        ring[(ring_head + ring_count) % RING] =
+            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, idle > 0 ? idle : 0};
         ring_count++;
     }
+    if (!queued) probe_dropped(t->key);
     pthread_mutex_unlock(&mu);
     if (!queued) {
         put_event(t->ctx, t->start);
@@ -633,3 +827,4 @@ DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
 /* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */
 
 void dl_throttle_forget_context(CUcontext ctx) { forget_context(ctx); }
+

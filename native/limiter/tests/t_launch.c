@@ -5,13 +5,22 @@
  * launcher had a CPU (tests/schedstat.h).
  *
  *   other-device  launches on a stream of device 1 while device 0's context is current (two GPUs)
- *   no-context    context-less CUkernel launches on a stream, with no current context at all
+ *   no-context    context-less CUkernel launches of 2 ms (ten times the limiter's prior) on a stream, with no
+ *                 current context at all: the share holds only if they are measured (the limiter must make
+ *                 the stream's context current around its timing events, which need one)
  *   long-kernels  kernels of 10 ms, longer than the limiter's burst: paid as debt
+ *   cold-burst    a process that never launched before launches 2 ms kernels (ten times the limiter's prior)
+ *                 as fast as it can: over the first <seconds> from its first launch the device may be busy for
+ *                 the share of that window and of the limiter's 4 ms burst, and two kernels more: the last
+ *                 admitted (admission needs only the clock within the burst) and the first (admitted at the
+ *                 prior before any was measured) - not for a queue of them admitted at the prior
  *
  * usage: t_launch <scenario> <cores%> <seconds>
  */
 #include "device.h"
 #include "schedstat.h"
+#include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 uint64_t fakecuda_busy_ns(int device);
@@ -27,11 +36,30 @@ static double now_s(void) {
 static CUfunction fn;
 static CUstream stream;
 static unsigned waves_of[4] = {1, 5, 20, 50};
-static int long_kernels;
+static int long_kernels, prior_beaters;
 
 static void launch(unsigned i) {
-    unsigned waves = long_kernels ? 1000 : waves_of[i % 4];
+    unsigned waves = long_kernels ? 1000 : prior_beaters ? 200 : waves_of[i % 4];
     CHECK_CU(cuLaunchKernel(fn, SMS * waves, 1, 1, 128, 1, 1, 0, stream, NULL, NULL), CUDA_SUCCESS);
+}
+
+struct sample {
+    uint64_t b0;
+    double t0, seconds, window, busy_s;
+    _Atomic int done;
+};
+
+static void *sampler(void *arg) {
+    struct sample *sm = (struct sample *)arg;
+    double left;
+    while ((left = sm->t0 + sm->seconds - now_s()) > 0) {
+        struct timespec ts = {0, (long)(left * 1e9 < 1e6 ? left * 1e9 : 1e6)};
+        nanosleep(&ts, NULL);
+    }
+    sm->busy_s = (double)(fakecuda_busy_ns(0) - sm->b0) / 1e9;
+    sm->window = now_s() - sm->t0;
+    atomic_store(&sm->done, 1);
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -65,6 +93,25 @@ int main(int argc, char **argv) {
         CUcontext none;
         CHECK_CU(cuCtxGetCurrent(&none), CUDA_SUCCESS);
         CHECK(none == NULL, "a context is still current");
+        prior_beaters = 1;
+    } else if (strcmp(scenario, "cold-burst") == 0) {
+        CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        prior_beaters = 1;
+        /* The device's busy time is read at the window's end by another thread: the launcher may be asleep in a
+         * launch then (paying for what it launched). */
+        struct sample sm = {.b0 = fakecuda_busy_ns(0), .t0 = now_s(), .seconds = seconds};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, sampler, &sm) == 0, "pthread_create");
+        unsigned n = 0;
+        while (!atomic_load(&sm.done)) launch(n++);
+        CHECK(pthread_join(th, NULL) == 0, "pthread_join");
+        double window = sm.window, busy_s = sm.busy_s;
+        double allowed = cores / 100.0 * (window + 0.004) + 2 * 0.002;
+        printf("t_launch cold-burst: %u launches of 2 ms, device busy %.1f ms of the first %.1f ms (at most %.1f ms "
+               "at %d%%)\n", n, busy_s * 1e3, window * 1e3, allowed * 1e3, cores);
+        CHECK(busy_s <= allowed, "busy %.1f ms in the first %.1f ms: more than %d%% of it and two kernels", busy_s * 1e3,
+              window * 1e3, cores);
+        return 0;
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         long_kernels = 1;

@@ -7,14 +7,23 @@
 #
 #   tests/t_limits.sh <build dir> <LD_PRELOAD prefix (sanitizer runtime) or ""> <claims root of the test library>
 set -u
+# The agent's files are mounts (the limits file read-only): the test makes them in a private mount namespace
+# of its own (as root, or as root of a new user namespace), so nothing leaks into the machine's mounts.
+if [ -z "${T_LIMITS_NS:-}" ]; then
+    export T_LIMITS_NS=1
+    if [ "$(id -u)" = 0 ]; then exec unshare --mount --propagation private "$0" "$@"; fi
+    exec unshare --map-root-user --mount --propagation private "$0" "$@"
+fi
 B=$1
 LIB="${2:+$2 }$B/testroot/libdragpu-limiter.so.1"
 ROOT=$3
 probe=$B/limiter-probe
 tmp=$(mktemp -d)
+chmod 0755 "$tmp" # other UIDs of a claim reach its state directory
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    for f in "$ROOT"/*/limits "$ROOT"/*; do umount "$f" 2>/dev/null; done
     rm -rf "$tmp" "$ROOT"
 }
 trap cleanup EXIT
@@ -26,11 +35,15 @@ GPU1=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000001
 MiB=1048576
 chunk=$((256 * MiB))
 
-# claim <uid> <namespace/name> <device lines...>: writes ROOT/<uid>/limits (read-only) and the state dir.
+# claim <uid> <namespace/name> <device lines...>: as the node agent prepares a claim: ROOT/<uid>/limits, a
+# read-only mount of its own, and the state dir (not writable by others) with the region the agent makes
+# (laid out and sized, usable by every UID of the claim; src/dra_gpu/plugin/sharing/limiter_region.py).
 claim() {
     local uid=$1 name=$2
     shift 2
     mkdir -p "$ROOT/$uid" "$tmp/state-$uid"
+    chmod 0755 "$tmp/state-$uid"
+    make_region "$tmp/state-$uid/dragpu-limiter.region"
     {
         echo "# written by the node agent"
         echo "version=1"
@@ -39,6 +52,17 @@ claim() {
         for d in "$@"; do echo "device=$d"; done
     } >"$ROOT/$uid/limits"
     chmod 0444 "$ROOT/$uid/limits"
+    mount --bind "$ROOT/$uid/limits" "$ROOT/$uid/limits" && mount -o remount,bind,ro "$ROOT/$uid/limits" ||
+        fail "cannot bind-mount the limits file read-only"
+}
+make_region() {
+    python3 - "$1" <<'EOF'
+import os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+os.write(fd, struct.pack("=QIIIIII", 0x314C504741524444, 3, 4096, 1024, 192, 16, 128))
+os.ftruncate(fd, 4096 + 128 * 256 + 1024 * 192)
+os.fchmod(fd, 0o666)
+EOF
 }
 # run_probe <out> <env...> -- <probe args...>
 run_probe() {
@@ -75,15 +99,20 @@ EOF
     pids+=($!)
     for _ in $(seq 200); do grep -q locked "$tmp/locker" && break; sleep 0.05; done
 }
-reset() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; pids=(); rm -rf "$ROOT" "$tmp"/state-*; }
+reset() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    pids=()
+    for f in "$ROOT"/*/limits; do umount "$f" 2>/dev/null; done
+    umount "$ROOT"/* 2>/dev/null
+    rm -rf "$ROOT" "$tmp"/state-*
+}
 
 # 1. The file's limit applies with no DRAGPU_* variable at all; the region is in the file's state dir.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
 run_probe "$tmp/o1" -- alloc $chunk
 expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o1"
-[ -f "$tmp/state-c1/dragpu-limiter.region" ] || fail "no region in the claim's state directory"
 perm=$(stat -c %a "$tmp/state-c1/dragpu-limiter.region")
-[ "$perm" = 660 ] || fail "the region file is mode $perm, expected 660 (not world-writable)"
+[ "$perm" = 666 ] || fail "the library changed the agent's region to mode $perm"
 
 # 2. The environment can lower the limit, never raise it.
 run_probe "$tmp/o2" DRAGPU_MEMORY_LIMIT=8Gi DRAGPU_MEMORY_LIMIT_BY_UUID=$GPU0=8Gi DRAGPU_MEMORY_LIMIT_0=8Gi -- alloc $chunk
@@ -107,18 +136,19 @@ run_probe "$tmp/o5" FAKE_CUDA_DEVICE_COUNT=2 -- alloc $chunk
 expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o5"
 run_probe "$tmp/o6" CUDA_VISIBLE_DEVICES=$GPU1 -- alloc $chunk
 expect_in "allocated=2147483648 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o6"
-[ -f "$tmp/state-c2/dragpu-limiter.region" ] || fail "the second claim's region is not in its own state directory"
 reset
 
 # 5. A malformed limits file: one line naming the file, the line and the problem; nothing is allocated.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
-chmod u+w "$ROOT/c1/limits" && echo "colour=blue" >>"$ROOT/c1/limits"
+umount "$ROOT/c1/limits" && chmod u+w "$ROOT/c1/limits" && echo "colour=blue" >>"$ROOT/c1/limits" &&
+    mount --bind "$ROOT/c1/limits" "$ROOT/c1/limits" && mount -o remount,bind,ro "$ROOT/c1/limits"
 run_probe "$tmp/o7" DRAGPU_MEMORY_LIMIT=8Gi -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o7"
 expect_in "dragpu-limiter: error: $ROOT/c1/limits: line 6: unknown or repeated key 'colour'; refusing allocations on this claim's devices" "$tmp/o7.err"
 [ "$(grep -c dragpu-limiter "$tmp/o7.err")" -eq 1 ] || fail "expected one line, got: $(cat "$tmp/o7.err")"
 # ... one whose devices cannot even be read refuses on every device.
-printf 'version=2\n' >"$ROOT/c1/limits"
+umount "$ROOT/c1/limits" && printf 'version=2\n' >"$ROOT/c1/limits" &&
+    mount --bind "$ROOT/c1/limits" "$ROOT/c1/limits" && mount -o remount,bind,ro "$ROOT/c1/limits"
 run_probe "$tmp/o8" CUDA_VISIBLE_DEVICES=$GPU1 -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o8"
 expect_in "unsupported version 2" "$tmp/o8.err"
@@ -148,25 +178,70 @@ expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12"
 expect_in "cannot lock the shared region $region (claim ns/one)" "$tmp/o12.err"
 reset
 
-# 7b. The claim outlived an upgrade of the library: a region of the old layout (version 1) is made again once
-#     no process uses it; while one does (it holds a slot), refused with one line saying so.
+# 7b. A claim's region of another layout (the claim outlived an upgrade of the library) is never made again
+#     by the library - it is the agent's: refused with one line saying so.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
 region=$tmp/state-c1/dragpu-limiter.region
 python3 - "$region" <<'EOF'
 import struct, sys
-with open(sys.argv[1], "wb") as f:
+with open(sys.argv[1], "r+b") as f:
     f.write(struct.pack("=QIIIIII", 0x314C504741524444, 1, 4096, 1024, 192, 16, 0))
     f.truncate(4096 + 1024 * 192)
 EOF
-lock_bytes "$region" 1 1
 run_probe "$tmp/o12b" -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12b"
-expect_in "cannot use the shared region $region (claim ns/one): a process of the claim still uses it with another version of the library (another layout); refusing allocations on its devices" "$tmp/o12b.err"
-kill -9 "${pids[@]}"; wait 2>/dev/null; pids=()
-run_probe "$tmp/o12c" DRAGPU_LOG_LEVEL=info -- alloc $chunk
-expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o12c"
-expect_in "made the shared region $region (claim ns/one) again: no process uses its old layout any more" "$tmp/o12c.err"
-[ "$(stat -c %s "$region")" = 233472 ] || fail "the region was not made again in the current layout"
+expect_in "cannot use the shared region $region (claim ns/one): it was made for another version of the library (the claim must be prepared again); refusing allocations on its devices" "$tmp/o12b.err"
+reset
+
+# 7c. A process of the claim holds 768 MiB; another deletes, truncates or zeroes the region, or puts a FIFO in
+#     its place. The next process does not start a fresh account: it refuses, in one line.
+for how in delete truncate zero fifo; do
+    claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+    region=$tmp/state-c1/dragpu-limiter.region
+    hold "$tmp/h7c" -- alloc $((768 * MiB)) 1
+    case $how in
+    delete) rm -f "$region" ;;
+    truncate) truncate -s 0 "$region" ;;
+    zero) dd if=/dev/zero of="$region" bs=4096 count=57 conv=notrunc 2>/dev/null ;;
+    fifo) rm -f "$region" && mkfifo -m 0666 "$region" ;;
+    esac
+    timeout 20 env LD_PRELOAD="$LIB" "$probe" alloc $chunk >"$tmp/o7c" 2>"$tmp/o7c.err" || fail "$how: the probe failed or hung"
+    expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o7c"
+    [ "$(grep -c dragpu-limiter "$tmp/o7c.err")" -eq 1 ] || fail "$how: expected one line, got: $(cat "$tmp/o7c.err")"
+    expect_in "$region (claim ns/one)" "$tmp/o7c.err"
+    reset
+done
+
+# 7d. A claim shared by pods of different UIDs: both account in the agent's region (one holds 768 MiB, each
+#     of the others gets the remaining 256 MiB).
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+if [ -z "$2" ]; then # the sanitizer runtimes need not be readable by other users
+    hold "$tmp/h7d" -- alloc $((768 * MiB)) 1
+    for u in 1000 2000; do
+        setpriv --reuid $u --regid $u --clear-groups env LD_PRELOAD="$LIB" "$probe" alloc $chunk >"$tmp/o7d" 2>&1 ||
+            fail "uid $u: $(cat "$tmp/o7d")"
+        expect_in "allocated=268435456 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o7d"
+    done
+fi
+reset
+
+# 7e. Limits files the container could have written: a plain file (container root's), and a file on a
+#     read-only filesystem that is no mount of its own (an image's read-only root). Either fails closed, and
+#     the forged "unlimited" never applies, even named to sort first: the agent's limit holds.
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+for how in plain rootfs; do
+    mkdir -p "$ROOT/000-forged"
+    [ $how = rootfs ] && mount -t tmpfs none "$ROOT/000-forged"
+    printf 'version=1\nclaim=ns/forged\nstate=%s\ndevice=%s memory=unlimited cores=100\n' "$tmp/state-c1" "$GPU0" \
+        >"$ROOT/000-forged/limits"
+    [ $how = rootfs ] && mount -o remount,ro "$ROOT/000-forged"
+    run_probe "$tmp/o7f" -- alloc $chunk
+    expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o7f"
+    expect_in "dragpu-limiter: error: $ROOT/000-forged/limits: not a read-only mount of the node agent's (the container could have written it); refusing allocations on this claim's devices" "$tmp/o7f.err"
+    [ "$(grep -c dragpu-limiter "$tmp/o7f.err")" -eq 1 ] || fail "$how: expected one line, got: $(cat "$tmp/o7f.err")"
+    [ $how = rootfs ] && umount "$ROOT/000-forged"
+    rm -rf "$ROOT/000-forged"
+done
 reset
 
 # 8. The file's compute share applies without DRAGPU_CORES_LIMIT, and the environment cannot raise it.
@@ -194,4 +269,4 @@ if [ -z "$2" ] && [ "$(id -u)" = 0 ] && unshare --mount --propagation private tr
     preload="checked"
 fi
 
-echo "t_limits: ok (file limits, environment only lowers, state dir pinned, two claims, fail closed; ld.so.preload $preload)"
+echo "t_limits: ok (file limits, environment only lowers, state dir pinned, two claims, fail closed, agent's region kept, forged limits refused; ld.so.preload $preload)"

@@ -7,7 +7,8 @@
  *   2. the holder is killed with SIGKILL; its memory comes back (a new process gets the full 1 GiB);
  *   3. four processes allocating concurrently get exactly 1 GiB between them;
  *   4. holders in two separate PID namespaces (both are PID 1 there) are told apart and both counted,
- *      and their memory comes back when they are killed (skipped where user namespaces are unavailable).
+ *      and once killed, their memory stays charged as seen from another PID namespace, where their death
+ *      cannot be proven (skipped where user namespaces are unavailable).
  *
  * With `contexts <cap MiB>` (run under that cap, the fake's contexts of their real size) it checks what the
  * driver takes for each process's context is charged (tests/real-gpu/h100-driver-facts.txt: 549 MB on an
@@ -98,14 +99,6 @@ static unsigned long long free_now(void) {
     run_probe(&p, argv);
     CHECK_EQ_U64(field(p.buf, "total="), 1 * GiB);
     return field(p.buf, "free=");
-}
-
-/* Waits (5 s at most) until the claim's free memory is `want`: a process killed outside our own children
- * (in another PID namespace) dies asynchronously. */
-static void wait_free(unsigned long long want) {
-    unsigned long long got = 0;
-    for (int i = 0; i < 50 && (got = free_now()) != want; i++) usleep(100000);
-    CHECK_EQ_U64(got, want);
 }
 
 static int have_user_pid_namespaces(void) {
@@ -202,10 +195,11 @@ int main(int argc, char **argv) {
         CHECK(read_until(&ns[i], "holding"), "namespaced holder %d:\n%s", i, ns[i].buf);
     }
     CHECK_EQ_U64(free_now(), 512 * MiB);
+    /* Their PIDs cannot be checked from this namespace, so an unlocked slot is no proof of death: what a
+     * killed holder held stays charged here (the claim gets less than its limit, never more). */
     finish(&ns[0], 1);
-    wait_free(768 * MiB);
+    CHECK_EQ_U64(free_now(), 512 * MiB);
     finish(&ns[1], 1);
-    wait_free(1 * GiB);
     printf("t_multiproc: ok\n");
     return 0;
 }

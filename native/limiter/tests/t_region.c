@@ -7,6 +7,9 @@
  *               limit (it checks its own charges, which live in its own memory)
  *   impossible  a negative claim-wide total: refused from then on
  *   deleted     the file unlinked: refused from then on (a new file would be a new, empty account)
+ *   replaced    another file renamed onto its path (the old one kept under another name): refused
+ *   unlocked    the process drops its own slot's lock through the library's descriptor, and a second
+ *               process of the claim starts: the memory the first still holds stays charged
  *   resized     the file grown: refused from then on
  *   header      the layout fields rewritten: refused from then on
  *   shared      an entry of the shared-memory table holding a negative charge: refused from then on
@@ -15,11 +18,13 @@
  *
  * Each refusal is logged once, naming the region and the reason.
  *
- * usage: t_region lowered|impossible|deleted|resized|header|shared|clock
+ * usage: t_region lowered|impossible|deleted|replaced|resized|header|shared|clock|unlocked
  */
 #include "device.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,7 +37,7 @@
 #define REGION_BYTES (SLOTS_AT + 1024 * SLOT_BYTES)
 #define DEV0_USED (64 + 64)
 #define DEV0_TAT (64 + 128)
-#define SLOT_USED 8
+#define SLOT_USED 24
 #define EXPORT_ENTRY_BYTES_AT 32
 
 static void sleep_ms(long ms) {
@@ -41,7 +46,7 @@ static void sleep_ms(long ms) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|resized|header|shared|clock");
+    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|replaced|resized|header|shared|clock|unlocked");
     const char *mode = argv[1], *dir = getenv("DRAGPU_LIMITER_STATE_DIR");
     CHECK(dir, "run with DRAGPU_LIMITER_STATE_DIR set");
     char path[4200];
@@ -71,6 +76,31 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 10; i++) CHECK_CU(cuLaunchKernel(f, 132, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
         CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
         alarm(0);
+    } else if (strcmp(mode, "unlocked") == 0) {
+        /* Every descriptor of the region the library holds: drop every lock on the slots' bytes. */
+        DIR *d = opendir("/proc/self/fd");
+        CHECK(d, "opendir");
+        struct dirent *e;
+        char link[4200], target[4200];
+        while ((e = readdir(d)) != NULL) {
+            snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n <= 0) continue;
+            target[n] = '\0';
+            if (strcmp(target, path) != 0) continue;
+            struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 1, .l_len = 1024};
+            fcntl(atoi(e->d_name), F_OFD_SETLK, &fl);
+        }
+        closedir(d);
+        /* A new process of the claim (it sweeps when it takes a slot): 512 MiB would fit only if the 768 MiB
+         * still held here were given back. */
+        pid_t child = fork();
+        CHECK(child >= 0, "fork");
+        if (child == 0) _exit(cuMemAlloc(&p, 512 * MiB) == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 1);
+        int status;
+        CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status), "child");
+        CHECK(WEXITSTATUS(status) == 0, "the held 768 MiB were given back: a new process got 512 MiB more");
+        CHECK(*total == (int64_t)(768 * MiB), "the claim-wide total is %lld", (long long)*total);
     } else if (strcmp(mode, "lowered") == 0) {
         /* The rewrite a process would do to get more: every counter of the file back to zero. */
         *total = 0;
@@ -83,6 +113,15 @@ int main(int argc, char **argv) {
             *total = -(int64_t)(1ull << 40);
         } else if (strcmp(mode, "deleted") == 0) {
             CHECK(unlink(path) == 0, "unlink");
+        } else if (strcmp(mode, "replaced") == 0) {
+            char kept[4300], fresh[4300];
+            snprintf(kept, sizeof kept, "%s.kept", path);
+            snprintf(fresh, sizeof fresh, "%s.fresh", path);
+            CHECK(link(path, kept) == 0, "link");
+            int f = open(fresh, O_RDWR | O_CREAT | O_TRUNC, 0600);
+            CHECK(f >= 0 && ftruncate(f, REGION_BYTES) == 0, "fresh file");
+            close(f);
+            CHECK(rename(fresh, path) == 0, "rename");
         } else if (strcmp(mode, "resized") == 0) {
             CHECK(ftruncate(fd, REGION_BYTES + 4096) == 0, "ftruncate");
         } else if (strcmp(mode, "header") == 0) {

@@ -22,9 +22,13 @@ log = logging.getLogger(__name__)
 
 
 def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError("must be positive")
+    """A number of seconds above 0; its error is the message argparse shows (not this function's name)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
     return value
 
 

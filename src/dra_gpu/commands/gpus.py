@@ -7,10 +7,10 @@ simulated UUIDs for a given --node-name) is what the node's ResourceSlice will c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from dra_gpu.commands.output import OUTPUTS, dump
 from dra_gpu.flags import add_flag
 from dra_gpu.inventory import GpuInfo, InventoryError, NvmlUnavailableError, open_inventory
 from dra_gpu.inventory.capabilities import find_limit_hook
@@ -64,9 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--driver-root-host-path",
         default=None,
         type=Path,
-        help="the driver root as the host sees it (default: --driver-root)",
+        help="the driver root as the host sees it",
+        unset="--driver-root",
     )
-    add_flag(parser, "--output", short="-o", choices=["table", "json"], default="table", help="output format")
+    add_flag(parser, "--output", short="-o", choices=list(OUTPUTS), default="table", help="output format")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
         gpus = inventory.gpus()
     finally:
         inventory.close()
-    if args.output == "json":
-        print(json.dumps([gpu.to_json() for gpu in gpus], indent=2))
-    else:
+    if args.output == "table":
         print(render_table(gpus, inventory.backend))
+    else:
+        print(dump(args.output, [gpu.to_json() for gpu in gpus]), end="")
     return 0
 
 
@@ -119,6 +120,13 @@ def render_table(gpus: list[GpuInfo], backend: str) -> str:
     return "\n".join(lines)
 
 
+def mig_state(gpu: GpuInfo) -> str:
+    """`enabled`, `capable` (could be turned on) or `-`: "yes" read as "MIG is on" when it meant capable."""
+    if gpu.mig_enabled:
+        return "enabled"
+    return "capable" if gpu.mig_capable else "-"
+
+
 def _row(gpu: GpuInfo) -> tuple[str, ...]:
     return (
         str(gpu.index),
@@ -128,7 +136,7 @@ def _row(gpu: GpuInfo) -> tuple[str, ...]:
         gpu.cuda_compute_capability or "?",
         format_quantity(gpu.memory_bytes),
         gpu.pci_bus_id,
-        "yes" if gpu.mig_capable else "no",
+        mig_state(gpu),
         gpu.memory_isolation + (f" ({gpu.memory_limit_backend})" if gpu.memory_isolation == "driver" else ""),
         "ok" if gpu.healthy else f"unhealthy: {gpu.health_reason}",
     )

@@ -96,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--driver-root-host-path",
         default=None,
         type=Path,
-        help="the driver root as the host sees it, for the claims' CDI mounts (default: --driver-root)",
+        help="the driver root as the host sees it, for the claims' CDI mounts",
+        unset="--driver-root",
     )
     add_flag(
         parser,
@@ -110,7 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         type=Path,
         help="cgroup-v2 directory the MPS daemons run in, so they are not charged to (or killed with) "
-        "the agent's container (default: they stay in the agent's cgroup)",
+        "the agent's container",
+        unset="the agent's own cgroup",
     )
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
 
@@ -162,8 +164,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         inventory = open_inventory(args.gpu_backend, seed=args.node_name, hook_problem=limit_hook.problem)
     except InventoryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        print(f"error: --gpu-backend {args.gpu_backend}: {exc}", file=sys.stderr)
+        # Anything but NVML failed on what was given (an unknown backend, a bad profile): bad input.
+        return 1 if args.gpu_backend == "nvml" else 2
     if unknown := unknown_sharing_keys(sharing, inventory.gpus()):
         print(f"error: --sharing {args.sharing!r}: {unknown}", file=sys.stderr)
         inventory.close()

@@ -15,10 +15,13 @@ import sys
 from collections.abc import Iterator
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.commands.output import OUTPUTS, dump
 from dra_gpu.flags import add_flag, add_kubeconfig_flag, add_list_flag
 from dra_gpu.kube import RESOURCES, ApiError, KubeAPI
-from dra_gpu.usage import collect, render_json, render_table
+from dra_gpu.kube.errors import Unreachable, http_problem, transport_reason
+from dra_gpu.usage import collect, render_table
 from dra_gpu.usage.live import AGENT_SELECTOR, LiveUsage, fetch_url, read_agents
+from dra_gpu.usage.render import to_json
 
 NAME = "usage"
 HELP = "show who uses which GPU share, per node: claims, shares, pods, and pending claims"
@@ -48,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="read this agent's /metrics directly (repeatable); replaces --agents proxy",
     )
-    add_flag(parser, "--output", short="-o", choices=["table", "json"], default="table", help="output format")
+    add_flag(parser, "--output", short="-o", choices=list(OUTPUTS), default="table", help="output format")
 
 
 class UsageError(Exception):
@@ -66,8 +69,26 @@ def build_api(args: argparse.Namespace) -> KubeAPI:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "reason", None) or exc) if not isinstance(exc, ApiError) else exc.message
+    if isinstance(exc, ApiError):
+        text = exc.message
+    elif isinstance(exc, Unreachable):
+        text = str(exc)
+    else:
+        text = transport_reason(exc)
     return " ".join(text.split()) or type(exc).__name__
+
+
+def fetch_metrics(url: str) -> str:
+    """An agent's /metrics from `url`; a failure is one line naming the URL (no repr, no HTML page)."""
+    import urllib.error
+
+    try:
+        return fetch_url(url)
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode("utf-8", "replace") if exc.fp is not None else ""
+        raise UsageError(f"{url} answered {http_problem(exc.code, body)}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot reach {url}: {transport_reason(exc)}") from None
 
 
 def _list(api: KubeAPI, kind: str, field_selector: str | None = None) -> list[dict[str, object]]:
@@ -77,8 +98,10 @@ def _list(api: KubeAPI, kind: str, field_selector: str | None = None) -> list[di
         items, _ = api.list(kind, field_selector=field_selector)
     except ApiError as exc:
         raise UsageError(f"cannot list {RESOURCES[kind].plural}: {_one_line(exc)}") from None
+    except Unreachable as exc:
+        raise UsageError(str(exc)) from None
     except (OSError, urllib3.exceptions.HTTPError) as exc:
-        raise UsageError(f"cannot reach the Kubernetes API server: {_one_line(exc)}") from None
+        raise UsageError(f"cannot reach the Kubernetes API server: {transport_reason(exc)}") from None
     return items
 
 
@@ -108,7 +131,10 @@ def run_with_api(args: argparse.Namespace, api: KubeAPI) -> int:
     if live is not None and live.unreachable:
         agents = ", ".join(f"{a} ({why})" for a, why in sorted(live.unreachable.items()))
         print(f"note: no use shown for the GPUs of unreachable node agents: {agents}", file=sys.stderr)
-    print(render_json(usage, live) if args.output == "json" else render_table(usage, live))
+    if args.output == "table":
+        print(render_table(usage, live))
+    else:
+        print(dump(args.output, to_json(usage, live)), end="")
     return 0
 
 
@@ -116,7 +142,7 @@ def read_live(args: argparse.Namespace, api: KubeAPI) -> LiveUsage | None:
     """The agents' figures; None when not asked for. Never fails: an unreachable agent is noted."""
     urls = list(getattr(args, "metrics_url", None) or [])
     if urls:
-        return read_agents(urls, fetch_url)
+        return read_agents(urls, fetch_metrics)
     if getattr(args, "agents", "none") != "proxy":
         return None
     get_text = getattr(api, "get_text", None)

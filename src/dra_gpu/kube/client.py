@@ -15,7 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from dra_gpu.kube.api import WatchEvent
-from dra_gpu.kube.errors import ApiError, from_status
+from dra_gpu.kube.errors import (
+    ApiError,
+    Unreachable,
+    from_status,
+    http_problem,
+    transport_errors,
+    transport_reason,
+)
 from dra_gpu.kube.kubeconfig import KubeConfigError, load_api_client
 from dra_gpu.kube.resources import RESOURCES, Resource
 
@@ -60,14 +67,16 @@ class KubeClient:
                 method, url, header_params=header_params, body=serialized, _request_timeout=timeout
             )
         except ApiException as exc:
-            raise self._error(exc.status or 500, exc.body) from None
+            raise self._error(exc.status or 500, exc.body, url) from None
+        except transport_errors() as exc:
+            raise Unreachable(f"cannot reach {url}: {transport_reason(exc)}") from None
         if stream and response.status < 400:
             return response.response
         # A refused watch is a plain response with a Status body, like any other error: read it
         # (which also returns the connection to the pool) rather than stream it as events.
         data = response.read() if hasattr(response, "read") else response.data
         if response.status >= 400:
-            raise self._error(response.status, data)
+            raise self._error(response.status, data, url)
         return json.loads(data) if data else {}
 
     def get_text(self, path: str, timeout: float = 10.0) -> str:
@@ -83,14 +92,17 @@ class KubeClient:
             )
             response = self._api.call_api("GET", url, header_params=headers, _request_timeout=timeout)
         except ApiException as exc:
-            raise self._error(exc.status or 500, exc.body) from None
+            raise self._error(exc.status or 500, exc.body, url) from None
+        except transport_errors() as exc:
+            raise Unreachable(f"cannot reach {url}: {transport_reason(exc)}") from None
         data = response.read() if hasattr(response, "read") else response.data
         if response.status >= 400:
-            raise self._error(response.status, data)
+            raise self._error(response.status, data, url)
         return bytes(data).decode("utf-8", "replace")
 
     @staticmethod
-    def _error(status: int, body: Any) -> ApiError:
+    def _error(status: int, body: Any, url: str = "") -> ApiError:
+        """The API's own Status message; for anything else (a proxy's HTML page), one line naming `url`."""
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
         try:
             payload = json.loads(text) if text else {}
@@ -98,7 +110,7 @@ class KubeClient:
             payload = {}
         if not isinstance(payload, dict):
             payload = {}
-        message = payload.get("message") or text.strip() or f"HTTP {status}"
+        message = payload.get("message") or (f"{url} answered " if url else "") + http_problem(status, text)
         return from_status(status, payload.get("reason", ""), message)
 
     @staticmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class ApiError(Exception):
     status = 500
@@ -68,3 +70,50 @@ def transport_errors() -> tuple[type[Exception], ...]:
     except ImportError:  # pragma: no cover - the kubernetes client depends on urllib3
         return ()
     return (urllib3.exceptions.HTTPError,)
+
+
+class Unreachable(ConnectionError):
+    """The API server could not be reached (refused, TLS, timeout, dropped): a line naming the URL.
+
+    An OSError, so every caller that already treats a down server as one keeps doing so; its text is
+    what a person reads, never urllib3's nested repr.
+    """
+
+
+def transport_reason(exc: BaseException) -> str:
+    """Why a connection failed, in a few words: the innermost OS or TLS error's own text."""
+    import ssl
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return f"TLS certificate not trusted: {current.verify_message}"
+        if isinstance(current, ssl.SSLError):
+            return f"TLS failed: {current.reason or current.strerror or 'handshake error'}"
+        if isinstance(current, OSError) and current.strerror and not isinstance(current, transport_errors()):
+            return str(current.strerror)
+        following = getattr(current, "reason", None)
+        if not isinstance(following, BaseException):
+            following = current.__cause__ or current.__context__
+        current = following
+    text = " ".join(str(exc).split())
+    # urllib3 writes "<...Connection object at 0x..>: " and "HTTPSConnectionPool(...): " before its words.
+    text = re.sub(r"<[^>]*object at 0x[0-9a-f]+>:?\s*", "", text)
+    text = re.sub(r"\w+ConnectionPool\([^)]*\):\s*", "", text)
+    return text or type(exc).__name__
+
+
+def http_problem(status: int, body: str) -> str:
+    """A non-API answer (a proxy's or load balancer's page) as one line: its status and, if it is short
+    plain text, its words; never an HTML page."""
+    from http import HTTPStatus
+
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    text = " ".join(body.split())
+    plain = text and "<" not in text and len(text) <= 200
+    return f"HTTP {status}{' ' + phrase if phrase else ''}" + (f": {text}" if plain else "")

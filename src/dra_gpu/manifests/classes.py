@@ -6,7 +6,7 @@ the kubelet plugin parses exactly what the classes carry.
 
 | class | matches | strategy |
 |---|---|---|
-| `gpu.dra-gpu.io` | `sharing == "Exclusive"` | Exclusive: the whole GPU, never one that hosts shares |
+| `gpu.dra-gpu.io` | `sharing == "Exclusive" && !migEnabled` | Exclusive: the whole GPU, never one that hosts shares or has MIG enabled |
 | `timeslice.gpu.dra-gpu.io` | `sharing == "Shared"` | TimeSlicing |
 | `limiter.gpu.dra-gpu.io` | `sharing == "Shared"` | Limiter |
 | `mps.gpu.dra-gpu.io` | `sharing == "MPS"` | MPS |
@@ -23,7 +23,7 @@ from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
-from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, SHARING_ATTRIBUTE
+from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, MIG_ENABLED_ATTRIBUTE, SHARING_ATTRIBUTE
 
 Obj = dict[str, Any]
 
@@ -62,6 +62,11 @@ def selector_expression(
         expression += f' && device.attributes["{driver}"].{SHARING_ATTRIBUTE} == "{mode.value}"'
     if isolation is not None:
         expression += f' && device.attributes["{driver}"].{MEMORY_ISOLATION_ATTRIBUTE} == "{isolation.value}"'
+    if mode is GpuSharingMode.EXCLUSIVE:
+        # A MIG-enabled GPU is published Exclusive, but a whole-GPU claim of it would get no MIG
+        # device nodes (/dev/nvidia-caps): kept out until MIG is supported as a feature of its own.
+        mig = f'device.attributes["{driver}"].{MIG_ENABLED_ATTRIBUTE}'
+        expression += f" && !(has({mig}) && {mig})"
     return expression
 
 

@@ -129,7 +129,24 @@ def _context(values: Values) -> dict[str, Any]:
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "resources": [f for f in INSTALLED if f in files],
         "dashboard_json": dashboard_json(),
+        "gpu_node_affinity": gpu_node_affinity(values),
     }
+
+
+def gpu_node_affinity(values: Values) -> dict[str, Any] | None:
+    """A node affinity that any one GPU-node label satisfies; None where the agent runs everywhere
+    (no labels given, or simulated GPUs, which need none)."""
+    plugin = values.kubeletPlugin
+    if not plugin.gpuNodeLabels or plugin.gpuBackend != "nvml":
+        return None
+    terms = []
+    for entry in plugin.gpuNodeLabels:
+        key, sep, value = entry.partition("=")
+        expression: dict[str, Any] = (
+            {"key": key, "operator": "In", "values": [value]} if sep else {"key": key, "operator": "Exists"}
+        )
+        terms.append({"matchExpressions": [expression]})  # terms are ORed, expressions ANDed
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 
 
 def render(values: Values) -> dict[str, str]:

@@ -7,6 +7,7 @@ a silently ignored setting.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -53,8 +54,18 @@ class KubeletPlugin(_Model):
     runtimeClassName: str | None
     priorityClassName: str | None
     nodeSelector: dict[str, str]
+    gpuNodeLabels: list[str]
     tolerations: list[dict[str, Any]]
     resources: dict[str, Any]
+
+    @field_validator("gpuNodeLabels")
+    @classmethod
+    def _gpu_node_labels(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            key, _, _ = entry.partition("=")
+            if not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key):
+                raise ValueError(f"{entry!r} is not a node label: write KEY=VALUE or KEY")
+        return value
 
     @field_validator("gpuBackend")
     @classmethod
@@ -111,6 +122,15 @@ class Switch(_Model):
     enabled: bool
 
 
+class Dashboard(_Model):
+    # Grafana's dashboard sidecar finds ConfigMaps by label, in its own namespace unless told otherwise.
+    namespace: str | None = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    label: str = Field(pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+    labelValue: str
+    folder: str | None
+    folderAnnotation: str = Field(pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
 class Values(_Model):
     namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     image: Image
@@ -120,6 +140,7 @@ class Values(_Model):
     controller: Controller
     deviceClasses: DeviceClasses
     validatingAdmissionPolicy: Switch
+    grafanaDashboard: Dashboard
 
 
 def image_reference(values: Values) -> str:

@@ -66,6 +66,15 @@ class ProcReader:
         finally:
             os.close(fd)
 
+    def start_time(self, pid: int) -> int | None:
+        """The process's start time (field 22 of `stat`, clock ticks since boot); None if it is gone."""
+        try:
+            with open(f"{self._prefix}{pid}/stat", "rb") as f:
+                text = f.read(4096)
+            return int(text[text.rindex(b")") + 2 :].split()[19])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def has_limiter(self, pid: int) -> bool | None:
         """Whether the process has the limiter library mapped; None if its maps cannot be read."""
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +98,10 @@ class Monitor:
         sampler: NvmlSampler | None = None,
         proc: ProcReader | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
+        context_allowance: int = CONTEXT_ALLOWANCE,
     ) -> None:
+        self.context_allowance = context_allowance
+        """What NVML may count per process beyond what the limiter charges (its CUDA context)."""
         self._store = store
         self._claims_dir = claims_dir
         self._gpus = gpus
@@ -108,9 +112,13 @@ class Monitor:
         self.interval_s = interval_s
         self.snapshot = Snapshot()
         self.samples = 0
+        self.sampled_at = time.monotonic()
+        """When the last sampling finished (or the monitor started): `stalled` reads it."""
         self._busy: dict[tuple[str, str], float] = {}
         self._container_busy: dict[tuple[str, str, str, str], float] = {}
         self._limiter_cache: dict[tuple[int, PodRef], bool | None] = {}
+        self._seen_as: dict[int, tuple[PodInfo, PodRef, int | None]] = {}
+        """pid -> its pod, cgroup and start time as this sampling saw them."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -139,6 +147,14 @@ class Monitor:
                 log.exception("usage sampling failed; retrying at the next interval")
             self._stop.wait(self.interval_s)
 
+    def stalled(self) -> str | None:
+        """Why /healthz should fail: no sampling has finished for several intervals (a hung read, a hung
+        NVML call), so no claim's usage is watched; None while samples keep coming."""
+        late = time.monotonic() - self.sampled_at
+        if self._thread is None or late <= max(3 * self.interval_s, 30.0):
+            return None
+        return f"the usage monitor has not finished a sample for {late:.0f} s"
+
     # -- one sampling --
     def _prepared(self) -> list[PreparedClaim]:
         try:
@@ -165,6 +181,9 @@ class Monitor:
         violations: list[Violation] = []
         nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]] = {}
         live: set[int] = set()
+        ours = {
+            gpu for _, gpu in held
+        }  # a GPU of another allocator (the device plugin, say) is not ours to judge
         for gpu, figures in processes.items():
             for pid, used in figures.memory.items():
                 live.add(pid)
@@ -172,8 +191,17 @@ class Monitor:
                 if attributed is None:
                     continue
                 pod, ref, claims = attributed
-                owner = next((held[(c.uid, gpu)] for c in claims if (c.uid, gpu) in held), None)
                 container = pod.container(ref.container_id)
+                # The container's own claims: another container of the pod may hold this GPU by another claim.
+                mine = (
+                    [c for c in claims if c.name in pod.container_claims[container]]
+                    if container in pod.container_claims
+                    else claims
+                )
+                owner = next((held[(c.uid, gpu)] for c in mine if (c.uid, gpu) in held), None)
+                start = self._proc.start_time(pid)
+                if owner is None and gpu not in ours:
+                    continue
                 if owner is None:
                     # The pod's strictest policy: any of its claims may ask to terminate such a process.
                     policy = (
@@ -191,13 +219,16 @@ class Monitor:
                             pod,
                             container,
                             policy,
-                            "the pod's claims do not hold this GPU",
+                            "the container's claims do not hold this GPU",
+                            ref.container_id,
+                            start,
                         )
                     )
                     continue
                 key = (owner.claim.uid, gpu)
                 has_limiter = self._has_limiter(pid, ref) if owner.sharing == Strategy.LIMITER.value else None
                 nvml_memory.setdefault(key, []).append((pid, used or 0, has_limiter))
+                self._seen_as[pid] = (pod, ref, start)
                 if has_limiter is False:
                     violations.append(
                         Violation(
@@ -209,6 +240,8 @@ class Monitor:
                             container,
                             owner.policy,
                             "the claim's class enforces its share with the limiter, which this process has not loaded",
+                            ref.container_id,
+                            start,
                         )
                     )
                 ckey = (owner.claim.uid, pod.name, container, gpu)
@@ -218,6 +251,7 @@ class Monitor:
                 self._container_busy[ckey] = self._container_busy.get(ckey, 0.0) + busy
                 self._busy[key] = self._busy.get(key, 0.0) + busy
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
+        self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
 
         for key, fig in snap.claims.items():
             h = fig.held
@@ -232,7 +266,14 @@ class Monitor:
                 fig.busy_seconds = self._busy.get(key, 0.0)
             elif region is not None:
                 fig.busy_seconds = region.busy_seconds
-            allowance = CONTEXT_ALLOWANCE * len(procs)
+            allowance = self.context_allowance * len(procs)
+            if (
+                region is not None
+                and nvml_used is not None
+                and procs
+                and nvml_used > region.used_bytes + allowance
+            ):
+                violations.append(self._mismatch(h, procs, region.used_bytes, nvml_used))
             if (
                 h.memory_limit is not None
                 and nvml_used is not None
@@ -249,6 +290,7 @@ class Monitor:
         self.watchdog.handle(violations, live)
         self.snapshot = snap
         self.samples += 1
+        self.sampled_at = time.monotonic()
         return snap
 
     def _attribute(
@@ -288,17 +330,47 @@ class Monitor:
         culprits = [p for p in procs if p[2] is False] or [max(procs, key=lambda p: p[1])]
         out = []
         for pid, mine, _ in culprits:
-            ref = self._proc.pod_of(pid)
-            pod = self._pods.lookup(ref.pod_uid) if ref is not None else None
-            if pod is None or ref is None:
-                continue
+            pod, ref, start = self._seen_as[pid]
             detail = (
                 f"the claim uses {used} bytes of GPU memory on this GPU, over its limit of {h.memory_limit} "
                 f"bytes; this process holds {mine} bytes"
             )
             out.append(
                 Violation(
-                    Reason.MEMORY, pid, h.gpu, h.claim, pod, pod.container(ref.container_id), h.policy, detail
+                    Reason.MEMORY,
+                    pid,
+                    h.gpu,
+                    h.claim,
+                    pod,
+                    pod.container(ref.container_id),
+                    h.policy,
+                    detail,
+                    ref.container_id,
+                    start,
                 )
             )
         return out
+
+    def _mismatch(
+        self, h: Held, procs: list[tuple[int, int, bool | None]], region: int, used: int
+    ) -> Violation:
+        """The claim's region says less than NVML by more than its processes' contexts: reported on its
+        largest process, never acted on."""
+        pid = max(procs, key=lambda p: p[1])[0]
+        pod, ref, start = self._seen_as[pid]
+        detail = (
+            f"the claim's limiter region accounts {region} bytes on this GPU but NVML counts {used} bytes for its "
+            f"{len(procs)} processes, more than their contexts ({self.context_allowance} bytes each) explain"
+        )
+        return Violation(
+            Reason.MISMATCH,
+            pid,
+            h.gpu,
+            h.claim,
+            pod,
+            pod.container(ref.container_id),
+            WatchdogPolicy.REPORT,
+            detail,
+            ref.container_id,
+            start,
+        )

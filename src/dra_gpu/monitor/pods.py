@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dra_gpu.kube import ApiError, KubeAPI
 
@@ -26,6 +26,8 @@ class PodInfo:
     """Container ID (without the runtime's `containerd://` prefix) -> container name."""
     claims: frozenset[str]
     """Names of the ResourceClaims the pod uses (in its namespace)."""
+    container_claims: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Container name -> the ResourceClaims that container uses (its `resources.claims`)."""
 
     def container(self, container_id: str) -> str:
         return self.containers.get(container_id, "")
@@ -47,12 +49,32 @@ def pod_info(pod: dict) -> PodInfo:  # type: ignore[type-arg]
         for c in status.get("resourceClaimStatuses") or []
         if c.get("resourceClaimName")
     }
+    # A container names the pod's claim entries; those name ResourceClaims (directly, or once made from a
+    # template, in the status).
+    by_entry = {
+        str(c.get("name")): str(c["resourceClaimName"])
+        for c in spec.get("resourceClaims") or []
+        if c.get("resourceClaimName")
+    }
+    for c in status.get("resourceClaimStatuses") or []:
+        if c.get("resourceClaimName"):
+            by_entry[str(c.get("name"))] = str(c["resourceClaimName"])
+    container_claims = {
+        str(c.get("name") or ""): frozenset(
+            by_entry[str(r.get("name"))]
+            for r in (c.get("resources") or {}).get("claims") or []
+            if str(r.get("name")) in by_entry
+        )
+        for key in ("initContainers", "containers", "ephemeralContainers")
+        for c in spec.get(key) or []
+    }
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         containers=containers,
         claims=frozenset(claims),
+        container_claims=container_claims,
     )
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 REGION_FILE = "dragpu-limiter.region"
 MAGIC = 0x314C504741524444
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 4096
 EXPORT_COUNT = 128
 EXPORT_BYTES = 256
@@ -45,8 +46,9 @@ _STATS = struct.Struct("=QQQQ")  # refused, throttled_ns, busy_ns, spare
 _EXPORT = struct.Struct("=II8x8x8xq64x")
 _EXPORT_HOLDERS_AT = 104
 _EXPORT_HOLDERS = struct.Struct(f"={SLOT_COUNT // 64}Q")
-_SLOT_USED = struct.Struct(f"={DEVICE_COUNT}q")  # struct region_slot: in_use u32, pid i32, used[16] i64
-_SLOT_USED_AT = 8
+# struct region_slot: in_use u32, pid i32, pidns u64, start u64, used[16] i64
+_SLOT_USED = struct.Struct(f"={DEVICE_COUNT}q")
+_SLOT_USED_AT = 24
 _SLOT_CHUNK = 32  # slots are claimed lowest first: read chunks until one has none in use
 _FLOCK = "hhqqi4x"  # native, as fcntl(2) takes it  # struct flock: l_type, l_whence, l_start, l_len, l_pid
 
@@ -62,6 +64,11 @@ class RegionDevice:
     busy_seconds: float
     index: int = 0
     """The entry's position in the device table (and in every slot's per-device array)."""
+
+
+def header_fields() -> bytes:
+    """The layout fields a region starts with (the agent makes claims' regions with them)."""
+    return _HEAD.pack(MAGIC, VERSION, HEADER_BYTES, SLOT_COUNT, SLOT_BYTES, DEVICE_COUNT, EXPORT_COUNT)
 
 
 def parse_header(header: bytes) -> list[RegionDevice] | None:
@@ -131,12 +138,18 @@ def live_bytes(fd: int) -> list[int]:
 
 
 def read_region(state_dir: Path | str) -> list[RegionDevice] | None:
-    """The figures of the region in a claim's limiter state directory; None if there is none (yet)."""
+    """The figures of the region in a claim's limiter state directory; None if there is none (yet).
+
+    Never blocks: the state directory is the tenant's to write on hosts where it is mounted read-write, so
+    a FIFO or a device in the file's place must not stall the node's monitor (non-blocking open, regular
+    files only, no symbolic link)."""
     try:
-        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         devices = parse_header(os.pread(fd, HEADER_BYTES, 0))
         if devices is None:
             return None

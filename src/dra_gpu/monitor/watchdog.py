@@ -1,23 +1,31 @@
 """The watchdog: processes that escape their claim's share are reported, and terminated where asked.
 
-Three ways out of a share, all seen through NVML and the process's cgroup:
+Its truth is the driver's: NVML's per-process memory, mapped to pods and containers through cgroups, never
+the region a tenant can write. It acts only on GPUs this driver allocated. Three ways out of a share:
 
 - `MemoryOverLimit`: the claim's processes on a GPU use more memory than the claim was given (plus an
   allowance per process for the CUDA context, which NVML counts and the limiter does not);
-- `GpuNotAllocated`: a process of a pod with claims of this driver uses a GPU none of them holds;
+- `GpuNotAllocated`: a process of a pod with claims of this driver uses a GPU this driver allocated to
+  another claim, and none of its container's claims holds;
 - `LimiterMissing`: a process of a Limiter claim runs without the limiter library mapped (a static
   binary, a program that skips the dynamic loader, a container started before the CDI edits).
 
+A claim whose region says less than NVML by more than its processes' contexts is reported as
+`AccountingMismatch` (never terminated: the region is only evidence that someone rewrote it).
+
 Each new violation becomes a Warning event on the claim and on the pod and a metric. Under the
-class's `watchdog.policy: Terminate` the offending process is killed, after its cgroup is read once
-more and still names the same pod, so a process of another claim is never touched.
+class's `watchdog.policy: Terminate` the offending process is stopped through a pidfd opened before its
+start time and container are checked once more (a PID reused by another process is never signalled):
+SIGTERM, then SIGKILL if it is still there after the grace period.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,14 +40,18 @@ from dra_gpu.monitor.pods import PodInfo
 log = logging.getLogger(__name__)
 
 COMPONENT = "dra-gpu-kubelet-plugin"
-CONTEXT_ALLOWANCE = 512 * 2**20
-"""Memory NVML counts for a process's CUDA context and the limiter never charges."""
+CONTEXT_ALLOWANCE = 2 * 2**30
+"""Memory NVML counts for a process's CUDA context and the limiter never charges: a bare context took
+518 MiB on an H100 and a PyTorch process's is larger, so well above both (`Monitor(context_allowance=)`)."""
+GRACE_S = 10.0
+"""Between SIGTERM and SIGKILL."""
 
 
 class Reason(StrEnum):
     MEMORY = "MemoryOverLimit"
     GPU = "GpuNotAllocated"
     LIMITER = "LimiterMissing"
+    MISMATCH = "AccountingMismatch"
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,9 @@ class Violation:
     container: str
     policy: WatchdogPolicy
     detail: str
+    container_id: str = ""
+    start: int | None = None
+    """The process's start time (/proc/<pid>/stat field 22) when seen: a reused PID is another process."""
 
 
 def _claim_object(claim: ClaimRef) -> dict[str, object]:
@@ -77,6 +92,19 @@ def _pod_object(pod: PodInfo) -> dict[str, object]:
     }
 
 
+class PidfdSignals:
+    """Signals through a pidfd: the process it was opened for, or none (ProcessLookupError)."""
+
+    def open(self, pid: int) -> int:
+        return os.pidfd_open(pid)
+
+    def send(self, pidfd: int, sig: int) -> None:
+        signal.pidfd_send_signal(pidfd, sig)
+
+    def close(self, pidfd: int) -> None:
+        os.close(pidfd)
+
+
 class Watchdog:
     """Acts once per (process, reason, GPU); remembers what it saw until the process is gone."""
 
@@ -85,12 +113,18 @@ class Watchdog:
         api: KubeAPI,
         node_name: str,
         proc: ProcReader,
-        kill: Callable[[int, int], None] = os.kill,
+        signals: PidfdSignals | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        grace_s: float = GRACE_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._events = EventRecorder(api, node_name, clock, component=COMPONENT)
         self._proc = proc
-        self._kill = kill
+        self._signals = signals or PidfdSignals()
+        self.grace_s = grace_s
+        self._monotonic = monotonic
+        self._stopping: dict[int, tuple[int, float]] = {}
+        """pid -> (pidfd, when SIGKILL is due) of processes sent SIGTERM."""
         self._seen: set[tuple[int, Reason, str]] = set()
         self.violations_total: dict[tuple[str, str, str, str, str], int] = {}
         """(namespace, claim, pod, gpu, reason) -> violations seen."""
@@ -98,6 +132,7 @@ class Watchdog:
         self.active: list[Violation] = []
 
     def handle(self, violations: list[Violation], live_pids: set[int]) -> None:
+        self._finish_stops()
         self._seen = {key for key in self._seen if key[0] in live_pids}
         self.active = violations
         killed: set[int] = set()  # one process may break several rules at once: one kill, one count
@@ -110,7 +145,7 @@ class Watchdog:
             self.violations_total[labels] = self.violations_total.get(labels, 0) + 1
             where = f"container {v.container or '?'} of pod {v.pod.namespace}/{v.pod.name}"
             message = f"process {v.pid} in {where} on GPU {v.gpu}: {v.detail}"
-            if v.policy == WatchdogPolicy.TERMINATE:
+            if v.policy == WatchdogPolicy.TERMINATE and v.reason != Reason.MISMATCH:
                 if v.pid in killed:
                     message += "; the process was terminated (watchdog policy Terminate)"
                 elif self._terminate(v):
@@ -127,15 +162,41 @@ class Watchdog:
             self._events.record(_pod_object(v.pod), "Warning", v.reason.value, message)
 
     def _terminate(self, v: Violation) -> bool:
-        ref = self._proc.pod_of(v.pid)
-        if ref is None or ref.pod_uid != v.pod.uid:
-            return False  # gone, or the pid now belongs to someone else
+        if v.pid in self._stopping:
+            return True
         try:
-            self._kill(v.pid, signal.SIGKILL)
+            pidfd = self._signals.open(v.pid)
+        except OSError:
+            return False  # gone
+        # Checked after the pidfd is open: if this is still the process seen, the pidfd is it.
+        ref = self._proc.pod_of(v.pid)
+        same = (
+            ref is not None
+            and ref.pod_uid == v.pod.uid
+            and ref.container_id == v.container_id
+            and v.start is not None
+            and self._proc.start_time(v.pid) == v.start
+        )
+        try:
+            if same:
+                self._signals.send(pidfd, signal.SIGTERM)
+                self._stopping[v.pid] = (pidfd, self._monotonic() + self.grace_s)
+                return True
         except OSError as exc:
             log.warning("cannot terminate the process", extra={"pid": v.pid, "error": str(exc)})
-            return False
-        return True
+        self._signals.close(pidfd)
+        return False
+
+    def _finish_stops(self) -> None:
+        """SIGKILL, through its pidfd, every process still there after its grace period."""
+        now = self._monotonic()
+        for pid, (pidfd, due) in list(self._stopping.items()):
+            if now < due:
+                continue
+            del self._stopping[pid]
+            with contextlib.suppress(ProcessLookupError):
+                self._signals.send(pidfd, signal.SIGKILL)
+            self._signals.close(pidfd)
 
     def retain(self, claims: dict[tuple[str, str], str]) -> None:
         """Drop the series and event state of claims ((namespace, name) -> uid) no longer prepared."""

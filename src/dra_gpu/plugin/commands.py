@@ -74,6 +74,24 @@ class GpuCommands(Protocol):
         """Unmount what `mps_launcher` mounted, once its daemon is gone."""
         ...
 
+    def run_mps_control(
+        self,
+        pipe_dir: Path,
+        log_dir: Path,
+        args: Sequence[str],
+        *,
+        gpu: str | None = None,
+        protocol: str | None = None,
+        launcher: Sequence[str] = (),
+    ) -> str:
+        """Run the MPS control program with `args` against the daemon of `pipe_dir`; what it printed.
+
+        The one way any MPS module drives a daemon (MPS v3's namespaces included), so each runs the
+        driver root's program with the driver's libraries and tools, as `start_mps_daemon` does.
+        `-d` with `launcher` (`mps_launcher`) starts a daemon outside the agent. CommandError on failure.
+        """
+        ...
+
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -251,6 +269,26 @@ class NvidiaCommands:
         done = self._run([self.mps_control], self._mps_env(gpu_uuid, pipe_dir), stdin="get_server_list\n")
         return done.returncode == 0
 
+    def run_mps_control(
+        self,
+        pipe_dir: Path,
+        log_dir: Path,
+        args: Sequence[str],
+        *,
+        gpu: str | None = None,
+        protocol: str | None = None,
+        launcher: Sequence[str] = (),
+    ) -> str:
+        env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        if protocol is not None:
+            env["CUDA_MPS_PROTOCOL_VERSION"] = protocol
+        argv = [*launcher, self.mps_control, *args]
+        if "-d" in args:  # leaves a daemon behind: no pipes, a session of its own
+            return self._check(argv, env, output=log_dir / "control-start.out")
+        return self._check(argv, env, stdin="")
+
 
 class SimulatedCommands:
     """Stands in for nvidia-smi and the MPS control daemon where there is no GPU.
@@ -265,8 +303,15 @@ class SimulatedCommands:
 
     simulated = True
 
-    def __init__(self, state_file: Path | None = None, fail: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        state_file: Path | None = None,
+        fail: Mapping[str, str] | None = None,
+        control_program: str | None = None,
+    ) -> None:
         self.state_file = state_file
+        self.control_program = control_program
+        """A stand-in for `nvidia-cuda-mps-control` that `run_mps_control` runs (tests' MPS v3 fake)."""
         self.fail: dict[str, str] = dict(fail or {})
         self.calls: list[tuple[str, ...]] = []
         self._lock = threading.Lock()
@@ -376,6 +421,33 @@ class SimulatedCommands:
 
     def release_mps_shm(self, shm: Path) -> None:
         return None
+
+    def run_mps_control(
+        self,
+        pipe_dir: Path,
+        log_dir: Path,
+        args: Sequence[str],
+        *,
+        gpu: str | None = None,
+        protocol: str | None = None,
+        launcher: Sequence[str] = (),
+    ) -> str:
+        """Through `control_program` (a stand-in for the MPS control program), as the real one would
+        be run; without one, simulated GPUs have no MPS control daemon to drive."""
+        self.calls.append(("run_mps_control", str(pipe_dir), *args))
+        if self.control_program is None:
+            raise CommandError("simulated GPUs have no MPS control daemon (no control program given)")
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        if protocol is not None:
+            env["CUDA_MPS_PROTOCOL_VERSION"] = protocol
+        argv = [self.control_program, *args]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            text = (done.stderr or done.stdout or "").strip() or "no output"
+            raise CommandError(f"`{' '.join(argv)}` failed with exit code {done.returncode}: {text}")
+        return done.stdout
 
     def kill_mps_daemon(self, gpu_uuid: str) -> None:
         """What a crashed daemon looks like (tests): it is simply no longer running."""

@@ -16,8 +16,25 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
-"""The CUDA driver API, NVML, and the PTX JIT compiler that libcuda loads for PTX-only kernels."""
+LIBRARIES = (
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-gpucomp.so",
+    "libnvidia-nvvm.so",
+    "libcudadebugger.so",
+)
+"""The compute libraries of the toolkit's list: the CUDA driver API, NVML, the PTX JIT compiler that
+libcuda loads for PTX-only kernels, the GPU compiler libcuda needs since about R530, NVVM for JIT LTO,
+and the debugger back end (cuda-gdb). Table in docs/device-access.md."""
+REQUIRED_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")
+"""Without these a claim's container cannot use the GPU; the others only some programs need, and an
+older driver lacks some of them."""
+DEV_LINKS = {"libcuda.so": "libcuda.so.1"}
+"""Development names a program links with (`-lcuda`, as Triton does) and the soname each points to;
+the `update-ldcache` hook makes them next to the libraries, as the toolkit's symlink hook does."""
+KERNEL_VERSION_FILE = "module/nvidia/version"
+"""Under /sys: the loaded kernel module's version, which NVML reports as the driver version."""
 EXECUTABLES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 LIBRARY_DIRS = (
     "usr/lib64",
@@ -67,8 +84,9 @@ class DriverFiles:
     executables: tuple[Path, ...]
 
     def missing_libraries(self) -> list[str]:
+        """The required libraries (`REQUIRED_LIBRARIES`) not found."""
         found = {p.name.split(".so")[0] for p in self.libraries}
-        return [name for name in LIBRARIES if name.split(".so")[0] not in found]
+        return [name for name in REQUIRED_LIBRARIES if name.split(".so")[0] not in found]
 
 
 def _version(name: str, stem: str) -> tuple[int, ...]:
@@ -76,9 +94,27 @@ def _version(name: str, stem: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", tail))
 
 
-def find_library(root: Path, stem: str) -> Path | None:
-    """The driver's file of library `stem` (e.g. ``libcuda.so``), relative to `root`: the regular file
-    with the highest version (``libcuda.so.550.54.15``), not one of its symlinks."""
+def kernel_driver_version(sys_root: Path = Path("/sys")) -> str | None:
+    """The loaded NVIDIA kernel module's version (what NVML reports); None without one."""
+    try:
+        return (sys_root / KERNEL_VERSION_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def find_library(root: Path, stem: str, version: str | None = None) -> Path | None:
+    """The driver's file of library `stem` (e.g. ``libcuda.so``), relative to `root`.
+
+    With `version` (the driver version NVML reports), exactly ``<stem>.<version>``: a leftover of an
+    older driver beside it would pair the kernel module with the wrong user-space library, which
+    fails at cuInit. Without, the regular file with the highest version, not one of its symlinks.
+    """
+    if version is not None:
+        for directory in LIBRARY_DIRS:
+            candidate = Path(directory) / f"{stem}.{version}"
+            if (root / candidate).is_file() and not (root / candidate).is_symlink():
+                return candidate
+        return None
     best: tuple[tuple[int, ...], Path] | None = None
     for directory in LIBRARY_DIRS:
         try:
@@ -88,11 +124,11 @@ def find_library(root: Path, stem: str) -> Path | None:
         for entry in entries:
             if not entry.name.startswith(stem + ".") or not entry.is_file(follow_symlinks=False):
                 continue
-            version = _version(entry.name, stem)
-            if not version:
+            numbers = _version(entry.name, stem)
+            if not numbers:
                 continue
-            if best is None or version > best[0]:
-                best = (version, Path(directory) / entry.name)
+            if best is None or numbers > best[0]:
+                best = (numbers, Path(directory) / entry.name)
         if best is not None:
             return best[1]
     return None
@@ -106,8 +142,9 @@ def find_executable(root: Path, name: str) -> Path | None:
     return None
 
 
-def find_driver_files(root: Path) -> DriverFiles:
-    libraries = tuple(p for p in (find_library(root, stem) for stem in LIBRARIES) if p is not None)
+def find_driver_files(root: Path, version: str | None = None) -> DriverFiles:
+    """The driver's files under `root`; with `version`, only the libraries of exactly that driver."""
+    libraries = tuple(p for p in (find_library(root, stem, version) for stem in LIBRARIES) if p is not None)
     executables = tuple(p for p in (find_executable(root, name) for name in EXECUTABLES) if p is not None)
     return DriverFiles(libraries, executables)
 
@@ -118,18 +155,23 @@ def tool_path(root: Path, name: str) -> str:
     return str(root / found) if found is not None else name
 
 
-def tool_env(root: Path, link_dir: Path) -> dict[str, str]:
+def tool_env(root: Path, link_dir: Path, version: str | None = None) -> dict[str, str]:
     """What the driver's tools need to find the driver's libraries when `root` is not this system's.
 
-    `link_dir` gets a soname link to each driver library under `root` and nothing else, so the tools
-    (and what they start: the MPS server) load the driver's libraries, and no other host library
-    shadows this system's own.
+    `link_dir` gets a soname link to each driver library under `root` (of `version`, by default the
+    loaded kernel module's) and nothing else, so the tools (and what they start: the MPS server)
+    load the driver's libraries, and no other host library shadows this system's own.
     """
     if root == Path("/"):
         return {}
+    version = version or kernel_driver_version()
+    # The control daemon starts `nvidia-cuda-mps-server` by name when its first client connects:
+    # the driver root's tool directories come first on PATH (NVIDIA's device plugin chroots for this).
+    tool_dirs = [str(root / d) for d in EXECUTABLE_DIRS if (root / d / "nvidia-cuda-mps-server").is_file()]
+    path = os.pathsep.join([*tool_dirs, os.environ.get("PATH") or os.defpath])
     link_dir.mkdir(parents=True, exist_ok=True)
     for stem in LIBRARIES:
-        found = find_library(root, stem)
+        found = find_library(root, stem, version)
         if found is None:
             continue
         link = link_dir / f"{stem}.1"
@@ -137,7 +179,7 @@ def tool_env(root: Path, link_dir: Path) -> dict[str, str]:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(root / found)
         tmp.replace(link)
-    return {"LD_LIBRARY_PATH": str(link_dir)}
+    return {"LD_LIBRARY_PATH": str(link_dir), "PATH": path}
 
 
 def load_nvml(root: Path) -> Path | None:
@@ -149,7 +191,7 @@ def load_nvml(root: Path) -> Path | None:
     """
     if root == Path("/"):
         return None
-    found = find_library(root, "libnvidia-ml.so")
+    found = find_library(root, "libnvidia-ml.so", kernel_driver_version())
     if found is None:
         return None
     import ctypes

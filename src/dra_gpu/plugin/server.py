@@ -310,7 +310,12 @@ class KubeletPlugin:
         return self._http.port if self._http is not None else None
 
     def healthz(self) -> tuple[bool, str]:
-        return probe(self.config.registration_socket, self.config.service_socket)
+        stalled = self.monitor.stalled() if self.monitor is not None else None
+        return (
+            (False, stalled)
+            if stalled
+            else probe(self.config.registration_socket, self.config.service_socket)
+        )
 
     # -- servers ---------------------------------------------------------------------------------------
     def _serve_dra(self) -> grpc.Server:

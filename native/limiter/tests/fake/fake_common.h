@@ -11,6 +11,7 @@
  *   FAKE_CUDA_CTX_BYTES      device memory a context (primary or created) takes besides its limits' stack,
  *                            heap and FIFO (default 548995072: what a context took on an H100, driver 580,
  *                            tests/real-gpu/h100-driver-facts.txt)
+ *   FAKE_CUDA_REAL_TIMING    1: the real H100's launch latency, event ticks and host costs (default 0)
  */
 #ifndef FAKE_COMMON_H
 #define FAKE_COMMON_H

@@ -113,8 +113,10 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
  * what its limits (cuCtxSetLimit) need: the stack of every thread the device can hold resident, the malloc
  * heap and the printf FIFO. gen is bumped when the context is destroyed. */
 struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
-struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx; };
-struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen; };
+struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx;
+                     pthread_t owner; int invalidated; /* the thread that began its capture; the capture is invalid */ };
+struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen;
+                    int captured; /* last recorded into a capturing stream: a node of a graph, not a time */ };
 struct CUmod_st { unsigned magic; };
 struct CUfunc_st { unsigned magic; char name[64]; };
 /* Graph memory: what the graph's allocation nodes reserve (alloc_bytes) and what its free nodes give back
@@ -140,6 +142,7 @@ static struct device {
     uint64_t busy_until;      /* ns, CLOCK_MONOTONIC: when the queued work completes */
     uint64_t busy_total;      /* ns of kernel time ever queued */
     uint64_t queue_end[QUEUE_DEPTH];
+    uint64_t queue_start[QUEUE_DEPTH]; /* when each queued kernel starts (after its launch latency) */
     unsigned queue_pos;
 } devices[FAKE_MAX_DEVICES];
 
@@ -149,6 +152,7 @@ static struct {
     uint64_t memory, sms, wave_ns;
     int driver_version;
     int event_create_fails;
+    int real_timing; /* FAKE_CUDA_REAL_TIMING: the H100's launch latency, event ticks and host costs */
     uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
     uint64_t ctx_base;                      /* what a context holds besides its limits' memory */
 } G;
@@ -166,6 +170,7 @@ static void load_config(void) {
     G.wave_ns = fake_env_u64("FAKE_CUDA_WAVE_NS", 10000);
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
+    G.real_timing = fake_env_u64("FAKE_CUDA_REAL_TIMING", 0) != 0;
     G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
     G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
     G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
@@ -206,6 +211,11 @@ static CUresult check(int need_ctx) {
     } while (0)
 
 static int cur_device(void) { return current()->device; }
+
+/* Stream capture rules (below, with cuThreadExchangeStreamCaptureMode). */
+static int unsafe_call_invalidates(void);
+static int waiting_on_capture_invalidates(int device);
+static int unsafe_call_invalidates_locked(void);
 
 static int valid_device(int d) { return d >= 0 && d < G.count; }
 
@@ -437,6 +447,36 @@ EXPORT uint64_t fakecuda_used_bytes(int device) {
 
 /* ---------------------------------------------------------------- simulated execution */
 
+/* The real H100's timing (driver 580), as driver-facts.cu measured it: tests/real-gpu/h100-driver-facts.txt,
+ * `timing.*` lines. With FAKE_CUDA_REAL_TIMING=1 the fake follows them; otherwise a kernel starts the moment
+ * the device is free and calls take no time.
+ *   - a kernel on an idle device starts LATENCY_IDLE_NS after its launch call returns (which takes the host
+ *     HOST_LAUNCH_NS): events around a 50 us kernel measure 56448 ns (timing.spin50us_events_ns) = the
+ *     launch's host time 4070 + 2378 + 50000, and around an empty kernel 6144 ns
+ *     (timing.empty_kernel_events_ns: 4070 + about 2000 + the empty kernel's own time);
+ *   - a kernel queued behind another starts LATENCY_QUEUED_NS after it ends
+ *     (timing.queued_50us_kernel_overhead_ns = 2323): the device's own gap between kernels, the same in both;
+ *   - an event recorded on an idle device is stamped when its record returns (two back to back measure
+ *     the record's host time), one recorded behind work when that work ends;
+ *   - event timestamps are multiples of EVENT_TICK_NS (timing.back_to_back_events_ns: 1280 and 1248);
+ *   - the calling thread spends HOST_LAUNCH_NS in a launch, HOST_EVENT_RECORD_NS in cuEventRecord and
+ *     HOST_EVENT_QUERY_NS in cuEventQuery (timing.launch_host_ns, event_record_host_ns,
+ *     event_query_*_host_ns).
+ * Busy time (fakecuda_busy_ns) is the kernels' own time: latencies are not in it. */
+#define LATENCY_IDLE_NS 2300ull
+#define LATENCY_QUEUED_NS 2300ull
+#define EVENT_TICK_NS 32ull
+#define HOST_LAUNCH_NS 4070ull
+#define HOST_EVENT_RECORD_NS 1225ull
+#define HOST_EVENT_QUERY_NS 280ull
+
+static void host_cost(uint64_t ns) {
+    if (!G.real_timing) return;
+    uint64_t until = now_ns() + ns;
+    while (now_ns() < until) {
+    }
+}
+
 static uint64_t kernel_ns(uint64_t blocks) {
     if (blocks == 0) blocks = 1;
     return (blocks + G.sms - 1) / G.sms * G.wave_ns;
@@ -455,8 +495,10 @@ static void enqueue(int device, uint64_t duration) {
     }
     uint64_t now = now_ns();
     uint64_t start = d->busy_until > now ? d->busy_until : now;
+    if (G.real_timing) start += d->busy_until > now ? LATENCY_QUEUED_NS : LATENCY_IDLE_NS;
     d->busy_until = start + duration;
     d->busy_total += duration;
+    d->queue_start[d->queue_pos] = start;
     d->queue_end[d->queue_pos] = d->busy_until;
     d->queue_pos = (d->queue_pos + 1) % QUEUE_DEPTH;
     pthread_mutex_unlock(&mu);
@@ -468,7 +510,11 @@ EXPORT uint64_t fakecuda_busy_ns(int device) {
     if (device < 0 || device >= FAKE_MAX_DEVICES) return 0;
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), b = devices[device].busy_total;
-    if (devices[device].busy_until > now) b -= devices[device].busy_until - now;
+    if (devices[device].busy_until > now) /* kernel time still to run: what is after now of each queued kernel */
+        for (int i = 0; i < QUEUE_DEPTH; i++) {
+            uint64_t st = devices[device].queue_start[i], en = devices[device].queue_end[i];
+            if (en > now) b -= en - (st > now ? st : now);
+        }
     pthread_mutex_unlock(&mu);
     return b;
 }
@@ -488,6 +534,7 @@ static CUresult launch(CUfunction f, uint64_t blocks, CUstream s) {
     CHECK(!s);
     if (!f || f->magic != MAGIC_FUNC || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t duration = kernel_ns(blocks);
+    host_cost(HOST_LAUNCH_NS);
     if (s && s->capturing) {
         s->capture->duration_ns += duration;
         s->capture->nodes++;
@@ -536,6 +583,7 @@ static const struct {
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
      "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
 EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
@@ -927,6 +975,10 @@ static void release_pools_of(int device) {
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT();
     CHECK(1);
+    /* Waits for every stream of the context: a capturing one there is invalidated whatever its mode and
+     * whichever thread asks (the record: also relaxed and another thread's thread-local capture). */
+    int waited = waiting_on_capture_invalidates(cur_device());
+    if (unsafe_call_invalidates() || waited) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_idle(cur_device());
     release_pools_of(cur_device());
     return CUDA_SUCCESS;
@@ -956,6 +1008,7 @@ static CUresult alloc_on(int device, CUdeviceptr *p, size_t bytes) {
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     COUNT();
     CHECK(1);
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return alloc_on(cur_device(), p, bytes);
 }
 
@@ -1059,6 +1112,7 @@ static CUresult alloc_async(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUs
     CHECK(1);
     if (!valid_stream(s) || (pool && pool->magic != MAGIC_POOL)) return CUDA_ERROR_INVALID_HANDLE;
     if (!p || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (s && s->capturing && s->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; /* the real log */
     pthread_mutex_lock(&mu);
     if (!pool) pool = device_pool(stream_device(s));
     CUresult r = s && s->capturing ? graph_alloc(s->capture, pool->device, bytes, p) : pool_alloc(pool, bytes, p);
@@ -1196,6 +1250,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     COUNT();
     CHECK(0);
     if (!pool || pool->magic != MAGIC_POOL) return CUDA_ERROR_INVALID_VALUE;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&mu);
     pool_shrink(pool, keep);
     pthread_mutex_unlock(&mu);
@@ -1227,6 +1282,7 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     COUNT();
     CHECK(0);
     if (!pool || pool->magic != MAGIC_POOL || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&mu);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
@@ -1754,7 +1810,7 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     if (!s) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *st = calloc(1, sizeof *st);
     if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
-    *st = (struct CUstream_st){MAGIC_STREAM, cur_device(), 0, NULL, 0, 0, current()};
+    *st = (struct CUstream_st){.magic = MAGIC_STREAM, .device = cur_device(), .ctx = current()};
     *s = st;
     return CUDA_SUCCESS;
 }
@@ -1771,15 +1827,35 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
 static CUresult stream_sync(CUstream s) {
     CHECK(1);
     if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s && s->capturing) { /* its work is not scheduled: the capture is invalid from now on */
+        s->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_idle(stream_device(s));
     release_pools_of(stream_device(s));
     return CUDA_SUCCESS;
 }
 
+/* Asking a capturing stream for its device: the real H100 (driver 580, its own error log, CUDA_LOG_FILE) answered
+ * cuStreamGetDevice on a stream capturing in global or thread-local mode with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidated the capture; every later call on that stream in the capture (cuStreamGetCtx, cuMemAllocAsync)
+ * returned CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. The fake does so in every mode and from every thread (relaxed
+ * mode and other threads were not seen: the stricter rule). cuStreamGetCtx on a capturing stream was not isolated
+ * (it was only seen after the capture was already invalid): the fake treats it the same way, conservatively.
+ * Whether the call fails; CUDA_SUCCESS when the stream is not capturing. */
+static CUresult stream_query_in_capture(CUstream s) {
+    if (!s || !s->capturing) return CUDA_SUCCESS;
+    if (s->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    s->invalidated = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 static CUresult stream_get_device(CUstream s, CUdevice *d) {
     CHECK(0);
     if (!d || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult c = stream_query_in_capture(s);
+    if (c != CUDA_SUCCESS) return c;
     if (!s && !current()) return CUDA_ERROR_INVALID_CONTEXT;
     *d = stream_device(s);
     return CUDA_SUCCESS;
@@ -1788,6 +1864,8 @@ static CUresult stream_get_device(CUstream s, CUdevice *d) {
 static CUresult stream_get_ctx(CUstream s, CUcontext *c) {
     CHECK(!s);
     if (!c || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult q = stream_query_in_capture(s);
+    if (q != CUDA_SUCCESS) return q;
     *c = s ? s->ctx : current();
     return CUDA_SUCCESS;
 }
@@ -1812,12 +1890,23 @@ EXPORT CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) {
     return stream_get_device(s, d);
 }
 
-/* Capture modes (cuda.h): while a capture begun in global mode is open anywhere in the process, a thread
- * whose own mode is not relaxed must not make potentially unsafe calls such as cuEventQuery; one that does
- * gets CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures. */
+/* ---- capture interaction modes (cuThreadExchangeStreamCaptureMode, cuStreamBeginCapture_v2) ----
+ * A thread whose own mode is not relaxed is prohibited from potentially unsafe calls when it has an open
+ * capture of its own not begun in relaxed mode, or (its mode global) when another thread has one begun in
+ * global mode. A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
+ * captures that prohibited it: their cuStreamEndCapture returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
+ * graph. Which calls are unsafe follows the real driver's record (tests/real-gpu/h100-driver-facts.txt,
+ * checked by `t_capture record`): cuMemAlloc, cuCtxSynchronize, cuStreamQuery, cuStreamSynchronize,
+ * cuEventQuery, cuEventSynchronize, cuMemPoolGetAttribute and cuMemPoolTrimTo; not cuMemGetInfo,
+ * cuEventRecord, cuDeviceGetGraphMemAttribute, cuDeviceGraphMemTrim, cuCtxPush/PopCurrent or
+ * cuPointerGetAttribute (of an ordinary allocation; of a captured one it was not measured, and the fake
+ * allows it). A wait for the capturing stream itself (cuStreamQuery, cuStreamSynchronize of it,
+ * cuCtxSynchronize of its context) invalidates it in every mode and from every thread. cuEventQuery of an
+ * event last recorded into a capture returns CUDA_ERROR_INVALID_VALUE and invalidates nothing. */
+#define MAX_OPEN_CAPTURES 64
 static __thread CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-static _Atomic int global_captures;
-static _Atomic unsigned capture_invalidations;
+static CUstream open_captures[MAX_OPEN_CAPTURES]; /* under mu */
+static _Atomic int open_capture_count;
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
     COUNT();
@@ -1829,10 +1918,61 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
     return CUDA_SUCCESS;
 }
 
+/* Whether this thread may not make a potentially unsafe call now; if so, the captures that forbid it are
+ * invalidated. Caller holds mu. */
+static int unsafe_call_invalidates_locked(void) {
+    if (thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
+    int hit = 0;
+    for (int i = 0; i < MAX_OPEN_CAPTURES; i++) {
+        CUstream c = open_captures[i];
+        if (!c || c->mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+        int mine = pthread_equal(c->owner, pthread_self());
+        if (mine || (thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            hit = 1;
+        }
+    }
+    return hit;
+}
+
 static int unsafe_call_invalidates(void) {
-    if (atomic_load(&global_captures) == 0 || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
-    atomic_fetch_add(&capture_invalidations, 1);
-    return 1;
+    if (!atomic_load(&open_capture_count)) return 0;
+    pthread_mutex_lock(&mu);
+    int hit = unsafe_call_invalidates_locked();
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+
+/* A wait for a device's streams (cuCtxSynchronize) while one of them captures: that capture is invalidated,
+ * in every mode and from every thread. Whether there was one. */
+static int waiting_on_capture_invalidates(int device) {
+    if (!atomic_load(&open_capture_count)) return 0;
+    int hit = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_OPEN_CAPTURES; i++)
+        if (open_captures[i] && open_captures[i]->device == device) {
+            open_captures[i]->invalidated = 1;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+
+/* Not in cuda_min.h: the library does not call it; applications (and the record's test) do. */
+EXPORT CUresult cuStreamQuery(CUstream s);
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    COUNT();
+    CHECK(1);
+    if (!valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    if (s && s->capturing) { /* asks whether captured work ran: the capture is invalid, in every mode */
+        s->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&mu);
+    int busy = devices[stream_device(s)].busy_until > now_ns();
+    pthread_mutex_unlock(&mu);
+    return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
@@ -1870,11 +2010,22 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
     struct CUgraph_st *g = calloc(1, sizeof *g);
     if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
     g->magic = MAGIC_GRAPH;
+    pthread_mutex_lock(&mu);
+    int slot = 0;
+    while (slot < MAX_OPEN_CAPTURES && open_captures[slot]) slot++;
+    if (slot == MAX_OPEN_CAPTURES) {
+        pthread_mutex_unlock(&mu);
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     s->capture = g;
     s->capturing = 1;
     s->mode = mode;
-    s->gen = atomic_load(&capture_invalidations);
-    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) atomic_fetch_add(&global_captures, 1);
+    s->owner = pthread_self();
+    s->invalidated = 0;
+    open_captures[slot] = s;
+    atomic_fetch_add(&open_capture_count, 1);
+    pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
 
@@ -1892,15 +2043,17 @@ static CUresult end_capture(CUstream s, CUgraph *g) {
     CHECK(1);
     if (!g) return CUDA_ERROR_INVALID_VALUE;
     if (!s || s->magic != MAGIC_STREAM || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_OPEN_CAPTURES; i++)
+        if (open_captures[i] == s) open_captures[i] = NULL;
+    atomic_fetch_sub(&open_capture_count, 1);
+    pthread_mutex_unlock(&mu);
     s->capturing = 0;
-    if (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
-        atomic_fetch_sub(&global_captures, 1);
-        if (s->gen != atomic_load(&capture_invalidations)) {
-            free(s->capture);
-            s->capture = NULL;
-            *g = NULL;
-            return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        }
+    if (s->invalidated) {
+        free(s->capture);
+        s->capture = NULL;
+        *g = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
     *g = s->capture;
     s->capture = NULL;
@@ -2154,7 +2307,7 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     struct CUevent_st *ev = calloc(1, sizeof *ev);
     if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *ctx = current();
-    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0, ctx, ctx ? ctx->gen : 0};
+    *ev = (struct CUevent_st){MAGIC_EVENT, cur_device(), 0, 0, ctx, ctx ? ctx->gen : 0, 0};
     *e = ev;
     return CUDA_SUCCESS;
 }
@@ -2169,15 +2322,23 @@ static int stale(CUevent e) {
     return 1;
 }
 
+/* Recording an event needs a current context, even on a stream that names its own (as the real driver). */
 static CUresult event_record(CUevent e, CUstream s) {
-    CHECK(!s);
+    CHECK(1);
     if (!e || e->magic != MAGIC_EVENT || !valid_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    if (s && s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (e->device != stream_device(s)) return CUDA_ERROR_INVALID_HANDLE; /* another context's event */
     if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (s && s->capturing) { /* an event node of the graph being built; the event has no time until re-recorded */
+        e->captured = 1;
+        e->recorded = 0;
+        return CUDA_SUCCESS;
+    }
+    e->captured = 0;
+    host_cost(HOST_EVENT_RECORD_NS);
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
     e->ts = busy > now ? busy : now;
+    if (G.real_timing) e->ts = (e->ts + EVENT_TICK_NS - 1) / EVENT_TICK_NS * EVENT_TICK_NS;
     e->recorded = 1;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
@@ -2198,6 +2359,8 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
     if (stale(e)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (e->captured) return CUDA_ERROR_INVALID_VALUE; /* the record: checked first, invalidates nothing */
+    host_cost(HOST_EVENT_QUERY_NS);
     if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return !e->recorded || e->ts <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -2206,6 +2369,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     COUNT();
     CHECK(0);
     if (!e || e->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
+    if (unsafe_call_invalidates()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (e->recorded) sleep_until(e->ts);
     release_pools_of(e->device);
     return CUDA_SUCCESS;

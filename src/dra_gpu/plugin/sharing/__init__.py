@@ -14,6 +14,7 @@ from dra_gpu.plugin.sharing import (
     driver_memory,
     exclusive,
     limiter,
+    limiter_region,
     mps,
     mps_v3,
     timeslicing,
@@ -40,7 +41,7 @@ _BACKENDS: tuple[Backend, ...] = tuple(
 
 def _handlers() -> dict[str, HoldHandler]:
     handlers: dict[str, HoldHandler] = {}
-    for module in (directories, driver_memory, mps, mps_v3, timeslicing):
+    for module in (directories, driver_memory, limiter_region, mps, mps_v3, timeslicing):
         for handler in module.HOLD_HANDLERS:
             if handler.kind in handlers:
                 raise RuntimeError(f"two hold handlers for kind {handler.kind!r} ({module.__name__})")

@@ -4,8 +4,9 @@ Where the host has the NVIDIA Container Toolkit's generated spec (kind ``nvidia.
 names the GPU, its device carries the device nodes, driver libraries and hooks, so we return its id
 beside ours and add no nodes. Otherwise our spec lists the device nodes that exist on the host (a
 runtime refuses the whole container for a node that does not exist, and simulated GPUs have none)
-and brings the driver's user-space files found under the node's driver root: ``libcuda``, NVML, the
-PTX JIT, ``nvidia-smi`` and the MPS programs. The libraries are mounted into ``DRIVER_LIB_DIR``,
+and brings the driver's user-space files found under the node's driver root, of exactly the driver
+version NVML reports: ``libcuda``, NVML, the PTX JIT, the GPU compiler, NVVM, the debugger back
+end, ``nvidia-smi`` and the MPS programs. The libraries are mounted into ``DRIVER_LIB_DIR``,
 which an ``/etc/ld.so.conf.d`` entry names and a ``createContainer`` hook adds to the container's
 loader cache (``driver_root.install_ldcache_hook``), so the loader finds them without
 ``LD_LIBRARY_PATH``.
@@ -35,7 +36,9 @@ from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 log = logging.getLogger(__name__)
 
 NVIDIA_CTK_KIND = "nvidia.com/gpu"
-COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+"""As in the toolkit's spec, each where the host has it. No /dev/nvidia-caps: those are for MIG, and
+MIG-enabled GPUs are kept out of claims until MIG is supported."""
 DRIVER_LIB_DIR = "/usr/local/lib/dra-gpu/driver"
 DRIVER_BIN_DIR = "/usr/bin"
 LDCONFIG_ENTRY = "/etc/ld.so.conf.d/dra-gpu-driver.conf"
@@ -178,7 +181,9 @@ class DeviceAccess:
     @staticmethod
     def _driver_files(plan: Plan, node: NodeContext) -> None:
         """The driver's libraries and tools from the driver root, and the loader told where they are."""
-        files = find_driver_files(node.driver_root)
+        # Exactly the driver NVML reports: an older driver's leftover library would not match the kernel.
+        versions = {share.gpu.driver_version for share in plan.shares if share.gpu.driver_version}
+        files = find_driver_files(node.driver_root, versions.pop() if len(versions) == 1 else None)
         if not files.libraries and not files.executables:
             return  # simulated GPUs, or a node whose driver the runtime brings some other way
         host_root = node.driver_root_host_path or node.driver_root

@@ -7,7 +7,8 @@ claim has its own directory in the container, ``/run/dra-gpu/claims/<claim-uid>/
 
 - ``limits``: the claim's budgets, one ``device=`` line per GPU (read-only; written by the agent
   before the CDI spec; the format is in docs/memory-isolation.md);
-- ``limiter/``: the accounting state shared by all processes of all pods of the claim (read-write),
+- ``limiter/``: the accounting state shared by all processes of all pods of the claim: a read-only
+  directory holding the region file the agent made, mounted read-write (``limiter_region.py``),
 
 so a container using several claims keeps every claim's limits. Budgets come from Limiter shares
 (their consumed capacity, or the config where the API server has no consumable capacity) and from
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.config import Strategy
+from dra_gpu.monitor.region import REGION_FILE
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.plan import DeviceLimit, Holder, NodeContext, Plan, Share
@@ -158,7 +160,11 @@ class Limiter:
         claim_dir = node.claim_dir(plan.claim.uid)
         inside = container_claim_dir(plan.claim.uid)
         state, limits, preload = claim_dir / STATE_DIR, claim_dir / LIMITS_FILE, claim_dir / PRELOAD_FILE
-        plan.hold("dir", f"dir:{state}", path=str(state), mode=0o777)
+        # The agent's region (limiter_region.py): the directory is read-only in the container and the file
+        # a mount of its own, so a container cannot unlink, replace or add to what the claim accounts in.
+        region = state / REGION_FILE
+        plan.hold("dir", f"dir:{state}", path=str(state), mode=0o755)
+        plan.hold("region", f"region:{region}", path=str(region))
         plan.hold(
             "file", f"file:{limits}", path=str(limits), content=limits_text(plan, plan.limits), mode=0o444
         )
@@ -166,7 +172,8 @@ class Limiter:
         edits = plan.claim_edits
         edits.add_mount(library, CONTAINER_LIBRARY, ["ro", "nosuid", "nodev", "bind"])
         edits.add_mount(limits, f"{inside}/{LIMITS_FILE}", ["ro", "nosuid", "nodev", "bind"])
-        edits.add_mount(state, f"{inside}/{STATE_DIR}", ["rw", "nosuid", "nodev", "bind"])
+        edits.add_mount(state, f"{inside}/{STATE_DIR}", ["ro", "nosuid", "nodev", "bind"])
+        edits.add_mount(region, f"{inside}/{STATE_DIR}/{REGION_FILE}", ["rw", "nosuid", "nodev", "bind"])
         edits.add_mount(preload, CONTAINER_PRELOAD, ["ro", "nosuid", "nodev", "bind"])
 
 

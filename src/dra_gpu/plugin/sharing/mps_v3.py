@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 from collections.abc import Sequence, Set
 from fractions import Fraction
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 from dra_gpu.config import Strategy
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.commands import CommandError, ComputeMode
+from dra_gpu.plugin.commands import CommandError, ComputeMode, GpuCommands
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing.mps import (
     CLIENT_MOUNT_OPTIONS,
@@ -42,7 +41,6 @@ from dra_gpu.plugin.sharing.mps import (
 )
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 
-CONTROL_ENV = "DRA_GPU_MPS_CONTROL"
 PROTOCOL_ENV = "DRA_GPU_MPS_PROTOCOL"
 SERVER = "gpu"
 
@@ -61,45 +59,18 @@ def namespace_name(claim_uid: str) -> str:
 
 
 class MpsV3Control:
-    """`nvidia-cuda-mps-control` for one GPU's daemon (the pipe directory selects the daemon)."""
+    """One GPU's daemon (the pipe directory selects it), driven through the node's `GpuCommands`:
+    the driver root's `nvidia-cuda-mps-control`, with the driver's libraries and tools."""
 
-    def __init__(
-        self, pipe: Path, log_dir: Path, executable: str | None = None, timeout_s: float = 30.0
-    ) -> None:
+    def __init__(self, commands: GpuCommands, pipe: Path, log_dir: Path) -> None:
+        self.commands = commands
         self.pipe = pipe
         self.log_dir = log_dir
-        self.executable = executable or os.environ.get(CONTROL_ENV) or "nvidia-cuda-mps-control"
-        self.timeout_s = timeout_s
 
     def _run(self, *args: str, gpu: str | None = None, launcher: Sequence[str] = ()) -> str:
-        env = {
-            **os.environ,
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe),
-            "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
-        }
-        env["CUDA_MPS_PROTOCOL_VERSION"] = "3"
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        argv = [*launcher, self.executable, *args]
-        try:
-            done = subprocess.run(
-                argv,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                check=False,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a daemon it starts is no member of the agent's session
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise CommandError(f"{' '.join(argv)}: {exc}") from None
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip().splitlines()
-            raise CommandError(
-                f"{' '.join(argv)} exited {done.returncode}: {said[-1] if said else 'no output'}"
-            )
-        return done.stdout
+        return self.commands.run_mps_control(
+            self.pipe, self.log_dir, args, gpu=gpu, protocol="3", launcher=launcher
+        )
 
     def running(self) -> bool:
         try:
@@ -174,9 +145,9 @@ class MpsV3:
             plan.detail(share, "mpsNamespace", namespace)
 
 
-def _control(hold: Hold) -> MpsV3Control:
+def _control(hold: Hold, node: NodeContext) -> MpsV3Control:
     base = Path(str(hold.params["dir"]))
-    return MpsV3Control(base / "pipe", base / "log")
+    return MpsV3Control(node.commands, base / "pipe", base / "log")
 
 
 class MpsV3Server:
@@ -187,7 +158,7 @@ class MpsV3Server:
     def apply(self, hold: Hold, node: NodeContext) -> None:
         gpu, device = str(hold.params["gpu"]), str(hold.params["device"])
         base = Path(str(hold.params["dir"]))
-        control = _control(hold)
+        control = _control(hold, node)
         try:
             for path, mode in ((base / "pipe", 0o755), (base / "log", 0o755), (base / "shm", 0o755)):
                 path.mkdir(parents=True, exist_ok=True)
@@ -208,7 +179,7 @@ class MpsV3Server:
         if not last:
             return
         gpu, device = str(hold.params["gpu"]), str(hold.params["device"])
-        control = _control(hold)
+        control = _control(hold, node)
         try:
             if control.running():
                 control.quit()
@@ -219,13 +190,13 @@ class MpsV3Server:
         shutil.rmtree(Path(str(hold.params["dir"])), ignore_errors=True)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
-        return _control(hold).running()
+        return _control(hold, node).running()
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         if f"{self.kind}:{gpu.uuid}" in held:
             return
         base = v3_dir(node.state_dir, gpu.uuid)
-        control = MpsV3Control(base / "pipe", base / "log")
+        control = MpsV3Control(node.commands, base / "pipe", base / "log")
         if base.is_dir() and control.running():
             control.quit()
             node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
@@ -241,14 +212,14 @@ class MpsV3Namespace:
     def apply(self, hold: Hold, node: NodeContext) -> None:
         name = str(hold.params["namespace"])
         try:
-            _control(hold).create_namespace(
+            _control(hold, node).create_namespace(
                 name, int(hold.params["activeThreadPercentage"]), int(hold.params["pinnedMemoryMiB"])
             )
         except CommandError as exc:
             raise setup_failed(f"creating MPS namespace {name} on GPU {hold.params['gpu']}", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
-        control = _control(hold)
+        control = _control(hold, node)
         if not control.running():
             return  # the daemon is gone, and its namespaces with it
         try:
@@ -257,7 +228,7 @@ class MpsV3Namespace:
             raise setup_failed(f"deleting MPS namespace {hold.params['namespace']}", exc) from None
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
-        control = _control(hold)
+        control = _control(hold, node)
         return control.running() and str(hold.params["namespace"]) in control.namespaces()
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:

@@ -1,0 +1,80 @@
+"""The limiter's accounting region of a claim, made by the agent (never by the library).
+
+The file (``<claim dir>/limiter/dragpu-limiter.region``) is laid out and sized here, owned by root and
+mode 0666, so every UID of every pod of the claim can account in it; the host's claim directories are
+not reachable by other users. The CDI spec mounts the state directory read-only and the region file
+read-write on top of it: a container can neither unlink, rename nor replace it (it is a mount point) nor
+add files beside it. It can still write into it - truncate, zero or rewrite it - and the library then
+refuses allocations on the claim's devices instead of starting a fresh account (it never creates, resizes
+or initialises a claim's region). The layout is ``dra_gpu.monitor.region``'s mirror of region.c.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Set
+from pathlib import Path
+
+from dra_gpu.inventory import GpuInfo
+from dra_gpu.monitor import region as layout
+from dra_gpu.plugin.checkpoint import Hold
+from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
+
+MODE = 0o666
+
+
+def region_header() -> bytes:
+    """The header of an empty region: the layout fields; no device, slot or shared entry yet."""
+    return layout.header_fields()
+
+
+def make_region(path: Path) -> bool:
+    """Creates the region at path unless a file is there already (True when it made one).
+
+    An existing file is kept whatever its state: processes of the claim may hold memory charged in it,
+    and a tampered one must stay refused, not become a fresh account."""
+    if os.path.lexists(path):
+        return False
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.write(fd, region_header())
+        os.ftruncate(fd, layout.REGION_BYTES)
+        os.fchmod(fd, MODE)  # explicit: the umask must not decide which UIDs of the claim may use it
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.link(tmp, path)  # never replaces a file that appeared meanwhile
+    except FileExistsError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return True
+
+
+class ClaimRegion:
+    kind = "region"
+
+    def apply(self, hold: Hold, node: NodeContext) -> None:
+        path = Path(str(hold.params["path"]))
+        try:
+            make_region(path)
+        except OSError as exc:
+            raise setup_failed(f"creating {path}", exc) from None
+
+    def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            Path(str(hold.params["path"])).unlink()
+
+    def in_place(self, hold: Hold, node: NodeContext) -> bool:
+        return os.path.lexists(str(hold.params["path"]))  # a damaged one stays: see make_region
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        return None  # per claim, not GPU-wide
+
+
+HOLD_HANDLERS = (ClaimRegion(),)
