@@ -131,8 +131,13 @@ def test_cap_follows_the_context_rule_when_the_context_is_known() -> None:
     result = memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), recorded, context)
     assert result.status == report.FAIL
     assert "context charged less than the driver took for it" in result.summary
-    charged = parse.key_values(f"allocated={2304 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")  # 9 chunks of 256 MiB
-    assert memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), charged, context).status == report.PASS
+    charged = parse.key_values(
+        f"allocated={2304 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n"
+    )  # 9 chunks of 256 MiB
+    assert (
+        memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), charged, context).status
+        == report.PASS
+    )
 
 
 def test_pooled_budget_counts_both_processes() -> None:
