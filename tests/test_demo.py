@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+from fake_driver import CONTEXT_CHARGE, usable
 
 from dra_gpu.cli import main
 from dra_gpu.demo.limiter import find_limiter_build
 from dra_gpu.demo.run import DemoReport, run_demo
+from dra_gpu.quantity import format_quantity
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +85,14 @@ def test_the_limiter_refuses_an_allocation_over_the_cap(demo: tuple[DemoReport, 
     report, text = demo
     assert report.limiter is not None and report.limiter.ran
     assert report.limiter.reported_total == 10 * 2**30
-    assert report.limiter.granted_chunks == 10
-    assert report.limiter.refused_at == 11 and report.limiter.refused_error == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert "allocation 11: CUDA_ERROR_OUT_OF_MEMORY" in text
+    # The 10Gi cap holds the process's CUDA context too: what is left takes whole 1Gi chunks.
+    assert report.limiter.reported_free == 10 * 2**30 - CONTEXT_CHARGE
+    chunks = usable(10 * 2**30) // 2**30
+    assert report.limiter.granted_chunks == chunks
+    assert report.limiter.refused_at == chunks + 1
+    assert report.limiter.refused_error == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert f"allocation {chunks + 1}: CUDA_ERROR_OUT_OF_MEMORY" in text
+    assert f"of which its own CUDA context already holds {format_quantity(CONTEXT_CHARGE)}" in text
 
 
 def test_without_the_limiter_built_the_step_is_skipped_with_the_reason(

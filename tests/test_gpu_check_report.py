@@ -124,6 +124,22 @@ def test_cap_fails_when_usable_memory_stops_far_below_the_cap() -> None:
     assert "stopped 1024 MiB below the cap" in result.summary
 
 
+def test_cap_follows_the_context_rule_when_the_context_is_known() -> None:
+    # The first H100 run: one process got 2718 MiB of 3000 while its context took 523.6 MiB (549 MB).
+    context = 548995072
+    recorded = parse.key_values(f"allocated={2718 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")
+    result = memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), recorded, context)
+    assert result.status == report.FAIL
+    assert "context charged less than the driver took for it" in result.summary
+    charged = parse.key_values(
+        f"allocated={2304 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n"
+    )  # 9 chunks of 256 MiB
+    assert (
+        memory.judge_cap("c", CAP, 80 * 1024 * MIB, parse.key_values(INFO), charged, context).status
+        == report.PASS
+    )
+
+
 def test_pooled_budget_counts_both_processes() -> None:
     first = parse.key_values(f"allocated={1472 * MIB}\nholding\n")
     second = parse.key_values(f"allocated={1528 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\nafter_total={CAP}\n")
@@ -193,6 +209,41 @@ SHARED = 1472 * MIB
 def test_shared_memory_verdicts(kind: str, output: str, status: str) -> None:
     result = memory.judge_shared(f"limiter.shared.{kind}", kind, CAP, parse.key_values(output), True, "")
     assert result.status == status, result.summary
+
+
+# What the first H100 run recorded (native/limiter/tests/real-gpu/h100-2026-11.json): a bare context took
+# 518 MiB, the limiter charged each of two processes about 282 MiB for theirs.
+H100_CONTEXT = 518 * MIB
+
+
+def test_pooled_budget_follows_the_context_rule() -> None:
+    first = parse.key_values(f"allocated={1472 * MIB}\nholding\n")
+    recorded = parse.key_values(f"allocated={964 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")
+    result = memory.judge_pooled("p", CAP, first, recorded, [], H100_CONTEXT)
+    assert result.status == report.FAIL, result.summary
+    assert "expected 3000 - 2 x 518 MiB context = 1964 MiB" in result.summary
+    # Contexts charged what the driver took: 1964 MiB together, the second filling 256 MiB chunks.
+    second = parse.key_values(f"allocated={256 * MIB}\nlast=CUDA_ERROR_OUT_OF_MEMORY\n")
+    assert memory.judge_pooled("p", CAP, first, second, [], H100_CONTEXT).status == report.PASS
+
+
+def test_shared_memory_judged_by_the_context_rule() -> None:
+    # The real run: shared memory charged once, but the contexts charged less than the driver took.
+    out = (
+        f"shared={SHARED}\nkcmp=1\nopened=CUDA_SUCCESS\nallocated={964 * MIB}\n"
+        "last=CUDA_ERROR_OUT_OF_MEMORY\nchild_status=0\n"
+    )
+    result = memory.judge_shared(
+        "limiter.shared.ipc", "ipc", CAP, parse.key_values(out), True, "", H100_CONTEXT
+    )
+    assert result.status == report.FAIL
+    assert result.summary.startswith("contexts charged less than the driver took")
+    # Without the contexts' size it is what it was: charged once, not twice.
+    no_ctx = memory.judge_shared("limiter.shared.ipc", "ipc", CAP, parse.key_values(out), True, "")
+    assert no_ctx.status == report.PASS, no_ctx.summary
+    out = out.replace(f"allocated={964 * MIB}", f"allocated={256 * MIB}")
+    ok = memory.judge_shared("limiter.shared.vmm", "vmm", CAP, parse.key_values(out), True, "", H100_CONTEXT)
+    assert ok.status == report.PASS, ok.summary
 
 
 def test_compute_accuracy_within_and_outside_tolerance() -> None:

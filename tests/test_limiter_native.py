@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_driver import CONTEXT_BYTES, CONTEXT_CHARGE
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -56,6 +57,8 @@ CASES = [
             "ipc-same-claim",
             "import-same-claim",
             "export-churn",
+            "import-self",
+            "import-self-no-kcmp",
             "contexts",
         )
     ),
@@ -68,6 +71,7 @@ CASES = [
     "t_ctx (baseline)",
     "t_ctx",
     "t_multiproc",
+    "t_multiproc contexts",
     "t_fork",
     "t_threads",
     "t_failopen",
@@ -196,7 +200,8 @@ def test_builds_without_the_cuda_toolkit(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert (build / "libdragpu-limiter.so.1").exists()
     assert str(empty) not in result.stdout, "a compile line still points at the CUDA include directory"
-    env = _env(build, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi")
+    # t_linked's figures assume contexts that hold nothing besides their limits' memory (as in run.sh).
+    env = _env(build, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi", FAKE_CUDA_CTX_BYTES="0")
     out = subprocess.run(
         [str(build / "tests" / "t_linked"), "limited"], env=env, capture_output=True, text=True, check=False
     )
@@ -264,13 +269,14 @@ def test_build_outputs_named_in_the_contract(built: Path) -> None:
 
 
 def test_probe_info_reports_the_claim_limit(built: Path, tmp_path: Path) -> None:
+    """The claim's limit is the device's size; the process's own context is already spent from it."""
     result = _probe(built, _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi"), "info")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"total={GiB} free={GiB}", f"device_total={GiB}"]
+    assert result.stdout.splitlines() == [f"total={GiB} free={GiB - CONTEXT_CHARGE}", f"device_total={GiB}"]
 
 
 def test_probe_alloc_reports_each_attempt_and_the_refusal(built: Path, tmp_path: Path) -> None:
-    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT=str(GiB))
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT=str(GiB + CONTEXT_CHARGE))  # 1 GiB besides the context
     result = _probe(built, env, "alloc", str(256 * 2**20), "6")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
@@ -283,9 +289,13 @@ def test_probe_alloc_reports_each_attempt_and_the_refusal(built: Path, tmp_path:
     ]
 
 
+# A claim that leaves 1 GiB for allocations besides two processes' contexts.
+SHARED_LIMIT = str(GiB + 2 * CONTEXT_CHARGE)
+
+
 @pytest.fixture
 def holder(built: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
-    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi")
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT=SHARED_LIMIT)
     proc = subprocess.Popen(
         [str(built / "limiter-probe"), "alloc", str(768 * 2**20), "1", "--hold"],
         env=env,
@@ -303,13 +313,15 @@ def holder(built: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
 def test_processes_of_a_claim_share_the_limit_and_a_killed_one_gives_memory_back(
     built: Path, tmp_path: Path, holder: subprocess.Popen[str]
 ) -> None:
-    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT="1Gi")
-    assert _probe(built, env, "info").stdout.splitlines()[0] == f"total={GiB} free={256 * 2**20}"
+    env = _env(built, tmp_path, DRAGPU_MEMORY_LIMIT=SHARED_LIMIT)
+    total = int(SHARED_LIMIT)
+    # Free: the limit less the holder's 768 MiB and both processes' contexts.
+    assert _probe(built, env, "info").stdout.splitlines()[0] == f"total={total} free={256 * 2**20}"
     refused = _probe(built, env, "alloc", str(512 * 2**20), "1")
     assert refused.stdout.splitlines()[-1] == "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY"
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    assert _probe(built, env, "info").stdout.splitlines()[0] == f"total={GiB} free={GiB}"
+    assert _probe(built, env, "info").stdout.splitlines()[0] == f"total={total} free={GiB + CONTEXT_CHARGE}"
     assert (
         _probe(built, env, "alloc", str(GiB), "1").stdout.splitlines()[-1]
         == f"allocated={GiB} last=CUDA_SUCCESS"
@@ -326,14 +338,16 @@ def test_malformed_limit_is_named_in_a_warning_and_ignored(built: Path, tmp_path
     assert (
         'ignoring malformed DRAGPU_CORES_LIMIT="0" (expected an integer percentage 1..100)' in result.stderr
     )
-    assert result.stdout.splitlines()[0] == f"total={FAKE_TOTAL} free={FAKE_TOTAL}"
+    # No limit: the driver's own figure, less what the process's context took on the device.
+    assert result.stdout.splitlines()[0] == f"total={FAKE_TOTAL} free={FAKE_TOTAL - CONTEXT_BYTES}"
 
 
 def test_fake_driver_memory_is_configurable(built: Path) -> None:
     env = _env(built, FAKE_CUDA_MEMORY_BYTES=str(4 * GiB))
     del env["LD_PRELOAD"]
     result = _probe(built, env, "info")
-    assert result.stdout.splitlines() == [f"total={4 * GiB} free={4 * GiB}", f"device_total={4 * GiB}"]
+    free = 4 * GiB - CONTEXT_BYTES  # the probe's own context
+    assert result.stdout.splitlines() == [f"total={4 * GiB} free={free}", f"device_total={4 * GiB}"]
 
 
 def test_pynvml_sees_the_same_capped_view(built: Path, tmp_path: Path) -> None:

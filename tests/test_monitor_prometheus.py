@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_driver import CONTEXT_CHARGE
 from monitor_harness import wait_for
 from plugin_harness import (
     Alloc,
@@ -75,7 +76,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             Alloc(
                 device="gpu-0",
                 share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "1Gi", "cores": "50"},
+                consumed={"memory": "2Gi", "cores": "50"},  # 768 MiB fit beside the context
             )
         ],
         [opaque(gpu_config("Limiter"))],
@@ -126,11 +127,12 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             lines = [workload.stdout.readline().strip() for _ in range(5)]
             assert lines[-1] == "holding", lines
             promql = 'dra_gpu_claim_memory_used_bytes{namespace="default", claim="llm"}'
+            used = 768 * MiB + CONTEXT_CHARGE  # the allocations and the process's context
             try:
                 result = wait_for(
-                    lambda: [r for r in _query(port, promql) if float(r["value"][1]) == 768 * MiB],
+                    lambda: [r for r in _query(port, promql) if float(r["value"][1]) == used],
                     timeout_s=120,
-                    what=f"Prometheus to answer {promql} with 768 MiB",
+                    what=f"Prometheus to answer {promql} with {used} bytes",
                 )
             except AssertionError as exc:
                 log = (tmp_path / "prometheus.log").read_text()[-3000:]
@@ -140,7 +142,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             assert result[0]["metric"]["gpu_uuid"] == ",".join(device_uuids(container.env))
             assert result[0]["metric"]["sharing"] == "Limiter"
             limit = _query(port, 'dra_gpu_claim_memory_limit_bytes{claim="llm"}')
-            assert limit and float(limit[0]["value"][1]) == 1024 * MiB
+            assert limit and float(limit[0]["value"][1]) == 2048 * MiB
         finally:
             prometheus.terminate()
             try:

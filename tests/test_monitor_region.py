@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from fake_driver import CONTEXT_CHARGE, usable
+
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
 from dra_gpu.plugin.sharing.device_access import device_uuids
 from dra_gpu.plugin.sharing.limiter import host_environment_of
@@ -16,6 +18,7 @@ BUILD = LIMITER / "build"
 MiB = 2**20
 GiB = 2**30
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
+LIMIT = GiB + 2 * CONTEXT_CHARGE  # 1 GiB to allocate besides two processes' contexts
 
 
 def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
@@ -24,7 +27,7 @@ def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
         LD_LIBRARY_PATH=str(built / "fake"),
         LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
         DRAGPU_LIMITER_STATE_DIR=str(state),
-        DRAGPU_MEMORY_LIMIT_BY_UUID=f"{UUID}={GiB}",
+        DRAGPU_MEMORY_LIMIT_BY_UUID=f"{UUID}={LIMIT}",
         CUDA_VISIBLE_DEVICES=UUID,
     )
     return subprocess.Popen([str(built / "limiter-probe"), *args], env=env, stdout=subprocess.PIPE, text=True)
@@ -45,7 +48,7 @@ def test_region_written_by_the_library_reads_back(built: Path, tmp_path: Path) -
         assert devices is not None and len(devices) == 1
         (device,) = devices
         assert device.uuid.lower() == UUID.lower()
-        assert device.used_bytes == 768 * MiB
+        assert device.used_bytes == 768 * MiB + CONTEXT_CHARGE  # the holder's allocation and context
         assert device.refused == 1
         assert device.throttled_seconds == 0.0
     finally:
@@ -63,7 +66,7 @@ def test_memory_a_process_shares_is_reported_once_while_it_lives(built: Path, tm
         lines = [holder.stdout.readline().strip() for _ in range(6)]
         assert lines[-2:] == ["exported=3", "holding"], lines
         (device,) = read_region(tmp_path) or []
-        assert device.used_bytes == 768 * MiB
+        assert device.used_bytes == 768 * MiB + CONTEXT_CHARGE
     finally:
         holder.kill()
         holder.wait()
@@ -144,7 +147,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
             Alloc(
                 device="gpu-1",
                 share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "1Gi", "cores": "50"},
+                consumed={"memory": "2Gi", "cores": "50"},
             )
         ],
         [opaque(gpu_config("Limiter"))],
@@ -178,14 +181,16 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
             )
             try:
                 assert workload.stdout is not None
-                lines = [workload.stdout.readline().strip() for _ in range(5)]
-                assert lines[-2:] == [f"allocated={768 * MiB} last=CUDA_ERROR_OUT_OF_MEMORY", "holding"], (
+                fits = usable(2 * GiB) // (384 * MiB)  # allocations of 384 MiB beside the process's context
+                lines = [workload.stdout.readline().strip() for _ in range(fits + 3)]
+                allocated = fits * 384 * MiB
+                assert lines[-2:] == [f"allocated={allocated} last=CUDA_ERROR_OUT_OF_MEMORY", "holding"], (
                     lines
                 )
                 plugin.monitor.sample_once()
                 values = _scrape(plugin.http_port)
                 labels, used = values[("dra_gpu_claim_memory_used_bytes", "batch")]
-                assert used == 768 * MiB
+                assert used == allocated + CONTEXT_CHARGE
                 assert labels == {
                     "namespace": "team-a",
                     "claim": "batch",
@@ -193,7 +198,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                     "sharing": "Limiter",
                 }
                 assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1
-                assert values[("dra_gpu_claim_memory_limit_bytes", "batch")][1] == GiB
+                assert values[("dra_gpu_claim_memory_limit_bytes", "batch")][1] == 2 * GiB
             finally:
                 workload.kill()
                 workload.wait()

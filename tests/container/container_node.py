@@ -36,6 +36,7 @@ PROFILE = "2xH100-80GB"
 
 LIMITER_BUILD = REPO_ROOT / "native" / "limiter" / "build"
 CONTAINER_LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+CONTAINER_LIBNVML = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 CONTAINER_PROBE = "/usr/local/bin/limiter-probe"
 
 
@@ -55,11 +56,18 @@ class Limiter:
         return Limiter(self.library.resolve(), self.fake_libcuda.resolve(), self.probe.resolve())
 
     def driver_stand_in(self) -> list[Volume]:
-        """The fake CUDA driver where the loader finds libcuda.so.1, and the probe that uses it.
+        """The fake CUDA driver and NVML where the loader finds libcuda.so.1 and libnvidia-ml.so.1, and the
+        probe that uses them.
 
-        On a GPU node the NVIDIA toolkit injects the real driver library; this mount is its stand-in.
+        On a GPU node the NVIDIA toolkit injects the real driver's libraries; these mounts are their
+        stand-in. The limiter measures a new context through NVML (no context yet to ask the driver).
         """
-        return [Volume(self.fake_libcuda, CONTAINER_LIBCUDA), Volume(self.probe, CONTAINER_PROBE)]
+        fake_nvml = self.fake_libcuda.with_name("libnvidia-ml.so.1").resolve()
+        return [
+            Volume(self.fake_libcuda, CONTAINER_LIBCUDA),
+            Volume(fake_nvml, CONTAINER_LIBNVML),
+            Volume(self.probe, CONTAINER_PROBE),
+        ]
 
 
 def make_device_nodes(root: Path, minors: tuple[int, ...]) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from container_node import CONTAINER_PROBE, Limiter, make_device_nodes, plugin_node
 from container_support import RUNTIME_CDI_DIR, Podman, Volume, mount_options, sections
+from fake_driver import CONTEXT_BYTES
 from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
@@ -107,7 +108,7 @@ def test_without_the_toolkit_spec_the_container_finds_libcuda_through_the_loader
     assert result.section("smi") == ["nvidia-smi stand-in"]
     # The MPS control program is the agent's: with it, a tenant could `quit` a GPU's MPS daemon.
     assert result.section("mps_control") == ["absent"]
-    assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY}"
+    assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY - CONTEXT_BYTES}"
 
 
 def test_a_read_only_root_filesystem_still_finds_libcuda_under_runc(
@@ -125,7 +126,7 @@ def test_a_read_only_root_filesystem_still_finds_libcuda_under_runc(
         result = podman.run(look, devices=ids, volumes=probe, env=env, read_only=True).check()
         node.unprepare_all()
     assert result.section("write")[-1] == "refused", "the root filesystem is not read-only"
-    assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY}"
+    assert result.section("probe")[0] == f"total={FAKE_MEMORY} free={FAKE_MEMORY - CONTEXT_BYTES}"
 
 
 @pytest.fixture

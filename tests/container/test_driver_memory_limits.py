@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from container_node import Limiter, Node, plugin_node
 from container_support import REPO_ROOT, Podman, Volume, sections
+from fake_driver import usable
 from plugin_harness import Alloc, gpu_config
 
 pytestmark = pytest.mark.container
@@ -96,7 +97,8 @@ def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_
     ]
     assert own.strip("/"), "the container has a cgroup of its own, not the root"
     # The reported total is the claim's limit (the ceiling), as the driver reports the hard limit.
-    assert result.section("probe") == [f"total={3 * GIB} free={3 * GIB}", f"device_total={3 * GIB}"]
+    # Free: the limit less the probe's own CUDA context, which the claim is charged.
+    assert result.section("probe") == [f"total={3 * GIB} free={usable(3 * GIB)}", f"device_total={3 * GIB}"]
     # Teardown: the poststop hook ran and took the record. runc removes the container's cgroup before
     # poststop hooks run, so there was no leaf left to clear through NVML; under dmem the hook gives the
     # ancestors' dmem.min back from the record instead (tests/test_cdi_hook_memory.py).

@@ -13,6 +13,7 @@ import re
 import pytest
 from container_node import Node
 from container_support import Podman, Volume, sections
+from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.quantity import parse_quantity, to_int
@@ -39,7 +40,7 @@ def _info(lines: list[str]) -> dict[str, int]:
 def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_returns(
     node: Node, podman: Podman, driver_stand_in: list[Volume]
 ) -> None:
-    memory = "1Gi"
+    memory = "3Gi"  # two pods' CUDA contexts and their allocations
     cap = to_int(parse_quantity(memory))
     chunk = 64 * MIB
     claim_allocs = [
@@ -53,7 +54,7 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
     physical = 4 * cap
     # The fake driver cannot see device nodes: it shows the GPUs this names, as the nodes would.
     driver_env = {"FAKE_CUDA_MEMORY_BYTES": str(physical), "CUDA_VISIBLE_DEVICES": node.gpus["gpu-0"].uuid}
-    a_chunks = (cap // chunk) * 5 // 8  # well under the cap: all of them succeed
+    a_chunks = (usable(cap, 2) // chunk) * 5 // 8  # well under what two pods can share: all of them succeed
 
     probe_a = sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk} {a_chunks} --hold")
     probe_b = sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk} 0 --hold")
@@ -63,16 +64,20 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
         a_held, a_last = _allocated(a_out)
         assert (a_held, a_last) == (a_chunks * chunk, "CUDA_SUCCESS")
         assert _info(a_out)["total"] == cap, "cuMemGetInfo reports the claim's cap, not the GPU's memory"
+        assert _info(a_out)["free"] == cap - CONTEXT_CHARGE, (
+            "the pod's own CUDA context is charged to the claim"
+        )
 
         # B starts once A holds its memory, and allocates until refused.
         pod_b = pods.enter_context(podman.background(probe_b, ids, driver_stand_in, driver_env))
         b_out = pod_b.read_until("holding")
         b_held, b_last = _allocated(b_out)
         b_info = _info(b_out)
-        assert (b_info["total"], b_info["device_total"], b_info["free"]) == (cap, cap, cap - a_held)
+        free = cap - a_held - 2 * CONTEXT_CHARGE  # less A's memory and both pods' contexts
+        assert (b_info["total"], b_info["device_total"], b_info["free"]) == (cap, cap, free)
         # Together they stop at the claim's cap, and the pod that hits it gets the driver's own error.
         assert b_last == OOM
-        assert cap - chunk < a_held + b_held <= cap
+        assert usable(cap, 2) - chunk < a_held + b_held <= usable(cap, 2)
         assert f"alloc {b_held // chunk} {OOM}" in b_out
 
         killed = pod_a.kill()
@@ -86,8 +91,9 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
             driver_stand_in,
             driver_env,
         ).check()
-        assert _info(after.section("info"))["free"] == cap - b_held
+        left = usable(cap, 2) - b_held  # B's context and the new pod's are charged
+        assert _info(after.section("info"))["free"] == left
         c_held, c_last = _allocated(after.section("alloc"))
         assert c_last == OOM
-        assert c_held == ((cap - b_held) // chunk) * chunk
+        assert c_held == (left // chunk) * chunk
         assert c_held >= a_held, "the killed pod's memory went back to the claim"

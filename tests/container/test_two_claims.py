@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from container_node import Node
 from container_support import Podman, Volume, sections
+from fake_driver import usable
 from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.quantity import parse_quantity, to_int
@@ -51,7 +52,11 @@ def test_a_container_using_two_claims_keeps_both_claims_limits(
     assert not any(
         k.startswith(("DRAGPU_MEMORY", "DRAGPU_CORES", "DRAGPU_LIMITER", "LD_PRELOAD")) for k in result.env()
     )
-    assert result.section("info_a") == [f"total={cap_a} free={cap_a}", f"device_total={cap_a}"]
-    assert result.section("info_b") == [f"total={cap_b} free={cap_b}", f"device_total={cap_b}"]
-    assert result.section("alloc_a")[-1] == f"allocated={cap_a} last=CUDA_ERROR_OUT_OF_MEMORY"
-    assert result.section("alloc_b")[-1] == f"allocated={cap_b} last=CUDA_ERROR_OUT_OF_MEMORY"
+    # Each probe's CUDA context is charged to the claim of its GPU; the rest goes in whole chunks.
+    free_a, free_b = usable(cap_a), usable(cap_b)
+    assert result.section("info_a") == [f"total={cap_a} free={free_a}", f"device_total={cap_a}"]
+    assert result.section("info_b") == [f"total={cap_b} free={free_b}", f"device_total={cap_b}"]
+    allocated_a, allocated_b = free_a // chunk * chunk, free_b // chunk * chunk
+    assert allocated_a != allocated_b, "the two claims' limits must be told apart"
+    assert result.section("alloc_a")[-1] == f"allocated={allocated_a} last=CUDA_ERROR_OUT_OF_MEMORY"
+    assert result.section("alloc_b")[-1] == f"allocated={allocated_b} last=CUDA_ERROR_OUT_OF_MEMORY"

@@ -49,6 +49,8 @@
 #define DL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 #define DL_MAX_DEVICES 16  /* CUDA ordinals and region device entries per process / claim */
+/* contexts.c: a context is charged at most its limits' formula plus this much of what the driver took. */
+#define DL_CTX_SLACK (1ull << 30)
 #define DL_UUID_LEN 48     /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40) + NUL, rounded up */
 #define DL_NO_LIMIT UINT64_MAX
 
@@ -198,6 +200,9 @@ int dl_region_export_again(int dev, int idx, int fd);
 /* Joins the entry of k's memory in dev's region, charging its bytes (*bytes, when not 0, must match) to
  * this process alone, within limit; the entry with *bytes set, or -1: charge the memory as usual. */
 int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint64_t limit);
+/* The largest allocation a process of the claim exports as a descriptor on dev (0: none): what an import
+ * that cannot be told apart from them is charged. Read without the table's lock. */
+uint64_t dl_region_exported_most(int dev);
 /* Ends a hold taken by dl_region_export or dl_region_join; the last holder gives the charge back. */
 void dl_region_leave(int dev, int idx, uint64_t bytes);
 
@@ -325,7 +330,11 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
     X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                \
     X(nvmlDeviceGetMemoryInfo_v2, dl_pfn_nvmlDeviceGetMemoryInfo_v2)
 
-#define DL_NVML_USED(X) X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)
+#define DL_NVML_USED(X)                                                       \
+    X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)                            \
+    X(nvmlInit_v2, dl_pfn_nvmlInit_v2)                                        \
+    X(nvmlShutdown, dl_pfn_nvmlShutdown)                                      \
+    X(nvmlDeviceGetHandleByUUID, dl_pfn_nvmlDeviceGetHandleByUUID)
 
 struct dl_real_cuda {
 #define DL_FIELD(name, type) type name;

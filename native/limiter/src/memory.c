@@ -604,6 +604,21 @@ DL_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
             track_shared(K_HANDLE, *handle, dev, bytes, (uint64_t)idx + 1);
             return r;
         }
+        /* Not proven to be one of the claim's exports (kcmp refused, another PID namespace), yet it may be:
+         * the driver keeps it for this handle whatever the exporter releases, so it is charged now, as the
+         * largest allocation the claim exports there - fail closed: the claim may pay twice, never not at
+         * all. The driver tells no size before a mapping; memory of no export of the claim is charged then. */
+        bytes = dev >= 0 ? dl_region_exported_most(dev) : 0;
+        if (bytes) {
+            struct charge c;
+            if (charge(prop.location.id, bytes, &c) != CUDA_SUCCESS) {
+                (void)dl_cuda.cuMemRelease(*handle);
+                *handle = 0;
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            track(K_HANDLE, *handle, c.dev, c.bytes);
+            return r;
+        }
     }
     dl_rec_put(DL_REC_IMPORT, *handle, -1, 0, (uint64_t)(unsigned)prop.location.id);
     return r;

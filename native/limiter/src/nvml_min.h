@@ -42,5 +42,8 @@ typedef struct {
 typedef nvmlReturn_t (*dl_pfn_nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*dl_pfn_nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
 typedef nvmlReturn_t (*dl_pfn_nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned int);
+typedef nvmlReturn_t (*dl_pfn_nvmlInit_v2)(void);
+typedef nvmlReturn_t (*dl_pfn_nvmlShutdown)(void);
+typedef nvmlReturn_t (*dl_pfn_nvmlDeviceGetHandleByUUID)(const char *, nvmlDevice_t *);
 
 #endif

@@ -819,6 +819,21 @@ static bool same_memory(const struct region_export *x, const struct dl_export_ke
     return false;
 }
 
+uint64_t dl_region_exported_most(int dev) {
+    struct region *g = region_of(dev);
+    uint32_t e = (uint32_t)entry_of(dev);
+    uint64_t most = 0;
+    if (!can_share(g)) return 0;
+    for (int i = 0; i < REGION_EXPORTS; i++) {
+        struct region_export *x = export_at(g, i);
+        int64_t b = __atomic_load_n(&x->bytes, __ATOMIC_RELAXED);
+        if (atomic_load(&x->live) && __atomic_load_n(&x->dev, __ATOMIC_RELAXED) == e && x->kind == DL_EXPORT_FD &&
+            b > 0 && (uint64_t)b > most)
+            most = (uint64_t)b;
+    }
+    return most;
+}
+
 int dl_region_export_again(int dev, int idx, int fd) {
     struct region *g = region_of(dev);
     struct own_export *o = &own_exports[dev / DL_MAX_DEVICES][idx];
@@ -848,14 +863,19 @@ int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint
     if (idx >= 0) {
         /* What this process holds still counts against the limit in its own memory. */
         struct region_export *x = export_at(g, idx);
+        struct own_export *o = &own_exports[r][idx];
         int64_t b = x->bytes, mine = atomic_load(&own_used[dev]);
-        if (limit != DL_NO_LIMIT && (mine < 0 || (uint64_t)b > limit || (uint64_t)mine > limit - (uint64_t)b)) {
+        if (atomic_load(&o->holds) == 0 && limit != DL_NO_LIMIT &&
+            (mine < 0 || (uint64_t)b > limit || (uint64_t)mine > limit - (uint64_t)b)) {
             idx = -1;
         } else {
-            atomic_fetch_add(&own_used[dev], b);
-            struct own_export *o = &own_exports[r][idx];
             if (atomic_load(&o->holds) == 0) o->n_kept = 0; /* keeps no descriptor: it did not export it */
-            if (atomic_fetch_add(&o->holds, 1) == 0) set_holder(x, g->slot);
+            /* One allocation, counted once in this process however many of its handles (the driver returns a
+             * new one per import, its own export's included) hold it. */
+            if (atomic_fetch_add(&o->holds, 1) == 0) {
+                atomic_fetch_add(&own_used[dev], b);
+                set_holder(x, g->slot);
+            }
             *bytes = (uint64_t)b;
         }
     }
@@ -867,14 +887,14 @@ void dl_region_leave(int dev, int idx, uint64_t bytes) {
     struct region *g = region_of(dev);
     int r = dev / DL_MAX_DEVICES;
     if (g->closed || idx < 0 || idx >= REGION_EXPORTS) return;
-    atomic_fetch_sub(&own_used[dev], (int64_t)bytes);
-    if (g->fd < 0) return;
-    int fd = table_lock(g); /* not taken: the hold still goes; a later sweep retires the entry */
-    struct region_export *x = export_at(g, idx);
     struct own_export *o = &own_exports[r][idx];
     int held = atomic_load(&o->holds);
     while (held > 0 && !atomic_compare_exchange_weak(&o->holds, &held, held - 1)) {
     }
+    if (held == 1) atomic_fetch_sub(&own_used[dev], (int64_t)bytes); /* counted once (dl_region_join) */
+    if (g->fd < 0) return;
+    int fd = table_lock(g); /* not taken: the hold still goes; a later sweep retires the entry */
+    struct region_export *x = export_at(g, idx);
     if (held == 1) {
         if (o->n_kept && x->kind == DL_EXPORT_FD) /* no longer descriptors to match imports against */
             for (int i = 0; i < EXPORT_FDS; i++) x->id.fds[i] = -1;

@@ -16,6 +16,9 @@ PRELOAD="${LIMITER_SANITIZER_LIB:+$LIMITER_SANITIZER_LIB }$LIB"
 for v in $(env | sed -n 's/^\(DRAGPU_[A-Za-z0-9_]*\)=.*/\1/p; s/^\(FAKE_CUDA_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 export LD_LIBRARY_PATH="$B/fake"
 export FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000
+# The fake's contexts take what a real one does (549 MB, tests/real-gpu/h100-driver-facts.txt); the tests
+# of other things run with contexts that hold only their limits' memory, those of contexts set their size.
+export FAKE_CUDA_CTX_BYTES=0
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0
 
@@ -71,13 +74,16 @@ run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
 run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
 
 # Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
-for sc in stream-device pool-kept graph capture legacy-abi granularity import ipc ipc-same-claim import-same-claim export-churn; do
+for sc in stream-device pool-kept graph capture legacy-abi granularity import ipc ipc-same-claim import-same-claim export-churn \
+        import-self import-self-no-kcmp; do
     run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
 done
 run "t_paths contexts" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 \
-    FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 "$B/tests/t_paths" contexts
+    FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 FAKE_CUDA_CTX_BYTES=4194304 "$B/tests/t_paths" contexts
 
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
+# Contexts of the real driver's size (the fake's default), under the cap of the first H100 run.
+run "t_multiproc contexts" limited DRAGPU_MEMORY_LIMIT=3000Mi FAKE_CUDA_CTX_BYTES= "$B/tests/t_multiproc" "$B" contexts 3000
 run t_fork limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_fork"
 run t_threads limited DRAGPU_MEMORY_LIMIT=64Mi DRAGPU_CORES_LIMIT=50 "$B/tests/t_threads"
 run t_failopen "$here/t_failopen.sh" "$B" "$PRELOAD"

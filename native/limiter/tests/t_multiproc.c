@@ -12,9 +12,17 @@
  *      as src/dra_gpu/monitor/region.py does it): then it comes back, and only the dead holder's
  *      (skipped where user namespaces are unavailable).
  *
- * usage: t_multiproc <build dir>
+ * With `contexts <cap MiB>` (run under that cap, the fake's contexts of their real size) it checks what the
+ * driver takes for each process's context is charged (tests/real-gpu/h100-driver-facts.txt: 549 MB on an
+ * H100), so that the claim's account matches what nvidia-smi shows:
+ *
+ *   5. one process alone can allocate the cap less one context, short of it by at most one chunk;
+ *   6. two processes together the cap less two contexts; when one is killed, its context comes back.
+ *
+ * usage: t_multiproc <build dir> [contexts <cap MiB>]
  */
 #include "check.h"
+#include "fake_common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +37,7 @@ static char probe[4096];
 struct proc {
     pid_t pid;
     int out;
-    char buf[8192];
+    char buf[65536]; /* a probe prints a line per allocation */
     size_t len;
 };
 
@@ -143,9 +151,42 @@ static int have_user_pid_namespaces(void) {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+/* 5 and 6: every process's context is charged what the driver took for it. */
+static int contexts(unsigned long long cap) {
+    const unsigned long long ctx = fake_context_bytes(), chunk = 2 * MiB;
+    CHECK(ctx > chunk && cap > 2 * ctx + GiB, "a context of %llu bytes under a cap of %llu", ctx, cap);
+    struct proc one, holder, other;
+    char *fill_argv[] = {probe, "alloc", "2097152", NULL};
+    run_probe(&one, fill_argv);
+    unsigned long long alone = field(one.buf, "allocated=");
+    CHECK(alone <= cap - ctx, "one process allocated %llu MiB of %llu: more than the cap less its context (%llu bytes)",
+          alone / MiB, cap / MiB, ctx);
+    CHECK(alone + chunk >= cap - ctx, "one process allocated only %llu MiB of %llu", alone / MiB, cap / MiB);
+
+    char *hold_argv[] = {probe, "alloc", "67108864", "16", "--hold", NULL};
+    start(&holder, hold_argv);
+    CHECK(read_until(&holder, "holding"), "holder did not get to hold:\n%s", holder.buf);
+    CHECK_EQ_U64(field(holder.buf, "allocated="), GiB);
+    run_probe(&other, fill_argv);
+    unsigned long long together = GiB + field(other.buf, "allocated=");
+    CHECK(together <= cap - 2 * ctx,
+          "two processes allocated %llu MiB of %llu: more than the cap less their two contexts (%llu bytes each)",
+          together / MiB, cap / MiB, ctx);
+    CHECK(together + 2 * chunk >= cap - 2 * ctx, "two processes allocated only %llu MiB of %llu", together / MiB,
+          cap / MiB);
+    finish(&holder, 1);
+    run_probe(&one, fill_argv);
+    CHECK_EQ_U64(field(one.buf, "allocated="), alone);
+    printf("t_multiproc contexts: %llu MiB alone, %llu MiB for two processes under %llu MiB (context %llu bytes)\n",
+           alone / MiB, together / MiB, cap / MiB, ctx);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: t_multiproc <build dir>");
+    CHECK(argc == 2 || (argc == 4 && strcmp(argv[2], "contexts") == 0),
+          "usage: t_multiproc <build dir> [contexts <cap MiB>]");
     snprintf(probe, sizeof probe, "%s/limiter-probe", argv[1]);
+    if (argc == 4) return contexts(strtoull(argv[3], NULL, 10) * MiB);
 
     /* 1. holder + second process */
     struct proc holder, other;

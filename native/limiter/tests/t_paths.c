@@ -26,8 +26,14 @@
  *                  descriptor) and freeing at once: nothing is left charged and the whole limit is free after
  */
 #include "device.h"
+#include "fake_common.h"
 #include <pthread.h>
 #include <signal.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -306,8 +312,11 @@ static void granularity(void) {
 
 static void contexts(void) {
     /* A context of the fake's limits (1 KiB stack x 132 SMs x 2048 threads, 8 MiB heap, 1 MiB FIFO): 273 MiB,
-     * 274 MiB in whole granules. */
-    const uint64_t ctx_bytes = 274 * MiB;
+     * 274 MiB in whole granules, and what the driver takes besides (FAKE_CUDA_CTX_BYTES, measured by the
+     * limiter as the drop in free memory, and kept through cuCtxSetLimit). */
+    const uint64_t ctx_bytes = 274 * MiB + fake_context_bytes();
+    CHECK(fake_context_bytes() % (2 * MiB) == 0 && fake_context_bytes() <= 16 * MiB,
+          "run with FAKE_CUDA_CTX_BYTES a whole number of granules, 16 MiB at most");
     HOLDS(ctx_bytes, ctx_bytes); /* the two primary contexts */
     CUcontext c1, c2, c3;
     CHECK_CU(cuCtxCreate_v4(&c1, NULL, 0, 0), CUDA_SUCCESS);
@@ -726,6 +735,62 @@ static void export_churn(void) {
     CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
 }
 
+/* As a container runtime's default seccomp profile does without CAP_SYS_PTRACE: kcmp fails with EPERM. */
+static void refuse_kcmp(void) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = (unsigned short)(sizeof f / sizeof f[0]), .filter = f};
+    CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0,
+          "seccomp");
+}
+
+/* The process imports its own export (the driver returns a new handle, which keeps the allocation) and
+ * releases the original, never mapping the import: what the new handle keeps stays charged, so that
+ * repeating it cannot hold more than the limit. With kcmp the import is proven to be the export (charged
+ * once); without, it is charged at import as well (the claim pays twice while both handles live). */
+static void import_unmapped(bool kcmp) {
+    if (!kcmp) refuse_kcmp();
+    CUmemAllocationProp prop = device0_prop();
+    CUmemGenericAllocationHandle own[3], imported[3];
+    int fd[3];
+    for (int i = 0; i < 2; i++) {
+        CHECK_CU(cuMemCreate(&own[i], 512 * MiB, &prop, 0), CUDA_SUCCESS);
+        CHECK_CU(cuMemExportToShareableHandle(&fd[i], own[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CUDA_SUCCESS);
+        if (!kcmp && i == 1) {
+            /* 512 MiB kept by the first import, 512 MiB here: a second charge does not fit. */
+            CHECK_CU(cuMemImportFromShareableHandle(&imported[i], (void *)(intptr_t)fd[i],
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                     CUDA_ERROR_OUT_OF_MEMORY);
+            CHECK_CU(cuMemRelease(own[i]), CUDA_SUCCESS);
+            close(fd[i]);
+            HOLDS(512 * MiB, 0);
+            break;
+        }
+        CHECK_CU(cuMemImportFromShareableHandle(&imported[i], (void *)(intptr_t)fd[i],
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                 CUDA_SUCCESS);
+        CHECK(imported[i] != own[i], "the driver returns a new handle per import");
+        CHECK_EQ_U64(fakecuda_used_bytes(0), (uint64_t)(i + 1) * 512 * MiB);
+        CHECK_EQ_U64(accounted(0), (uint64_t)(i + (kcmp ? 1 : 2)) * 512 * MiB);
+        CHECK_CU(cuMemRelease(own[i]), CUDA_SUCCESS);
+        HOLDS((uint64_t)(i + 1) * 512 * MiB, 0); /* the import keeps it */
+        close(fd[i]);
+    }
+    if (kcmp) {
+        REFUSED(cuMemCreate(&own[2], 512 * MiB, &prop, 0), "cuMemCreate"); /* the limit is held by imports */
+        CHECK_CU(cuMemRelease(imported[1]), CUDA_SUCCESS);
+    }
+    CHECK_CU(cuMemRelease(imported[0]), CUDA_SUCCESS);
+    HOLDS(0, 0);
+}
+static void import_self(void) { import_unmapped(true); }
+static void import_self_no_kcmp(void) { import_unmapped(false); }
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: t_paths <scenario>");
     static const struct {
@@ -735,7 +800,8 @@ int main(int argc, char **argv) {
                      {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
                      {"contexts", contexts},           {"import", import},
                      {"ipc", ipc},                     {"ipc-same-claim", ipc_same_claim},
-                     {"import-same-claim", import_same_claim}, {"export-churn", export_churn}};
+                     {"import-same-claim", import_same_claim}, {"export-churn", export_churn},
+                     {"import-self", import_self}, {"import-self-no-kcmp", import_self_no_kcmp}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

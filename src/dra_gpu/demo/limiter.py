@@ -38,6 +38,7 @@ class LimiterRun:
     refused_error: str = ""
     allocated_bytes: int = 0
     reported_total: int | None = None
+    reported_free: int | None = None
 
 
 def _is_build(path: Path) -> bool:
@@ -68,6 +69,11 @@ def probe_environment(view: ContainerView, build: Path) -> dict[str, str]:
 
 def _total(output: str) -> int | None:
     found = re.search(r"\btotal=(\d+)", output)
+    return int(found.group(1)) if found else None
+
+
+def _free(output: str) -> int | None:
+    found = re.search(r"\bfree=(\d+)", output)
     return int(found.group(1)) if found else None
 
 
@@ -113,10 +119,17 @@ def run_limiter_probe(build: Path | None, view: ContainerView | None, workdir: P
         return LimiterRun(False, [*run.lines, f"the probe failed to start: {problem[0]}"])
     device = _total(bare.stdout)
     run.reported_total = _total(info.stdout)
+    run.reported_free = _free(info.stdout)
     if device is not None and run.reported_total is not None:
         run.lines.append(
             f"$ limiter-probe info -> without the limiter the (fake) GPU has {format_quantity(device)}; "
             f"under it the program sees {format_quantity(run.reported_total)}"
+        )
+    if run.reported_total is not None and run.reported_free is not None:
+        # The claim's cap includes the process's CUDA context, charged what the driver took for it.
+        run.lines.append(
+            f"  of which its own CUDA context already holds "
+            f"{format_quantity(run.reported_total - run.reported_free)}"
         )
     run.lines.append(
         f"$ limiter-probe alloc {format_quantity(CHUNK)} {MAX_CHUNKS}  (cuMemAlloc_v2 in 1Gi chunks)"

@@ -101,7 +101,8 @@ class Monitor:
         context_allowance: int = CONTEXT_ALLOWANCE,
     ) -> None:
         self.context_allowance = context_allowance
-        """What NVML may count per process beyond what the limiter charges (its CUDA context)."""
+        """What NVML may count per process beyond what its claim was charged (context memory; see
+        `CONTEXT_ALLOWANCE`)."""
         self._store = store
         self._claims_dir = claims_dir
         self._gpus = gpus
@@ -384,13 +385,14 @@ class Monitor:
     def _mismatch(
         self, h: Held, procs: list[tuple[int, int, bool | None]], region: int, used: int
     ) -> Violation:
-        """The claim's region says less than NVML by more than its processes' contexts: reported on its
-        largest process, never acted on."""
+        """The claim's region (which holds its processes' contexts) says less than NVML by more than the
+        allowance per process: reported on its largest process, never acted on."""
         pid = max(procs, key=lambda p: p[1])[0]
         pod, ref, start = self._seen_as[pid]
         detail = (
             f"the claim's limiter region accounts {region} bytes on this GPU but NVML counts {used} bytes for its "
-            f"{len(procs)} processes, more than their contexts ({self.context_allowance} bytes each) explain"
+            f"{len(procs)} processes, more than what their contexts may hold beyond their charge "
+            f"({self.context_allowance} bytes each) explains"
         )
         return Violation(
             Reason.MISMATCH,

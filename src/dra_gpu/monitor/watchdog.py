@@ -4,13 +4,13 @@ Its truth is the driver's: NVML's per-process memory, mapped to pods and contain
 the region a tenant can write. It acts only on GPUs this driver allocated. Three ways out of a share:
 
 - `MemoryOverLimit`: the claim's processes on a GPU use more memory than the claim was given (plus an
-  allowance per process for the CUDA context, which NVML counts and the limiter does not);
+  allowance per process for context memory NVML counts and no limit was charged: see CONTEXT_ALLOWANCE);
 - `GpuNotAllocated`: a process of a pod with claims of this driver uses a GPU this driver allocated to
   another claim, and none of its container's claims holds;
 - `LimiterMissing`: a process of a Limiter claim runs without the limiter library mapped (a static
   binary, a program that skips the dynamic loader, a container started before the CDI edits).
 
-A claim whose region says less than NVML by more than its processes' contexts is reported as
+A claim whose region says less than NVML by more than that allowance per process is reported as
 `AccountingMismatch` (never terminated: the region is only evidence that someone rewrote it).
 
 Each new violation becomes a Warning event on the claim and on the pod and a metric. Under the
@@ -41,8 +41,14 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "dra-gpu-kubelet-plugin"
 CONTEXT_ALLOWANCE = 2 * 2**30
-"""Memory NVML counts for a process's CUDA context and the limiter never charges: a bare context took
-518 MiB on an H100 and a PyTorch process's is larger, so well above both (`Monitor(context_allowance=)`)."""
+"""What NVML may count for a process beyond what its claim was charged, per process
+(`Monitor(context_allowance=)`). NVML's per-process usage includes the process's CUDA context. Under the
+limiter the claim's limit C already holds each context, charged what the driver took for it (549 MB on an
+H100), so the region and the limit compare like with like and this covers only what a context holds beyond
+its charge: module code loaded later (a PyTorch process's context grows well past a bare one), a charge
+measured while another process freed memory (then only the context's limits' memory). A claim without the
+limiter (time-sliced, MPS) and a process that skipped it are charged no context at all: this covers a whole
+one. 2 GiB is well above a bare context and a PyTorch one."""
 GRACE_S = 10.0
 """Between SIGTERM and SIGKILL."""
 

@@ -8,6 +8,9 @@
  *   FAKE_CUDA_WAVE_NS        simulated time of one wave of blocks, ns (default 10000)
  *   FAKE_CUDA_DRIVER_VERSION value of cuDriverGetVersion (default 13000)
  *   FAKE_CUDA_EVENT_CREATE_FAILS  1: cuEventCreate answers CUDA_ERROR_OUT_OF_MEMORY (default 0)
+ *   FAKE_CUDA_CTX_BYTES      device memory a context (primary or created) takes besides its limits' stack,
+ *                            heap and FIFO (default 548995072: what a context took on an H100, driver 580,
+ *                            tests/real-gpu/h100-driver-facts.txt)
  *   FAKE_CUDA_REAL_TIMING    1: the real H100's launch latency, event ticks and host costs (default 0)
  */
 #ifndef FAKE_COMMON_H
@@ -74,6 +77,9 @@ static inline int fake_device_count(void) {
     uint64_t n = fake_env_u64("FAKE_CUDA_DEVICE_COUNT", 1);
     return n < 1 ? 1 : n > FAKE_MAX_DEVICES ? FAKE_MAX_DEVICES : (int)n;
 }
+
+#define FAKE_CONTEXT_BYTES_DEFAULT 548995072ull
+static inline uint64_t fake_context_bytes(void) { return fake_env_u64("FAKE_CUDA_CTX_BYTES", FAKE_CONTEXT_BYTES_DEFAULT); }
 
 static inline uint64_t fake_memory_bytes(void) { return fake_env_u64("FAKE_CUDA_MEMORY_BYTES", 80ull << 30); }
 

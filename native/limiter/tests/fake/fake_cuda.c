@@ -109,8 +109,9 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 #define MAGIC_POOL 0x504f4f31u
 #define MAGIC_ARRAY 0x41525231u
 
-/* A context holds device memory for its limits (cuCtxSetLimit): the stack of every thread the device can
- * hold resident, the malloc heap and the printf FIFO. gen is bumped when the context is destroyed. */
+/* A context holds device memory: FAKE_CUDA_CTX_BYTES of its own (the real driver's 549 MB by default) and
+ * what its limits (cuCtxSetLimit) need: the stack of every thread the device can hold resident, the malloc
+ * heap and the printf FIFO. gen is bumped when the context is destroyed. */
 struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
 struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx;
                      pthread_t owner; int invalidated; /* the thread that began its capture; the capture is invalid */ };
@@ -153,6 +154,7 @@ static struct {
     int event_create_fails;
     int real_timing; /* FAKE_CUDA_REAL_TIMING: the H100's launch latency, event ticks and host costs */
     uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
+    uint64_t ctx_base;                      /* what a context holds besides its limits' memory */
 } G;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -172,6 +174,7 @@ static void load_config(void) {
     G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
     G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
     G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
+    G.ctx_base = fake_context_bytes();
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) {
         devices[i].primary = (struct CUctx_st){.magic = MAGIC_CTX, .device = i};
         devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i, 0, 0, 0};
@@ -241,6 +244,7 @@ struct alloc {
     uint64_t handle; /* A_MAP: the handle mapped */
     int refs;        /* A_HANDLE: the handle's own reference and retains (cuMemRelease drops one) */
     int maps;        /* A_HANDLE: mappings */
+    uint64_t alias;  /* A_HANDLE: a handle imported in the exporting process: the allocation it refers to */
 };
 static struct alloc *allocs;
 static size_t allocs_cap, allocs_used;
@@ -744,7 +748,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
 }
 
 static uint64_t ctx_bytes(uint64_t stack, uint64_t heap, uint64_t fifo) {
-    return granules(stack * G.sms * THREADS_PER_SM + heap + fifo);
+    return G.ctx_base + granules(stack * G.sms * THREADS_PER_SM + heap + fifo);
 }
 
 /* Takes a context's memory for limits (stack, heap, fifo): CUDA_ERROR_OUT_OF_MEMORY when the device cannot
@@ -1351,7 +1355,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 
 /* Shareable handles (POSIX file descriptors): the descriptor is a memfd naming the allocation (the exporting
  * process, its handle, device and size). Imported in the exporting process, it is the same allocation
- * (another reference to it); imported in another process, this fake accounts the allocation's memory to the
+ * (the real driver returns a new handle per import, even here: one more reference to the allocation, held
+ * until the new handle is released and unmapped); imported in another process, this fake accounts the allocation's memory to the
  * importing process's device as well, from its first mapping there (handle = 1 until then), so that each
  * process's view holds what it uses. */
 struct shared_alloc { int pid; uint64_t handle; int device; uint64_t size; };
@@ -1392,7 +1397,14 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
     struct alloc *a = sa.pid == getpid() ? alloc_find(sa.handle, A_HANDLE) : NULL;
     if (a) {
         a->refs++;
-        *h = sa.handle;
+        uint64_t key = next_handle++;
+        if (alloc_put((struct alloc){.key = key, .device = sa.device, .kind = A_HANDLE, .size = sa.size, .refs = 1,
+                                     .alias = sa.handle}) != 0) {
+            alloc_find(sa.handle, A_HANDLE)->refs--;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *h = key;
+        }
     } else if (sa.pid == getpid()) {
         r = CUDA_ERROR_INVALID_VALUE; /* released since */
     } else {
@@ -1485,7 +1497,7 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     struct alloc *a = alloc_find(h, A_HANDLE);
-    int device = a ? a->device : 0, on_device = a && (a->bytes || a->handle == 1);
+    int device = a ? a->device : 0, on_device = a && (a->bytes || a->handle == 1 || a->alias);
     pthread_mutex_unlock(&mu);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     memset(prop, 0, sizeof *prop);
@@ -1500,6 +1512,11 @@ static void handle_settle(struct alloc *a) {
     if (a->refs > 0 || a->maps > 0) return;
     devices[a->device].used -= a->bytes;
     a->kind = -1;
+    struct alloc *of = a->alias ? alloc_find(a->alias, A_HANDLE) : NULL;
+    if (of) {
+        of->refs--;
+        handle_settle(of);
+    }
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {

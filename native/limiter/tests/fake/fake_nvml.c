@@ -20,7 +20,7 @@ struct nvmlDevice_st {
     int index;
 };
 static struct nvmlDevice_st handles[FAKE_MAX_DEVICES];
-static int initialized;
+static int initialized; /* nvmlInit* calls not yet shut down: NVML counts them */
 
 static nvmlReturn_t device_index(nvmlDevice_t d, int *i) {
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
@@ -31,7 +31,7 @@ static nvmlReturn_t device_index(nvmlDevice_t d, int *i) {
 
 static nvmlReturn_t init(void) {
     for (int i = 0; i < FAKE_MAX_DEVICES; i++) handles[i] = (struct nvmlDevice_st){MAGIC, i};
-    initialized = 1;
+    initialized++;
     return NVML_SUCCESS;
 }
 
@@ -43,7 +43,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
-    initialized = 0;
+    initialized--;
     return NVML_SUCCESS;
 }
 
