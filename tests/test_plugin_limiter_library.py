@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_driver import CONTEXT_BYTES, CONTEXT_CHARGE
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, running_plugin, uid_of
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT, LIMITS_FILE
+from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.limiter
 
@@ -165,7 +167,18 @@ def test_whatever_prepare_accepts_the_library_loads(
         result = run_in_container(library, spec, uid_of(claim), gpus)
         assert result.returncode == 0, result.stderr
         assert "error" not in result.stderr, result.stderr
-        assert result.stdout.splitlines()[0] == f"total={total} free={total}", result.stdout + result.stderr
+        # Free is what the probe's own context leaves: its charge under a limit, what the driver took without.
+        # The library's no-limit value is the largest byte count; without any limit it charges nothing.
+        override = claim_args.get("memoryLimit")
+        limited = (
+            any(a.consumed for a in claim_args["allocs"])
+            if override is None
+            else to_int(parse_quantity(override)) < 2**64 - 1
+        )
+        context = CONTEXT_CHARGE if limited else CONTEXT_BYTES
+        assert result.stdout.splitlines()[0] == f"total={total} free={total - context}", (
+            result.stdout + result.stderr
+        )
         assert kubelet.unprepare(claim) == {uid_of(claim): ""}
         kubelet.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from pathlib import Path
 
 import pytest
 from container_node import Node
@@ -16,6 +17,8 @@ from container_support import Podman, Volume, sections
 from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
+from dra_gpu.monitor.cgroup import ProcReader
+from dra_gpu.monitor.region import hand_back, unlocked_slots
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.container
@@ -37,6 +40,13 @@ def _info(lines: list[str]) -> dict[str, int]:
     return {k: int(v) for line in lines for k, v in re.findall(r"(\w+)=(\d+)", line)}
 
 
+def agent_pass(state_dir: Path) -> int:
+    """What the node agent's monitor does on every sample: hands back the slots of processes gone."""
+    slots = unlocked_slots(state_dir)
+    index = ProcReader().process_index()
+    return hand_back(state_dir, [s for s in slots if index.alive(s[1]) is False])
+
+
 def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_returns(
     node: Node, podman: Podman, driver_stand_in: list[Volume]
 ) -> None:
@@ -50,7 +60,8 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
             consumed={"memory": memory, "cores": "50"},
         )
     ]
-    _, ids = node.prepare("pooled", claim_allocs, gpu_config("Limiter"))
+    claim, ids = node.prepare("pooled", claim_allocs, gpu_config("Limiter"))
+    state_dir = node.claim_dir(claim) / "limiter"
     physical = 4 * cap
     # The fake driver cannot see device nodes: it shows the GPUs this names, as the nodes would.
     driver_env = {"FAKE_CUDA_MEMORY_BYTES": str(physical), "CUDA_VISIBLE_DEVICES": node.gpus["gpu-0"].uuid}
@@ -68,6 +79,9 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
             "the pod's own CUDA context is charged to the claim"
         )
 
+        # The node agent's pass (every sample of its monitor) hands back the slot of A's `info` process: a
+        # container in another PID namespace could not prove it gone.
+        agent_pass(state_dir)
         # B starts once A holds its memory, and allocates until refused.
         pod_b = pods.enter_context(podman.background(probe_b, ids, driver_stand_in, driver_env))
         b_out = pod_b.read_until("holding")
@@ -84,6 +98,7 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
         assert killed != 0, "pod A ran until killed"
         assert pod_b.proc.poll() is None, "pod B still holds its memory"
 
+        agent_pass(state_dir)
         # A new pod of the claim gets exactly what the killed one held: the cap is still shared with B.
         after = podman.run(
             sections(info="limiter-probe info", alloc=f"limiter-probe alloc {chunk}"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from container_node import Limiter, Node, make_device_nodes, plugin_node
 from container_support import Podman, Result, Volume, mount_options, sections
-from fake_driver import usable
+from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.monitor.region import REGION_FILE
@@ -142,7 +142,7 @@ def test_time_sliced_container_is_capped_to_the_memory_it_was_charged_and_gets_n
     assert CONTAINER_PIPE_DIR not in _mount_points(result)
     # A memory budget of what the scheduler charged, no compute cap; every process loads the library.
     assert result.section("limits")[-1] == f"device={gpu.uuid} memory={cap} cores=100"
-    assert result.section("probe") == [f"total={cap} free={cap}", f"device_total={cap}"]
+    assert result.section("probe") == [f"total={cap} free={cap - CONTEXT_CHARGE}", f"device_total={cap}"]
 
 
 def test_mps_client_gets_the_pipe_directory_and_limits_from_the_claims_capacity(
