@@ -96,7 +96,8 @@ static const char *op_names[] = {
     "cuMemPoolGetAttribute", "cuDeviceGetGraphMemAttribute", "cuMemPoolTrimTo",
     "cuDeviceGraphMemTrim",  NULL /* cuStreamGetCaptureInfo */, "cuCtxPushPop",
     "cuMemAllocAsync.capturing", NULL /* cuMemcpyHtoD */, "cuPointerGetAttribute",
-    "cuEventSynchronize.side",
+    "cuEventSynchronize.side", "cuStreamGetDevice.capturing", "cuStreamGetCtx.capturing",
+    "cuStreamIsCapturing.capturing", "cuCtxGetDevice",
 };
 #define N_OPS ((int)(sizeof op_names / sizeof op_names[0]))
 
@@ -150,6 +151,19 @@ static CUresult run_op(int op, CUstream cap) {
         return cuPointerGetAttribute(&o, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, held);
     }
     case 21: return cuEventSynchronize(ev_side);
+    case 22: {
+        CUdevice d;
+        return cuStreamGetDevice(cap, &d);
+    }
+    case 23: return cuStreamGetCtx(cap, &c);
+    case 24: {
+        CUstreamCaptureStatus st;
+        return cuStreamIsCapturing(cap, &st);
+    }
+    case 25: {
+        CUdevice d;
+        return cuCtxGetDevice(&d);
+    }
     }
     return CUDA_ERROR_INVALID_VALUE;
 }

@@ -1837,18 +1837,21 @@ static CUresult stream_sync(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-/* Asking a capturing stream for its device: the real H100 (driver 580, its own error log, CUDA_LOG_FILE) answered
- * cuStreamGetDevice on a stream capturing in global or thread-local mode with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
- * and invalidated the capture; every later call on that stream in the capture (cuStreamGetCtx, cuMemAllocAsync)
- * returned CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. The fake does so in every mode and from every thread (relaxed
- * mode and other threads were not seen: the stricter rule). cuStreamGetCtx on a capturing stream was not isolated
- * (it was only seen after the capture was already invalid): the fake treats it the same way, conservatively.
- * Whether the call fails; CUDA_SUCCESS when the stream is not capturing. */
+/* Asking a capturing stream for its device: the real H100 (driver 580) answers cuStreamGetDevice on a capturing
+ * stream with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, in every mode and from any thread
+ * (tests/real-gpu/h100-driver-facts.txt); every later call on that stream in the capture returns
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (the driver's own error log, CUDA_LOG_FILE). cuStreamGetCtx,
+ * cuStreamIsCapturing and cuCtxGetDevice are allowed. Whether the call fails; CUDA_SUCCESS when it may go on. */
 static CUresult stream_query_in_capture(CUstream s) {
     if (!s || !s->capturing) return CUDA_SUCCESS;
     if (s->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     s->invalidated = 1;
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/* What a call that is allowed during capture gets on a capture already invalidated. */
+static CUresult stream_in_invalid_capture(CUstream s) {
+    return s && s->capturing && s->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 
 static CUresult stream_get_device(CUstream s, CUdevice *d) {
@@ -1864,7 +1867,7 @@ static CUresult stream_get_device(CUstream s, CUdevice *d) {
 static CUresult stream_get_ctx(CUstream s, CUcontext *c) {
     CHECK(!s);
     if (!c || !valid_stream(s)) return CUDA_ERROR_INVALID_VALUE;
-    CUresult q = stream_query_in_capture(s);
+    CUresult q = stream_in_invalid_capture(s);
     if (q != CUDA_SUCCESS) return q;
     *c = s ? s->ctx : current();
     return CUDA_SUCCESS;
