@@ -145,6 +145,8 @@ def claim_env(built: Path) -> Iterator[tuple[dict[str, str], object]]:
                     "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),
                 },
                 CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
+                # About slots, not contexts: a context of no size keeps the figures those of the allocations.
+                FAKE_CUDA_CTX_BYTES="0",
             )
             yield env, plugin
             kubelet.close()

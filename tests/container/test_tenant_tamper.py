@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from container_node import Node
 from container_support import Podman, Result, Volume, sections
+from fake_driver import usable
 from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT
@@ -76,7 +77,7 @@ def _prepare(
 def test_a_tenant_cannot_delete_replace_or_reset_the_region(
     node: Node, podman: Podman, driver_stand_in: list[Volume]
 ) -> None:
-    claim, ids, cap, env = _prepare(node, "tamper-region", "01", "512Mi")
+    claim, ids, cap, env = _prepare(node, "tamper-region", "01", "1Gi")
     region = f"{CONTAINER_CLAIMS_ROOT}/{claim['metadata']['uid']}/limiter/{REGION}"
     chunk = 64 * MIB
     host_region = node.claim_dir(claim) / "limiter" / REGION
@@ -103,7 +104,7 @@ def test_a_tenant_cannot_delete_replace_or_reset_the_region(
     assert tries.section("beside")[-1] == "refused", "nothing can be added beside the region"
     # Still the agent's file, and the claim's account: the cap holds.
     assert (host_region.stat().st_ino, host_region.stat().st_size) == (made.st_ino, made.st_size)
-    assert _allocated(tries.section("alloc")) == (cap, OOM)
+    assert _allocated(tries.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
 
     # Truncating it works (the file is every UID's to write); the next process refuses everything
     # rather than starting a fresh account, and says why in one line.
@@ -114,9 +115,11 @@ def test_a_tenant_cannot_delete_replace_or_reset_the_region(
         ids,
         driver_stand_in,
         env,
-    ).check()
+    )
     assert reset.section("truncate") == ["truncated"]
-    assert _allocated(reset.section("alloc")) == (0, OOM)
+    # Not even the process's context is admitted: the probe cannot set up the device, and allocates nothing.
+    assert reset.returncode != 0 and "cannot set up CUDA device 0: CUDA_ERROR_OUT_OF_MEMORY" in reset.stderr
+    assert "allocated=" not in "\n".join(reset.section("alloc"))
     assert "refusing allocations" in reset.stderr, reset.stderr
     assert host_region.stat().st_size == 0, "the library never makes a fresh account in its place"
 
@@ -124,7 +127,7 @@ def test_a_tenant_cannot_delete_replace_or_reset_the_region(
 def test_a_forged_limits_file_never_raises_the_limit(
     node: Node, podman: Podman, driver_stand_in: list[Volume]
 ) -> None:
-    _, ids, cap, env = _prepare(node, "forged-limits", "02", "256Mi")
+    _, ids, cap, env = _prepare(node, "forged-limits", "02", "1Gi")
     gpu = node.gpus["gpu-0"].uuid
     chunk = 64 * MIB
     forged_dir = f"{CONTAINER_CLAIMS_ROOT}/000-forged"
@@ -148,7 +151,7 @@ def test_a_forged_limits_file_never_raises_the_limit(
         env,
     ).check()
     assert tenant.section("forge")[-1] == "refused"
-    assert _allocated(tenant.section("alloc")) == (cap, OOM)
+    assert _allocated(tenant.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
 
     # As the container's root, which can write it: the library does not trust a file it did not get from
     # the agent's read-only mount - it says so in one line and never allocates past the claim's cap.
