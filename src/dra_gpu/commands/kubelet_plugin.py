@@ -14,6 +14,7 @@ from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
 from dra_gpu.inventory.capabilities import find_limit_hook
+from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
 from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.plugin.driver_root import load_nvml
@@ -200,8 +201,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --sharing {args.sharing!r}: {unknown}", file=sys.stderr)
         inventory.close()
         return 2
-    from dra_gpu.kube.client import KubeClient, KubeConfigError
-
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
     except KubeConfigError as exc:
