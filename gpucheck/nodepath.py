@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     from dra_gpu.demo.kubelet import KubeletStandIn
     from dra_gpu.inventory import open_inventory
     from dra_gpu.kube.fake import FakeKube
-    from dra_gpu.plugin import KubeletPlugin, PluginConfig
+    from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
     from dra_gpu.plugin.commands import NvidiaCommands
     from dra_gpu.plugin.sharing.device_access import device_uuids
     from dra_gpu.plugin.sharing.limiter import host_environment_of
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="gcn-", dir="/tmp"))  # unix socket paths must stay short
     details: list[str] = []
     figures: dict[str, Any] = {"cap_bytes": cap, "cores": cores}
-    config = PluginConfig(
+    config = NodeAgentConfig(
         node_name=NODE,
         state_dir=root / "state",
         cdi_dir=root / "cdi",
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
     if gpu is None:
         return _result("fail", "the NVML inventory has no GPU", figures, details)
     api = FakeKube()
-    plugin = KubeletPlugin(
+    plugin = NodeAgent(
         config, api, inventory, NvidiaCommands(isolate_shm=True), sharing=NodeSharing.parse("*=Shared")
     )
     plugin.start()

@@ -20,7 +20,7 @@ from plugin_harness import NODE, PROFILE, PluginDirs
 from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin import KubeletPlugin
+from dra_gpu.node_agent import NodeAgent
 
 GiB = 2**30
 
@@ -87,11 +87,11 @@ def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:
 @contextlib.contextmanager
 def plugin_with_nvml(
     dirs: PluginDirs, api: FakeKube, proc_root: Path, interval_s: float = 3600.0, publish_slices: bool = False
-) -> Iterator[tuple[KubeletPlugin, fake_pynvml.FakeDriver]]:
+) -> Iterator[tuple[NodeAgent, fake_pynvml.FakeDriver]]:
     inventory = SimulatedInventory(PROFILE, seed=NODE)
     driver = fake_driver(inventory)
     fake_pynvml.install(driver)
-    plugin = KubeletPlugin(
+    plugin = NodeAgent(
         dirs.config(http_address="127.0.0.1:0", monitor_interval_s=interval_s, proc_root=proc_root),
         api,
         inventory,

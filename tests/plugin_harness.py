@@ -5,7 +5,7 @@
 - ``add_claim`` / ``Alloc`` / ``gpu_config`` / ``opaque``: allocated ResourceClaims in the API fake,
   shaped as a real API server returns them after scheduling.
 - ``Kubelet``: the kubelet's side of the sockets, over real gRPC: registration, prepare, unprepare.
-- ``running_plugin``: the plugin in-process (``KubeletPlugin``) as a context manager.
+- ``running_plugin``: the node agent in-process (``NodeAgent``) as a context manager.
 - ``PluginProcess``: the plugin in its own process, which a test can kill at a named step of
   prepare/unprepare (``--crash-at``) and start again. The process reads the cluster from a JSON
   snapshot (``SnapshotKube``) that the test rewrites between runs, since an in-memory fake cannot be
@@ -38,7 +38,8 @@ from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import Inventory, SimulatedInventory
 from dra_gpu.kube import KubeAPI, NotFound
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin import KubeletPlugin, PluginConfig
+from dra_gpu.monitor import Monitor
+from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
 from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.prepare import FaultHook
@@ -85,7 +86,7 @@ class PluginDirs:
             dirs.limiter_library.write_bytes(b"\x7fELF stand-in for the limiter library\n")
         return dirs
 
-    def config(self, node_name: str = NODE, **overrides: Any) -> PluginConfig:
+    def config(self, node_name: str = NODE, **overrides: Any) -> NodeAgentConfig:
         values: dict[str, Any] = {
             "node_name": node_name,
             "state_dir": self.state_dir,
@@ -98,7 +99,7 @@ class PluginDirs:
             "boot_id": "boot-1",
         }
         values.update(overrides)
-        return PluginConfig(**values)
+        return NodeAgentConfig(**values)
 
     @property
     def registration_socket(self) -> Path:
@@ -344,11 +345,11 @@ def running_plugin(
     publish_slices: bool = False,
     sharing: str = "*=Shared",
     **config: Any,
-) -> Iterator[KubeletPlugin]:
-    """`config` overrides PluginConfig fields (see `PluginDirs.config`)."""
+) -> Iterator[NodeAgent]:
+    """The node agent around the plugin; `config` overrides NodeAgentConfig fields (see `PluginDirs.config`)."""
     inventory = inventory or SimulatedInventory(PROFILE, seed=NODE)
     commands = commands or SimulatedCommands(state_file=dirs.simulated_state)
-    plugin = KubeletPlugin(
+    plugin = NodeAgent(
         dirs.config(**config),
         api,
         inventory,
@@ -362,6 +363,12 @@ def running_plugin(
         yield plugin
     finally:
         plugin.stop(grace_s=0.5)
+
+
+def monitor_of(agent: NodeAgent) -> Monitor:
+    """The agent's usage monitor (the test's config turns it on)."""
+    assert agent.monitor is not None, "the usage monitor is off"
+    return agent.monitor
 
 
 # -- the plugin as a process -------------------------------------------------------------------------
@@ -519,7 +526,7 @@ def _serve(args: argparse.Namespace) -> int:
             mps_cgroup=Path(args.mps_cgroup) if args.mps_cgroup else None,
             timeout_s=10,
         )
-    plugin = KubeletPlugin(
+    plugin = NodeAgent(
         dirs.config(boot_id=args.boot_id, http_address=args.http_address),
         SnapshotKube(Path(args.snapshot)),
         SimulatedInventory(args.profile, seed=NODE),

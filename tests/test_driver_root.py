@@ -158,7 +158,7 @@ def test_a_claim_without_the_toolkit_gets_the_driver_files_and_the_loader_hook(t
             (hook,) = container.hooks
             assert (hook.hook_name, hook.path, hook.args) == (
                 "createContainer",
-                str(plugin.node.ldcache_hook),
+                str(plugin.plugin.node.ldcache_hook),
                 ["update-ldcache", DRIVER_LIB_DIR],
             )
             assert "LD_LIBRARY_PATH" not in container.env

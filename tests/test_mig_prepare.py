@@ -236,7 +236,7 @@ def test_killed_around_the_create_then_the_claim_deleted_leaves_no_instance(dirs
         running_plugin(dirs, api, inventory=inventory, commands=commands, fault_hook=crash) as plugin,
         pytest.raises(Crash),
     ):
-        plugin.preparer.prepare([info(claim)])
+        plugin.plugin.preparer.prepare([info(claim)])
     assert len(commands.mig_instances(gpu)) == (step == "prepare:mig-created")
     api.delete("ResourceClaim", "mig", "default")
     with running_plugin(dirs, api, inventory=inventory, commands=commands):
@@ -252,11 +252,11 @@ def test_killed_after_the_create_then_retried_adopts_the_instance(dirs, api, kub
         running_plugin(dirs, api, inventory=inventory, commands=commands, fault_hook=crash) as plugin,
         pytest.raises(Crash),
     ):
-        plugin.preparer.prepare([info(claim)])
+        plugin.plugin.preparer.prepare([info(claim)])
     (made,) = commands.mig_instances(gpu)
     # The claim still exists: the restarted agent keeps the instance and the kubelet's retry adopts it.
     with running_plugin(dirs, api, inventory=inventory, commands=commands) as plugin:
-        assert plugin.preparer.prepare([info(claim)])[uid_of(claim)].error == ""
+        assert plugin.plugin.preparer.prepare([info(claim)])[uid_of(claim)].error == ""
         assert commands.mig_instances(gpu) == [made]
-        assert plugin.preparer.unprepare([info(claim)]) == {uid_of(claim): ""}
+        assert plugin.plugin.preparer.unprepare([info(claim)]) == {uid_of(claim): ""}
     assert commands.mig_instances(gpu) == []

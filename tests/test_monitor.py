@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fakes import fake_pynvml
 from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, uid_of
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_gpu.config import ConfigError, WatchdogPolicy, parse_gpu_config
@@ -130,8 +130,8 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         gpu0.processes = {4001: GiB}
         gpu1.processes = {4002: 3 * GiB}
         gpu1.utilization = [(4002, 1_000_000, 50, 10), (4002, 3_000_000, 50, 10)]
-        plugin.monitor.sample_once()
-        plugin.monitor.sample_once()
+        monitor_of(plugin).sample_once()
+        monitor_of(plugin).sample_once()
 
         metrics = scrape(plugin.http_port)
         a = {"namespace": "default", "claim": "shared", "gpu_uuid": gpu0.uuid, "sharing": "Limiter"}
@@ -158,7 +158,7 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         assert "whole" not in throttled, "only claims with a limiter region can be throttled"
 
         assert kubelet.unprepare(whole)[uid_of(whole)] == ""
-        plugin.monitor.sample_once()
+        monitor_of(plugin).sample_once()
         metrics = scrape(plugin.http_port)
         claims = {labels["claim"] for labels, _ in metrics["dra_gpu_claim_memory_used_bytes"]}
         assert claims == {"shared"}, "an unprepared claim's series are gone"
@@ -223,9 +223,9 @@ def test_process_beyond_its_share_without_the_limiter_is_caught(
             pod_p, cid_p = add_pod(api, "polite-pod", ["polite"])
             fake_proc(proc_root, offender.pid, pod_g, cid_g, limiter=False)
             fake_proc(proc_root, bystander.pid, pod_p, cid_p, limiter=True)
-            start = plugin.monitor.samples
+            start = monitor_of(plugin).samples
             driver.gpus[0].processes = {offender.pid: 6 * GiB, bystander.pid: 7 * GiB}
-            wait_for(lambda: plugin.monitor.samples >= start + 2, what="two samplings")
+            wait_for(lambda: monitor_of(plugin).samples >= start + 2, what="two samplings")
 
             reasons = {e["reason"] for e in _events(api, "ResourceClaim", "greedy")}
             assert reasons == {"LimiterMissing", "MemoryOverLimit"}, "reported within two intervals"
@@ -269,7 +269,7 @@ def test_process_on_a_gpu_its_claims_do_not_hold_is_reported(dirs: PluginDirs, t
         pod, cid = add_pod(api, "wanderer", ["one-gpu"])
         fake_proc(proc_root, 5001, pod, cid, limiter=False)
         driver.gpus[1].processes = {5001: GiB}
-        plugin.monitor.sample_once()
+        monitor_of(plugin).sample_once()
         events = _events(api, "ResourceClaim", "one-gpu")
         assert [e["reason"] for e in events] == ["GpuNotAllocated"]
         assert driver.gpus[1].uuid in events[0]["message"]
@@ -340,8 +340,10 @@ def test_the_context_allowance_and_grace_period_are_the_agents_settings(dirs: Pl
     from plugin_harness import running_plugin
 
     with running_plugin(dirs, FakeKube(), watchdog_context_allowance=3 * GiB, watchdog_grace_s=2.5) as plugin:
-        assert plugin.monitor.context_allowance == 3 * GiB
-        assert plugin.monitor.watchdog.grace_s == 2.5
+        assert monitor_of(plugin).context_allowance == 3 * GiB
+        assert monitor_of(plugin).watchdog.grace_s == 2.5
     with running_plugin(dirs, FakeKube()) as plugin:
-        assert plugin.monitor.context_allowance == 2 * GiB, "the default: above a PyTorch process's context"
-        assert plugin.monitor.watchdog.grace_s == 10.0
+        assert monitor_of(plugin).context_allowance == 2 * GiB, (
+            "the default: above a PyTorch process's context"
+        )
+        assert monitor_of(plugin).watchdog.grace_s == 10.0

@@ -130,6 +130,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
         add_claim,
         cdi_ids,
         gpu_config,
+        monitor_of,
         opaque,
         resolve,
         running_plugin,
@@ -187,7 +188,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 assert lines[-2:] == [f"allocated={allocated} last=CUDA_ERROR_OUT_OF_MEMORY", "holding"], (
                     lines
                 )
-                plugin.monitor.sample_once()
+                monitor_of(plugin).sample_once()
                 values = _scrape(plugin.http_port)
                 labels, used = values[("dra_gpu_claim_memory_used_bytes", "batch")]
                 assert used == allocated + CONTEXT_CHARGE
@@ -203,7 +204,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                 workload.kill()
                 workload.wait()
             # Killed: the region still counts its bytes until the claim's next process sweeps, the agent not.
-            plugin.monitor.sample_once()
+            monitor_of(plugin).sample_once()
             assert _scrape(plugin.http_port)[("dra_gpu_claim_memory_used_bytes", "batch")][1] == 0
             kubelet.close()
     finally:

@@ -175,7 +175,7 @@ def test_a_corrupt_checkpoint_is_set_aside_and_the_state_rebuilt(
         assert kubelet.prepare(mps)[uid_of(mps)].error == ""
         assert set(kubelet.unprepare(mps, lim, ts).values()) == {""}
         kubelet.close()
-        assert plugin.preparer.snapshot().claims == {}
+        assert plugin.plugin.preparer.snapshot().claims == {}
     assert dirs.spec_files() == [] and dirs.claim_dirs() == []
     assert simulated_gpu_state(dirs) == {"computeMode": {}, "timeslice": {}, "mps": {}}
 
@@ -259,7 +259,7 @@ def test_records_from_before_a_reboot_whose_claims_are_gone_are_collected(dirs: 
     mps, lim, _ = prepare_three(dirs, api)
     api.delete("ResourceClaim", "ts", "default")  # its pod did not come back after the reboot
     with running_plugin(dirs, api, boot_id="boot-2", stale_claim_interval_s=3600) as plugin:
-        plugin.preparer.collect_stale()
+        plugin.plugin.preparer.collect_stale()
         assert set(dirs.checkpoint().claims) == {uid_of(mps), uid_of(lim)}
         assert simulated_gpu_state(dirs)["timeslice"] == {}, "its time slice is released"
 
@@ -369,11 +369,11 @@ def test_a_checkpoint_damaged_while_running_is_rebuilt_by_the_next_call(dirs: Pl
         kubelet.close()
 
         def rebuilt() -> bool:  # by this call, or by the supervision loop that saw the damage first
-            snapshot = plugin.preparer.snapshot()
+            snapshot = plugin.plugin.preparer.snapshot()
             return not snapshot.rebuildPending and set(snapshot.claims) == {uid_of(c) for c in (mps, lim, ts)}
 
         deadline = time.monotonic() + 30
         while not rebuilt() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert rebuilt(), plugin.preparer.snapshot()
+        assert rebuilt(), plugin.plugin.preparer.snapshot()
     assert len(list(dirs.state_dir.glob("checkpoint.json.corrupt-*"))) == 1

@@ -224,13 +224,13 @@ def crasher(step: str, nth: int) -> Any:
 def test_crash_in_prepare_matrix(cluster: Cluster, step: str, nth: int, then: str) -> None:
     dirs, api, claims = cluster.dirs, cluster.api, cluster.infos()
     with running_plugin(dirs, api, fault_hook=crasher(step, nth)) as plugin, pytest.raises(Crash):
-        plugin.preparer.prepare(claims)
+        plugin.plugin.preparer.prepare(claims)
     with running_plugin(dirs, api) as plugin:
         if then == "retry":
             kubelet = kubelet_for(dirs)
             assert_prepared(cluster, kubelet.prepare(*cluster.claims))
             kubelet.close()
-        assert set(plugin.preparer.unprepare(claims).values()) == {""}
+        assert set(plugin.plugin.preparer.unprepare(claims).values()) == {""}
     assert_clean(dirs)
 
 
@@ -240,15 +240,15 @@ def test_crash_in_prepare_matrix(cluster: Cluster, step: str, nth: int, then: st
 def test_crash_in_unprepare_matrix(cluster: Cluster, step: str, nth: int, then: str) -> None:
     dirs, api, claims = cluster.dirs, cluster.api, cluster.infos()
     with running_plugin(dirs, api, fault_hook=crasher(step, nth)) as plugin:
-        assert all(r.error == "" for r in plugin.preparer.prepare(claims).values())
+        assert all(r.error == "" for r in plugin.plugin.preparer.prepare(claims).values())
         with pytest.raises(Crash):
-            plugin.preparer.unprepare(claims)
+            plugin.plugin.preparer.unprepare(claims)
     with running_plugin(dirs, api) as plugin:
         if then == "prepare-again":  # a new pod of the same claims arrives before the retry
             kubelet = kubelet_for(dirs)
             assert_prepared(cluster, kubelet.prepare(*cluster.claims))
             kubelet.close()
-        assert set(plugin.preparer.unprepare(claims).values()) == {""}
+        assert set(plugin.plugin.preparer.unprepare(claims).values()) == {""}
     assert_clean(dirs)
 
 
@@ -258,9 +258,9 @@ def test_interrupted_claims_whose_claim_is_gone_are_collected(cluster: Cluster) 
         running_plugin(dirs, api, fault_hook=crasher("prepare:setup-applied", 1)) as plugin,
         pytest.raises(Crash),
     ):
-        plugin.preparer.prepare(claims[:1])
+        plugin.plugin.preparer.prepare(claims[:1])
     assert simulated_gpu_state(dirs)["mps"] != {} and len(dirs.checkpoint().claims) == 1
     api.delete("ResourceClaim", "mps", "default")
     with running_plugin(dirs, api) as plugin:
-        plugin.preparer.collect_stale()  # also done in the background right after start
+        plugin.plugin.preparer.collect_stale()  # also done in the background right after start
     assert_clean(dirs)

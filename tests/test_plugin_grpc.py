@@ -58,7 +58,7 @@ def test_registration_advertises_dra_v1_both_health_versions_and_the_service_soc
             "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
-        assert plugin.registered.is_set()
+        assert plugin.plugin.registered.is_set()
 
 
 def test_a_refused_registration_is_a_loud_error(dirs, api, kubelet, caplog) -> None:
@@ -67,8 +67,8 @@ def test_a_refused_registration_is_a_loud_error(dirs, api, kubelet, caplog) -> N
         kubelet.register(accept=False, error="plugin version not supported")
         refusals = [r for r in caplog.records if r.levelno == logging.ERROR and "REFUSED" in r.getMessage()]
         assert refusals and getattr(refusals[0], "error", "") == "plugin version not supported"
-        assert not plugin.registered.is_set()
-        assert plugin.registration_error == "plugin version not supported"
+        assert not plugin.plugin.registered.is_set()
+        assert plugin.plugin.registration_error == "plugin version not supported"
 
 
 def test_exclusive_claim_gets_its_gpu_device_nodes_and_visibility(dirs, api, kubelet) -> None:
@@ -303,9 +303,9 @@ def test_a_crashed_mps_daemon_is_restarted(dirs, api, kubelet) -> None:
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         commands.kill_mps_daemon(GPU0)
         assert simulated_gpu_state(dirs)["mps"] == {}
-        plugin.preparer.supervise()
+        plugin.plugin.preparer.supervise()
         assert GPU0 in simulated_gpu_state(dirs)["mps"]
-        assert plugin.metrics.setup_repairs.labels(kind="mps")._value.get() == 1
+        assert plugin.plugin.metrics.setup_repairs.labels(kind="mps")._value.get() == 1
 
 
 def test_the_deprecated_v1beta1_dra_service_is_not_served(dirs, api, kubelet) -> None:
@@ -456,7 +456,7 @@ def test_a_mode_change_waits_for_a_share_prepared_on_the_node(dirs, api, kubelet
     with running_plugin(dirs, api) as plugin:
         kubelet.register()
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
-        assert plugin.prepared_claims() == {"gpu-0": {"default/lim": True}}
+        assert plugin.plugin.prepared_claims() == {"gpu-0": {"default/lim": True}}
     api.delete("ResourceClaim", "lim", "default")
 
     def published() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
-from plugin_harness import NODE, Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, uid_of
+from plugin_harness import NODE, Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.cli import main
@@ -51,7 +51,7 @@ def test_use_beside_allocation_and_allocations_alone_without_agents(
         pod, cid = add_pod(api, "inference-pod", ["inference"])
         fake_proc(proc_root, 7001, pod, cid, limiter=True)
         driver.gpus[0].processes = {7001: 3 * GiB}
-        plugin.monitor.sample_once()
+        monitor_of(plugin).sample_once()
         url = f"http://127.0.0.1:{plugin.http_port}/metrics"
 
         assert main(["usage", "--metrics-url", url]) == 0

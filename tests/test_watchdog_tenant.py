@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, opaque, uid_of
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
 from test_monitor import _events, limiter_config
 
 from dra_gpu.kube.fake import FakeKube
@@ -79,8 +79,8 @@ def test_innocent_processes_are_left_alone(dirs: PluginDirs, tmp_path: Path) -> 
             driver.gpus[0].processes = {compliant.pid: 2 * GiB + 600 * MiB, second_container.pid: 7 * GiB}
             # (a) a GPU this driver never allocated (the device plugin's, say).
             driver.gpus[1].processes = {other_gpu.pid: 10 * GiB}
-            plugin.monitor.sample_once()
-            plugin.monitor.sample_once()
+            monitor_of(plugin).sample_once()
+            monitor_of(plugin).sample_once()
             events = [e for e in api.objects("Event") if e["reason"] != "AccountingMismatch"]
             assert events == []
             assert all(c.poll() is None for c in children), "nobody is stopped"
@@ -107,11 +107,11 @@ def test_an_offender_gets_sigterm_then_sigkill_and_a_reused_pid_nothing(
             fake_proc(proc_root, stubborn.pid, pod_uid, cid, limiter=False)
             fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
             driver.gpus[0].processes = {stubborn.pid: 6 * GiB}
-            watchdog = plugin.monitor.watchdog
+            watchdog = monitor_of(plugin).watchdog
             watchdog.grace_s = 0.0
-            plugin.monitor.sample_once()  # SIGTERM, which it ignores
+            monitor_of(plugin).sample_once()  # SIGTERM, which it ignores
             assert stubborn.poll() is None
-            plugin.monitor.sample_once()  # past the grace period: SIGKILL
+            monitor_of(plugin).sample_once()  # past the grace period: SIGKILL
             assert stubborn.wait(timeout=30) == -signal.SIGKILL
             # A violation seen for a process of another start time (the PID was reused since): reported,
             # never signalled.
@@ -156,7 +156,7 @@ def test_a_region_that_nvml_contradicts_is_reported(dirs: PluginDirs, tmp_path: 
                 f.write(driver.gpus[0].uuid.encode().ljust(48, b"\0") + (1).to_bytes(4, "little"))
             assert [d.used_bytes for d in read_region(state) or []] == [0]
             driver.gpus[0].processes = {child.pid: 6 * GiB}
-            plugin.monitor.sample_once()
+            monitor_of(plugin).sample_once()
             assert [e["reason"] for e in _events(api, "ResourceClaim", "rewritten")] == ["AccountingMismatch"]
             assert child.poll() is None
             kubelet.close()
@@ -177,10 +177,10 @@ def test_a_fifo_for_a_region_does_not_stall_the_monitor_and_a_stall_fails_health
         region = dirs.state_dir / "claims" / uid_of(claim) / "limiter" / "dragpu-limiter.region"
         region.unlink()
         os.mkfifo(region)
-        start = plugin.monitor.samples
-        wait_for(lambda: plugin.monitor.samples >= start + 3, what="samples past the FIFO")
+        start = monitor_of(plugin).samples
+        wait_for(lambda: monitor_of(plugin).samples >= start + 3, what="samples past the FIFO")
         assert plugin.healthz()[0]
-        plugin.monitor.sampled_at -= 3600  # as if the last sample never finished
+        monitor_of(plugin).sampled_at -= 3600  # as if the last sample never finished
         ok, why = plugin.healthz()
         assert not ok and "usage monitor" in why
         kubelet.close()

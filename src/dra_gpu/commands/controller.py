@@ -14,6 +14,7 @@ from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.controller import Controller
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.http_endpoint import HttpServer, bool_check, parse_address
+from dra_gpu.kube.client import KubeClient, KubeConfigError
 
 NAME = "controller"
 HELP = "run the cluster controller that allocates claims of controller-managed DeviceClasses"
@@ -80,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    from dra_gpu.kube.client import KubeClient, KubeConfigError
-
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
     except KubeConfigError as exc:

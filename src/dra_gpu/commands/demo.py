@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dra_gpu.demo.run import DemoError, run_demo
 from dra_gpu.flags import add_bool_flag, add_flag
 
 NAME = "demo"
@@ -31,8 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dra_gpu.demo.run import DemoError, run_demo
-
     if args.limiter_build is not None and not args.limiter_build.is_dir():
         print(f"error: --limiter-build {args.limiter_build}: not a directory", file=sys.stderr)
         return 2

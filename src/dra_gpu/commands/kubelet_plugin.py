@@ -14,7 +14,9 @@ from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
 from dra_gpu.inventory.capabilities import find_limit_hook
-from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY, KubeletPlugin, PluginConfig
+from dra_gpu.kube.client import KubeClient, KubeConfigError
+from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
+from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
 from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.plugin.driver_root import load_nvml
 from dra_gpu.quantity import parse_quantity, to_int
@@ -200,14 +202,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --sharing {args.sharing!r}: {unknown}", file=sys.stderr)
         inventory.close()
         return 2
-    from dra_gpu.kube.client import KubeClient, KubeConfigError
-
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
     except KubeConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    config = PluginConfig(
+    config = NodeAgentConfig(
         node_name=args.node_name,
         driver_name=args.driver_name,
         registration_dir=args.registration_dir,
@@ -227,12 +227,12 @@ def run(args: argparse.Namespace) -> int:
         mps_cgroup=args.mps_cgroup,
         limit_hook=limit_hook,
     )
-    plugin = KubeletPlugin(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
+    agent = NodeAgent(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
     # The kubelet can register and call the plugin before start() returns: a SIGTERM from then on
     # must stop it cleanly.
     with stop_on_signals(threading.Event()) as stop:
         try:
-            plugin.start()
+            agent.start()
         except (OSError, ValueError) as exc:
             print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
             inventory.close()
@@ -240,6 +240,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             wait_for_signal(stop)
         finally:
-            plugin.stop()
+            agent.stop()
             inventory.close()
     return 0

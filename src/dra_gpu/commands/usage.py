@@ -18,6 +18,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.commands.output import OUTPUTS, dump
 from dra_gpu.flags import add_flag, add_kubeconfig_flag, add_list_flag
 from dra_gpu.kube import RESOURCES, ApiError, KubeAPI
+from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.kube.errors import Unreachable, http_problem, transport_reason
 from dra_gpu.usage import collect, render_table
 from dra_gpu.usage.live import AGENT_SELECTOR, LiveUsage, fetch_url, read_agents
@@ -60,8 +61,6 @@ class UsageError(Exception):
 
 def build_api(args: argparse.Namespace) -> KubeAPI:
     """The API client for `args`; tests replace this function to inject a fake."""
-    from dra_gpu.kube.client import KubeClient, KubeConfigError
-
     try:
         return KubeClient.from_kubeconfig(args.kubeconfig)
     except KubeConfigError as exc:

@@ -1,6 +1,6 @@
 """The local demo: the whole driver on one machine with no cluster and no GPU.
 
-Real: the node agent (`KubeletPlugin`) with its slice publisher, its gRPC services on unix sockets, its
+Real: the node agent (`NodeAgent`) with its slice publisher, its gRPC services on unix sockets, its
 CDI spec files and checkpoint; the allocator; the cluster controller's reconcile pass; the CDI resolver;
 and, when built, the native limiter library running a real process.
 Simulated: the API server (`FakeKube`, in process), the GPUs (a simulated inventory), nvidia-smi and the
@@ -50,7 +50,7 @@ from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
-from dra_gpu.plugin import KubeletPlugin, PluginConfig
+from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.commands import SimulatedCommands
 
 Obj = dict[str, Any]
@@ -208,7 +208,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
     library = _limiter_library(limiter_build, workdir)
-    config = PluginConfig(
+    config = NodeAgentConfig(
         node_name=NODE,
         state_dir=dirs["state"],
         cdi_dir=dirs["cdi"],
@@ -220,7 +220,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
     )
     inventory = open_inventory(f"simulated:{PROFILE}", seed=NODE)
     commands = SimulatedCommands(state_file=dirs["state"] / "simulated-gpus.json")
-    plugin = KubeletPlugin(
+    plugin = NodeAgent(
         config, api, inventory, commands, sharing=NodeSharing.parse(SHARING), publish_slices=True
     )
 

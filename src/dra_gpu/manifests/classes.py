@@ -25,6 +25,7 @@ from typing import Any
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
+from dra_gpu.controller.classes import MANAGED_SELECTOR
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
 from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, MIG_ENABLED_ATTRIBUTE, SHARING_ATTRIBUTE
@@ -130,8 +131,6 @@ def controller_class(spec: ControllerClass, values: Values) -> Obj:
     The extra `MANAGED_SELECTOR` matches no device, so the scheduler never allocates these claims
     itself; the controller drops it and allocates them with the class's placement policy.
     """
-    from dra_gpu.controller.classes import MANAGED_SELECTOR
-
     placement = spec.placement.model_dump(mode="json", exclude_none=True)
     parameters = gpu_config(spec.strategy, values, placement)
     obj = device_class(spec.name, selector_expression(MODE_FOR_STRATEGY[spec.strategy]), parameters)

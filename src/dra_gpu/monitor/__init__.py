@@ -4,7 +4,7 @@ mapped to claims, pods and containers; Prometheus series; the watchdog for proce
 from dra_gpu.monitor.cgroup import ProcReader
 from dra_gpu.monitor.metrics import METRICS, MonitorCollector
 from dra_gpu.monitor.monitor import DEFAULT_INTERVAL_S, Monitor
-from dra_gpu.monitor.node import start_monitor
+from dra_gpu.monitor.node import MonitorConfig, start_monitor
 from dra_gpu.monitor.nvml import NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory
 from dra_gpu.monitor.watchdog import Watchdog
@@ -14,6 +14,7 @@ __all__ = [
     "METRICS",
     "Monitor",
     "MonitorCollector",
+    "MonitorConfig",
     "NvmlSampler",
     "PodDirectory",
     "ProcReader",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -16,9 +18,6 @@ from dra_gpu.monitor.nvml import NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory
 from dra_gpu.monitor.watchdog import Watchdog
 from dra_gpu.plugin.checkpoint import CheckpointStore
-
-if TYPE_CHECKING:
-    from dra_gpu.plugin.server import PluginConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +36,45 @@ def _sampler(inventory: Inventory, nvml: Any) -> NvmlSampler | None:
         return None
 
 
+@dataclass(frozen=True)
+class MonitorConfig:
+    """What the monitor needs of the node agent's configuration."""
+
+    node_name: str
+    checkpoint_file: Path
+    """The plugin's checkpoint: which claims hold which devices."""
+    claims_dir: Path
+    """The plugin's per-claim state directories (the limiter's regions)."""
+    interval_s: float
+    """Usage sampling and watchdog interval."""
+    proc_root: Path = Path("/proc")
+    """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
+    context_allowance: int | None = None
+    """Bytes NVML may count per process beyond the limiter's charges; None: the watchdog's default."""
+    grace_s: float | None = None
+    """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
+
+
 def start_monitor(
-    config: PluginConfig, api: KubeAPI, inventory: Inventory, registry: CollectorRegistry, nvml: Any = None
+    config: MonitorConfig, api: KubeAPI, inventory: Inventory, registry: CollectorRegistry, nvml: Any = None
 ) -> Monitor:
     proc = ProcReader(config.proc_root)
     watchdog = Watchdog(api, config.node_name, proc)
-    if config.watchdog_grace_s is not None:
-        watchdog.grace_s = config.watchdog_grace_s
+    if config.grace_s is not None:
+        watchdog.grace_s = config.grace_s
     monitor = Monitor(
         # A store of its own: the preparer's is used under the node lock only.
         store=CheckpointStore(config.checkpoint_file),
-        claims_dir=config.state_dir / "claims",
+        claims_dir=config.claims_dir,
         gpus=lambda: [g.uuid for g in inventory.gpus()],
-        pods=PodDirectory(api, config.node_name, min_refresh_s=config.monitor_interval_s),
+        pods=PodDirectory(api, config.node_name, min_refresh_s=config.interval_s),
         watchdog=watchdog,
         sampler=_sampler(inventory, nvml),
         proc=proc,
-        interval_s=config.monitor_interval_s,
+        interval_s=config.interval_s,
     )
-    if config.watchdog_context_allowance is not None:
-        monitor.context_allowance = config.watchdog_context_allowance
+    if config.context_allowance is not None:
+        monitor.context_allowance = config.context_allowance
     collector = MonitorCollector(monitor)
     registry.register(collector)
     monitor.start()

@@ -1,7 +1,7 @@
-"""The node agent: sockets, gRPC servers, background duties, wired around one Preparer.
+"""The kubelet plugin: sockets, gRPC servers and background duties, wired around one Preparer.
 
-`KubeletPlugin` is usable in-process with any `KubeAPI` (the local demo runs it against `FakeKube`)
-and is what `dra-gpu kubelet-plugin` runs on every GPU node.
+`KubeletPlugin` is usable in-process with any `KubeAPI`; `dra_gpu.node_agent` runs it on every GPU
+node, with the HTTP endpoint, the usage monitor and the slice publisher.
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dra_gpu import DRIVER_NAME, __version__
-from dra_gpu.config import NodeSharing
-from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
 from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.inventory.capabilities import log_choice as log_isolation_choice
@@ -34,7 +31,6 @@ from dra_gpu.plugin.health import (
     DeviceHealthServicer,
     DeviceHealthStream,
     DeviceHealthV1alpha1Servicer,
-    HealthProbe,
 )
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
@@ -66,6 +62,8 @@ kubelets all speak it) and both health versions (a 1.37+ kubelet picks v1, an ol
 
 @dataclass
 class PluginConfig:
+    """Where the plugin keeps its sockets and state, and what it hands to the containers."""
+
     node_name: str
     state_dir: Path = Path("/var/lib/dra-gpu")
     cdi_dir: Path = Path("/var/run/cdi")
@@ -77,7 +75,6 @@ class PluginConfig:
     """Where to look for the NVIDIA Container Toolkit's spec; default `/etc/cdi` and `cdi_dir`."""
     dev_root: Path = Path("/")
     """The host's root as this process sees it, for `/dev/nvidia*` (tests point it elsewhere)."""
-    http_address: str | None = None
     boot_id: str | None = None
     pool_name: str | None = None
     """The ResourceSlice pool of this node's GPUs; the node name unless the publisher says otherwise."""
@@ -85,14 +82,6 @@ class PluginConfig:
     supervise_interval_s: float = 5.0
     stale_claim_interval_s: float = 600.0
     health_heartbeat_s: float = 10.0
-    monitor_interval_s: float = 5.0
-    """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
-    watchdog_context_allowance: int | None = None
-    """Bytes NVML may count per process beyond the limiter's charges; None: the watchdog's default."""
-    watchdog_grace_s: float | None = None
-    """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
-    proc_root: Path = Path("/proc")
-    """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
     driver_root: Path = Path("/")
     """Where the node's NVIDIA driver files (libraries, nvidia-smi, MPS programs) are, as this process sees them."""
     driver_root_host_path: Path | None = None
@@ -163,7 +152,7 @@ def _check_socket_path(path: Path) -> None:
 
 
 class KubeletPlugin:
-    """The node agent. `start()` serves; `stop()` removes the sockets (the kubelet's cue that we left)."""
+    """The kubelet plugin. `start()` serves; `stop()` removes the sockets (the kubelet's cue that we left)."""
 
     def __init__(
         self,
@@ -172,20 +161,12 @@ class KubeletPlugin:
         inventory: Inventory,
         commands: GpuCommands | None = None,
         *,
-        sharing: NodeSharing | None = None,
-        publish_slices: bool = False,
         metrics: PluginMetrics | None = None,
         fault_hook: FaultHook | None = None,
-        nvml: Any = None,
     ) -> None:
         self.config = config
-        self._nvml = nvml
-        """The pynvml module for the usage monitor (tests pass a fake); None: pynvml on NVML nodes."""
-        self.monitor: Any = None
         self.api = api
         self.inventory = inventory
-        self.sharing = sharing or NodeSharing.parse("*=Shared")
-        self.publish_slices = publish_slices
         self.metrics = metrics or PluginMetrics()
         self.commands = commands or default_commands(inventory, config)
         self.pool = config.pool_name or config.node_name
@@ -221,11 +202,8 @@ class KubeletPlugin:
         self._stop = threading.Event()
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
-        self._grpc_health: Any = None
-        self._http: HttpServer | None = None
-        self._health = HealthProbe(config.registration_socket, config.service_socket)
+        self._grpc_health: health.HealthServicer | None = None
         self._background: threading.Thread | None = None
-        self._publisher: Any = None
         self._sockets: dict[Path, tuple[int, int]] = {}
         self._started = False
 
@@ -241,21 +219,10 @@ class KubeletPlugin:
             self._started = True
             self._dra_server = self._serve_dra()
             self._reg_server = self._serve_registration()
-            if cfg.http_address:
-                self._health.start()
-                self._http = HttpServer(
-                    cfg.http_address,
-                    self.metrics.registry,
-                    {"/healthz": self.healthz, "/livez": self.healthz, "/readyz": self.healthz},
-                )
-                self._http.start()
             self._background = threading.Thread(
                 target=self._background_loop, name="plugin-duties", daemon=True
             )
             self._background.start()
-            self._start_monitor()
-            if self.publish_slices:
-                self._start_publisher()
         except BaseException:
             self.stop(grace_s=0)
             raise
@@ -284,10 +251,6 @@ class KubeletPlugin:
                 if (st.st_dev, st.st_ino) == identity:
                     path.unlink()
         self._sockets.clear()
-        if self._publisher is not None:
-            with contextlib.suppress(Exception):
-                self._publisher.stop()
-            self._publisher = None
         if self._reg_server is not None:
             self._reg_server.stop(grace_s).wait()
             self._reg_server = None
@@ -296,13 +259,6 @@ class KubeletPlugin:
         if self._dra_server is not None:
             self._dra_server.stop(grace_s).wait()
             self._dra_server = None
-        if self._http is not None:
-            self._http.stop()
-            self._http = None
-        self._health.stop()
-        if self.monitor is not None:
-            self.monitor.stop()
-            self.monitor = None
         if self._background is not None:
             self._background.join(timeout=grace_s + 5)
             self._background = None
@@ -317,18 +273,6 @@ class KubeletPlugin:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    @property
-    def http_port(self) -> int | None:
-        return self._http.port if self._http is not None else None
-
-    def healthz(self) -> tuple[bool, str]:
-        """What `/healthz` answers, never waiting: a stalled monitor, else the background probe's last
-        result (`HealthProbe`)."""
-        stalled = self.monitor.stalled() if self.monitor is not None else None
-        if stalled:
-            return (False, stalled)
-        return self._health.check()
 
     # -- servers ---------------------------------------------------------------------------------------
     def _serve_dra(self) -> grpc.Server:
@@ -410,26 +354,6 @@ class KubeletPlugin:
             if self._stop.wait(interval):
                 return
             since_gc += interval
-
-    def _start_monitor(self) -> None:
-        if self.config.monitor_interval_s <= 0:
-            return
-        from dra_gpu.monitor import start_monitor
-
-        self.monitor = start_monitor(self.config, self.api, self.inventory, self.metrics.registry, self._nvml)
-
-    def _start_publisher(self) -> None:
-        from dra_gpu.slices.publisher import SlicePublisher  # another part's module; loaded only when wanted
-
-        self._publisher = SlicePublisher(
-            self.api,
-            self.config.node_name,
-            self.inventory,
-            self.sharing,
-            driver=self.config.driver_name,
-            prepared_claims=self.prepared_claims,
-        )
-        self._publisher.start()
 
     def prepared_claims(self) -> dict[str, dict[str, bool]]:
         """Device -> claim -> whether it holds a share, from the checkpoint (claims prepared here).

@@ -1,0 +1,148 @@
+"""The node agent, wired in one place: the kubelet plugin, the HTTP endpoint, the usage monitor and
+the slice publisher, built from the node agent's configuration.
+
+`dra-gpu kubelet-plugin` runs it on every GPU node; the local demo and the tests run it in-process
+with any `KubeAPI`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from dra_gpu.config import NodeSharing
+from dra_gpu.http_endpoint import HttpServer
+from dra_gpu.inventory import Inventory
+from dra_gpu.kube import KubeAPI
+from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
+from dra_gpu.plugin import KubeletPlugin, PluginConfig
+from dra_gpu.plugin.commands import GpuCommands
+from dra_gpu.plugin.health import HealthProbe
+from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.plugin.prepare import FaultHook
+from dra_gpu.slices.publisher import SlicePublisher
+
+
+@dataclass
+class NodeAgentConfig(PluginConfig):
+    """The plugin's configuration, and what the agent runs beside it."""
+
+    http_address: str | None = None
+    """HOST:PORT serving /healthz, /livez, /readyz and /metrics; None: no HTTP endpoint."""
+    monitor_interval_s: float = 5.0
+    """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
+    watchdog_context_allowance: int | None = None
+    """Bytes NVML may count per process beyond the limiter's charges; None: the watchdog's default."""
+    watchdog_grace_s: float | None = None
+    """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
+    proc_root: Path = Path("/proc")
+    """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
+
+    def monitor_config(self) -> MonitorConfig:
+        return MonitorConfig(
+            node_name=self.node_name,
+            checkpoint_file=self.checkpoint_file,
+            claims_dir=self.state_dir / "claims",
+            interval_s=self.monitor_interval_s,
+            proc_root=self.proc_root,
+            context_allowance=self.watchdog_context_allowance,
+            grace_s=self.watchdog_grace_s,
+        )
+
+
+class NodeAgent:
+    """Everything the node agent runs. `start()` starts it all; `stop()` stops it all, plugin first."""
+
+    def __init__(
+        self,
+        config: NodeAgentConfig,
+        api: KubeAPI,
+        inventory: Inventory,
+        commands: GpuCommands | None = None,
+        *,
+        sharing: NodeSharing | None = None,
+        publish_slices: bool = False,
+        metrics: PluginMetrics | None = None,
+        fault_hook: FaultHook | None = None,
+        nvml: ModuleType | None = None,
+    ) -> None:
+        self.config = config
+        self.api = api
+        self.inventory = inventory
+        self.sharing = sharing or NodeSharing.parse("*=Shared")
+        self.publish_slices = publish_slices
+        self.nvml = nvml
+        """The pynvml module for the usage monitor (tests pass a fake); None: pynvml on NVML nodes."""
+        self.plugin = KubeletPlugin(config, api, inventory, commands, metrics=metrics, fault_hook=fault_hook)
+        self.monitor: Monitor | None = None
+        self._http: HttpServer | None = None
+        self._health = HealthProbe(config.registration_socket, config.service_socket)
+        """The sockets' health, probed in the background so that /healthz never waits on them."""
+        self._publisher: SlicePublisher | None = None
+
+    def start(self) -> None:
+        self.plugin.start()
+        try:
+            self._health.start()
+            if self.config.http_address:
+                self._http = HttpServer(
+                    self.config.http_address,
+                    self.plugin.metrics.registry,
+                    {"/healthz": self.healthz, "/livez": self.healthz, "/readyz": self.healthz},
+                )
+                self._http.start()
+            if self.config.monitor_interval_s > 0:
+                self.monitor = start_monitor(
+                    self.config.monitor_config(),
+                    self.api,
+                    self.inventory,
+                    self.plugin.metrics.registry,
+                    self.nvml,
+                )
+            if self.publish_slices:
+                self._publisher = SlicePublisher(
+                    self.api,
+                    self.config.node_name,
+                    self.inventory,
+                    self.sharing,
+                    driver=self.config.driver_name,
+                    prepared_claims=self.plugin.prepared_claims,
+                )
+                self._publisher.start()
+        except BaseException:
+            self.stop(grace_s=0)
+            raise
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Leave the kubelet first (the plugin), then stop the rest. Idempotent, and safe after a failed start."""
+        self.plugin.stop(grace_s)
+        if self._publisher is not None:
+            with contextlib.suppress(Exception):
+                self._publisher.stop()
+            self._publisher = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
+        self._health.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+
+    def __enter__(self) -> NodeAgent:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def http_port(self) -> int | None:
+        return self._http.port if self._http is not None else None
+
+    def healthz(self) -> tuple[bool, str]:
+        """Unhealthy while the monitor is stalled or a socket did not answer the background probe; never
+        waits (`HealthProbe`)."""
+        stalled = self.monitor.stalled() if self.monitor is not None else None
+        return (False, stalled) if stalled else self._health.check()
