@@ -210,7 +210,7 @@ def test_a_call_stops_starting_claims_when_its_deadline_passes(dirs: PluginDirs,
         assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         # The agent finishes the claim it was on, then answers the rest "not started" (nobody listens).
         deadline = time.monotonic() + 10
-        errors = plugin.metrics.errors.labels(operation="prepare", reason="deadline")
+        errors = plugin.plugin.metrics.errors.labels(operation="prepare", reason="deadline")
         while errors._value.get() == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         skipped = int(errors._value.get())
@@ -235,11 +235,11 @@ def test_a_deadline_answer_says_the_claim_was_not_started(dirs: PluginDirs, api:
         from dra_gpu.plugin.sharing.plan import ClaimInfo
 
         infos = [ClaimInfo(uid=uid_of(c), namespace="default", name=c["metadata"]["name"]) for c in claims]
-        results = plugin.preparer.prepare(infos, deadline=time.monotonic() - 1)
+        results = plugin.plugin.preparer.prepare(infos, deadline=time.monotonic() - 1)
         assert {r.error for r in results.values()} == {DEADLINE_PASSED}
         assert dirs.checkpoint().claims == {} and dirs.spec_files() == []
         done = threading.Event()
-        assert plugin.preparer.unprepare(infos, deadline=time.monotonic() - 1) == {
+        assert plugin.plugin.preparer.unprepare(infos, deadline=time.monotonic() - 1) == {
             i.uid: DEADLINE_PASSED for i in infos
         }
         done.set()

@@ -49,7 +49,7 @@ def unblock(path: Path) -> None:
 
 
 def sample(plugin: Any, name: str, **labels: str) -> float | None:
-    return plugin.metrics.registry.get_sample_value(name, labels)
+    return plugin.plugin.metrics.registry.get_sample_value(name, labels)
 
 
 def test_a_failed_rollback_keeps_the_record_and_the_next_call_retries_it(
@@ -87,7 +87,7 @@ def test_the_sweep_goes_past_a_record_it_cannot_undo_and_retries_it_later(
     api.delete("ResourceClaim", "fine", "default")
     caplog.set_level(logging.WARNING)
     with running_plugin(dirs, api, boot_id="boot-2", stale_claim_interval_s=3600) as plugin:
-        plugin.preparer.collect_stale()
+        plugin.plugin.preparer.collect_stale()
         assert set(dirs.checkpoint().claims) == {uid_of(stuck)}, "the other deleted claim is undone"
         assert not spec_path(dirs, fine).exists() and dirs.claim_dirs() == [uid_of(stuck)]
         assert sample(plugin, "dra_gpu_stale_claims_uncleaned") == 1
@@ -98,7 +98,7 @@ def test_the_sweep_goes_past_a_record_it_cannot_undo_and_retries_it_later(
         )
 
         unblock(spec_path(dirs, stuck))
-        plugin.preparer.collect_stale()
+        plugin.plugin.preparer.collect_stale()
         assert dirs.checkpoint().claims == {} and dirs.spec_files() == []
         assert sample(plugin, "dra_gpu_stale_claims_uncleaned") == 0
 
@@ -133,7 +133,7 @@ def test_the_sweep_removes_old_temporary_files_and_directories_no_record_account
     an_hour_ago = time.time() - 3600
     os.utime(old_spec_tmp, (an_hour_ago, an_hour_ago))
     with running_plugin(dirs, api, stale_claim_interval_s=3600) as plugin:
-        plugin.preparer.collect_stale()
+        plugin.plugin.preparer.collect_stale()
         assert not orphan.exists() and not old_spec_tmp.exists()
         assert new_spec_tmp.exists()
 

@@ -95,13 +95,13 @@ def test_a_prepare_costs_the_same_with_300_claims_prepared(
     with running_plugin(
         dirs, api, inventory=inventory, stale_claim_interval_s=3600, monitor_interval_s=0
     ) as plugin:
-        measured = Measured(plugin, one)
+        measured = Measured(plugin.plugin, one)
         measured.cycle()  # warm
         empty_bytes, empty_copies = measured.bytes_and_copies(monkeypatch)
         empty_s = measured.seconds()
 
         for first in range(0, KEPT, 50):
-            results = plugin.preparer.prepare(kept[first : first + 50])
+            results = plugin.plugin.preparer.prepare(kept[first : first + 50])
             assert all(r.error == "" for r in results.values())
         full_bytes, full_copies = measured.bytes_and_copies(monkeypatch)
         full_s = measured.seconds()
