@@ -14,8 +14,8 @@ import yaml
 
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing
-from dra_gpu.controller.events import EventRecorder
 from dra_gpu.inventory import open_inventory
+from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
 from dra_gpu.manifests import ValuesError, load_values, render

@@ -29,10 +29,10 @@ from dra_gpu.config import ConfigError, Placement
 from dra_gpu.controller.classes import ClassIndex
 from dra_gpu.controller.consumers import PodIndex, claim_key, is_pod_reference, reserved_for_workload
 from dra_gpu.controller.eligibility import NodeEligibility
-from dra_gpu.controller.events import EventRecorder, timestamp
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.overcommit import overcommitted
 from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound
+from dra_gpu.kube.events import EventRecorder, timestamp
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)

@@ -16,12 +16,12 @@ from typing import Any
 from dra_gpu.controller.backoff import ApiReachability, Backoff, describe
 from dra_gpu.controller.cache import Informer, start_all
 from dra_gpu.controller.consumers import claim_names_of
-from dra_gpu.controller.events import EventRecorder
 from dra_gpu.controller.leader import DEFAULT_LEASE_NAME, LeaderElector
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.reconciler import PassResult, Reconciler, Snapshot
 from dra_gpu.kube import ApiError, KubeAPI
 from dra_gpu.kube.errors import transport_errors
+from dra_gpu.kube.events import EventRecorder
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)

@@ -31,7 +31,6 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import NodeSharing, merge_configs
 from dra_gpu.controller import Snapshot
 from dra_gpu.controller.classes import is_controller_managed, with_marker
-from dra_gpu.controller.events import EventRecorder
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.reconciler import Reconciler, allocation_node
 from dra_gpu.demo import objects
@@ -48,6 +47,7 @@ from dra_gpu.demo.report import (
 )
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.inventory import open_inventory
+from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig

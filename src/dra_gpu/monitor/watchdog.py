@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from dra_gpu.config import WatchdogPolicy
-from dra_gpu.controller.events import EventRecorder
 from dra_gpu.kube import KubeAPI
+from dra_gpu.kube.events import EventRecorder
 from dra_gpu.monitor.cgroup import ProcReader
 from dra_gpu.monitor.pods import PodInfo
 

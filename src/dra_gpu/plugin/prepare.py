@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu.controller.events import EventRecorder
 from dra_gpu.inventory import GpuInfo, Inventory
 from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.kube.events import EventRecorder
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import (

@@ -32,6 +32,7 @@ from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import HOOK_KIND_ENV, LimitHook, MemoryIsolation, find_limit_hook
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.memory_hook import HookError, clear_recorded
 from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 
@@ -148,8 +149,6 @@ class MemoryLimitRecords:
             raise setup_failed("creating the memory-limit record directory", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
-        from dra_gpu.commands.cdi_hook import HookError, clear_recorded
-
         base = Path(str(hold.params["dir"]))
         problems: list[str] = []
         try:
