@@ -43,6 +43,8 @@ from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
 from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.prepare import FaultHook
+from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.limiter import host_environment_of
 from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 
 NODE = "node-1"
@@ -331,6 +333,20 @@ def cdi_ids(response: Any) -> list[str]:
 def resolve(dirs: PluginDirs, ids: Iterable[str]) -> ContainerConfig:
     """What a runtime configured with the toolkit's and our CDI directories injects for these ids."""
     return Registry.load([dirs.ctk_dir, dirs.cdi_dir]).resolve(list(ids))
+
+
+def claim_process_env(built: Path, container: ContainerConfig) -> dict[str, str]:
+    """The environment of a process of the claim, run on the host: this environment less any limiter or
+    fake-driver settings, the fake driver, the limiter build preloaded (not the stand-in file), the claim's
+    files at their host paths (what the library reads in a container) and the claim's GPUs visible."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
+    env.update(host_environment_of((m.container_path, m.host_path) for m in container.mounts))
+    env.update(
+        LD_LIBRARY_PATH=str(built / "fake"),
+        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+        CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
+    )
+    return env
 
 
 # -- the plugin in-process ---------------------------------------------------------------------------

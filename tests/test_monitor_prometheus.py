@@ -8,7 +8,6 @@ Everything listens on loopback; every wait is bounded.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from plugin_harness import (
     PluginDirs,
     add_claim,
     cdi_ids,
+    claim_process_env,
     gpu_config,
     opaque,
     resolve,
@@ -35,7 +35,6 @@ from plugin_harness import (
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import host_environment_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -87,18 +86,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
         response = kubelet.prepare(claim)[uid_of(claim)]
         assert not response.error
         container = resolve(dirs, cdi_ids(response))
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))
-        }
-        env.update(
-            LD_LIBRARY_PATH=str(built / "fake"),
-            # What the library reads from the claim's limits file in a container, as the host has it.
-            **{
-                **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
-                "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),  # the build, not the stand-in file
-            },
-            CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
-        )
+        env = claim_process_env(built, container)
         workload = subprocess.Popen(
             [str(built / "limiter-probe"), "alloc", str(256 * MiB), "3", "--hold"],
             env=env,

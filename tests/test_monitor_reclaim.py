@@ -29,8 +29,6 @@ from dra_gpu.monitor.region import (
     read_region,
     unlocked_slots,
 )
-from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import host_environment_of
 from dra_gpu.plugin.sharing.limiter_region import make_region
 
 MiB = 2**20
@@ -102,6 +100,7 @@ def claim_env(built: Path) -> Iterator[tuple[dict[str, str], object]]:
         PluginDirs,
         add_claim,
         cdi_ids,
+        claim_process_env,
         gpu_config,
         opaque,
         resolve,
@@ -133,21 +132,9 @@ def claim_env(built: Path) -> Iterator[tuple[dict[str, str], object]]:
             response = kubelet.prepare(claim)[uid_of(claim)]
             assert not response.error
             container = resolve(dirs, cdi_ids(response))
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))
-            }
-            env.update(
-                LD_LIBRARY_PATH=str(built / "fake"),
-                **{
-                    **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
-                    "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),
-                },
-                CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
-                # About slots, not contexts: a context of no size keeps the figures those of the allocations.
-                FAKE_CUDA_CTX_BYTES="0",
-            )
+            env = claim_process_env(built, container)
+            # About slots, not contexts: a context of no size keeps the figures those of the allocations.
+            env["FAKE_CUDA_CTX_BYTES"] = "0"
             yield env, plugin
             kubelet.close()
     finally:

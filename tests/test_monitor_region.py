@@ -10,7 +10,6 @@ from fake_driver import CONTEXT_CHARGE, usable
 
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
 from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import host_environment_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -129,6 +128,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
         PluginDirs,
         add_claim,
         cdi_ids,
+        claim_process_env,
         gpu_config,
         monitor_of,
         opaque,
@@ -161,19 +161,7 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
             response = kubelet.prepare(claim)[uid_of(claim)]
             assert not response.error
             container = resolve(dirs, cdi_ids(response))
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))
-            }
-            env.update(
-                LD_LIBRARY_PATH=str(built / "fake"),
-                **{
-                    **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
-                    "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),  # the build, not the stand-in file
-                },
-                CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
-            )
+            env = claim_process_env(built, container)
             workload = subprocess.Popen(
                 [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
                 env=env,

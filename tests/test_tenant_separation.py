@@ -3,7 +3,6 @@ claim's memory beside limiter claims."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from plugin_harness import (
     PluginDirs,
     add_claim,
     cdi_ids,
+    claim_process_env,
     gpu_config,
     opaque,
     resolve,
@@ -25,8 +25,7 @@ from plugin_harness import (
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.prepare import NOTICE_REASON
-from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import CONTAINER_PRELOAD, host_environment_of
+from dra_gpu.plugin.sharing.limiter import CONTAINER_PRELOAD
 
 MiB = 2**20
 GiB = 2**30
@@ -142,15 +141,7 @@ def test_a_time_sliced_claim_beside_a_limiter_claim_cannot_take_more_than_it_was
     assert CONTAINER_PRELOAD in [m.container_path for m in container.mounts], (
         "the library loads in every process"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
-    env.update(
-        LD_LIBRARY_PATH=str(built / "fake"),
-        **{
-            **host_environment_of((m.container_path, m.host_path) for m in container.mounts),
-            "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),
-        },
-        CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
-    )
+    env = claim_process_env(built, container)
     done = subprocess.run(
         [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0"],
         env=env,
