@@ -12,8 +12,11 @@
  *     measured yet) PRIOR_NS. The prior is not zero: a cold process must not admit a queue-full of
  *     launches free of charge before its first measurement comes back; nor is a kind never measured
  *     admitted more than once before its first measurement (probe()).
- *   - A bracket holds more than the kernel: the device's launch gap, and the host's time in the launch
- *     while the device was idle (kernel_time()); both are taken off the measurement.
+ *   - A bracket holds more than the kernel: the device's gap before the kernel, and the host's time in the
+ *     launch while the device was idle (kernel_time()); both are taken off the measurement. Which of them
+ *     it holds is told by whether the device had reached the start event when the launch returned: if so,
+ *     the host's time since then and the idle gap; if not (the device was busy with our earlier work or with
+ *     another context's: another process of the claim, a neighbour), only the events' and the queued gap.
  *   - Admission is GCRA (the virtual-scheduling form of a token bucket) on one clock per device kept in
  *     the claim's region: `tat` is the wall time at which the claim will have paid for all GPU time
  *     admitted so far. A launch of cost c advances tat by c * 100 / cores; it may proceed while tat is at
@@ -60,11 +63,15 @@
 #define POOLS 8            /* contexts with spare timing events */
 #define POOL_EVENTS 32
 #define EST_SLOTS 1024     /* direct-mapped cost estimates */
-/* What a bracket of timing events measures beyond the kernel (the real H100's record): the device's own gap
- * before a kernel starts, 2.3 us after the previous kernel or after the launch call returns (LAUNCH_GAP_NS,
- * taken a little short so that a queued kernel is never charged less than it ran), and, when the device was
- * idle, the host's time from the start event's record to the launch's return (measured per launch). */
-#define LAUNCH_GAP_NS 2000LL
+/* What a bracket of timing events holds besides the kernel, on the real driver (H100 and H200, driver 580:
+ * tests/real-gpu/bracket-facts.cu and its records). When the device reached the start event before the launch
+ * returned (it was idle), the host's time from the start event's record to the launch's return (measured per
+ * launch) and then the device's gap before the kernel, 1.93 us (bracket.idle.extra_ns); when the start event
+ * was still pending (the device busy with our earlier work or another context's), the events' own device time
+ * and the gap, 2.82 us (bracket.queued.extra_ns, p10 2.75 us). Each is taken a little short, so that a kernel is
+ * never charged less than it ran. */
+#define GAP_IDLE_NS 1900LL
+#define GAP_PENDING_NS 2700LL
 #define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
 bool dl_throttle_on;
@@ -79,7 +86,7 @@ struct pending {
     uint64_t key;
     int dev;
     int64_t charged_ns; /* GPU time charged at admission */
-    int64_t idle_ns;    /* host time in the bracket while the device had nothing of ours queued */
+    int64_t extra_ns;   /* what the bracket holds besides the kernel: gaps and the host's time */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -94,7 +101,7 @@ static struct pool pools[POOLS];
 static _Atomic int polling;
 
 /* When the work this process has queued on each device should end (host clock; the sum of the estimates of
- * what was launched, each LAUNCH_GAP_NS apart): a launch made before then is queued and its bracket holds no
+ * what was launched, each GAP_PENDING_NS apart): a launch made before then is queued and its bracket holds no
  * host time. A guess that errs long (several streams at once, other processes) only deducts less. */
 static _Atomic int64_t queued_until[DL_MAX_DEVICES];
 
@@ -137,11 +144,10 @@ void dl_throttle_reset_after_fork(void) {
 
 static int64_t wall_cost(int64_t gpu_ns) { return gpu_ns * 100 / cores; }
 
-
-/* The kernel's own time in a bracket of events: the bracket less the device's launch gap and the host time
- * the device was idle in it, never below MIN_CHARGE_NS (nor above the bracket). */
-static int64_t kernel_time(int64_t bracket, int64_t idle_ns) {
-    int64_t k = bracket - LAUNCH_GAP_NS - idle_ns;
+/* The kernel's own time in a bracket of events: the bracket less what it holds besides the kernel (the gaps,
+ * the host's time while the device was idle), never below MIN_CHARGE_NS (nor above the bracket). */
+static int64_t kernel_time(int64_t bracket, int64_t extra_ns) {
+    int64_t k = bracket - extra_ns;
     int64_t floor = bracket < MIN_CHARGE_NS ? bracket : MIN_CHARGE_NS;
     return k > floor ? k : floor;
 }
@@ -268,7 +274,7 @@ static void poll_completed(void) {
             if (q == CUDA_ERROR_NOT_READY) break;
             float ms;
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
-                actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->idle_ns);
+                actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
                 atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual[done] - p->charged_ns));
                 dl_region_add_busy(p->dev, actual[done]);
             }
@@ -602,12 +608,20 @@ static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
     dl_region_add_busy(t->dev, actual);
 }
 
+/* Whether the device has not yet reached a start event (a query, relaxed while a capture is open). */
+static int start_pending(CUevent start) {
+    int saved = dl_capture_relax();
+    CUresult q = dl_cuda.cuEventQuery(start);
+    dl_capture_restore(saved);
+    return q == CUDA_ERROR_NOT_READY;
+}
+
 /* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
 static int64_t launched(struct ticket *t) {
     int64_t now = (int64_t)dl_now_ns();
     _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
     int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
-    do next = (until > now ? until : now) + LAUNCH_GAP_NS + t->charged_ns;
+    do next = (until > now ? until : now) + GAP_PENDING_NS + t->charged_ns;
     while (!atomic_compare_exchange_weak_explicit(q, &until, next, memory_order_relaxed, memory_order_relaxed));
     return now;
 }
@@ -635,13 +649,17 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         drop_probe(t);
         return;
     }
+    /* The host time from the start event to the launch's return that no queued work of ours covered. It was
+     * in the bracket only if the device reached the start event meanwhile: a start event still pending when
+     * the launch returned waited for other work (another process's context holding the device), and the
+     * bracket began after the launch's host time. */
+    int64_t idle = returned - t->recorded - t->backlog;
+    int64_t extra = start_pending(t->start) ? GAP_PENDING_NS : GAP_IDLE_NS + (idle > 0 ? idle : 0);
     pthread_mutex_lock(&mu);
     int queued = ring_count < RING;
     if (queued) {
-        /* The host time from the start event to the launch's return that no queued work of ours covered. */
-        int64_t idle = returned - t->recorded - t->backlog;
         ring[(ring_head + ring_count) % RING] =
-            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, idle > 0 ? idle : 0};
+            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra};
         ring_count++;
     }
     if (!queued) probe_dropped(t->key);

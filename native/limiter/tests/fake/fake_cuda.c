@@ -153,6 +153,7 @@ static struct {
     int driver_version;
     int event_create_fails;
     int real_timing; /* FAKE_CUDA_REAL_TIMING: the H100's launch latency, event ticks and host costs */
+    uint64_t neighbour_busy_ns, neighbour_period_ns; /* FAKE_CUDA_NEIGHBOUR_BUSY_US / _FREE_US */
     uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
     uint64_t ctx_base;                      /* what a context holds besides its limits' memory */
 } G;
@@ -171,6 +172,8 @@ static void load_config(void) {
     G.driver_version = (int)fake_env_u64("FAKE_CUDA_DRIVER_VERSION", 13000);
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
     G.real_timing = fake_env_u64("FAKE_CUDA_REAL_TIMING", 0) != 0;
+    G.neighbour_busy_ns = fake_env_u64("FAKE_CUDA_NEIGHBOUR_BUSY_US", 0) * 1000;
+    G.neighbour_period_ns = G.neighbour_busy_ns ? G.neighbour_busy_ns + fake_env_u64("FAKE_CUDA_NEIGHBOUR_FREE_US", 0) * 1000 : 0;
     G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
     G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
     G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
@@ -447,28 +450,42 @@ EXPORT uint64_t fakecuda_used_bytes(int device) {
 
 /* ---------------------------------------------------------------- simulated execution */
 
-/* The real H100's timing (driver 580), as driver-facts.cu measured it: tests/real-gpu/h100-driver-facts.txt,
- * `timing.*` lines. With FAKE_CUDA_REAL_TIMING=1 the fake follows them; otherwise a kernel starts the moment
- * the device is free and calls take no time.
+/* The real driver's timing (580, H100 and H200), as driver-facts.cu and bracket-facts.cu measured it:
+ * tests/real-gpu/h100-driver-facts.txt (`timing.*`) and h200-bracket-facts.txt. With FAKE_CUDA_REAL_TIMING=1 the
+ * fake follows them; otherwise a kernel starts the moment the device is free and calls take no time.
  *   - a kernel on an idle device starts LATENCY_IDLE_NS after its launch call returns (which takes the host
- *     HOST_LAUNCH_NS): events around a 50 us kernel measure 56448 ns (timing.spin50us_events_ns) = the
- *     launch's host time 4070 + 2378 + 50000, and around an empty kernel 6144 ns
- *     (timing.empty_kernel_events_ns: 4070 + about 2000 + the empty kernel's own time);
+ *     HOST_LAUNCH_NS): events around it hold the launch's host time, 1931 ns and the kernel
+ *     (bracket.idle.extra_ns);
  *   - a kernel queued behind another starts LATENCY_QUEUED_NS after it ends
- *     (timing.queued_50us_kernel_overhead_ns = 2323): the device's own gap between kernels, the same in both;
+ *     (timing.queued_50us_kernel_overhead_ns: ten kernels in one bracket, 2128 ns each);
  *   - an event recorded on an idle device is stamped when its record returns (two back to back measure
- *     the record's host time), one recorded behind work when that work ends;
+ *     the record's host time); one recorded behind work is stamped when that work ends and holds the device
+ *     EVENT_QUEUED_NS: a bracket around each of a queue of kernels holds 2816 ns besides the kernel
+ *     (bracket.queued.extra_ns), 688 more than a kernel queued without events;
  *   - event timestamps are multiples of EVENT_TICK_NS (timing.back_to_back_events_ns: 1280 and 1248);
  *   - the calling thread spends HOST_LAUNCH_NS in a launch, HOST_EVENT_RECORD_NS in cuEventRecord and
  *     HOST_EVENT_QUERY_NS in cuEventQuery (timing.launch_host_ns, event_record_host_ns,
  *     event_query_*_host_ns).
  * Busy time (fakecuda_busy_ns) is the kernels' own time: latencies are not in it. */
-#define LATENCY_IDLE_NS 2300ull
-#define LATENCY_QUEUED_NS 2300ull
+#define LATENCY_IDLE_NS 1930ull
+#define LATENCY_QUEUED_NS 2128ull
+#define EVENT_QUEUED_NS 688ull
 #define EVENT_TICK_NS 32ull
 #define HOST_LAUNCH_NS 4070ull
 #define HOST_EVENT_RECORD_NS 1225ull
 #define HOST_EVENT_QUERY_NS 280ull
+
+/* Another process's context on the device (FAKE_CUDA_NEIGHBOUR_BUSY_US=b, FAKE_CUDA_NEIGHBOUR_FREE_US=f): it holds
+ * the device for b us out of every b + f us, on the monotonic clock. A start event recorded onto an idle device
+ * within such a window is reached only when the window ends, and what is queued behind it runs after it: the
+ * real driver's behaviour with two contexts time-sliced (tests/real-gpu/bracket-facts.cu). Work already under way
+ * is not preempted, and launches without an event before them are not held back (only brackets are compared
+ * with the kernels they hold). */
+static uint64_t after_neighbour(uint64_t t) {
+    if (!G.neighbour_period_ns) return t;
+    uint64_t in = t % G.neighbour_period_ns;
+    return in < G.neighbour_busy_ns ? t - in + G.neighbour_busy_ns : t;
+}
 
 static void host_cost(uint64_t ns) {
     if (!G.real_timing) return;
@@ -2340,7 +2357,8 @@ static CUresult event_record(CUevent e, CUstream s) {
     host_cost(HOST_EVENT_RECORD_NS);
     pthread_mutex_lock(&mu);
     uint64_t now = now_ns(), busy = devices[stream_device(s)].busy_until;
-    e->ts = busy > now ? busy : now;
+    e->ts = busy > now ? busy : after_neighbour(now); /* reached after our work, or the neighbour's */
+    if (e->ts > now) devices[stream_device(s)].busy_until = e->ts + (G.real_timing ? EVENT_QUEUED_NS : 0);
     if (G.real_timing) e->ts = (e->ts + EVENT_TICK_NS - 1) / EVENT_TICK_NS * EVENT_TICK_NS;
     e->recorded = 1;
     pthread_mutex_unlock(&mu);
