@@ -38,6 +38,7 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     ShareRecord,
 )
+from dra_gpu.plugin.sharing.limiter_region import make_region
 
 GOAL_PERCENT = 2.0
 SCRAPE_INTERVAL_S = 15.0
@@ -45,32 +46,23 @@ GiB = 2**30
 
 
 def write_region(path: Path, uuid: str, used: int) -> int:
-    """A region file as the limiter lays it out: one device, one live process slot whose lock the
-    returned descriptor holds (as a limited process would). Bench only."""
-    header = bytearray(layout.HEADER_BYTES)
-    struct.pack_into(
-        "=QIIIIII",
-        header,
-        0,
-        layout.MAGIC,
-        layout.VERSION,
-        layout.HEADER_BYTES,
-        layout.SLOT_COUNT,
-        layout.SLOT_BYTES,
-        layout.DEVICE_COUNT,
-        layout.EXPORT_COUNT,
-    )
-    header[64 : 64 + len(uuid)] = uuid.encode()
-    struct.pack_into("=I", header, 64 + 48, 1)
-    struct.pack_into("=q", header, 64 + 64, used)
-    slot = bytearray(layout.SLOT_BYTES)
-    struct.pack_into("=Iiq", slot, 0, 1, 1, used)
+    """A claim's region as the agent makes it (`make_region`), with one device and one process slot holding
+    `used` bytes as a limited process would fill them in; the returned descriptor holds the slot's lock, as
+    the process would. Bench only."""
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / layout.REGION_FILE, "wb") as f:
-        f.write(header + bytes(layout.SLOTS_AT - layout.HEADER_BYTES) + slot)
-        f.truncate(layout.REGION_BYTES)
-    fd = os.open(path / layout.REGION_FILE, os.O_RDWR)
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 1, 1, 0))
+    region = path / layout.REGION_FILE
+    make_region(region)
+    fd = os.open(region, os.O_RDWR)
+    device = bytearray(layout._DEV_BYTES)
+    device[: len(uuid)] = uuid.encode()
+    struct.pack_into("=I", device, layout._READY_AT, 1)
+    struct.pack_into("=q", device, layout._USED_AT, used)
+    os.pwrite(fd, bytes(device), layout._DEVS_AT)
+    slot = bytearray(layout.SLOT_BYTES)
+    layout._SLOT_OWNER.pack_into(slot, 0, layout.SLOT_OWNED, os.getpid(), 0, 0)
+    struct.pack_into("=q", slot, layout._SLOT_USED_AT, used)
+    os.pwrite(fd, bytes(slot), layout.SLOTS_AT)
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(layout._FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 1, 1, 0))
     return fd
 
 
