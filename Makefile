@@ -20,6 +20,7 @@ limiter:
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/clang-format --dry-run --Werror $$(git ls-files 'native/*.c' 'native/*.h' 2>/dev/null || find native -name '*.[ch]')
 	$(BIN)/mypy
 	$(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any tests --exclude tests/container/
 	MYPYPATH=tests $(BIN)/mypy --allow-untyped-defs --allow-incomplete-defs --allow-any-generics --no-warn-return-any tests/container

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from fake_driver import CONTEXT_BYTES, CONTEXT_CHARGE
+from limiter_env import limiter_env, require_c_toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -95,23 +95,9 @@ CASES = [
     "compute without events, at most",
     "compute 30%, H100 timing",
     *(f"compute {pct}%, {us} us kernels, H100 timing" for us in (50, 5000) for pct in (10, 30, 50, 70)),
+    *(f"compute {pct}%, 50 us kernels, H100 timing, a neighbour's context" for pct in (30, 50)),
 ]
 BUILDS = ["build", "sanitize", "tsan"]
-
-
-def _require_compiler() -> None:
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler (cc) on PATH: the native limiter cannot be built")
-    if shutil.which("make") is None:
-        pytest.skip("no make on PATH: the native limiter cannot be built")
-
-
-@pytest.fixture(scope="session")
-def built() -> Path:
-    _require_compiler()
-    result = subprocess.run(["make", "-C", str(LIMITER), "-j2"], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"make -C native/limiter failed:\n{result.stdout}\n{result.stderr}"
-    return BUILD
 
 
 @pytest.fixture(scope="session")
@@ -175,7 +161,7 @@ def test_cuda_declarations_match_the_toolkit(suite: dict[tuple[str, str], str], 
 @pytest.mark.slow
 def test_builds_without_the_cuda_toolkit(tmp_path: Path) -> None:
     """A machine without CUDA builds the library, the fakes, the probe and every test that needs no libcudart."""
-    _require_compiler()
+    require_c_toolchain()
     empty = tmp_path / "no-cuda"
     empty.mkdir()
     build = tmp_path / "build"
@@ -242,13 +228,9 @@ def test_compute_cap_within_five_percent_of_target(suite: dict[tuple[str, str], 
 
 
 def _env(built: Path, state_dir: Path | None = None, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
-    env["LD_LIBRARY_PATH"] = str(built / "fake")
-    env["LD_PRELOAD"] = str(built / "libdragpu-limiter.so.1")
     if state_dir is not None:
-        env["DRAGPU_LIMITER_STATE_DIR"] = str(state_dir)
-    env.update(settings)
-    return env
+        settings["DRAGPU_LIMITER_STATE_DIR"] = str(state_dir)
+    return limiter_env(built, **settings)
 
 
 def _probe(built: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

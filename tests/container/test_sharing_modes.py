@@ -24,7 +24,8 @@ from dra_gpu.plugin.sharing.limiter import (
     CONTAINER_PRELOAD,
     container_claim_dir,
 )
-from dra_gpu.plugin.sharing.mps import CONTAINER_PIPE_DIR, mps_dir
+from dra_gpu.plugin.sharing.mps.common import CONTAINER_PIPE_DIR
+from dra_gpu.plugin.sharing.mps.daemon import mps_dir
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.container

@@ -29,13 +29,13 @@ static const char *owner(const void *p) {
     return dladdr(p, &i) && i.dli_fname ? (strstr(i.dli_fname, "libdragpu-limiter") ? "limiter" : "driver") : "?";
 }
 
-#define CK(call)                                                      \
-    do {                                                              \
-        CUresult r_ = (call);                                         \
-        if (r_ != CUDA_SUCCESS) {                                     \
-            fprintf(stderr, "%s failed: %d\n", #call, (int)r_);       \
-            exit(1);                                                  \
-        }                                                             \
+#define CK(call)                                                                                                       \
+    do {                                                                                                               \
+        CUresult r_ = (call);                                                                                          \
+        if (r_ != CUDA_SUCCESS) {                                                                                      \
+            fprintf(stderr, "%s failed: %d\n", #call, (int)r_);                                                        \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 static CUfunction fn;
@@ -108,7 +108,8 @@ int main(int argc, char **argv) {
         diff[1][round] = v[3][round] - v[2][round];
     }
     if (throttled) {
-        printf("cuLaunchKernel (compute limit on):  driver %7.1f ns  with limiter %7.1f ns  added %6.1f ns  (goal < 200; bookkeeping, no wait)\n",
+        printf("cuLaunchKernel (compute limit on):  driver %7.1f ns  with limiter %7.1f ns  added %6.1f ns  (goal < "
+               "200; bookkeeping, no wait)\n",
                median(v[0], ROUNDS), median(v[1], ROUNDS), median(diff[0], ROUNDS));
         return 0;
     }

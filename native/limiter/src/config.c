@@ -36,11 +36,20 @@ int dl_parse_bytes(const char *s, uint64_t *out) {
     unsigned shift = 0;
     if (s[0] && s[1] == 'i') {
         switch (s[0]) {
-            case 'K': shift = 10; break;
-            case 'M': shift = 20; break;
-            case 'G': shift = 30; break;
-            case 'T': shift = 40; break;
-            default: return -1;
+            case 'K':
+                shift = 10;
+                break;
+            case 'M':
+                shift = 20;
+                break;
+            case 'G':
+                shift = 30;
+                break;
+            case 'T':
+                shift = 40;
+                break;
+            default:
+                return -1;
         }
         s += 2;
     }
@@ -184,8 +193,7 @@ void dl_config_load(struct dl_config *cfg, char *const *envp) {
                 else ordinal = ordinal * 10 + (*c - '0');
             }
             if (!ok || ordinal >= DL_MAX_DEVICES) {
-                dl_warn("ignoring %s: the suffix must be a CUDA device ordinal 0..%d", name,
-                        DL_MAX_DEVICES - 1);
+                dl_warn("ignoring %s: the suffix must be a CUDA device ordinal 0..%d", name, DL_MAX_DEVICES - 1);
                 continue;
             }
             uint64_t b;
@@ -237,8 +245,7 @@ uint64_t dl_config_limit(const struct dl_config *cfg, int ordinal, const char *u
         }
         return DL_NO_LIMIT;
     }
-    if (ordinal >= 0 && ordinal < DL_MAX_DEVICES && cfg->has_ordinal_limit[ordinal])
-        return cfg->ordinal_limit[ordinal];
+    if (ordinal >= 0 && ordinal < DL_MAX_DEVICES && cfg->has_ordinal_limit[ordinal]) return cfg->ordinal_limit[ordinal];
     if (cfg->has_global_limit) return cfg->global_limit;
     return DL_NO_LIMIT;
 }

@@ -32,7 +32,7 @@
 #include "limiter.h"
 
 static struct {
-    _Atomic int refs;           /* this process's retains of the device's primary context */
+    _Atomic int refs; /* this process's retains of the device's primary context */
     _Atomic(CUcontext) ctx;
 } primary[DL_MAX_DEVICES];
 
@@ -43,8 +43,8 @@ static _Atomic uint64_t measured[DL_MAX_DEVICES];
 
 void dl_contexts_reset_after_fork(void) { memset(primary, 0, sizeof primary); }
 
-#define REAL_OR_NOT_FOUND(name) \
-    dl_cuda_init();             \
+#define REAL_OR_NOT_FOUND(name)                                                                                        \
+    dl_cuda_init();                                                                                                    \
     if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND
 
 static int attribute(CUdevice_attribute a, int ordinal) {
@@ -93,7 +93,7 @@ static uint64_t context_bytes(CUcontext ctx, int ordinal) {
 /* The device's free memory around a context's creation. */
 struct probe {
     enum { PROBE_NONE, PROBE_CONTEXT, PROBE_NVML } how;
-    int nvml_open;       /* nvmlInit_v2 succeeded: one nvmlShutdown owed */
+    int nvml_open; /* nvmlInit_v2 succeeded: one nvmlShutdown owed */
     nvmlDevice_t nvml;
     uint64_t before;
 };
@@ -249,8 +249,7 @@ static CUresult primary_release(CUdevice dev, device_call call) {
     CUresult r = call(dev);
     if (r != CUDA_SUCCESS || dev < 0 || dev >= DL_MAX_DEVICES) return r;
     int refs = atomic_load(&primary[dev].refs);
-    while (refs > 0 && !atomic_compare_exchange_weak(&primary[dev].refs, &refs, refs - 1)) {
-    }
+    while (refs > 0 && !atomic_compare_exchange_weak(&primary[dev].refs, &refs, refs - 1)) {}
     if (refs == 1) {
         atomic_fetch_add(&dl_ctx_epoch, 1);
         refund_context(atomic_load(&primary[dev].ctx));
@@ -317,8 +316,8 @@ DL_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice 
     return created(r, pctx, dev, &p);
 }
 
-DL_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
-                                  unsigned int flags, CUdevice dev) {
+DL_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                                  CUdevice dev) {
     REAL_OR_NOT_FOUND(cuCtxCreate_v3);
     struct probe p;
     dl_core_init();
@@ -359,13 +358,15 @@ DL_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
 
 DL_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     REAL_OR_NOT_FOUND(cuCtxSetLimit);
-    int which = limit == CU_LIMIT_STACK_SIZE ? 0 : limit == CU_LIMIT_MALLOC_HEAP_SIZE ? 1
-              : limit == CU_LIMIT_PRINTF_FIFO_SIZE ? 2 : -1;
+    int which = limit == CU_LIMIT_STACK_SIZE         ? 0
+                : limit == CU_LIMIT_MALLOC_HEAP_SIZE ? 1
+                : limit == CU_LIMIT_PRINTF_FIFO_SIZE ? 2
+                                                     : -1;
     CUcontext ctx = NULL;
     uint64_t lim[3];
     int ordinal = dl_current_ordinal();
-    if (which < 0 || ordinal < 0 || !dl_cuda.cuCtxGetCurrent || dl_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
-        !ctx || current_limits(lim) != 0)
+    if (which < 0 || ordinal < 0 || !dl_cuda.cuCtxGetCurrent || dl_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+        current_limits(lim) != 0)
         return dl_cuda.cuCtxSetLimit(limit, value);
     dl_core_init();
     uint64_t before = reserve_for(ordinal, lim);

@@ -60,8 +60,8 @@ DL_NO_SANITIZE static void *find_wrapper(const struct hook *hooks, size_t n, con
 DL_NO_SANITIZE void *dl_cuda_wrapper(const char *name) { return find_wrapper(cuda_hooks, N_CUDA_HOOKS, name); }
 DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name) { return find_wrapper(nvml_hooks, N_NVML_HOOKS, name); }
 
-static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, void **real_hooked,
-                  void **used, const char *const *used_names, size_t n_used) {
+static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, void **real_hooked, void **used,
+                  const char *const *used_names, size_t n_used) {
     void *h = dlopen(soname, RTLD_NOW | RTLD_NODELETE);
     if (!h) {
         dl_warn("cannot load %s: %s", soname, dlerror());
@@ -170,8 +170,8 @@ static void *route(void *p, const char *symbol, int version, cuuint64_t flags) {
         if ((strstr(found->name, "_ptsz") != NULL) == want_ptsz) break;
     }
     if (!found) return p;
-    dl_debug("cuGetProcAddress(%s, %d, %llu) -> %s", symbol ? symbol : "(null)", version,
-             (unsigned long long)flags, found->name);
+    dl_debug("cuGetProcAddress(%s, %d, %llu) -> %s", symbol ? symbol : "(null)", version, (unsigned long long)flags,
+             found->name);
     return found->wrapper;
 }
 

@@ -8,7 +8,13 @@
  *   init.c     lazy, thread-safe initialisation on the first intercepted call; fork handling
  *   region.c   the claim's shared accounting region (one mapped file, one slot per process)
  *   driver.c   loading the real libcuda/libnvidia-ml, the dlsym and cuGetProcAddress interposers
- *   memory.c   allocation wrappers and the capped memory view (CUDA side)
+ *   devices.c  which device a call is about: ordinal -> UUID -> region entry and limit, granularity
+ *   ledger.c   what each live allocation charged (a striped table) and the charge/refund of it
+ *   memory.c   the allocation wrappers and the capped memory view (CUDA side)
+ *   ipc.c      memory shared within the claim: IPC handles and VMM export/import/map, charged once
+ *   pools.c    memory pools and graph memory: charged what the driver reports they reserve
+ *   contexts.c what contexts reserve (stack, malloc heap, printf FIFO, the context itself)
+ *   dlsym.c    the dlsym interposer
  *   nvml.c     the capped memory view (NVML side)
  *   throttle.c the compute cap (launch wrappers and the shared GPU-time rate limiter)
  */
@@ -48,10 +54,10 @@
 #define DL_LIKELY(x) __builtin_expect(!!(x), 1)
 #define DL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-#define DL_MAX_DEVICES 16  /* CUDA ordinals and region device entries per process / claim */
+#define DL_MAX_DEVICES 16 /* CUDA ordinals and region device entries per process / claim */
 /* contexts.c: a context is charged at most its limits' formula plus this much of what the driver took. */
 #define DL_CTX_SLACK (1ull << 30)
-#define DL_UUID_LEN 48     /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40) + NUL, rounded up */
+#define DL_UUID_LEN 48 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (40) + NUL, rounded up */
 #define DL_NO_LIMIT UINT64_MAX
 
 /* ---- log.c ---- */
@@ -78,8 +84,8 @@ struct dl_config {
     uint64_t ordinal_limit[DL_MAX_DEVICES];
     int n_uuid_limits;
     struct dl_uuid_limit uuid_limits[DL_MAX_DEVICES];
-    int cores;              /* 1..100; 100 means unthrottled */
-    char state_dir[4096];   /* empty: no shared region, limits apply per process */
+    int cores;            /* 1..100; 100 means unthrottled */
+    char state_dir[4096]; /* empty: no shared region, limits apply per process */
     int log_level;
 };
 
@@ -139,7 +145,7 @@ bool dl_any_limit(void);
 
 /* ---- init.c ---- */
 extern struct dl_config dl_cfg;
-extern _Atomic int dl_core_ready;  /* 1 once dl_core_init has run in this process (reset by fork) */
+extern _Atomic int dl_core_ready; /* 1 once dl_core_init has run in this process (reset by fork) */
 void dl_core_init_slow(void);
 static inline void dl_core_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_core_ready, memory_order_acquire))) dl_core_init_slow();
@@ -208,132 +214,132 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
 
 /* ---- driver.c ---- */
 /* Real driver entry points: hooked ones plus the few the limiter calls itself. */
-#define DL_CUDA_HOOKED(X)                                                     \
-    X(cuGetProcAddress, PFN_cuGetProcAddress_v11030)                          \
-    X(cuGetProcAddress_v2, PFN_cuGetProcAddress_v12000)                       \
-    X(cuMemAlloc_v2, PFN_cuMemAlloc_v3020)                                    \
-    X(cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020)                          \
-    X(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000)                         \
-    X(cuMemFree_v2, PFN_cuMemFree_v3020)                                      \
-    X(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020)                            \
-    X(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz)                  \
-    X(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020)            \
-    X(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz)  \
-    X(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020)                              \
-    X(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz)                    \
-    X(cuMemCreate, PFN_cuMemCreate_v10020)                                    \
-    X(cuMemRelease, PFN_cuMemRelease_v10020)                                  \
-    X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)    \
-    X(cuMemMap, PFN_cuMemMap_v10020)                                          \
-    X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                      \
-    X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020) \
-    X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)  \
-    X(cuIpcGetMemHandle, PFN_cuIpcGetMemHandle_v4010)                         \
-    X(cuIpcOpenMemHandle, PFN_cuIpcOpenMemHandle_v4010)                       \
-    X(cuIpcOpenMemHandle_v2, PFN_cuIpcOpenMemHandle_v11000)                   \
-    X(cuIpcCloseMemHandle, PFN_cuIpcCloseMemHandle_v4010)                     \
-    X(cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                              \
-    X(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                          \
-    X(cuArrayDestroy, PFN_cuArrayDestroy_v2000)                               \
-    X(cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000)               \
-    X(cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000)             \
-    X(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)                                \
-    X(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)                        \
-    X(cuMemAlloc, PFN_cuMemAlloc_v2000)                                       \
-    X(cuMemAllocPitch, PFN_cuMemAllocPitch_v2000)                             \
-    X(cuMemFree, PFN_cuMemFree_v2000)                                         \
-    X(cuMemGetInfo, PFN_cuMemGetInfo_v2000)                                   \
-    X(cuDeviceTotalMem, PFN_cuDeviceTotalMem_v2000)                           \
-    X(cuArrayCreate, PFN_cuArrayCreate_v2000)                                 \
-    X(cuArray3DCreate, PFN_cuArray3DCreate_v2000)                             \
-    X(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020)                            \
-    X(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020)                \
-    X(cuMemPoolDestroy, PFN_cuMemPoolDestroy_v11020)                          \
-    X(cuGraphAddMemAllocNode, PFN_cuGraphAddMemAllocNode_v11040)              \
-    X(cuGraphAddNode, PFN_cuGraphAddNode_v12020)                              \
-    X(cuGraphAddNode_v2, PFN_cuGraphAddNode_v12030)                           \
-    X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)    \
-    X(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)  \
-    X(cuGraphInstantiateWithParams_ptsz, PFN_cuGraphInstantiateWithParams_v12000_ptsz) \
-    X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                \
-    X(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz)                      \
-    X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                      \
-    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                              \
-    X(cuDeviceGraphMemTrim, PFN_cuDeviceGraphMemTrim_v11040)                  \
-    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)           \
-    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)     \
-    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)         \
-    X(cuCtxCreate_v2, PFN_cuCtxCreate_v3020)                                  \
-    X(cuCtxCreate_v3, PFN_cuCtxCreate_v11040)                                 \
-    X(cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                 \
-    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                \
-    X(cuCtxSetLimit, PFN_cuCtxSetLimit_v3010)                                 \
-    X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                     \
-    X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)           \
-    X(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                           \
-    X(cuCtxSynchronize_v2, PFN_cuCtxSynchronize_v13000)                       \
-    X(cuEventSynchronize, PFN_cuEventSynchronize_v2000)                       \
-    X(cuCtxCreate, PFN_cuCtxCreate_v2000)                                     \
-    X(cuCtxDestroy, PFN_cuCtxDestroy_v2000)                                   \
-    X(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000)         \
-    X(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v7000)             \
-    X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                               \
-    X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                     \
-    X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                          \
-    X(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz)                \
-    X(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000)         \
-    X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz) \
-    X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                \
-    X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                      \
-    X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                  \
-    X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)        \
-    X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)               \
-    X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz)     \
-    X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)    \
-    X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz) \
-    X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                      \
+#define DL_CUDA_HOOKED(X)                                                                                              \
+    X(cuGetProcAddress, PFN_cuGetProcAddress_v11030)                                                                   \
+    X(cuGetProcAddress_v2, PFN_cuGetProcAddress_v12000)                                                                \
+    X(cuMemAlloc_v2, PFN_cuMemAlloc_v3020)                                                                             \
+    X(cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020)                                                                   \
+    X(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000)                                                                  \
+    X(cuMemFree_v2, PFN_cuMemFree_v3020)                                                                               \
+    X(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020)                                                                     \
+    X(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz)                                                           \
+    X(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020)                                                     \
+    X(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz)                                           \
+    X(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020)                                                                       \
+    X(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz)                                                             \
+    X(cuMemCreate, PFN_cuMemCreate_v10020)                                                                             \
+    X(cuMemRelease, PFN_cuMemRelease_v10020)                                                                           \
+    X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)                                             \
+    X(cuMemMap, PFN_cuMemMap_v10020)                                                                                   \
+    X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                                                               \
+    X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020)                                       \
+    X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)                                           \
+    X(cuIpcGetMemHandle, PFN_cuIpcGetMemHandle_v4010)                                                                  \
+    X(cuIpcOpenMemHandle, PFN_cuIpcOpenMemHandle_v4010)                                                                \
+    X(cuIpcOpenMemHandle_v2, PFN_cuIpcOpenMemHandle_v11000)                                                            \
+    X(cuIpcCloseMemHandle, PFN_cuIpcCloseMemHandle_v4010)                                                              \
+    X(cuArrayCreate_v2, PFN_cuArrayCreate_v3020)                                                                       \
+    X(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020)                                                                   \
+    X(cuArrayDestroy, PFN_cuArrayDestroy_v2000)                                                                        \
+    X(cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000)                                                        \
+    X(cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000)                                                      \
+    X(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)                                                                         \
+    X(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)                                                                 \
+    X(cuMemAlloc, PFN_cuMemAlloc_v2000)                                                                                \
+    X(cuMemAllocPitch, PFN_cuMemAllocPitch_v2000)                                                                      \
+    X(cuMemFree, PFN_cuMemFree_v2000)                                                                                  \
+    X(cuMemGetInfo, PFN_cuMemGetInfo_v2000)                                                                            \
+    X(cuDeviceTotalMem, PFN_cuDeviceTotalMem_v2000)                                                                    \
+    X(cuArrayCreate, PFN_cuArrayCreate_v2000)                                                                          \
+    X(cuArray3DCreate, PFN_cuArray3DCreate_v2000)                                                                      \
+    X(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020)                                                                     \
+    X(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020)                                                         \
+    X(cuMemPoolDestroy, PFN_cuMemPoolDestroy_v11020)                                                                   \
+    X(cuGraphAddMemAllocNode, PFN_cuGraphAddMemAllocNode_v11040)                                                       \
+    X(cuGraphAddNode, PFN_cuGraphAddNode_v12020)                                                                       \
+    X(cuGraphAddNode_v2, PFN_cuGraphAddNode_v12030)                                                                    \
+    X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)                                             \
+    X(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)                                           \
+    X(cuGraphInstantiateWithParams_ptsz, PFN_cuGraphInstantiateWithParams_v12000_ptsz)                                 \
+    X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                                                         \
+    X(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz)                                                               \
+    X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                                                               \
+    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                                                                       \
+    X(cuDeviceGraphMemTrim, PFN_cuDeviceGraphMemTrim_v11040)                                                           \
+    X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)                                                    \
+    X(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000)                                              \
+    X(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000)                                                  \
+    X(cuCtxCreate_v2, PFN_cuCtxCreate_v3020)                                                                           \
+    X(cuCtxCreate_v3, PFN_cuCtxCreate_v11040)                                                                          \
+    X(cuCtxCreate_v4, PFN_cuCtxCreate_v12050)                                                                          \
+    X(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000)                                                                         \
+    X(cuCtxSetLimit, PFN_cuCtxSetLimit_v3010)                                                                          \
+    X(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000)                                                              \
+    X(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz)                                                    \
+    X(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                                                                    \
+    X(cuCtxSynchronize_v2, PFN_cuCtxSynchronize_v13000)                                                                \
+    X(cuEventSynchronize, PFN_cuEventSynchronize_v2000)                                                                \
+    X(cuCtxCreate, PFN_cuCtxCreate_v2000)                                                                              \
+    X(cuCtxDestroy, PFN_cuCtxDestroy_v2000)                                                                            \
+    X(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000)                                                  \
+    X(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v7000)                                                      \
+    X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                                                                        \
+    X(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz)                                                              \
+    X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                                                                   \
+    X(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz)                                                         \
+    X(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000)                                                  \
+    X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz)                                        \
+    X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                                                         \
+    X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                                                               \
+    X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                                                           \
+    X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)                                                 \
+    X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)                                                        \
+    X(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz)                                              \
+    X(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030)                                             \
+    X(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz)                                   \
+    X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                                                               \
     X(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz)
 
-#define DL_CUDA_USED(X)                                                       \
-    X(cuInit, PFN_cuInit_v2000)                                               \
-    X(cuDeviceGet, PFN_cuDeviceGet_v2000)                                     \
-    X(cuDeviceGetCount, PFN_cuDeviceGetCount_v2000)                           \
-    X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                         \
-    X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                               \
-    X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                             \
-    X(cuEventCreate, PFN_cuEventCreate_v2000)                                 \
-    X(cuEventRecord, PFN_cuEventRecord_v2000)                                 \
-    X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                       \
-    X(cuEventQuery, PFN_cuEventQuery_v2000)                                   \
-    X(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000)                       \
-    X(cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080)                   \
-    X(cuEventDestroy_v2, PFN_cuEventDestroy_v4000)                            \
-    X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                    \
-    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)          \
-    X(cuCtxGetLimit, PFN_cuCtxGetLimit_v3010)                                 \
-    X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020) \
-    X(cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000)                   \
-    X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                        \
-    X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)              \
-    X(cuStreamGetCtx, PFN_cuStreamGetCtx_v9020)                               \
-    X(cuStreamGetCtx_ptsz, PFN_cuStreamGetCtx_v9020_ptsz)                     \
-    X(cuCtxPushCurrent_v2, PFN_cuCtxPushCurrent_v4000)                        \
-    X(cuCtxPopCurrent_v2, PFN_cuCtxPopCurrent_v4000)                          \
-    X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010) \
-    X(cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020) \
-    X(cuPointerGetAttribute, PFN_cuPointerGetAttribute_v4000)                 \
-    X(cuDeviceGetMemPool, PFN_cuDeviceGetMemPool_v11020)                      \
-    X(cuMemPoolGetAttribute, PFN_cuMemPoolGetAttribute_v11020)                \
+#define DL_CUDA_USED(X)                                                                                                \
+    X(cuInit, PFN_cuInit_v2000)                                                                                        \
+    X(cuDeviceGet, PFN_cuDeviceGet_v2000)                                                                              \
+    X(cuDeviceGetCount, PFN_cuDeviceGetCount_v2000)                                                                    \
+    X(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040)                                                                  \
+    X(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)                                                                        \
+    X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                                                                      \
+    X(cuEventCreate, PFN_cuEventCreate_v2000)                                                                          \
+    X(cuEventRecord, PFN_cuEventRecord_v2000)                                                                          \
+    X(cuEventRecord_ptsz, PFN_cuEventRecord_v7000_ptsz)                                                                \
+    X(cuEventQuery, PFN_cuEventQuery_v2000)                                                                            \
+    X(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000)                                                                \
+    X(cuEventElapsedTime_v2, PFN_cuEventElapsedTime_v12080)                                                            \
+    X(cuEventDestroy_v2, PFN_cuEventDestroy_v4000)                                                                     \
+    X(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000)                                                             \
+    X(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz)                                                   \
+    X(cuCtxGetLimit, PFN_cuCtxGetLimit_v3010)                                                                          \
+    X(cuMemGetAllocationPropertiesFromHandle, PFN_cuMemGetAllocationPropertiesFromHandle_v10020)                       \
+    X(cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000)                                                            \
+    X(cuStreamGetDevice, PFN_cuStreamGetDevice_v12080)                                                                 \
+    X(cuStreamGetDevice_ptsz, PFN_cuStreamGetDevice_v12080_ptsz)                                                       \
+    X(cuStreamGetCtx, PFN_cuStreamGetCtx_v9020)                                                                        \
+    X(cuStreamGetCtx_ptsz, PFN_cuStreamGetCtx_v9020_ptsz)                                                              \
+    X(cuCtxPushCurrent_v2, PFN_cuCtxPushCurrent_v4000)                                                                 \
+    X(cuCtxPopCurrent_v2, PFN_cuCtxPopCurrent_v4000)                                                                   \
+    X(cuThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010)                                 \
+    X(cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020)                                         \
+    X(cuPointerGetAttribute, PFN_cuPointerGetAttribute_v4000)                                                          \
+    X(cuDeviceGetMemPool, PFN_cuDeviceGetMemPool_v11020)                                                               \
+    X(cuMemPoolGetAttribute, PFN_cuMemPoolGetAttribute_v11020)                                                         \
     X(cuDeviceGetGraphMemAttribute, PFN_cuDeviceGetGraphMemAttribute_v11040)
 
-#define DL_NVML_HOOKED(X)                                                     \
-    X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                \
+#define DL_NVML_HOOKED(X)                                                                                              \
+    X(nvmlDeviceGetMemoryInfo, dl_pfn_nvmlDeviceGetMemoryInfo)                                                         \
     X(nvmlDeviceGetMemoryInfo_v2, dl_pfn_nvmlDeviceGetMemoryInfo_v2)
 
-#define DL_NVML_USED(X)                                                       \
-    X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)                            \
-    X(nvmlInit_v2, dl_pfn_nvmlInit_v2)                                        \
-    X(nvmlShutdown, dl_pfn_nvmlShutdown)                                      \
+#define DL_NVML_USED(X)                                                                                                \
+    X(nvmlDeviceGetUUID, dl_pfn_nvmlDeviceGetUUID)                                                                     \
+    X(nvmlInit_v2, dl_pfn_nvmlInit_v2)                                                                                 \
+    X(nvmlShutdown, dl_pfn_nvmlShutdown)                                                                               \
     X(nvmlDeviceGetHandleByUUID, dl_pfn_nvmlDeviceGetHandleByUUID)
 
 struct dl_real_cuda {
@@ -360,8 +366,8 @@ DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name);
 typedef void *(*dl_dlsym_fn)(void *, const char *);
 DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void);
 
-extern struct dl_real_cuda dl_cuda;  /* valid after dl_cuda_init() */
-extern struct dl_real_nvml dl_nvml;  /* valid after dl_nvml_init() */
+extern struct dl_real_cuda dl_cuda; /* valid after dl_cuda_init() */
+extern struct dl_real_nvml dl_nvml; /* valid after dl_nvml_init() */
 extern _Atomic int dl_cuda_ready, dl_nvml_ready;
 void dl_cuda_init_slow(void);
 void dl_nvml_init_slow(void);
@@ -373,17 +379,27 @@ static inline void dl_nvml_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_nvml_ready, memory_order_acquire))) dl_nvml_init_slow();
 }
 
-/* ---- memory.c ---- */
+/* ---- devices.c ---- */
 /* Region device index and limit for a CUDA ordinal (resolved through the UUID once per process). */
 int dl_device_for_ordinal(int ordinal, uint64_t *limit);
 /* The capped (total, free) view shared by the CUDA and NVML queries. */
 void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
                     uint64_t *free_bytes);
+void dl_devices_reset_after_fork(void);
+
+/* ---- ledger.c: what each live allocation charged, and the charging ---- */
 void dl_memory_reset_after_fork(void);
-/* Records that other modules keep in memory.c's table of live allocations: a key of a kind, with a device,
+/* Records that other modules keep in the ledger's table of live allocations: a key of a kind, with a device,
  * bytes and one more value; put replaces, take removes and reports (0 if absent). */
-enum { DL_REC_POOLPTR = 16, DL_REC_GRAPH = 17, DL_REC_EXEC = 18, DL_REC_CAPTURE = 19, DL_REC_CTX = 20, DL_REC_IMPORT = 21,
-       DL_REC_IPC = 22 };
+enum {
+    DL_REC_POOLPTR = 16,
+    DL_REC_GRAPH = 17,
+    DL_REC_EXEC = 18,
+    DL_REC_CAPTURE = 19,
+    DL_REC_CTX = 20,
+    DL_REC_IMPORT = 21,
+    DL_REC_IPC = 22
+};
 void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux);
 int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux);
 /* The current context's CUDA ordinal, -1 without one. */
@@ -396,14 +412,52 @@ int dl_current_ordinal(void);
 int dl_stream_ordinal(CUstream s, int ptsz);
 /* Charges rounded up to whole units of the device's allocation granularity. */
 uint64_t dl_round_granule(int ordinal, uint64_t bytes);
-/* Charging for the allocation families outside memory.c: CUDA_ERROR_OUT_OF_MEMORY over the limit (after
- * pools.c gave back what the driver no longer holds). */
+/* Charges bytes, rounded up to the device's allocation granularity, to a device: CUDA_ERROR_OUT_OF_MEMORY over
+ * the limit (after pools.c gave back what the driver no longer holds). An unknown device is not charged: the
+ * driver will answer the call with its own error. */
 struct dl_charge {
     int dev;
     uint64_t bytes;
 };
 CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c);
 void dl_refund(const struct dl_charge *c);
+/* A charge kept when the driver call succeeded (remembered under key), refunded when it failed. */
+void dl_settle(CUresult r, unsigned kind, uint64_t key, const struct dl_charge *c);
+/* The ledger's entries: the kinds of memory.c and ipc.c. */
+/* K_MAP: a mapping made by cuMemMap, keyed by its address: bytes is its size, handle what it maps (0 when
+ * the handle is not one we charged). */
+enum kind { K_PTR = 1, K_HANDLE = 2, K_ARRAY = 3, K_MIPMAP = 4, K_MAP = 5 }; /* DL_REC_* follow */
+
+struct entry {
+    uint64_t key; /* 0 = empty */
+    uint64_t bytes;
+    uint64_t handle; /* K_MAP: the handle mapped; K_PTR, K_HANDLE: the export entry + 1 (see release) */
+    uint32_t refs;   /* K_HANDLE: the driver's references to the allocation that we have seen */
+    int16_t dev;
+    uint8_t kind;
+    uint8_t tomb;
+};
+/* Gives a charge back: to the claim's total, or (shared != 0: the export table's entry + 1) by ending this
+ * process's hold on memory shared within the claim. */
+void dl_release_charge(int dev, uint64_t bytes, uint64_t shared);
+/* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
+void dl_track_shared(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t shared);
+void dl_track(unsigned kind, uint64_t key, int dev, uint64_t bytes);
+/* Looks an entry up under its stripe's lock and applies op (which returns 1 to delete it); the entry as it
+ * was goes to *out. Returns whether it was found. */
+int dl_update(unsigned kind, uint64_t key, int (*op)(struct entry *), struct entry *out);
+/* Puts an entry in (an entry of the same key and kind is replaced and copied to *old); -1 without memory. */
+int dl_insert(const struct entry *e, struct entry *old);
+int dl_op_delete(struct entry *e);
+int dl_op_ref(struct entry *e);
+int dl_op_unref(struct entry *e);
+/* Forgets a charge and reports it (*shared: as for dl_release_charge); 0 bytes if the key is unknown. */
+uint64_t dl_untrack(unsigned kind, uint64_t key, int *dev, uint64_t *shared);
+/* A reference to a charged VMM handle (0 if it is not one we charged); dropping one returns the bytes to
+ * refund when it was the last (*known: whether we charged the handle); the undo restores it. */
+int dl_handle_ref(uint64_t handle);
+uint64_t dl_handle_unref(uint64_t handle, int *dev, int *known, uint64_t *shared);
+void dl_handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes, uint64_t shared);
 
 /* ---- pools.c: memory the driver keeps for the process beyond live allocations ---- */
 /* Pools the process allocates from, and the graph memory pool of each device, are charged what the driver
@@ -447,7 +501,7 @@ extern _Atomic unsigned dl_ctx_epoch;
 /* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
  * context's). */
 void dl_throttle_forget_context(CUcontext ctx);
-extern bool dl_throttle_on;  /* set once by init: cores < 100 */
+extern bool dl_throttle_on; /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);
 /* While a stream capture is open in the process, the library's own driver calls run with this thread's

@@ -66,7 +66,8 @@ static int parse_device(const char *rest, struct dl_claim *c, int line, char *wh
     /* The first token is the device= value itself (the caller stripped "device="). */
     size_t n = token(&p, tok, sizeof tok);
     if (n == 0 || n >= DL_UUID_LEN || !dl_uuid_valid(tok, n))
-        return fail(why, cap, line, "device=%.60s is not a GPU or MIG UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", tok);
+        return fail(why, cap, line, "device=%.60s is not a GPU or MIG UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                    tok);
     memcpy(d.uuid, tok, n + 1);
     have_uuid = 1;
     while ((n = token(&p, tok, sizeof tok)) > 0) {
@@ -121,7 +122,8 @@ int dl_parse_limits(const char *text, size_t len, struct dl_claim *c, char *why,
         *eq = '\0';
         const char *key = buf, *value = eq + 1;
         if (strcmp(key, "version") == 0 && !have_version) {
-            if (strcmp(value, "1") != 0) return fail(why, cap, line, "unsupported version %.20s (this library reads 1)", value);
+            if (strcmp(value, "1") != 0)
+                return fail(why, cap, line, "unsupported version %.20s (this library reads 1)", value);
             have_version = 1;
         } else if (strcmp(key, "claim") == 0 && !have_claim) {
             const char *slash = strchr(value, '/');
@@ -188,8 +190,7 @@ static bool mounted_read_only(int fd, const char *path) {
     if (!slash) return false;
     *slash = '\0';
     uint64_t mine, parent;
-    return mount_of(fd, "", AT_EMPTY_PATH, &mine) == 0 && mount_of(AT_FDCWD, dir, 0, &parent) == 0 &&
-           mine != parent;
+    return mount_of(fd, "", AT_EMPTY_PATH, &mine) == 0 && mount_of(AT_FDCWD, dir, 0, &parent) == 0 && mine != parent;
 }
 
 static int read_file(const char *path, char *buf, size_t cap, size_t *len, char *why, size_t why_cap) {
@@ -205,7 +206,8 @@ static int read_file(const char *path, char *buf, size_t cap, size_t *len, char 
     }
     if (!mounted_read_only(fd, path)) {
         close(fd);
-        return fail(why, why_cap, 0, "%s", "not a read-only mount of the node agent's (the container could have written it)");
+        return fail(why, why_cap, 0, "%s",
+                    "not a read-only mount of the node agent's (the container could have written it)");
     }
     size_t n = 0;
     for (;;) {

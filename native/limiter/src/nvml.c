@@ -31,8 +31,7 @@ static int ordinal_for_uuid(const char *uuid) {
         CUdevice d;
         CUuuid u;
         char s[DL_UUID_LEN];
-        if (dl_cuda.cuDeviceGet(&d, i) != CUDA_SUCCESS || dl_cuda.cuDeviceGetUuid_v2(&u, d) != CUDA_SUCCESS)
-            continue;
+        if (dl_cuda.cuDeviceGet(&d, i) != CUDA_SUCCESS || dl_cuda.cuDeviceGetUuid_v2(&u, d) != CUDA_SUCCESS) continue;
         dl_uuid_format((const unsigned char *)u.bytes, s);
         if (dl_uuid_equal(s, uuid)) return i;
     }
@@ -49,9 +48,8 @@ static int nvml_device(nvmlDevice_t device, uint64_t *limit) {
     if (strlen(uuid) >= DL_UUID_LEN) return -1;
     /* The region keys devices as the CUDA side formats them: "GPU-" even for a MIG instance. */
     if (strncmp(uuid, "MIG-", 4) == 0) memcpy(uuid, "GPU-", 4);
-    int ordinal = !dl_config_has_uuid_limit(&dl_cfg, uuid) && dl_config_has_ordinal_limits(&dl_cfg)
-                      ? ordinal_for_uuid(uuid)
-                      : -1;
+    int ordinal =
+        !dl_config_has_uuid_limit(&dl_cfg, uuid) && dl_config_has_ordinal_limits(&dl_cfg) ? ordinal_for_uuid(uuid) : -1;
     *limit = dl_device_limit(ordinal, uuid);
     if (*limit == DL_NO_LIMIT) return -1;
     return dl_region_device(uuid);

@@ -36,7 +36,7 @@ typedef struct {
 } nvmlMemory_v2_t;
 
 #define NVML_STRUCT_VERSION(size, ver) ((unsigned int)(size) | ((unsigned int)(ver) << 24U))
-#define nvmlMemory_v2 NVML_STRUCT_VERSION(sizeof(nvmlMemory_v2_t), 2)  /* 0x02000028 */
+#define nvmlMemory_v2 NVML_STRUCT_VERSION(sizeof(nvmlMemory_v2_t), 2) /* 0x02000028 */
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
 
 typedef nvmlReturn_t (*dl_pfn_nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);

@@ -40,9 +40,9 @@ static struct {
     int dev; /* region device + 1; 0: this ordinal's graph memory was never charged */
     uint64_t charged;
 } graphmem[DL_MAX_DEVICES];
-_Atomic int dl_graphmem_pending; /* executable graphs whose allocations are not charged yet */
-static _Atomic int graphmem_used;  /* 1 once any graph allocation was seen */
-static _Atomic bool active;        /* set once the process has a pool or a graph memory pool in the tables */
+_Atomic int dl_graphmem_pending;  /* executable graphs whose allocations are not charged yet */
+static _Atomic int graphmem_used; /* 1 once any graph allocation was seen */
+static _Atomic bool active;       /* set once the process has a pool or a graph memory pool in the tables */
 
 void dl_pools_reset_after_fork(void) {
     pthread_mutex_init(&mu, NULL);
@@ -208,7 +208,9 @@ static int pool_ordinal(CUmemoryPool pool) {
 static int capturing(CUstream s, int ptsz) { return dl_stream_capture_status(s, ptsz) == 1; }
 
 /* Graph records are keyed by object and device: pointers leave the top byte free. */
-static uint64_t gkey(const void *obj, int ordinal) { return (uint64_t)(uintptr_t)obj | ((uint64_t)(ordinal + 1) << 56); }
+static uint64_t gkey(const void *obj, int ordinal) {
+    return (uint64_t)(uintptr_t)obj | ((uint64_t)(ordinal + 1) << 56);
+}
 
 static void graph_add(unsigned kind, const void *obj, int ordinal, uint64_t bytes) {
     int dev;
@@ -242,8 +244,8 @@ static int graph_move(unsigned from_kind, const void *from, unsigned to_kind, co
  * graph is first uploaded or launched. The capture must survive the library: its own calls run relaxed (a
  * global- or thread-local-mode capture forbids potentially unsafe calls), and the address is not asked
  * about - it names a node of the graph being built, not memory; it lands on its pool's or stream's device. */
-static CUresult captured_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int variant,
-                               int ordinal, CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int)) {
+static CUresult captured_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int variant, int ordinal,
+                               CUresult (*call)(CUdeviceptr *, size_t, CUmemoryPool, CUstream, int)) {
     int saved = dl_capture_relax();
     struct dl_charge c;
     CUresult r = dl_charge(ordinal, bytes, &c);
@@ -274,8 +276,8 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
         dl_cuda.cuDeviceGetMemPool(&target, ordinal) != CUDA_SUCCESS)
         target = NULL;
     uint64_t spare = 0, reserved, used = 0;
-    if (target && read_pool(target, &reserved) == 0 && pool_attr(target, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == 0 &&
-        reserved > used)
+    if (target && read_pool(target, &reserved) == 0 &&
+        pool_attr(target, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == 0 && reserved > used)
         spare = reserved - used;
     struct dl_charge c;
     CUresult r = dl_charge(ordinal, bytes > spare ? bytes - spare : 0, &c);
@@ -298,13 +300,15 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
     if (synced == UNTRACKED) {
         /* The pool cannot be followed: the allocation keeps its own charge (logged once). */
         static _Atomic int warned;
-        if (!atomic_exchange(&warned, 1)) dl_warn("a memory pool cannot be followed: its allocations are charged one by one");
+        if (!atomic_exchange(&warned, 1))
+            dl_warn("a memory pool cannot be followed: its allocations are charged one by one");
         uint64_t full = dl_round_granule(actual, bytes), limit;
         if (c.dev >= 0 && c.bytes < full && dl_device_for_ordinal(actual, &limit) == c.dev) {
             if (dl_region_reserve(c.dev, full - c.bytes, limit) == 0) {
                 c.bytes = full;
             } else {
-                CUresult (*release)(CUdeviceptr, CUstream) = ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
+                CUresult (*release)(CUdeviceptr, CUstream) =
+                    ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
                 if (release) release(*dptr, s);
                 dl_refund(&c);
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -318,8 +322,8 @@ CUresult dl_ordered_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CU
         CUresult (*free_fn)(CUdeviceptr, CUstream) = ptsz ? dl_cuda.cuMemFreeAsync_ptsz : dl_cuda.cuMemFreeAsync;
         if (free_fn) free_fn(*dptr, s);
         sync_pool(pool, actual, NULL, 0);
-        dl_info("refusing %zu bytes from a memory pool on device %d: the pool would exceed the claim's limit",
-                bytes, actual);
+        dl_info("refusing %zu bytes from a memory pool on device %d: the pool would exceed the claim's limit", bytes,
+                actual);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     dl_rec_put(DL_REC_POOLPTR, *dptr, dev, 0, (uint64_t)(uintptr_t)pool);
@@ -363,8 +367,8 @@ static int alloc_node_device(const CUmemPoolProps *p) {
     return p->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->location.id : -1;
 }
 
-#define REAL_OR_NOT_FOUND(name) \
-    dl_cuda_init();             \
+#define REAL_OR_NOT_FOUND(name)                                                                                        \
+    dl_cuda_init();                                                                                                    \
     if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND
 
 DL_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
@@ -393,7 +397,8 @@ DL_EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, cons
         if (a != CUDA_SUCCESS) return a;
     }
     CUresult r = dl_cuda.cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
-    if (r == CUDA_SUCCESS && o >= 0) graph_add(DL_REC_GRAPH, hGraph, o, dl_round_granule(o, nodeParams->alloc.bytesize));
+    if (r == CUDA_SUCCESS && o >= 0)
+        graph_add(DL_REC_GRAPH, hGraph, o, dl_round_granule(o, nodeParams->alloc.bytesize));
     return r;
 }
 
@@ -406,15 +411,14 @@ DL_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, c
         CUresult a = admit_graph_alloc(o, nodeParams->alloc.bytesize);
         if (a != CUDA_SUCCESS) return a;
     }
-    CUresult r = dl_cuda.cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies,
-                                           nodeParams);
-    if (r == CUDA_SUCCESS && o >= 0) graph_add(DL_REC_GRAPH, hGraph, o, dl_round_granule(o, nodeParams->alloc.bytesize));
+    CUresult r =
+        dl_cuda.cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+    if (r == CUDA_SUCCESS && o >= 0)
+        graph_add(DL_REC_GRAPH, hGraph, o, dl_round_granule(o, nodeParams->alloc.bytesize));
     return r;
 }
 
-void dl_graphmem_capture_ended(CUstream s, CUgraph g) {
-    graph_move(DL_REC_CAPTURE, s, DL_REC_GRAPH, g, 0);
-}
+void dl_graphmem_capture_ended(CUstream s, CUgraph g) { graph_move(DL_REC_CAPTURE, s, DL_REC_GRAPH, g, 0); }
 
 static void instantiated(CUresult r, CUgraphExec *e, CUgraph g) {
     if (r != CUDA_SUCCESS || !e) return;

@@ -84,17 +84,17 @@
 
 struct region_dev {
     _Alignas(64) char uuid[DL_UUID_LEN];
-    _Atomic uint32_t ready;          /* 1 once uuid is written */
-    _Alignas(64) _Atomic int64_t used;    /* bytes charged by all processes of the claim */
-    _Alignas(64) _Atomic int64_t tat_ns;  /* compute limiter clock, see throttle.c */
+    _Atomic uint32_t ready;              /* 1 once uuid is written */
+    _Alignas(64) _Atomic int64_t used;   /* bytes charged by all processes of the claim */
+    _Alignas(64) _Atomic int64_t tat_ns; /* compute limiter clock, see throttle.c */
 };
 
 /* Counters the node agent reads (src/dra_gpu/monitor/region.py mirrors this layout). They live in what
  * was spare header space, so files made by a library without them read as zeros, never as garbage. */
 struct region_stats {
-    _Atomic uint64_t refused;       /* allocations refused for the claim's limit */
-    _Atomic uint64_t throttled_ns;  /* time launching threads slept in the compute limiter */
-    _Atomic uint64_t busy_ns;       /* measured GPU time of throttled launches */
+    _Atomic uint64_t refused;      /* allocations refused for the claim's limit */
+    _Atomic uint64_t throttled_ns; /* time launching threads slept in the compute limiter */
+    _Atomic uint64_t busy_ns;      /* measured GPU time of throttled launches */
     uint64_t spare;
 };
 
@@ -152,12 +152,12 @@ _Static_assert(sizeof(struct region_export) == 256, "export entries are 256 byte
 
 struct region {
     char *base;
-    int fd;        /* -1 for private memory */
+    int fd; /* -1 for private memory */
     int slot;
-    bool closed;   /* unusable: every limited allocation on its devices is refused */
-    _Atomic int bad;            /* found corrupt, deleted or resized while in use: closed from then on */
+    bool closed;                 /* unusable: every limited allocation on its devices is refused */
+    _Atomic int bad;             /* found corrupt, deleted or resized while in use: closed from then on */
     _Atomic int64_t verified_ns; /* last structural check */
-    char what[64];              /* "claim ns/name" or "the environment's state directory", for messages */
+    char what[64];               /* "claim ns/name" or "the environment's state directory", for messages */
     char path[4200];
 };
 static struct region regions[MAX_REGIONS];
@@ -349,8 +349,7 @@ static void drop_holders(struct region *g, const uint64_t gone[HOLDER_WORDS]) {
         struct region_export *x = export_at(g, i);
         if (!atomic_load(&x->live)) continue;
         uint64_t left = 0;
-        for (int w = 0; w < HOLDER_WORDS; w++)
-            left |= atomic_fetch_and(&x->holders[w], ~gone[w]) & ~gone[w];
+        for (int w = 0; w < HOLDER_WORDS; w++) left |= atomic_fetch_and(&x->holders[w], ~gone[w]) & ~gone[w];
         if (!left) retire(g, x);
     }
 }
@@ -423,8 +422,8 @@ static bool slots_held(const struct region *g) {
  * account - it closes the claim's region. Only the environment's region is made here. */
 static int open_shared(struct region *g, const char *dir, int log_level, bool agent_made) {
     snprintf(g->path, sizeof g->path, "%s/%s", dir, REGION_FILE);
-    const char *consequence = log_level == DL_LOG_ERROR ? "refusing allocations on its devices"
-                                                         : "limits apply to this process only";
+    const char *consequence =
+        log_level == DL_LOG_ERROR ? "refusing allocations on its devices" : "limits apply to this process only";
     int created = 1;
     /* Not world-writable: the containers of a claim share it through their user or group. O_NONBLOCK: a FIFO
      * put in its place must not hang the process (it is then refused as not a regular file). */
@@ -546,7 +545,7 @@ void dl_region_reset_after_fork(void) {
         atomic_store(&g->verified_ns, 0);
     }
     for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) atomic_store(&own_used[i], 0);
-    self_pidns = self_start = 0; /* the child is another process (and may be in a new PID namespace) */
+    self_pidns = self_start = 0;          /* the child is another process (and may be in a new PID namespace) */
     for (int r = 0; r < MAX_REGIONS; r++) /* the child holds nothing: it has no slot yet */
         for (int i = 0; i < REGION_EXPORTS; i++) {
             struct own_export *o = &own_exports[r][i];
@@ -557,8 +556,7 @@ void dl_region_reset_after_fork(void) {
 static int find_device(struct region *g, const char *uuid) {
     for (int i = 0; i < DL_MAX_DEVICES; i++) {
         struct region_dev *d = &hdr(g)->devs[i];
-        if (atomic_load_explicit(&d->ready, memory_order_acquire) && strncmp(d->uuid, uuid, DL_UUID_LEN) == 0)
-            return i;
+        if (atomic_load_explicit(&d->ready, memory_order_acquire) && strncmp(d->uuid, uuid, DL_UUID_LEN) == 0) return i;
     }
     return -1;
 }
@@ -641,7 +639,7 @@ static void sweep(struct region *g) {
         struct region_slot *s = slot_at(g, i);
         if (atomic_load(&s->in_use)) {
             if (lock_byte(fd, 1 + i, F_WRLCK) != 0) continue; /* owner alive */
-            if (!owner_gone(s)) { /* its lock was dropped, its process was not */
+            if (!owner_gone(s)) {                             /* its lock was dropped, its process was not */
                 lock_byte(fd, 1 + i, F_UNLCK);
                 continue;
             }
@@ -726,8 +724,8 @@ void dl_region_tat_reset(int dev, int64_t seen, int64_t now) {
     static _Atomic int warned;
     if (atomic_compare_exchange_strong(dl_region_tat(dev), &seen, now) && !atomic_exchange(&warned, 1))
         dl_error("the compute clock in %s (%s) was %lld s ahead, further than any claim's work can put it; "
-                 "reset to now", region_of(dev)->path, region_of(dev)->what,
-                 (long long)((seen - now) / 1000000000LL));
+                 "reset to now",
+                 region_of(dev)->path, region_of(dev)->what, (long long)((seen - now) / 1000000000LL));
 }
 
 void dl_region_add_throttled(int dev, int64_t ns) {
@@ -801,7 +799,8 @@ int dl_region_export(int dev, const struct dl_export_key *k, uint64_t bytes) {
     static _Atomic int told;
     if (idx < 0 && !atomic_exchange(&told, 1))
         dl_info("the shared-memory table of %s (%s) is full: memory exported now is charged to every process "
-                "of the claim that holds it", g->path, g->what);
+                "of the claim that holds it",
+                g->path, g->what);
     return idx;
 }
 
@@ -889,8 +888,7 @@ void dl_region_leave(int dev, int idx, uint64_t bytes) {
     if (g->closed || idx < 0 || idx >= REGION_EXPORTS) return;
     struct own_export *o = &own_exports[r][idx];
     int held = atomic_load(&o->holds);
-    while (held > 0 && !atomic_compare_exchange_weak(&o->holds, &held, held - 1)) {
-    }
+    while (held > 0 && !atomic_compare_exchange_weak(&o->holds, &held, held - 1)) {}
     if (held == 1) atomic_fetch_sub(&own_used[dev], (int64_t)bytes); /* counted once (dl_region_join) */
     if (g->fd < 0) return;
     int fd = table_lock(g); /* not taken: the hold still goes; a later sweep retires the entry */

@@ -9,27 +9,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond, ...)                                                              \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                             \
-            fputc('\n', stderr);                                                      \
-            exit(1);                                                                  \
-        }                                                                             \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
-#define CHECK_EQ_U64(a, b)                                                                      \
-    do {                                                                                        \
-        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);          \
-        CHECK(a_ == b_, "%s = %llu, expected %s = %llu", #a, a_, #b, b_);                       \
+#define CHECK_EQ_U64(a, b)                                                                                             \
+    do {                                                                                                               \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);                                 \
+        CHECK(a_ == b_, "%s = %llu, expected %s = %llu", #a, a_, #b, b_);                                              \
     } while (0)
 
-#define CHECK_CU(call, expected)                                                                \
-    do {                                                                                        \
-        int r_ = (int)(call);                                                                   \
-        CHECK(r_ == (int)(expected), "%s returned %d, expected %s (%d)", #call, r_, #expected,  \
-              (int)(expected));                                                                 \
+#define CHECK_CU(call, expected)                                                                                       \
+    do {                                                                                                               \
+        int r_ = (int)(call);                                                                                          \
+        CHECK(r_ == (int)(expected), "%s returned %d, expected %s (%d)", #call, r_, #expected, (int)(expected));       \
     } while (0)
 
 #define MiB (1024ull * 1024ull)
@@ -48,12 +47,12 @@ static inline const char *owner_of(const void *p, const char **symbol) {
     return info.dli_fname;
 }
 
-#define CHECK_OWNER(p, want_owner, want_symbol)                                                \
-    do {                                                                                       \
-        const char *sym_;                                                                      \
-        const char *own_ = owner_of((const void *)(p), &sym_);                                 \
-        CHECK(strcmp(own_, want_owner) == 0 && strcmp(sym_, want_symbol) == 0,                 \
-              "%s resolves to %s in %s, expected %s in %s", #p, sym_, own_, want_symbol, want_owner); \
+#define CHECK_OWNER(p, want_owner, want_symbol)                                                                        \
+    do {                                                                                                               \
+        const char *sym_;                                                                                              \
+        const char *own_ = owner_of((const void *)(p), &sym_);                                                         \
+        CHECK(strcmp(own_, want_owner) == 0 && strcmp(sym_, want_symbol) == 0,                                         \
+              "%s resolves to %s in %s, expected %s in %s", #p, sym_, own_, want_symbol, want_owner);                  \
     } while (0)
 
 /* The mode a test runs in: "limited" (limiter preloaded) or "baseline" (calls go straight to the fake). */

@@ -78,9 +78,8 @@ static void *capturer(void *arg) {
     return NULL;
 }
 
-
 /* ---- the real driver's record, repeated (driver-facts.cu's capture_rules, same operations, same order) ---- */
-CUresult CUDAAPI cuStreamQuery(CUstream s); /* not in cuda_min.h: the library never calls it */
+CUresult CUDAAPI cuStreamQuery(CUstream s);                  /* not in cuda_min.h: the library never calls it */
 CUresult CUDAAPI cuStreamGetDevice(CUstream s, CUdevice *d); /* not declared in cuda_min.h (its type is) */
 
 static CUstream side;    /* a stream that is never captured */
@@ -89,15 +88,32 @@ static CUevent ev_side, ev_cap;
 
 /* The record's operations; NULL: one the fake does not implement (cuStreamGetCaptureInfo, cuMemcpyHtoD). */
 static const char *op_names[] = {
-    "cuMemGetInfo",          "cuMemAlloc",           "cuMemFree",
-    "cuCtxSynchronize",      "cuStreamQuery.capturing", "cuStreamQuery.legacy",
-    "cuStreamQuery.side",    "cuEventRecord.side",   "cuEventQuery.side",
-    "cuEventRecord.capturing", "cuEventQuery.capturing", "cuStreamSynchronize.side",
-    "cuMemPoolGetAttribute", "cuDeviceGetGraphMemAttribute", "cuMemPoolTrimTo",
-    "cuDeviceGraphMemTrim",  NULL /* cuStreamGetCaptureInfo */, "cuCtxPushPop",
-    "cuMemAllocAsync.capturing", NULL /* cuMemcpyHtoD */, "cuPointerGetAttribute",
-    "cuEventSynchronize.side", "cuStreamGetDevice.capturing", "cuStreamGetCtx.capturing",
-    "cuStreamIsCapturing.capturing", "cuCtxGetDevice",
+    "cuMemGetInfo",
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuCtxSynchronize",
+    "cuStreamQuery.capturing",
+    "cuStreamQuery.legacy",
+    "cuStreamQuery.side",
+    "cuEventRecord.side",
+    "cuEventQuery.side",
+    "cuEventRecord.capturing",
+    "cuEventQuery.capturing",
+    "cuStreamSynchronize.side",
+    "cuMemPoolGetAttribute",
+    "cuDeviceGetGraphMemAttribute",
+    "cuMemPoolTrimTo",
+    "cuDeviceGraphMemTrim",
+    NULL /* cuStreamGetCaptureInfo */,
+    "cuCtxPushPop",
+    "cuMemAllocAsync.capturing",
+    NULL /* cuMemcpyHtoD */,
+    "cuPointerGetAttribute",
+    "cuEventSynchronize.side",
+    "cuStreamGetDevice.capturing",
+    "cuStreamGetCtx.capturing",
+    "cuStreamIsCapturing.capturing",
+    "cuCtxGetDevice",
 };
 #define N_OPS ((int)(sizeof op_names / sizeof op_names[0]))
 
@@ -108,62 +124,76 @@ static CUresult run_op(int op, CUstream cap) {
     cuuint64_t v;
     CUcontext c;
     switch (op) {
-    case 0: return cuMemGetInfo_v2(&f, &t);
-    case 1: {
-        CUresult r = cuMemAlloc_v2(&p, 1 << 20);
-        if (r == CUDA_SUCCESS) cuMemFree_v2(p);
-        return r;
-    }
-    case 2: {
-        CUdeviceptr q;
-        if (cuMemAlloc_v2(&q, 1 << 20) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
-        return cuMemFree_v2(q);
-    }
-    case 3: return cuCtxSynchronize();
-    case 4: return cuStreamQuery(cap);
-    case 5: return cuStreamQuery((CUstream)0);
-    case 6: return cuStreamQuery(side);
-    case 7: return cuEventRecord(ev_side, side);
-    case 8: return cuEventQuery(ev_side);
-    case 9: return cuEventRecord(ev_cap, cap);
-    case 10: return cuEventQuery(ev_cap);
-    case 11: return cuStreamSynchronize(side);
-    case 12:
-        if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
-        return cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
-    case 13: return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
-    case 14:
-        if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
-        return cuMemPoolTrimTo(pool, 0);
-    case 15: return cuDeviceGraphMemTrim(0);
-    case 17: {
-        CUresult r = cuCtxPushCurrent_v2(ctx);
-        if (r == CUDA_SUCCESS) r = cuCtxPopCurrent_v2(&c);
-        return r;
-    }
-    case 18: {
-        CUresult r = cuMemAllocAsync(&p, 1 << 20, cap);
-        if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, cap);
-        return r;
-    }
-    case 20: { /* the record asked for the memory type; the fake answers the device ordinal */
-        int o;
-        return cuPointerGetAttribute(&o, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, held);
-    }
-    case 21: return cuEventSynchronize(ev_side);
-    case 22: {
-        CUdevice d;
-        return cuStreamGetDevice(cap, &d);
-    }
-    case 23: return cuStreamGetCtx(cap, &c);
-    case 24: {
-        CUstreamCaptureStatus st;
-        return cuStreamIsCapturing(cap, &st);
-    }
-    case 25: {
-        CUdevice d;
-        return cuCtxGetDevice(&d);
-    }
+        case 0:
+            return cuMemGetInfo_v2(&f, &t);
+        case 1: {
+            CUresult r = cuMemAlloc_v2(&p, 1 << 20);
+            if (r == CUDA_SUCCESS) cuMemFree_v2(p);
+            return r;
+        }
+        case 2: {
+            CUdeviceptr q;
+            if (cuMemAlloc_v2(&q, 1 << 20) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+            return cuMemFree_v2(q);
+        }
+        case 3:
+            return cuCtxSynchronize();
+        case 4:
+            return cuStreamQuery(cap);
+        case 5:
+            return cuStreamQuery((CUstream)0);
+        case 6:
+            return cuStreamQuery(side);
+        case 7:
+            return cuEventRecord(ev_side, side);
+        case 8:
+            return cuEventQuery(ev_side);
+        case 9:
+            return cuEventRecord(ev_cap, cap);
+        case 10:
+            return cuEventQuery(ev_cap);
+        case 11:
+            return cuStreamSynchronize(side);
+        case 12:
+            if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+            return cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
+        case 13:
+            return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
+        case 14:
+            if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+            return cuMemPoolTrimTo(pool, 0);
+        case 15:
+            return cuDeviceGraphMemTrim(0);
+        case 17: {
+            CUresult r = cuCtxPushCurrent_v2(ctx);
+            if (r == CUDA_SUCCESS) r = cuCtxPopCurrent_v2(&c);
+            return r;
+        }
+        case 18: {
+            CUresult r = cuMemAllocAsync(&p, 1 << 20, cap);
+            if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, cap);
+            return r;
+        }
+        case 20: { /* the record asked for the memory type; the fake answers the device ordinal */
+            int o;
+            return cuPointerGetAttribute(&o, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, held);
+        }
+        case 21:
+            return cuEventSynchronize(ev_side);
+        case 22: {
+            CUdevice d;
+            return cuStreamGetDevice(cap, &d);
+        }
+        case 23:
+            return cuStreamGetCtx(cap, &c);
+        case 24: {
+            CUstreamCaptureStatus st;
+            return cuStreamIsCapturing(cap, &st);
+        }
+        case 25: {
+            CUdevice d;
+            return cuCtxGetDevice(&d);
+        }
     }
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -234,8 +264,9 @@ static int logged_rules(void) {
         const CUresult want[4] = {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
                                   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED};
         if (got[0] != want[0] || got[1] != want[1] || got[2] != want[2] || end != want[3]) {
-            fprintf(stderr, "capture.%s: cuStreamGetDevice, cuStreamGetCtx, cuMemAllocAsync/end: the fake gives "
-                            "%s, %s, %s/%s; the real driver's log %s, %s, %s/%s\n",
+            fprintf(stderr,
+                    "capture.%s: cuStreamGetDevice, cuStreamGetCtx, cuMemAllocAsync/end: the fake gives "
+                    "%s, %s, %s/%s; the real driver's log %s, %s, %s/%s\n",
                     m ? "thread_local" : "global", err(got[0]), err(got[1]), err(got[2]), err(end), err(want[0]),
                     err(want[1]), err(want[2]), err(want[3]));
             wrong++;

@@ -26,8 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void **, void **);
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                             void **, void **);
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                         unsigned, CUstream, void **);
@@ -113,14 +113,30 @@ static void launch_one(unsigned i) {
     cfg.blockDimX = 128;
     cfg.hStream = s;
     switch (i % 8) {
-        case 0: CHECK_CU(cuLaunchKernel(f, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS); break;
-        case 1: CHECK_CU(cuLaunchKernel_ptsz(f, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS); break;
-        case 2: CHECK_CU(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_SUCCESS); break;
-        case 3: CHECK_CU(cuLaunchKernelEx_ptsz(&cfg, f, NULL, NULL), CUDA_SUCCESS); break;
-        case 4: CHECK_CU(cuLaunchCooperativeKernel(f, grid, 1, 1, 128, 1, 1, 0, s, NULL), CUDA_SUCCESS); break;
-        case 5: CHECK_CU(cuLaunchCooperativeKernel_ptsz(f, grid, 1, 1, 128, 1, 1, 0, s, NULL), CUDA_SUCCESS); break;
-        case 6: CHECK_CU(cuGraphLaunch(exec, s), CUDA_SUCCESS); break;
-        default: CHECK_CU(cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS); break;
+        case 0:
+            CHECK_CU(cuLaunchKernel(f, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS);
+            break;
+        case 1:
+            CHECK_CU(cuLaunchKernel_ptsz(f, grid, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS);
+            break;
+        case 2:
+            CHECK_CU(cuLaunchKernelEx(&cfg, f, NULL, NULL), CUDA_SUCCESS);
+            break;
+        case 3:
+            CHECK_CU(cuLaunchKernelEx_ptsz(&cfg, f, NULL, NULL), CUDA_SUCCESS);
+            break;
+        case 4:
+            CHECK_CU(cuLaunchCooperativeKernel(f, grid, 1, 1, 128, 1, 1, 0, s, NULL), CUDA_SUCCESS);
+            break;
+        case 5:
+            CHECK_CU(cuLaunchCooperativeKernel_ptsz(f, grid, 1, 1, 128, 1, 1, 0, s, NULL), CUDA_SUCCESS);
+            break;
+        case 6:
+            CHECK_CU(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+            break;
+        default:
+            CHECK_CU(cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS);
+            break;
     }
 }
 
@@ -233,11 +249,12 @@ int main(int argc, char **argv) {
     printf("compute cap: target %3d%%  busy %6.2f%%  error %+6.2f%%  (%d process%s, %.1f s; while running %6.2f%%, "
            "%.0f%% waiting for a CPU)\n",
            cores, busy, error, procs, procs == 1 ? "" : "es", seconds, ran, starved);
-    CHECK(starved < 75.0, "the launcher waited for a CPU %.0f%% of the window: too loaded a machine to measure", starved);
+    CHECK(starved < 75.0, "the launcher waited for a CPU %.0f%% of the window: too loaded a machine to measure",
+          starved);
     if (points > 0 && cores < 100) {
         CHECK(busy <= cores + points, "busy %.2f%% is more than %.1f points above %d%%", busy, points, cores);
-        CHECK(ran >= cores - points, "busy %.2f%% of the time the launcher ran is more than %.1f points below %d%%", ran,
-              points, cores);
+        CHECK(ran >= cores - points, "busy %.2f%% of the time the launcher ran is more than %.1f points below %d%%",
+              ran, points, cores);
     } else if (at_most) {
         CHECK(error <= 5.0, "busy %.2f%% is above %d%%", busy, cores);
         CHECK(ran_error >= -50.0, "busy %.2f%% of the time it ran is far below %d%%", ran, cores);

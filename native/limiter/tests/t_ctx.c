@@ -31,8 +31,7 @@ int main(int argc, char **argv) {
     CHECK_CU(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS); /* the last reference: destroyed */
     launches(&second);
     CHECK(second == first, "the fake makes the new primary context at the old address");
-    CHECK(fakecuda_stale_event_uses() == 0, "%lu uses of events of the released context",
-          fakecuda_stale_event_uses());
+    CHECK(fakecuda_stale_event_uses() == 0, "%lu uses of events of the released context", fakecuda_stale_event_uses());
     CHECK_CU(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
     launches(&second);
     CHECK(fakecuda_stale_event_uses() == 0, "%lu uses of events of the reset context", fakecuda_stale_event_uses());

@@ -37,8 +37,8 @@ int main(int argc, char **argv) {
         if (!ours || strcmp(owner_of(ours, NULL), "limiter") != 0) continue; /* not wrapped */
         char line[512];
         snprintf(line, sizeof line, "cuGetProcAddress(%s, %d, %llu) -> %s\n", name, version, flags, symbol);
-        CHECK(strstr(limiter_log, line), "the runtime's lookup %s %d %llu (driver: %s) was not routed to our %s",
-              name, version, flags, symbol, symbol);
+        CHECK(strstr(limiter_log, line), "the runtime's lookup %s %d %llu (driver: %s) was not routed to our %s", name,
+              version, flags, symbol, symbol);
         routed++;
     }
     fclose(f);

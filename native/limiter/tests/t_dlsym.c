@@ -39,12 +39,13 @@ int main(int argc, char **argv) {
     CHECK(strcmp(next_probe(), "a") == 0, "global lookup order changed");
 
     /* Enforcement through the pointers obtained with dlsym. */
-    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
-    CUresult (*get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))dlsym(h, "cuDeviceGet");
-    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
-    CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
-    CUresult (*malloc_)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))alloc;
-    CUresult (*info)(size_t *, size_t *) = (CUresult(*)(size_t *, size_t *))dlsym(h, "cuMemGetInfo_v2");
+    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))dlsym(h, "cuInit");
+    CUresult (*get)(CUdevice *, int) = (CUresult (*)(CUdevice *, int))dlsym(h, "cuDeviceGet");
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult (*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
+    CUresult (*set)(CUcontext) = (CUresult (*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
+    CUresult (*malloc_)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))alloc;
+    CUresult (*info)(size_t *, size_t *) = (CUresult (*)(size_t *, size_t *))dlsym(h, "cuMemGetInfo_v2");
     unsigned long (*calls)(const char *) = (unsigned long (*)(const char *))dlsym(h, "fakecuda_calls");
     CUdevice dev;
     CUcontext ctx;

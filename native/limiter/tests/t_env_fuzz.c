@@ -74,11 +74,27 @@ static void unit_cases(void) {
         int ok;
         uint64_t v;
     } bytes[] = {
-        {"512Mi", 1, 512ull << 20}, {"1Gi", 1, 1ull << 30}, {"10", 1, 10}, {" 7 ", 1, 7}, {"0", 1, 0},
-        {"3Ti", 1, 3ull << 40}, {"64Ki", 1, 65536}, {"18446744073709551615", 1, UINT64_MAX},
-        {"16777215Ti", 1, 16777215ull << 40}, {"1G", 0, 0}, {"1.5Gi", 0, 0}, {"-1", 0, 0}, {"", 0, 0},
-        {"Gi", 0, 0}, {"1 Gi", 0, 0}, {"1gi", 0, 0}, {"1GiB", 0, 0}, {"0x10", 0, 0},
-        {"18446744073709551616", 0, 0}, {"16777216Ti", 0, 0}, {"99999999999999999999999", 0, 0},
+        {"512Mi", 1, 512ull << 20},
+        {"1Gi", 1, 1ull << 30},
+        {"10", 1, 10},
+        {" 7 ", 1, 7},
+        {"0", 1, 0},
+        {"3Ti", 1, 3ull << 40},
+        {"64Ki", 1, 65536},
+        {"18446744073709551615", 1, UINT64_MAX},
+        {"16777215Ti", 1, 16777215ull << 40},
+        {"1G", 0, 0},
+        {"1.5Gi", 0, 0},
+        {"-1", 0, 0},
+        {"", 0, 0},
+        {"Gi", 0, 0},
+        {"1 Gi", 0, 0},
+        {"1gi", 0, 0},
+        {"1GiB", 0, 0},
+        {"0x10", 0, 0},
+        {"18446744073709551616", 0, 0},
+        {"16777216Ti", 0, 0},
+        {"99999999999999999999999", 0, 0},
     };
     for (size_t i = 0; i < sizeof bytes / sizeof bytes[0]; i++) {
         uint64_t v = 12345;
@@ -89,8 +105,8 @@ static void unit_cases(void) {
     static const struct {
         const char *in;
         int v; /* 0: rejected */
-    } pct[] = {{"30", 30}, {"1", 1}, {"100", 100}, {" 50", 50}, {"0", 0}, {"101", 0}, {"30%", 0}, {"3.5", 0},
-               {"", 0}, {"-5", 0}, {"1000000000000", 0}};
+    } pct[] = {{"30", 30}, {"1", 1}, {"100", 100}, {" 50", 50},         {"0", 0}, {"101", 0}, {"30%", 0},
+               {"3.5", 0}, {"", 0},  {"-5", 0},    {"1000000000000", 0}};
     for (size_t i = 0; i < sizeof pct / sizeof pct[0]; i++) {
         int v = -1;
         int r = dl_parse_percent(pct[i].in, &v);
@@ -102,14 +118,20 @@ static void unit_cases(void) {
     const char *u0 = "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000", *u1 = "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000001";
     char by_uuid[256];
     snprintf(by_uuid, sizeof by_uuid, "DRAGPU_MEMORY_LIMIT_BY_UUID=%s=3Gi, %s=4Gi", u0, u1);
-    const char *good[] = {"DRAGPU_MEMORY_LIMIT=1Gi", "DRAGPU_MEMORY_LIMIT_1=2Gi", by_uuid, "DRAGPU_CORES_LIMIT=30",
-                          "DRAGPU_LIMITER_STATE_DIR=/var/run/claim", "DRAGPU_LOG_LEVEL=warn", "PATH=/bin", NULL};
+    const char *good[] = {"DRAGPU_MEMORY_LIMIT=1Gi",
+                          "DRAGPU_MEMORY_LIMIT_1=2Gi",
+                          by_uuid,
+                          "DRAGPU_CORES_LIMIT=30",
+                          "DRAGPU_LIMITER_STATE_DIR=/var/run/claim",
+                          "DRAGPU_LOG_LEVEL=warn",
+                          "PATH=/bin",
+                          NULL};
     load(&cfg, good);
     CHECK(n_lines == 0, "a valid environment logged: %s", lines[0]);
     CHECK(cfg.cores == 30 && strcmp(cfg.state_dir, "/var/run/claim") == 0, "cores %d dir %s", cfg.cores, cfg.state_dir);
-    CHECK_EQ_U64(dl_config_limit(&cfg, 0, NULL), 1ull << 30);              /* UUID unknown: global */
-    CHECK_EQ_U64(dl_config_limit(&cfg, 1, NULL), 2ull << 30);              /* UUID unknown: by ordinal */
-    CHECK_EQ_U64(dl_config_limit(&cfg, 1, u1), 4ull << 30);                /* by UUID wins */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, NULL), 1ull << 30); /* UUID unknown: global */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 1, NULL), 2ull << 30); /* UUID unknown: by ordinal */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 1, u1), 4ull << 30);   /* by UUID wins */
     /* The by-UUID list is complete: a GPU it does not name is not capped by an ordinal or global limit,
      * even when its ordinal (relative to what this container sees) has one. */
     CHECK_EQ_U64(dl_config_limit(&cfg, 1, "GPU-other"), DL_NO_LIMIT);
@@ -122,7 +144,8 @@ static void unit_cases(void) {
     CHECK(n_lines == 0, "a MIG UUID limit logged: %s", lines[0]);
     CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000aa"), 5ull << 30);
     CHECK_EQ_U64(dl_config_limit(&cfg, 0, "MIG-1B2C3D4E-0000-4E11-9A60-0000000000AA"), 5ull << 30);
-    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000ab"), DL_NO_LIMIT); /* not in the complete list */
+    CHECK_EQ_U64(dl_config_limit(&cfg, 0, "GPU-1b2c3d4e-0000-4e11-9a60-0000000000ab"),
+                 DL_NO_LIMIT); /* not in the complete list */
     const char *none[] = {NULL};
     load(&cfg, none);
     CHECK(dl_config_limit(&cfg, 0, u0) == DL_NO_LIMIT && cfg.cores == 100 && !dl_config_has_any_limit(&cfg),
@@ -137,13 +160,16 @@ static void unit_cases(void) {
         {"DRAGPU_CORES_LIMIT=0", "ignoring malformed DRAGPU_CORES_LIMIT=\"0\""},
         {"DRAGPU_LOG_LEVEL=loud", "ignoring malformed DRAGPU_LOG_LEVEL=\"loud\" (expected error, warn, info or debug)"},
         {"DRAGPU_MEMORY_LIMIT_BY_UUID=GPU-1=5", "ignoring malformed DRAGPU_MEMORY_LIMIT_BY_UUID=\"GPU-1=5\""},
-        {"DRAGPU_MEMORY_LIMIT_BY_UUID=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=1Gi,GPU-4a5c1e2d-7b3f-4e11-9a60-00000000000=1Gi",
+        {"DRAGPU_MEMORY_LIMIT_BY_UUID=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=1Gi,GPU-4a5c1e2d-7b3f-4e11-9a60-"
+         "00000000000=1Gi",
          "ignoring malformed DRAGPU_MEMORY_LIMIT_BY_UUID=\"GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=1Gi,GPU-"},
         {"DRAGPU_MEMORY_LIMIT_BY_UUID=nonsense", "ignoring malformed DRAGPU_MEMORY_LIMIT_BY_UUID=\"nonsense\""},
         {"DRAGPU_MEMORY_LIMIT_2=lots", "ignoring malformed DRAGPU_MEMORY_LIMIT_2=\"lots\""},
-        {"DRAGPU_MEMORY_LIMIT_16=1Gi", "ignoring DRAGPU_MEMORY_LIMIT_16: the suffix must be a CUDA device ordinal 0..15"},
+        {"DRAGPU_MEMORY_LIMIT_16=1Gi",
+         "ignoring DRAGPU_MEMORY_LIMIT_16: the suffix must be a CUDA device ordinal 0..15"},
         {"DRAGPU_MEMORY_LIMIT_X=1Gi", "ignoring DRAGPU_MEMORY_LIMIT_X: the suffix must be a CUDA device ordinal"},
-        {"DRAGPU_LIMITER_STATE_DIR=claims/abc", "ignoring malformed DRAGPU_LIMITER_STATE_DIR=\"claims/abc\" (expected an absolute"},
+        {"DRAGPU_LIMITER_STATE_DIR=claims/abc",
+         "ignoring malformed DRAGPU_LIMITER_STATE_DIR=\"claims/abc\" (expected an absolute"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *env[] = {bad[i].entry, NULL};
@@ -151,8 +177,8 @@ static void unit_cases(void) {
         CHECK(logged(bad[i].message), "%s: expected the warning '%s', got '%s'", bad[i].entry, bad[i].message,
               n_lines ? lines[0] : "(nothing)");
         CHECK(strncmp(lines[0], "dragpu-limiter: warn: ", 22) == 0, "prefix: %s", lines[0]);
-        CHECK(!dl_config_has_any_limit(&cfg) && cfg.cores == 100 && cfg.state_dir[0] == '\0',
-              "%s was not ignored", bad[i].entry);
+        CHECK(!dl_config_has_any_limit(&cfg) && cfg.cores == 100 && cfg.state_dir[0] == '\0', "%s was not ignored",
+              bad[i].entry);
     }
     /* A malformed log level warns at the default level; a valid quieter one silences later warnings. */
     const char *quiet[] = {"DRAGPU_LOG_LEVEL=error", "DRAGPU_CORES_LIMIT=abc", NULL};
@@ -216,9 +242,27 @@ static void limits_cases(void) {
 }
 
 static void limits_fuzz(long iterations) {
-    static const char *const pieces[] = {"version=1\n", "claim=ns/a\n", "state=/s\n", "device=" LF_GPU0,
-                                         "device=" LF_GPU1, " memory=", " cores=", "unlimited", "1073741824",
-                                         "30", "100", "0", "\n", "#", " ", "\t", "=", "x", "\r\n", "MIG-", "/"};
+    static const char *const pieces[] = {"version=1\n",
+                                         "claim=ns/a\n",
+                                         "state=/s\n",
+                                         "device=" LF_GPU0,
+                                         "device=" LF_GPU1,
+                                         " memory=",
+                                         " cores=",
+                                         "unlimited",
+                                         "1073741824",
+                                         "30",
+                                         "100",
+                                         "0",
+                                         "\n",
+                                         "#",
+                                         " ",
+                                         "\t",
+                                         "=",
+                                         "x",
+                                         "\r\n",
+                                         "MIG-",
+                                         "/"};
     char text[512], why[300];
     for (long it = 0; it < iterations; it++) {
         size_t len = 0;
@@ -246,10 +290,18 @@ static void limits_fuzz(long iterations) {
 /* ---- fuzzing ---- */
 
 static void random_value(char *buf, size_t cap) {
-    static const char *const seeds[] = {"512Mi", " 1Gi ", "18446744073709551615", "16777216Ti", "30", "100",
-                                        "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=1Gi",
-                                        "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=2Gi,MIG-00000000-1111-2222-3333-444444444444=3Ki",
-                                        "debug", "/state/dir", ""};
+    static const char *const seeds[] = {
+        "512Mi",
+        " 1Gi ",
+        "18446744073709551615",
+        "16777216Ti",
+        "30",
+        "100",
+        "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=1Gi",
+        "GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000=2Gi,MIG-00000000-1111-2222-3333-444444444444=3Ki",
+        "debug",
+        "/state/dir",
+        ""};
     static const char alphabet[] = "0123456789 \tKMGTi-+.,=xGPUMIabcdef/%";
     if (rnd() % 3 == 0) {
         size_t n = rnd() % (cap - 1) % 40;
@@ -261,9 +313,13 @@ static void random_value(char *buf, size_t cap) {
     for (int m = rnd() % 4; m > 0; m--) {
         size_t n = strlen(buf), at = n ? rnd() % n : 0;
         switch (rnd() % 3) {
-            case 0: if (n) buf[at] = alphabet[rnd() % (sizeof alphabet - 1)]; break; /* replace */
-            case 1: if (n) memmove(buf + at, buf + at + 1, n - at); break;             /* delete */
-            default:                                                                  /* insert */
+            case 0:
+                if (n) buf[at] = alphabet[rnd() % (sizeof alphabet - 1)];
+                break; /* replace */
+            case 1:
+                if (n) memmove(buf + at, buf + at + 1, n - at);
+                break; /* delete */
+            default:   /* insert */
                 if (n + 2 < cap) {
                     memmove(buf + at + 1, buf + at, n - at + 1);
                     buf[at] = alphabet[rnd() % (sizeof alphabet - 1)];
@@ -273,9 +329,16 @@ static void random_value(char *buf, size_t cap) {
 }
 
 static void fuzz(long iterations) {
-    static const char *const names[] = {"DRAGPU_MEMORY_LIMIT", "DRAGPU_MEMORY_LIMIT_0", "DRAGPU_MEMORY_LIMIT_15",
-                                        "DRAGPU_MEMORY_LIMIT_99", "DRAGPU_MEMORY_LIMIT_BY_UUID", "DRAGPU_CORES_LIMIT",
-                                        "DRAGPU_LIMITER_STATE_DIR", "DRAGPU_LOG_LEVEL", "DRAGPU_OTHER", "HOME"};
+    static const char *const names[] = {"DRAGPU_MEMORY_LIMIT",
+                                        "DRAGPU_MEMORY_LIMIT_0",
+                                        "DRAGPU_MEMORY_LIMIT_15",
+                                        "DRAGPU_MEMORY_LIMIT_99",
+                                        "DRAGPU_MEMORY_LIMIT_BY_UUID",
+                                        "DRAGPU_CORES_LIMIT",
+                                        "DRAGPU_LIMITER_STATE_DIR",
+                                        "DRAGPU_LOG_LEVEL",
+                                        "DRAGPU_OTHER",
+                                        "HOME"};
     char buf[128], env_store[8][192];
     for (long it = 0; it < iterations; it++) {
         random_value(buf, sizeof buf);
@@ -294,7 +357,8 @@ static void fuzz(long iterations) {
             /* Round trip: what was accepted prints back to something that parses to the same. */
             char again[DL_MAX_DEVICES * 80] = "";
             for (int i = 0; i < n; i++) {
-                CHECK(strncmp(lim[i].uuid, "GPU-", 4) == 0 || strncmp(lim[i].uuid, "MIG-", 4) == 0, "uuid %s", lim[i].uuid);
+                CHECK(strncmp(lim[i].uuid, "GPU-", 4) == 0 || strncmp(lim[i].uuid, "MIG-", 4) == 0, "uuid %s",
+                      lim[i].uuid);
                 size_t len = strlen(again);
                 snprintf(again + len, sizeof again - len, "%s%s=%llu", i ? "," : "", lim[i].uuid,
                          (unsigned long long)lim[i].bytes);
@@ -303,7 +367,8 @@ static void fuzz(long iterations) {
             int n2 = 0;
             CHECK(dl_parse_uuid_limits(again, lim2, DL_MAX_DEVICES, &n2) == 0 && n2 == n, "round trip of \"%s\"", buf);
             for (int i = 0; i < n; i++)
-                CHECK(strcmp(lim[i].uuid, lim2[i].uuid) == 0 && lim[i].bytes == lim2[i].bytes, "round trip of \"%s\"", buf);
+                CHECK(strcmp(lim[i].uuid, lim2[i].uuid) == 0 && lim[i].bytes == lim2[i].bytes, "round trip of \"%s\"",
+                      buf);
         }
 
         /* A random environment: loads without harm; every warning names the variable it is about. */
@@ -312,7 +377,8 @@ static void fuzz(long iterations) {
         for (int i = 0; i < k; i++) {
             char value[128];
             random_value(value, sizeof value);
-            snprintf(env_store[i], sizeof env_store[i], "%s=%s", names[rnd() % (sizeof names / sizeof names[0])], value);
+            snprintf(env_store[i], sizeof env_store[i], "%s=%s", names[rnd() % (sizeof names / sizeof names[0])],
+                     value);
             env[i] = env_store[i];
         }
         env[k] = NULL;
@@ -321,7 +387,8 @@ static void fuzz(long iterations) {
         dl_log_level = DL_LOG_WARN;
         CHECK(cfg.cores >= 1 && cfg.cores <= 100, "cores %d", cfg.cores);
         CHECK(cfg.n_uuid_limits >= 0 && cfg.n_uuid_limits <= DL_MAX_DEVICES, "uuid limits %d", cfg.n_uuid_limits);
-        for (int i = 0; i < n_lines; i++) CHECK(strstr(lines[i], "DRAGPU_"), "warning without a variable: %s", lines[i]);
+        for (int i = 0; i < n_lines; i++)
+            CHECK(strstr(lines[i], "DRAGPU_"), "warning without a variable: %s", lines[i]);
         for (int i = 0; i < k; i++) {
             uint64_t want;
             if (strncmp(env[i], "DRAGPU_MEMORY_LIMIT=", 20) == 0 && ref_bytes(env[i] + 20, &want) == 0) {

@@ -22,8 +22,8 @@ static void *expect(const char *name, int version, cuuint64_t flags, const char 
     const char *sym, *own = owner_of(p, &sym);
     const char *want_owner = wrapped && limited ? "limiter" : "fake";
     CHECK(strcmp(own, want_owner) == 0 && strcmp(sym, wrapped_symbol) == 0,
-          "cuGetProcAddress_v2(%s, %d, %llu) -> %s in %s, expected %s in %s", name, version,
-          (unsigned long long)flags, sym, own, wrapped_symbol, want_owner);
+          "cuGetProcAddress_v2(%s, %d, %llu) -> %s in %s, expected %s in %s", name, version, (unsigned long long)flags,
+          sym, own, wrapped_symbol, want_owner);
     return p;
 }
 
@@ -125,7 +125,8 @@ int main(int argc, char **argv) {
     PFN_cuDevicePrimaryCtxRetain_v7000 retain =
         (PFN_cuDevicePrimaryCtxRetain_v7000)expect("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", 1);
     PFN_cuCtxSetCurrent_v4000 set = (PFN_cuCtxSetCurrent_v4000)expect("cuCtxSetCurrent", 4000, 0, "cuCtxSetCurrent", 0);
-    PFN_cuModuleLoadData_v2000 load = (PFN_cuModuleLoadData_v2000)expect("cuModuleLoadData", 2000, 0, "cuModuleLoadData", 0);
+    PFN_cuModuleLoadData_v2000 load =
+        (PFN_cuModuleLoadData_v2000)expect("cuModuleLoadData", 2000, 0, "cuModuleLoadData", 0);
     PFN_cuModuleGetFunction_v2000 getfn =
         (PFN_cuModuleGetFunction_v2000)expect("cuModuleGetFunction", 2000, 0, "cuModuleGetFunction", 0);
     CUdevice dev;

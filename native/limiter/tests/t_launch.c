@@ -108,9 +108,10 @@ int main(int argc, char **argv) {
         double window = sm.window, busy_s = sm.busy_s;
         double allowed = cores / 100.0 * (window + 0.004) + 2 * 0.002;
         printf("t_launch cold-burst: %u launches of 2 ms, device busy %.1f ms of the first %.1f ms (at most %.1f ms "
-               "at %d%%)\n", n, busy_s * 1e3, window * 1e3, allowed * 1e3, cores);
-        CHECK(busy_s <= allowed, "busy %.1f ms in the first %.1f ms: more than %d%% of it and two kernels", busy_s * 1e3,
-              window * 1e3, cores);
+               "at %d%%)\n",
+               n, busy_s * 1e3, window * 1e3, allowed * 1e3, cores);
+        CHECK(busy_s <= allowed, "busy %.1f ms in the first %.1f ms: more than %d%% of it and two kernels",
+              busy_s * 1e3, window * 1e3, cores);
         return 0;
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);

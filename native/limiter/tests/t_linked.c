@@ -27,16 +27,16 @@ static void expect_free(uint64_t want) {
 }
 
 /* An allocation above what is left: refused by the limiter (driver not called) or, without it, served. */
-#define OVER(call, fake_name)                                                         \
-    do {                                                                              \
-        unsigned long before_ = fakecuda_calls(fake_name);                            \
-        CUresult r_ = (call);                                                         \
-        if (limited) {                                                                \
-            CHECK(r_ == CUDA_ERROR_OUT_OF_MEMORY, "%s returned %d, expected OOM", #call, r_); \
-            CHECK_EQ_U64(fakecuda_calls(fake_name), before_);                         \
-        } else {                                                                      \
-            CHECK(r_ == CUDA_SUCCESS, "%s returned %d without the limiter", #call, r_); \
-        }                                                                             \
+#define OVER(call, fake_name)                                                                                          \
+    do {                                                                                                               \
+        unsigned long before_ = fakecuda_calls(fake_name);                                                             \
+        CUresult r_ = (call);                                                                                          \
+        if (limited) {                                                                                                 \
+            CHECK(r_ == CUDA_ERROR_OUT_OF_MEMORY, "%s returned %d, expected OOM", #call, r_);                          \
+            CHECK_EQ_U64(fakecuda_calls(fake_name), before_);                                                          \
+        } else {                                                                                                       \
+            CHECK(r_ == CUDA_SUCCESS, "%s returned %d without the limiter", #call, r_);                                \
+        }                                                                                                              \
     } while (0)
 
 int main(int argc, char **argv) {
@@ -190,8 +190,8 @@ int main(int argc, char **argv) {
     expect_free(192 * MiB);
     CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
     expect_free(256 * MiB);
-    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = 512, .Height = 512, .Depth = 512, .Format = CU_AD_FORMAT_FLOAT,
-                                  .NumChannels = 1};
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {
+        .Width = 512, .Height = 512, .Depth = 512, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
     OVER(cuArray3DCreate_v2(&arr, &d3), "cuArray3DCreate_v2");
     if (!limited) CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
     d3.Width = d3.Height = d3.Depth = 256;
@@ -199,8 +199,12 @@ int main(int argc, char **argv) {
     expect_free(192 * MiB);
     CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);
     /* Sparse and deferred-mapping arrays have no memory of their own (it comes from cuMemCreate). */
-    CUDA_ARRAY3D_DESCRIPTOR sparse = {.Width = 1024, .Height = 1024, .Depth = 1024, .Format = CU_AD_FORMAT_FLOAT,
-                                      .NumChannels = 1, .Flags = CUDA_ARRAY3D_SPARSE};
+    CUDA_ARRAY3D_DESCRIPTOR sparse = {.Width = 1024,
+                                      .Height = 1024,
+                                      .Depth = 1024,
+                                      .Format = CU_AD_FORMAT_FLOAT,
+                                      .NumChannels = 1,
+                                      .Flags = CUDA_ARRAY3D_SPARSE};
     CHECK_CU(cuArray3DCreate_v2(&arr, &sparse), CUDA_SUCCESS);
     expect_free(256 * MiB);
     CHECK_CU(cuArrayDestroy(arr), CUDA_SUCCESS);

@@ -80,7 +80,8 @@ static void finish(struct proc *p, int kill_it) {
     int status;
     waitpid(p->pid, &status, 0);
     close(p->out);
-    if (!kill_it) CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe exited with status %d:\n%s", status, p->buf);
+    if (!kill_it)
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "probe exited with status %d:\n%s", status, p->buf);
 }
 
 static unsigned long long field(const char *text, const char *name) {
@@ -226,7 +227,7 @@ int main(int argc, char **argv) {
     }
     struct proc ns[2];
     char *ns_argv[] = {"unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
-                       probe, "alloc", "268435456", "1", "--hold", NULL};
+                       probe,     "alloc",  "268435456",       "1",     "--hold", NULL};
     for (int i = 0; i < 2; i++) {
         start(&ns[i], ns_argv);
         CHECK(read_until(&ns[i], "holding"), "namespaced holder %d:\n%s", i, ns[i].buf);

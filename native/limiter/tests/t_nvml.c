@@ -21,8 +21,9 @@ int main(int argc, char **argv) {
 
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     CHECK(h, "dlopen(libnvidia-ml.so.1): %s", dlerror());
-    nvmlReturn_t (*init)(void) = (nvmlReturn_t(*)(void))dlsym(h, "nvmlInit_v2");
-    nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t *) = (nvmlReturn_t(*)(unsigned, nvmlDevice_t *))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    nvmlReturn_t (*init)(void) = (nvmlReturn_t (*)(void))dlsym(h, "nvmlInit_v2");
+    nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t *) =
+        (nvmlReturn_t (*)(unsigned, nvmlDevice_t *))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
     dl_pfn_nvmlDeviceGetMemoryInfo info = (dl_pfn_nvmlDeviceGetMemoryInfo)dlsym(h, "nvmlDeviceGetMemoryInfo");
     dl_pfn_nvmlDeviceGetMemoryInfo_v2 info2 = (dl_pfn_nvmlDeviceGetMemoryInfo_v2)dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
     CHECK(init && by_index && info && info2, "missing NVML entry points");

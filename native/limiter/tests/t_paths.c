@@ -65,20 +65,20 @@ static uint64_t accounted(int dev) {
 }
 
 /* The accounted sum of each device equals what the driver holds there. */
-#define HOLDS(bytes0, bytes1)                             \
-    do {                                                  \
-        CHECK_EQ_U64(fakecuda_used_bytes(0), bytes0);     \
-        CHECK_EQ_U64(accounted(0), bytes0);               \
-        CHECK_EQ_U64(fakecuda_used_bytes(1), bytes1);     \
-        CHECK_EQ_U64(accounted(1), bytes1);               \
+#define HOLDS(bytes0, bytes1)                                                                                          \
+    do {                                                                                                               \
+        CHECK_EQ_U64(fakecuda_used_bytes(0), bytes0);                                                                  \
+        CHECK_EQ_U64(accounted(0), bytes0);                                                                            \
+        CHECK_EQ_U64(fakecuda_used_bytes(1), bytes1);                                                                  \
+        CHECK_EQ_U64(accounted(1), bytes1);                                                                            \
     } while (0)
 
 /* Refused by the limiter: CUDA_ERROR_OUT_OF_MEMORY, and the driver's entry point was not called. */
-#define REFUSED(call, fake_name)                                                          \
-    do {                                                                                  \
-        unsigned long before_ = fakecuda_calls(fake_name);                                \
-        CHECK_CU(call, CUDA_ERROR_OUT_OF_MEMORY);                                         \
-        CHECK_EQ_U64(fakecuda_calls(fake_name), before_);                                 \
+#define REFUSED(call, fake_name)                                                                                       \
+    do {                                                                                                               \
+        unsigned long before_ = fakecuda_calls(fake_name);                                                             \
+        CHECK_CU(call, CUDA_ERROR_OUT_OF_MEMORY);                                                                      \
+        CHECK_EQ_U64(fakecuda_calls(fake_name), before_);                                                              \
     } while (0)
 
 static void setup(void) {
@@ -263,7 +263,11 @@ typedef CUresult (*alloc_v1)(unsigned int *, unsigned int);
 typedef CUresult (*free_v1)(unsigned int);
 typedef CUresult (*info_v1)(unsigned int *, unsigned int *);
 typedef CUresult (*pitch_v1)(unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int);
-struct desc_v1 { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; };
+struct desc_v1 {
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+};
 typedef CUresult (*array_v1)(CUarray *, const struct desc_v1 *);
 
 static void *lookup_v2000(const char *name) {
@@ -591,7 +595,7 @@ static void ipc_same_claim(void) {
     ask(sock, 'i', &h, sizeof h);
     CLAIM_HOLDS(512 * MiB); /* the other process's charge, claim-wide */
     CHECK_CU(cuIpcOpenMemHandle_v2(&a, h, LAZY), CUDA_SUCCESS);
-    HOLDS(512 * MiB, 0); /* open here too: one allocation, one charge */
+    HOLDS(512 * MiB, 0);                                  /* open here too: one allocation, one charge */
     CHECK_CU(cuMemAlloc_v2(&q, 512 * MiB), CUDA_SUCCESS); /* the rest of the limit is still the claim's */
     CLAIM_HOLDS(1 * GiB);
     REFUSED(cuMemAlloc_v2(&q, 2 * MiB), "cuMemAlloc_v2");
@@ -639,7 +643,6 @@ static void ipc_same_claim(void) {
 /* Whether seccomp or the kernel lets this process compare descriptors (kcmp): without it a VMM descriptor
  * cannot be proven to be another process's export, and is charged to the importer too. */
 static int kcmp_allowed(void) { return syscall(SYS_kcmp, getpid(), getpid(), 0 /* KCMP_FILE */, 0, 0) == 0; }
-
 
 static void import_same_claim(void) {
     int sock;
@@ -796,12 +799,20 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*run)(void);
-    } scenarios[] = {{"stream-device", stream_device}, {"pool-kept", pool_kept}, {"graph", graph},
-                     {"capture", capture},             {"legacy-abi", legacy_abi}, {"granularity", granularity},
-                     {"contexts", contexts},           {"import", import},
-                     {"ipc", ipc},                     {"ipc-same-claim", ipc_same_claim},
-                     {"import-same-claim", import_same_claim}, {"export-churn", export_churn},
-                     {"import-self", import_self}, {"import-self-no-kcmp", import_self_no_kcmp}};
+    } scenarios[] = {{"stream-device", stream_device},
+                     {"pool-kept", pool_kept},
+                     {"graph", graph},
+                     {"capture", capture},
+                     {"legacy-abi", legacy_abi},
+                     {"granularity", granularity},
+                     {"contexts", contexts},
+                     {"import", import},
+                     {"ipc", ipc},
+                     {"ipc-same-claim", ipc_same_claim},
+                     {"import-same-claim", import_same_claim},
+                     {"export-churn", export_churn},
+                     {"import-self", import_self},
+                     {"import-self-no-kcmp", import_self_no_kcmp}};
     setup();
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
         if (strcmp(argv[1], scenarios[i].name) != 0) continue;

@@ -73,7 +73,8 @@ int main(int argc, char **argv) {
         clock_gettime(CLOCK_MONOTONIC, &now);
         *(int64_t *)(base + DEV0_TAT) = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec + 7200LL * 1000000000LL;
         alarm(30);
-        for (int i = 0; i < 10; i++) CHECK_CU(cuLaunchKernel(f, 132, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
+        for (int i = 0; i < 10; i++)
+            CHECK_CU(cuLaunchKernel(f, 132, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
         CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
         alarm(0);
     } else if (strcmp(mode, "unlocked") == 0) {

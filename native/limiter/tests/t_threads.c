@@ -58,7 +58,8 @@ int main(void) {
     CHECK_CU(cuModuleGetFunction(&fn, mod, "k"), CUDA_SUCCESS);
     pthread_barrier_init(&start, NULL, THREADS);
     pthread_t t[THREADS];
-    for (int i = 0; i < THREADS; i++) CHECK(pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i) == 0, "pthread_create");
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i) == 0, "pthread_create");
     unsigned long refused = 0;
     for (int i = 0; i < THREADS; i++) {
         void *r;

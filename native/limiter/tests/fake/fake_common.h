@@ -79,7 +79,9 @@ static inline int fake_device_count(void) {
 }
 
 #define FAKE_CONTEXT_BYTES_DEFAULT 548995072ull
-static inline uint64_t fake_context_bytes(void) { return fake_env_u64("FAKE_CUDA_CTX_BYTES", FAKE_CONTEXT_BYTES_DEFAULT); }
+static inline uint64_t fake_context_bytes(void) {
+    return fake_env_u64("FAKE_CUDA_CTX_BYTES", FAKE_CONTEXT_BYTES_DEFAULT);
+}
 
 static inline uint64_t fake_memory_bytes(void) { return fake_env_u64("FAKE_CUDA_MEMORY_BYTES", 80ull << 30); }
 
@@ -87,7 +89,7 @@ static inline uint64_t fake_memory_bytes(void) { return fake_env_u64("FAKE_CUDA_
 static inline void fake_uuid_bytes(int i, unsigned char b[16]) {
     if (i < fake_visible_uuid(-1, NULL) && fake_visible_uuid(i, b) > i) return;
     static const unsigned char base[16] = {0x4a, 0x5c, 0x1e, 0x2d, 0x7b, 0x3f, 0x4e, 0x11,
-                                           0x9a, 0x60, 0, 0, 0, 0, 0, 0};
+                                           0x9a, 0x60, 0,    0,    0,    0,    0,    0};
     for (int k = 0; k < 16; k++) b[k] = base[k];
     b[15] = (unsigned char)i;
 }
@@ -95,8 +97,8 @@ static inline void fake_uuid_bytes(int i, unsigned char b[16]) {
 static inline void fake_uuid_string(int i, char *out, size_t len) {
     unsigned char b[16];
     fake_uuid_bytes(i, b);
-    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
 #endif

@@ -79,13 +79,25 @@ static int counter_index(const char *name) {
     return i < MAX_COUNTERS ? i : MAX_COUNTERS - 1;
 }
 
-#define COUNT()                                                           \
-    do {                                                                  \
-        static _Atomic int idx_ = -1;                                     \
-        int i_ = atomic_load_explicit(&idx_, memory_order_relaxed);       \
-        if (i_ < 0) atomic_store(&idx_, i_ = counter_index(__func__));    \
-        atomic_fetch_add_explicit(&counters[i_].n, 1, memory_order_relaxed); \
+#define COUNT()                                                                                                        \
+    do {                                                                                                               \
+        static _Atomic int idx_ = -1;                                                                                  \
+        int i_ = atomic_load_explicit(&idx_, memory_order_relaxed);                                                    \
+        if (i_ < 0) atomic_store(&idx_, i_ = counter_index(__func__));                                                 \
+        atomic_fetch_add_explicit(&counters[i_].n, 1, memory_order_relaxed);                                           \
     } while (0)
+
+/* An entry point that takes a stream, and its twin for the per-thread default stream (`_ptsz`), which the real
+ * driver exports beside it: one body, each counted under its own name. */
+#define TWINS(name, params, ...)                                                                                       \
+    EXPORT CUresult name params {                                                                                      \
+        COUNT();                                                                                                       \
+        __VA_ARGS__                                                                                                    \
+    }                                                                                                                  \
+    EXPORT CUresult name##_ptsz params {                                                                               \
+        COUNT();                                                                                                       \
+        __VA_ARGS__                                                                                                    \
+    }
 
 EXPORT unsigned long fakecuda_calls(const char *name) {
     pthread_mutex_lock(&counters_mu);
@@ -112,22 +124,74 @@ EXPORT unsigned long fakecuda_calls(const char *name) {
 /* A context holds device memory: FAKE_CUDA_CTX_BYTES of its own (the real driver's 549 MB by default) and
  * what its limits (cuCtxSetLimit) need: the stack of every thread the device can hold resident, the malloc
  * heap and the printf FIFO. gen is bumped when the context is destroyed. */
-struct CUctx_st { unsigned magic; int device; unsigned gen; uint64_t stack, heap, fifo, reserved; int created; };
-struct CUstream_st { unsigned magic; int device; int capturing; CUgraph capture; int mode; unsigned gen; CUcontext ctx;
-                     pthread_t owner; int invalidated; /* the thread that began its capture; the capture is invalid */ };
-struct CUevent_st { unsigned magic; int device; int recorded; uint64_t ts; struct CUctx_st *ctx; unsigned gen;
-                    int captured; /* last recorded into a capturing stream: a node of a graph, not a time */ };
-struct CUmod_st { unsigned magic; };
-struct CUfunc_st { unsigned magic; char name[64]; };
+struct CUctx_st {
+    unsigned magic;
+    int device;
+    unsigned gen;
+    uint64_t stack, heap, fifo, reserved;
+    int created;
+};
+struct CUstream_st {
+    unsigned magic;
+    int device;
+    int capturing;
+    CUgraph capture;
+    int mode;
+    unsigned gen;
+    CUcontext ctx;
+    pthread_t owner;
+    int invalidated; /* the thread that began its capture; the capture is invalid */
+};
+struct CUevent_st {
+    unsigned magic;
+    int device;
+    int recorded;
+    uint64_t ts;
+    struct CUctx_st *ctx;
+    unsigned gen;
+    int captured; /* last recorded into a capturing stream: a node of a graph, not a time */
+};
+struct CUmod_st {
+    unsigned magic;
+};
+struct CUfunc_st {
+    unsigned magic;
+    char name[64];
+};
 /* Graph memory: what the graph's allocation nodes reserve (alloc_bytes) and what its free nodes give back
  * to the device's graph memory pool at the end of each launch (freed_bytes); one device per graph. */
-struct CUgraph_st { unsigned magic; uint64_t duration_ns; unsigned nodes; int alloc_dev; uint64_t alloc_bytes, freed_bytes; };
-struct CUgraphExec_st { unsigned magic; int device; uint64_t duration_ns; int alloc_dev; uint64_t alloc_bytes, persist_bytes; int live; };
+struct CUgraph_st {
+    unsigned magic;
+    uint64_t duration_ns;
+    unsigned nodes;
+    int alloc_dev;
+    uint64_t alloc_bytes, freed_bytes;
+};
+struct CUgraphExec_st {
+    unsigned magic;
+    int device;
+    uint64_t duration_ns;
+    int alloc_dev;
+    uint64_t alloc_bytes, persist_bytes;
+    int live;
+};
 /* A stream-ordered memory pool: reserved is what it holds from the device, in_use what is allocated from it;
  * above the release threshold, unused memory goes back to the device at synchronisation points. */
-struct CUmemPoolHandle_st { unsigned magic; int device; uint64_t reserved, in_use, threshold; };
-struct CUarray_st { unsigned magic; int device; uint64_t bytes; };
-struct CUmipmappedArray_st { unsigned magic; int device; uint64_t bytes; };
+struct CUmemPoolHandle_st {
+    unsigned magic;
+    int device;
+    uint64_t reserved, in_use, threshold;
+};
+struct CUarray_st {
+    unsigned magic;
+    int device;
+    uint64_t bytes;
+};
+struct CUmipmappedArray_st {
+    unsigned magic;
+    int device;
+    uint64_t bytes;
+};
 
 #define QUEUE_DEPTH 1024
 #define THREADS_PER_SM 2048 /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
@@ -136,11 +200,11 @@ static struct device {
     struct CUctx_st primary;
     int primary_refs;
     struct CUmemPoolHandle_st pool;
-    CUmemoryPool current_pool;  /* cuDeviceSetMemPool; NULL: the default pool */
+    CUmemoryPool current_pool;     /* cuDeviceSetMemPool; NULL: the default pool */
     uint64_t gm_reserved, gm_used; /* the graph memory pool */
-    uint64_t used;            /* bytes allocated */
-    uint64_t busy_until;      /* ns, CLOCK_MONOTONIC: when the queued work completes */
-    uint64_t busy_total;      /* ns of kernel time ever queued */
+    uint64_t used;                 /* bytes allocated */
+    uint64_t busy_until;           /* ns, CLOCK_MONOTONIC: when the queued work completes */
+    uint64_t busy_total;           /* ns of kernel time ever queued */
     uint64_t queue_end[QUEUE_DEPTH];
     uint64_t queue_start[QUEUE_DEPTH]; /* when each queued kernel starts (after its launch latency) */
     unsigned queue_pos;
@@ -154,8 +218,8 @@ static struct {
     int event_create_fails;
     int real_timing; /* FAKE_CUDA_REAL_TIMING: the H100's launch latency, event ticks and host costs */
     uint64_t neighbour_busy_ns, neighbour_period_ns; /* FAKE_CUDA_NEIGHBOUR_BUSY_US / _FREE_US */
-    uint64_t ctx_stack, ctx_heap, ctx_fifo; /* a new context's limits */
-    uint64_t ctx_base;                      /* what a context holds besides its limits' memory */
+    uint64_t ctx_stack, ctx_heap, ctx_fifo;          /* a new context's limits */
+    uint64_t ctx_base;                               /* what a context holds besides its limits' memory */
 } G;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -173,7 +237,8 @@ static void load_config(void) {
     G.event_create_fails = fake_env_u64("FAKE_CUDA_EVENT_CREATE_FAILS", 0) != 0;
     G.real_timing = fake_env_u64("FAKE_CUDA_REAL_TIMING", 0) != 0;
     G.neighbour_busy_ns = fake_env_u64("FAKE_CUDA_NEIGHBOUR_BUSY_US", 0) * 1000;
-    G.neighbour_period_ns = G.neighbour_busy_ns ? G.neighbour_busy_ns + fake_env_u64("FAKE_CUDA_NEIGHBOUR_FREE_US", 0) * 1000 : 0;
+    G.neighbour_period_ns =
+        G.neighbour_busy_ns ? G.neighbour_busy_ns + fake_env_u64("FAKE_CUDA_NEIGHBOUR_FREE_US", 0) * 1000 : 0;
     G.ctx_stack = fake_env_u64("FAKE_CUDA_CTX_STACK_BYTES", 0);
     G.ctx_heap = fake_env_u64("FAKE_CUDA_CTX_HEAP_BYTES", 0);
     G.ctx_fifo = fake_env_u64("FAKE_CUDA_CTX_FIFO_BYTES", 0);
@@ -207,10 +272,10 @@ static CUresult check(int need_ctx) {
     return CUDA_SUCCESS;
 }
 
-#define CHECK(need_ctx)              \
-    do {                             \
-        CUresult e_ = check(need_ctx); \
-        if (e_ != CUDA_SUCCESS) return e_; \
+#define CHECK(need_ctx)                                                                                                \
+    do {                                                                                                               \
+        CUresult e_ = check(need_ctx);                                                                                 \
+        if (e_ != CUDA_SUCCESS) return e_;                                                                             \
     } while (0)
 
 static int cur_device(void) { return current()->device; }
@@ -236,11 +301,13 @@ enum { A_DEVICE = 1, A_HANDLE = 2, A_MAP = 3, A_POOLPTR = 4, A_GRAPHVA = 5, A_IP
 /* The fake's allocation granularity: every allocation holds whole granules of device memory, as the real
  * driver hands out memory in pages (cuMemGetAllocationGranularity reports it). */
 #define GRANULE (2ull << 20)
-static uint64_t granules(uint64_t b) { return b > UINT64_MAX - GRANULE ? UINT64_MAX : (b + GRANULE - 1) / GRANULE * GRANULE; }
+static uint64_t granules(uint64_t b) {
+    return b > UINT64_MAX - GRANULE ? UINT64_MAX : (b + GRANULE - 1) / GRANULE * GRANULE;
+}
 
 struct alloc {
     uint64_t key;
-    uint64_t bytes;  /* device memory held (A_MAP: the mapping's size) */
+    uint64_t bytes; /* device memory held (A_MAP: the mapping's size) */
     int device;
     int kind;        /* 0 empty, -1 tombstone */
     uint64_t size;   /* A_HANDLE: the allocation's size, whatever its location */
@@ -407,8 +474,9 @@ static CUresult pool_alloc(CUmemoryPool p, uint64_t bytes, CUdeviceptr *out) {
         p->reserved += grow;
     }
     uint64_t addr = new_addr(p->device, bytes, 0);
-    if (alloc_put((struct alloc){.key = addr, .bytes = bytes, .device = p->device, .kind = A_POOLPTR,
-                                 .handle = (uint64_t)(uintptr_t)p}) != 0)
+    if (alloc_put((struct alloc){
+            .key = addr, .bytes = bytes, .device = p->device, .kind = A_POOLPTR, .handle = (uint64_t)(uintptr_t)p}) !=
+        0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->in_use += bytes;
     *out = (CUdeviceptr)addr;
@@ -421,8 +489,8 @@ static CUresult graph_alloc(CUgraph g, int device, uint64_t bytes, CUdeviceptr *
     if (g->alloc_bytes && g->alloc_dev != device) return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t held = granules(bytes);
     uint64_t addr = new_addr(device, bytes, 0);
-    if (alloc_put((struct alloc){.key = addr, .bytes = held, .device = device, .kind = A_GRAPHVA,
-                                 .handle = (uint64_t)(uintptr_t)g}) != 0)
+    if (alloc_put((struct alloc){
+            .key = addr, .bytes = held, .device = device, .kind = A_GRAPHVA, .handle = (uint64_t)(uintptr_t)g}) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     g->alloc_dev = device;
     g->alloc_bytes += held;
@@ -490,8 +558,7 @@ static uint64_t after_neighbour(uint64_t t) {
 static void host_cost(uint64_t ns) {
     if (!G.real_timing) return;
     uint64_t until = now_ns() + ns;
-    while (now_ns() < until) {
-    }
+    while (now_ns() < until) {}
 }
 
 static uint64_t kernel_ns(uint64_t blocks) {
@@ -667,8 +734,9 @@ static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t 
     log_lookup(symbol, version, flags, pick);
     *pfn = pick ? (void *)pick->fn : NULL;
     if (status)
-        *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
-                       : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        *status = pick    ? CU_GET_PROC_ADDRESS_SUCCESS
+                  : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                          : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return CUDA_SUCCESS;
 }
 
@@ -725,14 +793,29 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_device(d)) return CUDA_ERROR_INVALID_DEVICE;
     switch (attr) {
-        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = (int)G.sms; break;
-        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = THREADS_PER_SM; break;
-        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
-        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
-        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-        case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *v = 1; break;
-        case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *v = 1; break;
-        default: *v = 0;
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+            *v = (int)G.sms;
+            break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+            *v = THREADS_PER_SM;
+            break;
+        case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+            *v = 1024;
+            break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+            *v = 9;
+            break;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+            *v = 0;
+            break;
+        case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+            *v = 1;
+            break;
+        case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+            *v = 1;
+            break;
+        default:
+            *v = 0;
     }
     return CUDA_SUCCESS;
 }
@@ -898,10 +981,17 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     struct CUctx_st *c = current();
     uint64_t stack = c->stack, heap = c->heap, fifo = c->fifo;
     switch (limit) {
-        case CU_LIMIT_STACK_SIZE: stack = value; break;
-        case CU_LIMIT_MALLOC_HEAP_SIZE: heap = value; break;
-        case CU_LIMIT_PRINTF_FIFO_SIZE: fifo = value; break;
-        default: return CUDA_ERROR_NOT_SUPPORTED;
+        case CU_LIMIT_STACK_SIZE:
+            stack = value;
+            break;
+        case CU_LIMIT_MALLOC_HEAP_SIZE:
+            heap = value;
+            break;
+        case CU_LIMIT_PRINTF_FIFO_SIZE:
+            fifo = value;
+            break;
+        default:
+            return CUDA_ERROR_NOT_SUPPORTED;
     }
     pthread_mutex_lock(&mu);
     CUresult r = ctx_reserve(c, stack, heap, fifo);
@@ -915,10 +1005,17 @@ EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = current();
     switch (limit) {
-        case CU_LIMIT_STACK_SIZE: *value = (size_t)c->stack; return CUDA_SUCCESS;
-        case CU_LIMIT_MALLOC_HEAP_SIZE: *value = (size_t)c->heap; return CUDA_SUCCESS;
-        case CU_LIMIT_PRINTF_FIFO_SIZE: *value = (size_t)c->fifo; return CUDA_SUCCESS;
-        default: return CUDA_ERROR_NOT_SUPPORTED;
+        case CU_LIMIT_STACK_SIZE:
+            *value = (size_t)c->stack;
+            return CUDA_SUCCESS;
+        case CU_LIMIT_MALLOC_HEAP_SIZE:
+            *value = (size_t)c->heap;
+            return CUDA_SUCCESS;
+        case CU_LIMIT_PRINTF_FIFO_SIZE:
+            *value = (size_t)c->fifo;
+            return CUDA_SUCCESS;
+        default:
+            return CUDA_ERROR_NOT_SUPPORTED;
     }
 }
 
@@ -1137,15 +1234,7 @@ static CUresult alloc_async(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUs
     return r;
 }
 
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t bytes, CUstream s) {
-    COUNT();
-    return alloc_async(p, bytes, NULL, s);
-}
-
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t bytes, CUstream s) {
-    COUNT();
-    return alloc_async(p, bytes, NULL, s);
-}
+TWINS(cuMemAllocAsync, (CUdeviceptr * p, size_t bytes, CUstream s), return alloc_async(p, bytes, NULL, s);)
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
     COUNT();
@@ -1156,17 +1245,9 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
-    COUNT();
-    if (!pool) return CUDA_ERROR_INVALID_HANDLE;
-    return alloc_async(p, bytes, pool, s);
-}
-
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t bytes, CUmemoryPool pool, CUstream s) {
-    COUNT();
-    if (!pool) return CUDA_ERROR_INVALID_HANDLE;
-    return alloc_async(p, bytes, pool, s);
-}
+TWINS(cuMemAllocFromPoolAsync, (CUdeviceptr * p, size_t bytes, CUmemoryPool pool, CUstream s),
+      if (!pool) return CUDA_ERROR_INVALID_HANDLE;
+      return alloc_async(p, bytes, pool, s);)
 
 static CUresult free_async(CUdeviceptr p, CUstream s) {
     CHECK(1);
@@ -1177,15 +1258,7 @@ static CUresult free_async(CUdeviceptr p, CUstream s) {
     return r;
 }
 
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
-    COUNT();
-    return free_async(p, s);
-}
-
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
-    COUNT();
-    return free_async(p, s);
-}
+TWINS(cuMemFreeAsync, (CUdeviceptr p, CUstream s), return free_async(p, s);)
 
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
                                               CUmemAllocationGranularity_flags option) {
@@ -1303,10 +1376,17 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     pthread_mutex_lock(&mu);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->threshold; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->in_use; break;
-        default: r = CUDA_ERROR_INVALID_VALUE;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            *(cuuint64_t *)value = pool->threshold;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+            *(cuuint64_t *)value = pool->reserved;
+            break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            *(cuuint64_t *)value = pool->in_use;
+            break;
+        default:
+            r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&mu);
     return r;
@@ -1362,8 +1442,12 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
         else devices[device].used += size;
     }
     if (r == CUDA_SUCCESS) {
-        alloc_put((struct alloc){.key = key, .bytes = device < 0 ? 0 : size, .device = device < 0 ? 0 : device,
-                                 .kind = A_HANDLE, .size = size, .refs = 1});
+        alloc_put((struct alloc){.key = key,
+                                 .bytes = device < 0 ? 0 : size,
+                                 .device = device < 0 ? 0 : device,
+                                 .kind = A_HANDLE,
+                                 .size = size,
+                                 .refs = 1});
         *h = key;
     }
     pthread_mutex_unlock(&mu);
@@ -1376,7 +1460,12 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
  * until the new handle is released and unmapped); imported in another process, this fake accounts the allocation's memory to the
  * importing process's device as well, from its first mapping there (handle = 1 until then), so that each
  * process's view holds what it uses. */
-struct shared_alloc { int pid; uint64_t handle; int device; uint64_t size; };
+struct shared_alloc {
+    int pid;
+    uint64_t handle;
+    int device;
+    uint64_t size;
+};
 
 EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
                                              unsigned long long flags) {
@@ -1415,8 +1504,9 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
     if (a) {
         a->refs++;
         uint64_t key = next_handle++;
-        if (alloc_put((struct alloc){.key = key, .device = sa.device, .kind = A_HANDLE, .size = sa.size, .refs = 1,
-                                     .alias = sa.handle}) != 0) {
+        if (alloc_put((struct alloc){
+                .key = key, .device = sa.device, .kind = A_HANDLE, .size = sa.size, .refs = 1, .alias = sa.handle}) !=
+            0) {
             alloc_find(sa.handle, A_HANDLE)->refs--;
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
@@ -1426,8 +1516,8 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
         r = CUDA_ERROR_INVALID_VALUE; /* released since */
     } else {
         uint64_t key = next_handle++;
-        alloc_put((struct alloc){.key = key, .bytes = 0, .device = sa.device, .kind = A_HANDLE, .size = sa.size,
-                                 .refs = 1, .handle = 1});
+        alloc_put((struct alloc){
+            .key = key, .bytes = 0, .device = sa.device, .kind = A_HANDLE, .size = sa.size, .refs = 1, .handle = 1});
         *h = key;
     }
     pthread_mutex_unlock(&mu);
@@ -1438,7 +1528,13 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
  * size. Opened in another process, this fake accounts the memory to the importing process's device as well
  * (as for shareable handles), until its last cuIpcCloseMemHandle; opening a handle already open returns the
  * same address with one more reference; the exporting process cannot open its own handle. */
-struct ipc_handle { uint64_t magic; int pid; int device; uint64_t addr; uint64_t bytes; };
+struct ipc_handle {
+    uint64_t magic;
+    int pid;
+    int device;
+    uint64_t addr;
+    uint64_t bytes;
+};
 #define IPC_MAGIC 0x4350496b616b6646ull
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
@@ -1473,8 +1569,13 @@ static CUresult ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
         *p = open->key;
     } else {
         uint64_t addr = new_addr(ih.device, ih.bytes, 0);
-        if (alloc_put((struct alloc){.key = addr, .bytes = ih.bytes, .device = ih.device, .kind = A_IPC,
-                                     .size = (uint64_t)ih.pid, .handle = ih.addr, .refs = 1}) != 0) {
+        if (alloc_put((struct alloc){.key = addr,
+                                     .bytes = ih.bytes,
+                                     .device = ih.device,
+                                     .kind = A_IPC,
+                                     .size = (uint64_t)ih.pid,
+                                     .handle = ih.addr,
+                                     .refs = 1}) != 0) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             devices[ih.device].used += ih.bytes;
@@ -1681,8 +1782,16 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *
 }
 
 /* The CUDA 2.0 descriptors (32-bit sizes). */
-struct fake_array_desc_v1 { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; };
-struct fake_array3d_desc_v1 { unsigned int Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; };
+struct fake_array_desc_v1 {
+    unsigned int Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+};
+struct fake_array3d_desc_v1 {
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+};
 
 EXPORT CUresult cuArrayCreate(CUarray *out, const struct fake_array_desc_v1 *d) {
     COUNT();
@@ -1750,7 +1859,9 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 
 /* Libraries are context-independent: their kernels (CUkernel) launch through cuLaunchKernel* in whatever
  * context the launch's stream has. */
-struct CUlib_st { unsigned magic; };
+struct CUlib_st {
+    unsigned magic;
+};
 EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
                                   CUlibraryOption *lo, void **lv, unsigned int nl) {
     COUNT();
@@ -1776,47 +1887,21 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                               unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    COUNT();
-    (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
-    return launch(f, GRID(gx, gy, gz), s);
-}
+TWINS(cuLaunchKernel,
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm,
+       CUstream s, void **params, void **extra),
+      (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
+      return launch(f, GRID(gx, gy, gz), s);)
 
-EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                    unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    COUNT();
-    (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
-    return launch(f, GRID(gx, gy, gz), s);
-}
+TWINS(cuLaunchCooperativeKernel,
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm,
+       CUstream s, void **params),
+      (void)bx, (void)by, (void)bz, (void)shm, (void)params;
+      return launch(f, GRID(gx, gy, gz), s);)
 
-EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
-    COUNT();
-    (void)bx, (void)by, (void)bz, (void)shm, (void)params;
-    return launch(f, GRID(gx, gy, gz), s);
-}
-
-EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
-    COUNT();
-    (void)bx, (void)by, (void)bz, (void)shm, (void)params;
-    return launch(f, GRID(gx, gy, gz), s);
-}
-
-EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    COUNT();
-    (void)params, (void)extra;
-    if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, GRID(c->gridDimX, c->gridDimY, c->gridDimZ), c->hStream);
-}
-
-EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    COUNT();
-    (void)params, (void)extra;
-    if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, GRID(c->gridDimX, c->gridDimY, c->gridDimZ), c->hStream);
-}
+TWINS(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (void)params, (void)extra;
+      if (!c) return CUDA_ERROR_INVALID_VALUE;
+      return launch(f, GRID(c->gridDimX, c->gridDimY, c->gridDimZ), c->hStream);)
 
 /* ---------------------------------------------------------------- streams and capture */
 
@@ -1890,25 +1975,9 @@ static CUresult stream_get_ctx(CUstream s, CUcontext *c) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
-    COUNT();
-    return stream_get_ctx(s, c);
-}
+TWINS(cuStreamGetCtx, (CUstream s, CUcontext *c), return stream_get_ctx(s, c);)
 
-EXPORT CUresult cuStreamGetCtx_ptsz(CUstream s, CUcontext *c) {
-    COUNT();
-    return stream_get_ctx(s, c);
-}
-
-EXPORT CUresult cuStreamGetDevice(CUstream s, CUdevice *d) {
-    COUNT();
-    return stream_get_device(s, d);
-}
-
-EXPORT CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) {
-    COUNT();
-    return stream_get_device(s, d);
-}
+TWINS(cuStreamGetDevice, (CUstream s, CUdevice *d), return stream_get_device(s, d);)
 
 /* ---- capture interaction modes (cuThreadExchangeStreamCaptureMode, cuStreamBeginCapture_v2) ----
  * A thread whose own mode is not relaxed is prohibited from potentially unsafe calls when it has an open
@@ -1947,7 +2016,8 @@ static int unsafe_call_invalidates_locked(void) {
         CUstream c = open_captures[i];
         if (!c || c->mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
         int mine = pthread_equal(c->owner, pthread_self());
-        if (mine || (thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+        if (mine ||
+            (thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             c->invalidated = 1;
             hit = 1;
         }
@@ -1995,15 +2065,7 @@ EXPORT CUresult cuStreamQuery(CUstream s) {
     return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamSynchronize(CUstream s) {
-    COUNT();
-    return stream_sync(s);
-}
-
-EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
-    COUNT();
-    return stream_sync(s);
-}
+TWINS(cuStreamSynchronize, (CUstream s), return stream_sync(s);)
 
 static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *st) {
     CHECK(!s);
@@ -2012,15 +2074,7 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *st) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) {
-    COUNT();
-    return is_capturing(s, st);
-}
-
-EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) {
-    COUNT();
-    return is_capturing(s, st);
-}
+TWINS(cuStreamIsCapturing, (CUstream s, CUstreamCaptureStatus *st), return is_capturing(s, st);)
 
 static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
     CHECK(1);
@@ -2049,15 +2103,7 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
-    COUNT();
-    return begin_capture(s, mode);
-}
-
-EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
-    COUNT();
-    return begin_capture(s, mode);
-}
+TWINS(cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode mode), return begin_capture(s, mode);)
 
 static CUresult end_capture(CUstream s, CUgraph *g) {
     CHECK(1);
@@ -2080,15 +2126,7 @@ static CUresult end_capture(CUstream s, CUgraph *g) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
-    COUNT();
-    return end_capture(s, g);
-}
-
-EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
-    COUNT();
-    return end_capture(s, g);
-}
+TWINS(cuStreamEndCapture, (CUstream s, CUgraph *g), return end_capture(s, g);)
 
 /* ---------------------------------------------------------------- graphs */
 
@@ -2171,15 +2209,14 @@ static CUresult add_node(CUgraphNode *node, CUgraph g, CUgraphNodeParams *p) {
     }
 }
 
-EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
-                               CUgraphNodeParams *p) {
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n, CUgraphNodeParams *p) {
     COUNT();
     (void)deps, (void)n;
     return add_node(node, g, p);
 }
 
-EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
-                                  const CUgraphEdgeData *data, size_t n, CUgraphNodeParams *p) {
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
+                                  size_t n, CUgraphNodeParams *p) {
     COUNT();
     (void)deps, (void)data, (void)n;
     return add_node(node, g, p);
@@ -2192,8 +2229,8 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
     if (!e || !g || g->magic != MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = calloc(1, sizeof *x);
     if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
-    *x = (struct CUgraphExec_st){MAGIC_EXEC, cur_device(), g->duration_ns, g->alloc_dev, g->alloc_bytes,
-                                 g->alloc_bytes - g->freed_bytes, 0};
+    *x = (struct CUgraphExec_st){
+        MAGIC_EXEC, cur_device(), g->duration_ns, g->alloc_dev, g->alloc_bytes, g->alloc_bytes - g->freed_bytes, 0};
     *e = x;
     return CUDA_SUCCESS;
 }
@@ -2225,15 +2262,7 @@ static CUresult graph_upload(CUgraphExec e, CUstream s) {
     return r;
 }
 
-EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
-    COUNT();
-    return graph_upload(e, s);
-}
-
-EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) {
-    COUNT();
-    return graph_upload(e, s);
-}
+TWINS(cuGraphUpload, (CUgraphExec e, CUstream s), return graph_upload(e, s);)
 
 static CUresult graph_launch(CUgraphExec e, CUstream s) {
     CHECK(1);
@@ -2276,23 +2305,20 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute 
     pthread_mutex_lock(&mu);
     CUresult r = CUDA_SUCCESS;
     switch (attr) {
-        case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = devices[dev].gm_reserved; break;
-        case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = devices[dev].gm_used; break;
-        default: r = CUDA_ERROR_INVALID_VALUE;
+        case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+            *(cuuint64_t *)value = devices[dev].gm_reserved;
+            break;
+        case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+            *(cuuint64_t *)value = devices[dev].gm_used;
+            break;
+        default:
+            r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&mu);
     return r;
 }
 
-EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
-    COUNT();
-    return graph_launch(e, s);
-}
-
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) {
-    COUNT();
-    return graph_launch(e, s);
-}
+TWINS(cuGraphLaunch, (CUgraphExec e, CUstream s), return graph_launch(e, s);)
 
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
     COUNT();
@@ -2365,15 +2391,7 @@ static CUresult event_record(CUevent e, CUstream s) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
-    COUNT();
-    return event_record(e, s);
-}
-
-EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) {
-    COUNT();
-    return event_record(e, s);
-}
+TWINS(cuEventRecord, (CUevent e, CUstream s), return event_record(e, s);)
 
 EXPORT CUresult cuEventQuery(CUevent e) {
     COUNT();

@@ -49,13 +49,20 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
 
 EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
-        case NVML_SUCCESS: return "Success";
-        case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-        case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-        case NVML_ERROR_NOT_FOUND: return "Not Found";
-        case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
-        default: return "Unknown Error";
+        case NVML_SUCCESS:
+            return "Success";
+        case NVML_ERROR_UNINITIALIZED:
+            return "Uninitialized";
+        case NVML_ERROR_INVALID_ARGUMENT:
+            return "Invalid Argument";
+        case NVML_ERROR_NOT_FOUND:
+            return "Not Found";
+        case NVML_ERROR_INSUFFICIENT_SIZE:
+            return "Insufficient Size";
+        case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+            return "Argument Version Mismatch";
+        default:
+            return "Unknown Error";
     }
 }
 
@@ -119,7 +126,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int l
 
 static uint64_t used_bytes(int i) {
     /* The fake driver's accounting, when it is loaded in this process. */
-    uint64_t (*fn)(int) = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fakecuda_used_bytes");
+    uint64_t (*fn)(int) = (uint64_t (*)(int))dlsym(RTLD_DEFAULT, "fakecuda_used_bytes");
     return fn ? fn(i) : 0;
 }
 

@@ -5,11 +5,11 @@
 typedef void (*fake_fn)(void);
 
 struct fake_proc_entry {
-    const char *base;     /* name cuGetProcAddress is asked for, e.g. "cuMemAlloc" */
-    int version;          /* CUDA version that introduced this ABI variant, e.g. 3020 */
-    int per_thread;       /* 1 for the _ptsz/_ptds variant */
-    const char *symbol;   /* exported name of the variant, e.g. "cuMemAlloc_v2" */
-    fake_fn fn;           /* the fake's own definition (never looked up through dlsym) */
+    const char *base;   /* name cuGetProcAddress is asked for, e.g. "cuMemAlloc" */
+    int version;        /* CUDA version that introduced this ABI variant, e.g. 3020 */
+    int per_thread;     /* 1 for the _ptsz/_ptds variant */
+    const char *symbol; /* exported name of the variant, e.g. "cuMemAlloc_v2" */
+    fake_fn fn;         /* the fake's own definition (never looked up through dlsym) */
 };
 
 extern const struct fake_proc_entry fake_proc_table[];

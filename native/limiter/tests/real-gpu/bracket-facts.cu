@@ -8,6 +8,7 @@
 // compared with the kernel as the GPU ran it:
 //   bracket.<case>.extra_ns         bracket - kernel - host time from the start event's record to the launch's
 //                                   return (what kernel_time() takes off as the launch gap)
+//   bracket.<case>.gross_ns         bracket - kernel
 //   bracket.<case>.record_host_ns   the start event's record, host time (how much of it a bracket may hold:
 //                                   extra_ns beyond the device's gap)
 //   bracket.<case>.start_done       of the launches, how many found their start event complete when the launch
@@ -90,6 +91,10 @@ static void report(const char *name, struct sample *s, int n) {
             vp[np++] = v[i];
         }
     }
+    static double g[N * QUEUE];
+    for (int i = 0; i < n; i++) g[i] = s[i].bracket - s[i].kernel;
+    qsort(g, n, sizeof g[0], cmp_d);
+    printf("bracket.%s.gross_ns median=%.0f p10=%.0f p90=%.0f\n", name, g[n / 2], g[n / 10], g[9 * n / 10]);
     qsort(v, n, sizeof v[0], cmp_d);
     qsort(w, n, sizeof w[0], cmp_d);
     qsort(vd, nd, sizeof vd[0], cmp_d);
@@ -259,6 +264,9 @@ int main(int argc, char **argv) {
     pid_t n = start_neighbour(argv[0], 0);
     idle_case("neighbour_busy.idle");
     queued_case("neighbour_busy.queued");
+    blocks = sms;
+    idle_case("neighbour_busy.full.idle");
+    blocks = 1;
     stop_neighbour(n);
     n = start_neighbour(argv[0], 1);
     idle_case("neighbour_paced.idle");

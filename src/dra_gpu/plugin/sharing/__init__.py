@@ -15,11 +15,11 @@ from dra_gpu.plugin.sharing import (
     exclusive,
     limiter,
     limiter_region,
-    mps,
-    mps_v3,
     timeslicing,
     usage_facts,
 )
+from dra_gpu.plugin.sharing.mps import daemon as mps_daemon
+from dra_gpu.plugin.sharing.mps import namespaces as mps_namespaces
 from dra_gpu.plugin.sharing.plan import Backend, HoldHandler
 
 _BACKENDS: tuple[Backend, ...] = tuple(
@@ -28,8 +28,8 @@ _BACKENDS: tuple[Backend, ...] = tuple(
             device_access.BACKEND,
             exclusive.BACKEND,
             timeslicing.BACKEND,
-            mps.BACKEND,
-            mps_v3.BACKEND,
+            mps_daemon.BACKEND,
+            mps_namespaces.BACKEND,
             limiter.BACKEND,
             driver_memory.BACKEND,
             usage_facts.BACKEND,
@@ -41,7 +41,7 @@ _BACKENDS: tuple[Backend, ...] = tuple(
 
 def _handlers() -> dict[str, HoldHandler]:
     handlers: dict[str, HoldHandler] = {}
-    for module in (directories, driver_memory, limiter_region, mps, mps_v3, timeslicing):
+    for module in (directories, driver_memory, limiter_region, mps_daemon, mps_namespaces, timeslicing):
         for handler in module.HOLD_HANDLERS:
             if handler.kind in handlers:
                 raise RuntimeError(f"two hold handlers for kind {handler.kind!r} ({module.__name__})")

@@ -1,9 +1,9 @@
-"""MPS: one control daemon per GPU, shared by every MPS claim on it, each claim a client with limits.
+"""MPS protocol 2: one control daemon per GPU, shared by every MPS claim on it, each claim a client with limits.
 
 The peers start one daemon per claim, which cannot serve fractional shares of one GPU to several
 claims. Here the first MPS claim on a GPU sets exclusive-process compute mode and starts the GPU's
 daemon; later claims join it; the last one stops it and restores the default compute mode. The
-daemon is not a child of the node agent (see ``commands``): it outlives agent restarts, and the next
+daemon is not a child of the node agent (see ``GpuCommands.mps_launcher``): it outlives agent restarts, and the next
 agent adopts it (its pipe directory answers). Its /dev/shm is a size-bounded tmpfs that only its
 clients (the MPS claims on that GPU) mount; the pipe directory is root's, not world-writable, and
 mounted read-only into the clients.
@@ -32,95 +32,23 @@ from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.commands import CommandError, ComputeMode
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.sharing.mps.common import (
+    CLIENT_MOUNT_OPTIONS,
+    CONTAINER_PIPE_DIR,
+    CONTAINER_SHM_DIR,
+    MIB,
+    USER_DETAIL,
+    claim_limits,
+    run_as_user,
+    undeclared_user_notice,
+    user_conflict,
+    uses_v3,
+)
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
-from dra_gpu.quantity import to_int
-
-CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
-# MPS clients and their server exchange data through POSIX shared memory, so both must see the same
-# /dev/shm: a per-GPU host directory that the daemon gets as its /dev/shm and every client mounts.
-CONTAINER_SHM_DIR = "/dev/shm"
-MIB = 1024 * 1024
-CLIENT_MOUNT_OPTIONS = ["nosuid", "nodev", "bind"]
-
-
-def per_process_compute_notice(percentage: int) -> str:
-    return (
-        f"MPS limits each process of this claim to {percentage}% of the GPU's SMs "
-        f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); it cannot cap the claim as a whole, so N processes "
-        f"of the claim may together use up to N x {percentage}%. Its memory budget is pooled over all "
-        f"of its processes and pods"
-    )
-
-
-USER_DETAIL = "mpsRunAsUser"
-"""The UID a MPS share declared (`sharing.mps.runAsUser`), kept so later claims on the GPU are checked."""
-
-
-def run_as_user(share: Share) -> int | None:
-    mps = share.config.sharing.mps
-    return mps.runAsUser if mps is not None else None
-
-
-def undeclared_user_notice() -> str:
-    return (
-        "sharing.mps.runAsUser is not set: the GPU's MPS control daemon serves one UID at a time, so "
-        "pods of MPS claims on this GPU that run as different UIDs wait for each other. Set runAsUser "
-        "to the UID the claim's pods run as, and the node refuses a claim that would wait"
-    )
-
-
-def user_conflict(share: Share, others: Sequence[Holder]) -> str | None:
-    """Why `share`'s declared UID cannot join the GPU's MPS daemon, or None."""
-    wanted = run_as_user(share)
-    if wanted is None:
-        return None
-    for other in others:
-        declared = other.record.detail.get(USER_DETAIL)
-        if other.record.strategy == Strategy.MPS.value and declared and declared != str(wanted):
-            return (
-                f"GPU {share.device} ({share.gpu.uuid}) serves MPS claim {other.claim} as UID {declared}; "
-                f"this claim sets sharing.mps.runAsUser {wanted}. The MPS control daemon runs one server "
-                f"per UID at a time, so the two claims' pods would wait for each other: run them as the "
-                f"same UID, or use another GPU"
-            )
-    return None
-
-
-def claim_limits(plan: Plan, gpu: GpuInfo, shares: list[Share], driver: str) -> tuple[int | None, int | None]:
-    """The claim's MPS cores and memory on `gpu`; memory also goes into the claim's pooled budget."""
-    cores = _sum([_cores(s, driver) for s in shares])
-    memory = _sum([_memory(s, driver) for s in shares])
-    if memory is not None:
-        plan.limit(gpu, memory)
-    if cores is not None and cores < 100:
-        plan.notice(per_process_compute_notice(min(max(cores, 1), 100)))
-    return cores, memory
 
 
 def mps_dir(state_dir: Path, gpu_uuid: str) -> Path:
     return state_dir / "mps" / gpu_uuid
-
-
-def _cores(share: Share, driver: str) -> int | None:
-    mps = share.config.sharing.mps
-    return share.amount("cores", driver, mps.defaultActiveThreadPercentage if mps is not None else None)
-
-
-def _memory(share: Share, driver: str) -> int | None:
-    mps = share.config.sharing.mps
-    limit = mps.defaultPinnedDeviceMemoryLimit if mps is not None else None
-    return share.amount("memory", driver, to_int(limit) if limit is not None else None)
-
-
-def _served_by_v3(share: Share) -> bool:
-    from dra_gpu.plugin.sharing.mps_v3 import uses_v3
-
-    return uses_v3(share)
-
-
-def _sum(values: list[int | None]) -> int | None:
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
 
 
 class Mps:
@@ -159,7 +87,7 @@ class Mps:
             else:
                 plan.detail(share, USER_DETAIL, str(user))
         # GPUs with MPS v3 namespaces are served by mps_v3 (server-side limits).
-        shares = [s for s in plan.sharing(Strategy.MPS) if not _served_by_v3(s)]
+        shares = [s for s in plan.sharing(Strategy.MPS) if not uses_v3(s)]
         if not shares:
             return
         gpus: dict[str, GpuInfo] = {s.gpu.uuid: s.gpu for s in shares}

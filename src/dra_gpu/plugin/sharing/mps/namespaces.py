@@ -1,4 +1,4 @@
-"""MPS v3: one control daemon and one named server per GPU, one namespace per claim, limits server-side.
+"""MPS protocol 3: one control daemon and one named server per GPU, one namespace per claim, limits server-side.
 
 On GPUs whose driver has MPS v3 (``GpuInfo.mps_namespaces``), an MPS claim does not get
 client-side limits (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` are
@@ -21,7 +21,6 @@ in ``MpsV3Control`` (see docs/memory-isolation.md for what is verified).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections.abc import Sequence, Set
 from fractions import Fraction
@@ -32,22 +31,17 @@ from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.commands import CommandError, ComputeMode, GpuCommands
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.sharing.mps import (
+from dra_gpu.plugin.sharing.mps.common import (
     CLIENT_MOUNT_OPTIONS,
     CONTAINER_PIPE_DIR,
     CONTAINER_SHM_DIR,
     MIB,
     claim_limits,
+    uses_v3,
 )
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 
-PROTOCOL_ENV = "DRA_GPU_MPS_PROTOCOL"
 SERVER = "gpu"
-
-
-def uses_v3(share: Share) -> bool:
-    """MPS v3 where the driver has it, unless the node is told to keep protocol 2."""
-    return share.gpu.mps_namespaces and os.environ.get(PROTOCOL_ENV, "3") != "2"
 
 
 def v3_dir(state_dir: Path, gpu_uuid: str) -> Path:

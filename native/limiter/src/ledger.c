@@ -1,0 +1,243 @@
+/*
+ * The ledger of device memory: what each live allocation of the process charged, and the charging itself.
+ *
+ * Every allocation is charged to the claim's region before the driver is called (so that concurrent processes
+ * never overshoot) and refunded if the driver fails. A process-local table remembers what each live allocation
+ * charged, so the matching free/release/destroy gives back exactly that; it is striped by hash so threads
+ * allocating concurrently rarely share a lock. Other modules keep records of their own in it (dl_rec_put).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "limiter.h"
+
+/* ---- what each live allocation charged ---- */
+
+#define STRIPES 16
+static struct stripe {
+    pthread_mutex_t mu;
+    struct entry *tab;
+    size_t cap, live, used; /* used counts live entries and tombstones */
+} stripes[STRIPES];
+static pthread_once_t stripes_once = PTHREAD_ONCE_INIT;
+
+static uint64_t mix(uint64_t k, unsigned kind) { return dl_hash64(k ^ (uint64_t)kind * 0x9e3779b97f4a7c15ull); }
+
+static void stripe_before_fork(void) {
+    for (int i = 0; i < STRIPES; i++) pthread_mutex_lock(&stripes[i].mu);
+}
+static void stripe_after_fork_parent(void) {
+    for (int i = STRIPES - 1; i >= 0; i--) pthread_mutex_unlock(&stripes[i].mu);
+}
+static void stripe_after_fork_child(void) {
+    for (int i = 0; i < STRIPES; i++) pthread_mutex_init(&stripes[i].mu, NULL);
+}
+
+static void stripes_init(void) {
+    for (int i = 0; i < STRIPES; i++) pthread_mutex_init(&stripes[i].mu, NULL);
+    pthread_atfork(stripe_before_fork, stripe_after_fork_parent, stripe_after_fork_child);
+}
+
+static struct entry *slot_for(struct stripe *s, uint64_t key, unsigned kind, uint64_t h, int for_insert) {
+    size_t mask = s->cap - 1, i = (size_t)(h >> 4) & mask;
+    struct entry *tomb = NULL;
+    for (size_t n = 0; n < s->cap; n++, i = (i + 1) & mask) {
+        struct entry *e = &s->tab[i];
+        if (e->tomb) {
+            if (!tomb) tomb = e;
+            continue;
+        }
+        if (e->kind == 0) return for_insert ? (tomb ? tomb : e) : NULL; /* empty: the key is absent */
+        if (e->key == key && e->kind == kind) return e;
+    }
+    return for_insert ? tomb : NULL;
+}
+
+static int grow(struct stripe *s) {
+    /* Sized from the live entries only: a rehash also drops the tombstones alloc/free churn leaves. */
+    size_t ncap = 256;
+    while (ncap < (s->live + 1) * 4) ncap *= 2;
+    struct entry *old = s->tab, *nt = calloc(ncap, sizeof *nt);
+    if (!nt) return -1;
+    size_t ocap = s->cap;
+    s->tab = nt;
+    s->cap = ncap;
+    s->used = s->live;
+    for (size_t i = 0; i < ocap; i++) {
+        struct entry *e = &old[i];
+        if (e->tomb || e->kind == 0) continue;
+        *slot_for(s, e->key, e->kind, mix(e->key, e->kind), 1) = *e;
+    }
+    free(old);
+    return 0;
+}
+
+/* Inserts e, replacing an entry of the same key and kind, which is copied to *old (old->kind 0 if there
+ * was none); -1 if the table cannot grow. */
+int dl_insert(const struct entry *e, struct entry *old) {
+    pthread_once(&stripes_once, stripes_init);
+    uint64_t h = mix(e->key, e->kind);
+    struct stripe *s = &stripes[h & (STRIPES - 1)];
+    memset(old, 0, sizeof *old);
+    pthread_mutex_lock(&s->mu);
+    if ((s->used + 1) * 4 > s->cap * 3 && grow(s) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    struct entry *slot = slot_for(s, e->key, e->kind, h, 1);
+    if (slot->key == e->key && slot->kind == e->kind && !slot->tomb) {
+        *old = *slot;
+    } else {
+        if (!slot->tomb) s->used++;
+        s->live++;
+    }
+    *slot = *e;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* Gives a charge back: to the claim's total, or for memory shared with other processes of the claim (K_PTR
+ * and K_HANDLE entries keep the export table's entry + 1 in their handle field) by ending this hold on it. */
+void dl_release_charge(int dev, uint64_t bytes, uint64_t shared) {
+    if (shared) dl_region_leave(dev, (int)shared - 1, bytes);
+    else dl_region_release(dev, bytes);
+}
+
+/* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
+void dl_track_shared(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t shared) {
+    if (dev < 0 || bytes == 0) return;
+    struct entry old, e = {.key = key, .bytes = bytes, .handle = shared, .refs = 1, .dev = (int16_t)dev,
+                           .kind = (uint8_t)kind};
+    if (dl_insert(&e, &old) != 0) {
+        dl_release_charge(dev, bytes, shared);  /* cannot remember it: do not keep charging it either */
+        return;
+    }
+    if (old.kind) dl_release_charge(old.dev, old.bytes, old.handle);
+}
+void dl_track(unsigned kind, uint64_t key, int dev, uint64_t bytes) { dl_track_shared(kind, key, dev, bytes, 0); }
+
+/* Looks an entry up under its stripe's lock and applies op to it; op returns 1 to delete the entry. The
+ * entry as it was is copied to *out; returns whether it was found. */
+int dl_update(unsigned kind, uint64_t key, int (*op)(struct entry *), struct entry *out) {
+    pthread_once(&stripes_once, stripes_init);
+    uint64_t h = mix(key, kind);
+    struct stripe *s = &stripes[h & (STRIPES - 1)];
+    pthread_mutex_lock(&s->mu);
+    struct entry *e = s->cap ? slot_for(s, key, kind, h, 0) : NULL;
+    if (e) {
+        *out = *e;
+        if (op(e)) {
+            *e = (struct entry){.tomb = 1};
+            s->live--;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return e != NULL;
+}
+
+int dl_op_delete(struct entry *e) { (void)e; return 1; }
+int dl_op_ref(struct entry *e) { e->refs++; return 0; }
+int dl_op_unref(struct entry *e) { return --e->refs == 0; }
+
+/* Records other modules keep in the same table (see limiter.h). */
+void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
+    struct entry old, e = {.key = key, .bytes = bytes, .handle = aux, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+    (void)dl_insert(&e, &old);
+}
+
+int dl_rec_take(unsigned kind, uint64_t key, int *dev, uint64_t *bytes, uint64_t *aux) {
+    struct entry e;
+    if (!dl_update(kind, key, dl_op_delete, &e)) return 0;
+    if (dev) *dev = e.dev;
+    if (bytes) *bytes = e.bytes;
+    if (aux) *aux = e.handle;
+    return 1;
+}
+
+/* Forgets a charge and reports it (*shared: see release); 0 bytes if the key is unknown. */
+uint64_t dl_untrack(unsigned kind, uint64_t key, int *dev, uint64_t *shared) {
+    struct entry e;
+    if (!dl_update(kind, key, dl_op_delete, &e)) return 0;
+    *dev = e.dev;
+    *shared = e.handle;
+    return e.bytes;
+}
+
+/* A reference to a charged handle; 0 if the handle is not one we charged. */
+int dl_handle_ref(uint64_t handle) {
+    struct entry e;
+    return handle && dl_update(K_HANDLE, handle, dl_op_ref, &e);
+}
+
+/* Drops a reference to a charged handle. Returns the bytes to refund when it was the last one (the entry
+ * is gone then; *shared as for release), else 0; *known says whether the handle is one we charged. */
+uint64_t dl_handle_unref(uint64_t handle, int *dev, int *known, uint64_t *shared) {
+    struct entry e;
+    *known = handle && dl_update(K_HANDLE, handle, dl_op_unref, &e);
+    if (!*known || e.refs != 1) return 0;
+    *dev = e.dev;
+    *shared = e.handle;
+    return e.bytes;
+}
+
+/* Undoes handle_unref after the driver refused the call. */
+void dl_handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes, uint64_t shared) {
+    if (bytes) dl_track_shared(K_HANDLE, handle, dev, bytes, shared);
+    else if (known) dl_handle_ref(handle);
+}
+
+void dl_memory_reset_after_fork(void) {
+    dl_pools_reset_after_fork();
+    dl_contexts_reset_after_fork();
+    /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
+    for (int i = 0; i < STRIPES; i++) {
+        free(stripes[i].tab);
+        stripes[i].tab = NULL;
+        stripes[i].cap = stripes[i].live = stripes[i].used = 0;
+    }
+    dl_devices_reset_after_fork();
+}
+
+/* ---- charging ---- */
+
+/* Charges bytes, rounded up to the device's allocation granularity, to a device; CUDA_ERROR_OUT_OF_MEMORY
+ * over the limit (after giving back what pools and graphs of the process no longer hold). An unknown device
+ * is not charged: the driver will answer the call with its own error. */
+CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c) {
+    c->dev = -1;
+    c->bytes = 0;
+    dl_core_init();
+    uint64_t limit;
+    int dev = dl_device_for_ordinal(ordinal, &limit);
+    if (dev < 0) return CUDA_SUCCESS;
+    if (bytes == 0) return CUDA_SUCCESS; /* nothing new is held (a pool's spare memory, a context without limits) */
+    bytes = dl_round_granule(ordinal, bytes);
+    /* Pools or graphs of this process may have given memory back since they were last read: settle them
+     * before the charge is admitted or refused (the refusal counter the node agent reads counts only real
+     * refusals). A few attribute reads, and only in processes that use pools or graph memory. */
+    if (limit != DL_NO_LIMIT && dl_pools_active()) dl_pools_reclaim(ordinal);
+    int r = dl_region_reserve(dev, bytes, limit);
+    if (r < 0) {
+        dl_info("refusing %llu bytes on device %d: the claim would exceed its limit of %llu bytes",
+                (unsigned long long)bytes, ordinal, (unsigned long long)limit);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == 0) {
+        c->dev = dev;
+        c->bytes = bytes;
+    }
+    return CUDA_SUCCESS;
+}
+
+void dl_refund(const struct dl_charge *c) {
+    if (c->bytes) dl_region_release(c->dev, c->bytes);
+}
+
+
+void dl_settle(CUresult r, unsigned kind, uint64_t key, const struct dl_charge *c) {
+    if (r == CUDA_SUCCESS) dl_track(kind, key, c->dev, c->bytes);
+    else dl_refund(c);
+}
+
