@@ -29,7 +29,7 @@ from fakes import fake_pynvml
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import DEFAULT_INTERVAL_S, Monitor, MonitorCollector, NvmlSampler, PodDirectory
 from dra_gpu.monitor import region as layout
-from dra_gpu.monitor.cgroup import ProcReader
+from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.watchdog import Watchdog
 from dra_gpu.plugin.checkpoint import (
     Checkpoint,

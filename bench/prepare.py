@@ -36,7 +36,7 @@ from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.proto import dra_v1, dra_v1_grpc
 
 GOAL_P99_MS = 10.0

@@ -1,4 +1,4 @@
-"""The node agent's own GPU commands (`src/dra_gpu/plugin/commands.py`), loaded from their file.
+"""The node agent's own GPU commands (`src/dra_gpu/plugin/gpu_control.py`), loaded from their file.
 
 That module needs only the standard library, but importing it the usual way first runs the plugin
 package's `__init__`, which needs grpc and pydantic. Loading the file alone keeps the compute-mode,
@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-COMMANDS = Path(__file__).resolve().parent.parent / "src/dra_gpu/plugin/commands.py"
+COMMANDS = Path(__file__).resolve().parent.parent / "src/dra_gpu/plugin/gpu_control.py"
 NAME = "gpucheck_agent_commands"
 
 

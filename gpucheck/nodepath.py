@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     from dra_gpu.inventory import open_inventory
     from dra_gpu.kube.fake import FakeKube
     from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
-    from dra_gpu.plugin.commands import NvidiaCommands
+    from dra_gpu.plugin.gpu_control import NvidiaCommands
     from dra_gpu.plugin.sharing.device_access import device_uuids
     from dra_gpu.plugin.sharing.limiter import host_environment_of
     from dra_gpu.slices.devices import device_name

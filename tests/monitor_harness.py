@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from fakes import fake_pynvml
 from plugin_harness import NODE, PROFILE, PluginDirs
@@ -105,14 +103,3 @@ def plugin_with_nvml(
     finally:
         plugin.stop(grace_s=0.5)
         fake_pynvml.install(None)
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)

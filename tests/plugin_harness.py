@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from limiter_env import limiter_env
 
 from cdi.resolver import ContainerConfig, Registry
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
@@ -41,7 +42,7 @@ from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import Monitor
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
-from dra_gpu.plugin.commands import GpuCommands, NvidiaCommands, SimulatedCommands
+from dra_gpu.plugin.gpu_control import GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.prepare import FaultHook
 from dra_gpu.plugin.sharing.device_access import device_uuids
 from dra_gpu.plugin.sharing.limiter import host_environment_of
@@ -339,14 +340,11 @@ def claim_process_env(built: Path, container: ContainerConfig) -> dict[str, str]
     """The environment of a process of the claim, run on the host: this environment less any limiter or
     fake-driver settings, the fake driver, the limiter build preloaded (not the stand-in file), the claim's
     files at their host paths (what the library reads in a container) and the claim's GPUs visible."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
-    env.update(host_environment_of((m.container_path, m.host_path) for m in container.mounts))
-    env.update(
-        LD_LIBRARY_PATH=str(built / "fake"),
-        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
-        CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)),
-    )
-    return env
+    files = host_environment_of((m.container_path, m.host_path) for m in container.mounts)
+    files = {
+        k: v for k, v in files.items() if not k.startswith("LD_")
+    }  # the build's library, not the stand-in
+    return limiter_env(built, **files, CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)))
 
 
 # -- the plugin in-process ---------------------------------------------------------------------------

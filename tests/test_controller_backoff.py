@@ -9,27 +9,19 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from test_kube_client import ApiServer
+from waiting import wait_for
 
 from dra_gpu.controller import Controller
 from dra_gpu.controller.backoff import Backoff
 from dra_gpu.http_endpoint import HttpServer, bool_check
 
 kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.02)
 
 
 def free_port() -> int:

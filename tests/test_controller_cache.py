@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+from waiting import wait_for
 
 from dra_gpu.controller import Controller
 from dra_gpu.controller.cache import Informer
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.fake import FakeKube
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.02)
 
 
 class Flaky(FakeKube):

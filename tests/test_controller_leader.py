@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from test_controller_reconcile import BINPACK, Cluster
+from waiting import wait_for
 
 from dra_gpu.controller import Controller, Snapshot
 from dra_gpu.controller.leader import LeaderElector
@@ -30,14 +29,6 @@ def elector(api: FakeKube, identity: str, clock: Clock) -> LeaderElector:
     return LeaderElector(
         api, identity, "kube-system", lease_duration_s=15, renew_deadline_s=10, monotonic=clock
     )
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.02)
 
 
 def test_only_one_replica_allocates_and_the_other_takes_over_after_the_lease_expires() -> None:

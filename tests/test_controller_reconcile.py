@@ -14,8 +14,8 @@ import yaml
 from dra_gpu import DRIVER_NAME, SCHEDULER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller import FINALIZER, MANAGED_SELECTOR, Reconciler, Snapshot
-from dra_gpu.controller.classes import with_marker
 from dra_gpu.controller.metrics import ControllerMetrics
+from dra_gpu.controller.owned_classes import with_marker
 from dra_gpu.demo import objects
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.kube import Conflict

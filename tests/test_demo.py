@@ -10,7 +10,7 @@ import pytest
 from fake_driver import CONTEXT_CHARGE, usable
 
 from dra_gpu.cli import main
-from dra_gpu.demo.limiter import find_limiter_build
+from dra_gpu.demo.limiter_step import find_limiter_build
 from dra_gpu.demo.run import DemoReport, run_demo
 from dra_gpu.quantity import format_quantity
 

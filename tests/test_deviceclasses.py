@@ -12,7 +12,7 @@ import yaml
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, Strategy, parse_gpu_config
-from dra_gpu.controller.classes import MANAGED_SELECTOR
+from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
 from dra_gpu.inventory import open_inventory
 from dra_gpu.manifests import load_values
 from dra_gpu.manifests.classes import controller_classes, device_classes

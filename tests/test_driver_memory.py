@@ -21,8 +21,8 @@ from dra_gpu.cli import main
 from dra_gpu.config import parse_gpu_config
 from dra_gpu.inventory import open_inventory
 from dra_gpu.plugin import sharing
-from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GIB = 2**30

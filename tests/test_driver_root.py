@@ -26,8 +26,8 @@ from plugin_harness import (
 
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.commands import NvidiaCommands
 from dra_gpu.plugin.driver_root import LIBRARIES, find_driver_files, install_ldcache_hook, tool_env, tool_path
+from dra_gpu.plugin.gpu_control import NvidiaCommands
 from dra_gpu.plugin.prepare import NOTICE_REASON
 from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.plugin.commands import CommandError, ComputeMode, NvidiaCommands, SimulatedCommands
+from dra_gpu.plugin.gpu_control import CommandError, ComputeMode, NvidiaCommands, SimulatedCommands
 
 FAKE_TOOL = """\
 #!{python}

@@ -24,8 +24,8 @@ from dra_gpu.inventory import GpuInfo, NvmlInventory
 from dra_gpu.inventory.capabilities import CgroupLayout, LimitHook, find_limit_hook
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin import sharing
-from dra_gpu.plugin.commands import SimulatedCommands
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 from dra_gpu.slices import SlicePublisher
 

@@ -20,7 +20,7 @@ from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
 from dra_gpu.manifests import ValuesError, load_values, render
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.slices.publisher import SlicePublisher
 
 DEPLOY = Path("deploy")

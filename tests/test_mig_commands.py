@@ -10,7 +10,7 @@ import pytest
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.inventory.mig_profiles import MIG_TABLES, MigProfile
-from dra_gpu.plugin.commands import CommandError, NvidiaCommands, SimulatedCommands
+from dra_gpu.plugin.gpu_control import CommandError, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.mig_commands import parse_mig_minors, simulated_mig_minors
 
 GPU = SimulatedInventory("1xH100-80GB:mig", seed="n").gpus()[0]

@@ -25,7 +25,7 @@ from plugin_harness import (
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.inventory.mig_profiles import MIG_TABLES
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.mig_instances import STORE_NAME
 from dra_gpu.plugin.sharing.limiter import container_claim_dir
 from dra_gpu.plugin.sharing.plan import ClaimInfo
@@ -97,22 +97,27 @@ def test_a_toolkit_spec_naming_the_parent_gpu_is_not_used_for_a_mig_device(dirs,
         assert not [i for i in cdi_ids(response) if i.startswith("nvidia.com/gpu=")], "the whole GPU"
 
 
-def test_a_static_mig_instance_shared_with_the_limiter_is_limited_by_its_mig_uuid(dirs, api, kubelet) -> None:
-    host_nodes(dirs)
-    inventory = SimulatedInventory(STATIC, seed=NODE)
-    first = inventory.gpus()[0].mig_instances[0]
-    claims = [
+def two_shares(api: FakeKube, strategy: str) -> list[dict[str, Any]]:
+    """Claims `a` and `b`, each a share of 4 GiB and 40 % of the first 1g.10gb instance, in `strategy`."""
+    return [
         add_claim(
             api,
             name,
             [Alloc(device="gpu-0-mig-1g10gb-0", share_id=share, consumed={"memory": "4Gi", "cores": "40"})],
-            [opaque(gpu_config("Limiter"))],
+            [opaque(gpu_config(strategy))],
         )
         for name, share in (
             ("a", "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"),
             ("b", "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"),
         )
     ]
+
+
+def test_a_static_mig_instance_shared_with_the_limiter_is_limited_by_its_mig_uuid(dirs, api, kubelet) -> None:
+    host_nodes(dirs)
+    inventory = SimulatedInventory(STATIC, seed=NODE)
+    first = inventory.gpus()[0].mig_instances[0]
+    claims = two_shares(api, "Limiter")
     with running_plugin(dirs, api, inventory=inventory):
         kubelet.register()
         answers = kubelet.prepare(*claims)
@@ -260,3 +265,31 @@ def test_killed_after_the_create_then_retried_adopts_the_instance(dirs, api, kub
         assert commands.mig_instances(gpu) == [made]
         assert plugin.plugin.preparer.unprepare([info(claim)]) == {uid_of(claim): ""}
     assert commands.mig_instances(gpu) == []
+
+
+@pytest.mark.parametrize("strategy", ["TimeSlicing", "MPS"])
+def test_a_static_mig_instance_is_shared_by_time_slicing_or_mps(dirs, api, kubelet, strategy: str) -> None:
+    """Two claims share one instance; MPS runs a daemon for the instance alone (its `MIG-` UUID) and leaves the
+    GPU's compute mode, which would apply to every instance, as it is."""
+    host_nodes(dirs)
+    inventory = SimulatedInventory(STATIC, seed=NODE)
+    first = inventory.gpus()[0].mig_instances[0]
+    commands = SimulatedCommands(state_file=dirs.simulated_state)
+    claims = two_shares(api, strategy)
+    with running_plugin(dirs, api, inventory=inventory, commands=commands):
+        kubelet.register()
+        answers = kubelet.prepare(*claims)
+        for claim in claims:
+            response = answers[uid_of(claim)]
+            assert response.error == ""
+            container = resolve(dirs, cdi_ids(response))
+            assert {cap(0, first.gi_id), cap(0, first.gi_id, first.ci_id)} <= {
+                n.path for n in container.device_nodes
+            }
+            assert first.uuid in container.env.values()
+            if strategy == "MPS":
+                assert container.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+        started = [c for c in commands.calls if c[0] == "start_mps_daemon"]
+        assert [c[1] for c in started] == ([first.uuid] if strategy == "MPS" else [])
+        assert not [c for c in commands.calls if c[0] == "set_compute_mode"]
+        assert all(not error for error in kubelet.unprepare(*claims).values())

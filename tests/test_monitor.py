@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 from fakes import fake_pynvml
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
+from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from dra_gpu.config import ConfigError, WatchdogPolicy, parse_gpu_config
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor.cgroup import parse_cgroup
-from dra_gpu.monitor.nvml import NvmlSampler
+from dra_gpu.monitor.nvml_usage import NvmlSampler
+from dra_gpu.monitor.process_owner import parse_cgroup
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 

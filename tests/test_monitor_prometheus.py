@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from fake_driver import CONTEXT_CHARGE
-from monitor_harness import wait_for
 from plugin_harness import (
     Alloc,
     Kubelet,
@@ -32,6 +31,7 @@ from plugin_harness import (
     running_plugin,
     uid_of,
 )
+from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.sharing.device_access import device_uuids

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.monitor.cgroup import ProcReader
+from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.region import (
     REGION_FILE,
     SLOT_BYTES,

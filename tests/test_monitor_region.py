@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 from fake_driver import CONTEXT_CHARGE, usable
+from limiter_env import limiter_env
 
 from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
 from dra_gpu.plugin.sharing.device_access import device_uuids
@@ -21,10 +21,8 @@ LIMIT = GiB + 2 * CONTEXT_CHARGE  # 1 GiB to allocate besides two processes' con
 
 
 def _probe(built: Path, state: Path, *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
-    env.update(
-        LD_LIBRARY_PATH=str(built / "fake"),
-        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+    env = limiter_env(
+        built,
         DRAGPU_LIMITER_STATE_DIR=str(state),
         DRAGPU_MEMORY_LIMIT_BY_UUID=f"{UUID}={LIMIT}",
         CUDA_VISIBLE_DEVICES=UUID,
@@ -84,10 +82,8 @@ def test_throttled_and_measured_time_are_counted_for_the_claim(built: Path, tmp_
         ["make", "-C", str(LIMITER), "build/tests/t_compute"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAGPU_", "FAKE_CUDA_", "LD_PRELOAD"))}
-    env.update(
-        LD_LIBRARY_PATH=str(built / "fake"),
-        LD_PRELOAD=str(built / "libdragpu-limiter.so.1"),
+    env = limiter_env(
+        built,
         DRAGPU_LIMITER_STATE_DIR=str(tmp_path),
         DRAGPU_CORES_LIMIT="30",
         FAKE_CUDA_SM_COUNT="132",

@@ -37,7 +37,7 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     _checksum,
 )
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 
 GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
 

@@ -34,7 +34,7 @@ from plugin_harness import (
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.monitor.region import read_region
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
 

@@ -6,13 +6,13 @@ import copy
 import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from plugin_harness import Alloc, add_claim
+from waiting import wait_for
 
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory import open_inventory
@@ -23,16 +23,6 @@ from dra_gpu.slices import SliceError, SlicePublisher
 
 NODE = "node-1"
 SELECTOR = f"spec.nodeName={NODE},spec.driver=gpu.dra-gpu.io"
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """Poll until `condition` holds; the tests assert the outcome, never the time it took."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def make(
@@ -115,7 +105,7 @@ def test_slices_come_back_after_the_kubelet_wipes_them(running: Running) -> None
     api.delete_collection(
         "ResourceSlice", field_selector=f"spec.nodeName={NODE}"
     )  # what a starting kubelet does
-    assert wait_for(lambda: set(devices(api)) == before), "slices were not republished"
+    wait_for(lambda: set(devices(api)) == before, what="the slices to be republished")
     assert len(stored(api)) == 1
 
 
@@ -125,13 +115,13 @@ def test_a_foreign_edit_is_undone(running: Running) -> None:
     edited = copy.deepcopy(original)
     edited["spec"]["devices"] = edited["spec"]["devices"][:2]
     api.update("ResourceSlice", edited)
-    assert wait_for(lambda: len(devices(api)) == 8), "a foreign edit stayed"
+    wait_for(lambda: len(devices(api)) == 8, what="the foreign edit to be undone")
 
 
 def test_unhealthy_gpu_is_tainted_and_untainted_on_recovery(running: Running) -> None:
     api, _, inventory = running
     inventory.set_health(3, False, "XID 79: GPU has fallen off the bus")
-    assert wait_for(lambda: "taints" in devices(api)["gpu-3"]), "no taint after a health event"
+    wait_for(lambda: "taints" in devices(api)["gpu-3"], what="a taint after the health event")
     taint = devices(api)["gpu-3"]["taints"][0]
     assert (taint["key"], taint["value"], taint["effect"]) == (
         "gpu.dra-gpu.io/unhealthy",
@@ -140,7 +130,7 @@ def test_unhealthy_gpu_is_tainted_and_untainted_on_recovery(running: Running) ->
     )
     assert all("taints" not in d for name, d in devices(api).items() if name != "gpu-3")
     inventory.set_health(3, True)
-    assert wait_for(lambda: "taints" not in devices(api)["gpu-3"]), "the taint stayed after recovery"
+    wait_for(lambda: "taints" not in devices(api)["gpu-3"], what="the taint to go after recovery")
 
 
 def test_taint_time_stays_put_while_the_gpu_stays_unhealthy() -> None:
@@ -264,7 +254,7 @@ def test_retaints_even_when_another_reader_consumed_the_health_event(running: Ru
     api, _, inventory = running
     inventory.set_health(2, False, "XID 48: double-bit ECC error")
     inventory.refresh_health()  # another reader (the kubelet's health stream) got there first
-    assert wait_for(lambda: "taints" in devices(api)["gpu-2"]), "the health change was missed"
+    wait_for(lambda: "taints" in devices(api)["gpu-2"], what="a taint for the health change")
 
 
 # --- a sharing mode change never flips allowMultipleAllocations under live shares -------------------

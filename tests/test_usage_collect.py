@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.controller.classes import with_marker
+from dra_gpu.controller.owned_classes import with_marker
 from dra_gpu.quantity import parse_quantity
 from dra_gpu.slices.devices import unhealthy_taint
 from dra_gpu.usage import Gpu, Usage, collect, render_table, to_json

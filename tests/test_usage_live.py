@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
+from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
 from plugin_harness import NODE, Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
+from waiting import wait_for
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.cli import main

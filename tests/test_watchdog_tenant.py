@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml, wait_for
+from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
 from test_monitor import _events, limiter_config
+from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor.cgroup import ProcReader
+from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.region import read_region
 
 MiB = 2**20

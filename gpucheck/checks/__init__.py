@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpucheck.checks import compute, frameworks, gpu_settings, inventory, memory, nodepath, overhead
+from gpucheck.checks import compute, frameworks, gpu_settings, inventory, memory, mig, nodepath, overhead
 from gpucheck.context import Context
 from gpucheck.report import Result
 
@@ -25,4 +25,5 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu.timeslice", gpu_settings.timeslice),
     ("mps", gpu_settings.mps),
     ("nodepath", nodepath.nodepath),
+    ("mig", mig.mig_cycle),
 )

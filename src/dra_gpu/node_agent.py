@@ -18,7 +18,7 @@ from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
 from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
-from dra_gpu.plugin.commands import GpuCommands
+from dra_gpu.plugin.gpu_control import GpuCommands
 from dra_gpu.plugin.health import HealthProbe
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.prepare import FaultHook

@@ -2,7 +2,7 @@
 
 Everything else in the driver imports from here, never from ``dra_gpu._proto``, so the layout of
 the generated package can change without touching callers. The ``.proto`` sources live in
-``api/dra/v1alpha``; regenerate with ``python tools/gen_protos.py``.
+``api/kubelet``; regenerate with ``python tools/gen_protos.py``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, cdi_ids, opaqu
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
-from dra_gpu.plugin.commands import GpuCommands
+from dra_gpu.plugin.gpu_control import GpuCommands
 from dra_gpu.plugin.prepare import device_name
 
 TEST_DRIVER = "container-test.gpu.dra-gpu.io"

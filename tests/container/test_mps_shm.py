@@ -13,7 +13,7 @@ from container_node import Limiter, plugin_node
 from container_support import Podman, Result, sections
 from plugin_harness import Alloc, gpu_config
 
-from dra_gpu.plugin.commands import NvidiaCommands
+from dra_gpu.plugin.gpu_control import NvidiaCommands
 
 pytestmark = pytest.mark.container
 

@@ -264,6 +264,38 @@ class FakeEventData:
 
 
 @dataclass
+class FakeMigDevice:
+    """A MIG device of a GPU in MIG mode (a compute instance spanning its GPU instance), as NVML lists it."""
+
+    uuid: str
+    profile: str
+    """As NVML names the device after the GPU's name: `<GPU> MIG 1g.10gb`."""
+    profile_id: int
+    start: int
+    size: int
+    gi_id: int
+    ci_id: int = 0
+    memory_total: int = 9984 * MiB
+
+
+class FakeMigHandle:
+    """Opaque like a MIG device's c_nvmlDevice_t."""
+
+    def __init__(self, parent: FakeHandle, index: int) -> None:
+        self.parent = parent
+        self.index = index
+
+
+@dataclass
+class FakeGpuInstanceInfo:
+    """nvmlGpuInstanceInfo_t: the fields the driver reads (placement as a nested start/size)."""
+
+    id: int
+    profileId: int
+    placement: Any
+
+
+@dataclass
 class FakeGpu:
     uuid: str
     name: str = "NVIDIA H100 80GB HBM3"
@@ -275,6 +307,9 @@ class FakeGpu:
     compute_capability: tuple[int, int] = (9, 0)
     mig_mode: tuple[int, int] | None = (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_DISABLE)
     """None: the board has no MIG (the query answers Not Supported)."""
+    mig_devices: list[FakeMigDevice] = field(default_factory=list)
+    """The MIG devices that exist (only while MIG mode is on)."""
+    max_mig_devices: int = 7
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     """(corrected, uncorrected, pending, failure); None: no row remapping (pre-Ampere)."""
@@ -422,7 +457,14 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> FakeHandle:
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
-def nvmlDeviceGetUUID(handle: FakeHandle) -> str | bytes:
+def _mig(function: str, handle: FakeMigHandle) -> tuple[FakeGpu, FakeMigDevice]:
+    gpu = _gpu(function, handle.parent)
+    return gpu, gpu.mig_devices[handle.index]
+
+
+def nvmlDeviceGetUUID(handle: FakeHandle | FakeMigHandle) -> str | bytes:
+    if isinstance(handle, FakeMigHandle):
+        return _str(_mig("nvmlDeviceGetUUID", handle)[1].uuid)
     gpu = _gpu("nvmlDeviceGetUUID", handle)
     return _str(gpu.uuid)
 
@@ -437,7 +479,10 @@ def nvmlDeviceGetMinorNumber(handle: FakeHandle) -> int:
     return handle._position if gpu.minor is None else gpu.minor
 
 
-def nvmlDeviceGetName(handle: FakeHandle) -> str | bytes:
+def nvmlDeviceGetName(handle: FakeHandle | FakeMigHandle) -> str | bytes:
+    if isinstance(handle, FakeMigHandle):
+        gpu, mig = _mig("nvmlDeviceGetName", handle)
+        return _str(f"{gpu.name} MIG {mig.profile}")
     gpu = _gpu("nvmlDeviceGetName", handle)
     return _str(gpu.name)
 
@@ -451,9 +496,12 @@ def nvmlDeviceGetCudaComputeCapability(handle: FakeHandle) -> tuple[int, int]:
 
 
 def nvmlDeviceGetMemoryInfo(
-    handle: FakeHandle, version: int | None = None
+    handle: FakeHandle | FakeMigHandle, version: int | None = None
 ) -> c_nvmlMemory_t | c_nvmlMemory_v2_t:
     """Like the bindings: no version calls the v1 symbol, a version the v2 one (driver-reserved memory apart)."""
+    if isinstance(handle, FakeMigHandle):
+        _, mig = _mig("nvmlDeviceGetMemoryInfo", handle)
+        return c_nvmlMemory_t(mig.memory_total, mig.memory_total, 0)
     if not version:
         gpu = _gpu("nvmlDeviceGetMemoryInfo", handle)
         return c_nvmlMemory_t(gpu.memory_total, gpu.memory_total - 512 * MiB, 512 * MiB)
@@ -484,6 +532,56 @@ def nvmlDeviceGetMigMode(device: FakeHandle) -> list[int]:
     if gpu.mig_mode is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return list(gpu.mig_mode)
+
+
+def _mig_on(function: str, device: FakeHandle) -> FakeGpu:
+    gpu = _gpu(function, device)
+    if gpu.mig_mode is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return gpu
+
+
+def nvmlDeviceGetMaxMigDeviceCount(device: FakeHandle) -> int:
+    return _mig_on("nvmlDeviceGetMaxMigDeviceCount", device).max_mig_devices
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(device: FakeHandle, index: int) -> FakeMigHandle:
+    """Invalid Argument past the GPU's maximum; Not Found for an index without a MIG device (MIG off: none)."""
+    gpu = _mig_on("nvmlDeviceGetMigDeviceHandleByIndex", device)
+    if not 0 <= index < gpu.max_mig_devices:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if gpu.mig_mode[0] != NVML_DEVICE_MIG_ENABLE or index >= len(gpu.mig_devices):  # type: ignore[index]
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return FakeMigHandle(device, index)
+
+
+def nvmlDeviceGetGpuInstanceId(device: FakeHandle | FakeMigHandle) -> int:
+    if not isinstance(device, FakeMigHandle):
+        _gpu("nvmlDeviceGetGpuInstanceId", device)
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # not a MIG device
+    return _mig("nvmlDeviceGetGpuInstanceId", device)[1].gi_id
+
+
+def nvmlDeviceGetComputeInstanceId(device: FakeHandle | FakeMigHandle) -> int:
+    if not isinstance(device, FakeMigHandle):
+        _gpu("nvmlDeviceGetComputeInstanceId", device)
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return _mig("nvmlDeviceGetComputeInstanceId", device)[1].ci_id
+
+
+def nvmlDeviceGetGpuInstanceById(device: FakeHandle, gi_id: int) -> tuple[FakeHandle, int]:
+    gpu = _mig_on("nvmlDeviceGetGpuInstanceById", device)
+    if not any(m.gi_id == gi_id for m in gpu.mig_devices):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return (device, gi_id)
+
+
+def nvmlGpuInstanceGetInfo(instance: tuple[FakeHandle, int]) -> FakeGpuInstanceInfo:
+    device, gi_id = instance
+    gpu = _mig_on("nvmlGpuInstanceGetInfo", device)
+    mig = next(m for m in gpu.mig_devices if m.gi_id == gi_id)
+    placement = type("nvmlGpuInstancePlacement_t", (), {"start": mig.start, "size": mig.size})()
+    return FakeGpuInstanceInfo(gi_id, mig.profile_id, placement)
 
 
 def nvmlDeviceGetRemappedRows(device: FakeHandle) -> tuple[int, int, int, int]:

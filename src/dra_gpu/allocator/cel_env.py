@@ -37,6 +37,7 @@ from typing import Any
 import cel
 from cel.stdlib import add_stdlib_to_context
 
+from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, parse_quantity
 
 Number = int | float
@@ -81,7 +82,7 @@ def device_variable(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
         if value is not None:
             attributes.setdefault(domain, {})[ident] = value
     capacity: dict[str, dict[str, Any]] = {}
-    for name, cap in (device.get("capacity") or {}).items():
+    for name, cap in objects.device_capacity(device).items():
         domain, ident = split_qualified(name, driver)
         capacity.setdefault(domain, {})[ident] = quantity_number((cap or {}).get("value", 0))
     return {

@@ -8,15 +8,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu.allocator.claims import parse_claim
 from dra_gpu.allocator.errors import AllocationError
+from dra_gpu.allocator.holdings import Usage, claim_id
 from dra_gpu.allocator.index import DeviceIndex
 from dra_gpu.allocator.policies import LabelRules
 from dra_gpu.allocator.pools import Device, gather
+from dra_gpu.allocator.requests import parse_claim
 from dra_gpu.allocator.result import build_allocation
 from dra_gpu.allocator.search import Search
-from dra_gpu.allocator.usage import Usage, claim_id
 from dra_gpu.config import Placement
+from dra_gpu.kube import objects
 
 __all__ = ["AllocationError", "AllocationInput", "Allocator"]
 
@@ -69,12 +70,12 @@ class Allocator:
         if isinstance(classes, Mapping):
             self._classes: dict[str, Mapping[str, Any]] = dict(classes)
         else:
-            self._classes = {str((c.get("metadata") or {}).get("name", "")): c for c in classes}
+            self._classes = {str(objects.name(c)): c for c in classes}
         self._index = DeviceIndex(gather(slices, driver_filter))
         self._now = now or _utc_now
         self._new_uid = new_uid or _new_uid
         for claim in allocated_claims:
-            if (claim.get("status") or {}).get("allocation"):
+            if objects.allocation(claim):
                 self.commit(claim)
 
     @classmethod
@@ -97,10 +98,10 @@ class Allocator:
         Claims are recognised by `metadata.uid`, else namespace/name. Results naming devices this
         allocator does not know (other drivers, pools left out) are ignored.
         """
-        allocation = (claim_with_allocation.get("status") or {}).get("allocation")
+        allocation = objects.allocation(claim_with_allocation)
         if not allocation:
             raise ValueError(f"claim {claim_name(claim_with_allocation)} has no status.allocation to commit")
-        labels = (claim_with_allocation.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels(claim_with_allocation)
         self._index.usage.add(claim_id(claim_with_allocation), allocation, labels)
 
     def release(self, claim: Mapping[str, Any]) -> None:
@@ -121,11 +122,11 @@ class Allocator:
         `allNodes` or `nodeSelector` slices are not filtered). Nothing is in use until `commit`.
         """
         name = claim_name(claim)
-        if (claim.get("status") or {}).get("allocation"):
+        if objects.allocation(claim):
             raise AllocationError(f"claim {name} is already allocated")
         try:
             requests, constraints = parse_claim(claim, self._classes, self._index)
-            labels = (claim.get("metadata") or {}).get("labels") or {}
+            labels = objects.labels(claim)
             search = Search(
                 self._index,
                 requests,

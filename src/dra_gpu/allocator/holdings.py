@@ -17,6 +17,7 @@ from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, amount
 from dra_gpu.allocator.pools import CounterKey, DeviceKey, Inventory
+from dra_gpu.kube import objects
 
 UNLABELLED = None
 """The label value of a claim without the label; exclusion treats it as a value of its own."""
@@ -94,7 +95,7 @@ class Usage:
         """Count an allocation (replacing what the same claim held before)."""
         self.remove(uid)
         holds: list[Hold] = []
-        for result in (allocation.get("devices") or {}).get("results") or []:
+        for result in objects.allocation_results(allocation):
             key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
             dev = self._inv.by_key.get(key)
             if dev is None:  # not in our slices (other driver, or a pool we do not see)

@@ -20,9 +20,9 @@ from typing import Any
 from dra_gpu.allocator.capacity import Amount, CapacitySpec, consumption
 from dra_gpu.allocator.cel_env import CelEnvironment, SelectorError
 from dra_gpu.allocator.errors import AllocationError
+from dra_gpu.allocator.holdings import Usage
 from dra_gpu.allocator.policies import Score, score
 from dra_gpu.allocator.pools import Device, Inventory
-from dra_gpu.allocator.usage import Usage
 from dra_gpu.config import PlacementPolicy
 
 CapKey = tuple[tuple[str, Amount], ...]

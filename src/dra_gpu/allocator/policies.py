@@ -28,7 +28,7 @@ from typing import Any
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator.capacity import Amount
-from dra_gpu.allocator.usage import UNLABELLED, Usage
+from dra_gpu.allocator.holdings import UNLABELLED, Usage
 from dra_gpu.config import Placement, PlacementPolicy, parse_gpu_config
 
 Score = tuple[float, ...]

@@ -16,6 +16,7 @@ from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, CapacitySpec
 from dra_gpu.allocator.cel_env import device_variable
+from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, parse_quantity
 
 CounterKey = tuple[str, str, str, str]
@@ -112,7 +113,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                 )
             )
             continue
-        current.sort(key=lambda m: str((m.get("metadata") or {}).get("name", "")))
+        current.sort(key=lambda m: str(objects.name(m)))
         names: set[str] = set()
         parsed: list[Device] = []
         problem = None
@@ -127,7 +128,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                         problem = f'invalid: counter "{cname}": {exc}'
         for m in current:
             spec = m["spec"]
-            slice_name = str((m.get("metadata") or {}).get("name", ""))
+            slice_name = str(objects.name(m))
             slice_node, slice_selector = _slice_placement(spec)
             per_device = bool(spec.get("perDeviceNodeSelection"))
             for raw in spec.get("devices") or []:
@@ -140,7 +141,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                 try:
                     specs = tuple(
                         CapacitySpec.parse(cname, centry or {})
-                        for cname, centry in sorted((raw.get("capacity") or {}).items())
+                        for cname, centry in sorted(objects.device_capacity(raw).items())
                     )
                     cel_var = device_variable(driver, raw)
                     counters = _consumption(driver, pool, raw, pool_counters)

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dra_gpu.allocator.capacity import fmt
-from dra_gpu.allocator.claims import Alt, Request
 from dra_gpu.allocator.pools import Device
+from dra_gpu.allocator.requests import Alt, Request
 from dra_gpu.allocator.search import Pick
 
 

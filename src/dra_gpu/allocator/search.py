@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, fmt
-from dra_gpu.allocator.claims import MAX_RESULTS, Alt, Constraint, Request
 from dra_gpu.allocator.errors import AllocationError, Refusal, reason_of
 from dra_gpu.allocator.index import DeviceIndex
 from dra_gpu.allocator.policies import LabelRules, Score, score
 from dra_gpu.allocator.pools import CounterKey, Device
+from dra_gpu.allocator.requests import MAX_RESULTS, Alt, Constraint, Request
 from dra_gpu.config import PlacementPolicy
 
 _BLOCKS_ALL = {Refusal.TAINTED, Refusal.COUNTERS, Refusal.IN_USE, Refusal.PLACEMENT}

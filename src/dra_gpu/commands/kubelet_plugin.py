@@ -17,8 +17,8 @@ from dra_gpu.inventory.capabilities import find_limit_hook
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
-from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.plugin.driver_root import load_nvml
+from dra_gpu.plugin.gpu_control import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.quantity import parse_quantity, to_int
 
 MIN_MPS_SHM_BYTES = 64 << 20
@@ -132,6 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         unset="the agent's own cgroup",
     )
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
+    add_bool_flag(
+        parser,
+        "--mig-dynamic",
+        default=False,
+        help="let claims make MIG instances on this node's GPUs that are in MIG mode and have none (dynamic MIG)",
+    )
 
 
 def unknown_sharing_keys(sharing: NodeSharing, gpus: list[GpuInfo]) -> str:
@@ -193,7 +199,12 @@ def run(args: argparse.Namespace) -> int:
     # The memory-limit hook runs on the host: a node where the host has none publishes `limiter`.
     limit_hook = find_limit_hook(args.driver_root, args.driver_root_host_path)
     try:
-        inventory = open_inventory(args.gpu_backend, seed=args.node_name, hook_problem=limit_hook.problem)
+        inventory = open_inventory(
+            args.gpu_backend,
+            seed=args.node_name,
+            hook_problem=limit_hook.problem,
+            mig_dynamic=args.mig_dynamic,
+        )
     except InventoryError as exc:
         print(f"error: --gpu-backend {args.gpu_backend}: {exc}", file=sys.stderr)
         # Anything but NVML failed on what was given (an unknown backend, a bad profile): bad input.

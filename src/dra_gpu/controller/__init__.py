@@ -11,7 +11,7 @@ while counting every allocation on the same GPUs, the scheduler's included. See 
 - `events`, `metrics`, `http`: what users and operators see.
 """
 
-from dra_gpu.controller.classes import (
+from dra_gpu.controller.owned_classes import (
     MANAGED_EXPRESSION,
     MANAGED_SELECTOR,
     is_controller_managed,

@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dra_gpu.kube import objects
+
 Obj = dict[str, Any]
 ClaimKey = tuple[str, str]  # namespace, name
 
@@ -49,13 +51,13 @@ def is_pod_reference(ref: Mapping[str, Any]) -> bool:
 
 def reserved_for_workload(claim: Mapping[str, Any]) -> bool:
     """True when `reservedFor` holds anything but Pods (a PodGroup of a workload claim)."""
-    return any(not is_pod_reference(ref) for ref in (claim.get("status") or {}).get("reservedFor") or [])
+    return any(not is_pod_reference(ref) for ref in objects.reserved_for(claim))
 
 
 def is_live(pod: Mapping[str, Any]) -> bool:
     """A pod that may still need its claims: not finished and not being deleted."""
     phase = (pod.get("status") or {}).get("phase")
-    return phase not in ("Succeeded", "Failed") and not (pod.get("metadata") or {}).get("deletionTimestamp")
+    return phase not in ("Succeeded", "Failed") and not objects.deleting(pod)
 
 
 class PodIndex:

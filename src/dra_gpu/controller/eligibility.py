@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dra_gpu.kube import objects
+
 Obj = dict[str, Any]
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
@@ -57,8 +59,8 @@ def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str,
     """A core/v1 NodeSelector: any term matches; within a term every requirement matches."""
     if not selector:
         return True
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    fields = {"metadata.name": (node.get("metadata") or {}).get("name", "")}
+    labels = objects.labels(node)
+    fields = {"metadata.name": objects.name(node)}
     for term in selector.get("nodeSelectorTerms") or []:
         exprs, field_reqs = term.get("matchExpressions") or [], term.get("matchFields") or []
         if not exprs and not field_reqs:
@@ -73,7 +75,7 @@ def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str,
 def why_not(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
     """None if the pod can land on the node, else the scheduler filter that would reject it."""
     spec = pod.get("spec") or {}
-    name = (node.get("metadata") or {}).get("name", "")
+    name = objects.name(node)
     tolerations = spec.get("tolerations") or []
     if spec.get("nodeName") and spec["nodeName"] != name:
         return f"pod is bound to node {spec['nodeName']}"
@@ -85,7 +87,7 @@ def why_not(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}"
-    labels = (node.get("metadata") or {}).get("labels") or {}
+    labels = objects.labels(node)
     for key, value in (spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
             return f"node does not match the pod's nodeSelector {key}={value}"
@@ -121,7 +123,7 @@ class NodeEligibility:
         for pod in self._pods:
             reason = why_not(pod, node)
             if reason is not None:
-                pod_name = (pod.get("metadata") or {}).get("name", "")
+                pod_name = objects.name(pod)
                 return f"{reason} (pod {pod_name})"
         return None
 

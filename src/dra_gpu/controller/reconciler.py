@@ -26,12 +26,12 @@ from typing import Any
 from dra_gpu import CONTROLLER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.config import ConfigError, Placement
-from dra_gpu.controller.classes import ClassIndex
 from dra_gpu.controller.consumers import PodIndex, claim_key, is_pod_reference, reserved_for_workload
 from dra_gpu.controller.eligibility import NodeEligibility
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.overcommit import overcommitted
-from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound
+from dra_gpu.controller.owned_classes import ClassIndex
+from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, objects
 from dra_gpu.kube.events import EventRecorder, timestamp
 
 Obj = dict[str, Any]
@@ -80,20 +80,11 @@ def _name(claim: Mapping[str, Any]) -> str:
 
 
 def _uid(claim: Mapping[str, Any]) -> str:
-    return str((claim.get("metadata") or {}).get("uid", ""))
+    return objects.uid(claim)
 
 
 def _finalizers(claim: Mapping[str, Any]) -> list[str]:
     return list((claim.get("metadata") or {}).get("finalizers") or [])
-
-
-def _allocation(claim: Mapping[str, Any]) -> Obj | None:
-    allocation: Obj | None = (claim.get("status") or {}).get("allocation")
-    return allocation
-
-
-def _reserved(claim: Mapping[str, Any]) -> list[Obj]:
-    return list((claim.get("status") or {}).get("reservedFor") or [])
 
 
 def allocation_node(allocation: Mapping[str, Any]) -> str | None:
@@ -112,7 +103,7 @@ def allocation_node(allocation: Mapping[str, Any]) -> str | None:
 def describe_allocation(allocation: Mapping[str, Any]) -> str:
     """`gpu-0 on node-1 (share: cores 30, memory 10Gi)` for events and the demo."""
     parts = []
-    for result in (allocation.get("devices") or {}).get("results") or []:
+    for result in objects.allocation_results(allocation):
         text = f"{result.get('pool')}/{result.get('device')}"
         consumed = result.get("consumedCapacity")
         if consumed:
@@ -159,7 +150,7 @@ class Reconciler:
         pods = PodIndex(snapshot.pods)
         nodes = {n["metadata"]["name"]: n for n in snapshot.nodes}
         allocator = Allocator(
-            snapshot.slices, classes.for_allocator, [c for c in snapshot.claims if _allocation(c)]
+            snapshot.slices, classes.for_allocator, [c for c in snapshot.claims if objects.allocation(c)]
         )
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(
@@ -187,7 +178,7 @@ class Reconciler:
         for problem in overcommitted(allocator):
             movable = sorted(
                 (by_uid[u] for u in problem.holders if u in by_uid and self._movable(by_uid[u])),
-                key=lambda c: (_allocation(c) or {}).get("allocationTimestamp") or "",
+                key=lambda c: (objects.allocation(c) or {}).get("allocationTimestamp") or "",
                 reverse=True,
             )
             for claim in movable:
@@ -207,9 +198,9 @@ class Reconciler:
     def _movable(claim: Obj) -> bool:
         return (
             FINALIZER in _finalizers(claim)
-            and _allocation(claim) is not None
-            and not _reserved(claim)
-            and not (claim.get("metadata") or {}).get("deletionTimestamp")
+            and objects.allocation(claim) is not None
+            and not objects.reserved_for(claim)
+            and not objects.deleting(claim)
         )
 
     def _settle(
@@ -222,15 +213,15 @@ class Reconciler:
     ) -> bool:
         """Handle everything but a new allocation; True if the claim waits for one."""
         ours = FINALIZER in _finalizers(claim)
-        allocation = _allocation(claim)
-        if (claim.get("metadata") or {}).get("deletionTimestamp"):
-            if ours and not _reserved(claim):
+        allocation = objects.allocation(claim)
+        if objects.deleting(claim):
+            if ours and not objects.reserved_for(claim):
                 self._release(claim, allocator, result, "the claim is being deleted")
             return False
         if allocation is not None:
             if not ours:
                 return False  # someone else's allocation: counted, never touched
-            if not _reserved(claim) and not consumers:
+            if not objects.reserved_for(claim) and not consumers:
                 self._release(claim, allocator, result, "no pod uses the claim any more")
             else:
                 self._reserve_bound_pods(claim, allocation, consumers, result)
@@ -288,7 +279,7 @@ class Reconciler:
                     )
                 except NotFound:
                     return
-                if _allocation(claim) is not None or (claim.get("metadata") or {}).get("deletionTimestamp"):
+                if objects.allocation(claim) is not None or objects.deleting(claim):
                     return  # settled by someone else; the next pass sees it
                 continue
             except NotFound:
@@ -354,7 +345,7 @@ class Reconciler:
     ) -> None:
         allocator.commit(claim)
         uid = _uid(claim)
-        allocation = _allocation(claim) or {}
+        allocation = objects.allocation(claim) or {}
         node = allocation_node(allocation)
         if node:
             self._placed[uid] = node
@@ -379,15 +370,19 @@ class Reconciler:
     # --- release and reservation ------------------------------------------------------------------
 
     def _release(self, claim: Obj, allocator: Allocator, result: PassResult, why: str) -> Obj | None:
-        allocation = _allocation(claim)
+        allocation = objects.allocation(claim)
 
         def attempt(current: Obj) -> Obj | None:
             meta = current.get("metadata") or {}
-            if FINALIZER not in _finalizers(current) or _reserved(current):
+            if FINALIZER not in _finalizers(current) or objects.reserved_for(current):
                 return None  # someone reserved it meanwhile, or it is no longer ours
-            if not meta.get("deletionTimestamp") and _allocation(current) is None and allocation is not None:
+            if (
+                not meta.get("deletionTimestamp")
+                and objects.allocation(current) is None
+                and allocation is not None
+            ):
                 return None  # already released by someone else
-            if _allocation(current) is not None:
+            if objects.allocation(current) is not None:
                 current = copy.deepcopy(current)
                 current["status"] = {
                     k: v
@@ -416,7 +411,7 @@ class Reconciler:
         return stored
 
     def _drop_finalizer_if_unallocated(self, current: Obj) -> Obj | None:
-        if FINALIZER not in _finalizers(current) or _allocation(current) is not None:
+        if FINALIZER not in _finalizers(current) or objects.allocation(current) is not None:
             return None
         current = copy.deepcopy(current)
         current["metadata"]["finalizers"] = [f for f in _finalizers(current) if f != FINALIZER]
@@ -437,7 +432,7 @@ class Reconciler:
         if reserved_for_workload(claim):
             return
         node = allocation_node(allocation)
-        listed = {r.get("uid") for r in _reserved(claim) if is_pod_reference(r)}
+        listed = {r.get("uid") for r in objects.reserved_for(claim) if is_pod_reference(r)}
         missing = [
             p
             for p in consumers
@@ -450,12 +445,12 @@ class Reconciler:
 
         def attempt(current: Obj) -> Obj | None:
             if (
-                _allocation(current) is None
-                or (current.get("metadata") or {}).get("deletionTimestamp")
+                objects.allocation(current) is None
+                or objects.deleting(current)
                 or reserved_for_workload(current)
             ):
                 return None
-            have = {r.get("uid") for r in _reserved(current) if is_pod_reference(r)}
+            have = {r.get("uid") for r in objects.reserved_for(current) if is_pod_reference(r)}
             add = [
                 {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
                 for p in missing
@@ -464,7 +459,7 @@ class Reconciler:
             if not add:
                 return None
             current = copy.deepcopy(current)
-            current.setdefault("status", {})["reservedFor"] = [*_reserved(current), *add]
+            current.setdefault("status", {})["reservedFor"] = [*objects.reserved_for(current), *add]
             stored = self.api.update_status("ResourceClaim", current)
             self._on_write(stored)
             return stored

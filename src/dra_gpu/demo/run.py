@@ -30,12 +30,12 @@ from cdi.resolver import Registry
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import NodeSharing, merge_configs
 from dra_gpu.controller import Snapshot
-from dra_gpu.controller.classes import is_controller_managed, with_marker
 from dra_gpu.controller.metrics import ControllerMetrics
+from dra_gpu.controller.owned_classes import is_controller_managed, with_marker
 from dra_gpu.controller.reconciler import Reconciler, allocation_node
 from dra_gpu.demo import objects
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
-from dra_gpu.demo.limiter import LimiterRun, find_limiter_build, run_limiter_probe
+from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
 from dra_gpu.demo.report import (
     ContainerView,
     GpuHolder,
@@ -47,11 +47,12 @@ from dra_gpu.demo.report import (
 )
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.inventory import open_inventory
+from dra_gpu.kube import objects as kube_objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
-from dra_gpu.plugin.commands import SimulatedCommands
+from dra_gpu.plugin.gpu_control import SimulatedCommands
 
 Obj = dict[str, Any]
 
@@ -480,10 +481,10 @@ def _gpu_views(slices: list[Obj], claims: dict[str, Obj], by_controller: dict[st
                 cores=d["capacity"]["cores"]["value"],
             )
     for name, claim in sorted(claims.items()):
-        allocation = (claim.get("status") or {}).get("allocation")
+        allocation = kube_objects.allocation(claim)
         if not allocation:
             continue
-        pods = [r["name"] for r in (claim.get("status") or {}).get("reservedFor") or []]
+        pods = [r["name"] for r in kube_objects.reserved_for(claim)]
         for result in allocation["devices"]["results"]:
             strategy = merge_configs(
                 allocation["devices"].get("config") or [], result["request"]

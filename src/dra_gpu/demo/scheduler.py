@@ -22,7 +22,7 @@ from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.eligibility import why_not
 from dra_gpu.controller.reconciler import allocation_node
-from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.kube import KubeAPI, NotFound, objects
 
 Obj = dict[str, Any]
 
@@ -50,7 +50,7 @@ class SchedulerStandIn:
         claims = {
             (c["metadata"]["namespace"], c["metadata"]["name"]): c for c in self.api.list("ResourceClaim")[0]
         }
-        allocator = Allocator(slices, classes, [c for c in claims.values() if _allocation(c)])
+        allocator = Allocator(slices, classes, [c for c in claims.values() if objects.allocation(c)])
         pods = sorted(
             (p for p in self.api.list("Pod")[0] if not (p.get("spec") or {}).get("nodeName")),
             key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
@@ -82,13 +82,13 @@ class SchedulerStandIn:
     def _place(
         self, pod: Obj, used: list[Obj], nodes: Mapping[str, Obj], allocator: Allocator
     ) -> tuple[str, list[tuple[Obj, Obj]]] | None:
-        fixed = {allocation_node(a) for c in used if (a := _allocation(c)) is not None} - {None}
+        fixed = {allocation_node(a) for c in used if (a := objects.allocation(c)) is not None} - {None}
         if len(fixed) > 1:
             return None
         candidates = [n for n in sorted(nodes) if why_not(pod, nodes[n]) is None]
         if fixed:
             candidates = [n for n in candidates if n in fixed]
-        pending = [c for c in used if _allocation(c) is None]
+        pending = [c for c in used if objects.allocation(c) is None]
         for node in candidates:
             new: list[tuple[Obj, Obj]] = []
             only_here = _only(node)
@@ -117,7 +117,7 @@ class SchedulerStandIn:
         return self.api.update_status("ResourceClaim", claim)
 
     def _reserve(self, claim: Obj, pod: Obj) -> Obj:
-        reserved = list((claim.get("status") or {}).get("reservedFor") or [])
+        reserved = list(objects.reserved_for(claim))
         if any(r.get("uid") == pod["metadata"]["uid"] for r in reserved):
             return claim
         claim = copy.deepcopy(claim)
@@ -136,8 +136,3 @@ class SchedulerStandIn:
 
 def _only(node: str) -> Callable[[str], bool]:
     return lambda name: name == node
-
-
-def _allocation(claim: Mapping[str, Any]) -> Obj | None:
-    allocation: Obj | None = (claim.get("status") or {}).get("allocation")
-    return allocation

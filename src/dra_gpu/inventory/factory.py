@@ -9,14 +9,14 @@ from dra_gpu.inventory.types import Inventory, InventoryError
 SIMULATED_PREFIX = "simulated:"
 
 
-def open_inventory(spec: str, seed: str = "", hook_problem: str = "") -> Inventory:
+def open_inventory(spec: str, seed: str = "", hook_problem: str = "", mig_dynamic: bool = False) -> Inventory:
     """Open "nvml" or "simulated:PROFILE"; seed (the node name) makes simulated UUIDs differ per node.
 
     hook_problem: why the node has no usable memory-limit hook (`capabilities.find_limit_hook`).
     """
     text = spec.strip()
     if text == "nvml":
-        return NvmlInventory(hook_problem=hook_problem)
+        return NvmlInventory(hook_problem=hook_problem, mig_dynamic=mig_dynamic)
     if text.startswith(SIMULATED_PREFIX):
         profile = text[len(SIMULATED_PREFIX) :]
         if not profile.strip():

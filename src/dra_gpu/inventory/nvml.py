@@ -24,6 +24,8 @@ from dra_gpu.inventory.arch import (
     compute_capability_from_name,
 )
 from dra_gpu.inventory.capabilities import CgroupLayout, detect, read_cgroup_layout, with_capabilities
+from dra_gpu.inventory.mig import MigInstance
+from dra_gpu.inventory.mig_profiles import table_for
 from dra_gpu.inventory.types import GpuInfo, InventoryError, NvmlUnavailableError
 from dra_gpu.inventory.xid import describe_recovery_action, describe_xid, xid_is_fatal
 
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 _SUCCESS = 0
 _NO_PERMISSION = 4
 _NOT_SUPPORTED = 3
+_NOT_FOUND = 6
 _DRIVER_NOT_LOADED = 9
 _TIMEOUT = 10
 _LIBRARY_NOT_FOUND = 12
@@ -103,6 +106,16 @@ def _field_int(field: Any) -> int:
     return int(getattr(field.value, member))
 
 
+def _mig_profile(mig_name: str, parent_name: str, profile_id: int) -> str:
+    """A MIG device's profile as nvidia-smi prints it (`1g.10gb`): NVML names the device `<GPU> MIG 1g.10gb`;
+    failing that, the profile table's name for the GPU-instance profile id."""
+    if " MIG " in mig_name:
+        return mig_name.rsplit(" MIG ", 1)[1].strip().lower()
+    table = table_for(parent_name, 0)
+    profile = next((p for p in table.profiles if p.profile_id == profile_id), None) if table else None
+    return profile.name if profile else f"profile-{profile_id}"
+
+
 class NvmlInventory:
     """GPUs as NVML reports them; health from device probes, row remapping and critical XID events.
 
@@ -112,9 +125,15 @@ class NvmlInventory:
     backend = "nvml"
 
     def __init__(
-        self, nvml: Any = None, cgroup_layout: CgroupLayout | None = None, hook_problem: str = ""
+        self,
+        nvml: Any = None,
+        cgroup_layout: CgroupLayout | None = None,
+        hook_problem: str = "",
+        mig_dynamic: bool = False,
     ) -> None:
         self._nvml = nvml if nvml is not None else _import_pynvml()
+        self._mig_dynamic = mig_dynamic
+        """The node lets the driver make instances on a MIG GPU that has none (`--mig-dynamic`)."""
         self._cgroup_layout = cgroup_layout if cgroup_layout is not None else read_cgroup_layout()
         self._hook_problem = hook_problem
         """Why the node has no usable memory-limit hook ("" if it has one; see capabilities.detect)."""
@@ -225,12 +244,56 @@ class NvmlInventory:
             mig_capable=mig_mode is not None,
         )
         mig_enabled = mig_mode is not None and int(mig_mode[0]) == 1  # NVML_DEVICE_MIG_ENABLE
+        if mig_mode is not None and int(mig_mode[1]) != int(mig_mode[0]):
+            log.warning(
+                "GPU %d has a MIG mode change pending (current %s, after a reset %s): it is published as it is now",
+                index,
+                "enabled" if mig_enabled else "disabled",
+                "enabled" if int(mig_mode[1]) == 1 else "disabled",
+                extra={"gpu_index": index},
+            )
+        instances = self._mig_instances(handle, uuid, name) if mig_enabled else ()
         gpu = with_capabilities(
-            replace(gpu, mig_enabled=mig_enabled),
+            replace(
+                gpu,
+                mig_enabled=mig_enabled,
+                mig_instances=instances,
+                mig_dynamic=mig_enabled and not instances and self._mig_dynamic,
+            ),
             detect(driver, self._cgroup_layout, mig_enabled, self._hook_problem),
         )
         self._handles[uuid] = handle
         return gpu
+
+    def _mig_instances(self, handle: Any, parent_uuid: str, parent_name: str) -> tuple[MigInstance, ...]:
+        """The MIG devices (a compute instance each) that exist on a GPU in MIG mode, by placement."""
+        nvml = self._nvml
+        count = self._optional("nvmlDeviceGetMaxMigDeviceCount", handle)
+        found: list[MigInstance] = []
+        for i in range(int(count or 0)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+            except nvml.NVMLError as err:
+                if self._code(err) == _NOT_FOUND:  # no MIG device at this index
+                    continue
+                raise
+            gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+            info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+            found.append(
+                MigInstance(
+                    uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                    parent_uuid=parent_uuid,
+                    profile=_mig_profile(
+                        _text(nvml.nvmlDeviceGetName(mig)), parent_name, int(info.profileId)
+                    ),
+                    start=int(info.placement.start),
+                    size=int(info.placement.size),
+                    gi_id=gi_id,
+                    ci_id=int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
+                    memory_bytes=self._memory_total(mig),
+                )
+            )
+        return tuple(sorted(found, key=lambda m: (m.start, m.gi_id, m.ci_id)))
 
     def _memory_total(self, handle: Any) -> int:
         """The v1 memory query is deprecated; where a driver has dropped it, ask the v2 one."""

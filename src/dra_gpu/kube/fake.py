@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gpu.kube import objects
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from dra_gpu.kube.resources import RESOURCES, Resource
@@ -256,7 +257,7 @@ class FakeKube:
     @staticmethod
     def _check_claim_status(current: Obj, status: Obj) -> None:
         name = current["metadata"]["name"]
-        old_alloc = (current.get("status") or {}).get("allocation")
+        old_alloc = objects.allocation(current)
         new_alloc = status.get("allocation")
         if old_alloc and new_alloc and old_alloc != new_alloc:
             raise Invalid(
@@ -272,7 +273,7 @@ class FakeKube:
                     f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.allocation.devices.results[{i}].request: '
                     f'Invalid value: "{result.get("request")}": must be the name of a request in the claim'
                 )
-        old_reserved = {c.get("uid") for c in (current.get("status") or {}).get("reservedFor") or []}
+        old_reserved = {c.get("uid") for c in objects.reserved_for(current)}
         new_reserved = {c.get("uid") for c in status.get("reservedFor") or []}
         if current["metadata"].get("deletionTimestamp") and new_reserved - old_reserved:
             raise Invalid(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dra_gpu.kube import objects
+
 
 def _lookup(obj: dict[str, Any], dotted: str) -> str:
     value: Any = obj
@@ -35,5 +37,5 @@ def field_matches(obj: dict[str, Any], selector: str | None) -> bool:
 
 
 def label_matches(obj: dict[str, Any], selector: str | None) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
+    labels = objects.labels(obj)
     return all((labels.get(k, "") == v) == eq for k, v, eq in _terms(selector))

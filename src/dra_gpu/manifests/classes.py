@@ -25,7 +25,7 @@ from typing import Any
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
-from dra_gpu.controller.classes import MANAGED_SELECTOR
+from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
 from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, MIG_ENABLED_ATTRIBUTE, SHARING_ATTRIBUTE

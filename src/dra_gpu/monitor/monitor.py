@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_gpu.config import Strategy, WatchdogPolicy
-from dra_gpu.monitor.cgroup import PodRef, ProcReader
-from dra_gpu.monitor.nvml import GpuProcesses, NvmlSampler
+from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
+from dra_gpu.monitor.process_owner import PodRef, ProcReader
 from dra_gpu.monitor.region import RegionDevice, hand_back, read_region, unlocked_slots
 from dra_gpu.monitor.watchdog import CONTEXT_ALLOWANCE, ClaimRef, Reason, Violation, Watchdog
 from dra_gpu.plugin.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, PreparedClaim

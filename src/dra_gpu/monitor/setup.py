@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
-from dra_gpu.monitor.cgroup import ProcReader
 from dra_gpu.monitor.metrics import MonitorCollector
 from dra_gpu.monitor.monitor import Monitor
-from dra_gpu.monitor.nvml import NvmlSampler
+from dra_gpu.monitor.nvml_usage import NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory
+from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.watchdog import Watchdog
 from dra_gpu.plugin.checkpoint import CheckpointStore
 

@@ -34,8 +34,8 @@ from enum import StrEnum
 from dra_gpu.config import WatchdogPolicy
 from dra_gpu.kube import KubeAPI
 from dra_gpu.kube.events import EventRecorder
-from dra_gpu.monitor.cgroup import ProcReader
 from dra_gpu.monitor.pods import PodInfo
+from dra_gpu.monitor.process_owner import ProcReader
 
 log = logging.getLogger(__name__)
 

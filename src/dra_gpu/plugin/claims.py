@@ -16,7 +16,7 @@ from typing import Any
 
 from dra_gpu.config import ConfigError, merge_configs
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.kube import ApiError, KubeAPI, NotFound
+from dra_gpu.kube import ApiError, KubeAPI, NotFound, objects
 from dra_gpu.plugin.checkpoint import ShareRecord
 from dra_gpu.plugin.errors import PrepareError, quote, short
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
@@ -57,18 +57,18 @@ def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
     allocation. Only the fields that decide what prepare does are covered, so that fields a newer
     API server adds to the same allocation never look like a new one.
     """
-    devices = (((obj.get("status") or {}).get("allocation")) or {}).get("devices") or {}
+    allocated = objects.allocation(obj)
     results = [
         [r.get("request"), r.get("pool"), r.get("device"), r.get("shareID")]
-        for r in devices.get("results") or []
+        for r in objects.allocation_results(allocated)
         if r.get("driver") == driver
     ]
     if not results:
         return None
     configs = [
-        [c.get("source"), c.get("requests"), (c.get("opaque") or {}).get("parameters")]
-        for c in devices.get("config") or []
-        if (c.get("opaque") or {}).get("driver") == driver
+        [c.get("source"), c.get("requests"), objects.opaque_parameters(c)[1]]
+        for c in objects.allocation_config(allocated)
+        if objects.opaque_parameters(c)[0] == driver
     ]
     text = json.dumps({"results": results, "config": configs}, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
@@ -76,8 +76,7 @@ def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
 
 def allocation_results(obj: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
     """The claim's allocation results for `driver`'s devices in `pool` (this node's)."""
-    devices = (((obj.get("status") or {}).get("allocation")) or {}).get("devices") or {}
-    return [r for r in devices.get("results") or [] if r.get("driver") == driver and r.get("pool") == pool]
+    return [r for r in objects.results(obj) if r.get("driver") == driver and r.get("pool") == pool]
 
 
 def _amount(record: ShareRecord, name: str) -> Fraction | int | None:
@@ -149,13 +148,12 @@ def shares_of(
     obj: Mapping[str, Any], claim: ClaimInfo, driver: str, pool: str, gpus: Mapping[str, GpuInfo]
 ) -> list[Share]:
     """This driver's allocation results in the claim, each with its merged GpuConfig."""
-    allocation = (obj.get("status") or {}).get("allocation")
-    if not allocation:
+    allocation = objects.allocation(obj)
+    if allocation is None:
         raise PrepareError(
             f"ResourceClaim {claim.ref} is not allocated (status.allocation is empty)", reason="not_allocated"
         )
-    devices = allocation.get("devices") or {}
-    results = devices.get("results") or []
+    results = objects.allocation_results(allocation)
     ours = [r for r in results if r.get("driver") == driver]
     if not ours:
         others = sorted({str(r.get("driver")) for r in results})
@@ -165,7 +163,7 @@ def shares_of(
         raise PrepareError(
             f"ResourceClaim {claim.ref} has no device allocated by {driver} ({detail})", reason="other_driver"
         )
-    configs = devices.get("config") or []
+    configs = objects.allocation_config(allocation)
     shares: list[Share] = []
     for position, result in enumerate(ours):
         request, device = str(result.get("request", "")), str(result.get("device", ""))

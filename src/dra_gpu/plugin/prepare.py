@@ -53,8 +53,8 @@ from dra_gpu.plugin.checkpoint import (
     PreparedDevice,
 )
 from dra_gpu.plugin.claims import allocation_digest, allocation_results, fetch_claim, over_capacity, shares_of
-from dra_gpu.plugin.commands import CommandError
 from dra_gpu.plugin.errors import PrepareError, bounded, describe, filesystem_error
+from dra_gpu.plugin.gpu_control import CommandError
 from dra_gpu.plugin.identity import claim_problem, is_path_component
 from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics

@@ -25,8 +25,8 @@ from dra_gpu.inventory.capabilities import log_choice as log_isolation_choice
 from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
-from dra_gpu.plugin.commands import DEFAULT_MPS_SHM_BYTES, GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.driver_root import install_ldcache_hook, tool_env, tool_path
+from dra_gpu.plugin.gpu_control import DEFAULT_MPS_SHM_BYTES, GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.health import (
     DeviceHealthServicer,
     DeviceHealthStream,

@@ -30,6 +30,7 @@ from typing import Any
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode
 from dra_gpu.inventory.types import GpuInfo
+from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
 
 Obj = dict[str, Any]
@@ -172,7 +173,7 @@ def device_errors(device: Obj, where: str = "device") -> list[str]:
                 f'{where}.attributes[{name}].version: Invalid value: "{version}": '
                 "must be a string compatible with semver.org spec 2.0.0"
             )
-    for name, capacity in (device.get("capacity") or {}).items():
+    for name, capacity in objects.device_capacity(device).items():
         value = _q(capacity.get("value"))
         if value is not None and value < 0:  # the API server accepts it; nothing could ever fit
             errors.append(

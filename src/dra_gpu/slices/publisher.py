@@ -38,7 +38,7 @@ from typing import Any
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory.types import GpuInfo, Inventory
-from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent
+from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent, objects
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
 from dra_gpu.slices.devices import (
     SHAREABLE_MODES,
@@ -398,8 +398,8 @@ class SlicePublisher:
         for claim in claims:
             meta = claim.get("metadata") or {}
             ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            allocation = (claim.get("status") or {}).get("allocation") or {}
-            for result in (allocation.get("devices") or {}).get("results") or []:
+            allocation = objects.allocation(claim) or {}
+            for result in objects.allocation_results(allocation):
                 if result.get("driver") == self.driver and result.get("pool") == self.node_name:
                     holders = live.setdefault(str(result.get("device", "")), {})
                     holders[ref] = holders.get(ref, False) or bool(result.get("shareID"))
@@ -577,7 +577,7 @@ def _published_shareability(slices: list[Obj]) -> dict[str, tuple[bool, GpuShari
     for item in slices:
         for device in (item.get("spec") or {}).get("devices") or []:
             shared = bool(device.get("allowMultipleAllocations"))
-            text = ((device.get("attributes") or {}).get(SHARING_ATTRIBUTE) or {}).get("string")
+            text = (objects.device_attribute(device, SHARING_ATTRIBUTE)).get("string")
             try:
                 mode = GpuSharingMode(str(text))
             except ValueError:

@@ -24,7 +24,8 @@ from typing import Any
 
 from dra_gpu import CONTROLLER_FINALIZER, DRIVER_NAME, SCHEDULER_FINALIZER
 from dra_gpu.config import ConfigError, merge_configs
-from dra_gpu.controller.classes import is_controller_managed
+from dra_gpu.controller.owned_classes import is_controller_managed
+from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, parse_quantity
 from dra_gpu.slices.devices import SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
 
@@ -184,13 +185,13 @@ def _meta(obj: Obj) -> Obj:
 
 def _generation(slice_obj: Obj) -> int:
     try:
-        return int((_spec(slice_obj).get("pool") or {}).get("generation", 0))
+        return objects.pool_generation(slice_obj)
     except (TypeError, ValueError):
         return 0
 
 
 def _pool_name(slice_obj: Obj) -> str:
-    return str((_spec(slice_obj).get("pool") or {}).get("name", ""))
+    return objects.pool_name(slice_obj)
 
 
 def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]:
@@ -210,7 +211,7 @@ def _slice_node(slice_obj: Obj) -> str:
 
 
 def _attribute(device: Obj, name: str) -> Any:
-    value = (device.get("attributes") or {}).get(name) or {}
+    value = objects.device_attribute(device, name)
     for kind in ("string", "int", "bool", "version"):
         if kind in value:
             return value[kind]
@@ -219,7 +220,7 @@ def _attribute(device: Obj, name: str) -> Any:
 
 def _published_gpu(node: str, pool: str, device: Obj) -> Gpu:
     capacity = {}
-    for name, entry in (device.get("capacity") or {}).items():
+    for name, entry in objects.device_capacity(device).items():
         capacity[name] = _amount((entry or {}).get("value"))
     index = _attribute(device, "index")
     uuid = _attribute(device, "uuid")
@@ -262,7 +263,7 @@ def _allocated_by(claim: Obj) -> str:
 def _consumers(claim: Obj) -> list[str]:
     """`status.reservedFor`: pods by name (same namespace as the claim), anything else as resource/name."""
     names = []
-    for ref in (claim.get("status") or {}).get("reservedFor") or []:
+    for ref in objects.reserved_for(claim):
         resource, name = ref.get("resource", ""), ref.get("name", "")
         group = ref.get("apiGroup", "")
         names.append(name if resource == "pods" and not group else f"{resource}/{name}")
@@ -290,7 +291,7 @@ class _ClassIndex:
         if device_class is None:
             return False
         spec = _spec(device_class)
-        if any((e.get("opaque") or {}).get("driver") == self.driver for e in spec.get("config") or []):
+        if any(objects.opaque_parameters(e)[0] == self.driver for e in spec.get("config") or []):
             return True
         quoted = f'"{self.driver}"'
         return any(
@@ -304,7 +305,7 @@ class _ClassIndex:
 
 def _pending_requests(claim: Obj, classes: _ClassIndex) -> list[PendingRequest]:
     found = []
-    for request in (_spec(claim).get("devices") or {}).get("requests") or []:
+    for request in objects.device_requests(claim):
         name = str(request.get("name", ""))
         choices = [(name, request["exactly"])] if request.get("exactly") else []
         choices += [(f"{name}/{sub.get('name', '')}", sub) for sub in request.get("firstAvailable") or []]
@@ -384,7 +385,7 @@ def collect(
     class_index = _ClassIndex(classes, driver)
     pending: list[Pending] = []
     for claim in sorted(claims, key=_claim_key):
-        allocation = (claim.get("status") or {}).get("allocation")
+        allocation = objects.allocation(claim)
         if allocation:
             _place_holders(claim, allocation, gpus, driver)
             continue

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from dra_gpu.config import Strategy
 from dra_gpu.inventory import GpuInfo
+from dra_gpu.plugin.gpu_control import ComputeMode, GpuCommands
 from dra_gpu.plugin.sharing.plan import Holder, Plan, Share
 from dra_gpu.quantity import to_int
 
@@ -98,3 +99,12 @@ PROTOCOL_ENV = "DRA_GPU_MPS_PROTOCOL"
 def uses_v3(share: Share) -> bool:
     """MPS v3 where the driver has it, unless the node is told to keep protocol 2."""
     return share.gpu.mps_namespaces and os.environ.get(PROTOCOL_ENV, "3") != "2"
+
+
+def set_compute_mode(commands: GpuCommands, gpu_uuid: str, mode: ComputeMode) -> None:
+    """The GPU's compute mode for its MPS daemon; nothing for a MIG instance. The compute mode is a setting of
+    the whole GPU: exclusive-process on the parent would apply to the other instances' tenants too. An
+    instance's daemon serves it without it, so a client of the claim that skips the daemon is not refused
+    (docs/mig.md, Limits)."""
+    if not gpu_uuid.startswith("MIG-"):
+        commands.set_compute_mode(gpu_uuid, mode)

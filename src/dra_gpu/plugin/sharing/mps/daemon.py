@@ -30,8 +30,8 @@ from pathlib import Path
 from dra_gpu.config import Strategy
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.commands import CommandError, ComputeMode
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.gpu_control import CommandError, ComputeMode
 from dra_gpu.plugin.sharing.mps.common import (
     CLIENT_MOUNT_OPTIONS,
     CONTAINER_PIPE_DIR,
@@ -40,6 +40,7 @@ from dra_gpu.plugin.sharing.mps.common import (
     USER_DETAIL,
     claim_limits,
     run_as_user,
+    set_compute_mode,
     undeclared_user_notice,
     user_conflict,
     uses_v3,
@@ -150,7 +151,7 @@ class MpsDaemon:
         if commands.mps_daemon_running(gpu, pipe):
             return
         try:
-            commands.set_compute_mode(gpu, ComputeMode.EXCLUSIVE_PROCESS)
+            set_compute_mode(commands, gpu, ComputeMode.EXCLUSIVE_PROCESS)
         except CommandError as exc:
             raise setup_failed(
                 f"setting GPU {device} ({gpu}) to exclusive-process compute mode", exc
@@ -159,7 +160,7 @@ class MpsDaemon:
             commands.start_mps_daemon(gpu, pipe, log_dir)
         except CommandError as exc:
             with contextlib.suppress(CommandError):  # release() retries it on unprepare
-                commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
+                set_compute_mode(commands, gpu, ComputeMode.DEFAULT)
             raise setup_failed(
                 f"the MPS control daemon for GPU {device} ({gpu}) failed to start", exc
             ) from None
@@ -174,7 +175,7 @@ class MpsDaemon:
         except CommandError as exc:
             raise setup_failed(f"stopping the MPS control daemon of GPU {device} ({gpu})", exc) from None
         try:
-            node.commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
+            set_compute_mode(node.commands, gpu, ComputeMode.DEFAULT)
         except CommandError as exc:
             raise setup_failed(f"restoring the default compute mode of GPU {device} ({gpu})", exc) from None
         shutil.rmtree(base, ignore_errors=True)
@@ -189,7 +190,7 @@ class MpsDaemon:
         base = mps_dir(node.state_dir, gpu.uuid)
         if base.is_dir():
             node.commands.stop_mps_daemon(gpu.uuid, base / "pipe")
-            node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+            set_compute_mode(node.commands, gpu.uuid, ComputeMode.DEFAULT)
             shutil.rmtree(base, ignore_errors=True)
 
 

@@ -29,14 +29,15 @@ from pathlib import Path
 from dra_gpu.config import Strategy
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.commands import CommandError, ComputeMode, GpuCommands
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.gpu_control import CommandError, ComputeMode, GpuCommands
 from dra_gpu.plugin.sharing.mps.common import (
     CLIENT_MOUNT_OPTIONS,
     CONTAINER_PIPE_DIR,
     CONTAINER_SHM_DIR,
     MIB,
     claim_limits,
+    set_compute_mode,
     uses_v3,
 )
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
@@ -162,11 +163,11 @@ class MpsV3Server:
         if control.running():
             return
         try:
-            node.commands.set_compute_mode(gpu, ComputeMode.EXCLUSIVE_PROCESS)
+            set_compute_mode(node.commands, gpu, ComputeMode.EXCLUSIVE_PROCESS)
             control.start(gpu, node.commands.mps_launcher(base / "shm"))
         except CommandError as exc:
             with contextlib.suppress(CommandError):
-                node.commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
+                set_compute_mode(node.commands, gpu, ComputeMode.DEFAULT)
             raise setup_failed(f"starting the MPS v3 server of GPU {device} ({gpu})", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
@@ -178,7 +179,7 @@ class MpsV3Server:
             if control.running():
                 control.quit()
             node.commands.release_mps_shm(Path(str(hold.params["dir"])) / "shm")
-            node.commands.set_compute_mode(gpu, ComputeMode.DEFAULT)
+            set_compute_mode(node.commands, gpu, ComputeMode.DEFAULT)
         except CommandError as exc:
             raise setup_failed(f"stopping the MPS v3 daemon of GPU {device} ({gpu})", exc) from None
         shutil.rmtree(Path(str(hold.params["dir"])), ignore_errors=True)
@@ -193,7 +194,7 @@ class MpsV3Server:
         control = MpsV3Control(node.commands, base / "pipe", base / "log")
         if base.is_dir() and control.running():
             control.quit()
-            node.commands.set_compute_mode(gpu.uuid, ComputeMode.DEFAULT)
+            set_compute_mode(node.commands, gpu.uuid, ComputeMode.DEFAULT)
         node.commands.release_mps_shm(base / "shm")
         shutil.rmtree(base, ignore_errors=True)
 

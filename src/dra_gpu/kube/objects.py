@@ -1,0 +1,151 @@
+"""Reading the Kubernetes objects the driver handles: one accessor per field, instead of a `.get(` chain each time.
+
+Objects stay the JSON dicts the API server sends (the driver passes them back, patches them and compares them),
+so these are functions over mappings, typed by what they return. Each is tolerant exactly as the API is loose:
+a missing or null field reads as empty (`{}`, `[]`, `""`) or as None where "absent" means something (a claim
+without an allocation). Schemas: `resource.k8s.io/v1` (ResourceClaim, ResourceSlice, DeviceClass) and `v1`
+metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Obj = Mapping[str, Any]
+"""What the accessors read."""
+Json = dict[str, Any]
+"""What they return: the object's own dicts (JSON decoded), not copies."""
+
+
+def _map(value: Any) -> Json:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+# ---- metadata (every object) ----
+
+
+def metadata(obj: Obj) -> Json:
+    return _map(obj.get("metadata"))
+
+
+def name(obj: Obj) -> str:
+    return str(metadata(obj).get("name") or "")
+
+
+def namespace(obj: Obj) -> str:
+    return str(metadata(obj).get("namespace") or "")
+
+
+def uid(obj: Obj) -> str:
+    return str(metadata(obj).get("uid") or "")
+
+
+def resource_version(obj: Obj) -> str:
+    return str(metadata(obj).get("resourceVersion") or "")
+
+
+def labels(obj: Obj) -> Json:
+    return _map(metadata(obj).get("labels"))
+
+
+def deleting(obj: Obj) -> bool:
+    """Whether the object is being deleted (`metadata.deletionTimestamp` set)."""
+    return bool(metadata(obj).get("deletionTimestamp"))
+
+
+def spec(obj: Obj) -> Json:
+    return _map(obj.get("spec"))
+
+
+def status(obj: Obj) -> Json:
+    return _map(obj.get("status"))
+
+
+# ---- ResourceClaim ----
+
+
+def allocation(claim: Obj) -> Json | None:
+    """`status.allocation`, None while the claim is not allocated."""
+    found = status(claim).get("allocation")
+    return found if isinstance(found, dict) and found else None
+
+
+def allocation_results(allocated: Obj | None) -> list[Json]:
+    """`devices.results` of an allocation: one entry per allocated device (request, driver, pool, device,
+    shareID, consumedCapacity)."""
+    return _list(_map(_map(allocated).get("devices")).get("results"))
+
+
+def allocation_config(allocated: Obj | None) -> list[Json]:
+    """`devices.config` of an allocation: the opaque configs from the claim and its classes."""
+    return _list(_map(_map(allocated).get("devices")).get("config"))
+
+
+def results(claim: Obj) -> list[Json]:
+    """The device results of a claim's allocation; empty when it is not allocated."""
+    return allocation_results(allocation(claim))
+
+
+def reserved_for(claim: Obj) -> list[Json]:
+    """`status.reservedFor`: the consumers (pods) the claim is reserved for."""
+    return _list(status(claim).get("reservedFor"))
+
+
+def device_requests(claim: Obj) -> list[Json]:
+    """`spec.devices.requests` of a claim (or of a claim template's spec)."""
+    return _list(_map(spec(claim).get("devices")).get("requests"))
+
+
+def opaque_parameters(config: Obj) -> tuple[str, Any]:
+    """A config entry's `opaque` driver name and parameters ("", None when it has none)."""
+    opaque = _map(config.get("opaque"))
+    return str(opaque.get("driver") or ""), opaque.get("parameters")
+
+
+# ---- ResourceSlice ----
+
+
+def slice_pool(slice_obj: Obj) -> Json:
+    return _map(spec(slice_obj).get("pool"))
+
+
+def pool_name(slice_obj: Obj) -> str:
+    return str(slice_pool(slice_obj).get("name") or "")
+
+
+def pool_generation(slice_obj: Obj) -> int:
+    return int(slice_pool(slice_obj).get("generation") or 0)
+
+
+def slice_devices(slice_obj: Obj) -> list[Json]:
+    return _list(spec(slice_obj).get("devices"))
+
+
+def slice_node(slice_obj: Obj) -> str:
+    return str(spec(slice_obj).get("nodeName") or "")
+
+
+# ---- Device (in a slice) ----
+
+
+def device_attributes(device: Obj) -> Json:
+    return _map(device.get("attributes"))
+
+
+def device_attribute(device: Obj, key: str) -> Json:
+    """One attribute's value object (`{"string": ...}`, `{"int": ...}`, ...), empty when absent."""
+    return _map(device_attributes(device).get(key))
+
+
+def device_capacity(device: Obj) -> Json:
+    return _map(device.get("capacity"))
+
+
+def capacity_value(entry: Any) -> Any:
+    """A capacity entry's `value` (a quantity string), None when absent."""
+    return _map(entry).get("value")
