@@ -16,7 +16,7 @@ from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller import FINALIZER, MANAGED_SELECTOR, Reconciler, Snapshot
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.owned_classes import with_marker
-from dra_gpu.demo import objects
+from dra_gpu.demo import builders
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.kube import Conflict
 from dra_gpu.kube.events import EventRecorder
@@ -93,7 +93,7 @@ class Cluster:
     ) -> None:
         self.api = api or FakeKube()
         for n in range(nodes):
-            self.api.create("Node", objects.node(f"node-{n}"))
+            self.api.create("Node", builders.node(f"node-{n}"))
             self.api.create("ResourceSlice", gpu_slice(f"node-{n}", gpus))
         if classes:
             self.api.create("DeviceClass", device_class(LIMITER, managed=False))
@@ -110,11 +110,11 @@ class Cluster:
     def claim(self, name: str, cls: str, cores: int, memory: str = "4Gi", **kwargs: Any) -> Obj:
         return self.api.create(
             "ResourceClaim",
-            objects.claim(name, cls, capacity={"cores": str(cores), "memory": memory}, **kwargs),
+            builders.claim(name, cls, capacity={"cores": str(cores), "memory": memory}, **kwargs),
         )
 
     def pod(self, name: str, *claims: str, **kwargs: Any) -> Obj:
-        return self.api.create("Pod", objects.pod(name, list(claims), **kwargs))
+        return self.api.create("Pod", builders.pod(name, list(claims), **kwargs))
 
     def run(self) -> Any:
         return self.reconciler.reconcile(Snapshot.read(self.api))
@@ -513,14 +513,14 @@ def test_our_allocation_has_the_shape_a_real_scheduler_accepted() -> None:
     third-party allocation that a real 1.36 scheduler reserved and bound (`ctrl-alloc-ts`)."""
     c = Cluster(nodes=0, classes=False)
     api = c.api
-    api.create("Node", objects.node("node-1"))
+    api.create("Node", builders.node("node-1"))
     api.create("ResourceSlice", yaml.safe_load((FIXTURES / "slice.yaml").read_text()))
     for cls in yaml.safe_load_all((FIXTURES / "classes.yaml").read_text()):
         api.create("DeviceClass", with_marker(cls))
     claim = yaml.safe_load((FIXTURES / "ctrl2.yaml").read_text())
     del claim["metadata"]["finalizers"]
     api.create("ResourceClaim", claim)
-    api.create("Pod", objects.pod("pod-ctrl-ts", ["ctrl-alloc-ts"]))
+    api.create("Pod", builders.pod("pod-ctrl-ts", ["ctrl-alloc-ts"]))
     c.run()
     ours = c.get("ctrl-alloc-ts")
     accepted = next(

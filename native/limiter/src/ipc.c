@@ -14,13 +14,16 @@
 
 #define current_ordinal dl_current_ordinal
 
-#define REAL_OR_NOT_FOUND(name) \
-    dl_cuda_init();             \
+#define REAL_OR_NOT_FOUND(name)                                                                                        \
+    dl_cuda_init();                                                                                                    \
     if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND
 
 /* ---- memory shared with other processes of the claim: charged once (region.c, the export table) ---- */
 
-static int op_keep(struct entry *e) { (void)e; return 0; }
+static int op_keep(struct entry *e) {
+    (void)e;
+    return 0;
+}
 
 /* Moves the charge of an allocation this process exports into the claim's export table; whether the entry
  * took it (exported again: an IPC handle is the same, a descriptor is added to the entry). */

@@ -108,10 +108,10 @@ void dl_release_charge(int dev, uint64_t bytes, uint64_t shared) {
 /* Remembers a charge; an entry left behind for the same key (a free we did not see) is refunded. */
 void dl_track_shared(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t shared) {
     if (dev < 0 || bytes == 0) return;
-    struct entry old, e = {.key = key, .bytes = bytes, .handle = shared, .refs = 1, .dev = (int16_t)dev,
-                           .kind = (uint8_t)kind};
+    struct entry old,
+        e = {.key = key, .bytes = bytes, .handle = shared, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
     if (dl_insert(&e, &old) != 0) {
-        dl_release_charge(dev, bytes, shared);  /* cannot remember it: do not keep charging it either */
+        dl_release_charge(dev, bytes, shared); /* cannot remember it: do not keep charging it either */
         return;
     }
     if (old.kind) dl_release_charge(old.dev, old.bytes, old.handle);
@@ -137,13 +137,20 @@ int dl_update(unsigned kind, uint64_t key, int (*op)(struct entry *), struct ent
     return e != NULL;
 }
 
-int dl_op_delete(struct entry *e) { (void)e; return 1; }
-int dl_op_ref(struct entry *e) { e->refs++; return 0; }
+int dl_op_delete(struct entry *e) {
+    (void)e;
+    return 1;
+}
+int dl_op_ref(struct entry *e) {
+    e->refs++;
+    return 0;
+}
 int dl_op_unref(struct entry *e) { return --e->refs == 0; }
 
 /* Records other modules keep in the same table (see limiter.h). */
 void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
-    struct entry old, e = {.key = key, .bytes = bytes, .handle = aux, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
+    struct entry old,
+        e = {.key = key, .bytes = bytes, .handle = aux, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};
     (void)dl_insert(&e, &old);
 }
 
@@ -235,9 +242,7 @@ void dl_refund(const struct dl_charge *c) {
     if (c->bytes) dl_region_release(c->dev, c->bytes);
 }
 
-
 void dl_settle(CUresult r, unsigned kind, uint64_t key, const struct dl_charge *c) {
     if (r == CUDA_SUCCESS) dl_track(kind, key, c->dev, c->bytes);
     else dl_refund(c);
 }
-

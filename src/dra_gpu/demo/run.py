@@ -33,7 +33,7 @@ from dra_gpu.controller import Snapshot
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.owned_classes import is_controller_managed, with_marker
 from dra_gpu.controller.reconciler import Reconciler, allocation_node
-from dra_gpu.demo import objects
+from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
 from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
 from dra_gpu.demo.report import (
@@ -47,7 +47,7 @@ from dra_gpu.demo.report import (
 )
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.inventory import open_inventory
-from dra_gpu.kube import objects as kube_objects
+from dra_gpu.kube import objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
@@ -204,7 +204,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         out.line(f"  - {item}")
 
     api = FakeKube()
-    api.create("Node", objects.node(NODE))
+    api.create("Node", builders.node(NODE))
     dirs = {name: workdir / name for name in ("state", "cdi", "registry", "plugins", "dev", "ctk")}
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
@@ -267,7 +267,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         for plan in CLAIMS:
             api.create(
                 "ResourceClaim",
-                objects.claim(
+                builders.claim(
                     plan.name,
                     plan.device_class,
                     namespace=NAMESPACE,
@@ -276,7 +276,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
                 ),
             )
         for pod_plan in PODS:
-            api.create("Pod", objects.pod(pod_plan.name, pod_plan.claims, namespace=NAMESPACE))
+            api.create("Pod", builders.pod(pod_plan.name, pod_plan.claims, namespace=NAMESPACE))
         by_claim = {c.name: c for c in CLAIMS}
         out.line(
             render_table(
@@ -481,10 +481,10 @@ def _gpu_views(slices: list[Obj], claims: dict[str, Obj], by_controller: dict[st
                 cores=d["capacity"]["cores"]["value"],
             )
     for name, claim in sorted(claims.items()):
-        allocation = kube_objects.allocation(claim)
+        allocation = objects.allocation(claim)
         if not allocation:
             continue
-        pods = [r["name"] for r in kube_objects.reserved_for(claim)]
+        pods = [r["name"] for r in objects.reserved_for(claim)]
         for result in allocation["devices"]["results"]:
             strategy = merge_configs(
                 allocation["devices"].get("config") or [], result["request"]

@@ -87,7 +87,7 @@ class Mps:
                 plan.notice(undeclared_user_notice())
             else:
                 plan.detail(share, USER_DETAIL, str(user))
-        # GPUs with MPS v3 namespaces are served by mps_v3 (server-side limits).
+        # GPUs with MPS v3 namespaces are served by mps.namespaces (server-side limits).
         shares = [s for s in plan.sharing(Strategy.MPS) if not uses_v3(s)]
         if not shares:
             return
