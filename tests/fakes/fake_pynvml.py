@@ -569,15 +569,15 @@ def nvmlDeviceGetComputeInstanceId(device: FakeHandle | FakeMigHandle) -> int:
     return _mig("nvmlDeviceGetComputeInstanceId", device)[1].ci_id
 
 
-def nvmlDeviceGetGpuInstanceById(device: FakeHandle, gi_id: int) -> tuple[FakeHandle, int]:
+def nvmlDeviceGetGpuInstanceById(device: FakeHandle, gpuInstanceId: int) -> tuple[FakeHandle, int]:
     gpu = _mig_on("nvmlDeviceGetGpuInstanceById", device)
-    if not any(m.gi_id == gi_id for m in gpu.mig_devices):
+    if not any(m.gi_id == gpuInstanceId for m in gpu.mig_devices):
         raise NVMLError(NVML_ERROR_NOT_FOUND)
-    return (device, gi_id)
+    return (device, gpuInstanceId)
 
 
-def nvmlGpuInstanceGetInfo(instance: tuple[FakeHandle, int]) -> FakeGpuInstanceInfo:
-    device, gi_id = instance
+def nvmlGpuInstanceGetInfo(gpuInstance: tuple[FakeHandle, int]) -> FakeGpuInstanceInfo:
+    device, gi_id = gpuInstance
     gpu = _mig_on("nvmlGpuInstanceGetInfo", device)
     mig = next(m for m in gpu.mig_devices if m.gi_id == gi_id)
     placement = type("nvmlGpuInstancePlacement_t", (), {"start": mig.start, "size": mig.size})()
