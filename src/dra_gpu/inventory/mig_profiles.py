@@ -1,4 +1,13 @@
-"""MIG GPU-instance profiles per GPU model, from NVIDIA's MIG user guide ("Supported MIG Profiles").
+"""MIG GPU-instance profiles per GPU model, as the NVIDIA Multi-Instance GPU User Guide lists them.
+
+The tables follow the guide's chapter "Supported MIG Profiles": its "A100 MIG Profiles" table
+(A100-SXM4-40GB; the 80GB names scale with the memory, as the guide says) and "H100 MIG Profiles"
+and "H200 MIG Profiles" tables (profile names, memory and SM fractions, NVDEC/JPEG/OFA units, copy
+engines, instance counts) with the placement figures beside them. Profile ids are those
+`nvidia-smi mig -lgip` prints (the guide's chapter "Getting Started with MIG", "List GPU Instance
+Profiles"). The H200 table is also checked against a real H200's listing (tests/fixtures/mig).
+The guide's H100 and H200 tables are for the 80GB and 141GB boards only: an H100 NVL (94GB), an
+H100 on GH200 (96GB) or a GH200's H200 have other memory sizes, so other names, and no table here.
 
 A profile occupies `memory_slices` consecutive memory slices (of 8) starting at one of its valid
 `starts`; NVML refuses a placement that is not in that list or that overlaps an existing instance,
@@ -92,19 +101,27 @@ MIG_TABLES: dict[str, MigTable] = {
     )
 }
 
+_GIB = 2**30
 _PRODUCT_KEYS = (
-    ("H200", "H200-141GB"),
-    ("H100", "H100-80GB"),
-    ("A100", None),  # 40 or 80 GB: decided by the memory size
+    ("H200", "H200-141GB", 128 * _GIB, 148 * _GIB),
+    ("H100", "H100-80GB", 72 * _GIB, 88 * _GIB),
+    ("A100", "A100-80GB", 72 * _GIB, 88 * _GIB),
+    ("A100", "A100-40GB", 36 * _GIB, 44 * _GIB),
 )
+"""(name marker, table, memory range): NVML reports a little less than the board's nominal size."""
 
 
 def table_for(product_name: str, memory_bytes: int) -> MigTable | None:
-    """The profile table of a GPU as NVML names it (`NVIDIA H100 80GB HBM3`), or None if unknown."""
-    for marker, key in _PRODUCT_KEYS:
-        if marker in product_name.upper():
-            if key is None:
-                key = "A100-80GB" if memory_bytes > 48 * 2**30 else "A100-40GB"
+    """The profile table of a GPU as NVML names it (`NVIDIA H100 80GB HBM3`), or None if unknown.
+
+    The memory decides between boards of one name: an H100 NVL (94GB) has profiles of other sizes
+    than an H100 80GB, and a GH200 (whose name contains "H200") is not an H200.
+    """
+    name = product_name.upper()
+    if "GH200" in name:
+        return None
+    for marker, key, low, high in _PRODUCT_KEYS:
+        if marker in name and low <= memory_bytes < high:
             return MIG_TABLES[key]
     return None
 
