@@ -7,6 +7,13 @@ records of claims the checkpoint does not have are undone (the instance destroye
 the claim is gone; while it exists the kubelet's retry adopts the instance. An instance
 without a record (an admin's, another tool's) is never adopted or destroyed. The file is only read
 and written under the node lock.
+
+Creating and destroying instances on one GPU is serialised by a lock per GPU (a process lock and a
+file lock, like the GPU locks, under `mig-locks/`): the claim locks prepare and unprepare hold are
+those of the claim's devices, and a prepared dynamic instance is a device of its own (its MIG UUID),
+so an unprepare and a prepare on one GPU hold different claim locks. Without it their `nvidia-smi
+mig` calls would interleave: a create finds its new instance as the UUID `nvidia-smi -L` did not
+list before, and would take the other's. Order: claim and GPU locks, then this one, then the node lock.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.kube import KubeAPI, NotFound
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.gpu_control import CommandError, GpuCommands
-from dra_gpu.plugin.locking import NodeLock
+from dra_gpu.plugin.locking import KeyLocks, NodeLock
 from dra_gpu.plugin.mig_devices import MigPlacement, instance_view, mig_views
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
 
 log = logging.getLogger(__name__)
 
 STORE_NAME = "mig-instances.json"
+LOCK_DIR_NAME = "mig-locks"
 Record = dict[str, Any]
 
 
@@ -50,6 +58,8 @@ class MigInstances:
         self.commands = commands
         self.lock = lock
         self._hook = hook
+        self.table_locks = KeyLocks(lock.path.parent / LOCK_DIR_NAME, lock.timeout_s)
+        """One per GPU (its UUID): held over reading, creating and destroying the GPU's instances."""
 
     # -- the record file -----------------------------------------------------------------------------
     def _read(self) -> list[Record]:
@@ -94,6 +104,10 @@ class MigInstances:
         return out
 
     def _instance_for(self, claim: ClaimInfo, placement: MigPlacement) -> MigInstance:
+        with self.table_locks.hold([placement.parent.uuid]):
+            return self._instance_locked(claim, placement)
+
+    def _instance_locked(self, claim: ClaimInfo, placement: MigPlacement) -> MigInstance:
         gpu, profile, start = placement.parent, placement.profile, placement.start
         key = {"claim": claim.uid, "gpu": gpu.uuid, "profile": profile.name, "start": start}
         live = self._live(gpu)
@@ -138,14 +152,18 @@ class MigInstances:
         by_uuid = {g.uuid: g for g in gpus}
         for record in [r for r in self.records() if r.get("claim") == uid]:
             gpu = by_uuid.get(str(record["gpu"]))
-            if gpu is not None:
-                found = _at(
-                    self._live(gpu), str(record["profile"]), int(record["start"]), record.get("uuid") or None
-                )
-                if found is not None:
-                    self._destroy(gpu, found, uid)
-            with self._records() as records:
-                records[:] = [r for r in records if r != record]
+            with self.table_locks.hold([str(record["gpu"])]):
+                if gpu is not None:
+                    found = _at(
+                        self._live(gpu),
+                        str(record["profile"]),
+                        int(record["start"]),
+                        record.get("uuid") or None,
+                    )
+                    if found is not None:
+                        self._destroy(gpu, found, uid)
+                with self._records() as records:
+                    records[:] = [r for r in records if r != record]
 
     def reconcile(self, claims: Set[str], gpus: Sequence[GpuInfo]) -> None:
         """At start: undo the records of deleted claims the checkpoint does not have (a prepare that died)."""
