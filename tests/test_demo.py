@@ -72,6 +72,32 @@ def test_the_summary_is_readable_and_names_what_is_simulated(demo: tuple[DemoRep
     assert any(c.startswith("start_mps_daemon") for c in report.gpu_commands)
 
 
+def test_the_mig_step_makes_a_3g_instance_and_shares_a_static_1g_between_two_limiter_claims(
+    demo: tuple[DemoReport, str],
+) -> None:
+    report, text = demo
+    mig = report.mig
+    assert mig is not None and mig.errors == {}
+    assert (mig.counter_set, mig.placements, len(mig.static)) == ("gpu-0-mig", 25, 7)
+    held = {h.claim: h for h in mig.holders}
+    big, a, b = held["mig-3g"], held["mig-small-a"], held["mig-small-b"]
+    assert big.device.startswith("gpu-0-mig-3g40gb-") and big.mig_uuid.startswith("MIG-")
+    assert big.limit == "" and len(big.caps) == 2
+    (made,) = mig.made
+    assert made.startswith("create_mig_instance ") and made.endswith(
+        f" 3g.40gb {big.device.rsplit('-', 1)[1]}"
+    )
+    assert a.device == b.device == "gpu-1-mig-1g10gb-0" and a.mig_uuid == b.mig_uuid
+    for share in (a, b):  # each claim's limiter file names the instance, not its parent GPU
+        assert share.limit == f"device={a.mig_uuid} memory={4 * 2**30} cores=50"
+        assert share.caps == a.caps and len(a.caps) == 2 and a.caps != big.caps
+    assert mig.left_after_unprepare == []
+    section = text.split("MIG: a dynamic and a static H100")[1].split("\n== ")[0]
+    assert re.search(r"mig-small-a\s+mig-infer-a\s+gpu-1-mig-1g10gb-0\s+MIG-", section)
+    assert "4Gi, 50 % of MIG-" in section and "/dev/nvidia-caps/nvidia-cap" in section
+    assert "1 instance destroyed on the dynamic GPU, 0 left" in section
+
+
 def test_the_demo_cleans_up(demo: tuple[DemoReport, str]) -> None:
     report, text = demo
     assert "CDI specs left after unprepare: 0" in text

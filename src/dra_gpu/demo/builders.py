@@ -42,11 +42,17 @@ def claim(
     labels: Mapping[str, str] | None = None,
     count: int = 1,
     request: str = "gpu",
+    selectors: Sequence[str] = (),
 ) -> Obj:
-    """A ResourceClaim with one `exactly` request, as the API server stores it (defaults filled in)."""
+    """A ResourceClaim with one `exactly` request, as the API server stores it (defaults filled in).
+
+    selectors: CEL expressions the device must match (`device.attributes[...]`).
+    """
     exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     if capacity:
         exactly["capacity"] = {"requests": dict(capacity)}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     meta: Obj = {"name": name, "namespace": namespace}
     if labels:
         meta["labels"] = dict(labels)

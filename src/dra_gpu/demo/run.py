@@ -36,6 +36,7 @@ from dra_gpu.controller.reconciler import Reconciler, allocation_node
 from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
 from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
+from dra_gpu.demo.mig_step import MIG_NODE, MIG_PROFILE, MigReport, run_mig_step
 from dra_gpu.demo.report import (
     ContainerView,
     GpuHolder,
@@ -68,10 +69,10 @@ SIMULATED = (
         "Kubernetes API server",
         "in-process fake with the real one's semantics (resource versions, 409s, finalizers)",
     ),
-    ("GPUs", f"simulated inventory {PROFILE} on node {NODE}"),
+    ("GPUs", f"simulated inventory {PROFILE} on node {NODE}, {MIG_PROFILE} on node {MIG_NODE}"),
     ("kube-scheduler", "stand-in: the real allocator and the scheduler's API writes, nothing else"),
     ("kubelet", "stand-in: registration and NodePrepareResources over the plugin's real gRPC sockets"),
-    ("nvidia-smi, MPS control daemon", "recorded by the node agent, not run"),
+    ("nvidia-smi, MPS control daemon", "recorded by the node agent, not run (MIG instances kept in a file)"),
     ("CUDA driver", "the limiter's fake libcuda (only for the limiter step)"),
 )
 REAL = (
@@ -129,6 +130,7 @@ class DemoReport:
     prepare_errors: dict[str, str] = field(default_factory=dict)
     gpu_commands: list[str] = field(default_factory=list)
     limiter: LimiterRun | None = None
+    mig: MigReport | None = None
     workdir: Path | None = None
 
 
@@ -375,6 +377,9 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         report.limiter = run_limiter_probe(limiter_build, limited_view, workdir)
         for line in report.limiter.lines:
             out.line(f"  {line}".replace(str(workdir), "<demo dir>"))
+
+        out.section("MIG: a dynamic and a static H100 on a second node, instances made at prepare")
+        report.mig = run_mig_step(out.line, api, workdir, library)
     finally:
         out.section("Clean up: NodeUnprepareResources, stop the node agent, remove temporary files")
         if kubelet is not None:
