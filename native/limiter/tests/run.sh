@@ -138,7 +138,7 @@ done
 for c in 30 50; do
     run "compute ${c}%, 50 us kernels, H100 timing, a neighbour's context" limited FAKE_CUDA_REAL_TIMING=1 \
         FAKE_CUDA_NEIGHBOUR_BUSY_US=950 FAKE_CUDA_NEIGHBOUR_FREE_US=50 DRAGPU_CORES_LIMIT=$c T_COMPUTE_KERNEL_US=50 \
-        T_COMPUTE_POINTS=$points "$B/tests/t_compute" $c 1.5
+        T_COMPUTE_POINTS=$points T_COMPUTE_POINTS_BELOW=3 "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, H100 timing" limited FAKE_CUDA_REAL_TIMING=1 DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5
 run "compute 30%, capture open" limited DRAGPU_CORES_LIMIT=30 T_COMPUTE_OPEN_CAPTURE=1 "$B/tests/t_compute" 30 1.5
