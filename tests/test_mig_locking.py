@@ -97,7 +97,7 @@ def setup(tmp_path: Path) -> tuple[MigInstances, SlowRecordingCommands, list[Gpu
     gpus = SimulatedInventory("1xH100-80GB:mig", seed="node").gpus()
     commands = SlowRecordingCommands(SimulatedCommands(state_file=tmp_path / "simulated.json"))
     lock = NodeLock(tmp_path / "serialize.lock")
-    mig = MigInstances(tmp_path, commands, lock, lambda _step: None, FakeKube())  # type: ignore[arg-type]
+    mig = MigInstances(tmp_path, commands, lock, lambda _step: None, FakeKube())
     return mig, commands, gpus, mig_views(gpus)[0]
 
 
