@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import time
@@ -14,6 +15,7 @@ import yaml
 
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing
+from dra_gpu.flags import add_bool_flag
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
@@ -231,6 +233,7 @@ def test_daemonset_passes_the_node_agent_its_settings() -> None:
     assert env["DRA_GPU_STATE_DIR"] == "/var/lib/dra-gpu"
     assert env["DRA_GPU_GPU_BACKEND"] == "nvml"
     assert env["DRA_GPU_SHARING"] == "*=Shared"
+    assert env["DRA_GPU_MIG_DYNAMIC"] == "false"
     assert env["DRA_GPU_LIMITER_LIBRARY"] == "/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0"
     assert env["DRA_GPU_HTTP_ADDRESS"] == ":8080"
     assert env["DRA_GPU_LOG_FORMAT"] == "json"
@@ -320,6 +323,23 @@ def test_simulated_nodes_run_without_privileges(tmp_path: Path) -> None:
     assert "NVIDIA_VISIBLE_DEVICES" not in env_of(plugin)
     assert plugin["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert plugin["securityContext"].get("privileged") is not True
+
+
+def test_dynamic_mig_is_turned_on_for_the_agent_by_one_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kubeletPlugin.migDynamic: true` reaches the agent as the variable its `--mig-dynamic` flag reads."""
+    daemonset = find(
+        rendered_objects("kubeletPlugin:\n  migDynamic: true\n", tmp_path),
+        "DaemonSet",
+        "dra-gpu-kubelet-plugin",
+    )
+    (plugin,) = daemonset["spec"]["template"]["spec"]["containers"]
+    value = env_of(plugin)["DRA_GPU_MIG_DYNAMIC"]
+    monkeypatch.setenv("DRA_GPU_MIG_DYNAMIC", value)
+    parser = argparse.ArgumentParser()
+    add_bool_flag(parser, "--mig-dynamic")
+    assert parser.parse_args([]).mig_dynamic is True
 
 
 def test_the_e2e_kind_values_render_an_unprivileged_simulated_agent() -> None:

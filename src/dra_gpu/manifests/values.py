@@ -48,6 +48,7 @@ class KubeletPlugin(_Model):
     mpsCgroup: str | None = Field(pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
     gpuBackend: str = Field(pattern=r"^(nvml|simulated:.+)$")
     sharing: str
+    migDynamic: bool
     httpPort: int = Field(ge=1, le=65535)
     monitorInterval: float = Field(ge=0)
     privileged: bool | None
