@@ -22,11 +22,12 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import NodeSharing
 from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn
+from dra_gpu.demo.node_dirs import node_agent_config
 from dra_gpu.demo.report import ContainerView, render_table
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
+from dra_gpu.node_agent import NodeAgent
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.quantity import format_quantity
 
@@ -108,24 +109,12 @@ class MigReport:
 def run_mig_step(line: Callable[[str], None], api: FakeKube, workdir: Path, library: Path) -> MigReport:
     """Publish, schedule, prepare and unprepare the MIG claims; print what each step shows."""
     report = MigReport()
-    dirs = {name: workdir / "mig" / name for name in ("state", "cdi", "registry", "plugins", "dev", "ctk")}
-    for path in dirs.values():
-        path.mkdir(parents=True, exist_ok=True)
-    _device_nodes(dirs["dev"] / "dev")
+    config = node_agent_config(MIG_NODE, workdir / "mig", library)
+    _device_nodes(config.dev_root / "dev")
     api.create("Node", builders.node(MIG_NODE))
-    config = NodeAgentConfig(
-        node_name=MIG_NODE,
-        state_dir=dirs["state"],
-        cdi_dir=dirs["cdi"],
-        registration_dir=dirs["registry"],
-        plugins_dir=dirs["plugins"],
-        limiter_library=library,
-        nvidia_ctk_dirs=(dirs["ctk"],),
-        dev_root=dirs["dev"],
-    )
     inventory = open_inventory(f"simulated:{MIG_PROFILE}", seed=MIG_NODE)
     dynamic_gpu = inventory.gpus()[0]
-    commands = SimulatedCommands(state_file=dirs["state"] / "simulated-gpus.json")
+    commands = SimulatedCommands(state_file=config.state_dir / "simulated-gpus.json")
     agent = NodeAgent(
         config, api, inventory, commands, sharing=NodeSharing.parse(MIG_SHARING), publish_slices=True
     )
@@ -163,7 +152,7 @@ def run_mig_step(line: Callable[[str], None], api: FakeKube, workdir: Path, libr
                     report.errors[plan.name] = answer.error
             if not ids:
                 continue
-            view = ContainerView.of(plan.pod, [plan.name], ids, Registry.load([dirs["cdi"]]).resolve(ids))
+            view = ContainerView.of(plan.pod, [plan.name], ids, Registry.load([config.cdi_dir]).resolve(ids))
             report.containers.append(view)
             holder = _holder(plan.name, devices[0], view)
             report.holders.append(holder)

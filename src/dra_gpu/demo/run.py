@@ -37,6 +37,7 @@ from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
 from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
 from dra_gpu.demo.mig_step import MIG_NODE, MIG_PROFILE, MigReport, run_mig_step
+from dra_gpu.demo.node_dirs import node_agent_config
 from dra_gpu.demo.report import (
     ContainerView,
     GpuHolder,
@@ -52,7 +53,7 @@ from dra_gpu.kube import objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
-from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
+from dra_gpu.node_agent import NodeAgent
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 
 Obj = dict[str, Any]
@@ -207,22 +208,10 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
 
     api = FakeKube()
     api.create("Node", builders.node(NODE))
-    dirs = {name: workdir / name for name in ("state", "cdi", "registry", "plugins", "dev", "ctk")}
-    for path in dirs.values():
-        path.mkdir(parents=True, exist_ok=True)
     library = _limiter_library(limiter_build, workdir)
-    config = NodeAgentConfig(
-        node_name=NODE,
-        state_dir=dirs["state"],
-        cdi_dir=dirs["cdi"],
-        registration_dir=dirs["registry"],
-        plugins_dir=dirs["plugins"],
-        limiter_library=library,
-        nvidia_ctk_dirs=(dirs["ctk"],),
-        dev_root=dirs["dev"],
-    )
+    config = node_agent_config(NODE, workdir, library)
     inventory = open_inventory(f"simulated:{PROFILE}", seed=NODE)
-    commands = SimulatedCommands(state_file=dirs["state"] / "simulated-gpus.json")
+    commands = SimulatedCommands(state_file=config.state_dir / "simulated-gpus.json")
     plugin = NodeAgent(
         config, api, inventory, commands, sharing=NodeSharing.parse(SHARING), publish_slices=True
     )
@@ -338,7 +327,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         out.line(f"  <demo dir> = {workdir}")
         out.line(f"  registered driver {info['name']} at {endpoint} ({', '.join(info['versions'])})")
         claims = {c["metadata"]["name"]: c for c in api.list("ResourceClaim", NAMESPACE)[0]}
-        registry_dirs = [dirs["cdi"]]
+        registry_dirs = [config.cdi_dir]
         for pod_plan in PODS:
             used = [claims[name] for name in pod_plan.claims]
             answers = kubelet.prepare(used)
@@ -390,7 +379,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
             kubelet.close()
         plugin.stop(grace_s=0.5)
         inventory.close()
-        leftover = sorted(p.name for p in dirs["cdi"].iterdir())
+        leftover = sorted(p.name for p in config.cdi_dir.iterdir())
         out.line(f"  CDI specs left after unprepare: {len(leftover)}")
 
 
