@@ -2,7 +2,7 @@
 // compute cap's charge (throttle.c, kernel_time()) is built on. Printed as `key=value` lines.
 //
 // Build and run on a GPU node (no limiter preloaded):
-//   nvcc -O2 -o bracket-facts bracket-facts.cu -lcuda && ./bracket-facts > bracket-facts.txt
+//   nvcc -O2 -o bracket-facts bracket-facts.cu -lcuda   (beside facts.h) && ./bracket-facts > bracket-facts.txt
 //
 // Every launch is a 50 us spin that writes its own start and end (the GPU's global timer), so each bracket is
 // compared with the kernel as the GPU ran it:
@@ -27,31 +27,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *err(CUresult r) {
-    const char *s = NULL;
-    cuGetErrorName(r, &s);
-    return s ? s : "?";
-}
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
+#include "facts.h"
 
 static void pause_ns(long ns) {
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
 }
-
-#define CK(call)                                                                  \
-    do {                                                                          \
-        CUresult r_ = (call);                                                     \
-        if (r_ != CUDA_SUCCESS) {                                                 \
-            printf("fatal=%s:%d %s -> %s\n", __FILE__, __LINE__, #call, err(r_)); \
-            exit(1);                                                              \
-        }                                                                         \
-    } while (0)
 
 /* Each block spins `ns` and writes its own start and end: the kernel ran from the first start to the last end. */
 __global__ void spin(long long ns, unsigned long long *out) {
@@ -63,11 +44,6 @@ __global__ void spin(long long ns, unsigned long long *out) {
         out[2 * blockIdx.x] = start;
         out[2 * blockIdx.x + 1] = t;
     }
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 enum { N = 400, QUEUE = 10 };
@@ -186,14 +162,20 @@ static void queued_case(const char *name) {
     report(name, out, n);
 }
 
-/* Another process with its own context: back-to-back 50 us kernels (busy) or one every 100 us (paced). */
-static int neighbour(int paced, int fd) {
+/* GPU 0 with its primary context current. */
+static CUdevice open_gpu(void) {
     CK(cuInit(0));
     CUdevice d;
     CK(cuDeviceGet(&d, 0));
     CUcontext c;
     CK(cuDevicePrimaryCtxRetain(&c, d));
     CK(cuCtxSetCurrent(c));
+    return d;
+}
+
+/* Another process with its own context: back-to-back 50 us kernels (busy) or one every 100 us (paced). */
+static int neighbour(int paced, int fd) {
+    open_gpu();
     CUstream ns;
     CK(cuStreamCreate(&ns, CU_STREAM_NON_BLOCKING));
     CUevent e;
@@ -241,12 +223,7 @@ static void stop_neighbour(pid_t pid) {
 
 int main(int argc, char **argv) {
     if (argc == 3) return neighbour(strcmp(argv[1], "paced") == 0, atoi(argv[2]));
-    CK(cuInit(0));
-    CUdevice d;
-    CK(cuDeviceGet(&d, 0));
-    CUcontext c;
-    CK(cuDevicePrimaryCtxRetain(&c, d));
-    CK(cuCtxSetCurrent(c));
+    CUdevice d = open_gpu();
     CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     for (int i = 0; i < 2 * QUEUE; i++) CK(cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
     int sms = 0;

@@ -18,26 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *err(CUresult r) {
-    const char *s = NULL;
-    cuGetErrorName(r, &s);
-    return s ? s : "?";
-}
-
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
-#define CK(call)                                                                  \
-    do {                                                                          \
-        CUresult r_ = (call);                                                     \
-        if (r_ != CUDA_SUCCESS) {                                                 \
-            printf("fatal=%s:%d %s -> %s\n", __FILE__, __LINE__, #call, err(r_)); \
-            exit(1);                                                              \
-        }                                                                         \
-    } while (0)
+#include "facts.h"
 
 __global__ void spin(long long ns) {
     long long start;
@@ -308,11 +289,6 @@ static void handles(void) {
 }
 
 /* ---- timing ---- */
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void timing(void) {
     CUevent a, b;
     CK(cuEventCreate(&a, CU_EVENT_DEFAULT));
