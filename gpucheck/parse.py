@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterable, Sequence
 
 Interval = tuple[int, int]
+Kernel = tuple[int, int, int]
 
 MIB = 1024 * 1024
 _KV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -79,10 +80,33 @@ def mib_to_bytes(text: str) -> int | None:
         return None
 
 
-def intervals_from_bytes(data: bytes) -> list[Interval]:
-    """The (start, end) pairs `gc_rt busy --out` writes: little-endian uint64, GPU global-timer ns."""
-    usable = len(data) - len(data) % 16
-    return [(s, e) for s, e in struct.iter_unpack("<QQ", data[:usable]) if e > s]
+def kernels_from_bytes(data: bytes) -> list[Kernel]:
+    """The (start, spun, end) triples `gc_rt busy --out` writes: little-endian uint64, GPU global-timer ns.
+
+    A torn tail is ignored; a kernel that never ran (end not after start) is kept, so that the kernels of
+    one launch keep their places.
+    """
+    usable = len(data) - len(data) % 24
+    return list(struct.iter_unpack("<QQQ", data[:usable]))
+
+
+def launch_spans(kernels: Sequence[Kernel], per_launch: int = 1) -> list[Interval]:
+    """The GPU time each launch held: from its first kernel's start to its last kernel's end.
+
+    A CUDA graph of `per_launch` kernels holds the GPU between its nodes too: no other context runs
+    there, and the limiter charges the graph from its start to its end.
+    """
+    spans = []
+    for i in range(0, len(kernels) - len(kernels) % per_launch, per_launch):
+        group = kernels[i : i + per_launch]
+        if all(e > s for s, _, e in group):
+            spans.append((group[0][0], group[-1][2]))
+    return spans
+
+
+def spin_spans(kernels: Iterable[Kernel]) -> list[Interval]:
+    """Each kernel's time spinning, without its bookkeeping: reported beside the time it held the GPU."""
+    return [(s, spun) for s, spun, _ in kernels if spun > s]
 
 
 def busy_fraction(intervals: Iterable[Interval], trim_ns: int = 0) -> tuple[float, int]:

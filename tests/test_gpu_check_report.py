@@ -93,9 +93,18 @@ def test_busy_fraction_is_the_union_of_intervals_over_the_trimmed_window() -> No
     assert parse.busy_fraction([]) == (0.0, 0)
 
 
-def test_intervals_are_read_as_little_endian_pairs_and_empty_ones_dropped() -> None:
-    data = struct.pack("<QQQQ", 100, 250, 300, 300) + b"\x01\x02"  # a torn tail is ignored
-    assert parse.intervals_from_bytes(data) == [(100, 250)]
+def test_kernels_are_read_as_little_endian_triples_and_a_torn_tail_ignored() -> None:
+    data = struct.pack("<QQQQQQ", 100, 240, 250, 300, 300, 300) + b"\x01\x02"
+    assert parse.kernels_from_bytes(data) == [(100, 240, 250), (300, 300, 300)]
+
+
+def test_a_launch_holds_the_gpu_from_its_first_kernel_start_to_its_last_kernel_end() -> None:
+    # Two graphs of two kernels each: the gaps between nodes are the graph's; a graph with a kernel
+    # that never ran is left out rather than stretched.
+    kernels = [(0, 8, 10), (12, 20, 22), (30, 38, 40), (42, 42, 42)]
+    assert parse.launch_spans(kernels, 2) == [(0, 22)]
+    assert parse.launch_spans(kernels) == [(0, 10), (12, 22), (30, 40)]
+    assert parse.spin_spans(kernels) == [(0, 8), (12, 20), (30, 38)]
 
 
 # -- verdicts on recorded output ------------------------------------------------------------------------
@@ -516,7 +525,8 @@ def test_mps_is_started_as_the_agent_does_each_client_checked_and_stopped(
 
 FAKE_BUSY = r"""#!/usr/bin/env python3
 # Stands in for `gc_rt busy ... --ready --out FILE`: busy for DRAGPU_CORES_LIMIT % of a 2 s window
-# (100 % without it), in kernels of 50 us; a second process of the claim takes turns with the first.
+# (100 % without it), in kernels of 50 us (--graph N: N kernels in a row); a second process of the
+# claim takes turns with the first.
 import os, struct, sys
 args = sys.argv[1:]
 out = args[args.index("--out") + 1]
@@ -529,8 +539,11 @@ with open(out, "wb") as f:
     for p in range(2000):
         start = p * period + index * int(share * period / 2)
         length = int(share * period / 2) if "two" in out else int(share * period)
-        if index == 0 or "two" in out:
-            f.write(struct.pack("<QQ", start, start + length))
+        if index == 0 or "two" in out:  # a graph's nodes split the period's share; a tenth is bookkeeping
+            nodes = int(args[args.index("--graph") + 1]) if "--graph" in args else 1
+            for k in range(nodes):
+                s, e = start + length * k // nodes, start + length * (k + 1) // nodes
+                f.write(struct.pack("<QQQ", s, s + (e - s) * 9 // 10, e))
 print("launches=2000")
 """
 
@@ -549,6 +562,8 @@ def test_compute_accuracy_runs_the_processes_of_a_claim_together_and_unions_thei
     assert len(results) == 16
     assert all(r.status == report.PASS for r in results.values()), [r.summary for r in results.values()]
     assert results["compute.30pct.two-processes"].figures["busy_percent"] == pytest.approx(30.0, abs=0.1)
+    assert results["compute.30pct.short"].figures["spin_busy_percent"] == pytest.approx(27.0, abs=0.1)
+    assert results["compute.30pct.short"].figures["bookkeeping_ns"] == 30_000
     assert results["compute.70pct.graph"].figures["target"] == 70
 
 

@@ -1,8 +1,10 @@
 """The limiter's compute cap, measured with the GPU's own clock.
 
 `gc_rt busy` launches spin kernels (one block per SM) for a few seconds; every kernel records its
-start and end on the GPU's global timer. The busy fraction is the union of those intervals over the
-window (less a margin at each edge), so two processes of one claim are measured together.
+start and end on the GPU's global timer, its end after the bookkeeping that follows its spin (it holds
+the GPU as long as the spin does); a CUDA graph holds the GPU from its first node's start to its last
+node's end. The busy fraction is the union of those spans over the window (less a margin at each
+edge), so two processes of one claim are measured together. The spin alone is reported beside it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucheck.context import Context
-from gpucheck.parse import busy_fraction, intervals_from_bytes
+from gpucheck.parse import busy_fraction, kernels_from_bytes, launch_spans, median, spin_spans
 from gpucheck.proc import Background, Ran
 from gpucheck.report import Result, failed, skipped, verdict
 from gpucheck.sampler import UtilizationSampler
@@ -42,6 +44,10 @@ class Measurement:
     window_ns: int
     ran: list[Ran]
     nvml_utilization: float | None = None
+    spin_busy: float = 0.0
+    """The kernels' spins alone, without their bookkeeping (nor a graph's gaps between nodes)."""
+    bookkeeping_ns: float = 0.0
+    """Median time from a kernel's last spin to its end."""
 
 
 def measure(
@@ -70,12 +76,18 @@ def measure(
     finally:
         for p in procs:
             p.stop()
-    intervals = []
+    held, spins, bookkeeping = [], [], []
     for o in outs:
         if Path(o).is_file():
-            intervals += intervals_from_bytes(Path(o).read_bytes())
-    busy, window = busy_fraction(intervals, TRIM_NS)
-    return Measurement(busy, window, ran, sampler.mean())
+            kernels = kernels_from_bytes(Path(o).read_bytes())
+            held += launch_spans(kernels, graph_n or 1)
+            spins += spin_spans(kernels)
+            bookkeeping += [e - spun for s, spun, e in kernels if s < spun <= e]
+    busy, window = busy_fraction(held, TRIM_NS)
+    spin_busy, _ = busy_fraction(spins, TRIM_NS)
+    return Measurement(
+        busy, window, ran, sampler.mean(), spin_busy, median(bookkeeping) if bookkeeping else 0.0
+    )
 
 
 def baseline(ctx: Context) -> Result:
@@ -98,6 +110,8 @@ def baseline(ctx: Context) -> Result:
         busy=busy,
         window_ns=window,
         nvml_utilization_percent=m.nvml_utilization,
+        spin_busy=m.spin_busy,
+        bookkeeping_ns=m.bookkeeping_ns,
     )
     for r in ran:
         result.details += r.describe()
@@ -117,6 +131,10 @@ def accuracy(ctx: Context) -> list[Result]:
             m = measure(ctx, env, kernel_us, graph_n, processes, f"{target}-{variant}")
             result = judge_accuracy(name, target, m.busy, m.window_ns, m.ran)
             result.figures["nvml_utilization_percent"] = m.nvml_utilization
+            result.figures["spin_busy_percent"] = round(m.spin_busy * 100, 3)
+            result.figures["bookkeeping_ns"] = m.bookkeeping_ns
+            if m.window_ns:
+                result.summary += f"; the spins alone {m.spin_busy * 100:.2f} %"
             if m.nvml_utilization is not None:
                 result.summary += f"; NVML utilization {m.nvml_utilization:.0f} %"
             out.append(result)

@@ -7,9 +7,11 @@
  *   gc_rt info                                 total= free= (cudaMemGetInfo) device_total= sms=
  *   gc_rt family <name> <chunk> <max> [--hold] names: malloc async managed entry graph
  *   gc_rt busy <seconds> <kernel-us> [--graph N] [--out FILE] [--ready]
- *       launch spin kernels (one block per SM) for <seconds> of host time; each kernel records its
- *       start and end on the GPU's global timer; prints launches= busy= window_ns= kernel_ns=
- *       and, with --out, writes the (start, end) pairs as little-endian uint64 to FILE.
+ *       launch spin kernels (one block per SM) for <seconds> of host time; each kernel records on the
+ *       GPU's global timer its start, when its blocks stopped spinning, and its end after its own
+ *       bookkeeping (the atomics that count its blocks, which hold the GPU too); prints launches=
+ *       busy= window_ns= kernel_ns= (start to end) spin_ns= (start to spun) and, with --out, writes
+ *       the (start, spun, end) triples as little-endian uint64 to FILE.
  *       --graph N: launch a CUDA graph of N kernels instead of single kernels.
  *   gc_rt sms <blocks> <kernel-us>
  *       one launch of <blocks> spinning blocks; prints sms_used= (distinct %smid) sms= elapsed_ns=
@@ -41,8 +43,11 @@ __device__ __forceinline__ unsigned sm_id() {
 }
 
 /* state[0]: index of the running launch; state[1]: blocks done in it. Kernels of one stream run one
- * after the other, so every block of launch k reads k, and the last block to finish advances it. */
-__global__ void spin(ull dur_ns, ull *starts, ull *ends, unsigned *state, unsigned cap) {
+ * after the other, so every block of launch k reads k, and the last block to finish advances it.
+ * starts[k]: the first block's start; spun[k]: when the last block stopped spinning; ends[k]: when that
+ * block had counted itself and advanced the launch index, the kernel's last work. A kernel holds the GPU
+ * until its end, and a bracket of events around it (the limiter's measure) holds that time too. */
+__global__ void spin(ull dur_ns, ull *starts, ull *spun, ull *ends, unsigned *state, unsigned cap) {
     __shared__ ull t0;
     if (threadIdx.x == 0) t0 = global_ns();
     __syncthreads();
@@ -52,13 +57,14 @@ __global__ void spin(ull dur_ns, ull *starts, ull *ends, unsigned *state, unsign
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (slot < cap) atomicMax(&ends[slot], global_ns());
+        if (slot < cap) atomicMax(&spun[slot], global_ns());
         __threadfence();
         unsigned done = atomicAdd(&state[1], 1u);
         if (done == gridDim.x - 1) {
             state[1] = 0;
             __threadfence();
             atomicExch(&state[0], slot + 1);
+            if (slot < cap) ends[slot] = global_ns();
         }
     }
 }
@@ -205,12 +211,14 @@ static double now_s(void) {
 
 static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *out, int ready) {
     const unsigned cap = 1u << 20;
-    ull *starts, *ends;
+    ull *starts, *spun, *ends;
     unsigned *state;
     cudaError_t e = cudaMalloc(&starts, cap * sizeof(ull));
+    if (e == cudaSuccess) e = cudaMalloc(&spun, cap * sizeof(ull));
     if (e == cudaSuccess) e = cudaMalloc(&ends, cap * sizeof(ull));
     if (e == cudaSuccess) e = cudaMalloc(&state, 2 * sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMemset(starts, 0xff, cap * sizeof(ull));
+    if (e == cudaSuccess) e = cudaMemset(spun, 0, cap * sizeof(ull));
     if (e == cudaSuccess) e = cudaMemset(ends, 0, cap * sizeof(ull));
     if (e == cudaSuccess) e = cudaMemset(state, 0, 2 * sizeof(unsigned));
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
@@ -225,7 +233,7 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *o
         cudaGraph_t g;
         e = cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal);
         for (int i = 0; e == cudaSuccess && i < graph_n; i++) {
-            spin<<<blocks, 32, 0, g_stream>>>(dur, starts, ends, state, cap);
+            spin<<<blocks, 32, 0, g_stream>>>(dur, starts, spun, ends, state, cap);
         }
         if (e == cudaSuccess) e = cudaStreamEndCapture(g_stream, &g);
         if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
@@ -247,7 +255,7 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *o
             e = cudaGraphLaunch(exec, g_stream);
             launched += graph_n;
         } else {
-            spin<<<blocks, 32, 0, g_stream>>>(dur, starts, ends, state, cap);
+            spin<<<blocks, 32, 0, g_stream>>>(dur, starts, spun, ends, state, cap);
             e = cudaGetLastError();
             launched++;
         }
@@ -262,15 +270,21 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *o
     unsigned done[2];
     cudaMemcpy(done, state, sizeof done, cudaMemcpyDeviceToHost);
     unsigned n = done[0] < cap ? done[0] : cap;
-    ull *hs = (ull *)malloc(n * sizeof(ull) + 1), *he = (ull *)malloc(n * sizeof(ull) + 1);
+    ull *hs = (ull *)malloc(n * sizeof(ull) + 1), *hp = (ull *)malloc(n * sizeof(ull) + 1),
+        *he = (ull *)malloc(n * sizeof(ull) + 1);
     cudaMemcpy(hs, starts, n * sizeof(ull), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hp, spun, n * sizeof(ull), cudaMemcpyDeviceToHost);
     cudaMemcpy(he, ends, n * sizeof(ull), cudaMemcpyDeviceToHost);
-    ull busy = 0, first = n ? hs[0] : 0, last = n ? he[n - 1] : 0;
-    for (unsigned i = 0; i < n; i++) busy += he[i] > hs[i] ? he[i] - hs[i] : 0;
+    ull busy = 0, spinning = 0, first = n ? hs[0] : 0, last = n ? he[n - 1] : 0;
+    for (unsigned i = 0; i < n; i++) {
+        busy += he[i] > hs[i] ? he[i] - hs[i] : 0;
+        spinning += hp[i] > hs[i] ? hp[i] - hs[i] : 0;
+    }
     ull window = last > first ? last - first : 0;
-    printf("launches=%llu\nkernels=%u\nhost_s=%.6f\nwindow_ns=%llu\nbusy_ns=%llu\nbusy=%.6f\nkernel_ns=%.1f\n",
+    printf("launches=%llu\nkernels=%u\nhost_s=%.6f\nwindow_ns=%llu\nbusy_ns=%llu\nbusy=%.6f\nkernel_ns=%.1f\n"
+           "spin_ns=%.1f\n",
            launched, n, host_s, window, busy, window ? (double)busy / (double)window : 0.0,
-           n ? (double)busy / n : 0.0);
+           n ? (double)busy / n : 0.0, n ? (double)spinning / n : 0.0);
     if (out != NULL) {
         FILE *f = fopen(out, "wb");
         if (f == NULL) {
@@ -278,12 +292,14 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *o
         } else {
             for (unsigned i = 0; i < n; i++) {
                 fwrite(&hs[i], sizeof(ull), 1, f);
+                fwrite(&hp[i], sizeof(ull), 1, f);
                 fwrite(&he[i], sizeof(ull), 1, f);
             }
             fclose(f);
         }
     }
     free(hs);
+    free(hp);
     free(he);
     return 0;
 }

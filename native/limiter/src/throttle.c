@@ -17,6 +17,8 @@
  *     it holds is told by whether the device had reached the start event when the launch returned: if so,
  *     the host's time since then and the idle gap; if not (the device was busy with our earlier work or with
  *     another context's: another process of the claim, a neighbour), only the events' and the queued gap.
+ *     The rest is the launch's: a kernel's work after its last useful instruction (its blocks' atomics and
+ *     fences, their exit) and a graph's gaps between its nodes hold the device as much as the kernels do.
  *   - Admission is GCRA (the virtual-scheduling form of a token bucket) on one clock per device kept in
  *     the claim's region: `tat` is the wall time at which the claim will have paid for all GPU time
  *     admitted so far. A launch of cost c advances tat by c * 100 / cores; it may proceed while tat is at
