@@ -63,6 +63,7 @@ CASES = [
         )
     ),
     *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels", "cold-burst")),
+    *(f"t_launch periodic {pct}%" for pct in (30, 70)),
     *(
         f"t_capture {sc}{variant}"
         for sc in ("global", "thread-local", "relaxed", "other-thread", "record")

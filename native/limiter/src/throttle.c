@@ -79,7 +79,7 @@
 #define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
 bool dl_throttle_on;
-static int64_t cores = 100;
+static double wall_per_gpu_ns = 1.0; /* 100 / cores: a multiplication on every launch, not a division */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int captures;
@@ -111,14 +111,31 @@ static _Atomic int64_t queued_until[DL_MAX_DEVICES];
 
 static struct {
     uint64_t key;
-    int64_t ns;
+    int64_t ns;        /* running average of its measurements */
+    int64_t spread_ns; /* running average of how far a measurement fell from the average before it */
     uint32_t measured; /* measurements of this key */
-    uint32_t launches; /* launches of this key since it was last measured */
 } estimates[EST_SLOTS];
-/* A key measured SAMPLE_AFTER times is timed every SAMPLE_EVERY-th launch (4: callgrind, 74 fewer instructions per
- * throttled launch than 2). */
+/* Which launches are timed. Every launch of a kind (function and grid) until it has been measured SAMPLE_AFTER
+ * times, and every launch of a kind whose times spread by more than 1/SPREAD_TIMED_ALL of their average (and by
+ * more than the bracket's jitter): their data differ, and an estimate that swings with them undercharges, as
+ * admission runs fastest while it is lowest. Otherwise one launch in SAMPLE_EVERY (4: callgrind, 74 fewer
+ * instructions per throttled launch than 2), drawn at random: a fixed stride would time only one phase of a
+ * periodic workload - the same kernel and grid every few launches on different data, as a model's layers
+ * repeat - and charge that phase's time to every launch. (t_launch periodic, one 400 us kernel and three of
+ * 20 us at a 30 % share: timed on the fourth of each four, the GPU ran 100 % busy; at random, 34 %; timing
+ * them all, 30.6 %.) */
 #define SAMPLE_AFTER 8
 #define SAMPLE_EVERY 4
+#define SPREAD_TIMED_ALL 5
+#define SPREAD_NOISE_NS 1000 /* less is the bracket's own jitter (its gaps' p10-p90: 0.6 us on an H200) */
+static uint64_t sample_state = 0x9e3779b97f4a7c15ull; /* xorshift64, under mu */
+
+static int sample_drawn(void) {
+    sample_state ^= sample_state << 13;
+    sample_state ^= sample_state >> 7;
+    sample_state ^= sample_state << 17;
+    return (sample_state >> 32) % SAMPLE_EVERY == 0;
+}
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
 
 /* The first launch of a kind never measured, being measured (since: when it was admitted; 0: none). */
@@ -130,8 +147,8 @@ static struct {
 #define PROBE_SLICE_NS 50000LL      /* between two looks at it */
 #define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
 
-void dl_throttle_configure(int pct) {
-    cores = pct;
+void dl_throttle_configure(int pct) { /* 1..100 (config.c) */
+    wall_per_gpu_ns = 100.0 / pct;
     dl_throttle_on = pct < 100;
     if (dl_throttle_on) dl_debug("compute share %d%%", pct);
 }
@@ -148,7 +165,7 @@ void dl_throttle_reset_after_fork(void) {
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
 }
 
-static int64_t wall_cost(int64_t gpu_ns) { return gpu_ns * 100 / cores; }
+static int64_t wall_cost(int64_t gpu_ns) { return (int64_t)((double)gpu_ns * wall_per_gpu_ns); }
 
 /* The kernel's own time in a bracket of events: the bracket less what it holds besides the kernel (the gaps,
  * the host's time while the device was idle), never below MIN_CHARGE_NS (nor above the bracket). */
@@ -170,6 +187,8 @@ static int64_t estimate(uint64_t key) {
 static void learn(uint64_t key, int64_t ns) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
     int same = estimates[i].key == key;
+    int64_t off = same ? ns - estimates[i].ns : 0;
+    estimates[i].spread_ns = same ? (3 * estimates[i].spread_ns + (off < 0 ? -off : off)) / 4 : 0;
     estimates[i].ns = same ? (3 * estimates[i].ns + ns) / 4 : ns;
     estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
     estimates[i].key = key;
@@ -476,7 +495,7 @@ static void warn_once(_Atomic int *flag, const char *what) {
  * device, so the launch still counts. */
 /* The context current to this thread, and its device, as last seen: contexts rarely change between two
  * launches, and a context destroyed or reset since (dl_ctx_epoch) is never trusted. */
-static __thread struct {
+static __thread __attribute__((tls_model("initial-exec"))) struct { /* read on every launch: no __tls_get_addr */
     CUcontext ctx;
     int ordinal;
     unsigned epoch;
@@ -524,8 +543,15 @@ static void drop_probe(struct ticket *t) {
     t->first = 0;
 }
 
-#define POLL_NS 20000 /* completed measurements are looked for at most this often (and when the ring fills) */
+#define POLL_NS 20000     /* completed measurements are looked for at most this often (and when the ring fills) */
+#define POLL_SOON_NS 2000 /* or this often while spare events run short: the oldest may still be running */
 static _Atomic int64_t last_poll;
+
+/* Makes the next poll due within POLL_SOON_NS of now (never later than it already was). */
+static void poll_soon(int64_t now, int64_t polled) {
+    int64_t due = now - POLL_NS + POLL_SOON_NS;
+    if (polled > due) atomic_store_explicit(&last_poll, due, memory_order_relaxed);
+}
 
 static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
@@ -551,26 +577,35 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     }
     t->key = key;
     int64_t floor = 0;
-    t->first = have_ctx ? probe(dev, key, &now, &floor) : 0;
-    /* One look at the tables: the ring's room, two pooled events, the estimate. */
+    unsigned slot = (unsigned)(key & (EST_SLOTS - 1));
+    /* One look at the tables: whether the kind was measured, the ring's room, two pooled events, the estimate. A
+     * kind never measured is probed first, with the lock released (probe may wait). */
     int got = 0;
     pthread_mutex_lock(&mu);
+    if (have_ctx && estimates[slot].key != key) {
+        pthread_mutex_unlock(&mu);
+        t->first = probe(dev, key, &now, &floor);
+        pthread_mutex_lock(&mu);
+    }
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
     if (ring_count >= RING / 2) atomic_store_explicit(&last_poll, 0, memory_order_relaxed); /* poll next time */
-    /* A launch whose kind has been measured often enough is timed every SAMPLE_EVERY-th time; the others are
-     * charged the estimate that those measurements keep current. */
-    unsigned slot = (unsigned)(key & (EST_SLOTS - 1));
+    /* A launch whose kind has been measured often enough, with times that agree, is timed one time in SAMPLE_EVERY,
+     * at random; the others are charged the estimate that those measurements keep current. */
     int sample = estimates[slot].key != key || estimates[slot].measured < SAMPLE_AFTER ||
-                 ++estimates[slot].launches % SAMPLE_EVERY == 0;
+                 (estimates[slot].spread_ns > SPREAD_NOISE_NS &&
+                  estimates[slot].spread_ns * SPREAD_TIMED_ALL > estimates[slot].ns) ||
+                 sample_drawn();
     struct pool *p = have_ctx && !ring_full && sample ? pool_for(t->ctx, 1) : NULL;
     if (p && p->n >= 2) {
         t->end = p->ev[--p->n];
         t->start = p->ev[--p->n];
         got = 2;
     }
-    /* Spare events running short while measured launches wait in the ring: poll next time rather than make
-     * events the next poll would have to destroy again. */
-    if (p && p->n < 4 && ring_count) atomic_store_explicit(&last_poll, 0, memory_order_relaxed);
+    /* Spare events running short while measured launches wait in the ring: poll soon rather than make events
+     * the next poll would have to destroy again - but not on every launch, which would query the oldest
+     * launch's event again and again while it runs (one poll per 8 launches in the fake-driver bench, one per
+     * 60 now). */
+    if (p && p->n < 4 && ring_count) poll_soon(now, polled);
     t->charged_ns = estimate(key);
     if (t->charged_ns < floor) t->charged_ns = floor;
     if (t->first && (ring_full || !p)) { /* it will not be measured: not the first after all */

@@ -118,6 +118,11 @@ run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute
 for sc in other-device no-context long-kernels; do
     run "t_launch $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" "$sc" 30 1.5
 done
+# Kernels of one function and grid whose times repeat a pattern (their data differs), with the real driver's
+# gaps: the timed launches must not always be the same phase of it (timing every fourth gave 98 % for 30 %).
+for c in 30 70; do
+    run "t_launch periodic ${c}%" limited FAKE_CUDA_REAL_TIMING=1 DRAGPU_CORES_LIMIT=$c "$B/tests/t_launch" periodic $c 1.5
+done
 # A cold process's burst of 2 ms kernels: the first is measured before more are admitted at its cost.
 run "t_launch cold-burst" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" cold-burst 30 0.03
 # The real H100's launch latency, event ticks and host costs (FAKE_CUDA_REAL_TIMING=1): a bracket of events

@@ -14,6 +14,9 @@
  *                 the share of that window and of the limiter's 4 ms burst, and two kernels more: the last
  *                 admitted (admission needs only the clock within the burst) and the first (admitted at the
  *                 prior before any was measured) - not for a queue of them admitted at the prior
+ *   periodic      one function, grid and stream whose kernels' times repeat a pattern of four (one of 400 us,
+ *                 three of 20 us: their data differs, which the limiter cannot see) - as the layers of a model
+ *                 repeat: the share holds only if the launches the limiter times are not always the same phase
  *
  * usage: t_launch <scenario> <cores%> <seconds>
  */
@@ -36,9 +39,15 @@ static double now_s(void) {
 static CUfunction fn;
 static CUstream stream;
 static unsigned waves_of[4] = {1, 5, 20, 50};
-static int long_kernels, prior_beaters;
+static int long_kernels, prior_beaters, periodic;
 
 static void launch(unsigned i) {
+    if (periodic) { /* the fake's "spin" runs for its argument's nanoseconds */
+        uint64_t ns = i % 4 == 0 ? 400000 : 20000;
+        void *args[] = {&ns};
+        CHECK_CU(cuLaunchKernel(fn, SMS, 1, 1, 128, 1, 1, 0, stream, args, NULL), CUDA_SUCCESS);
+        return;
+    }
     unsigned waves = long_kernels ? 1000 : prior_beaters ? 200 : waves_of[i % 4];
     CHECK_CU(cuLaunchKernel(fn, SMS * waves, 1, 1, 128, 1, 1, 0, stream, NULL, NULL), CUDA_SUCCESS);
 }
@@ -116,6 +125,10 @@ int main(int argc, char **argv) {
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         long_kernels = 1;
+    } else if (strcmp(scenario, "periodic") == 0) {
+        CHECK_CU(cuModuleGetFunction(&fn, mod, "spin"), CUDA_SUCCESS);
+        CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        periodic = 1;
     } else {
         CHECK(0, "unknown scenario %s", scenario);
     }
