@@ -118,14 +118,15 @@ static struct {
 /* Which launches are timed. Every launch of a kind (function and grid) until it has been measured SAMPLE_AFTER
  * times, and every launch of a kind whose times spread by more than 1/SPREAD_TIMED_ALL of their average (and by
  * more than the bracket's jitter): their data differ, and an estimate that swings with them undercharges, as
- * admission runs fastest while it is lowest. Otherwise one launch in SAMPLE_EVERY (4: callgrind, 74 fewer
- * instructions per throttled launch than 2), drawn at random: a fixed stride would time only one phase of a
+ * admission runs fastest while it is lowest. Otherwise one launch in SAMPLE_EVERY, drawn at random (8: with the
+ * real driver's host costs - an event record takes 1.2 us - a throttled launch adds 0.63-0.68 us on the fake, 1.03 to
+ * 1.18 us at 4; the compute tests' accuracy is the same): a fixed stride would time only one phase of a
  * periodic workload - the same kernel and grid every few launches on different data, as a model's layers
  * repeat - and charge that phase's time to every launch. (t_launch periodic, one 400 us kernel and three of
- * 20 us at a 30 % share: timed on the fourth of each four, the GPU ran 100 % busy; at random, 34 %; timing
- * them all, 30.6 %.) */
+ * 20 us, with the real driver's gaps: timed on every fourth launch, the GPU ran 98 % busy under a 30 % share; timed
+ * at random alone, 33 %, and 90 % under 70 %; with every launch of such a kind timed, 30.0 and 70.1 %.) */
 #define SAMPLE_AFTER 8
-#define SAMPLE_EVERY 4
+#define SAMPLE_EVERY 8
 #define SPREAD_TIMED_ALL 5
 #define SPREAD_NOISE_NS 1000 /* less is the bracket's own jitter (its gaps' p10-p90: 0.6 us on an H200) */
 static uint64_t sample_state = 0x9e3779b97f4a7c15ull; /* xorshift64, under mu */
