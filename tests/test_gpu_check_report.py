@@ -559,7 +559,7 @@ def test_compute_accuracy_runs_the_processes_of_a_claim_together_and_unions_thei
     smi_context.quick = True
     assert compute.baseline(smi_context).status == report.PASS
     results = {r.name: r for r in compute.accuracy(smi_context)}
-    assert len(results) == 16
+    assert len(results) == 20
     assert all(r.status == report.PASS for r in results.values()), [r.summary for r in results.values()]
     assert results["compute.30pct.two-processes"].figures["busy_percent"] == pytest.approx(30.0, abs=0.1)
     assert results["compute.30pct.short"].figures["spin_busy_percent"] == pytest.approx(27.0, abs=0.1)

@@ -19,12 +19,26 @@ from gpucheck.report import Result, failed, skipped, verdict
 from gpucheck.sampler import UtilizationSampler
 
 TARGETS = (10, 30, 50, 70)
-# name: (kernel microseconds, kernels per CUDA graph (0: plain launches), processes)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What `gc_rt busy` runs: kernels of `kernel_us`, in CUDA graphs of `graph_n` kernels (0: plain
+    launches), in `processes` processes of one claim; `periodic`: every fourth kernel 20 times as long
+    (one kernel and grid on different data, as a model's layers repeat)."""
+
+    kernel_us: float
+    graph_n: int = 0
+    processes: int = 1
+    periodic: bool = False
+
+
 VARIANTS = {
-    "short": (50.0, 0, 1),
-    "long": (5000.0, 0, 1),
-    "graph": (100.0, 20, 1),
-    "two-processes": (50.0, 0, 2),
+    "short": Load(50.0),
+    "long": Load(5000.0),
+    "graph": Load(100.0, graph_n=20),
+    "two-processes": Load(50.0, processes=2),
+    "periodic": Load(20.0, periodic=True),
 }
 WINDOW_S = 4.0
 QUICK_WINDOW_S = 1.5
@@ -50,17 +64,17 @@ class Measurement:
     """Median time from a kernel's last spin to its end."""
 
 
-def measure(
-    ctx: Context, env: dict[str, str] | None, kernel_us: float, graph_n: int, processes: int, tag: str
-) -> Measurement:
-    """Busy fraction and window (ns) of `processes` concurrent `gc_rt busy` runs started together."""
+def measure(ctx: Context, env: dict[str, str] | None, load: Load, tag: str) -> Measurement:
+    """Busy fraction and window (ns) of the load's processes, `gc_rt busy` runs started together."""
     binary = ctx.program("gc_rt_shared")
     assert binary is not None
     seconds = QUICK_WINDOW_S if ctx.quick else WINDOW_S
-    outs = [ctx.work / f"busy-{tag}-{i}.bin" for i in range(processes)]
-    argv: list[str | Path] = [binary, "busy", f"{seconds:g}", f"{kernel_us:g}", "--ready"]
-    if graph_n:
-        argv += ["--graph", str(graph_n)]
+    outs = [ctx.work / f"busy-{tag}-{i}.bin" for i in range(load.processes)]
+    argv: list[str | Path] = [binary, "busy", f"{seconds:g}", f"{load.kernel_us:g}", "--ready"]
+    if load.graph_n:
+        argv += ["--graph", str(load.graph_n)]
+    if load.periodic:
+        argv += ["--periodic"]
     procs = [
         Background([*argv, "--out", str(o)], env, ctx.work / f"busy-{tag}-{i}.log")
         for i, o in enumerate(outs)
@@ -80,7 +94,7 @@ def measure(
     for o in outs:
         if Path(o).is_file():
             kernels = kernels_from_bytes(Path(o).read_bytes())
-            held += launch_spans(kernels, graph_n or 1)
+            held += launch_spans(kernels, load.graph_n or 1)
             spins += spin_spans(kernels)
             bookkeeping += [e - spun for s, spun, e in kernels if s < spun <= e]
     busy, window = busy_fraction(held, TRIM_NS)
@@ -95,7 +109,7 @@ def baseline(ctx: Context) -> Result:
     missing = ctx.missing("gc_rt_shared")
     if missing:
         return skipped(name, missing)
-    m = measure(ctx, ctx.base_env(), VARIANTS["short"][0], 0, 1, "baseline")
+    m = measure(ctx, ctx.base_env(), VARIANTS["short"], "baseline")
     busy, window, ran = m.busy, m.window_ns, m.ran
     if not all(r.ok for r in ran):
         result = failed(name, f"no measurement: {next(r for r in ran if not r.ok).why()}")
@@ -121,14 +135,14 @@ def baseline(ctx: Context) -> Result:
 def accuracy(ctx: Context) -> list[Result]:
     out = []
     for target in TARGETS:
-        for variant, (kernel_us, graph_n, processes) in VARIANTS.items():
+        for variant, load in VARIANTS.items():
             name = f"compute.{target}pct.{variant}"
             missing = ctx.missing("gc_rt_shared", "limiter")
             if missing:
                 out.append(skipped(name, missing))
                 continue
             env = ctx.limiter_env(cores=target, state_dir=ctx.state_dir(name))
-            m = measure(ctx, env, kernel_us, graph_n, processes, f"{target}-{variant}")
+            m = measure(ctx, env, load, f"{target}-{variant}")
             result = judge_accuracy(name, target, m.busy, m.window_ns, m.ran)
             result.figures["nvml_utilization_percent"] = m.nvml_utilization
             result.figures["spin_busy_percent"] = round(m.spin_busy * 100, 3)

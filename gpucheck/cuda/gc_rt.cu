@@ -6,13 +6,15 @@
  *
  *   gc_rt info                                 total= free= (cudaMemGetInfo) device_total= sms=
  *   gc_rt family <name> <chunk> <max> [--hold] names: malloc async managed entry graph
- *   gc_rt busy <seconds> <kernel-us> [--graph N] [--out FILE] [--ready]
+ *   gc_rt busy <seconds> <kernel-us> [--graph N | --periodic] [--out FILE] [--ready]
  *       launch spin kernels (one block per SM) for <seconds> of host time; each kernel records on the
  *       GPU's global timer its start, when its blocks stopped spinning, and its end after its own
  *       bookkeeping (the atomics that count its blocks, which hold the GPU too); prints launches=
  *       busy= window_ns= kernel_ns= (start to end) spin_ns= (start to spun) and, with --out, writes
  *       the (start, spun, end) triples as little-endian uint64 to FILE.
  *       --graph N: launch a CUDA graph of N kernels instead of single kernels.
+ *       --periodic: every fourth kernel spins 20 times as long (the same kernel and grid, another argument:
+ *       a pattern the limiter must not see only one phase of).
  *   gc_rt sms <blocks> <kernel-us>
  *       one launch of <blocks> spinning blocks; prints sms_used= (distinct %smid) sms= elapsed_ns=
  */
@@ -209,7 +211,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *out, int ready) {
+static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic, const char *out, int ready) {
     const unsigned cap = 1u << 20;
     ull *starts, *spun, *ends;
     unsigned *state;
@@ -255,7 +257,8 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, const char *o
             e = cudaGraphLaunch(exec, g_stream);
             launched += graph_n;
         } else {
-            spin<<<blocks, 32, 0, g_stream>>>(dur, starts, spun, ends, state, cap);
+            ull d = periodic && launched % 4 == 0 ? 20 * dur : dur;
+            spin<<<blocks, 32, 0, g_stream>>>(d, starts, spun, ends, state, cap);
             e = cudaGetLastError();
             launched++;
         }
@@ -336,7 +339,7 @@ static int cmd_sms(int blocks, double kernel_us) {
 static int usage(void) {
     fprintf(stderr,
             "usage: gc_rt info | family <name> <chunk> <max> [--hold] | "
-            "busy <seconds> <kernel-us> [--graph N] [--out FILE] [--ready] | sms <blocks> <kernel-us>\n");
+            "busy <seconds> <kernel-us> [--graph N | --periodic] [--out FILE] [--ready] | sms <blocks> <kernel-us>\n");
     return 2;
 }
 
@@ -358,17 +361,18 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "busy") && argc >= 4) {
         double seconds = atof(argv[2]), kernel_us = atof(argv[3]);
-        int graph_n = 0, ready = 0;
+        int graph_n = 0, periodic = 0, ready = 0;
         const char *out = NULL;
         for (int i = 4; i < argc; i++) {
             if (!strcmp(argv[i], "--graph") && i + 1 < argc) graph_n = atoi(argv[++i]);
+            else if (!strcmp(argv[i], "--periodic")) periodic = 1;
             else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
             else if (!strcmp(argv[i], "--ready")) ready = 1;
             else return usage();
         }
-        if (seconds <= 0 || kernel_us <= 0 || graph_n < 0) return usage();
+        if (seconds <= 0 || kernel_us <= 0 || graph_n < 0 || (graph_n && periodic)) return usage();
         int rc = setup();
-        return rc ? rc : cmd_busy(seconds, kernel_us, graph_n, out, ready);
+        return rc ? rc : cmd_busy(seconds, kernel_us, graph_n, periodic, out, ready);
     }
     if (!strcmp(cmd, "sms") && argc == 4) {
         int blocks = atoi(argv[2]);
