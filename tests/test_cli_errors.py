@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dra_gpu.cli import EXIT_BROKEN_PIPE, main
+from tests.ports import unused_port
 
 CLI = [sys.executable, "-m", "dra_gpu.cli"]
 
@@ -219,18 +220,10 @@ def kubeconfig_for(tmp_path: Path, server: str) -> Path:
     return path
 
 
-def closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_refused_connection_is_one_line_naming_the_url(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    port = closed_port()
+    port = unused_port()
     config = kubeconfig_for(tmp_path, f"http://127.0.0.1:{port}")
     assert main(["usage", "--kubeconfig", str(config), "--agents", "none"]) == 1
     err = capsys.readouterr().err
@@ -281,7 +274,7 @@ def test_an_html_error_page_is_one_line_naming_the_url(
 def test_an_unreachable_metrics_url_is_one_readable_line() -> None:
     from dra_gpu.commands.usage import UsageError, fetch_metrics
 
-    url = f"http://127.0.0.1:{closed_port()}/metrics"
+    url = f"http://127.0.0.1:{unused_port()}/metrics"
     with pytest.raises(UsageError) as raised:
         fetch_metrics(url)
     assert str(raised.value) == f"cannot reach {url}: Connection refused"

@@ -8,7 +8,6 @@ and with one warning for the outage and one line for the recovery.
 from __future__ import annotations
 
 import logging
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,15 +19,9 @@ from waiting import wait_for
 from dra_gpu.controller import Controller
 from dra_gpu.controller.backoff import Backoff
 from dra_gpu.http_endpoint import HttpServer, bool_check
+from tests.ports import unused_port
 
 kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def probe(port: int, path: str) -> tuple[int, str]:
@@ -59,7 +52,7 @@ def dra_gpu_logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCapture
 def test_the_controller_is_quiet_and_not_ready_while_the_api_server_is_down(
     dra_gpu_logs: pytest.LogCaptureFixture,
 ) -> None:
-    port = free_port()  # nothing listens here yet: connections are refused
+    port = unused_port()  # nothing listens here yet: connections are refused
     configuration = kubernetes.client.Configuration()
     configuration.host = f"http://127.0.0.1:{port}"
     configuration.retries = 0

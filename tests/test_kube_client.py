@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,6 +23,7 @@ from dra_gpu.kube import AlreadyExists, ApiError, Conflict, Forbidden, Gone, Inv
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
+from tests.waiting import wait_for
 
 kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 
@@ -396,10 +396,7 @@ def test_the_controllers_informer_works_over_the_real_client(server: ApiServer, 
         assert informer.wait_synced(10)
         assert informer.get("", "node-1") is not None
         client.create("Node", {"metadata": {"name": "node-2"}})
-        deadline = time.monotonic() + 20
-        while informer.get("", "node-2") is None:  # delivered by the watch
-            assert time.monotonic() < deadline, "the informer never saw node-2"
-            time.sleep(0.02)
+        wait_for(lambda: informer.get("", "node-2"), what="node-2 delivered to the informer by the watch")
     finally:
         stop.set()
         thread.join(5)

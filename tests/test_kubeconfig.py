@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from test_kube_client import ApiServer
 
 from dra_gpu.cli import main
 from dra_gpu.kube.kubeconfig import KubeConfigError, choose, merge
+from tests.ports import unused_port
 
 pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 
@@ -31,12 +31,6 @@ def kubeconfig(
         config["current-context"] = context
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture
@@ -76,7 +70,9 @@ def test_usage_reads_kubeconfig_the_way_kubectl_does(
     """A KUBECONFIG list whose first file points at the API server: `dra-gpu usage` reads from it."""
     first = kubeconfig(tmp_path / "first", server.url, cluster="shared", context="a")
     # The second file names the same cluster with another server, and another current context: both lose.
-    second = kubeconfig(tmp_path / "second", closed_port_url(), cluster="shared", context="b")
+    second = kubeconfig(
+        tmp_path / "second", f"http://127.0.0.1:{unused_port()}", cluster="shared", context="b"
+    )
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'absent'}:{first}:{second}")
     assert main(["usage", "--agents", "none"]) == 0, capsys.readouterr().err
     assert any(r.path.endswith("/resourceslices") for r in server.requests)

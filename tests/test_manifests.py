@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from dra_gpu.manifests import ValuesError, load_values, render
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.slices.publisher import SlicePublisher
+from tests.waiting import wait_for
 
 DEPLOY = Path("deploy")
 
@@ -125,9 +125,7 @@ def test_node_agent_rbac_grants_what_the_agent_calls_and_no_claim_writes() -> No
     SlicePublisher(api, "node-1", inventory, NodeSharing.parse("*=MPS"), devices_per_slice=3).sync()
     publisher = SlicePublisher(api, "node-1", inventory, NodeSharing.parse("*=Shared"), debounce_s=0.01)
     publisher.start()
-    deadline = time.monotonic() + 10
-    while ("watch", "ResourceSlice") not in api.calls and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: ("watch", "ResourceSlice") in api.calls, what="the publisher's watch of ResourceSlices")
     publisher.stop()
     needed = requests_of(api) | {("resourceclaims", "get"), ("resourceclaims", "list")}  # prepare, sweep
     # The usage monitor lists the node's pods; its watchdog writes (and updates repeated) events.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -35,6 +34,7 @@ from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.sharing.device_access import device_uuids
+from tests.ports import unused_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"
@@ -45,12 +45,6 @@ pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
     reason="the prometheus binary is not installed (Debian package prometheus)",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> Any:
@@ -93,7 +87,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             stdout=subprocess.PIPE,
             text=True,
         )
-        port = _free_port()
+        port = unused_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"

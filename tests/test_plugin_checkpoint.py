@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from dra_gpu.plugin.checkpoint import (
     _checksum,
 )
 from dra_gpu.plugin.gpu_control import SimulatedCommands
+from tests.waiting import wait_for
 
 GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
 
@@ -372,8 +372,5 @@ def test_a_checkpoint_damaged_while_running_is_rebuilt_by_the_next_call(dirs: Pl
             snapshot = plugin.plugin.preparer.snapshot()
             return not snapshot.rebuildPending and set(snapshot.claims) == {uid_of(c) for c in (mps, lim, ts)}
 
-        deadline = time.monotonic() + 30
-        while not rebuilt() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert rebuilt(), plugin.plugin.preparer.snapshot()
+        wait_for(rebuilt, what="the claims rebuilt from the damaged checkpoint")
     assert len(list(dirs.state_dir.glob("checkpoint.json.corrupt-*"))) == 1

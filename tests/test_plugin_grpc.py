@@ -9,7 +9,6 @@ import logging
 import os
 import socket
 import stat
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from dra_gpu.monitor.region import read_region
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
+from tests.waiting import wait_for
 
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
@@ -435,10 +435,7 @@ def test_a_file_in_the_way_of_a_socket_is_not_deleted(dirs, api) -> None:
 def test_the_node_agent_publishes_its_gpus(dirs, api) -> None:
     api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     with running_plugin(dirs, api, publish_slices=True, sharing="*=Shared,1=MPS"):
-        deadline = time.monotonic() + 20
-        while not api.objects("ResourceSlice") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (published,) = api.objects("ResourceSlice")
+        (published,) = wait_for(lambda: api.objects("ResourceSlice"), what="a published ResourceSlice")
         assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["name"] == NODE
         assert [d["name"] for d in published["spec"]["devices"]] == ["gpu-0", "gpu-1"]
 
@@ -464,9 +461,7 @@ def test_a_mode_change_waits_for_a_share_prepared_on_the_node(dirs, api, kubelet
 
     kubelet.close()
     with running_plugin(dirs, api, publish_slices=True, sharing="*=Exclusive"):
-        deadline = time.monotonic() + 20
-        while len(published()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(published()) == 2, what="both GPUs published")
         assert published()["gpu-0"].get("allowMultipleAllocations") is True
         assert published()["gpu-0"]["attributes"]["sharing"] == {"string": "Shared"}
         assert "allowMultipleAllocations" not in published()["gpu-1"]

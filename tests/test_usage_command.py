@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from dra_gpu.cli import main
 from dra_gpu.commands import usage as usage_command
 from dra_gpu.kube import Forbidden, KubeAPI
 from dra_gpu.kube.fake import FakeKube
+from tests.ports import unused_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s-1.36-real"
 
@@ -132,13 +132,6 @@ def test_kubeconfig_environment_variable_is_used(
     assert f"--kubeconfig {missing}" in capsys.readouterr().err
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 def test_an_unreachable_api_server_is_one_line_and_exit_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -148,7 +141,7 @@ def test_an_unreachable_api_server_is_one_line_and_exit_1(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{_closed_port()}"}}],
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{unused_port()}"}}],
                 "users": [{"name": "u", "user": {"token": "t"}}],
                 "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
                 "current-context": "c",
