@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from ports import unused_port
 
 from dra_gpu.cli import EXIT_BROKEN_PIPE, main
-from tests.ports import unused_port
 
 CLI = [sys.executable, "-m", "dra_gpu.cli"]
 

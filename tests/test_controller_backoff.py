@@ -13,13 +13,13 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from ports import unused_port
 from test_kube_client import ApiServer
 from waiting import wait_for
 
 from dra_gpu.controller import Controller
 from dra_gpu.controller.backoff import Backoff
 from dra_gpu.http_endpoint import HttpServer, bool_check
-from tests.ports import unused_port
 
 kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 

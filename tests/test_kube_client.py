@@ -18,12 +18,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from waiting import wait_for
 
 from dra_gpu.kube import AlreadyExists, ApiError, Conflict, Forbidden, Gone, Invalid, NotFound
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
-from tests.waiting import wait_for
 
 kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import unused_port
 from test_kube_client import ApiServer
 
 from dra_gpu.cli import main
 from dra_gpu.kube.kubeconfig import KubeConfigError, choose, merge
-from tests.ports import unused_port
 
 pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from waiting import wait_for
 
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing
@@ -23,7 +24,6 @@ from dra_gpu.manifests import ValuesError, load_values, render
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.slices.publisher import SlicePublisher
-from tests.waiting import wait_for
 
 DEPLOY = Path("deploy")
 

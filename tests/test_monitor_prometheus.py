@@ -30,11 +30,11 @@ from plugin_harness import (
     running_plugin,
     uid_of,
 )
+from ports import unused_port
 from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.sharing.device_access import device_uuids
-from tests.ports import unused_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"

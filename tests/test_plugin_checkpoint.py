@@ -23,6 +23,7 @@ from plugin_harness import (
     simulated_gpu_state,
     uid_of,
 )
+from waiting import wait_for
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube import ApiError
@@ -37,7 +38,6 @@ from dra_gpu.plugin.checkpoint import (
     _checksum,
 )
 from dra_gpu.plugin.gpu_control import SimulatedCommands
-from tests.waiting import wait_for
 
 GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
 

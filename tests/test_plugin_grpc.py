@@ -30,13 +30,13 @@ from plugin_harness import (
     simulated_gpu_state,
     uid_of,
 )
+from waiting import wait_for
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.monitor.region import read_region
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
-from tests.waiting import wait_for
 
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"
 SHARE_B = "7a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d"

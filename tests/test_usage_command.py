@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import unused_port
 
 from dra_gpu.cli import main
 from dra_gpu.commands import usage as usage_command
 from dra_gpu.kube import Forbidden, KubeAPI
 from dra_gpu.kube.fake import FakeKube
-from tests.ports import unused_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s-1.36-real"
 
