@@ -604,8 +604,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     }
     /* Spare events running short while measured launches wait in the ring: poll soon rather than make events
      * the next poll would have to destroy again - but not on every launch, which would query the oldest
-     * launch's event again and again while it runs (one poll per 8 launches in the fake-driver bench, one per
-     * 60 now). */
+     * launch's event again and again while it runs (the fake-driver bench polled on one launch in 8 so). */
     if (p && p->n < 4 && ring_count) poll_soon(now, polled);
     t->charged_ns = estimate(key);
     if (t->charged_ns < floor) t->charged_ns = floor;
