@@ -24,6 +24,7 @@ from dra_gpu.allocator.holdings import Usage
 from dra_gpu.allocator.policies import Score, score
 from dra_gpu.allocator.pools import Device, Inventory
 from dra_gpu.config import PlacementPolicy
+from dra_gpu.kube import objects
 
 CapKey = tuple[tuple[str, Amount], ...]
 """A request's `capacity.requests` as a sorted, hashable tuple."""
@@ -162,10 +163,7 @@ class DeviceIndex:
         selectors: tuple[str, ...],
         tolerations: list[dict[str, Any]],
     ) -> Group:
-        class_selectors = tuple(
-            str((s.get("cel") or {}).get("expression", ""))
-            for s in ((class_obj.get("spec") or {}).get("selectors") or [])
-        )
+        class_selectors = tuple(objects.cel_expression(s) for s in objects.class_selectors(class_obj))
         stages = ((f'device class "{class_name}"', class_selectors), ("request", selectors))
         for where, exprs in stages:
             for n, expr in enumerate(exprs):

@@ -30,6 +30,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator.capacity import Amount
 from dra_gpu.allocator.holdings import UNLABELLED, Usage
 from dra_gpu.config import Placement, PlacementPolicy, parse_gpu_config
+from dra_gpu.kube import objects
 
 Score = tuple[float, ...]
 
@@ -113,14 +114,14 @@ def placement_for_claim(
     Reads the class's `spec.config[].opaque` entries for our driver. A class config that is not a
     valid GpuConfig raises `dra_gpu.config.ConfigError` naming the class.
     """
-    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    for request in objects.device_requests(claim):
         names = []
         if request.get("exactly"):
             names.append(request["exactly"].get("deviceClassName"))
         names.extend(sub.get("deviceClassName") for sub in request.get("firstAvailable") or [])
         for name in names:
             cls = classes.get(name or "")
-            for entry in ((cls or {}).get("spec") or {}).get("config") or []:
+            for entry in objects.class_configs(cls or {}):
                 opaque = entry.get("opaque") or {}
                 if opaque.get("driver") != DRIVER_NAME:
                     continue

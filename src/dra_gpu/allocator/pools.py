@@ -90,21 +90,17 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
     """Parse the slices; pools that are incomplete or invalid go to `problems`, not `devices`."""
     pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for s in slices:
-        spec = s.get("spec") or {}
-        driver = spec.get("driver", "")
+        driver = objects.spec(s).get("driver", "")
         if driver_filter is not None and driver != driver_filter:
             continue
-        pool = (spec.get("pool") or {}).get("name", "")
-        pools.setdefault((driver, pool), []).append(s)
+        pools.setdefault((driver, objects.pool_name(s)), []).append(s)
 
     inv = Inventory()
     spec_keys: dict[tuple[CapacitySpec, ...], int] = {}
     for (driver, pool), members in sorted(pools.items()):
-        generation = max(int((m["spec"].get("pool") or {}).get("generation", 0)) for m in members)
-        current = [
-            m for m in members if int((m["spec"].get("pool") or {}).get("generation", 0)) == generation
-        ]
-        counts = {int((m["spec"].get("pool") or {}).get("resourceSliceCount", 1)) for m in current}
+        generation = max(objects.pool_generation(m) for m in members)
+        current = [m for m in members if objects.pool_generation(m) == generation]
+        counts = {objects.pool_slice_count(m) for m in current}
         if counts != {len(current)}:  # as Kubernetes' poolIsIncomplete: all agree, and all are there
             want = " or ".join(str(c) for c in sorted(counts))
             inv.problems.append(

@@ -14,6 +14,7 @@ from dra_gpu.allocator.capacity import Amount, parse_requests
 from dra_gpu.allocator.errors import AllocationError
 from dra_gpu.allocator.index import CapKey, DeviceIndex, Group
 from dra_gpu.allocator.pools import Device, lookup_attribute
+from dra_gpu.kube import objects
 
 MAX_RESULTS = 32
 """`AllocationResultsMaxSize`: devices in one allocation."""
@@ -117,7 +118,7 @@ def _alt(
         raise AllocationError(f"{where}: count must be at least 1, got {count}")
     selectors = []
     for n, sel in enumerate(spec.get("selectors") or []):
-        expr = (sel.get("cel") or {}).get("expression")
+        expr = objects.cel_expression(sel)
         if not expr:
             raise AllocationError(f"{where}: selector #{n} has no CEL expression")
         selectors.append(str(expr))

@@ -9,6 +9,7 @@ from dra_gpu.allocator.capacity import fmt
 from dra_gpu.allocator.pools import Device
 from dra_gpu.allocator.requests import Alt, Request
 from dra_gpu.allocator.search import Pick
+from dra_gpu.kube import objects
 
 
 def _node_selector(devices: list[Device]) -> dict[str, Any] | None:
@@ -48,13 +49,13 @@ def _configs(claim: Mapping[str, Any], requests: list[Request], picks: list[Pick
                 entry["requests"].append(alt.result_name)
             continue
         entries = []
-        for cfg in (alt.class_obj.get("spec") or {}).get("config") or []:
+        for cfg in objects.class_configs(alt.class_obj):
             entry = {k: v for k, v in cfg.items() if k != "requests"}
             entry.update(source="FromClass", requests=[alt.result_name])
             entries.append(entry)
         by_class[alt.class_name] = entries
         out.extend(entries)
-    for cfg in ((claim.get("spec") or {}).get("devices") or {}).get("config") or []:
+    for cfg in objects.claim_configs(claim):
         listed = list(cfg.get("requests") or [])
         names = {n for a in chosen.values() for n in (a.request, a.result_name)}
         if not listed or any(n in names for n in listed):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dra_gpu.controller.backoff import ApiReachability, Backoff
-from dra_gpu.kube import Gone, KubeAPI
+from dra_gpu.kube import Gone, KubeAPI, objects
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # namespace ("" for cluster-scoped), name
@@ -28,7 +28,7 @@ def object_key(obj: Obj) -> Key:
 
 def _rv(obj: Obj) -> int:
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        return int(objects.resource_version(obj) or 0)
     except ValueError:
         return 0
 
@@ -113,10 +113,10 @@ class Informer:
                 ):
                     obj = event["object"]
                     if event["type"] == "BOOKMARK":
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        rv = objects.resource_version(obj) or rv
                         continue
                     self._apply(event["type"], obj)
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    rv = objects.resource_version(obj) or rv
             except Gone:
                 rv = None
             except Exception as exc:  # ApiError, or a transport failure (connection reset, timeout)

@@ -23,6 +23,7 @@ from typing import Any
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator import placement_for_claim
 from dra_gpu.config import Placement
+from dra_gpu.kube import objects
 
 Obj = dict[str, Any]
 
@@ -43,12 +44,11 @@ def _normalised(expression: str) -> str:
 
 
 def _is_marker(selector: Mapping[str, Any]) -> bool:
-    expression = (selector.get("cel") or {}).get("expression")
-    return isinstance(expression, str) and _normalised(expression) == _normalised(MANAGED_EXPRESSION)
+    return _normalised(objects.cel_expression(selector)) == _normalised(MANAGED_EXPRESSION)
 
 
 def is_controller_managed(device_class: Mapping[str, Any]) -> bool:
-    return any(_is_marker(s) for s in (device_class.get("spec") or {}).get("selectors") or [])
+    return any(_is_marker(s) for s in objects.class_selectors(device_class))
 
 
 def without_marker(device_class: Mapping[str, Any]) -> Obj:
@@ -62,7 +62,7 @@ def without_marker(device_class: Mapping[str, Any]) -> Obj:
 def requested_classes(claim: Mapping[str, Any]) -> list[str]:
     """Every class a claim's requests name, in request order (subrequests of firstAvailable included)."""
     names: list[str] = []
-    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+    for request in objects.device_requests(claim):
         exactly = request.get("exactly")
         if exactly and exactly.get("deviceClassName"):
             names.append(exactly["deviceClassName"])

@@ -83,23 +83,6 @@ def _uid(claim: Mapping[str, Any]) -> str:
     return objects.uid(claim)
 
 
-def _finalizers(claim: Mapping[str, Any]) -> list[str]:
-    return list((claim.get("metadata") or {}).get("finalizers") or [])
-
-
-def allocation_node(allocation: Mapping[str, Any]) -> str | None:
-    """The node named by the allocation's `matchFields metadata.name In [node]` term, if any."""
-    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-        for req in term.get("matchFields") or []:
-            if (
-                req.get("key") == "metadata.name"
-                and req.get("operator") == "In"
-                and len(req.get("values") or []) == 1
-            ):
-                return str(req["values"][0])
-    return None
-
-
 def describe_allocation(allocation: Mapping[str, Any]) -> str:
     """`gpu-0 on node-1 (share: cores 30, memory 10Gi)` for events and the demo."""
     parts = []
@@ -111,7 +94,7 @@ def describe_allocation(allocation: Mapping[str, Any]) -> str:
         else:
             text += " (whole)"
         parts.append(text)
-    node = allocation_node(allocation)
+    node = objects.allocation_node(allocation)
     return ", ".join(parts) + (f" on node {node}" if node else "")
 
 
@@ -154,7 +137,7 @@ class Reconciler:
         )
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(
-            (c for c in claims if FINALIZER in _finalizers(c) or classes.managed_classes_of(c)),
+            (c for c in claims if FINALIZER in objects.finalizers(c) or classes.managed_classes_of(c)),
             key=lambda c: (c["metadata"].get("creationTimestamp") or "", _name(c)),
         )
         waiting: list[tuple[Obj, list[Obj]]] = []
@@ -197,7 +180,7 @@ class Reconciler:
     @staticmethod
     def _movable(claim: Obj) -> bool:
         return (
-            FINALIZER in _finalizers(claim)
+            FINALIZER in objects.finalizers(claim)
             and objects.allocation(claim) is not None
             and not objects.reserved_for(claim)
             and not objects.deleting(claim)
@@ -212,7 +195,7 @@ class Reconciler:
         result: PassResult,
     ) -> bool:
         """Handle everything but a new allocation; True if the claim waits for one."""
-        ours = FINALIZER in _finalizers(claim)
+        ours = FINALIZER in objects.finalizers(claim)
         allocation = objects.allocation(claim)
         if objects.deleting(claim):
             if ours and not objects.reserved_for(claim):
@@ -329,9 +312,9 @@ class Reconciler:
         """Finalizer first, then the allocation, each with the resourceVersion just read."""
         allocation = copy.deepcopy(allocation)
         allocation.setdefault("allocationTimestamp", timestamp(self._clock()))
-        if FINALIZER not in _finalizers(claim):
+        if FINALIZER not in objects.finalizers(claim):
             claim = copy.deepcopy(claim)
-            claim["metadata"]["finalizers"] = [*_finalizers(claim), FINALIZER]
+            claim["metadata"]["finalizers"] = [*objects.finalizers(claim), FINALIZER]
             claim = self.api.update("ResourceClaim", claim)
             self._on_write(claim)
         claim = copy.deepcopy(claim)
@@ -346,7 +329,7 @@ class Reconciler:
         allocator.commit(claim)
         uid = _uid(claim)
         allocation = objects.allocation(claim) or {}
-        node = allocation_node(allocation)
+        node = objects.allocation_node(allocation)
         if node:
             self._placed[uid] = node
         self.metrics.allocations.inc()
@@ -374,7 +357,7 @@ class Reconciler:
 
         def attempt(current: Obj) -> Obj | None:
             meta = current.get("metadata") or {}
-            if FINALIZER not in _finalizers(current) or objects.reserved_for(current):
+            if FINALIZER not in objects.finalizers(current) or objects.reserved_for(current):
                 return None  # someone reserved it meanwhile, or it is no longer ours
             if (
                 not meta.get("deletionTimestamp")
@@ -391,7 +374,7 @@ class Reconciler:
                 }
                 current = self.api.update_status("ResourceClaim", current)
             current = copy.deepcopy(current)
-            current["metadata"]["finalizers"] = [f for f in _finalizers(current) if f != FINALIZER]
+            current["metadata"]["finalizers"] = [f for f in objects.finalizers(current) if f != FINALIZER]
             stored = self.api.update("ResourceClaim", current)
             self._on_write(stored)
             return stored
@@ -411,10 +394,10 @@ class Reconciler:
         return stored
 
     def _drop_finalizer_if_unallocated(self, current: Obj) -> Obj | None:
-        if FINALIZER not in _finalizers(current) or objects.allocation(current) is not None:
+        if FINALIZER not in objects.finalizers(current) or objects.allocation(current) is not None:
             return None
         current = copy.deepcopy(current)
-        current["metadata"]["finalizers"] = [f for f in _finalizers(current) if f != FINALIZER]
+        current["metadata"]["finalizers"] = [f for f in objects.finalizers(current) if f != FINALIZER]
         stored = self.api.update("ResourceClaim", current)
         self._on_write(stored)
         return stored
@@ -431,7 +414,7 @@ class Reconciler:
         """
         if reserved_for_workload(claim):
             return
-        node = allocation_node(allocation)
+        node = objects.allocation_node(allocation)
         listed = {r.get("uid") for r in objects.reserved_for(claim) if is_pod_reference(r)}
         missing = [
             p

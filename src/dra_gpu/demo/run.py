@@ -32,7 +32,7 @@ from dra_gpu.config import NodeSharing, merge_configs
 from dra_gpu.controller import Snapshot
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.owned_classes import is_controller_managed, with_marker
-from dra_gpu.controller.reconciler import Reconciler, allocation_node
+from dra_gpu.controller.reconciler import Reconciler
 from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
 from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
@@ -310,7 +310,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         report.controller_allocated = dict(result.allocated)
         for claim, allocation in result.allocated.items():
             devices = [r["device"] for r in allocation["devices"]["results"]]
-            out.line(f"  {claim:<14} -> {', '.join(devices)} on {allocation_node(allocation)}")
+            out.line(f"  {claim:<14} -> {', '.join(devices)} on {objects.allocation_node(allocation)}")
         for claim, why in result.failed.items():
             out.line(f"  {claim:<14} not allocated: {why}")
         second = scheduler.schedule()

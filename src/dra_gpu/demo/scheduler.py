@@ -21,7 +21,6 @@ from dra_gpu import SCHEDULER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.eligibility import why_not
-from dra_gpu.controller.reconciler import allocation_node
 from dra_gpu.kube import KubeAPI, NotFound, objects
 
 Obj = dict[str, Any]
@@ -82,7 +81,9 @@ class SchedulerStandIn:
     def _place(
         self, pod: Obj, used: list[Obj], nodes: Mapping[str, Obj], allocator: Allocator
     ) -> tuple[str, list[tuple[Obj, Obj]]] | None:
-        fixed = {allocation_node(a) for c in used if (a := objects.allocation(c)) is not None} - {None}
+        fixed = {objects.allocation_node(a) for c in used if (a := objects.allocation(c)) is not None} - {
+            None
+        }
         if len(fixed) > 1:
             return None
         candidates = [n for n in sorted(nodes) if why_not(pod, nodes[n]) is None]

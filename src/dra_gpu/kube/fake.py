@@ -44,12 +44,12 @@ def _now() -> str:
 def _drop_consumable_capacity(kind: str, obj: Obj) -> None:
     """What an API server with DRAConsumableCapacity off does, silently, on write."""
     if kind == "ResourceSlice":
-        for device in (obj.get("spec") or {}).get("devices") or []:
+        for device in objects.slice_devices(obj):
             device.pop("allowMultipleAllocations", None)
             for capacity in (device.get("capacity") or {}).values():
                 capacity.pop("requestPolicy", None)
     elif kind == "ResourceClaim":
-        for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        for request in objects.device_requests(obj):
             (request.get("exactly") or {}).pop("capacity", None)
             for sub in request.get("firstAvailable") or []:
                 sub.pop("capacity", None)
@@ -264,10 +264,8 @@ class FakeKube:
                 f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.allocation: Invalid value: '
                 '"object": field is immutable'
             )
-        requests = {
-            r.get("name") for r in ((current.get("spec") or {}).get("devices") or {}).get("requests") or []
-        }
-        for i, result in enumerate(((new_alloc or {}).get("devices") or {}).get("results") or []):
+        requests = {r.get("name") for r in objects.device_requests(current)}
+        for i, result in enumerate(objects.allocation_results(new_alloc)):
             if result.get("request", "").split("/", 1)[0] not in requests:
                 raise Invalid(
                     f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.allocation.devices.results[{i}].request: '

@@ -53,6 +53,10 @@ def labels(obj: Obj) -> Json:
     return _map(metadata(obj).get("labels"))
 
 
+def finalizers(obj: Obj) -> list[str]:
+    return [str(f) for f in _list(metadata(obj).get("finalizers"))]
+
+
 def deleting(obj: Obj) -> bool:
     """Whether the object is being deleted (`metadata.deletionTimestamp` set)."""
     return bool(metadata(obj).get("deletionTimestamp"))
@@ -91,6 +95,17 @@ def results(claim: Obj) -> list[Json]:
     return allocation_results(allocation(claim))
 
 
+def allocation_node(allocated: Obj) -> str | None:
+    """The one node a node-local allocation names (`nodeSelector` term `matchFields metadata.name In [node]`, as
+    the scheduler writes it); None for an allocation not tied to one node."""
+    for term in _list(_map(allocated.get("nodeSelector")).get("nodeSelectorTerms")):
+        for req in _list(_map(term).get("matchFields")):
+            values = _list(_map(req).get("values"))
+            if req.get("key") == "metadata.name" and req.get("operator") == "In" and len(values) == 1:
+                return str(values[0])
+    return None
+
+
 def reserved_for(claim: Obj) -> list[Json]:
     """`status.reservedFor`: the consumers (pods) the claim is reserved for."""
     return _list(status(claim).get("reservedFor"))
@@ -101,10 +116,31 @@ def device_requests(claim: Obj) -> list[Json]:
     return _list(_map(spec(claim).get("devices")).get("requests"))
 
 
+def claim_configs(claim: Obj) -> list[Json]:
+    """`spec.devices.config` of a claim: its own opaque configs, each naming the requests it applies to."""
+    return _list(_map(spec(claim).get("devices")).get("config"))
+
+
 def opaque_parameters(config: Obj) -> tuple[str, Any]:
     """A config entry's `opaque` driver name and parameters ("", None when it has none)."""
     opaque = _map(config.get("opaque"))
     return str(opaque.get("driver") or ""), opaque.get("parameters")
+
+
+# ---- DeviceClass ----
+
+
+def class_selectors(device_class: Obj) -> list[Json]:
+    return _list(spec(device_class).get("selectors"))
+
+
+def class_configs(device_class: Obj) -> list[Json]:
+    return _list(spec(device_class).get("config"))
+
+
+def cel_expression(selector: Obj) -> str:
+    """A selector's CEL expression, "" when it has none."""
+    return str(_map(selector.get("cel")).get("expression") or "")
 
 
 # ---- ResourceSlice ----
@@ -120,6 +156,11 @@ def pool_name(slice_obj: Obj) -> str:
 
 def pool_generation(slice_obj: Obj) -> int:
     return int(slice_pool(slice_obj).get("generation") or 0)
+
+
+def pool_slice_count(slice_obj: Obj) -> int:
+    """How many slices the pool's generation has (`pool.resourceSliceCount`, 1 when absent)."""
+    return int(slice_pool(slice_obj).get("resourceSliceCount") or 1)
 
 
 def slice_devices(slice_obj: Obj) -> list[Json]:

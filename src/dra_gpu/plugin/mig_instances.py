@@ -30,7 +30,7 @@ from typing import Any
 
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.mig import MigInstance
-from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.kube import KubeAPI, NotFound, objects
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.gpu_control import CommandError, GpuCommands
 from dra_gpu.plugin.locking import KeyLocks, NodeLock
@@ -192,7 +192,7 @@ class MigInstances:
                 "cannot tell whether a MIG instance's claim exists", extra={"uid": uid, "error": str(exc)}
             )
             return False
-        return bool((obj.get("metadata") or {}).get("uid") != uid)
+        return objects.uid(obj) != uid
 
     def _live(self, gpu: GpuInfo) -> list[MigInstance]:
         try:

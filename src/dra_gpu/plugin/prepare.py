@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dra_gpu.inventory import GpuInfo, Inventory
-from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.kube import KubeAPI, NotFound, objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
@@ -437,7 +437,7 @@ class Preparer:
         targets: list[dict[str, Any]] = [
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta}
         ]
-        for consumer in ((obj or {}).get("status") or {}).get("reservedFor") or []:
+        for consumer in objects.reserved_for(obj or {}):
             if consumer.get("resource") == "pods" and not consumer.get("apiGroup"):
                 pod = {"name": consumer.get("name"), "namespace": claim.namespace, "uid": consumer.get("uid")}
                 targets.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod})
@@ -733,7 +733,7 @@ class Preparer:
                 continue
             try:
                 obj = self.api.get("ResourceClaim", entry.name, entry.namespace)
-                if (obj.get("metadata") or {}).get("uid") == entry.uid:
+                if objects.uid(obj) == entry.uid:
                     continue
             except NotFound:
                 pass

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, parse_quantity
 
 Obj = dict[str, Any]
@@ -136,4 +137,4 @@ def plan_pool(
 
 
 def _generation(slice_obj: Obj) -> int:
-    return int((slice_obj.get("spec", {}).get("pool") or {}).get("generation", 0))
+    return objects.pool_generation(slice_obj)

@@ -176,7 +176,7 @@ class SlicePublisher:
     def _reconcile(self) -> tuple[list[Obj], DroppedFields]:
         owner_references = self._owner_references()
         listed, _ = self.api.list(KIND, field_selector=self.field_selector)
-        ours = [s for s in listed if (s["spec"].get("pool") or {}).get("name") == self.node_name]
+        ours = [s for s in listed if objects.pool_name(s) == self.node_name]
         foreign_pools = [s for s in listed if s not in ours]
         published = {**self._published_modes, **_published_shareability(ours)}
         chunks = split_devices(self._devices(published), self.devices_per_slice)
@@ -575,7 +575,7 @@ def _published_shareability(slices: list[Obj]) -> dict[str, tuple[bool, GpuShari
     """Device name -> (allowMultipleAllocations, mode) as the pool is published now."""
     published: dict[str, tuple[bool, GpuSharingMode]] = {}
     for item in slices:
-        for device in (item.get("spec") or {}).get("devices") or []:
+        for device in objects.slice_devices(item):
             shared = bool(device.get("allowMultipleAllocations"))
             text = (objects.device_attribute(device, SHARING_ATTRIBUTE)).get("string")
             try:

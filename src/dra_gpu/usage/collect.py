@@ -17,7 +17,7 @@ that a user would notice:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -173,16 +173,6 @@ def _amount(text: Any) -> Fraction:
         return Fraction(0)
 
 
-def _spec(obj: Obj) -> Obj:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, Mapping) else {}
-
-
-def _meta(obj: Obj) -> Obj:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def _generation(slice_obj: Obj) -> int:
     try:
         return objects.pool_generation(slice_obj)
@@ -196,7 +186,7 @@ def _pool_name(slice_obj: Obj) -> str:
 
 def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]:
     """The driver's slices of the highest generation in each pool (older ones are being replaced)."""
-    ours = [s for s in slices if _spec(s).get("driver") == driver]
+    ours = [s for s in slices if objects.spec(s).get("driver") == driver]
     newest: dict[str, int] = {}
     for s in ours:
         newest[_pool_name(s)] = max(newest.get(_pool_name(s), 0), _generation(s))
@@ -204,7 +194,7 @@ def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]
 
 
 def _slice_node(slice_obj: Obj) -> str:
-    spec = _spec(slice_obj)
+    spec = objects.spec(slice_obj)
     if spec.get("nodeName"):
         return str(spec["nodeName"])
     return f"(pool {_pool_name(slice_obj)})"
@@ -221,7 +211,7 @@ def _attribute(device: Obj, name: str) -> Any:
 def _published_gpu(node: str, pool: str, device: Obj) -> Gpu:
     capacity = {}
     for name, entry in objects.device_capacity(device).items():
-        capacity[name] = _amount((entry or {}).get("value"))
+        capacity[name] = _amount(objects.capacity_value(entry))
     index = _attribute(device, "index")
     uuid = _attribute(device, "uuid")
     sharing = _attribute(device, SHARING_ATTRIBUTE)
@@ -241,18 +231,8 @@ def _published_gpu(node: str, pool: str, device: Obj) -> Gpu:
     )
 
 
-def _allocation_node(allocation: Obj) -> str | None:
-    """The node of a node-local allocation: `matchFields metadata.name In [node]`, as the scheduler writes."""
-    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-        for expression in term.get("matchFields") or []:
-            values = expression.get("values") or []
-            if expression.get("key") == "metadata.name" and expression.get("operator") == "In" and values:
-                return str(values[0])
-    return None
-
-
 def _allocated_by(claim: Obj) -> str:
-    finalizers = _meta(claim).get("finalizers") or []
+    finalizers = objects.finalizers(claim)
     if CONTROLLER_FINALIZER in finalizers:
         return BY_CONTROLLER
     if SCHEDULER_FINALIZER in finalizers:
@@ -270,7 +250,7 @@ def _consumers(claim: Obj) -> list[str]:
     return sorted(names)
 
 
-def _strategy(configs: list[Obj], request: str, driver: str) -> tuple[str | None, str | None]:
+def _strategy(configs: Sequence[Obj], request: str, driver: str) -> tuple[str | None, str | None]:
     try:
         return merge_configs(configs, request, driver).sharing.strategy.value, None
     except ConfigError as exc:
@@ -282,7 +262,7 @@ class _ClassIndex:
 
     def __init__(self, classes: Iterable[Obj], driver: str) -> None:
         self.driver = driver
-        self.by_name = {str(_meta(c).get("name")): c for c in classes}
+        self.by_name = {objects.name(c): c for c in classes}
 
     def ours(self, name: str) -> bool:
         if name == self.driver or name.endswith("." + self.driver):
@@ -290,13 +270,10 @@ class _ClassIndex:
         device_class = self.by_name.get(name)
         if device_class is None:
             return False
-        spec = _spec(device_class)
-        if any(objects.opaque_parameters(e)[0] == self.driver for e in spec.get("config") or []):
+        if any(objects.opaque_parameters(e)[0] == self.driver for e in objects.class_configs(device_class)):
             return True
         quoted = f'"{self.driver}"'
-        return any(
-            quoted in str((s.get("cel") or {}).get("expression", "")) for s in spec.get("selectors") or []
-        )
+        return any(quoted in objects.cel_expression(s) for s in objects.class_selectors(device_class))
 
     def managed(self, name: str) -> bool:
         device_class = self.by_name.get(name)
@@ -331,17 +308,16 @@ def _sort_key(gpu: Gpu) -> tuple[bool, int, str]:
 
 def _place_holders(claim: Obj, allocation: Obj, gpus: dict[tuple[str, str], Gpu], driver: str) -> None:
     """Add one holder per result of `driver` to its GPU, creating an unpublished GPU when needed."""
-    meta = _meta(claim)
-    devices = allocation.get("devices") or {}
-    configs = list(devices.get("config") or [])
+    meta = objects.metadata(claim)
+    configs = list(objects.allocation_config(allocation))
     pods, allocated_by = _consumers(claim), _allocated_by(claim)
-    for result in devices.get("results") or []:
+    for result in objects.allocation_results(allocation):
         if result.get("driver") != driver:
             continue
         pool, device = str(result.get("pool", "")), str(result.get("device", ""))
         gpu = gpus.get((pool, device))
         if gpu is None:
-            node = _allocation_node(allocation) or pool
+            node = objects.allocation_node(allocation) or pool
             gpu = gpus[(pool, device)] = Gpu(node=node, pool=pool, device=device, published=False)
         request = str(result.get("request", ""))
         strategy, error = _strategy(configs, request, driver)
@@ -361,7 +337,7 @@ def _place_holders(claim: Obj, allocation: Obj, gpus: dict[tuple[str, str], Gpu]
 
 
 def _claim_key(claim: Obj) -> tuple[str, str]:
-    return str(_meta(claim).get("namespace", "")), str(_meta(claim).get("name", ""))
+    return objects.namespace(claim), objects.name(claim)
 
 
 def collect(
@@ -378,7 +354,7 @@ def collect(
     """
     gpus: dict[tuple[str, str], Gpu] = {}
     for s in newest_slices(slices, driver):
-        for device in _spec(s).get("devices") or []:
+        for device in objects.slice_devices(s):
             published = _published_gpu(_slice_node(s), _pool_name(s), device)
             gpus[(published.pool, published.device)] = published
 
