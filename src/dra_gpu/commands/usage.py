@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dra_gpu import DRIVER_NAME
 from dra_gpu.commands.output import OUTPUTS, dump
 from dra_gpu.flags import add_flag, add_kubeconfig_flag, add_list_flag
-from dra_gpu.kube import RESOURCES, ApiError, KubeAPI
+from dra_gpu.kube import RESOURCES, ApiError, KubeAPI, objects
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.kube.errors import Unreachable, http_problem, transport_reason
 from dra_gpu.usage import collect, render_table
@@ -156,7 +156,7 @@ def read_live(args: argparse.Namespace, api: KubeAPI) -> LiveUsage | None:
     agents = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if (pod.get("status") or {}).get("phase") != "Running":
+        if objects.pod_phase(pod) != "Running":
             continue
         ports = [
             p.get("containerPort")

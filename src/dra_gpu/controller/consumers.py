@@ -27,11 +27,7 @@ def claim_key(claim: Mapping[str, Any]) -> ClaimKey:
 
 def claim_names_of(pod: Mapping[str, Any]) -> set[str]:
     """Names of the ResourceClaims this pod uses (those known so far)."""
-    names = {
-        ref["resourceClaimName"]
-        for ref in (pod.get("spec") or {}).get("resourceClaims") or []
-        if ref.get("resourceClaimName")
-    }
+    names = {ref["resourceClaimName"] for ref in objects.pod_claim_refs(pod) if ref.get("resourceClaimName")}
     status = pod.get("status") or {}
     names.update(
         s["resourceClaimName"]
@@ -56,8 +52,7 @@ def reserved_for_workload(claim: Mapping[str, Any]) -> bool:
 
 def is_live(pod: Mapping[str, Any]) -> bool:
     """A pod that may still need its claims: not finished and not being deleted."""
-    phase = (pod.get("status") or {}).get("phase")
-    return phase not in ("Succeeded", "Failed") and not objects.deleting(pod)
+    return objects.pod_phase(pod) not in ("Succeeded", "Failed") and not objects.deleting(pod)
 
 
 class PodIndex:
@@ -75,7 +70,7 @@ class PodIndex:
     def consumers(self, claim: Mapping[str, Any]) -> list[Obj]:
         """Live pods that use the claim, including the owner of a template-generated claim."""
         found = {p["metadata"].get("uid", ""): p for p in self._by_claim.get(claim_key(claim), [])}
-        for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
+        for owner in objects.owner_references(claim):
             if owner.get("kind") == "Pod" and owner.get("controller") and owner.get("uid") in self._by_uid:
                 found[owner["uid"]] = self._by_uid[owner["uid"]]
         return [p for p in found.values() if is_live(p)]

@@ -79,11 +79,11 @@ def why_not(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
     tolerations = spec.get("tolerations") or []
     if spec.get("nodeName") and spec["nodeName"] != name:
         return f"pod is bound to node {spec['nodeName']}"
-    if (node.get("spec") or {}).get("unschedulable") and not tolerates(
+    if objects.node_unschedulable(node) and not tolerates(
         tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}
     ):
         return "node is unschedulable (cordoned)"
-    for taint in (node.get("spec") or {}).get("taints") or []:
+    for taint in objects.node_taints(node):
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}"

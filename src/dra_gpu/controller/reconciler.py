@@ -419,8 +419,8 @@ class Reconciler:
         missing = [
             p
             for p in consumers
-            if (p.get("spec") or {}).get("nodeName")
-            and (node is None or p["spec"]["nodeName"] == node)
+            if objects.pod_node(p)
+            and (node is None or objects.pod_node(p) == node)
             and p["metadata"].get("uid") not in listed
         ]
         if not missing:

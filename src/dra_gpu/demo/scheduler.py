@@ -51,7 +51,7 @@ class SchedulerStandIn:
         }
         allocator = Allocator(slices, classes, [c for c in claims.values() if objects.allocation(c)])
         pods = sorted(
-            (p for p in self.api.list("Pod")[0] if not (p.get("spec") or {}).get("nodeName")),
+            (p for p in self.api.list("Pod")[0] if not objects.pod_node(p)),
             key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
         )
         for pod in pods:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from dra_gpu.kube import objects
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import (
     ApiError,
@@ -138,11 +139,11 @@ class KubeClient:
         for item in items:  # lists omit apiVersion/kind on items
             item.setdefault("apiVersion", self._res(kind).api_version)
             item.setdefault("kind", kind)
-        return items, str((data.get("metadata") or {}).get("resourceVersion", ""))
+        return items, objects.resource_version(data)
 
     def create(self, kind: str, obj: Obj) -> Obj:
         res = self._res(kind)
-        namespace = (obj.get("metadata") or {}).get("namespace")
+        namespace = objects.namespace(obj) or None
         created: Obj = self._call("POST", res.path(namespace), [("fieldManager", self._field_manager)], obj)
         return created
 

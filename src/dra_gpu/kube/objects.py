@@ -57,6 +57,10 @@ def finalizers(obj: Obj) -> list[str]:
     return [str(f) for f in _list(metadata(obj).get("finalizers"))]
 
 
+def owner_references(obj: Obj) -> list[Json]:
+    return _list(metadata(obj).get("ownerReferences"))
+
+
 def deleting(obj: Obj) -> bool:
     """Whether the object is being deleted (`metadata.deletionTimestamp` set)."""
     return bool(metadata(obj).get("deletionTimestamp"))
@@ -125,6 +129,33 @@ def opaque_parameters(config: Obj) -> tuple[str, Any]:
     """A config entry's `opaque` driver name and parameters ("", None when it has none)."""
     opaque = _map(config.get("opaque"))
     return str(opaque.get("driver") or ""), opaque.get("parameters")
+
+
+# ---- Pod and Node (`v1`) ----
+
+
+def pod_phase(pod: Obj) -> str:
+    """`status.phase` (Pending, Running, Succeeded, Failed, Unknown), "" when not reported yet."""
+    return str(status(pod).get("phase") or "")
+
+
+def pod_node(pod: Obj) -> str:
+    """`spec.nodeName`, "" while the pod is not bound."""
+    return str(spec(pod).get("nodeName") or "")
+
+
+def pod_claim_refs(pod: Obj) -> list[Json]:
+    """`spec.resourceClaims`: the pod's entries naming a claim or a claim template."""
+    return _list(spec(pod).get("resourceClaims"))
+
+
+def node_unschedulable(node: Obj) -> bool:
+    """Whether the node is cordoned (`spec.unschedulable`)."""
+    return bool(spec(node).get("unschedulable"))
+
+
+def node_taints(node: Obj) -> list[Json]:
+    return _list(spec(node).get("taints"))
 
 
 # ---- DeviceClass ----

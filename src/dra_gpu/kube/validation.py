@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from dra_gpu.kube import objects
 from dra_gpu.kube.errors import Invalid
 from dra_gpu.quantity import QuantityError, parse_quantity
 
@@ -212,5 +213,5 @@ def validate_resource_slice(obj: dict[str, Any]) -> None:
     """Raise Invalid with the API server's message format if the slice would be refused."""
     errors = slice_errors(obj)
     if errors:
-        name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName", "")
+        name = objects.name(obj) or str(objects.metadata(obj).get("generateName") or "")
         raise Invalid(f'The ResourceSlice "{name}" is invalid: ' + "; ".join(errors))

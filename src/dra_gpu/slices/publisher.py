@@ -494,8 +494,8 @@ class SlicePublisher:
 
     def _is_foreign(self, event: WatchEvent) -> bool:
         kind = event.get("type")
-        meta = (event.get("object") or {}).get("metadata") or {}
-        name = meta.get("name", "")
+        obj = event.get("object") or {}
+        name = objects.name(obj)
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             return False
         with self._seen_lock:
@@ -504,7 +504,7 @@ class SlicePublisher:
                     self._own_deletes.discard(name)
                     return False
                 return True
-            return self._own_versions.get(name) != meta.get("resourceVersion")
+            return self._own_versions.get(name) != objects.resource_version(obj)
 
     def _watch_loop(self) -> None:
         backoff = 0.5
