@@ -17,7 +17,7 @@
  * their busy fractions is what must match. at-most: the busy fraction may be lower than the target (down to
  * half of it) but not higher - for launches the limiter cannot time by events. T_COMPUTE_OPEN_CAPTURE=1
  * keeps a global-mode capture open on an idle stream for the whole run. T_COMPUTE_VERBOSE=1 also prints
- * each process's share. T_COMPUTE_KERNEL_US=N: every launch is a kernel of N us (a multiple of 10; no graphs,
+ * each process's share and its device's busy time over the whole run. T_COMPUTE_KERNEL_US=N: every launch is a kernel of N us (a multiple of 10; no graphs,
  * no captures). T_COMPUTE_POINTS=P: both fractions must be within P percentage points of the target instead;
  * T_COMPUTE_POINTS_BELOW=Q: at most Q points below it (default P).
  */
@@ -218,12 +218,14 @@ int main(int argc, char **argv) {
                 CHECK_CU(cuStreamCreate(&idle, 0), CUDA_SUCCESS);
                 CHECK_CU(cuStreamBeginCapture_v2(idle, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
             }
-            uint64_t r[3];
+            uint64_t r[4];
             measure(start, seconds, &r[0], &r[1], &r[2]);
             if (open_capture && *open_capture == '1') {
                 CUgraph g;
                 CHECK_CU(cuStreamEndCapture(idle, &g), CUDA_SUCCESS); /* still valid */
             }
+            CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
+            r[3] = fakecuda_busy_ns(0); /* everything this process ran, warm-up included */
             CHECK(write(fds[p][1], r, sizeof r) == (ssize_t)sizeof r, "write");
             _exit(0);
         }
@@ -234,7 +236,7 @@ int main(int argc, char **argv) {
      * on a loaded machine) is time nobody launched, and the cap is not what took it. */
     double busy = 0, ran = 0, starved = 0;
     for (int p = 0; p < procs; p++) {
-        uint64_t r[3] = {0, 0, 0};
+        uint64_t r[4] = {0, 0, 0, 0};
         CHECK(read(fds[p][0], r, sizeof r) == (ssize_t)sizeof r, "worker %d reported nothing", p);
         int status;
         waitpid(pids[p], &status, 0);
@@ -244,8 +246,9 @@ int main(int argc, char **argv) {
         ran += 100.0 * (double)r[0] / (double)had_cpu;
         if (100.0 * (double)r[2] / (double)r[1] > starved) starved = 100.0 * (double)r[2] / (double)r[1];
         if (getenv("T_COMPUTE_VERBOSE"))
-            fprintf(stderr, "  worker %d: busy %.2f%% window %.3f s, waited for a CPU %.3f s\n", p,
-                    100.0 * (double)r[0] / (double)r[1], (double)r[1] / 1e9, (double)r[2] / 1e9);
+            fprintf(stderr,
+                    "  worker %d: busy %.2f%% window %.3f s, waited for a CPU %.3f s, device busy in all %.6f s\n", p,
+                    100.0 * (double)r[0] / (double)r[1], (double)r[1] / 1e9, (double)r[2] / 1e9, (double)r[3] / 1e9);
     }
     double error = 100.0 * (busy - cores) / cores, ran_error = 100.0 * (ran - cores) / cores;
     printf("compute cap: target %3d%%  busy %6.2f%%  error %+6.2f%%  (%d process%s, %.1f s; while running %6.2f%%, "
