@@ -119,8 +119,8 @@ static struct {
  * times, and every launch of a kind whose times spread by more than 1/SPREAD_TIMED_ALL of their average (and by
  * more than the bracket's jitter): their data differ, and an estimate that swings with them undercharges, as
  * admission runs fastest while it is lowest. Otherwise one launch in SAMPLE_EVERY, drawn at random (8: with the
- * real driver's host costs - an event record takes 1.2 us - a throttled launch adds 0.63-0.68 us on the fake, 1.03 to
- * 1.18 us at 4; the compute tests' accuracy is the same): a fixed stride would time only one phase of a
+ * real driver's host costs - an event record takes 1.2 us - a throttled launch adds 0.66 us on the fake, 1.22 us
+ * at 4; the compute tests' accuracy is the same): a fixed stride would time only one phase of a
  * periodic workload - the same kernel and grid every few launches on different data, as a model's layers
  * repeat - and charge that phase's time to every launch. (t_launch periodic, one 400 us kernel and three of
  * 20 us, with the real driver's gaps: timed on every fourth launch, the GPU ran 98 % busy under a 30 % share; timed
