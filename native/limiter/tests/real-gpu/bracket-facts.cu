@@ -15,7 +15,9 @@
 //                                   returned (cuEventQuery)
 // Cases: idle (the GPU had nothing queued), queued (10 back to back), both again with a block on every SM
 // (full.*), and with one block while another process keeps the GPU busy with its own context
-// (neighbour_busy: back-to-back 50 us kernels; neighbour_paced: one every 100 us).
+// (neighbour_busy: back-to-back 50 us kernels; neighbour_paced: one every 100 us). full.graph: a CUDA graph of
+// 20 kernels of 100 us, its bracket against the time it held the GPU (its "kernel" here), and
+// graph.full.graph.node_gap_ns, the GPU's gaps between its nodes.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <signal.h>
@@ -162,6 +164,57 @@ static void queued_case(const char *name) {
     report(name, out, n);
 }
 
+/* A CUDA graph of GRAPH_NODES kernels of 100 us, launched onto an idle stream, one at a time: its bracket less the
+ * time it held the GPU (first node's start to last node's end) and the launch's host time (graph.<name>.extra_ns,
+ * what the limiter takes off as the gap), and the GPU's gaps between its nodes (graph.<name>.node_gap_ns), which
+ * the graph holds: no other context runs there. */
+enum { GRAPH_NODES = 20 };
+static void graph_case(const char *name) {
+    static struct sample out[N / 4];
+    static double gaps[N / 4 * (GRAPH_NODES - 1)];
+    int ng = 0;
+    CUgraph g;
+    CUgraphExec exec;
+    CK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    for (int k = 0; k < GRAPH_NODES; k++) spin<<<blocks, 1, 0, (cudaStream_t)s>>>(100000, slot(k));
+    CK(cuStreamEndCapture(s, &g));
+    CK(cuGraphInstantiateWithFlags(&exec, g, 0));
+    for (int i = 0; i < N / 4; i++) {
+        pause_ns(150000);
+        CK(cuEventRecord(ev[0], s));
+        double rec = now_ns();
+        CK(cuGraphLaunch(exec, s));
+        out[i].host = now_ns() - rec;
+        out[i].start_done = cuEventQuery(ev[0]) == CUDA_SUCCESS;
+        CK(cuEventRecord(ev[1], s));
+        CK(cuEventSynchronize(ev[1]));
+        float ms;
+        CK(cuEventElapsedTime(&ms, ev[0], ev[1]));
+        out[i].bracket = ms * 1e6;
+        out[i].record = 0;
+        CK(cuMemcpyDtoH(host_times, times, 16ull * blocks * GRAPH_NODES));
+        double first = 0, last = 0;
+        for (int k = 0; k < GRAPH_NODES; k++) {
+            unsigned long long lo = ~0ull, hi = 0;
+            for (int b = 0; b < blocks; b++) {
+                unsigned long long st = host_times[2 * ((size_t)k * blocks + b)];
+                unsigned long long en = host_times[2 * ((size_t)k * blocks + b) + 1];
+                if (st < lo) lo = st;
+                if (en > hi) hi = en;
+            }
+            if (k == 0) first = (double)lo;
+            else gaps[ng++] = (double)lo - last;
+            last = (double)hi;
+        }
+        out[i].kernel = last - first;
+    }
+    report(name, out, N / 4);
+    qsort(gaps, ng, sizeof gaps[0], cmp_d);
+    printf("graph.%s.node_gap_ns median=%.0f p10=%.0f p90=%.0f\n", name, gaps[ng / 2], gaps[ng / 10], gaps[9 * ng / 10]);
+    CK(cuGraphExecDestroy(exec));
+    CK(cuGraphDestroy(g));
+}
+
 /* GPU 0 with its primary context current. */
 static CUdevice open_gpu(void) {
     CK(cuInit(0));
@@ -237,6 +290,7 @@ int main(int argc, char **argv) {
     blocks = sms; /* a block on every SM */
     idle_case("full.idle");
     queued_case("full.queued");
+    graph_case("full.graph");
     blocks = 1;
     pid_t n = start_neighbour(argv[0], 0);
     idle_case("neighbour_busy.idle");

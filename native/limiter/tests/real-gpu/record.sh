@@ -1,5 +1,6 @@
 #!/bin/sh
-# Records what the real driver does (driver-facts.cu) into DIR/driver-facts.txt, on a GPU node with nvcc.
+# Records what the real driver does (driver-facts.cu) into DIR/driver-facts.txt, and what a bracket of timing
+# events holds (bracket-facts.cu) into DIR/bracket-facts.txt, on a GPU node with nvcc.
 # The link goes against the toolkit's stub libcuda where it has one, else the driver's own library.
 set -eu
 out=${1:?usage: record.sh DIR}
@@ -14,3 +15,6 @@ done
 nvcc -O2 -o "$out/driver-facts" "$here/driver-facts.cu" $lib -lpthread
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/driver-facts.txt"
 "$out/driver-facts" >> "$out/driver-facts.txt" 2>&1
+nvcc -O2 -o "$out/bracket-facts" "$here/bracket-facts.cu" $lib
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/bracket-facts.txt"
+"$out/bracket-facts" >> "$out/bracket-facts.txt" 2>&1
