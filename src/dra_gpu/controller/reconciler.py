@@ -79,10 +79,6 @@ def _name(claim: Mapping[str, Any]) -> str:
     return f"{namespace}/{name}"
 
 
-def _uid(claim: Mapping[str, Any]) -> str:
-    return objects.uid(claim)
-
-
 def describe_allocation(allocation: Mapping[str, Any]) -> str:
     """`gpu-0 on node-1 (share: cores 30, memory 10Gi)` for events and the demo."""
     parts = []
@@ -152,12 +148,12 @@ class Reconciler:
             if not self._is_leader():
                 return result
             self._allocate(claim, consumers, classes, nodes, allocator, result)
-        self._prune({_uid(c) for c in snapshot.claims})
+        self._prune({objects.uid(c) for c in snapshot.claims})
         return result
 
     def _undo_overcommit(self, claims: list[Obj], allocator: Allocator, result: PassResult) -> list[Obj]:
         """Release our unreserved claims from devices over-committed by a concurrent allocation."""
-        by_uid = {_uid(c): c for c in claims}
+        by_uid = {objects.uid(c): c for c in claims}
         for problem in overcommitted(allocator):
             movable = sorted(
                 (by_uid[u] for u in problem.holders if u in by_uid and self._movable(by_uid[u])),
@@ -172,7 +168,7 @@ class Reconciler:
                 )
                 released = self._release(claim, allocator, result, why)
                 if released is not None:
-                    by_uid[_uid(claim)] = released
+                    by_uid[objects.uid(claim)] = released
                 if all(p.device != problem.device for p in overcommitted(allocator)):
                     break
         return list(by_uid.values())
@@ -209,7 +205,7 @@ class Reconciler:
             else:
                 self._reserve_bound_pods(claim, allocation, consumers, result)
             return False
-        uid = _uid(claim)
+        uid = objects.uid(claim)
         if ours and uid in self._placed:
             node = self._placed.pop(uid)
             self._avoid.setdefault(uid, {})[node] = self._monotonic()
@@ -239,7 +235,7 @@ class Reconciler:
         allocator: Allocator,
         result: PassResult,
     ) -> None:
-        uid = _uid(claim)
+        uid = objects.uid(claim)
         self._first_seen.setdefault(uid, self._monotonic())
         try:
             policy = classes.placement_for(claim)
@@ -289,7 +285,7 @@ class Reconciler:
         An AllocationError's message gains the nodes the claim's pods cannot use and why: the
         allocator only knows that the node filter refused them.
         """
-        avoid = self._avoid_nodes(_uid(claim))
+        avoid = self._avoid_nodes(objects.uid(claim))
         eligibility = NodeEligibility(nodes, consumers, avoid)
         try:
             return allocator.allocate(claim, policy=policy, node_filter=eligibility)
@@ -327,7 +323,7 @@ class Reconciler:
         self, claim: Obj, allocator: Allocator, result: PassResult, policy: Placement | None
     ) -> None:
         allocator.commit(claim)
-        uid = _uid(claim)
+        uid = objects.uid(claim)
         allocation = objects.allocation(claim) or {}
         node = objects.allocation_node(allocation)
         if node:
@@ -383,8 +379,8 @@ class Reconciler:
         if stored is None:
             return None
         allocator.release(claim)
-        self._placed.pop(_uid(claim), None)
-        self._avoid.pop(_uid(claim), None)
+        self._placed.pop(objects.uid(claim), None)
+        self._avoid.pop(objects.uid(claim), None)
         self.metrics.releases.inc()
         if allocation is not None:
             message = f"released {describe_allocation(allocation)}: {why}"

@@ -108,12 +108,17 @@ def plan_pool(
     """
     count = len(wanted_specs)
     length = index_length(count)
-    generation = max((_generation(s) for s in existing), default=0)
+    generation = max((objects.pool_generation(s) for s in existing), default=0)
     plan = PoolPlan(generation=generation, slice_count=count)
     matched: dict[int, Obj] = {}
     for current in sorted(existing, key=lambda s: str(s["metadata"]["name"])):
         index = decode_index(current["metadata"]["name"], length)
-        if _generation(current) < generation or index is None or not 0 <= index < count or index in matched:
+        if (
+            objects.pool_generation(current) < generation
+            or index is None
+            or not 0 <= index < count
+            or index in matched
+        ):
             plan.delete.append(current)
         else:
             matched[index] = current
@@ -134,7 +139,3 @@ def plan_pool(
         plan.update = {i: matched[i] for i in changed}
     plan.keep = {i: s for i, s in matched.items() if i not in plan.update}
     return plan
-
-
-def _generation(slice_obj: Obj) -> int:
-    return objects.pool_generation(slice_obj)

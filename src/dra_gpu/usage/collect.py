@@ -180,24 +180,20 @@ def _generation(slice_obj: Obj) -> int:
         return 0
 
 
-def _pool_name(slice_obj: Obj) -> str:
-    return objects.pool_name(slice_obj)
-
-
 def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]:
     """The driver's slices of the highest generation in each pool (older ones are being replaced)."""
     ours = [s for s in slices if objects.spec(s).get("driver") == driver]
     newest: dict[str, int] = {}
     for s in ours:
-        newest[_pool_name(s)] = max(newest.get(_pool_name(s), 0), _generation(s))
-    return [s for s in ours if _generation(s) == newest[_pool_name(s)]]
+        newest[objects.pool_name(s)] = max(newest.get(objects.pool_name(s), 0), _generation(s))
+    return [s for s in ours if _generation(s) == newest[objects.pool_name(s)]]
 
 
 def _slice_node(slice_obj: Obj) -> str:
     spec = objects.spec(slice_obj)
     if spec.get("nodeName"):
         return str(spec["nodeName"])
-    return f"(pool {_pool_name(slice_obj)})"
+    return f"(pool {objects.pool_name(slice_obj)})"
 
 
 def _attribute(device: Obj, name: str) -> Any:
@@ -355,7 +351,7 @@ def collect(
     gpus: dict[tuple[str, str], Gpu] = {}
     for s in newest_slices(slices, driver):
         for device in objects.slice_devices(s):
-            published = _published_gpu(_slice_node(s), _pool_name(s), device)
+            published = _published_gpu(_slice_node(s), objects.pool_name(s), device)
             gpus[(published.pool, published.device)] = published
 
     class_index = _ClassIndex(classes, driver)
