@@ -9,7 +9,8 @@
  * leaves the child to start over.
  *
  * fork(): the child inherits the parent's region locks and counters, which are not its own. The atfork
- * child handler drops them; the child initialises again on its next limited call.
+ * child handler drops them; the child initialises again on its next limited call. Around the fork the
+ * ledger's locks are held by the forking thread, so none is left taken by a thread the child lacks.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -39,7 +40,8 @@ static void after_fork_child(void) {
 
 static void initialise(void) {
     /* First: a fork() in the middle of what follows must leave the child able to start over. */
-    if (atomic_exchange(&atfork_registered, 1) == 0) pthread_atfork(NULL, NULL, after_fork_child);
+    if (atomic_exchange(&atfork_registered, 1) == 0)
+        pthread_atfork(dl_ledger_before_fork, dl_ledger_after_fork_parent, after_fork_child);
     dl_config_load(&dl_cfg, environ);
     dl_log_level = dl_cfg.log_level;
     dl_claims_load(&dl_claims, dl_claims_root());

@@ -7,7 +7,7 @@
  * allocating concurrently rarely share a lock. Other modules keep records of their own in it (dl_rec_put).
  */
 #define _GNU_SOURCE
-#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,28 +16,33 @@
 /* ---- what each live allocation charged ---- */
 
 #define STRIPES 16
+#define SPINS_BEFORE_YIELD 64
 static struct stripe {
-    pthread_mutex_t mu;
+    _Atomic int locked; /* held for a hash probe (rarely a rehash): see stripe_lock */
     struct entry *tab;
     size_t cap, live, used; /* used counts live entries and tombstones */
 } stripes[STRIPES];
-static pthread_once_t stripes_once = PTHREAD_ONCE_INIT;
 
 static uint64_t mix(uint64_t k, unsigned kind) { return dl_hash64(k ^ (uint64_t)kind * 0x9e3779b97f4a7c15ull); }
 
-static void stripe_before_fork(void) {
-    for (int i = 0; i < STRIPES; i++) pthread_mutex_lock(&stripes[i].mu);
+/* Every allocation and free takes a stripe's lock once, for a few dozen instructions, so a waiter spins
+ * briefly before it yields. Taking it is one atomic exchange and dropping it a plain store (a mutex takes
+ * two atomic operations and two calls); static storage needs no initialisation. */
+static void stripe_lock(struct stripe *s) {
+    for (unsigned n = 0; atomic_exchange_explicit(&s->locked, 1, memory_order_acquire); n++) {
+        while (atomic_load_explicit(&s->locked, memory_order_relaxed)) {
+            if (++n >= SPINS_BEFORE_YIELD) sched_yield();
+        }
+    }
 }
-static void stripe_after_fork_parent(void) {
-    for (int i = STRIPES - 1; i >= 0; i--) pthread_mutex_unlock(&stripes[i].mu);
-}
-static void stripe_after_fork_child(void) {
-    for (int i = 0; i < STRIPES; i++) pthread_mutex_init(&stripes[i].mu, NULL);
-}
+static void stripe_unlock(struct stripe *s) { atomic_store_explicit(&s->locked, 0, memory_order_release); }
 
-static void stripes_init(void) {
-    for (int i = 0; i < STRIPES; i++) pthread_mutex_init(&stripes[i].mu, NULL);
-    pthread_atfork(stripe_before_fork, stripe_after_fork_parent, stripe_after_fork_child);
+/* fork(): no stripe may be held by a thread the child will not have (init.c registers these). */
+void dl_ledger_before_fork(void) {
+    for (int i = 0; i < STRIPES; i++) stripe_lock(&stripes[i]);
+}
+void dl_ledger_after_fork_parent(void) {
+    for (int i = STRIPES - 1; i >= 0; i--) stripe_unlock(&stripes[i]);
 }
 
 static struct entry *slot_for(struct stripe *s, uint64_t key, unsigned kind, uint64_t h, int for_insert) {
@@ -77,13 +82,12 @@ static int grow(struct stripe *s) {
 /* Inserts e, replacing an entry of the same key and kind, which is copied to *old (old->kind 0 if there
  * was none); -1 if the table cannot grow. */
 int dl_insert(const struct entry *e, struct entry *old) {
-    pthread_once(&stripes_once, stripes_init);
     uint64_t h = mix(e->key, e->kind);
     struct stripe *s = &stripes[h & (STRIPES - 1)];
     memset(old, 0, sizeof *old);
-    pthread_mutex_lock(&s->mu);
+    stripe_lock(s);
     if ((s->used + 1) * 4 > s->cap * 3 && grow(s) != 0) {
-        pthread_mutex_unlock(&s->mu);
+        stripe_unlock(s);
         return -1;
     }
     struct entry *slot = slot_for(s, e->key, e->kind, h, 1);
@@ -94,7 +98,7 @@ int dl_insert(const struct entry *e, struct entry *old) {
         s->live++;
     }
     *slot = *e;
-    pthread_mutex_unlock(&s->mu);
+    stripe_unlock(s);
     return 0;
 }
 
@@ -121,10 +125,9 @@ void dl_track(unsigned kind, uint64_t key, int dev, uint64_t bytes) { dl_track_s
 /* Looks an entry up under its stripe's lock and applies op to it; op returns 1 to delete the entry. The
  * entry as it was is copied to *out; returns whether it was found. */
 int dl_update(unsigned kind, uint64_t key, int (*op)(struct entry *), struct entry *out) {
-    pthread_once(&stripes_once, stripes_init);
     uint64_t h = mix(key, kind);
     struct stripe *s = &stripes[h & (STRIPES - 1)];
-    pthread_mutex_lock(&s->mu);
+    stripe_lock(s);
     struct entry *e = s->cap ? slot_for(s, key, kind, h, 0) : NULL;
     if (e) {
         *out = *e;
@@ -133,7 +136,7 @@ int dl_update(unsigned kind, uint64_t key, int (*op)(struct entry *), struct ent
             s->live--;
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    stripe_unlock(s);
     return e != NULL;
 }
 
@@ -203,6 +206,7 @@ void dl_memory_reset_after_fork(void) {
         free(stripes[i].tab);
         stripes[i].tab = NULL;
         stripes[i].cap = stripes[i].live = stripes[i].used = 0;
+        atomic_store(&stripes[i].locked, 0); /* taken by dl_ledger_before_fork */
     }
     dl_devices_reset_after_fork();
 }

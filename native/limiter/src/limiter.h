@@ -389,6 +389,8 @@ void dl_devices_reset_after_fork(void);
 
 /* ---- ledger.c: what each live allocation charged, and the charging ---- */
 void dl_memory_reset_after_fork(void);
+void dl_ledger_before_fork(void);
+void dl_ledger_after_fork_parent(void);
 /* Records that other modules keep in the ledger's table of live allocations: a key of a kind, with a device,
  * bytes and one more value; put replaces, take removes and reports (0 if absent). */
 enum {

@@ -227,7 +227,19 @@ static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static __thread CUcontext ctx_stack[16];
 static __thread int ctx_depth; /* ctx_stack[ctx_depth - 1] is current */
 
+/* fork(): the child gets the device state with no lock held by a thread it does not have, as a real driver
+ * answers a forked child's calls instead of hanging in them. */
+static void fork_prepare(void) {
+    pthread_mutex_lock(&mu); /* first: a holder of counters_mu waits for nothing */
+    pthread_mutex_lock(&counters_mu);
+}
+static void fork_release(void) {
+    pthread_mutex_unlock(&counters_mu);
+    pthread_mutex_unlock(&mu);
+}
+
 static void load_config(void) {
+    pthread_atfork(fork_prepare, fork_release, fork_release);
     G.count = fake_device_count();
     G.memory = fake_memory_bytes();
     G.sms = fake_env_u64("FAKE_CUDA_SM_COUNT", 132);
