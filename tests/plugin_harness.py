@@ -347,6 +347,19 @@ def claim_process_env(built: Path, container: ContainerConfig) -> dict[str, str]
     return limiter_env(built, **files, CUDA_VISIBLE_DEVICES=",".join(device_uuids(container.env)))
 
 
+@contextlib.contextmanager
+def prepared_container(dirs: PluginDirs, claim: ClaimLike) -> Iterator[ContainerConfig]:
+    """A kubelet registers with the running plugin and prepares `claim`: what a container of it gets."""
+    kubelet = Kubelet(dirs.registration_dir)
+    kubelet.register()
+    try:
+        response = kubelet.prepare(claim)[uid_of(claim)]
+        assert not response.error, response.error
+        yield resolve(dirs, cdi_ids(response))
+    finally:
+        kubelet.close()
+
+
 # -- the plugin in-process ---------------------------------------------------------------------------
 @contextlib.contextmanager
 def running_plugin(

@@ -19,16 +19,13 @@ import pytest
 from fake_driver import CONTEXT_CHARGE
 from plugin_harness import (
     Alloc,
-    Kubelet,
     PluginDirs,
     add_claim,
-    cdi_ids,
     claim_process_env,
     gpu_config,
     opaque,
-    resolve,
+    prepared_container,
     running_plugin,
-    uid_of,
 )
 from ports import unused_port
 from waiting import wait_for
@@ -74,12 +71,10 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
         ],
         [opaque(gpu_config("Limiter"))],
     )
-    with running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin:
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
-        response = kubelet.prepare(claim)[uid_of(claim)]
-        assert not response.error
-        container = resolve(dirs, cdi_ids(response))
+    with (
+        running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin,
+        prepared_container(dirs, claim) as container,
+    ):
         env = claim_process_env(built, container)
         workload = subprocess.Popen(
             [str(built / "limiter-probe"), "alloc", str(256 * MiB), "3", "--hold"],
@@ -134,4 +129,3 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
                 prometheus.wait()
             workload.kill()
             workload.wait()
-            kubelet.close()

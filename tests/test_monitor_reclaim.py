@@ -96,16 +96,13 @@ def claim_env(built: Path) -> Iterator[tuple[dict[str, str], object]]:
     the running plugin."""
     from plugin_harness import (
         Alloc,
-        Kubelet,
         PluginDirs,
         add_claim,
-        cdi_ids,
         claim_process_env,
         gpu_config,
         opaque,
-        resolve,
+        prepared_container,
         running_plugin,
-        uid_of,
     )
 
     from dra_gpu.kube.fake import FakeKube
@@ -126,17 +123,14 @@ def claim_env(built: Path) -> Iterator[tuple[dict[str, str], object]]:
         namespace="team-a",
     )
     try:
-        with running_plugin(dirs, api, monitor_interval_s=3600) as plugin:  # samples when the test says
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            response = kubelet.prepare(claim)[uid_of(claim)]
-            assert not response.error
-            container = resolve(dirs, cdi_ids(response))
+        with (
+            running_plugin(dirs, api, monitor_interval_s=3600) as plugin,  # samples when the test says
+            prepared_container(dirs, claim) as container,
+        ):
             env = claim_process_env(built, container)
             # About slots, not contexts: a context of no size keeps the figures those of the allocations.
             env["FAKE_CUDA_CTX_BYTES"] = "0"
             yield env, plugin
-            kubelet.close()
     finally:
         dirs.cleanup()
 

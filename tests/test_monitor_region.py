@@ -127,17 +127,14 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
 
     from plugin_harness import (
         Alloc,
-        Kubelet,
         PluginDirs,
         add_claim,
-        cdi_ids,
         claim_process_env,
         gpu_config,
         monitor_of,
         opaque,
-        resolve,
+        prepared_container,
         running_plugin,
-        uid_of,
     )
 
     from dra_gpu.kube.fake import FakeKube
@@ -158,12 +155,10 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
         namespace="team-a",
     )
     try:
-        with running_plugin(dirs, api, http_address="127.0.0.1:0") as plugin:
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            response = kubelet.prepare(claim)[uid_of(claim)]
-            assert not response.error
-            container = resolve(dirs, cdi_ids(response))
+        with (
+            running_plugin(dirs, api, http_address="127.0.0.1:0") as plugin,
+            prepared_container(dirs, claim) as container,
+        ):
             env = claim_process_env(built, container)
             workload = subprocess.Popen(
                 [str(built / "limiter-probe"), "alloc", str(384 * MiB), "0", "--hold"],
@@ -197,6 +192,5 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
             # Killed: the region still counts its bytes until the claim's next process sweeps, the agent not.
             monitor_of(plugin).sample_once()
             assert _scrape(plugin.http_port)[("dra_gpu_claim_memory_used_bytes", "batch")][1] == 0
-            kubelet.close()
     finally:
         dirs.cleanup()

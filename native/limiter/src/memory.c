@@ -298,18 +298,25 @@ DL_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
 
 /* ---- the capped view ---- */
 
-DL_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
-    REAL_OR_NOT_FOUND(cuMemGetInfo_v2);
-    CUresult r = dl_cuda.cuMemGetInfo_v2(free_bytes, total);
-    if (r != CUDA_SUCCESS || (!free_bytes && !total)) return r;
+/* The current device's (total, free) as the claim sees them, from the driver's figures (UINT64_MAX for one
+ * not asked); 0 where no cap applies and the driver's figures stand. */
+static int capped_mem_info(uint64_t real_total, uint64_t real_free, uint64_t *total, uint64_t *free_bytes) {
     dl_core_init();
     uint64_t limit;
     int ordinal = current_ordinal();
     int dev = dl_device_for_ordinal(ordinal, &limit);
-    if (dev < 0 || limit == DL_NO_LIMIT) return r;
+    if (dev < 0 || limit == DL_NO_LIMIT) return 0;
     dl_pools_reclaim(ordinal); /* the free view counts what pools still hold, no more */
+    dl_capped_view(dev, limit, real_total, real_free, total, free_bytes);
+    return 1;
+}
+
+DL_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    REAL_OR_NOT_FOUND(cuMemGetInfo_v2);
+    CUresult r = dl_cuda.cuMemGetInfo_v2(free_bytes, total);
+    if (r != CUDA_SUCCESS || (!free_bytes && !total)) return r;
     uint64_t t, f;
-    dl_capped_view(dev, limit, total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f);
+    if (!capped_mem_info(total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f)) return r;
     if (total) *total = (size_t)t;
     if (free_bytes) *free_bytes = (size_t)f;
     return r;
@@ -365,14 +372,8 @@ DL_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total) {
     REAL_OR_NOT_FOUND(cuMemGetInfo);
     CUresult r = dl_cuda.cuMemGetInfo(free_bytes, total);
     if (r != CUDA_SUCCESS || (!free_bytes && !total)) return r;
-    dl_core_init();
-    uint64_t limit;
-    int ordinal = current_ordinal();
-    int dev = dl_device_for_ordinal(ordinal, &limit);
-    if (dev < 0 || limit == DL_NO_LIMIT) return r;
-    dl_pools_reclaim(ordinal);
     uint64_t t, f;
-    dl_capped_view(dev, limit, total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f);
+    if (!capped_mem_info(total ? *total : UINT64_MAX, free_bytes ? *free_bytes : UINT64_MAX, &t, &f)) return r;
     if (total) *total = clamp32(t);
     if (free_bytes) *free_bytes = clamp32(f);
     return r;
