@@ -3,7 +3,8 @@
  * path; or, with "throttled", a compute limit whose clock never makes the launch wait: the bookkeeping),
  * and to a cuMemAlloc_v2 + cuMemFree_v2 pair (memory limit set, shared region), against calling the fake
  * driver's own functions directly, in one process. Run with the limiter preloaded (bench/run.sh). Kernels
- * take no simulated time here (FAKE_CUDA_WAVE_NS=0), so only call overhead is measured.
+ * take no simulated time here (FAKE_CUDA_WAVE_NS=0), so only call overhead is measured; "throttled spread"
+ * launches one kernel and grid of 1 and 3 us in turn instead, a kind the limiter times on every launch.
  *
  * Rounds of both sides alternate; each figure is the median over the rounds (ns per call), and "added" the
  * median of the per-round differences.
@@ -38,7 +39,7 @@ static const char *owner(const void *p) {
         }                                                                                                              \
     } while (0)
 
-static CUfunction fn;
+static CUfunction fn, spin;
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -58,6 +59,19 @@ static double launch_ns(PFN_cuLaunchKernel_v4000 launch, long n) {
     return (now_ns() - t) / (double)n;
 }
 
+/* One kernel and grid whose runs take 1 or 3 us in turn (the fake's "spin" runs for its argument's ns), as a
+ * GEMM of one grid over different depths does: its times spread, so the limiter times every launch. */
+static double spread_launch_ns(PFN_cuLaunchKernel_v4000 launch, long n) {
+    uint64_t dur;
+    void *params[] = {&dur};
+    double t = now_ns();
+    for (long i = 0; i < n; i++) {
+        dur = i & 1 ? 3000 : 1000;
+        CK(launch(spin, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+    }
+    return (now_ns() - t) / (double)n;
+}
+
 static double alloc_free_ns(PFN_cuMemAlloc_v3020 alloc, PFN_cuMemFree_v3020 release, long n) {
     CUdeviceptr p;
     double t = now_ns();
@@ -71,6 +85,8 @@ static double alloc_free_ns(PFN_cuMemAlloc_v3020 alloc, PFN_cuMemFree_v3020 rele
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 2000000;
     int throttled = argc > 2 && strcmp(argv[2], "throttled") == 0; /* DRAGPU_CORES_LIMIT set by the caller */
+    int spread = throttled && argc > 3 && strcmp(argv[3], "spread") == 0;
+    double (*throttled_launch_ns)(PFN_cuLaunchKernel_v4000, long) = spread ? spread_launch_ns : launch_ns;
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
@@ -80,6 +96,7 @@ int main(int argc, char **argv) {
     CK(cuCtxSetCurrent(ctx));
     CK(cuModuleLoadData(&mod, "image"));
     CK(cuModuleGetFunction(&fn, mod, "k"));
+    CK(cuModuleGetFunction(&spin, mod, "spin"));
 
     PFN_cuLaunchKernel_v4000 direct_launch = (PFN_cuLaunchKernel_v4000)fakecuda_symbol("cuLaunchKernel");
     PFN_cuMemAlloc_v3020 direct_alloc = (PFN_cuMemAlloc_v3020)fakecuda_symbol("cuMemAlloc_v2");
@@ -96,8 +113,8 @@ int main(int argc, char **argv) {
     double v[4][ROUNDS], diff[2][ROUNDS];
     for (int round = 0; round < ROUNDS; round++) {
         if (throttled) {
-            v[0][round] = launch_ns(direct_launch, n / ROUNDS / 4);
-            v[1][round] = launch_ns(lim_launch, n / ROUNDS / 4);
+            v[0][round] = throttled_launch_ns(direct_launch, n / ROUNDS / 4);
+            v[1][round] = throttled_launch_ns(lim_launch, n / ROUNDS / 4);
         } else {
             v[0][round] = launch_ns(direct_launch, n / ROUNDS);
             v[1][round] = launch_ns(lim_launch, n / ROUNDS);
@@ -109,10 +126,12 @@ int main(int argc, char **argv) {
     }
     if (throttled) {
         const char *real = getenv("FAKE_CUDA_REAL_TIMING");
+        const char *why = spread ? "the same, a kind whose times spread: every launch timed"
+                          : real && strcmp(real, "1") == 0
+                              ? "the real driver's host costs: launch, event record and query"
+                              : "goal < 200; bookkeeping, no wait";
         printf("cuLaunchKernel (compute limit on):  driver %7.1f ns  with limiter %7.1f ns  added %6.1f ns  (%s)\n",
-               median(v[0], ROUNDS), median(v[1], ROUNDS), median(diff[0], ROUNDS),
-               real && strcmp(real, "1") == 0 ? "the real driver's host costs: launch, event record and query"
-                                              : "goal < 200; bookkeeping, no wait");
+               median(v[0], ROUNDS), median(v[1], ROUNDS), median(diff[0], ROUNDS), why);
         return 0;
     }
     printf("cuLaunchKernel (no compute limit):  driver %7.1f ns  with limiter %7.1f ns  added %6.1f ns  (goal < 10)\n",

@@ -21,6 +21,9 @@ FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=99
 # limiter's timing events cost a throttled launch on a real driver.
 FAKE_CUDA_REAL_TIMING=1 FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=99 \
     DRAGPU_LIMITER_STATE_DIR="$(claim)" "$B/bench/limiter-bench" 210000 throttled
+# ... and for one kernel and grid whose times spread (1 and 3 us in turn), which the limiter times on every launch.
+FAKE_CUDA_REAL_TIMING=1 FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=99 \
+    DRAGPU_LIMITER_STATE_DIR="$(claim)" "$B/bench/limiter-bench" 210000 throttled spread
 
 echo "== compute cap: busy fraction of the simulated GPU vs DRAGPU_CORES_LIMIT (3 s windows; kernels of"
 echo "   10 us - 1 ms, every launch family, graphs, and every 16th launch a capture launched as a graph)"
