@@ -569,10 +569,12 @@ def test_compute_accuracy_runs_the_processes_of_a_claim_together_and_unions_thei
 
 def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Context, tmp_path: Path) -> None:
     python = tmp_path / "bin" / "python"
+    # A run with a compute share takes 1.09 s for its train steps: past 1.05 x 100/99, a throttled path that costs.
     python.write_text(
         '#!/bin/sh\nif [ -n "$LD_PRELOAD" ]; then t=1.02; else t=1.00; fi\n'
-        'echo "preload=${LD_PRELOAD:-none}" >> "$STATE.runs"\n'
-        "echo matmul_seconds=$t; echo train_seconds=$t; echo graph_seconds=1.5\n"
+        'if [ -n "$DRAGPU_CORES_LIMIT" ]; then train=1.09; t=1.06; else train=$t; fi\n'
+        'echo "preload=${LD_PRELOAD:-none} cores=${DRAGPU_CORES_LIMIT:-none}" >> "$STATE.runs"\n'
+        "echo matmul_seconds=$t; echo train_seconds=$train; echo graph_seconds=1.5\n"
     )
     python.chmod(0o755)
     smi_context.python = str(python)
@@ -580,15 +582,19 @@ def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Con
     results = {r.name: r for r in overhead.overhead(smi_context)}
     assert results["overhead.matmul"].figures["ratio"] == pytest.approx(1.02)
     assert results["overhead.graph"].figures["ratio"] == pytest.approx(1.0)
-    assert all(r.status == report.PASS for r in results.values())
+    assert results["overhead.matmul.throttled"].figures["ratio"] == pytest.approx(1.06)
+    assert results["overhead.matmul.throttled"].status == report.PASS  # within 1.05 x 100 / 99
+    assert results["overhead.train.throttled"].status == report.FAIL
+    assert "and a 99 % compute share / without: 1.0900" in results["overhead.train.throttled"].summary
+    assert all(r.status == report.PASS for n, r in results.items() if n != "overhead.train.throttled")
     runs = (tmp_path / "state.runs").read_text().splitlines()
-    assert runs[:4] == [
-        "preload=none",
-        f"preload={smi_context.limiter}",
-        f"preload={smi_context.limiter}",
-        "preload=none",
-    ]
-    assert len(runs) == 2 * overhead.ROUNDS
+    bare, preload, throttled = (
+        "preload=none cores=none",
+        f"preload={smi_context.limiter} cores=none",
+        (f"preload={smi_context.limiter} cores=99"),
+    )
+    assert runs[:6] == [bare, preload, throttled, preload, throttled, bare]  # each kind first in turn
+    assert len(runs) == 3 * overhead.ROUNDS
 
 
 def test_nvml_utilization_leaves_out_the_edges_and_is_absent_without_samples() -> None:
