@@ -575,6 +575,8 @@ def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Con
         'if [ -n "$DRAGPU_CORES_LIMIT" ]; then train=1.09; t=1.06; else train=$t; fi\n'
         'echo "preload=${LD_PRELOAD:-none} cores=${DRAGPU_CORES_LIMIT:-none}" >> "$STATE.runs"\n'
         "echo matmul_seconds=$t; echo train_seconds=$train; echo graph_seconds=1.5\n"
+        'if [ -n "$DRAGPU_CORES_LIMIT" ]; then first=0.25; else first=0.2; fi\n'
+        "echo train_first_step_seconds=$first\n"
     )
     python.chmod(0o755)
     smi_context.python = str(python)
@@ -587,6 +589,11 @@ def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Con
     assert results["overhead.train.throttled"].status == report.FAIL
     assert "and a 99 % compute share / without: 1.0900" in results["overhead.train.throttled"].summary
     assert all(r.status == report.PASS for n, r in results.items() if n != "overhead.train.throttled")
+    # The first step's time (every kind of launch new to the limiter) is reported, not judged.
+    assert results["overhead.train.throttled"].figures["first_step_ms"] == pytest.approx(250.0)
+    assert results["overhead.train.throttled"].figures["first_step_ms_bare"] == pytest.approx(200.0)
+    assert results["overhead.train"].figures["first_step_ms"] == pytest.approx(200.0)
+    assert "first_step_ms" not in results["overhead.matmul"].figures
     runs = (tmp_path / "state.runs").read_text().splitlines()
     bare, preload, throttled = (
         "preload=none cores=none",
