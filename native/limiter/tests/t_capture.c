@@ -13,6 +13,7 @@
  *        order, and must give the same two results (the call's, then cuStreamEndCapture's); and what the
  *        driver's own error log showed of cuStreamGetDevice on a capturing stream (logged_rules)
  */
+#include "capture_ops.h"
 #include "device.h"
 #include <pthread.h>
 
@@ -78,7 +79,7 @@ static void *capturer(void *arg) {
     return NULL;
 }
 
-/* ---- the real driver's record, repeated (driver-facts.cu's capture_rules, same operations, same order) ---- */
+/* ---- the real driver's record, repeated (driver-facts.cu's capture_rules: the operations of capture_ops.h) ---- */
 CUresult CUDAAPI cuStreamQuery(CUstream s);                  /* not in cuda_min.h: the library never calls it */
 CUresult CUDAAPI cuStreamGetDevice(CUstream s, CUdevice *d); /* not declared in cuda_min.h (its type is) */
 
@@ -86,36 +87,10 @@ static CUstream side;    /* a stream that is never captured */
 static CUdeviceptr held; /* an allocation made before capture */
 static CUevent ev_side, ev_cap;
 
-/* The record's operations; NULL: one the fake does not implement (cuStreamGetCaptureInfo, cuMemcpyHtoD). */
-static const char *op_names[] = {
-    "cuMemGetInfo",
-    "cuMemAlloc",
-    "cuMemFree",
-    "cuCtxSynchronize",
-    "cuStreamQuery.capturing",
-    "cuStreamQuery.legacy",
-    "cuStreamQuery.side",
-    "cuEventRecord.side",
-    "cuEventQuery.side",
-    "cuEventRecord.capturing",
-    "cuEventQuery.capturing",
-    "cuStreamSynchronize.side",
-    "cuMemPoolGetAttribute",
-    "cuDeviceGetGraphMemAttribute",
-    "cuMemPoolTrimTo",
-    "cuDeviceGraphMemTrim",
-    NULL /* cuStreamGetCaptureInfo */,
-    "cuCtxPushPop",
-    "cuMemAllocAsync.capturing",
-    NULL /* cuMemcpyHtoD */,
-    "cuPointerGetAttribute",
-    "cuEventSynchronize.side",
-    "cuStreamGetDevice.capturing",
-    "cuStreamGetCtx.capturing",
-    "cuStreamIsCapturing.capturing",
-    "cuCtxGetDevice",
-};
-#define N_OPS ((int)(sizeof op_names / sizeof op_names[0]))
+/* The record's operations (capture_ops.h); NULL: one the fake does not implement. */
+#define OP_NAME(id, name, fake) (fake) ? name : NULL,
+static const char *op_names[N_OPS] = {CAPTURE_OPS(OP_NAME)};
+#undef OP_NAME
 
 static CUresult run_op(int op, CUstream cap) {
     size_t f, t;
@@ -124,73 +99,73 @@ static CUresult run_op(int op, CUstream cap) {
     cuuint64_t v;
     CUcontext c;
     switch (op) {
-        case 0:
+        case OP_MEM_GET_INFO:
             return cuMemGetInfo_v2(&f, &t);
-        case 1: {
+        case OP_MEM_ALLOC: {
             CUresult r = cuMemAlloc_v2(&p, 1 << 20);
             if (r == CUDA_SUCCESS) cuMemFree_v2(p);
             return r;
         }
-        case 2: {
+        case OP_MEM_FREE: {
             CUdeviceptr q;
             if (cuMemAlloc_v2(&q, 1 << 20) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
             return cuMemFree_v2(q);
         }
-        case 3:
+        case OP_CTX_SYNCHRONIZE:
             return cuCtxSynchronize();
-        case 4:
+        case OP_STREAM_QUERY_CAPTURING:
             return cuStreamQuery(cap);
-        case 5:
+        case OP_STREAM_QUERY_LEGACY:
             return cuStreamQuery((CUstream)0);
-        case 6:
+        case OP_STREAM_QUERY_SIDE:
             return cuStreamQuery(side);
-        case 7:
+        case OP_EVENT_RECORD_SIDE:
             return cuEventRecord(ev_side, side);
-        case 8:
+        case OP_EVENT_QUERY_SIDE:
             return cuEventQuery(ev_side);
-        case 9:
+        case OP_EVENT_RECORD_CAPTURING:
             return cuEventRecord(ev_cap, cap);
-        case 10:
+        case OP_EVENT_QUERY_CAPTURING:
             return cuEventQuery(ev_cap);
-        case 11:
+        case OP_STREAM_SYNCHRONIZE_SIDE:
             return cuStreamSynchronize(side);
-        case 12:
+        case OP_MEM_POOL_GET_ATTRIBUTE:
             if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
             return cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
-        case 13:
+        case OP_DEVICE_GET_GRAPH_MEM_ATTRIBUTE:
             return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
-        case 14:
+        case OP_MEM_POOL_TRIM_TO:
             if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
             return cuMemPoolTrimTo(pool, 0);
-        case 15:
+        case OP_DEVICE_GRAPH_MEM_TRIM:
             return cuDeviceGraphMemTrim(0);
-        case 17: {
+        case OP_CTX_PUSH_POP: {
             CUresult r = cuCtxPushCurrent_v2(ctx);
             if (r == CUDA_SUCCESS) r = cuCtxPopCurrent_v2(&c);
             return r;
         }
-        case 18: {
+        case OP_MEM_ALLOC_ASYNC_CAPTURING: {
             CUresult r = cuMemAllocAsync(&p, 1 << 20, cap);
             if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, cap);
             return r;
         }
-        case 20: { /* the record asked for the memory type; the fake answers the device ordinal */
+        case OP_POINTER_GET_ATTRIBUTE: { /* the record asked for the memory type; the fake answers the device ordinal */
             int o;
             return cuPointerGetAttribute(&o, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, held);
         }
-        case 21:
+        case OP_EVENT_SYNCHRONIZE_SIDE:
             return cuEventSynchronize(ev_side);
-        case 22: {
+        case OP_STREAM_GET_DEVICE_CAPTURING: {
             CUdevice d;
             return cuStreamGetDevice(cap, &d);
         }
-        case 23:
+        case OP_STREAM_GET_CTX_CAPTURING:
             return cuStreamGetCtx(cap, &c);
-        case 24: {
+        case OP_STREAM_IS_CAPTURING_CAPTURING: {
             CUstreamCaptureStatus st;
             return cuStreamIsCapturing(cap, &st);
         }
-        case 25: {
+        case OP_CTX_GET_DEVICE: {
             CUdevice d;
             return cuCtxGetDevice(&d);
         }

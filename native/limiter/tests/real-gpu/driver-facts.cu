@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../capture_ops.h"
 #include "facts.h"
 
 __global__ void spin(long long ns) {
@@ -60,18 +61,9 @@ static CUstream side;    /* a non-blocking stream that is never captured */
 static CUdeviceptr held; /* an allocation made before capture */
 static CUevent ev_side, ev_cap;
 
-enum { N_OPS = 26 };
-static const char *op_names[N_OPS] = {
-    "cuMemGetInfo",          "cuMemAlloc",           "cuMemFree",
-    "cuCtxSynchronize",      "cuStreamQuery.capturing", "cuStreamQuery.legacy",
-    "cuStreamQuery.side",    "cuEventRecord.side",   "cuEventQuery.side",
-    "cuEventRecord.capturing", "cuEventQuery.capturing", "cuStreamSynchronize.side",
-    "cuMemPoolGetAttribute", "cuDeviceGetGraphMemAttribute", "cuMemPoolTrimTo",
-    "cuDeviceGraphMemTrim",  "cuStreamGetCaptureInfo", "cuCtxPushPop",
-    "cuMemAllocAsync.capturing", "cuMemcpyHtoD",    "cuPointerGetAttribute",
-    "cuEventSynchronize.side", "cuStreamGetDevice.capturing", "cuStreamGetCtx.capturing",
-    "cuStreamIsCapturing.capturing", "cuCtxGetDevice",
-};
+#define OP_NAME(id, name, fake) name,
+static const char *op_names[N_OPS] = {CAPTURE_OPS(OP_NAME)};
+#undef OP_NAME
 
 static CUresult run_op(int op, CUstream cap) {
     size_t f, t;
@@ -82,58 +74,58 @@ static CUresult run_op(int op, CUstream cap) {
     CUcontext c;
     int host = 0;
     switch (op) {
-    case 0: return cuMemGetInfo(&f, &t);
-    case 1: {
+    case OP_MEM_GET_INFO: return cuMemGetInfo(&f, &t);
+    case OP_MEM_ALLOC: {
         CUresult r = cuMemAlloc(&p, 1 << 20);
         if (r == CUDA_SUCCESS) cuMemFree(p);
         return r;
     }
-    case 2: {
+    case OP_MEM_FREE: {
         CUdeviceptr q;
         if (cuMemAlloc(&q, 1 << 20) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
         return cuMemFree(q);
     }
-    case 3: return cuCtxSynchronize();
-    case 4: return cuStreamQuery(cap);
-    case 5: return cuStreamQuery((CUstream)0);
-    case 6: return cuStreamQuery(side);
-    case 7: return cuEventRecord(ev_side, side);
-    case 8: return cuEventQuery(ev_side);
-    case 9: return cuEventRecord(ev_cap, cap);
-    case 10: return cuEventQuery(ev_cap);
-    case 11: return cuStreamSynchronize(side);
-    case 12:
+    case OP_CTX_SYNCHRONIZE: return cuCtxSynchronize();
+    case OP_STREAM_QUERY_CAPTURING: return cuStreamQuery(cap);
+    case OP_STREAM_QUERY_LEGACY: return cuStreamQuery((CUstream)0);
+    case OP_STREAM_QUERY_SIDE: return cuStreamQuery(side);
+    case OP_EVENT_RECORD_SIDE: return cuEventRecord(ev_side, side);
+    case OP_EVENT_QUERY_SIDE: return cuEventQuery(ev_side);
+    case OP_EVENT_RECORD_CAPTURING: return cuEventRecord(ev_cap, cap);
+    case OP_EVENT_QUERY_CAPTURING: return cuEventQuery(ev_cap);
+    case OP_STREAM_SYNCHRONIZE_SIDE: return cuStreamSynchronize(side);
+    case OP_MEM_POOL_GET_ATTRIBUTE:
         if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
         return cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v);
-    case 13: return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
-    case 14:
+    case OP_DEVICE_GET_GRAPH_MEM_ATTRIBUTE: return cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v);
+    case OP_MEM_POOL_TRIM_TO:
         if (cuDeviceGetDefaultMemPool(&pool, 0) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
         return cuMemPoolTrimTo(pool, 0);
-    case 15: return cuDeviceGraphMemTrim(0);
-    case 16: return cuStreamGetCaptureInfo(cap, &st, NULL, NULL, NULL, NULL, NULL);
-    case 17: {
+    case OP_DEVICE_GRAPH_MEM_TRIM: return cuDeviceGraphMemTrim(0);
+    case OP_STREAM_GET_CAPTURE_INFO: return cuStreamGetCaptureInfo(cap, &st, NULL, NULL, NULL, NULL, NULL);
+    case OP_CTX_PUSH_POP: {
         CUresult r = cuCtxPushCurrent(ctx);
         if (r == CUDA_SUCCESS) r = cuCtxPopCurrent(&c);
         return r;
     }
-    case 18: {
+    case OP_MEM_ALLOC_ASYNC_CAPTURING: {
         CUresult r = cuMemAllocAsync(&p, 1 << 20, cap);
         if (r == CUDA_SUCCESS) r = cuMemFreeAsync(p, cap);
         return r;
     }
-    case 19: return cuMemcpyHtoD(held, &host, sizeof host);
-    case 20: {
+    case OP_MEMCPY_HTOD: return cuMemcpyHtoD(held, &host, sizeof host);
+    case OP_POINTER_GET_ATTRIBUTE: {
         unsigned int mt;
         return cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, held);
     }
-    case 21: return cuEventSynchronize(ev_side);
-    case 22: {
+    case OP_EVENT_SYNCHRONIZE_SIDE: return cuEventSynchronize(ev_side);
+    case OP_STREAM_GET_DEVICE_CAPTURING: {
         CUdevice d;
         return cuStreamGetDevice(cap, &d);
     }
-    case 23: return cuStreamGetCtx(cap, &c);
-    case 24: return cuStreamIsCapturing(cap, &st);
-    case 25: {
+    case OP_STREAM_GET_CTX_CAPTURING: return cuStreamGetCtx(cap, &c);
+    case OP_STREAM_IS_CAPTURING_CAPTURING: return cuStreamIsCapturing(cap, &st);
+    case OP_CTX_GET_DEVICE: {
         CUdevice d;
         return cuCtxGetDevice(&d);
     }
