@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "limiter.h"
 
@@ -17,6 +18,7 @@
 
 #define STRIPES 16
 #define SPINS_BEFORE_YIELD 64
+#define SPINS_BEFORE_SLEEP 1024 /* then sleep: a yield lets no lower-priority holder run (SCHED_FIFO waiters) */
 static struct stripe {
     _Atomic int locked; /* held for a hash probe (rarely a rehash): see stripe_lock */
     struct entry *tab;
@@ -31,7 +33,12 @@ static uint64_t mix(uint64_t k, unsigned kind) { return dl_hash64(k ^ (uint64_t)
 static void stripe_lock(struct stripe *s) {
     for (unsigned n = 0; atomic_exchange_explicit(&s->locked, 1, memory_order_acquire); n++) {
         while (atomic_load_explicit(&s->locked, memory_order_relaxed)) {
-            if (++n >= SPINS_BEFORE_YIELD) sched_yield();
+            if (++n >= SPINS_BEFORE_SLEEP) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            } else if (n >= SPINS_BEFORE_YIELD) {
+                sched_yield();
+            }
         }
     }
 }
