@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +48,8 @@ static void start(struct proc *p, char *const argv[]) {
     p->pid = fork();
     CHECK(p->pid >= 0, "fork: %s", strerror(errno));
     if (p->pid == 0) {
+        /* Dies with this test, whatever check fails: a holder left behind keeps the suite's pipe open. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
@@ -237,9 +240,17 @@ int main(int argc, char **argv) {
      * killed holder held stays charged here (the claim gets less than its limit, never more). */
     finish(&ns[0], 1);
     CHECK_EQ_U64(free_now(), 512 * MiB);
-    /* The agent finds it gone: the next sweep gives its memory back; the live holder's stays charged. */
-    CHECK(mark_unlocked_slots_gone() >= 1, "no unlocked slot of the dead holder");
-    CHECK_EQ_U64(free_now(), 768 * MiB);
+    /* The agent finds it gone: the next sweep gives its memory back; the live holder's stays charged. The
+     * holder dies when its unshare does (--kill-child), a moment later: until then its slot is still locked,
+     * and what is marked meanwhile are slots of probes that exited, holding nothing. */
+    unsigned long long now_free = 0;
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms += 10) {
+        int marked = mark_unlocked_slots_gone();
+        if ((now_free = free_now()) == 768 * MiB || (marked == 0 && now_free != 512 * MiB)) break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_EQ_U64(now_free, 768 * MiB);
     finish(&ns[1], 1);
     printf("t_multiproc: ok\n");
     return 0;
