@@ -598,7 +598,7 @@ def test_overhead_interleaves_runs_with_and_without_the_preload(smi_context: Con
     bare, preload, throttled = (
         "preload=none cores=none",
         f"preload={smi_context.limiter} cores=none",
-        (f"preload={smi_context.limiter} cores=99"),
+        f"preload={smi_context.limiter} cores=99",
     )
     assert runs[:6] == [bare, preload, throttled, preload, throttled, bare]  # each kind first in turn
     assert len(runs) == 3 * overhead.ROUNDS

@@ -24,8 +24,12 @@ THROTTLED_CORES = 99
 KINDS = ("bare", "preload", "throttled")
 
 
+def _name(workload: str, kind: str) -> str:
+    return f"overhead.{workload}" + (".throttled" if kind == "throttled" else "")
+
+
 def overhead(ctx: Context) -> list[Result]:
-    names = [f"overhead.{w}" for w in WORKLOADS] + [f"overhead.{w}.throttled" for w in WORKLOADS]
+    names = [_name(w, kind) for kind in KINDS[1:] for w in WORKLOADS]
     if ctx.limiter is None:
         return [skipped(n, ctx.missing("limiter")) for n in names]
     script = ctx.root / "gpucheck/workloads/torch_bench.py"
@@ -62,21 +66,21 @@ def overhead(ctx: Context) -> list[Result]:
                 first = float_of(values, f"{w}_first_step_seconds")
                 if first is not None:
                     firsts[w][kind].append(first)
-    results = [judge_overhead(f"overhead.{w}", times[w]["bare"], times[w]["preload"]) for w in WORKLOADS] + [
-        judge_overhead(
-            f"overhead.{w}.throttled",
-            times[w]["bare"],
-            times[w]["throttled"],
-            MAX_RATIO * 100 / THROTTLED_CORES,
-            f" and a {THROTTLED_CORES} % compute share",
-        )
-        for w in WORKLOADS
-    ]
-    for result in results:  # the first step, every launch kind new: a figure, not judged
-        w, kind = result.name.split(".")[1], "throttled" if result.name.endswith(".throttled") else "preload"
-        if firsts[w]["bare"] and firsts[w][kind]:
-            result.figures["first_step_ms"] = round(median(firsts[w][kind]) * 1000, 3)
-            result.figures["first_step_ms_bare"] = round(median(firsts[w]["bare"]) * 1000, 3)
+    results = []
+    for kind in KINDS[1:]:
+        throttled = kind == "throttled"
+        for w in WORKLOADS:
+            result = judge_overhead(
+                _name(w, kind),
+                times[w]["bare"],
+                times[w][kind],
+                MAX_RATIO * 100 / THROTTLED_CORES if throttled else MAX_RATIO,
+                f" and a {THROTTLED_CORES} % compute share" if throttled else "",
+            )
+            if firsts[w]["bare"] and firsts[w][kind]:  # the first step, every launch kind new: not judged
+                result.figures["first_step_ms"] = round(median(firsts[w][kind]) * 1000, 3)
+                result.figures["first_step_ms_bare"] = round(median(firsts[w]["bare"]) * 1000, 3)
+            results.append(result)
     return results
 
 
