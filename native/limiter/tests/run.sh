@@ -30,15 +30,15 @@ failed=0
 # run <name> <command and arguments...>: the command's last output line is shown on success. The output goes
 # to a file of its own, not a pipe: a process that a failing case leaves behind cannot hold the suite up.
 run() {
-    local name=$1 out file
+    local name=$1 out file status=0
     shift
     file=$(mktemp "$TMP/out.XXXX")
-    if "$@" >"$file" 2>&1; then
-        out=$(cat "$file")
+    "$@" >"$file" 2>&1 || status=$?
+    out=$(cat "$file")
+    if [ "$status" -eq 0 ]; then
         passed=$((passed + 1))
         printf 'PASS %-28s  %s\n' "$name" "$(printf '%s\n' "$out" | tail -n 1)"
     else
-        out=$(cat "$file")
         failed=$((failed + 1))
         printf 'FAIL %s\n' "$name"
         printf '%s\n' "$out" | tail -n 40 | sed 's/^/    /'
