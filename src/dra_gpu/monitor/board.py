@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+GPUS_DIR = "gpus"
+"""`<agent state dir>/gpus/<gpu-uuid>/`: each GPU's arbitration directory."""
 BOARD_FILE = "board"
 BOARD_BYTES = 16384
 BOARD_MAGIC = b"DGPUBRD1"

@@ -30,12 +30,11 @@ from dra_gpu.plugin.sharing.directories import temp_files
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
 
 KIND = "arbitration"
-GPUS_DIR = "gpus"
 DIR_MODE = 0o755
 
 
 def gpus_root(node: NodeContext) -> Path:
-    return node.state_dir / GPUS_DIR
+    return node.state_dir / layout.GPUS_DIR
 
 
 def gpu_dir(node: NodeContext, gpu_uuid: str) -> Path:
