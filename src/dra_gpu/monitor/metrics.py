@@ -120,7 +120,7 @@ class MonitorCollector(Collector):
         for (namespace, claim), count in list(self._monitor.slots_reclaimed.items()):
             reclaimed.add_metric([namespace, claim], count)
         yield from (used, limit, share, busy, throttled, refused, c_used, c_busy, reclaimed)
-        yield from self._elastic(list(snap.claims.values()))
+        yield from elastic_families(list(snap.claims.values()))
 
         wd = self._monitor.watchdog
         violations = CounterMetricFamily(
@@ -154,47 +154,47 @@ class MonitorCollector(Collector):
         samples.add_metric([], self._monitor.samples)
         yield from (violations, terminations, active, samples)
 
-    @staticmethod
-    def _elastic(figures: list[ClaimFigures]) -> Iterator[Metric]:
-        """Elastic compute: the agent's floor, ceiling and class beside what the claim reports."""
-        m = METRICS
-        floor = GaugeMetricFamily(
-            "dra_gpu_claim_compute_floor_ratio", m["dra_gpu_claim_compute_floor_ratio"], labels=CLAIM_LABELS
+
+def elastic_families(figures: list[ClaimFigures]) -> Iterator[Metric]:
+    """Elastic compute: the agent's floor, ceiling and class beside what the claim reports."""
+    m = METRICS
+    floor = GaugeMetricFamily(
+        "dra_gpu_claim_compute_floor_ratio", m["dra_gpu_claim_compute_floor_ratio"], labels=CLAIM_LABELS
+    )
+    ceiling = GaugeMetricFamily(
+        "dra_gpu_claim_compute_ceiling_ratio",
+        m["dra_gpu_claim_compute_ceiling_ratio"],
+        labels=CLAIM_LABELS,
+    )
+    priority = GaugeMetricFamily(
+        "dra_gpu_claim_compute_priority",
+        m["dra_gpu_claim_compute_priority"],
+        labels=[*CLAIM_LABELS, "priority"],
+    )
+    counters = {
+        name: CounterMetricFamily(_name(name), m[name], labels=CLAIM_LABELS)
+        for name in (
+            "dra_gpu_claim_compute_used_seconds_total",
+            "dra_gpu_claim_compute_borrowed_seconds_total",
+            "dra_gpu_claim_compute_lent_seconds_total",
+            "dra_gpu_claim_compute_held_seconds_total",
         )
-        ceiling = GaugeMetricFamily(
-            "dra_gpu_claim_compute_ceiling_ratio",
-            m["dra_gpu_claim_compute_ceiling_ratio"],
-            labels=CLAIM_LABELS,
-        )
-        priority = GaugeMetricFamily(
-            "dra_gpu_claim_compute_priority",
-            m["dra_gpu_claim_compute_priority"],
-            labels=[*CLAIM_LABELS, "priority"],
-        )
-        counters = {
-            name: CounterMetricFamily(_name(name), m[name], labels=CLAIM_LABELS)
-            for name in (
-                "dra_gpu_claim_compute_used_seconds_total",
-                "dra_gpu_claim_compute_borrowed_seconds_total",
-                "dra_gpu_claim_compute_lent_seconds_total",
-                "dra_gpu_claim_compute_held_seconds_total",
-            )
+    }
+    for fig in figures:
+        e, h = fig.elastic, fig.held
+        if e is None:
+            continue
+        labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
+        floor.add_metric(labels, e.floor / 100)
+        ceiling.add_metric(labels, e.ceiling / 100)
+        priority.add_metric([*labels, e.priority], 1)
+        reported = {
+            "dra_gpu_claim_compute_used_seconds_total": e.used_seconds,
+            "dra_gpu_claim_compute_borrowed_seconds_total": e.borrowed_seconds,
+            "dra_gpu_claim_compute_lent_seconds_total": e.lent_seconds,
+            "dra_gpu_claim_compute_held_seconds_total": e.held_seconds,
         }
-        for fig in figures:
-            e, h = fig.elastic, fig.held
-            if e is None:
-                continue
-            labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
-            floor.add_metric(labels, e.floor / 100)
-            ceiling.add_metric(labels, e.ceiling / 100)
-            priority.add_metric([*labels, e.priority], 1)
-            reported = {
-                "dra_gpu_claim_compute_used_seconds_total": e.used_seconds,
-                "dra_gpu_claim_compute_borrowed_seconds_total": e.borrowed_seconds,
-                "dra_gpu_claim_compute_lent_seconds_total": e.lent_seconds,
-                "dra_gpu_claim_compute_held_seconds_total": e.held_seconds,
-            }
-            for name, value in reported.items():
-                if value is not None:
-                    counters[name].add_metric(labels, value)
-        yield from (floor, ceiling, priority, *counters.values())
+        for name, value in reported.items():
+            if value is not None:
+                counters[name].add_metric(labels, value)
+    yield from (floor, ceiling, priority, *counters.values())
