@@ -42,6 +42,8 @@ from dra_gpu.plugin.sharing.plan import NodeContext
 
 GOAL_PERCENT = 2.0
 SCRAPE_INTERVAL_S = 15.0
+SUPERVISE_INTERVAL_S = 5.0
+"""The plugin's default: it checks every hold is in place (board entry, activity file and link)."""
 CHURN_PER_S = 1.0
 """Prepares (and as many unprepares) per second: far more than a node sees."""
 PRIORITIES = ("latency", "standard", "besteffort")
@@ -139,6 +141,9 @@ def main() -> int:
         assert len(figures) == len(holds), "every claim's board entry and activity file was read"
         lent = sum(e.lent_seconds for e in figures.values())
 
+        supervise = _cpu(lambda: [handler.in_place(h, node) for h in holds])
+        assert all(handler.in_place(h, node) for h in holds)
+
         releases = [_cpu(partial(handler.release, h, node, True)) for h in holds]
         assert not any((node.state_dir / GPUS_DIR).iterdir()), (
             "every GPU's directory went with its last claim"
@@ -147,7 +152,10 @@ def main() -> int:
     prepare, unprepare = statistics.median(applies), statistics.median(releases)
     sampling, scrape = statistics.median(samplings), statistics.median(scrapes)
     percent = 100 * (
-        sampling / DEFAULT_INTERVAL_S + scrape / SCRAPE_INTERVAL_S + CHURN_PER_S * (prepare + unprepare)
+        supervise / SUPERVISE_INTERVAL_S
+        + sampling / DEFAULT_INTERVAL_S
+        + scrape / SCRAPE_INTERVAL_S
+        + CHURN_PER_S * (prepare + unprepare)
     )
     claims_total = len(holds)
     print(f"{args.gpus} GPUs x {args.claims_per_gpu} claims ({claims_total} limiter claims on boards)")
@@ -158,6 +166,9 @@ def main() -> int:
     )
     print(
         f"scrape (elastic series):                      {scrape * 1e3:.1f} ms CPU median every {SCRAPE_INTERVAL_S:g} s"
+    )
+    print(
+        f"supervisor's check of {claims_total} holds: {supervise * 1e3:.1f} ms CPU every {SUPERVISE_INTERVAL_S:g} s"
     )
     print(f"lent time worked out over the run: {lent:.0f} s")
     print(

@@ -203,4 +203,36 @@ def test_the_supervisor_puts_back_a_board_entry_and_activity_file_that_went(dirs
         )
         own = dirs.state_dir / "claims" / uid_of(a) / "limiter" / f"{GPU}.activity"
         assert os.path.samefile(own, activity(dirs, a))
+        # Someone on the host removes the board and a claim's link: both come back, every claim listed.
+        (gpu_dir(dirs) / "board").unlink()
+        (dirs.state_dir / "claims" / uid_of(b) / "limiter" / f"{GPU}.activity").unlink()
+        agent.plugin.preparer.supervise()
+        assert sorted(board.read_board(gpu_dir(dirs) / "board")) == sorted(
+            [board.Entry(uid_of(a), 30, 100), board.Entry(uid_of(b), 20, 20)]
+        )
+        assert os.path.samefile(
+            dirs.state_dir / "claims" / uid_of(b) / "limiter" / f"{GPU}.activity", activity(dirs, b)
+        )
         kubelet.close()
+
+
+def test_a_rebuilt_checkpoint_leaves_only_the_claims_it_holds_on_the_board(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    kept = share_claim(api, "kept", 30, 1, {"limit": 100})
+    gone = share_claim(api, "gone", 20, 2, {"priority": "besteffort"})
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        kubelet.prepare(kept, gone)
+        kubelet.close()
+    (dirs.state_dir / "checkpoint.json").write_text("corrupt")
+    api.delete("ResourceClaim", "gone", "default")  # its pod went away while the state was lost
+    with running_plugin(dirs, api):
+        assert set(dirs.checkpoint().claims) == {uid_of(kept)}
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(kept), 30, 100)]
+        assert not activity(dirs, gone).exists()
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.unprepare(kept) == {uid_of(kept): ""}
+        kubelet.close()
+    assert not gpu_dir(dirs).exists()

@@ -50,6 +50,35 @@ def _entry(hold: Hold) -> layout.Entry:
     return layout.Entry(str(p["claim"]), int(p["floor"]), int(p["ceiling"]), str(p["priority"]))
 
 
+_read_boards: dict[Path, tuple[tuple[int, int, int, int, int], list[layout.Entry]]] = {}
+"""board -> (its file's stat signature, its entries): the supervisor checks every claim's hold every few
+seconds, and a GPU's 50 claims need not read its board 50 times. Only the agent writes a board, and
+every write of ours drops the entry here."""
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _sound_entries(board: Path) -> list[layout.Entry] | None:
+    """The entries of a sound board (None: missing or not a board), read again only when it changed."""
+    try:
+        signature = _signature(os.lstat(board))
+    except OSError:
+        return None
+    cached = _read_boards.get(board)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    if not layout.board_is_sound(board):
+        return None
+    try:
+        entries = layout.read_board(board)
+    except (layout.BoardError, OSError, UnicodeDecodeError):
+        return None
+    _read_boards[board] = (signature, entries)
+    return entries
+
+
 def _entries(board: Path) -> list[layout.Entry]:
     """The board's entries; a board that cannot be read as one starts empty (only the agent writes
     it, so this is a file a killed agent or someone on the host broke: it is rebuilt from the holds)."""
@@ -61,6 +90,7 @@ def _entries(board: Path) -> list[layout.Entry]:
 
 def _replace_broken_board(board: Path) -> None:
     if os.path.lexists(board) and not layout.board_is_sound(board):
+        _read_boards.pop(board, None)
         board.unlink()
     layout.make_board(board)
 
@@ -101,6 +131,7 @@ def update_board(directory: Path, put: layout.Entry | None = None, drop: Set[str
     ]
     if put is not None:
         entries.append(put)
+    _read_boards.pop(board, None)
     layout.write_board(board, entries)
     return [e.claim_uid for e in entries]
 
@@ -115,6 +146,7 @@ def remove_if_empty(directory: Path) -> None:
         return
     if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names) or _entries(board):
         return
+    _read_boards.pop(board, None)
     _unlink(board)
     with contextlib.suppress(OSError):
         directory.rmdir()
@@ -154,31 +186,30 @@ class ClaimArbitration:
         entry = _entry(hold)
         directory = gpu_dir(node, str(hold.params["gpu"]))
         activity = directory / layout.activity_name(entry.claim_uid)
+        entries = _sound_entries(directory / layout.BOARD_FILE)
         return (
-            layout.board_is_sound(directory / layout.BOARD_FILE)
-            and entry in _entries(directory / layout.BOARD_FILE)
-            and _same_file(activity, Path(str(hold.params["link"])))
+            entries is not None and entry in entries and _same_file(activity, Path(str(hold.params["link"])))
         )
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
-        """After the checkpoint was rebuilt: claims on the GPU's (or its MIG devices') boards that no
-        record holds come off, with their activity files."""
-        for uuid in [gpu.uuid, *(m.uuid for m in gpu.mig_instances)]:
-            directory = gpu_dir(node, uuid)
-            if not directory.is_dir():
-                continue
-            listed = {e.claim_uid for e in _entries(directory / layout.BOARD_FILE)}
-            files = {
-                n[: -len(layout.ACTIVITY_SUFFIX)]
-                for n in os.listdir(directory)
-                if n.endswith(layout.ACTIVITY_SUFFIX)
-            }
-            stale = {uid for uid in listed | files if hold_key(uuid, uid) not in held}
-            if stale:
-                update_board(directory, drop=stale)
-                for uid in stale:
-                    _unlink(directory / layout.activity_name(uid))
-            remove_if_empty(directory)
+        """After the checkpoint was rebuilt: claims on the GPU's board that no record holds come off,
+        with their activity files. (Only the GPU's own directory: the caller holds that GPU's lock, not
+        its MIG devices'; a MIG device's entries go with their claims' unprepare.)"""
+        directory = gpu_dir(node, gpu.uuid)
+        if not directory.is_dir():
+            return
+        listed = {e.claim_uid for e in _entries(directory / layout.BOARD_FILE)}
+        files = {
+            n[: -len(layout.ACTIVITY_SUFFIX)]
+            for n in os.listdir(directory)
+            if n.endswith(layout.ACTIVITY_SUFFIX)
+        }
+        stale = {uid for uid in listed | files if hold_key(gpu.uuid, uid) not in held}
+        if stale:
+            update_board(directory, drop=stale)
+            for uid in stale:
+                _unlink(directory / layout.activity_name(uid))
+        remove_if_empty(directory)
 
 
 HOLD_HANDLERS = (ClaimArbitration(),)
