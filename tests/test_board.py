@@ -116,6 +116,11 @@ def test_an_activity_file_the_claim_damaged_reports_nothing(tmp_path: Path) -> N
     with open(path, "r+b") as f:
         f.write(b"FORGED!!")
     assert board.read_activity(path) is None
+    board.make_activity(path.with_name("y.activity"))
+    with open(path.with_name("y.activity"), "r+b") as f:  # a negative count: the library's fields are int64
+        f.seek(24)
+        f.write((-5).to_bytes(8, "little", signed=True))
+    assert board.read_activity(path.with_name("y.activity")) is None
     os.truncate(path, 20)
     assert board.read_activity(path) is None
 

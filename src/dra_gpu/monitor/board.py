@@ -50,7 +50,7 @@ _HEADER = struct.Struct("<8sII")  # magic, version, entry count
 _SEQ = struct.Struct("<Q")
 _ENTRY = struct.Struct("<64sIIII16x")  # claim uid, floor, ceiling, priority, reserved
 _ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
-_ACTIVITY_FIELDS = struct.Struct("<QQQQQ")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns
+_ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
 READ_TRIES = 1000
 
 
@@ -227,6 +227,7 @@ def read_activity(path: Path) -> Activity | None:
     if len(data) < _ACTIVITY_HEADER.size + _ACTIVITY_FIELDS.size:
         return None
     magic, version, _ = _ACTIVITY_HEADER.unpack_from(data)
-    if magic != ACTIVITY_MAGIC or version != ACTIVITY_VERSION:
+    fields = _ACTIVITY_FIELDS.unpack_from(data, _ACTIVITY_HEADER.size)
+    if magic != ACTIVITY_MAGIC or version != ACTIVITY_VERSION or min(fields) < 0:
         return None
-    return Activity(*_ACTIVITY_FIELDS.unpack_from(data, _ACTIVITY_HEADER.size))
+    return Activity(*fields)
