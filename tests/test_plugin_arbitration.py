@@ -236,3 +236,37 @@ def test_a_rebuilt_checkpoint_leaves_only_the_claims_it_holds_on_the_board(dirs:
         assert kubelet.unprepare(kept) == {uid_of(kept): ""}
         kubelet.close()
     assert not gpu_dir(dirs).exists()
+
+
+def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "two",
+        [
+            Alloc(
+                request="a",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "10"},
+            ),
+            Alloc(
+                request="b",
+                share_id="00000000-0000-4000-8000-00000000000b",
+                consumed={"memory": "2Gi", "cores": "5"},
+            ),
+        ],
+        [
+            opaque(
+                gpu_config("Limiter", limiter={"compute": {"limit": 50, "priority": "latency"}}),
+                requests=["a"],
+            ),
+            opaque(gpu_config("Limiter"), requests=["b"]),
+        ],
+    )
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        assert limits_line(dirs, claim) == f"device={GPU} memory={3 * GiB} cores=15 limit=55 priority=latency"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 15, 55, "latency")]
+        kubelet.close()
