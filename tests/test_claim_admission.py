@@ -16,7 +16,14 @@ import yaml
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.allocator.cel_env import kubernetes_context
 from dra_gpu.manifests import load_values, render
-from dra_gpu.manifests.admission import CAPACITY_MESSAGE, LIMIT_MESSAGE, MPS_MESSAGE, STRATEGY_MESSAGE
+from dra_gpu.manifests.admission import (
+    CAPACITY_MESSAGE,
+    COMPUTE_FLOOR_MESSAGE,
+    COMPUTE_MESSAGE,
+    LIMIT_MESSAGE,
+    MPS_MESSAGE,
+    STRATEGY_MESSAGE,
+)
 
 Obj = dict[str, Any]
 
@@ -154,6 +161,41 @@ def test_a_memory_limit_below_the_memory_the_scheduler_will_charge_is_refused() 
     assert refusals(limited("10100Mi", "10240Mi")) == []
     assert refusals(limited("10Gi", 16 * 2**30)) == []
     assert refusals(claim(request(f"limiter.{DRIVER_NAME}"), config=[gpu_config(strategy="Limiter")])) == []
+
+
+def elastic(cores: str, compute: Any, config_cores: Any = None) -> Obj:
+    """An inference claim as a user writes it: a limiter share with a compute ceiling and class."""
+    share = request(f"limiter.{DRIVER_NAME}", {"memory": "8Gi", "cores": cores})
+    limiter: Obj = {"compute": compute}
+    if config_cores is not None:
+        limiter["cores"] = config_cores
+    return claim(share, config=[gpu_config(strategy="Limiter", limiter=limiter)])
+
+
+def test_a_compute_ceiling_and_class_a_user_writes_pass() -> None:
+    assert refusals(elastic("30", {"limit": 100, "priority": "latency"})) == []
+    assert refusals(elastic("30", {"limit": 30})) == []
+    assert refusals(elastic("20", {"priority": "besteffort"})) == []
+    assert refusals(template(elastic("30", {"limit": 80, "priority": "standard"}))) == []
+
+
+def test_a_malformed_compute_section_is_refused_saying_what_is_allowed() -> None:
+    assert refusals(elastic("30", {"limit": 150})) == [COMPUTE_MESSAGE]
+    assert refusals(elastic("30", {"limit": 0})) == [COMPUTE_MESSAGE]
+    assert refusals(elastic("30", {"limit": "100"})) == [COMPUTE_MESSAGE]
+    assert refusals(elastic("30", {"priority": "realtime"})) == [COMPUTE_MESSAGE]
+
+
+def test_a_compute_ceiling_below_the_floor_the_claim_asks_for_is_refused() -> None:
+    assert refusals(elastic("40", {"limit": 30})) == [COMPUTE_FLOOR_MESSAGE]
+    assert refusals(elastic("30", {"limit": 30}, config_cores=50)) == [COMPUTE_FLOOR_MESSAGE]
+    assert refusals(elastic("30.5", {"limit": 30})) == [COMPUTE_FLOOR_MESSAGE]
+    shares = claim(
+        request(f"limiter.{DRIVER_NAME}", {"memory": "8Gi", "cores": "20"}, name="small"),
+        request(f"limiter.{DRIVER_NAME}", {"memory": "8Gi", "cores": "60"}, name="big"),
+        config=[gpu_config(["small"], strategy="Limiter", limiter={"compute": {"limit": 50}})],
+    )
+    assert refusals(shares) == [], "the config applies to the small request only"
 
 
 def test_other_drivers_configs_and_claims_without_devices_pass() -> None:

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_gpu.config import ConfigError, GpuSharingMode, NodeSharing, Strategy, merge_configs, parse_gpu_config
+from dra_gpu.config import (
+    ConfigError,
+    GpuSharingMode,
+    NodeSharing,
+    Priority,
+    Strategy,
+    merge_configs,
+    parse_gpu_config,
+)
 
 API = {"apiVersion": "gpu.dra-gpu.io/v1alpha1", "kind": "GpuConfig"}
 
@@ -88,6 +96,58 @@ def test_not_an_object() -> None:
         parse_gpu_config([1, 2])
     with pytest.raises(ConfigError, match="not JSON"):
         parse_gpu_config("{nope")
+
+
+def test_compute_ceiling_and_priority_parse_and_default_to_a_fixed_standard_share() -> None:
+    config = parse_gpu_config(
+        cfg(strategy="Limiter", limiter={"cores": 30, "compute": {"limit": 100, "priority": "latency"}})
+    )
+    assert config.sharing.limiter is not None and config.sharing.limiter.compute is not None
+    assert config.sharing.limiter.compute.limit == 100
+    assert config.sharing.limiter.compute.priority is Priority.LATENCY
+    defaults = parse_gpu_config(cfg(strategy="Limiter", limiter={"cores": 30, "compute": {}}))
+    assert defaults.sharing.limiter is not None and defaults.sharing.limiter.compute is not None
+    assert defaults.sharing.limiter.compute.limit is None
+    assert defaults.sharing.limiter.compute.priority is Priority.STANDARD
+
+
+def test_a_compute_limit_below_the_floor_is_one_line_saying_what_to_change() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_gpu_config(cfg(strategy="Limiter", limiter={"cores": 50, "compute": {"limit": 40}}))
+    assert str(info.value) == (
+        "invalid GpuConfig: sharing.limiter: compute.limit 40 is below cores 50; cores is the guaranteed "
+        "floor and the limit the ceiling above it: raise compute.limit or lower cores"
+    )
+
+
+def test_bad_compute_values_name_the_field_and_what_is_allowed() -> None:
+    with pytest.raises(ConfigError, match=r"sharing\.limiter\.compute\.limit: .*less than or equal to 100"):
+        parse_gpu_config(cfg(strategy="Limiter", limiter={"compute": {"limit": 150}}))
+    with pytest.raises(ConfigError, match=r"sharing\.limiter\.compute\.limit: .*greater than or equal to 1"):
+        parse_gpu_config(cfg(strategy="Limiter", limiter={"compute": {"limit": 0}}))
+    with pytest.raises(
+        ConfigError,
+        match=r"sharing\.limiter\.compute\.priority: unknown compute priority 'realtime'; "
+        r"allowed: latency, standard, besteffort",
+    ):
+        parse_gpu_config(cfg(strategy="Limiter", limiter={"compute": {"priority": "realtime"}}))
+    with pytest.raises(
+        ConfigError,
+        match=r"sharing\.limiter\.compute\.burst: unknown field; allowed fields here: limit, priority",
+    ):
+        parse_gpu_config(cfg(strategy="Limiter", limiter={"compute": {"burst": 1}}))
+
+
+def test_a_claims_compute_section_overrides_its_class_as_a_whole() -> None:
+    configs = [
+        entry("FromClass", cfg(strategy="Limiter", limiter={"cores": 20, "compute": {"limit": 100}})),
+        entry(
+            "FromClaim", cfg(strategy="Limiter", limiter={"cores": 30, "compute": {"priority": "latency"}})
+        ),
+    ]
+    limiter = merge_configs(configs, "gpu").sharing.limiter
+    assert limiter is not None and limiter.compute is not None
+    assert (limiter.cores, limiter.compute.limit, limiter.compute.priority) == (30, None, Priority.LATENCY)
 
 
 # -- merge -----------------------------------------------------------------------------------------
@@ -170,7 +230,7 @@ near_valid = st.fixed_dictionaries(
             {"strategy": st.sampled_from(["Exclusive", "TimeSlicing", "MPS", "Limiter", "Bad", 3])},
             optional={
                 "limiter": st.dictionaries(
-                    st.sampled_from(["memory", "cores", "x"]), json_values, max_size=2
+                    st.sampled_from(["memory", "cores", "compute", "x"]), json_values, max_size=3
                 ),
                 "mps": st.dictionaries(
                     st.sampled_from(["defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit"]),

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_gpu.config import WatchdogPolicy
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import METRICS, Monitor, MonitorCollector, PodDirectory, ProcReader, Watchdog
+from dra_gpu.monitor.elastic import ElasticFigures
 from dra_gpu.monitor.monitor import ClaimFigures, ContainerFigures, Held, Snapshot
 from dra_gpu.monitor.pods import PodInfo
 from dra_gpu.monitor.watchdog import ClaimRef, Reason, Violation
@@ -48,7 +49,10 @@ def _exported(tmp_path: Path) -> set[str]:
     )
     held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
     snap = Snapshot()
-    snap.claims[("u", "GPU-1")] = ClaimFigures(held, memory_used=1, throttled_seconds=0.5, refused=2)
+    elastic = ElasticFigures(50, 100, "latency", 1.0, 0.5, 0.1, 0, 0.2)
+    snap.claims[("u", "GPU-1")] = ClaimFigures(
+        held, memory_used=1, throttled_seconds=0.5, refused=2, elastic=elastic
+    )
     snap.containers[("u", "p", "main", "GPU-1")] = (held, ContainerFigures(1, 1.0))
     monitor.snapshot = snap
     pod = PodInfo("pu", "ns", "p", {}, frozenset({"c"}))
@@ -84,8 +88,15 @@ def test_every_dashboard_query_names_an_exported_metric(tmp_path: Path) -> None:
         "dra_gpu_claim_throttled_seconds_total",
         "dra_gpu_claim_allocations_refused_total",
         "dra_gpu_watchdog_violations_total",
+        "dra_gpu_claim_compute_used_seconds_total",
+        "dra_gpu_claim_compute_borrowed_seconds_total",
+        "dra_gpu_claim_compute_lent_seconds_total",
+        "dra_gpu_claim_compute_floor_ratio",
+        "dra_gpu_claim_compute_ceiling_ratio",
     }
-    assert wanted <= used, "usage against share, throttling, refusals and watchdog events are shown"
+    assert wanted <= used, (
+        "usage against share, throttling, refusals, watchdog events and elastic compute are shown"
+    )
 
 
 def test_panels_have_unique_ids_and_positions() -> None:

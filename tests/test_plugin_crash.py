@@ -35,6 +35,7 @@ from plugin_harness import (
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor import board
 from dra_gpu.plugin.checkpoint import ClaimState
 from dra_gpu.plugin.prepare import STEPS
 from dra_gpu.plugin.sharing.plan import ClaimInfo
@@ -121,6 +122,11 @@ def assert_prepared(cluster: Cluster, answers: dict[str, Any]) -> None:
     uids = [uid_of(c) for c in cluster.claims]
     assert dirs.claim_dirs() == sorted(uids)
     assert all((dirs.state_dir / "claims" / uid / "limiter").is_dir() for uid in uids)
+    # Elastic compute: the limiter claim (20 % of gpu-1) is on its GPU's board, and only it.
+    (lim,) = [c for c in cluster.claims if c["metadata"]["name"] == "lim"]
+    boards = sorted((dirs.state_dir / "gpus").glob("*/board"))
+    assert [board.read_board(b) for b in boards] == [[board.Entry(uid_of(lim), 20, 20)]]
+    assert (boards[0].parent / f"{uid_of(lim)}.activity").is_file()
 
 
 def assert_clean(dirs: PluginDirs) -> None:
@@ -129,6 +135,7 @@ def assert_clean(dirs: PluginDirs) -> None:
     assert dirs.checkpoint().claims == {}
     assert simulated_gpu_state(dirs) == {"computeMode": {}, "timeslice": {}, "mps": {}}
     assert not (dirs.state_dir / "mps").exists() or list((dirs.state_dir / "mps").iterdir()) == []
+    assert not (dirs.state_dir / "gpus").exists() or list((dirs.state_dir / "gpus").iterdir()) == []
 
 
 # -- a real process, killed ------------------------------------------------------------------------------

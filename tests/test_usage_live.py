@@ -125,3 +125,47 @@ def test_agents_are_read_through_the_pod_proxy() -> None:
     assert live.reached == ["dra-gpu/agent-a"]
     assert list(live.unreachable) == ["dra-gpu/agent-b"]
     assert usage_command.read_live(argparse.Namespace(metrics_url=[], agents="none"), api) is None
+
+
+def test_usage_shows_a_claims_compute_floor_ceiling_and_what_it_reports_using_and_borrowing(
+    dirs: PluginDirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": NODE}})
+    monkeypatch.setattr(usage_command, "build_api", lambda args: api)
+    claim = add_claim(
+        api,
+        "training",
+        [Alloc(share_id="00000000-0000-4000-8000-00000000000b", consumed={"memory": "4Gi", "cores": "20"})],
+        [opaque(gpu_config("Limiter", limiter={"compute": {"limit": 100, "priority": "besteffort"}}))],
+    )
+    with plugin_with_nvml(dirs, api, tmp_path / "proc", publish_slices=True) as (plugin, driver):
+        wait_for(
+            lambda: api.list("ResourceSlice", field_selector=f"spec.driver={DRIVER_NAME}")[0], what="slices"
+        )
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert not kubelet.prepare(claim)[uid_of(claim)].error
+        activity = dirs.state_dir / "gpus" / driver.gpus[0].uuid / f"{uid_of(claim)}.activity"
+        with open(activity, "r+b") as f:  # what the claim's library reports: 12.5 s used, 9.5 s borrowed
+            f.seek(24)
+            f.write((12_500_000_000).to_bytes(8, "little") + (9_500_000_000).to_bytes(8, "little"))
+        monitor_of(plugin).sample_once()
+        url = f"http://127.0.0.1:{plugin.http_port}/metrics"
+
+        assert main(["usage", "--metrics-url", url]) == 0
+        out = capsys.readouterr().out
+        assert "compute floor 20% ceiling 100% besteffort: 12.5 s used, 9.5 s borrowed" in out, out
+
+        assert main(["usage", "--metrics-url", url, "-o", "json"]) == 0
+        (entry,) = [
+            c for n in json.loads(capsys.readouterr().out)["nodes"] for g in n["gpus"] for c in g["claims"]
+        ]
+        use = entry["use"]
+        assert (use["computeFloor"], use["computeCeiling"], use["computePriority"]) == (
+            0.2,
+            1.0,
+            "besteffort",
+        )
+        assert (use["computeUsedSeconds"], use["computeBorrowedSeconds"]) == (12.5, 9.5)
+        kubelet.close()

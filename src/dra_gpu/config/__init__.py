@@ -3,9 +3,11 @@ controller's placement, each in its own module; every name is re-exported here."
 
 from dra_gpu.config.base import ConfigError
 from dra_gpu.config.claim import (
+    ComputeConfig,
     GpuConfig,
     LimiterConfig,
     MpsConfig,
+    Priority,
     Sharing,
     Strategy,
     TimeSlicingConfig,
@@ -19,6 +21,7 @@ from dra_gpu.config.node import GpuSharingMode, NodeSharing
 from dra_gpu.config.placement import Placement, PlacementPolicy
 
 __all__ = [
+    "ComputeConfig",
     "ConfigError",
     "GpuConfig",
     "GpuSharingMode",
@@ -27,6 +30,7 @@ __all__ = [
     "NodeSharing",
     "Placement",
     "PlacementPolicy",
+    "Priority",
     "Sharing",
     "Strategy",
     "TimeSlicingConfig",

@@ -53,17 +53,44 @@ class MpsConfig(Strict):
         return None if v is None else positive_quantity(v, "defaultPinnedDeviceMemoryLimit")
 
 
+class Priority(StrEnum):
+    """How a limiter share takes part in its GPU's arbitration (docs/configuration.md)."""
+
+    LATENCY = "latency"
+    STANDARD = "standard"
+    BESTEFFORT = "besteffort"
+
+
+class ComputeConfig(Strict):
+    """Elastic compute of a limiter share: `cores` is the floor, guaranteed under contention;
+    `limit` the ceiling it may borrow idle time up to (unset: the floor, a fixed share); `priority`
+    its class in the GPU's arbitration."""
+
+    limit: Percent | None = None
+    priority: Priority = Priority.STANDARD
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, v: Any) -> Any:
+        allowed = [p.value for p in Priority]
+        if v not in allowed:
+            raise ValueError(f"unknown compute priority {v!r}; allowed: {', '.join(allowed)}")
+        return Priority(v)
+
+
 class LimiterConfig(Strict):
     """Limits for API servers without consumable capacity; consumed capacity wins when present.
 
     `memory` (or the consumed `memory` capacity) is the request: the guaranteed share, the driver's
     soft limit. `memoryLimit` is the ceiling: the driver's hard limit and the limiter's claim-wide
-    budget; unset, the ceiling is the request.
+    budget; unset, the ceiling is the request. `cores` (or the consumed `cores` capacity) is the
+    compute floor; `compute` its ceiling and priority class.
     """
 
     memory: str | None = None
     memoryLimit: str | None = None
     cores: Percent | None = None
+    compute: ComputeConfig | None = None
 
     @field_validator("memory", "memoryLimit", mode="before")
     @classmethod
@@ -77,6 +104,12 @@ class LimiterConfig(Strict):
             raise ValueError(
                 f"memoryLimit {self.memoryLimit} is below memory {self.memory}; the limit is the ceiling "
                 f"and must be at least the request: raise memoryLimit or lower memory"
+            )
+        ceiling = self.compute.limit if self.compute is not None else None
+        if ceiling is not None and self.cores is not None and ceiling < self.cores:
+            raise ValueError(
+                f"compute.limit {ceiling} is below cores {self.cores}; cores is the guaranteed floor and "
+                f"the limit the ceiling above it: raise compute.limit or lower cores"
             )
         return self
 
@@ -155,7 +188,8 @@ _FIELDS_HINT = {
     ("sharing",): "strategy, timeSlicing, mps, limiter",
     ("sharing", "timeSlicing"): "interval",
     ("sharing", "mps"): "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, runAsUser",
-    ("sharing", "limiter"): "memory, memoryLimit, cores",
+    ("sharing", "limiter"): "memory, memoryLimit, cores, compute",
+    ("sharing", "limiter", "compute"): "limit, priority",
     ("placement",): "policy, affinityLabel, antiAffinityLabel, exclusionLabel",
     ("watchdog",): "policy",
 }

@@ -16,7 +16,10 @@ forever. Each rule is one validation whose message says what to change:
   MPS control daemon, which serves one GPU;
 - a claim's `sharing.limiter.memoryLimit` is at least the memory its request will consume (the request
   rounded up to the capacity's step, as the scheduler rounds it): the limit is the ceiling above the
-  guaranteed share.
+  guaranteed share;
+- a claim's `sharing.limiter.compute` has a `limit` that is a whole percent 1..100, at least the claim's
+  `cores` (in the config and in each request it applies to: the floor), and a `priority` of
+  `latency`, `standard` or `besteffort`.
 
 The expressions avoid CEL's optional syntax so that the tests can run them with the `cel` package.
 """
@@ -55,6 +58,41 @@ LIMIT_MESSAGE = (
     f"applies to asks for (rounded up to a multiple of {MEMORY_STEP >> 20}Mi, as the scheduler rounds it); the "
     f"limit is the ceiling above the guaranteed share: raise memoryLimit or request less memory"
 )
+
+COMPUTE_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute wrongly: limit must be a whole "
+    f"percent 1..100 and priority one of latency, standard, besteffort; fix the value or leave it out"
+)
+COMPUTE_FLOOR_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute.limit below the cores its claim "
+    f"asks for (sharing.limiter.cores or a request's capacity cores it applies to); cores is the guaranteed "
+    f"floor and the limit the ceiling above it: raise compute.limit or ask for fewer cores"
+)
+
+
+def _compute_validations() -> list[Obj]:
+    """The rules on `sharing.limiter.compute` (elastic compute): well-formed, and a ceiling no lower
+    than the floor the claim asks for."""
+    limiter = "c.opaque.parameters.sharing.limiter"
+    compute = f"{limiter}.compute"
+    limit = f"{compute}.limit"
+    has_compute = f"{_ours('c')} && has({limiter}) && has({compute})"
+    well_formed = (
+        f"variables.configs.all(c, !({has_compute}) || ("
+        f"(!has({limit}) || (type({limit}) == int && {limit} >= 1 && {limit} <= 100)) && "
+        f'(!has({compute}.priority) || {compute}.priority in ["latency", "standard", "besteffort"])))'
+    )
+    above_floor = (
+        f"variables.configs.all(c, !({has_compute}) || !has({limit}) || type({limit}) != int || {limit} < 1 || ("
+        f"(!has({limiter}.cores) || type({limiter}.cores) != int || {limit} >= {limiter}.cores) && "
+        f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
+        f'!has(x.capacity) || !has(x.capacity.requests) || !("cores" in x.capacity.requests) || '
+        f"!quantity(x.capacity.requests.cores).isGreaterThan(quantity(string({limit})))))))"
+    )
+    return [
+        {"expression": well_formed, "message": COMPUTE_MESSAGE, "reason": "Invalid"},
+        {"expression": above_floor, "message": COMPUTE_FLOOR_MESSAGE, "reason": "Invalid"},
+    ]
 
 
 def _interval_message(interval: str) -> str:
@@ -141,6 +179,7 @@ def validations(values: Values) -> list[Obj]:
         {"expression": timeslice, "message": _interval_message(interval), "reason": "Invalid"},
         {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
         {"expression": memory_limit, "message": LIMIT_MESSAGE, "reason": "Invalid"},
+        *_compute_validations(),
     ]
 
 

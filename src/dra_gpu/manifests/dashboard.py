@@ -163,6 +163,34 @@ def dashboard() -> dict[str, Any]:
             "short",
             (12, 24, 12, 8),
         ),
+        _panel(
+            9,
+            "Elastic compute per claim: used and borrowed (as the claim reports) against floor and ceiling",
+            [
+                (
+                    f"sum by (namespace, claim, gpu_uuid) (rate(dra_gpu_claim_compute_used_seconds_total{{{CLAIM}}}[$__rate_interval]))",
+                    "{{namespace}}/{{claim}} used",
+                ),
+                (
+                    f"sum by (namespace, claim, gpu_uuid) (rate(dra_gpu_claim_compute_borrowed_seconds_total{{{CLAIM}}}[$__rate_interval]))",
+                    "{{namespace}}/{{claim}} borrowed",
+                ),
+                (
+                    f"sum by (namespace, claim, gpu_uuid) (rate(dra_gpu_claim_compute_lent_seconds_total{{{CLAIM}}}[$__rate_interval]))",
+                    "{{namespace}}/{{claim}} lent",
+                ),
+                (
+                    f"sum by (namespace, claim, gpu_uuid) (dra_gpu_claim_compute_floor_ratio{{{CLAIM}}})",
+                    "{{namespace}}/{{claim}} floor",
+                ),
+                (
+                    f"sum by (namespace, claim, gpu_uuid) (dra_gpu_claim_compute_ceiling_ratio{{{CLAIM}}})",
+                    "{{namespace}}/{{claim}} ceiling",
+                ),
+            ],
+            "percentunit",
+            (0, 32, 24, 8),
+        ),
     ]
     return {
         "uid": UID,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dra_gpu.monitor.monitor import Monitor
+from dra_gpu.monitor.monitor import ClaimFigures, Monitor
 
 CLAIM_LABELS = ["namespace", "claim", "gpu_uuid", "sharing"]
 CONTAINER_LABELS = ["namespace", "claim", "pod", "container", "gpu_uuid", "sharing"]
@@ -27,6 +27,18 @@ METRICS = {
     "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit.",
     "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML.",
     "dra_gpu_container_compute_busy_seconds_total": "GPU time one container of a claim kept the GPU busy.",
+    "dra_gpu_claim_compute_floor_ratio": "Compute the claim is guaranteed on the GPU under contention (elastic "
+    "compute; 1 = the whole GPU).",
+    "dra_gpu_claim_compute_ceiling_ratio": "Compute the claim may borrow idle time up to on the GPU (elastic compute).",
+    "dra_gpu_claim_compute_priority": "The claim's priority class on the GPU (label priority; value 1).",
+    "dra_gpu_claim_compute_used_seconds_total": "GPU time the claim's processes report charged to it on the GPU "
+    "(the claim's own word).",
+    "dra_gpu_claim_compute_borrowed_seconds_total": "Part of the used time the claim reports admitted above its "
+    "floor (the claim's own word).",
+    "dra_gpu_claim_compute_lent_seconds_total": "Floor time the claim left idle while other claims on the GPU "
+    "borrowed (from the claims' reports).",
+    "dra_gpu_claim_compute_held_seconds_total": "Time the claim reports its launches waited because a latency "
+    "claim was active (the claim's own word).",
     "dra_gpu_claim_slots_reclaimed_total": "Limiter region slots of the claim the agent handed back because "
     "their process was gone (a process of another PID namespace, which the claim's own processes cannot see).",
     "dra_gpu_watchdog_violations_total": "Processes found escaping their claim's share, by reason.",
@@ -108,6 +120,7 @@ class MonitorCollector(Collector):
         for (namespace, claim), count in list(self._monitor.slots_reclaimed.items()):
             reclaimed.add_metric([namespace, claim], count)
         yield from (used, limit, share, busy, throttled, refused, c_used, c_busy, reclaimed)
+        yield from elastic_families(list(snap.claims.values()))
 
         wd = self._monitor.watchdog
         violations = CounterMetricFamily(
@@ -140,3 +153,48 @@ class MonitorCollector(Collector):
         )
         samples.add_metric([], self._monitor.samples)
         yield from (violations, terminations, active, samples)
+
+
+def elastic_families(figures: list[ClaimFigures]) -> Iterator[Metric]:
+    """Elastic compute: the agent's floor, ceiling and class beside what the claim reports."""
+    m = METRICS
+    floor = GaugeMetricFamily(
+        "dra_gpu_claim_compute_floor_ratio", m["dra_gpu_claim_compute_floor_ratio"], labels=CLAIM_LABELS
+    )
+    ceiling = GaugeMetricFamily(
+        "dra_gpu_claim_compute_ceiling_ratio",
+        m["dra_gpu_claim_compute_ceiling_ratio"],
+        labels=CLAIM_LABELS,
+    )
+    priority = GaugeMetricFamily(
+        "dra_gpu_claim_compute_priority",
+        m["dra_gpu_claim_compute_priority"],
+        labels=[*CLAIM_LABELS, "priority"],
+    )
+    counters = {
+        name: CounterMetricFamily(_name(name), m[name], labels=CLAIM_LABELS)
+        for name in (
+            "dra_gpu_claim_compute_used_seconds_total",
+            "dra_gpu_claim_compute_borrowed_seconds_total",
+            "dra_gpu_claim_compute_lent_seconds_total",
+            "dra_gpu_claim_compute_held_seconds_total",
+        )
+    }
+    for fig in figures:
+        e, h = fig.elastic, fig.held
+        if e is None:
+            continue
+        labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
+        floor.add_metric(labels, e.floor / 100)
+        ceiling.add_metric(labels, e.ceiling / 100)
+        priority.add_metric([*labels, e.priority], 1)
+        reported = {
+            "dra_gpu_claim_compute_used_seconds_total": e.used_seconds,
+            "dra_gpu_claim_compute_borrowed_seconds_total": e.borrowed_seconds,
+            "dra_gpu_claim_compute_lent_seconds_total": e.lent_seconds,
+            "dra_gpu_claim_compute_held_seconds_total": e.held_seconds,
+        }
+        for name, value in reported.items():
+            if value is not None:
+                counters[name].add_metric(labels, value)
+    yield from (floor, ceiling, priority, *counters.values())

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_gpu.config import Strategy, WatchdogPolicy
+from dra_gpu.monitor.board import GPUS_DIR
+from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
 from dra_gpu.monitor.process_owner import PodRef, ProcReader
@@ -50,6 +52,8 @@ class ClaimFigures:
     throttled_seconds: float | None = None
     """None without a limiter region: nothing throttles or refuses for the claim."""
     refused: int | None = None
+    elastic: ElasticFigures | None = None
+    """None unless the claim is on its GPU's arbitration board (a limiter share below 100 %)."""
 
 
 @dataclass
@@ -122,6 +126,7 @@ class Monitor:
         """pid -> its pod, cgroup and start time as this sampling saw them."""
         self.slots_reclaimed: dict[tuple[str, str], int] = {}
         """(namespace, claim) -> slots of the claim's region handed back because their process was gone."""
+        self._elastic = ElasticLedger(Path(claims_dir).parent / GPUS_DIR)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -285,6 +290,10 @@ class Monitor:
                 and nvml_used > h.memory_limit + allowance
             ):
                 violations.extend(self._memory_offenders(h, procs, nvml_used))
+
+        limited = [key for key, h in held.items() if h.sharing == Strategy.LIMITER.value]
+        for key, elastic in self._elastic.sample(limited, time.monotonic()).items():
+            snap.claims[key].elastic = elastic
 
         for ckey, (_, cfig) in snap.containers.items():
             cfig.busy_seconds = self._container_busy.get(ckey, 0.0)

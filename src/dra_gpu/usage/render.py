@@ -84,7 +84,25 @@ def use_text(use: ClaimUse | None) -> str:
         parts.append(f"{int(use.refused)} refused")
     if use.violations:
         parts.append(f"{int(use.violations)} violation{'s' if use.violations != 1 else ''}")
+    compute = compute_text(use)
+    if compute:
+        parts.append(compute)
     return ", ".join(parts) or "-"
+
+
+def compute_text(use: ClaimUse) -> str:
+    """`compute floor 30% ceiling 100% latency: 12.5 s used, 0.0 s borrowed`, for a claim on its GPU's
+    arbitration board (used and borrowed are what the claim reports); empty for any other."""
+    if use.compute_floor is None or use.compute_ceiling is None:
+        return ""
+    text = f"compute floor {use.compute_floor * 100:.0f}% ceiling {use.compute_ceiling * 100:.0f}%"
+    if use.compute_priority:
+        text += f" {use.compute_priority}"
+    if use.compute_used_seconds is not None:
+        text += f": {use.compute_used_seconds:.1f} s used"
+        if use.compute_borrowed_seconds is not None:
+            text += f", {use.compute_borrowed_seconds:.1f} s borrowed"
+    return text
 
 
 def _gpu_block(gpu: Gpu, live: LiveUsage | None = None) -> str:
@@ -196,6 +214,12 @@ def _use_json(use: ClaimUse | None) -> dict[str, Any] | None:
         "throttledSeconds": use.throttled_seconds,
         "allocationsRefused": use.refused,
         "watchdogViolations": use.violations,
+        "computeFloor": use.compute_floor,
+        "computeCeiling": use.compute_ceiling,
+        "computePriority": use.compute_priority,
+        "computeUsedSeconds": use.compute_used_seconds,
+        "computeBorrowedSeconds": use.compute_borrowed_seconds,
+        "computeLentSeconds": use.compute_lent_seconds,
     }
 
 

@@ -9,6 +9,7 @@ backends by name.
 from __future__ import annotations
 
 from dra_gpu.plugin.sharing import (
+    arbitration,
     device_access,
     directories,
     driver_memory,
@@ -41,7 +42,15 @@ _BACKENDS: tuple[Backend, ...] = tuple(
 
 def _handlers() -> dict[str, HoldHandler]:
     handlers: dict[str, HoldHandler] = {}
-    for module in (directories, driver_memory, limiter_region, mps_daemon, mps_namespaces, timeslicing):
+    for module in (
+        arbitration,
+        directories,
+        driver_memory,
+        limiter_region,
+        mps_daemon,
+        mps_namespaces,
+        timeslicing,
+    ):
         for handler in module.HOLD_HANDLERS:
             if handler.kind in handlers:
                 raise RuntimeError(f"two hold handlers for kind {handler.kind!r} ({module.__name__})")

@@ -8,7 +8,10 @@ claim has its own directory in the container, ``/run/dra-gpu/claims/<claim-uid>/
 - ``limits``: the claim's budgets, one ``device=`` line per GPU (read-only; written by the agent
   before the CDI spec; the format is in docs/memory-isolation.md);
 - ``limiter/``: the accounting state shared by all processes of all pods of the claim: a read-only
-  directory holding the region file the agent made, mounted read-write (``limiter_region.py``),
+  directory holding the region file the agent made, mounted read-write (``limiter_region.py``), and,
+  for each GPU where its compute share is below 100 %, its activity file, mounted read-write;
+- ``/run/dra-gpu/gpus/<gpu-uuid>/``: that GPU's arbitration directory, read-only: the agent's board
+  and every claim's activity file (``arbitration.py``; elastic compute),
 
 so a container using several claims keeps every claim's limits. Budgets come from Limiter shares
 (their consumed capacity, or the config where the API server has no consumable capacity) and from
@@ -25,14 +28,18 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from dra_gpu.config import Strategy
+from dra_gpu.config import Priority, Strategy
+from dra_gpu.monitor.board import ACTIVITY_SUFFIX
 from dra_gpu.monitor.region import REGION_FILE
 from dra_gpu.plugin.errors import PrepareError
+from dra_gpu.plugin.sharing import arbitration
 from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.plan import DeviceLimit, Holder, NodeContext, Plan, Share
 
 CONTAINER_LIBRARY = "/usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
 CONTAINER_CLAIMS_ROOT = "/run/dra-gpu/claims"
+CONTAINER_GPUS_ROOT = "/run/dra-gpu/gpus"
+"""Where each GPU's arbitration directory is in the container (the library's GPUS_ROOT)."""
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 LIMITS_FILE = "limits"
 STATE_DIR = "limiter"
@@ -60,6 +67,15 @@ def memory_limit(share: Share, driver: str) -> int | None:
 def cores_limit(share: Share, driver: str) -> int | None:
     config = share.config.sharing.limiter
     return share.amount("cores", driver, config.cores if config is not None else None)
+
+
+def compute_of(share: Share) -> tuple[int | None, str]:
+    """The share's compute ceiling as configured (None: its floor) and its priority class."""
+    config = share.config.sharing.limiter
+    compute = config.compute if config is not None else None
+    if compute is None:
+        return None, Priority.STANDARD.value
+    return compute.limit, compute.priority.value
 
 
 def container_claim_dir(claim_uid: str) -> str:
@@ -110,8 +126,19 @@ def limits_text(plan: Plan, limits: dict[str, DeviceLimit]) -> str:
                 f"ResourceClaim {claim.ref}: a compute share of {limit.cores}% on {uuid} is not 1..100",
                 reason="invalid_config",
             )
+        if not limit.cores <= limit.top <= 100 or limit.priority not in [p.value for p in Priority]:
+            raise PrepareError(
+                f"ResourceClaim {claim.ref}: a compute ceiling of {limit.top}% ({limit.priority}) on {uuid} is "
+                f"not between its floor {limit.cores}% and 100%",
+                reason="invalid_config",
+            )
         memory = "unlimited" if limit.memory is None else str(limit.memory)
-        lines.append(f"device={uuid} memory={memory} cores={limit.cores}")
+        line = f"device={uuid} memory={memory} cores={limit.cores}"
+        if limit.top != limit.cores:
+            line += f" limit={limit.top}"
+        if limit.priority != Priority.STANDARD.value:
+            line += f" priority={limit.priority}"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -167,7 +194,11 @@ class Limiter:
         shares = plan.sharing(Strategy.LIMITER)
         for share in shares:
             cpu = cores_limit(share, node.driver)
-            plan.limit(share.gpu, memory_limit(share, node.driver), cpu if cpu is not None else 100)
+            ceiling, priority = compute_of(share)
+            floor = cpu if cpu is not None else 100
+            # A class's ceiling below the floor a claim's capacity asks for is raised to it: the floor is
+            # what the scheduler guaranteed (a claim's own config cannot: admission refuses it).
+            plan.limit(share.gpu, memory_limit(share, node.driver), floor, ceiling, priority)
         self._one_compute_share(plan, shares)
         if not plan.limits:
             return
@@ -224,6 +255,35 @@ class Limiter:
         edits.add_mount(state, f"{inside}/{STATE_DIR}", ["ro", "nosuid", "nodev", "bind"])
         edits.add_mount(region, f"{inside}/{STATE_DIR}/{REGION_FILE}", ["rw", "nosuid", "nodev", "bind"])
         edits.add_mount(preload, CONTAINER_PRELOAD, ["ro", "nosuid", "nodev", "bind"])
+        Limiter._arbitration(plan, node, state, f"{inside}/{STATE_DIR}")
+
+    @staticmethod
+    def _arbitration(plan: Plan, node: NodeContext, state: Path, inside_state: str) -> None:
+        """Elastic compute: each GPU where the claim's compute share is below 100 % has it on its board.
+        The GPU's directory is read-only in the container and the claim's own activity file a read-write
+        mount of its own, so its processes can write that file and no other claim's, nor the board."""
+        for uuid, limit in plan.limits.items():
+            if limit.cores >= 100:
+                continue
+            name = uuid + ACTIVITY_SUFFIX
+            link = state / name
+            plan.hold(
+                arbitration.KIND,
+                arbitration.hold_key(uuid, plan.claim.uid),
+                gpu=uuid,
+                claim=plan.claim.uid,
+                floor=limit.cores,
+                ceiling=limit.top,
+                priority=limit.priority,
+                link=str(link),
+            )
+            edits = plan.claim_edits
+            edits.add_mount(
+                arbitration.gpu_dir(node, uuid),
+                f"{CONTAINER_GPUS_ROOT}/{uuid}",
+                ["ro", "nosuid", "nodev", "bind"],
+            )
+            edits.add_mount(link, f"{inside_state}/{name}", ["rw", "nosuid", "nodev", "bind"])
 
 
 BACKEND = Limiter()

@@ -96,7 +96,16 @@ class DeviceLimit:
     memory: int | None
     """Bytes for all processes of all pods of the claim together; None: unlimited."""
     cores: int = 100
-    """Percent of the GPU's compute; 100: no compute cap."""
+    """Percent of the GPU's compute; 100: no compute cap. With elastic compute, the guaranteed floor."""
+    ceiling: int | None = None
+    """Percent the claim may borrow idle time up to (elastic compute); None: the floor, a fixed share."""
+    priority: str = "standard"
+    """The claim's class in the GPU's arbitration: latency, standard or besteffort."""
+
+    @property
+    def top(self) -> int:
+        """The ceiling in effect: the set one, or the floor."""
+        return self.cores if self.ceiling is None else max(self.ceiling, self.cores)
 
 
 DRIVER_FILES_RECHECK_S = 1.0
@@ -235,13 +244,27 @@ class Plan:
         if all(h.key != key for h in self.holds):
             self.holds.append(Hold(kind=kind, key=key, params=dict(params)))
 
-    def limit(self, gpu: GpuInfo, memory: int | None, cores: int = 100) -> None:
-        """Add a budget on `gpu` to the claim's limits file (several contributions add up)."""
+    def limit(
+        self,
+        gpu: GpuInfo,
+        memory: int | None,
+        cores: int = 100,
+        ceiling: int | None = None,
+        priority: str = "standard",
+    ) -> None:
+        """Add a budget on `gpu` to the claim's limits file (several contributions add up: floors and
+        ceilings sum, the first contribution's priority stays)."""
         old = self.limits.get(gpu.uuid)
         if old is not None:
             memory = None if old.memory is None or memory is None else old.memory + memory
-            cores = min(old.cores + cores, 100) if old.cores < 100 and cores < 100 else 100
-        self.limits[gpu.uuid] = DeviceLimit(memory=memory, cores=min(max(cores, 1), 100))
+            top = cores if ceiling is None else max(ceiling, cores)
+            both = old.cores < 100 and cores < 100
+            ceiling = min(old.top + top, 100) if both and (old.ceiling, ceiling) != (None, None) else None
+            cores = min(old.cores + cores, 100) if both else 100
+            priority = old.priority
+        cores = min(max(cores, 1), 100)
+        ceiling = None if ceiling is None or ceiling <= cores else min(ceiling, 100)
+        self.limits[gpu.uuid] = DeviceLimit(memory=memory, cores=cores, ceiling=ceiling, priority=priority)
 
     def notice(self, text: str) -> None:
         if text not in self.notices:

@@ -1,0 +1,233 @@
+"""The per-GPU arbitration files of elastic compute: the agent's board and each claim's activity file.
+
+Every limiter claim with a compute share below 100 % on a GPU takes part in that GPU's arbitration
+(the limiter's arbitration.c reads these files; the layouts are in docs/elastic-compute.md):
+
+- ``board`` (16 KiB, root, 0444, mounted read-only): what the agent decided, one entry per claim
+  (its floor, ceiling and priority class). Only the agent writes it, in place through its own fd, under
+  a seqlock (``seq`` odd while it writes), because the library keeps it mapped: a reader copies the
+  entries and retries while ``seq`` is odd or changed.
+- ``<claim-uid>.activity`` (4 KiB, root, 0666): what the claim's processes say about themselves
+  (demand, GPU time used and borrowed). The agent makes it with its header and reads it for metrics;
+  a claim's processes can write only their own (the directory is mounted read-only, their own file
+  read-write over it), so what it says is the claim's own word, never trusted for anyone's share.
+
+This module owns both layouts: the hold handler that keeps them (``plugin.sharing.arbitration``) and
+the monitor that reads them go through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+GPUS_DIR = "gpus"
+"""`<agent state dir>/gpus/<gpu-uuid>/`: each GPU's arbitration directory."""
+BOARD_FILE = "board"
+BOARD_BYTES = 16384
+BOARD_MAGIC = b"DGPUBRD1"
+BOARD_VERSION = 1
+BOARD_MODE = 0o444
+MAX_ENTRIES = 128
+HEADER_BYTES = 64
+ENTRY_BYTES = 96
+CLAIM_UID_BYTES = 64
+SEQ_OFFSET = 16
+ACTIVITY_SUFFIX = ".activity"
+ACTIVITY_BYTES = 4096
+ACTIVITY_MAGIC = b"DGPUACT1"
+ACTIVITY_VERSION = 1
+ACTIVITY_MODE = 0o666
+PRIORITIES = ("latency", "standard", "besteffort")
+"""Priority classes by their code on the board (0 latency, 1 standard, 2 besteffort)."""
+
+_HEADER = struct.Struct("<8sII")  # magic, version, entry count
+_SEQ = struct.Struct("<Q")
+_ENTRY = struct.Struct("<64sIIII16x")  # claim uid, floor, ceiling, priority, reserved
+_ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
+_ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
+READ_TRIES = 1000
+
+
+class BoardError(ValueError):
+    """A board that is not one the agent wrote (wrong size, magic or version, or a bad entry)."""
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """One claim's place in its GPU's arbitration."""
+
+    claim_uid: str
+    floor: int
+    ceiling: int
+    priority: str = "standard"
+
+    def __post_init__(self) -> None:
+        uid = self.claim_uid.encode()
+        if not uid or len(uid) >= CLAIM_UID_BYTES or b"\0" in uid or "/" in self.claim_uid:
+            raise BoardError(f"claim UID {self.claim_uid[:70]!r} cannot name an activity file on the board")
+        if not 1 <= self.floor <= self.ceiling <= 100:
+            raise BoardError(
+                f"floor {self.floor} and ceiling {self.ceiling} are not 1 <= floor <= ceiling <= 100"
+            )
+        if self.priority not in PRIORITIES:
+            raise BoardError(f"unknown priority {self.priority!r}; allowed: {', '.join(PRIORITIES)}")
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What a claim's processes report in their activity file, cumulative since it was made."""
+
+    demand_until_ns: int
+    used_ns: int
+    borrowed_ns: int
+    waiting: int
+    held_ns: int
+
+
+def activity_name(claim_uid: str) -> str:
+    return claim_uid + ACTIVITY_SUFFIX
+
+
+def board_header(count: int, seq: int) -> bytes:
+    return _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count) + _SEQ.pack(seq)
+
+
+def pack_entries(entries: Iterable[Entry]) -> tuple[int, bytes]:
+    """(count, the whole entry area): entries in claim UID order, every unused slot zero."""
+    ordered = sorted(entries)
+    if len(ordered) > MAX_ENTRIES:
+        raise BoardError(f"{len(ordered)} claims on one GPU; the board holds at most {MAX_ENTRIES}")
+    packed = b"".join(
+        _ENTRY.pack(e.claim_uid.encode(), e.floor, e.ceiling, PRIORITIES.index(e.priority), 0)
+        for e in ordered
+    )
+    return len(ordered), packed.ljust(BOARD_BYTES - HEADER_BYTES, b"\0")
+
+
+def board_bytes(entries: Iterable[Entry], seq: int = 0) -> bytes:
+    """A whole board file as the agent writes it (seq even)."""
+    count, area = pack_entries(entries)
+    return board_header(count, seq).ljust(HEADER_BYTES, b"\0") + area
+
+
+def _unpack(header: bytes, area: bytes) -> list[Entry]:
+    magic, version, count = _HEADER.unpack_from(header)
+    if magic != BOARD_MAGIC or version != BOARD_VERSION or count > MAX_ENTRIES:
+        raise BoardError(
+            f"not a board of layout version {BOARD_VERSION} (magic {magic!r}, version {version})"
+        )
+    entries = []
+    for i in range(count):
+        raw, floor, ceiling, priority, _ = _ENTRY.unpack_from(area, i * ENTRY_BYTES)
+        if priority >= len(PRIORITIES):
+            raise BoardError(f"board entry {i} has priority code {priority}")
+        entries.append(
+            Entry(raw.rstrip(b"\0").decode(errors="replace"), floor, ceiling, PRIORITIES[priority])
+        )
+    return entries
+
+
+def read_board(path: Path) -> list[Entry]:
+    """The board's entries, read consistently (seqlock); BoardError if it is no board, OSError if unreadable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size != BOARD_BYTES:
+            raise BoardError(f"{path} is {os.fstat(fd).st_size} bytes, not {BOARD_BYTES}")
+        for _ in range(READ_TRIES):
+            header = os.pread(fd, HEADER_BYTES, 0)
+            (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+            area = os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES)
+            (again,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
+            if seq % 2 == 0 and seq == again:
+                return _unpack(header, area)
+        raise BoardError(f"{path} kept changing while read (seq {seq})")
+    finally:
+        os.close(fd)
+
+
+def _make_file(path: Path, content: bytes, size: int, mode: int) -> bool:
+    """Create path with content, size and mode unless something is there (True when it made it); the
+    file appears whole (a temporary file linked into place) and never replaces another."""
+    if os.path.lexists(path):
+        return False
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.write(fd, content)
+        os.ftruncate(fd, size)
+        os.fchmod(fd, mode)  # explicit: the umask must not decide who may read or write it
+        os.close(fd)
+        fd = -1
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return True
+
+
+def make_board(path: Path) -> bool:
+    """An empty board at path unless one is there (True when it made it)."""
+    return _make_file(path, board_bytes([]), BOARD_BYTES, BOARD_MODE)
+
+
+def board_is_sound(path: Path) -> bool:
+    """Whether path is a board the agent can rewrite in place (a regular file of the size and magic)."""
+    try:
+        st = os.lstat(path)
+        with open(path, "rb") as f:
+            magic = f.read(len(BOARD_MAGIC))
+    except OSError:
+        return False
+    return (st.st_mode & 0o170000) == 0o100000 and st.st_size == BOARD_BYTES and magic == BOARD_MAGIC
+
+
+def write_board(path: Path, entries: Iterable[Entry]) -> None:
+    """Rewrite the board's entries in place under the seqlock: seq made odd, the count and every
+    entry slot written, seq made even. Readers that map the file never see a torn entry array."""
+    count, area = pack_entries(entries)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        (seq,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
+        odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
+        os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
+        os.pwrite(fd, area, HEADER_BYTES)
+        os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count), 0)
+        os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+    finally:
+        os.close(fd)
+
+
+def activity_header() -> bytes:
+    return _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)
+
+
+def make_activity(path: Path) -> bool:
+    """A claim's activity file, header filled and the rest zero, unless one is there (True when made).
+    An existing one is kept: the claim's processes may be reporting in it."""
+    return _make_file(path, activity_header(), ACTIVITY_BYTES, ACTIVITY_MODE)
+
+
+def read_activity(path: Path) -> Activity | None:
+    """What the claim reports, or None for a file that is missing or not an activity file (a claim
+    that damaged its own file reports nothing)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            data = f.read(_ACTIVITY_HEADER.size + _ACTIVITY_FIELDS.size)
+    except OSError:
+        return None
+    if len(data) < _ACTIVITY_HEADER.size + _ACTIVITY_FIELDS.size:
+        return None
+    magic, version, _ = _ACTIVITY_HEADER.unpack_from(data)
+    fields = _ACTIVITY_FIELDS.unpack_from(data, _ACTIVITY_HEADER.size)
+    if magic != ACTIVITY_MAGIC or version != ACTIVITY_VERSION or min(fields) < 0:
+        return None
+    return Activity(*fields)

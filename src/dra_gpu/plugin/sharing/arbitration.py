@@ -1,0 +1,215 @@
+"""A limiter claim's place in its GPU's compute arbitration: the per-GPU directory, board and activity file.
+
+For each GPU on which a claim has a limiter compute share below 100 %, the claim holds
+``arbitration:<gpu>:<claim-uid>``; applying it (under the GPU's lock, as every hold naming a GPU)
+
+1. makes ``<state dir>/gpus/<gpu-uuid>/`` (root, 0755) and its empty ``board`` if they are not there;
+2. makes the claim's ``<claim-uid>.activity`` there (kept if present: the claim may be reporting in it)
+   and hard-links it as ``<claim dir>/limiter/<gpu-uuid>.activity``, the source of the claim's own
+   read-write file mount;
+3. rewrites the board with the claim's entry (floor, ceiling, priority) added or replaced.
+
+Releasing it takes the entry off the board first (the library stops counting the claim before its
+file goes), then removes both names of the activity file, and the directory once no claim is left.
+Every step is idempotent, so a repeated prepare or a restore after a crash or a reboot converges, and
+the board always lists exactly the claims whose holds were applied and not released. The board is
+its own record: a claim's entry is read back from it, so the handler needs no other claim's hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Set
+from pathlib import Path
+
+from dra_gpu.inventory import GpuInfo
+from dra_gpu.monitor import board as layout
+from dra_gpu.plugin.checkpoint import Hold
+from dra_gpu.plugin.sharing.directories import temp_files
+from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
+
+KIND = "arbitration"
+DIR_MODE = 0o755
+
+
+def gpus_root(node: NodeContext) -> Path:
+    return node.state_dir / layout.GPUS_DIR
+
+
+def gpu_dir(node: NodeContext, gpu_uuid: str) -> Path:
+    return gpus_root(node) / gpu_uuid
+
+
+def hold_key(gpu_uuid: str, claim_uid: str) -> str:
+    return f"{KIND}:{gpu_uuid}:{claim_uid}"
+
+
+def _entry(hold: Hold) -> layout.Entry:
+    p = hold.params
+    return layout.Entry(str(p["claim"]), int(p["floor"]), int(p["ceiling"]), str(p["priority"]))
+
+
+_read_boards: dict[Path, tuple[tuple[int, int, int, int, int], list[layout.Entry]]] = {}
+"""board -> (its file's stat signature, its entries): the supervisor checks every claim's hold every few
+seconds, and a GPU's 50 claims need not read its board 50 times. Only the agent writes a board, and
+every write of ours drops the entry here."""
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _sound_entries(board: Path) -> list[layout.Entry] | None:
+    """The entries of a sound board (None: missing or not a board), read again only when it changed."""
+    try:
+        signature = _signature(os.lstat(board))
+    except OSError:
+        return None
+    cached = _read_boards.get(board)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    if not layout.board_is_sound(board):
+        return None
+    try:
+        entries = layout.read_board(board)
+    except (layout.BoardError, OSError, UnicodeDecodeError):
+        return None
+    _read_boards[board] = (signature, entries)
+    return entries
+
+
+def _entries(board: Path) -> list[layout.Entry]:
+    """The board's entries; a board that cannot be read as one starts empty (only the agent writes
+    it, so this is a file a killed agent or someone on the host broke: it is rebuilt from the holds)."""
+    try:
+        return layout.read_board(board)
+    except (layout.BoardError, OSError, UnicodeDecodeError):
+        return []
+
+
+def _replace_broken_board(board: Path) -> None:
+    if os.path.lexists(board) and not layout.board_is_sound(board):
+        _read_boards.pop(board, None)
+        board.unlink()
+    layout.make_board(board)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _link(target: Path, link: Path) -> None:
+    """`link` becomes another name of `target`, replacing whatever was there in one rename."""
+    if _same_file(target, link):
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid() % 2**32:08x}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.link(target, tmp)
+    os.replace(tmp, link)
+
+
+def _unlink(path: Path) -> None:
+    for leftover in [path, *temp_files(path)]:
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+
+
+def update_board(directory: Path, put: layout.Entry | None = None, drop: Set[str] = frozenset()) -> list[str]:
+    """Rewrite the GPU's board with `put` added or replaced and the claims in `drop` taken off; the
+    claim UIDs left on it."""
+    board = directory / layout.BOARD_FILE
+    _replace_broken_board(board)
+    entries = [
+        e
+        for e in _entries(board)
+        if e.claim_uid not in drop and (put is None or e.claim_uid != put.claim_uid)
+    ]
+    if put is not None:
+        entries.append(put)
+    _read_boards.pop(board, None)
+    layout.write_board(board, entries)
+    return [e.claim_uid for e in entries]
+
+
+def remove_if_empty(directory: Path) -> None:
+    """The GPU's directory goes with its last claim: when the board lists nobody and no activity file
+    is left (a board made by a prepare that is still running keeps it)."""
+    board = directory / layout.BOARD_FILE
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names) or _entries(board):
+        return
+    _read_boards.pop(board, None)
+    _unlink(board)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+class ClaimArbitration:
+    kind = KIND
+
+    def apply(self, hold: Hold, node: NodeContext) -> None:
+        entry = _entry(hold)
+        directory = gpu_dir(node, str(hold.params["gpu"]))
+        activity = directory / layout.activity_name(entry.claim_uid)
+        link = Path(str(hold.params["link"]))
+        try:
+            for path in (gpus_root(node), directory):
+                path.mkdir(exist_ok=True)
+                os.chmod(path, DIR_MODE)  # explicit: every UID of every claim reads the board
+            layout.make_activity(activity)
+            _link(activity, link)
+            update_board(directory, put=entry)
+        except OSError as exc:
+            raise setup_failed(f"setting up {directory} for claim {entry.claim_uid}", exc) from None
+
+    def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
+        claim = str(hold.params["claim"])
+        directory = gpu_dir(node, str(hold.params["gpu"]))
+        try:
+            if directory.is_dir():
+                update_board(directory, drop={claim})
+            _unlink(Path(str(hold.params["link"])))
+            _unlink(directory / layout.activity_name(claim))
+            remove_if_empty(directory)
+        except OSError as exc:
+            raise setup_failed(f"taking claim {claim} off {directory}", exc) from None
+
+    def in_place(self, hold: Hold, node: NodeContext) -> bool:
+        entry = _entry(hold)
+        directory = gpu_dir(node, str(hold.params["gpu"]))
+        activity = directory / layout.activity_name(entry.claim_uid)
+        entries = _sound_entries(directory / layout.BOARD_FILE)
+        return (
+            entries is not None and entry in entries and _same_file(activity, Path(str(hold.params["link"])))
+        )
+
+    def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
+        """After the checkpoint was rebuilt: claims on the GPU's board that no record holds come off,
+        with their activity files. (Only the GPU's own directory: the caller holds that GPU's lock, not
+        its MIG devices'; a MIG device's entries go with their claims' unprepare.)"""
+        directory = gpu_dir(node, gpu.uuid)
+        if not directory.is_dir():
+            return
+        listed = {e.claim_uid for e in _entries(directory / layout.BOARD_FILE)}
+        files = {
+            n[: -len(layout.ACTIVITY_SUFFIX)]
+            for n in os.listdir(directory)
+            if n.endswith(layout.ACTIVITY_SUFFIX)
+        }
+        stale = {uid for uid in listed | files if hold_key(gpu.uuid, uid) not in held}
+        if stale:
+            update_board(directory, drop=stale)
+            for uid in stale:
+                _unlink(directory / layout.activity_name(uid))
+        remove_if_empty(directory)
+
+
+HOLD_HANDLERS = (ClaimArbitration(),)

@@ -1,0 +1,146 @@
+"""The arbitration board and activity files are laid out exactly as the limiter reads them.
+
+The expected bytes are built here from the contract's table (offsets written out, not taken from the
+module), so a change of the module's layout fails these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.monitor import board
+
+
+def contract_board(entries: list[tuple[bytes, int, int, int]], seq: int) -> bytes:
+    """16384 bytes: magic, version 1, count, seq, 40 zero bytes, then 96-byte entries."""
+    out = bytearray(16384)
+    out[0:8] = b"DGPUBRD1"
+    out[8:12] = (1).to_bytes(4, "little")
+    out[12:16] = len(entries).to_bytes(4, "little")
+    out[16:24] = seq.to_bytes(8, "little")
+    for i, (uid, floor, ceiling, priority) in enumerate(entries):
+        at = 64 + 96 * i
+        out[at : at + len(uid)] = uid  # NUL-padded to 64
+        out[at + 64 : at + 68] = floor.to_bytes(4, "little")
+        out[at + 68 : at + 72] = ceiling.to_bytes(4, "little")
+        out[at + 72 : at + 76] = priority.to_bytes(4, "little")
+    return bytes(out)
+
+
+INFERENCE = board.Entry("4f0d7a52-3f0e-4b8e-9a8e-0c4b1d2e3f40", 30, 100, "latency")
+TRAINING = board.Entry("9a1c2b3d-4e5f-4a6b-8c7d-0e1f2a3b4c5d", 20, 100, "besteffort")
+FIXED = board.Entry("1b2c3d4e-5f60-4718-9a0b-1c2d3e4f5a6b", 25, 25, "standard")
+
+
+def test_the_board_the_agent_writes_is_the_contracts_byte_for_byte(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    assert board.make_board(path)
+    assert path.read_bytes() == contract_board([], 0)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o444
+    board.write_board(path, [TRAINING, INFERENCE, FIXED])
+    expected = [
+        (FIXED.claim_uid.encode(), 25, 25, 1),
+        (INFERENCE.claim_uid.encode(), 30, 100, 0),
+        (TRAINING.claim_uid.encode(), 20, 100, 2),
+    ]
+    assert path.read_bytes() == contract_board(expected, 2)
+    board.write_board(path, [INFERENCE])
+    assert path.read_bytes() == contract_board(expected[1:2], 4), "dropped entries leave zero slots"
+    assert board.read_board(path) == [INFERENCE]
+
+
+def test_the_board_is_rewritten_in_place_so_a_mapping_reader_keeps_seeing_it(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    board.make_board(path)
+    inode = os.stat(path).st_ino
+    with open(path, "rb") as mapped:
+        board.write_board(path, [INFERENCE])
+        assert os.stat(path).st_ino == inode
+        assert os.pread(mapped.fileno(), 8, 12) == (1).to_bytes(4, "little") + (2).to_bytes(4, "little")
+
+
+def test_a_seq_a_killed_writer_left_odd_is_passed_and_ends_even(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    path.write_bytes(contract_board([], 7))
+    board.write_board(path, [FIXED])
+    assert int.from_bytes(path.read_bytes()[16:24], "little") == 10
+
+
+def test_a_reader_never_sees_a_torn_board_while_the_agent_rewrites_it(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    board.make_board(path)
+    sets = [[INFERENCE, TRAINING], [FIXED]]
+    stop = threading.Event()
+    seen: list[list[board.Entry]] = []
+
+    def write() -> None:
+        for n in range(400):
+            board.write_board(path, sets[n % 2])
+        stop.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while not stop.is_set():
+        try:
+            seen.append(board.read_board(path))
+        except board.BoardError:
+            continue  # kept changing: a reader retries later
+    writer.join()
+    valid = [[], sorted(sets[0]), sets[1]]
+    assert all(s in valid for s in seen)
+
+
+def test_an_activity_file_is_made_with_its_header_and_the_claim_may_write_it(tmp_path: Path) -> None:
+    path = tmp_path / f"{INFERENCE.claim_uid}.activity"
+    assert board.make_activity(path)
+    data = path.read_bytes()
+    assert len(data) == 4096 and data[:16] == b"DGPUACT1" + (1).to_bytes(4, "little") + bytes(4)
+    assert data[16:] == bytes(4080)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+    with open(path, "r+b") as f:  # the library's fields: demand, used, borrowed, waiting, held
+        f.seek(16)
+        f.write(b"".join(v.to_bytes(8, "little") for v in (5, 3_000_000, 1_000_000, 2, 400)))
+    assert board.read_activity(path) == board.Activity(5, 3_000_000, 1_000_000, 2, 400)
+    assert not board.make_activity(path), "an existing file is kept"
+    assert board.read_activity(path) is not None
+
+
+def test_an_activity_file_the_claim_damaged_reports_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "x.activity"
+    board.make_activity(path)
+    with open(path, "r+b") as f:
+        f.write(b"FORGED!!")
+    assert board.read_activity(path) is None
+    board.make_activity(path.with_name("y.activity"))
+    with open(path.with_name("y.activity"), "r+b") as f:  # a negative count: the library's fields are int64
+        f.seek(24)
+        f.write((-5).to_bytes(8, "little", signed=True))
+    assert board.read_activity(path.with_name("y.activity")) is None
+    os.truncate(path, 20)
+    assert board.read_activity(path) is None
+
+
+@pytest.mark.parametrize(
+    ("uid", "floor", "ceiling", "priority"),
+    [("a" * 64, 10, 10, "standard"), ("u", 0, 10, "standard"), ("u", 50, 40, "standard"), ("u", 1, 1, "rt")],
+)
+def test_an_entry_the_library_would_refuse_is_never_written(
+    uid: str, floor: int, ceiling: int, priority: str
+) -> None:
+    with pytest.raises(board.BoardError):
+        board.Entry(uid, floor, ceiling, priority)
+
+
+def test_a_board_that_is_not_one_is_refused_when_read(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    path.write_bytes(b"\0" * 16384)
+    with pytest.raises(board.BoardError):
+        board.read_board(path)
+    path.write_bytes(contract_board([], 0)[:100])
+    with pytest.raises(board.BoardError):
+        board.read_board(path)

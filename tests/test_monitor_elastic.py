@@ -1,0 +1,143 @@
+"""Elastic compute, seen: the agent's floor, ceiling and class of each limiter claim beside the GPU time the
+claim reports using, borrowing and lending, as /metrics serves them and as the ledger works lent time out."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from monitor_harness import plugin_with_nvml
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
+from test_monitor import scrape
+
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor import board
+from dra_gpu.monitor.elastic import ElasticLedger
+
+S = 1_000_000_000
+
+
+def report(path: Path, used_s: float, borrowed_s: float, waiting: int = 0, held_s: float = 0.0) -> None:
+    """What the library writes into a claim's activity file (offsets of the contract)."""
+    with open(path, "r+b") as f:
+        f.seek(24)
+        f.write(struct.pack("<QQQQ", int(used_s * S), int(borrowed_s * S), waiting, int(held_s * S)))
+
+
+def share(api: FakeKube, name: str, cores: int, n: int, compute: dict[str, Any]) -> dict[str, Any]:
+    return add_claim(
+        api,
+        name,
+        [
+            Alloc(
+                share_id=f"00000000-0000-4000-8000-{n:012d}", consumed={"memory": "4Gi", "cores": str(cores)}
+            )
+        ],
+        [opaque(gpu_config("Limiter", limiter={"compute": compute}), source="FromClaim")],
+    )
+
+
+def test_metrics_show_floor_ceiling_class_and_what_each_claim_reports(
+    dirs: PluginDirs, tmp_path: Path
+) -> None:
+    api = FakeKube()
+    inference = share(api, "inference", 30, 1, {"limit": 100, "priority": "latency"})
+    training = share(api, "training", 20, 2, {"limit": 100, "priority": "besteffort"})
+    with plugin_with_nvml(dirs, api, tmp_path / "proc") as (plugin, driver):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert [a.error for a in kubelet.prepare(inference, training).values()] == ["", ""]
+        gpu = driver.gpus[0].uuid
+        directory = dirs.state_dir / "gpus" / gpu
+        report(directory / f"{uid_of(inference)}.activity", used_s=12.5, borrowed_s=0.0, held_s=0.0)
+        report(
+            directory / f"{uid_of(training)}.activity", used_s=40.0, borrowed_s=31.0, waiting=3, held_s=2.0
+        )
+        monitor_of(plugin).sample_once()
+
+        metrics = scrape(plugin.http_port)
+        labels = {
+            name: {"namespace": "default", "claim": name, "gpu_uuid": gpu, "sharing": "Limiter"}
+            for name in ("inference", "training")
+        }
+        assert sorted(metrics["dra_gpu_claim_compute_floor_ratio"], key=str) == sorted(
+            [(labels["inference"], 0.3), (labels["training"], 0.2)], key=str
+        )
+        assert (labels["inference"], 1.0) in metrics["dra_gpu_claim_compute_ceiling_ratio"]
+        assert ({**labels["inference"], "priority": "latency"}, 1.0) in metrics[
+            "dra_gpu_claim_compute_priority"
+        ]
+        assert ({**labels["training"], "priority": "besteffort"}, 1.0) in metrics[
+            "dra_gpu_claim_compute_priority"
+        ]
+        assert (labels["inference"], 12.5) in metrics["dra_gpu_claim_compute_used_seconds_total"]
+        assert (labels["training"], 31.0) in metrics["dra_gpu_claim_compute_borrowed_seconds_total"]
+        assert (labels["training"], 2.0) in metrics["dra_gpu_claim_compute_held_seconds_total"]
+        assert {lab["claim"] for lab, _ in metrics["dra_gpu_claim_compute_lent_seconds_total"]} == {
+            "inference",
+            "training",
+        }
+
+        assert kubelet.unprepare(training)[uid_of(training)] == ""
+        monitor_of(plugin).sample_once()
+        metrics = scrape(plugin.http_port)
+        assert [lab["claim"] for lab, _ in metrics["dra_gpu_claim_compute_used_seconds_total"]] == [
+            "inference"
+        ]
+        kubelet.close()
+
+
+@pytest.fixture
+def gpu_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "gpus" / "GPU-0"
+    directory.mkdir(parents=True)
+    board.make_board(directory / "board")
+    board.write_board(
+        directory / "board",
+        [board.Entry("serve", 30, 100, "latency"), board.Entry("train", 20, 100, "besteffort")],
+    )
+    for uid in ("serve", "train"):
+        board.make_activity(directory / f"{uid}.activity")
+    return directory
+
+
+def test_time_borrowed_is_lent_by_the_claim_that_left_its_floor_idle(gpu_dir: Path) -> None:
+    ledger = ElasticLedger(gpu_dir.parent)
+    claims = [("serve", "GPU-0"), ("train", "GPU-0")]
+    ledger.sample(claims, now_s=100.0)
+    # Over 10 s the service used 1 s (its floor is 3 s) and training 9 s, 7 s of it borrowed.
+    report(gpu_dir / "serve.activity", used_s=1.0, borrowed_s=0.0)
+    report(gpu_dir / "train.activity", used_s=9.0, borrowed_s=7.0)
+    figures = ledger.sample(claims, now_s=110.0)
+    assert figures[("serve", "GPU-0")].lent_seconds == pytest.approx(2.0), "all it left idle of its floor"
+    assert figures[("train", "GPU-0")].lent_seconds == 0.0
+    assert (figures[("train", "GPU-0")].used_seconds, figures[("train", "GPU-0")].borrowed_seconds) == (
+        9.0,
+        7.0,
+    )
+    # The next 10 s the service is busy at its floor: it lends nothing more.
+    report(gpu_dir / "serve.activity", used_s=4.0, borrowed_s=0.0)
+    report(gpu_dir / "train.activity", used_s=16.0, borrowed_s=12.0)
+    figures = ledger.sample(claims, now_s=120.0)
+    assert figures[("serve", "GPU-0")].lent_seconds == pytest.approx(2.0)
+
+
+def test_a_claim_that_reports_absurd_borrowing_cannot_make_another_lend_more_than_its_floor(
+    gpu_dir: Path,
+) -> None:
+    ledger = ElasticLedger(gpu_dir.parent)
+    claims = [("serve", "GPU-0"), ("train", "GPU-0")]
+    ledger.sample(claims, now_s=0.0)
+    report(gpu_dir / "train.activity", used_s=10_000.0, borrowed_s=10_000.0)
+    figures = ledger.sample(claims, now_s=10.0)
+    assert figures[("serve", "GPU-0")].lent_seconds == pytest.approx(3.0), "30 % of 10 s at most"
+
+
+def test_a_damaged_activity_file_reports_nothing_and_the_board_still_shows_the_share(gpu_dir: Path) -> None:
+    (gpu_dir / "train.activity").write_bytes(b"FORGED!!" + bytes(4088))
+    figures = ElasticLedger(gpu_dir.parent).sample([("train", "GPU-0")], now_s=0.0)
+    train = figures[("train", "GPU-0")]
+    assert (train.floor, train.ceiling, train.priority) == (20, 100, "besteffort")
+    assert train.used_seconds is None and train.borrowed_seconds is None

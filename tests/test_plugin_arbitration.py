@@ -1,0 +1,272 @@
+"""Elastic compute through the real gRPC plugin: a limiter claim's ceiling and class reach its limits file,
+and every limiter claim with a compute share below 100 % is on its GPU's board, with its own activity file
+mounted read-write and the GPU's directory read-only; unprepare takes it all away again."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+from plugin_harness import (
+    NODE,
+    PROFILE,
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    cdi_ids,
+    gpu_config,
+    opaque,
+    resolve,
+    running_plugin,
+    uid_of,
+)
+
+from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor import board
+from dra_gpu.plugin.cdi_specs import ClaimSpecs
+
+GPU = SimulatedInventory(PROFILE, seed=NODE).gpus()[0].uuid
+GiB = 2**30
+
+
+def share_claim(
+    api: FakeKube, name: str, cores: int, n: int, compute: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A limiter share of gpu-0 as the scheduler allocates it, with the claim's own compute section."""
+    limiter: dict[str, Any] = {} if compute is None else {"compute": compute}
+    return add_claim(
+        api,
+        name,
+        [
+            Alloc(
+                share_id=f"00000000-0000-4000-8000-{n:012d}", consumed={"memory": "8Gi", "cores": str(cores)}
+            )
+        ],
+        [opaque(gpu_config("Limiter", limiter=limiter), source="FromClaim")],
+    )
+
+
+def gpu_dir(dirs: PluginDirs) -> Path:
+    return dirs.state_dir / "gpus" / GPU
+
+
+def limits_line(dirs: PluginDirs, claim: dict[str, Any]) -> str:
+    return (dirs.state_dir / "claims" / uid_of(claim) / "limits").read_text().splitlines()[-1]
+
+
+def activity(dirs: PluginDirs, claim: dict[str, Any]) -> Path:
+    return gpu_dir(dirs) / f"{uid_of(claim)}.activity"
+
+
+def test_an_inference_service_and_a_training_job_share_a_gpu_through_its_board(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    inference = share_claim(api, "inference", 30, 1, {"limit": 100, "priority": "latency"})
+    training = share_claim(api, "training", 20, 2, {"limit": 100, "priority": "besteffort"})
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        answers = kubelet.prepare(inference, training)
+        assert [a.error for a in answers.values()] == ["", ""]
+        assert (
+            limits_line(dirs, inference)
+            == f"device={GPU} memory={8 * GiB} cores=30 limit=100 priority=latency"
+        )
+        assert (
+            limits_line(dirs, training)
+            == f"device={GPU} memory={8 * GiB} cores=20 limit=100 priority=besteffort"
+        )
+        assert sorted(board.read_board(gpu_dir(dirs) / "board")) == sorted(
+            [
+                board.Entry(uid_of(inference), 30, 100, "latency"),
+                board.Entry(uid_of(training), 20, 100, "besteffort"),
+            ]
+        )
+        assert stat.S_IMODE(os.stat(gpu_dir(dirs)).st_mode) == 0o755
+        for claim in (inference, training):
+            path = activity(dirs, claim)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 and os.path.getsize(path) == 4096
+            assert board.read_activity(path) == board.Activity(0, 0, 0, 0, 0)
+            own = dirs.state_dir / "claims" / uid_of(claim) / "limiter" / f"{GPU}.activity"
+            assert os.path.samefile(own, path), "the claim's state directory holds the same file"
+
+        container = resolve(dirs, cdi_ids(answers[uid_of(inference)]))
+        mounts = {m.container_path: (m.host_path, m.options) for m in container.mounts}
+        assert mounts[f"/run/dra-gpu/gpus/{GPU}"] == (str(gpu_dir(dirs)), ["ro", "nosuid", "nodev", "bind"])
+        own_mount = f"/run/dra-gpu/claims/{uid_of(inference)}/limiter/{GPU}.activity"
+        host, options = mounts[own_mount]
+        assert os.path.samefile(host, activity(dirs, inference)) and options == [
+            "rw",
+            "nosuid",
+            "nodev",
+            "bind",
+        ]
+        assert not any(uid_of(training) in path for path in mounts), "no mount of the other claim's file"
+
+        assert kubelet.unprepare(inference) == {uid_of(inference): ""}
+        assert board.read_board(gpu_dir(dirs) / "board") == [
+            board.Entry(uid_of(training), 20, 100, "besteffort")
+        ]
+        assert not activity(dirs, inference).exists()
+        assert kubelet.unprepare(training) == {uid_of(training): ""}
+        assert not gpu_dir(dirs).exists(), "the GPU's directory goes with its last claim"
+        kubelet.close()
+
+
+def test_a_fixed_share_keeps_todays_limits_line_and_still_takes_part(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    fixed = share_claim(api, "fixed", 25, 1)
+    whole = add_claim(
+        api,
+        "whole",
+        [
+            Alloc(
+                device="gpu-1",
+                share_id="00000000-0000-4000-8000-000000000009",
+                consumed={"memory": "8Gi", "cores": "100"},
+            )
+        ],
+        [opaque(gpu_config("Limiter", limiter={"compute": {"priority": "latency"}}), source="FromClaim")],
+    )
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert [a.error for a in kubelet.prepare(fixed, whole).values()] == ["", ""]
+        assert limits_line(dirs, fixed) == f"device={GPU} memory={8 * GiB} cores=25"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(fixed), 25, 25, "standard")]
+        assert sorted(p.name for p in (dirs.state_dir / "gpus").iterdir()) == [GPU], (
+            "a claim at 100 % is unthrottled and takes no part"
+        )
+        kubelet.close()
+
+
+def test_a_class_ceiling_below_the_floor_a_claim_was_given_is_raised_to_it(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "big",
+        [Alloc(share_id="00000000-0000-4000-8000-000000000001", consumed={"memory": "8Gi", "cores": "60"})],
+        [opaque(gpu_config("Limiter", limiter={"compute": {"limit": 40, "priority": "besteffort"}}))],
+    )
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        assert limits_line(dirs, claim) == f"device={GPU} memory={8 * GiB} cores=60 priority=besteffort"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 60, 60, "besteffort")]
+        kubelet.close()
+
+
+def test_after_a_reboot_the_repeated_prepares_rebuild_the_board(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    a = share_claim(api, "a", 30, 1, {"limit": 80})
+    b = share_claim(api, "b", 10, 2, {"priority": "besteffort"})
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        kubelet.prepare(a, b)
+        kubelet.close()
+    # The node rebooted: the tmpfs with the GPUs' directories and the CDI specs is empty.
+    shutil.rmtree(dirs.state_dir / "gpus")
+    for claim in (a, b):
+        ClaimSpecs(dirs.cdi_dir, "gpu.dra-gpu.io").remove(uid_of(claim))
+    with running_plugin(dirs, api, boot_id="boot-2"):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert [r.error for r in kubelet.prepare(a, b).values()] == ["", ""]
+        assert sorted(board.read_board(gpu_dir(dirs) / "board")) == sorted(
+            [board.Entry(uid_of(a), 30, 80, "standard"), board.Entry(uid_of(b), 10, 10, "besteffort")]
+        )
+        for claim in (a, b):
+            own = dirs.state_dir / "claims" / uid_of(claim) / "limiter" / f"{GPU}.activity"
+            assert os.path.samefile(own, activity(dirs, claim))
+        kubelet.close()
+
+
+def test_the_supervisor_puts_back_a_board_entry_and_activity_file_that_went(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    a = share_claim(api, "a", 30, 1, {"limit": 100})
+    b = share_claim(api, "b", 20, 2)
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        kubelet.prepare(a, b)
+        board.write_board(gpu_dir(dirs) / "board", [board.Entry(uid_of(b), 20, 20)])
+        activity(dirs, a).unlink()
+        agent.plugin.preparer.supervise()
+        assert sorted(board.read_board(gpu_dir(dirs) / "board")) == sorted(
+            [board.Entry(uid_of(a), 30, 100), board.Entry(uid_of(b), 20, 20)]
+        )
+        own = dirs.state_dir / "claims" / uid_of(a) / "limiter" / f"{GPU}.activity"
+        assert os.path.samefile(own, activity(dirs, a))
+        # Someone on the host removes the board and a claim's link: both come back, every claim listed.
+        (gpu_dir(dirs) / "board").unlink()
+        (dirs.state_dir / "claims" / uid_of(b) / "limiter" / f"{GPU}.activity").unlink()
+        agent.plugin.preparer.supervise()
+        assert sorted(board.read_board(gpu_dir(dirs) / "board")) == sorted(
+            [board.Entry(uid_of(a), 30, 100), board.Entry(uid_of(b), 20, 20)]
+        )
+        assert os.path.samefile(
+            dirs.state_dir / "claims" / uid_of(b) / "limiter" / f"{GPU}.activity", activity(dirs, b)
+        )
+        kubelet.close()
+
+
+def test_a_rebuilt_checkpoint_leaves_only_the_claims_it_holds_on_the_board(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    kept = share_claim(api, "kept", 30, 1, {"limit": 100})
+    gone = share_claim(api, "gone", 20, 2, {"priority": "besteffort"})
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        kubelet.prepare(kept, gone)
+        kubelet.close()
+    (dirs.state_dir / "checkpoint.json").write_text("corrupt")
+    api.delete("ResourceClaim", "gone", "default")  # its pod went away while the state was lost
+    with running_plugin(dirs, api):
+        assert set(dirs.checkpoint().claims) == {uid_of(kept)}
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(kept), 30, 100)]
+        assert not activity(dirs, gone).exists()
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.unprepare(kept) == {uid_of(kept): ""}
+        kubelet.close()
+    assert not gpu_dir(dirs).exists()
+
+
+def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "two",
+        [
+            Alloc(
+                request="a",
+                share_id="00000000-0000-4000-8000-00000000000a",
+                consumed={"memory": "1Gi", "cores": "10"},
+            ),
+            Alloc(
+                request="b",
+                share_id="00000000-0000-4000-8000-00000000000b",
+                consumed={"memory": "2Gi", "cores": "5"},
+            ),
+        ],
+        [
+            opaque(
+                gpu_config("Limiter", limiter={"compute": {"limit": 50, "priority": "latency"}}),
+                requests=["a"],
+            ),
+            opaque(gpu_config("Limiter"), requests=["b"]),
+        ],
+    )
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        assert limits_line(dirs, claim) == f"device={GPU} memory={3 * GiB} cores=15 limit=55 priority=latency"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 15, 55, "latency")]
+        kubelet.close()
