@@ -73,7 +73,7 @@ def test_static_instances_are_shareable_devices_keyed_by_their_mig_uuid(
     assert attributes["parentUUID"]["string"].startswith("GPU-")
     assert attributes["computeSlices"] == {"int": 3} and attributes["copyEngines"] == {"int": 3}
     assert three_g["allowMultipleAllocations"] is True  # --sharing default: Shared
-    assert three_g["capacity"]["memory"]["value"] == "40704Mi"  # 40775 MiB rounded down to the 256 MiB step
+    assert three_g["capacity"]["memory"]["value"] == "40448Mi"  # NVML reports 39.50 GiB for an H100 3g.40gb
     assert "consumesCounters" not in three_g
 
 
@@ -97,3 +97,15 @@ def test_slices_command_refuses_a_bad_profile_with_exit_2(capsys: pytest.Capture
     assert main(["slices", "--simulate", "1xT4-16GB:mig"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "T4-16GB has no MIG profiles" in err
+
+
+def test_a_simulated_h200_publishes_the_memory_nvml_reports_not_the_names_rounding(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """tests/fixtures/mig/h200-nvml-profiles.txt: 1g.18gb has 16384 MiB, 2g.35gb 33280 MiB, 7g.141gb 143360."""
+    memory = {
+        d["attributes"]["profile"]["string"]: d["capacity"]["memory"]["value"]
+        for d in devices_of(preview(capsys, "1xH200-141GB:mig"))
+    }
+    assert memory["1g.18gb"] == "16Gi" and memory["2g.35gb"] == "33280Mi"
+    assert memory["3g.71gb"] == "71424Mi" and memory["7g.141gb"] == "140Gi"

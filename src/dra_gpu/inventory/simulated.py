@@ -151,7 +151,7 @@ def simulated_instances(gpu: GpuInfo, model: GpuModel, mig: SimulatedMig) -> tup
             size=profile.memory_slices,
             gi_id=gi_id,
             ci_id=0,
-            memory_bytes=profile_memory(profile, gpu.memory_bytes),
+            memory_bytes=profile_memory(profile, gpu),
         )
         for gi_id, (profile, start) in enumerate(sorted(layout, key=lambda ps: ps[1]), start=1)
     )

@@ -93,7 +93,7 @@ def static_device(
 
 def dynamic_device(gpu: GpuInfo, profile: MigProfile, start: int, taints: list[Obj] | None = None) -> Obj:
     """A placement that prepare will create: Exclusive, consuming its slices and engines."""
-    as_gpu = replace(gpu, memory_bytes=profile_memory(profile, gpu.memory_bytes), mig_enabled=False)
+    as_gpu = replace(gpu, memory_bytes=profile_memory(profile, gpu), mig_enabled=False)
     device = build_device(as_gpu, GpuSharingMode.EXCLUSIVE, taints=taints)
     device["name"] = mig_device_name(gpu.index, profile.name, start)
     del device["attributes"]["uuid"]  # the instance has no UUID until it is made
