@@ -12,6 +12,10 @@
   1.35+ limit of two is never reached). Counter sets go into slices of their own (1.35+ forbids
   devices and counter sets in one slice), at most 8 sets per slice. A dynamic device is
   Exclusive: its instance exists only while its one claim is prepared.
+- Where the API server has no counters (DRAPartitionableDevices off: it drops them silently; or 1.34's
+  rules, which refuse this layout), placements that overlap could all be allocated at once. A dynamic
+  GPU then publishes its full profile only, one placement that consumes nothing: one claim per GPU,
+  never two instances on the same memory slices.
 """
 
 from __future__ import annotations
@@ -121,12 +125,19 @@ def mig_devices(
     *,
     consumable_capacity: bool = True,
     taints: list[Obj] | None = None,
+    counters: bool = True,
 ) -> list[Obj] | None:
     """The devices of a GPU in MIG mode; None to publish it whole (Exclusive, `migEnabled`) as before:
-    not in MIG mode, a model without a profile table, or a static GPU with no instances yet."""
+    not in MIG mode, a model without a profile table, or a static GPU with no instances yet.
+    `counters`: the API server keeps shared counters; without them a dynamic GPU offers its full
+    profile only (see the module docstring)."""
     table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
     if table is None or not (gpu.mig_dynamic or gpu.mig_instances):
         return None
+    if gpu.mig_dynamic and not counters:
+        whole = dynamic_device(gpu, table.full, table.full.starts[0], taints)
+        del whole["consumesCounters"]
+        return [whole]
     if gpu.mig_dynamic:
         return [dynamic_device(gpu, p, start, taints) for p in table.profiles for start in p.starts]
     devices = []
