@@ -88,7 +88,7 @@ def test_a_slice_with_devices_and_counters_is_refused_as_the_api_server_would() 
         }
     }
     errors = slice_errors(bad)
-    assert any("devices or sharedCounters, not both" in e for e in errors)
+    assert any("only one of `sharedCounters` or `devices` is allowed" in e for e in errors)
     assert any("consumesCounters: Too many: 3" in e for e in errors)
     assert any('sharedCounters[0].name: Invalid value: "Bad_Set"' in e for e in errors)
 

@@ -27,7 +27,7 @@ from dra_gpu.config import GpuSharingMode
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MEMORY_SLICES, MigProfile, MigTable, profile_memory, table_for
 from dra_gpu.inventory.types import GpuInfo
-from dra_gpu.slices.devices import MAX_STRING, build_device
+from dra_gpu.slices.devices import build_device, fit
 
 Obj = dict[str, Any]
 
@@ -65,7 +65,7 @@ def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str
     attributes: Obj = {
         TYPE_ATTRIBUTE: {"string": "mig"},
         PROFILE_ATTRIBUTE: {"string": profile.name},
-        PARENT_UUID_ATTRIBUTE: {"string": gpu.uuid[:MAX_STRING]},
+        PARENT_UUID_ATTRIBUTE: {"string": fit(gpu.uuid)},
         PLACEMENT_START_ATTRIBUTE: {"int": start},
         "memorySlices": {"int": profile.memory_slices},
         "computeSlices": {"int": profile.compute_slices},
@@ -73,7 +73,7 @@ def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str
         DYNAMIC_ATTRIBUTE: {"bool": dynamic},
     }
     if mig_uuid:
-        attributes[MIG_UUID_ATTRIBUTE] = {"string": mig_uuid[:MAX_STRING]}
+        attributes[MIG_UUID_ATTRIBUTE] = {"string": fit(mig_uuid)}
     return attributes
 
 
