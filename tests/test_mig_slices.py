@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from dra_gpu.cli import main
+from dra_gpu.config import NodeSharing
+from dra_gpu.inventory import open_inventory
+from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.validation import slice_errors
+from dra_gpu.slices import SlicePublisher
 
 Obj = dict[str, Any]
 
@@ -109,3 +115,35 @@ def test_a_simulated_h200_publishes_the_memory_nvml_reports_not_the_names_roundi
     }
     assert memory["1g.18gb"] == "16Gi" and memory["2g.35gb"] == "33280Mi"
     assert memory["3g.71gb"] == "71424Mi" and memory["7g.141gb"] == "140Gi"
+
+
+def test_an_a30_publishes_its_four_slices_and_a_b200_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    slices = preview(capsys, "1xA30-24GB:mig")
+    (counter_set,) = [c for s in slices for c in s["spec"].get("sharedCounters") or []]
+    assert sorted(n for n in counter_set["counters"] if n.startswith("memory-slice")) == [
+        f"memory-slice-{n}" for n in range(4)
+    ]
+    names = {d["name"] for d in devices_of(slices)}
+    assert "gpu-0-mig-4g24gb-0" in names and "gpu-0-mig-2g12gbme-2" in names and len(names) == 13
+    static = devices_of(preview(capsys, "1xB200-180GB:mig=3g.90gb*2"))
+    assert [d["attributes"]["profile"]["string"] for d in static] == ["3g.90gb", "3g.90gb"]
+
+
+def test_a_gpu_instance_split_into_compute_instances_is_left_out_saying_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = FakeKube()
+    api.create("Node", {"metadata": {"name": "node-1"}})
+    gpu = open_inventory("simulated:1xH100-80GB:mig=3g.40gb*2", seed="node-1").gpus()[0]
+    whole, _ = gpu.mig_instances
+    split = [replace(whole, uuid=f"MIG-split-{ci}", profile="1c.3g.40gb", ci_id=ci) for ci in (0, 1, 2)]
+    split_gpu = replace(gpu, mig_instances=(split[0], split[1], split[2], gpu.mig_instances[1]))
+    inventory = open_inventory("simulated:1xH100-80GB", seed="node-1")
+    inventory.gpus = lambda: [split_gpu]  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.slices.publisher"):
+        slices = SlicePublisher(api, "node-1", inventory, NodeSharing.parse("*=Exclusive")).sync()
+    published = [d["attributes"]["migUUID"]["string"] for d in devices_of(slices)]
+    assert published == [gpu.mig_instances[1].uuid]
+    messages = [r.getMessage() for r in caplog.records]
+    for instance in split:
+        assert any(instance.uuid in m and "shares the GPU instance's memory" in m for m in messages), messages

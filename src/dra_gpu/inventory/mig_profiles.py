@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from dra_gpu.inventory.types import GpuInfo
 
 MEMORY_SLICES = 8
-"""Every MIG-capable model here divides its memory into 8 slices (placements are counted in them)."""
+"""Most MIG-capable models divide their memory into 8 slices (placements are counted in them); the A30 4."""
 COMPUTE_SLICES = 7
 
 
@@ -56,6 +56,8 @@ class MigProfile:
 class MigTable:
     model: str
     profiles: tuple[MigProfile, ...]
+    memory_slices: int = MEMORY_SLICES
+    """Memory slices of the whole GPU: 8, or 4 on an A30."""
 
     @property
     def full(self) -> MigProfile:
@@ -108,6 +110,17 @@ H100_80GB_MIB = {19: 9984, 20: 9984, 15: 20096, 14: 20096, 9: 40448, 5: 40448, 0
 H200_141GB_MIB = {19: 16384, 20: 16384, 15: 33280, 14: 33280, 9: 71424, 5: 71424, 0: 143360}
 """NVML's profile info on an H200 (tests/fixtures/mig/h200-nvml-profiles.txt)."""
 
+def _a30() -> tuple[MigProfile, ...]:
+    """A30 24GB: four memory and compute slices; one `+me` profile of each size holds the JPEG and OFA."""
+    return (
+        MigProfile("1g.6gb", 14, 1, 1, 1, 0, 0, 0, (0, 1, 2, 3)),
+        MigProfile("1g.6gb+me", 21, 1, 1, 1, 1, 1, 1, (0, 1, 2, 3)),
+        MigProfile("2g.12gb", 5, 2, 2, 2, 2, 0, 0, (0, 2)),
+        MigProfile("2g.12gb+me", 6, 2, 2, 2, 2, 1, 1, (0, 2)),
+        MigProfile("4g.24gb", 0, 4, 4, 4, 4, 1, 1, (0,)),
+    )
+
+
 MIG_TABLES: dict[str, MigTable] = {
     t.model: t
     for t in (
@@ -115,15 +128,19 @@ MIG_TABLES: dict[str, MigTable] = {
         MigTable("A100-80GB", _ampere((10, 20, 20, 40, 80))),
         MigTable("H100-80GB", _with_memory(_hopper((10, 20, 20, 40, 80)), H100_80GB_MIB)),
         MigTable("H200-141GB", _with_memory(_hopper((18, 35, 35, 71, 141)), H200_141GB_MIB)),
+        MigTable("B200-180GB", _hopper((23, 45, 45, 90, 180))),
+        MigTable("A30-24GB", _a30(), memory_slices=4),
     )
 }
 
 _GIB = 2**30
 _PRODUCT_KEYS = (
+    ("B200", "B200-180GB", 170 * _GIB, 190 * _GIB),
     ("H200", "H200-141GB", 128 * _GIB, 148 * _GIB),
     ("H100", "H100-80GB", 72 * _GIB, 88 * _GIB),
     ("A100", "A100-80GB", 72 * _GIB, 88 * _GIB),
     ("A100", "A100-40GB", 36 * _GIB, 44 * _GIB),
+    ("A30", "A30-24GB", 20 * _GIB, 28 * _GIB),
 )
 """(name marker, table, memory range): NVML reports a little less than the board's nominal size."""
 
@@ -135,7 +152,7 @@ def table_for(product_name: str, memory_bytes: int) -> MigTable | None:
     than an H100 80GB, and a GH200 (whose name contains "H200") is not an H200.
     """
     name = product_name.upper()
-    if "GH200" in name:
+    if "GH200" in name or "GB200" in name:  # other memory sizes than the boards of these tables
         return None
     for marker, key, low, high in _PRODUCT_KEYS:
         if marker in name and low <= memory_bytes < high:
@@ -152,4 +169,6 @@ def profile_memory(profile: MigProfile, gpu: GpuInfo) -> int:
         return reported
     if profile.memory_mib:
         return profile.memory_mib * mib
-    return (gpu.memory_bytes * profile.memory_slices // MEMORY_SLICES) // mib * mib
+    table = table_for(gpu.product_name, gpu.memory_bytes)
+    slices = table.memory_slices if table else MEMORY_SLICES
+    return (gpu.memory_bytes * profile.memory_slices // slices) // mib * mib

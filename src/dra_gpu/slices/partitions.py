@@ -20,12 +20,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
 from dra_gpu.config import GpuSharingMode
 from dra_gpu.inventory.mig import MigInstance
-from dra_gpu.inventory.mig_profiles import MEMORY_SLICES, MigProfile, MigTable, profile_memory, table_for
+from dra_gpu.inventory.mig_profiles import MigProfile, MigTable, profile_memory, table_for
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.slices.devices import build_device, fit
 
@@ -113,7 +114,7 @@ def dynamic_device(gpu: GpuInfo, profile: MigProfile, start: int, taints: list[O
 
 
 def counter_set(gpu: GpuInfo, table: MigTable) -> Obj:
-    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(MEMORY_SLICES)}
+    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(table.memory_slices)}
     for counter, field in ENGINE_COUNTERS.items():
         counters[counter] = {"value": str(getattr(table.full, field))}
     return {"name": counter_set_name(gpu), "counters": counters}
@@ -150,6 +151,31 @@ def mig_devices(
                 )
             )
     return devices
+
+
+def unpublished_instances(gpu: GpuInfo) -> list[tuple[MigInstance, str]]:
+    """The existing instances `mig_devices` leaves out, each with the reason (for the publisher's log).
+
+    A GPU instance split into several compute instances (`1c.3g.40gb`, made with `nvidia-smi mig -cci`)
+    is left out: its compute instances share one GPU instance's memory, which this driver cannot
+    give to one claim and limit for another; and a profile the model's table does not list."""
+    table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
+    if table is None or gpu.mig_dynamic:
+        return []
+    left_out = []
+    for instance in gpu.mig_instances:
+        if table.find(instance.profile) is not None:
+            continue
+        if re.match(r"\d+c\.", instance.profile):
+            why = (
+                f"compute instance {instance.ci_id} of GPU instance {instance.gi_id} ({instance.profile}) shares "
+                "the GPU instance's memory with its other compute instances; only GPU instances with one "
+                "compute instance spanning them are published (recreate it with `nvidia-smi mig -cgi <profile> -C`)"
+            )
+        else:
+            why = f"profile {instance.profile!r} is not in the {table.model} table ({table.names()})"
+        left_out.append((instance, why))
+    return left_out
 
 
 def counter_sets(gpus: list[GpuInfo]) -> list[Obj]:

@@ -61,7 +61,7 @@ from dra_gpu.slices.dropped import (
     DroppedFields,
     dropped_fields,
 )
-from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets
+from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets, unpublished_instances
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
 
 Obj = dict[str, Any]
@@ -404,6 +404,11 @@ class SlicePublisher:
                 taints=taints,
                 counters=self.partitionable_devices,
             )
+            for instance, why in unpublished_instances(gpu):
+                self._warn_once(
+                    f"mig:{instance.uuid}",
+                    f"GPU {gpu.index}: MIG device {instance.uuid} is not published: {why}",
+                )
             if mig is not None:
                 devices.extend(mig)
                 continue
