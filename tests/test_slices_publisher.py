@@ -439,7 +439,16 @@ def test_real_136_pool_and_claims_keep_their_shareability_across_a_mode_swap(wip
 
 class NoCountersKube(FakeKube):
     """An API server with DRAPartitionableDevices off (default on 1.34 and 1.35): it drops shared counters and
-    counter consumption from slices on write, silently."""
+    counter consumption from slices on write, silently. `written` keeps every device it stored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[dict[str, Any]] = []
+
+    def _admit(self, res: Any, obj: dict[str, Any]) -> None:
+        super()._admit(res, obj)
+        if res.kind == "ResourceSlice":
+            self.written.extend(obj["spec"].get("devices") or [])
 
     @staticmethod
     def _strip(obj: dict[str, Any]) -> dict[str, Any]:
@@ -501,6 +510,8 @@ def test_without_counters_a_dynamic_mig_gpu_offers_one_instance_and_says_why(
     writes = pub.stats.creates + pub.stats.updates
     pub.sync()
     assert pub.stats.creates + pub.stats.updates == writes, "the fallback must not rewrite the pool forever"
+    written = api.written if isinstance(api, NoCountersKube) else []
+    assert all(d["name"].endswith("7g80gb-0") for d in written), "an uncounted placement was offered"
 
 
 def test_a_server_that_keeps_counters_gets_every_placement() -> None:

@@ -255,7 +255,11 @@ class SlicePublisher:
                     self._own_deletes.discard(meta["name"])
         stored = dict(plan.keep)
         dropped = DroppedFields()
-        for index, body in sorted(bodies.items()):
+        # Counter slices first: a server that drops counters shows it before any placement that needs
+        # them is written; the writes stop there, and the pool stays incomplete (unusable) until the
+        # fallback publishes it again, so no uncounted placement is ever offered.
+        for index in sorted(bodies, key=lambda i: (not bodies[i]["spec"].get("sharedCounters"), i)):
+            body = bodies[index]
             if index in plan.update:
                 result = self.api.update(KIND, body)
                 self.stats.updates += 1
@@ -268,6 +272,8 @@ class SlicePublisher:
             missing = dropped_fields(body, result)
             dropped.features |= missing.features
             dropped.paths += [f"slice {index}: {p}" for p in missing.paths]
+            if PARTITIONABLE_DEVICES in missing.features and self.partitionable_devices:
+                break
         with self._seen_lock:
             self._own_versions = {
                 s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in stored.values()
