@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from dra_gpu.cli import main
-from dra_gpu.kube.validation import slice_errors
+from dra_gpu.kube.validation import device_class_errors, slice_errors
 from dra_gpu.manifests import load_values, render
 
 Obj = dict[str, Any]
@@ -87,6 +87,7 @@ def test_every_rendered_manifest_is_valid_for_each_version(values: str, version:
     objects = rendered_objects(VALUE_SETS[values], tmp_path)
     assert {"DaemonSet", "DeviceClass", "Namespace"} <= {o["kind"] for o in objects}
     assert [e for o in objects if (e := schema_errors(o, version))] == []
+    assert [e for o in objects if o["kind"] == "DeviceClass" for e in device_class_errors(o)] == []
 
 
 @pytest.mark.parametrize("version", VERSIONS)
