@@ -110,6 +110,7 @@ H100_80GB_MIB = {19: 9984, 20: 9984, 15: 20096, 14: 20096, 9: 40448, 5: 40448, 0
 H200_141GB_MIB = {19: 16384, 20: 16384, 15: 33280, 14: 33280, 9: 71424, 5: 71424, 0: 143360}
 """NVML's profile info on an H200 (tests/fixtures/mig/h200-nvml-profiles.txt)."""
 
+
 def _a30() -> tuple[MigProfile, ...]:
     """A30 24GB: four memory and compute slices; one `+me` profile of each size holds the JPEG and OFA."""
     return (

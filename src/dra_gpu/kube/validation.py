@@ -53,7 +53,6 @@ _C_IDENT_MSG = (
     "characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex used for validation is "
     "'[A-Za-z_][A-Za-z0-9_]*')"
 )
-_LABEL_MSG = names.LABEL_MESSAGE
 
 Obj = dict[str, Any]
 
@@ -85,10 +84,8 @@ def pool_name_errors(pool: str, where: str) -> list[str]:
     errors = []
     if names.byte_length(pool) > MAX_POOL_NAME:
         errors.append(f"{where}: Too long: may not be more than {MAX_POOL_NAME} bytes")
-    for part in pool.split("/"):
-        if names.dns1123_subdomain(part):
-            errors += _invalid(where, pool, ["each part separated by '/' " + names.SUBDOMAIN_MESSAGE[2:]])
-            break
+    for part in pool.split("/"):  # each part is checked on its own, as upstream does
+        errors += _invalid(where, part, names.dns1123_subdomain(part))
     return errors
 
 
