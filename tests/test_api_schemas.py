@@ -50,6 +50,8 @@ SLICE_SPECS = (
     ("1xH100-80GB:mig=3g.40gb/1g.10gb*4", "*=MPS"),
     ("1xH200-141GB:mig", "*=Shared"),
     ("1xA100-40GB:mig", "*=Shared"),
+    ("1xA30-24GB:mig,1xB200-180GB:mig", "*=Shared"),
+    ("1xA30-24GB:mig=2g.12gb/1g.6gb*2", "*=MPS"),
     ("2xH100-80GB,2xH100-80GB:mig,2xA100-80GB:mig=3g.40gb*2", "*=Shared,0=Exclusive,1=MPS"),
     ("16xH200-141GB:mig", "*=Shared"),
     ("128xH100-80GB", "*=Exclusive"),
