@@ -110,3 +110,83 @@ def test_compile_errors_are_reported_once_and_cached(env: CelEnvironment) -> Non
     with pytest.raises(SelectorError, match="CEL compile error"):
         env.compile("device.driver ==")
     assert env.compile("true") is env.compile("true")
+
+
+OURS = 'device.attributes["gpu.dra-gpu.io"]'
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # Optional syntax, as the API server accepts it in claims (cel-go's optional library).
+        (f'{OURS}.?model.orValue("none") == "H100"', True),
+        (f'{OURS}.?profile.orValue("none") == "none"', True),
+        (f"{OURS}.?profile.hasValue()", False),
+        ('device.attributes[?"other.example.com"].?x.orValue(7) == 7', True),
+        (f'{OURS}.?index.orValue(0) + device.capacity["gpu.dra-gpu.io"].?cores.orValue(0) == 103', True),
+        ('"x.?y" == "x.?y"', True),  # inside a string literal it is text
+        # Regex and strings libraries.
+        (f'{OURS}.model.find("[0-9]+") == "100"', True),
+        (f'{OURS}.model.find("Z") == ""', True),
+        ('"a1b22c333".findAll("[0-9]+") == ["1", "22", "333"]', True),
+        ('"a1b22c333".findAll("[0-9]+", 2).size() == 2', True),
+        ('"%s-%d".format(["a", 1]) == "a-1"', True),
+        ('"%.2f|%x|%X|%o|%b|%%".format([1.5, 255, 255, 8, 5]) == "1.50|ff|FF|10|101|%"', True),
+        (f'"%s on %s".format([{OURS}.model, device.driver]) == "H100 on gpu.dra-gpu.io"', True),
+        # ip and cidr libraries.
+        ('ip("10.0.0.1").family() == 4 && ip("::1").family() == 6', True),
+        ('ip("127.0.0.1").isLoopback() && ip("0.0.0.0").isUnspecified()', True),
+        ('ip("fe80::1").isLinkLocalUnicast() && ip("8.8.8.8").isGlobalUnicast()', True),
+        ('ip("2001:db8::1") == ip("2001:0db8::1")', True),
+        ('isIP("10.0.0.1") && !isIP("10.0.0.256") && ip.isCanonical("2001:db8::1")', True),
+        ('!ip.isCanonical("2001:0db8::1")', True),
+        ('cidr("10.0.0.0/8").containsIP("10.1.2.3") && !cidr("10.0.0.0/8").containsIP(ip("11.0.0.1"))', True),
+        (
+            'cidr("10.0.0.0/8").containsCIDR("10.1.0.0/16") && cidr("10.1.2.3/8").masked() == cidr("10.0.0.0/8")',
+            True,
+        ),
+        ('cidr("10.1.2.3/8").prefixLength() == 8 && cidr("10.1.2.3/8").ip() == ip("10.1.2.3")', True),
+        ('isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0/33")', True),
+        (f'ip({OURS}.model.find("Z") + "10.0.0.1").family() == 4', True),
+        # semver with normalize; versions compared as versions.
+        ('semver("v1.2", true).major() == 1 && semver("v1.2", true).minor() == 2', True),
+        ('semver("1.02.3", true) == semver("1.2.3") && isSemver("v1", true) && !isSemver("v1")', True),
+        (f'{OURS}.driverVersion == semver("580.159.3")', True),
+        (f'{OURS}.driverVersion.isGreaterThan(semver("580.95.5"))', True),
+    ],
+)
+def test_the_kubernetes_cel_libraries(env: CelEnvironment, expression: str, expected: bool) -> None:
+    assert env.matches(expression, device_variable("gpu.dra-gpu.io", DEVICE)) is expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        # Kubernetes: a version attribute is a Semver; == with a string is "no such overload".
+        (
+            f'{OURS}.driverVersion == "580.159.3"',
+            'no such overload: attribute "gpu.dra-gpu.io/driverVersion"',
+        ),
+        (f'"580.159.3" != {OURS}.driverVersion', "no such overload"),
+        ('"%d".format(["x"]) == ""', "format(): %d needs an integer, got str"),
+        ('ip("10.0.0.1%eth0").family() == 4', "ip(): IP address with zone value is not allowed"),
+        ('ip("::ffff:10.0.0.1").family() == 4', "ip(): IPv4-mapped IPv6 address is not allowed"),
+    ],
+)
+def test_type_errors_are_kubernetes_type_errors(env: CelEnvironment, expression: str, message: str) -> None:
+    with pytest.raises(SelectorError) as err:
+        env.matches(expression, device_variable("gpu.dra-gpu.io", DEVICE))
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_optional_syntax_this_environment_cannot_rewrite_is_refused_not_misread(env: CelEnvironment) -> None:
+    with pytest.raises(
+        SelectorError, match=r"CEL compile error: optional syntax .* \.orValue\(default\) or \.hasValue\(\)"
+    ):
+        env.compile(f'{OURS}.?model == optional.of("H100")')
+
+
+def test_a_version_compared_as_an_integer_part_is_fine(env: CelEnvironment) -> None:
+    var = device_variable("gpu.dra-gpu.io", DEVICE)
+    assert env.matches(f"{OURS}.driverVersion.major() == 580", var)
+    assert env.matches(f'{OURS}.model == "H100"', var)  # a string attribute compares as a string

@@ -77,7 +77,7 @@ def test_request_selector_matching_nothing_fails_with_the_counts() -> None:
         'device.capacity["gpu.dra-gpu.io"].cores.isGreaterThan(quantity("99"))',
         "device.allowMultipleAllocations",
         'device.attributes["gpu.dra-gpu.io"].driverVersion.isGreaterThan(semver("570.0.0"))',
-        'device.attributes["gpu.dra-gpu.io"].driverVersion == "580.159.3"',
+        'device.attributes["gpu.dra-gpu.io"].driverVersion == semver("580.159.3")',  # a version is a Semver
         'has(device.attributes["other.example.com"].x) == false',  # unknown domain reads as empty
         'device.attributes["gpu.dra-gpu.io"].model.lowerAscii() == "h100"',
     ],

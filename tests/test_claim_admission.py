@@ -22,6 +22,7 @@ from dra_gpu.manifests.admission import (
     COMPUTE_MESSAGE,
     LIMIT_MESSAGE,
     MPS_MESSAGE,
+    QUALIFIED_MESSAGE,
     STRATEGY_MESSAGE,
 )
 
@@ -31,6 +32,13 @@ Obj = dict[str, Any]
 def policy() -> Obj:
     docs = yaml.safe_load_all(render(load_values())["validatingadmissionpolicy.yaml"])
     return next(d for d in docs if d and d["metadata"]["name"] == "dra-gpu-resourceclaims")
+
+
+def admitted(operation: str, obj: Obj) -> bool:
+    """Whether the API server lets `operation` on `obj` through: the policy runs only on the operations
+    its matchConstraints name."""
+    (rule,) = policy()["spec"]["matchConstraints"]["resourceRules"]
+    return operation not in rule["operations"] or not refusals(obj)
 
 
 def refusals(obj: Obj) -> list[str]:
@@ -91,7 +99,7 @@ def template(obj: Obj) -> Obj:
 @pytest.mark.parametrize("device_class", ["limiter", "timeslice", "mps", "isolated", "spread.limiter"])
 def test_a_share_that_names_one_capacity_is_refused_saying_what_to_add(device_class: str) -> None:
     name = f"{device_class}.{DRIVER_NAME}"
-    for one in ({"cores": "10"}, {"memory": "10Gi"}, {f"{DRIVER_NAME}/cores": "10"}):
+    for one in ({"cores": "10"}, {"memory": "10Gi"}):
         assert refusals(claim(request(name, one))) == [CAPACITY_MESSAGE]
         assert refusals(template(claim(request(name, one)))) == [CAPACITY_MESSAGE]
     assert refusals(claim(request(name, {"memory": "10Gi", "cores": "10"}))) == []
@@ -202,3 +210,64 @@ def test_other_drivers_configs_and_claims_without_devices_pass() -> None:
     foreign = {"opaque": {"driver": "nic.example.com", "parameters": {"sharing": {"strategy": "MPS"}}}}
     assert refusals(claim(request(f"limiter.{DRIVER_NAME}"), config=[foreign])) == []
     assert refusals({"kind": "ResourceClaim", "spec": {}}) == []
+
+
+@pytest.mark.parametrize(
+    "device_class", ["limiter", "timeslice", "mps", "isolated", "spread.limiter", "mig", ""]
+)
+def test_a_capacity_named_with_the_drivers_domain_is_refused_saying_to_drop_it(device_class: str) -> None:
+    """On 1.34-1.37 the scheduler looks `gpu.dra-gpu.io/memory` up verbatim: admitted, it is never allocated."""
+    name = f"{device_class}.{DRIVER_NAME}" if device_class else DRIVER_NAME
+    qualified = {f"{DRIVER_NAME}/memory": "10Gi", f"{DRIVER_NAME}/cores": "30"}
+    assert refusals(claim(request(name, qualified))) == [QUALIFIED_MESSAGE]
+    assert refusals(template(claim(request(name, {f"{DRIVER_NAME}/cores": "10"})))) == [QUALIFIED_MESSAGE]
+    assert refusals(claim(request("nic.example.com", {"example.com/bandwidth": "10G"}))) == []
+
+
+def test_a_memory_limit_below_a_qualified_memory_request_is_not_admitted() -> None:
+    """On 1.38, which resolves the domain, the node would refuse this prepare forever."""
+    share = request(f"limiter.{DRIVER_NAME}", {f"{DRIVER_NAME}/memory": "10Gi", "cores": "30"})
+    config = gpu_config(strategy="Limiter", limiter={"memoryLimit": "8Gi"})
+    assert refusals(claim(share, config=[config])) != []
+
+
+def test_the_policy_judges_a_claim_when_it_is_created_not_when_its_metadata_changes() -> None:
+    """A claim the rules refuse (made before the policy, or before a rule tightened) must still be able to
+    lose its finalizer: the spec is immutable, so an update has nothing new to judge."""
+    old = claim(request(f"limiter.{DRIVER_NAME}", {"cores": "10"}))
+    assert not admitted("CREATE", old)
+    old["metadata"]["finalizers"] = []
+    assert admitted("UPDATE", old)
+    assert admitted("UPDATE", template(old))
+
+
+def test_claims_as_users_write_them_are_admitted() -> None:
+    """The README's share, a whole GPU, an MPS share, a MIG profile by attribute, a prioritized list."""
+    readme = claim(
+        request(f"limiter.{DRIVER_NAME}", {"memory": "10Gi", "cores": "25"}),
+        config=[gpu_config(["gpu"], strategy="Limiter", limiter={"memoryLimit": "12Gi"})],
+    )
+    mig = request(f"mig.{DRIVER_NAME}")
+    mig["exactly"]["selectors"] = [
+        {"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].profile == "1g.10gb"'}}
+    ]
+    either = {
+        "name": "gpu",
+        "firstAvailable": [
+            {
+                "name": "share",
+                "deviceClassName": f"limiter.{DRIVER_NAME}",
+                "capacity": {"requests": {"memory": "20Gi", "cores": "50"}},
+            },
+            {"name": "whole", "deviceClassName": DRIVER_NAME},
+        ],
+    }
+    for obj in (
+        readme,
+        claim(request(DRIVER_NAME)),
+        claim(request(f"mps.{DRIVER_NAME}", {"memory": "8Gi", "cores": "20"})),
+        claim(mig),
+        claim(either),
+        template(readme),
+    ):
+        assert refusals(obj) == [], obj

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from fakes import fake_pynvml
@@ -110,3 +111,52 @@ def test_a_gpu_without_mig_asks_for_no_instances(machine: Callable[[FakeGpu], Fa
     [gpu] = NvmlInventory(fake_pynvml).gpus()
     assert not gpu.mig_capable and not gpu.mig_instances
     assert "nvmlDeviceGetMigDeviceHandleByIndex" not in driver.calls
+
+
+def recorded_h200_profiles() -> dict[int, tuple[int, int]]:
+    """tests/fixtures/mig/h200-nvml-profiles.txt: index -> (profile id, MiB) where NVML answered."""
+    rows = (Path(__file__).parent / "fixtures" / "mig" / "h200-nvml-profiles.txt").read_text().split("\n")
+    fields = [row.split() for row in rows if row.startswith("gip ")]
+    return {int(f[1]): (int(f[3]), int(f[8])) for f in fields if f[2] == "0"}
+
+
+def test_dynamic_placements_publish_the_memory_nvml_reports_for_their_profile(
+    machine: Callable[[FakeGpu], FakeDriver],
+) -> None:
+    """An H200's 1g.18gb has 16384 MiB, not 141 GiB / 8: a claim for 17Gi must not get one."""
+    machine(
+        FakeGpu(
+            uuid=GPU,
+            name="NVIDIA H200",
+            memory_total=143771 * MiB,
+            mig_mode=ON,
+            gi_profiles=recorded_h200_profiles(),
+        )
+    )
+    [gpu] = NvmlInventory(fake_pynvml, mig_dynamic=True).gpus()
+    published = {
+        d["attributes"]["profile"]["string"]: d["capacity"]["memory"]["value"]
+        for d in mig_devices(gpu, GpuSharingMode.EXCLUSIVE) or []
+    }
+    assert published == {
+        "1g.18gb": "16Gi",
+        "1g.18gb+me": "16Gi",
+        "1g.35gb": "33280Mi",
+        "2g.35gb": "33280Mi",
+        "3g.71gb": "71424Mi",
+        "4g.71gb": "71424Mi",
+        "7g.141gb": "140Gi",
+    }
+
+
+def test_a_driver_without_profile_info_falls_back_to_the_table(
+    machine: Callable[[FakeGpu], FakeDriver],
+) -> None:
+    machine(mig_gpu())
+    [gpu] = NvmlInventory(fake_pynvml, mig_dynamic=True).gpus()
+    assert gpu.mig_profile_memory == ()
+    memory = {
+        d["attributes"]["profile"]["string"]: d["capacity"]["memory"]["value"]
+        for d in mig_devices(gpu, GpuSharingMode.EXCLUSIVE) or []
+    }
+    assert memory["1g.10gb"] == "9984Mi" and memory["7g.80gb"] == "81152Mi"

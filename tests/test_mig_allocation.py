@@ -95,3 +95,17 @@ def test_a_third_partys_allocation_counts(capsys: pytest.CaptureFixture[str]) ->
     alloc = make_allocator(pool(capsys, "1xH100-80GB:mig"), CLASSES, allocated=[done])
     got = alloc.allocate(claim("mine", profile_request("2g.20gb")))
     assert [r["device"] for r in got["devices"]["results"]] == ["gpu-0-mig-2g20gb-4"]
+
+
+def test_a_pool_with_a_counter_set_listed_twice_is_left_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """As the scheduler does ("duplicate counter set name"): which of the two sets would count is undefined."""
+    slices = pool(capsys, "1xH100-80GB:mig")
+    counters = next(s for s in slices if s["spec"].get("sharedCounters"))
+    again = json.loads(json.dumps(counters))
+    again["metadata"] = {"name": "slice-again"}
+    slices.append(again)
+    for s in slices:
+        s["spec"]["pool"]["resourceSliceCount"] = len(slices)
+    alloc = make_allocator(slices, CLASSES)
+    with pytest.raises(AllocationError, match=r'invalid: counter set "gpu-0-mig" is listed twice'):
+        alloc.allocate(claim("a", profile_request("1g.10gb")))

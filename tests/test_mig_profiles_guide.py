@@ -49,6 +49,14 @@ GUIDE: dict[str, list[Row]] = {
     "A100-80GB": ampere(("10", "20", "20", "40", "80")),
     "H100-80GB": hopper(("10", "20", "20", "40", "80")),
     "H200-141GB": hopper(("18", "35", "35", "71", "141")),
+    "B200-180GB": hopper(("23", "45", "45", "90", "180")),  # the guide's "B200 MIG Profiles": Hopper's shape
+    "A30-24GB": [  # "A30 MIG Profiles": 4 memory and compute slices
+        ("1g.6gb", 14, 1, 1, 0, 0, 0, 1, 4, (0, 1, 2, 3)),
+        ("1g.6gb+me", 21, 1, 1, 1, 1, 1, 1, 1, (0, 1, 2, 3)),
+        ("2g.12gb", 5, 2, 2, 2, 0, 0, 2, 2, (0, 2)),
+        ("2g.12gb+me", 6, 2, 2, 2, 1, 1, 2, 1, (0, 2)),
+        ("4g.24gb", 0, 4, 4, 4, 1, 1, 4, 1, (0,)),
+    ],
 }
 
 
@@ -118,7 +126,9 @@ def test_the_tables_are_those_the_guide_has() -> None:
         ("NVIDIA GH200 480GB", 95.0, None),
         ("NVIDIA GH200 144G HBM3e", 140.4, None),
         ("NVIDIA H20", 95.0, None),
-        ("NVIDIA A30", 24.0, None),
+        ("NVIDIA A30", 24.0, "A30-24GB"),
+        ("NVIDIA B200", 178.4, "B200-180GB"),
+        ("NVIDIA GB200", 184.0, None),  # 186GB: other sizes than the B200's
         ("NVIDIA L4", 22.5, None),
     ],
 )

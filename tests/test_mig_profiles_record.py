@@ -88,3 +88,12 @@ def test_the_nvml_record_agrees_with_nvidia_smi() -> None:
         assert (listed["instances"], listed["sms"], listed["ce"]) == (int(instances), int(sms), int(ce))
         assert 1 <= int(slices) <= 7
     assert seen == len(by_id)
+
+
+def test_the_h200_table_carries_the_memory_nvml_reports() -> None:
+    table = MIG_TABLES["H200-141GB"]
+    for line in (RECORD / "h200-nvml-profiles.txt").read_text().splitlines():
+        _, _index, ret, pid, *_rest, mib = line.split()
+        if ret == "0":
+            profile = next(p for p in table.profiles if p.profile_id == int(pid))
+            assert profile.memory_mib == int(mib), profile.name

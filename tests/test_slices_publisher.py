@@ -17,7 +17,8 @@ from waiting import wait_for
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.simulated import SimulatedInventory
-from dra_gpu.kube import Forbidden
+from dra_gpu.kube import Forbidden, objects
+from dra_gpu.kube.errors import Invalid
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.slices import SliceError, SlicePublisher
 
@@ -434,3 +435,88 @@ def test_real_136_pool_and_claims_keep_their_shareability_across_a_mode_swap(wip
         GpuSharingMode.EXCLUSIVE,
         GpuSharingMode.SHARED,
     )
+
+
+class NoCountersKube(FakeKube):
+    """An API server with DRAPartitionableDevices off (default on 1.34 and 1.35): it drops shared counters and
+    counter consumption from slices on write, silently. `written` keeps every device it stored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[dict[str, Any]] = []
+
+    def _admit(self, res: Any, obj: dict[str, Any]) -> None:
+        super()._admit(res, obj)
+        if res.kind == "ResourceSlice":
+            self.written.extend(obj["spec"].get("devices") or [])
+
+    @staticmethod
+    def _strip(obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        obj.get("spec", {}).pop("sharedCounters", None)
+        for device in obj.get("spec", {}).get("devices") or []:
+            device.pop("consumesCounters", None)
+        return obj
+
+    def create(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return super().create(kind, self._strip(obj) if kind == "ResourceSlice" else obj)
+
+    def update(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return super().update(kind, self._strip(obj) if kind == "ResourceSlice" else obj)
+
+
+class Kube134(FakeKube):
+    """A 1.34 API server with DRAPartitionableDevices on: a device consumes counters only from a set of its own
+    slice (1.34 validation, "missing-counterset-consumes-counter"; 1.35 moved counters to slices of their own)."""
+
+    def _admit(self, res: Any, obj: dict[str, Any]) -> None:
+        spec = obj.get("spec") or {}
+        if res.kind == "ResourceSlice":
+            own = {s["name"] for s in spec.get("sharedCounters") or []}
+            for i, device in enumerate(spec.get("devices") or []):
+                for j, entry in enumerate(device.get("consumesCounters") or []):
+                    if entry["counterSet"] not in own:
+                        raise Invalid(
+                            f'ResourceSlice.resource.k8s.io "{objects.name(obj)}" is invalid: '
+                            f"spec.devices[{i}].consumesCounters[{j}].counterSet: Invalid value: "
+                            f'"{entry["counterSet"]}": must reference a counter set defined in the ResourceSlice '
+                            "sharedCounters"
+                        )
+        super()._admit(res, obj)
+
+
+@pytest.mark.parametrize("kube", [NoCountersKube, Kube134], ids=["counters-dropped", "1.34-counter-rules"])
+def test_without_counters_a_dynamic_mig_gpu_offers_one_instance_and_says_why(
+    kube: type[FakeKube], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Uncounted placements would let 7g.80gb@0, 1g.10gb@3 and 4g.40gb@0 all be allocated on one GPU."""
+    api = kube()
+    pub, _ = make(api, profile="2xH100-80GB:mig")
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.slices.publisher"):
+        slices = pub.sync()
+    assert pub.partitionable_devices is False
+    published = [d for s in slices for d in s["spec"].get("devices") or []]
+    assert sorted(d["name"] for d in published) == ["gpu-0-mig-7g80gb-0", "gpu-1-mig-7g80gb-0"]
+    assert all("consumesCounters" not in d for d in published)
+    assert not any(s["spec"].get("sharedCounters") for s in slices)
+    (reason,) = pub.fallbacks.values()
+    assert "full profile only" in reason and any(reason == r.getMessage() for r in caplog.records)
+    (event,) = api.objects("Event")
+    assert (event["reason"], event["type"], event["involvedObject"]["kind"]) == (
+        "DynamicMigWithoutCounters",
+        "Warning",
+        "Node",
+    )
+    writes = pub.stats.creates + pub.stats.updates
+    pub.sync()
+    assert pub.stats.creates + pub.stats.updates == writes, "the fallback must not rewrite the pool forever"
+    written = api.written if isinstance(api, NoCountersKube) else []
+    assert all(d["name"].endswith("7g80gb-0") for d in written), "an uncounted placement was offered"
+
+
+def test_a_server_that_keeps_counters_gets_every_placement() -> None:
+    api = FakeKube()
+    pub, _ = make(api, profile="1xH100-80GB:mig")
+    slices = pub.sync()
+    assert pub.partitionable_devices is True and pub.fallbacks == {}
+    assert len([d for s in slices for d in s["spec"].get("devices") or []]) == 25

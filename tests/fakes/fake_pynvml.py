@@ -93,6 +93,9 @@ nvmlEventTypeNone = 0x0000000000000000
 
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_INSTANCE_PROFILE_COUNT = 18
+"""As recent bindings name it; a driver that knows only 15 indices answers Invalid Argument past them."""
+DRIVER_GPU_INSTANCE_PROFILES = 15
 NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
 NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
 
@@ -310,6 +313,9 @@ class FakeGpu:
     mig_devices: list[FakeMigDevice] = field(default_factory=list)
     """The MIG devices that exist (only while MIG mode is on)."""
     max_mig_devices: int = 7
+    gi_profiles: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """GPU-instance profile index -> (profile id, memorySizeMB), as nvmlDeviceGetGpuInstanceProfileInfo
+    reports them; an index the board lacks answers Not Supported."""
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     """(corrected, uncorrected, pending, failure); None: no row remapping (pre-Ampere)."""
@@ -539,6 +545,23 @@ def _mig_on(function: str, device: FakeHandle) -> FakeGpu:
     if gpu.mig_mode is None:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return gpu
+
+
+@dataclass
+class FakeGpuInstanceProfileInfo:
+    """nvmlGpuInstanceProfileInfo_v2_t: the fields the driver reads."""
+
+    id: int
+    memorySizeMB: int
+
+
+def nvmlDeviceGetGpuInstanceProfileInfo(device: FakeHandle, profile: int, version: int = 2) -> Any:
+    gpu = _mig_on("nvmlDeviceGetGpuInstanceProfileInfo", device)
+    if not 0 <= profile < DRIVER_GPU_INSTANCE_PROFILES:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if profile not in gpu.gi_profiles:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return FakeGpuInstanceProfileInfo(*gpu.gi_profiles[profile])
 
 
 def nvmlDeviceGetMaxMigDeviceCount(device: FakeHandle) -> int:

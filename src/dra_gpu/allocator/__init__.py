@@ -22,8 +22,10 @@ Semantics (Kubernetes 1.36 with every DRA gate on): class and request CEL select
 `exactly` with `ExactCount`/`All`, `firstAvailable`, `matchAttribute`/`distinctAttribute` constraints,
 consumable capacity with policy defaults and rounding (`capacity`; a multi-allocatable device may
 take several of one request's devices, one share each, unless `distinctAttribute` says otherwise),
-taints and tolerations, claims already allocated by anyone counted as in use (`usage`), and only
-complete pools at their newest generation (`pools`). Placement policies and label rules are in `policies`.
+taints and tolerations, claims already allocated by anyone counted as in use (`usage`), devices that
+consume shared counters (partitionable devices: dynamic MIG placements, counted per pool in
+`holdings`), and only complete pools at their newest generation (`pools`; a pool listing a device or
+a counter set twice is invalid). Placement policies and label rules are in `policies`.
 
 Read-only views for callers that audit usage: `Allocator.devices` (`pools.Device`: `index`, `key`,
 `label`, `node`, `multi`, `specs`) and `Allocator.usage` (`usage.Usage`, per device index: `holders`
@@ -34,9 +36,8 @@ Module map: `cel_env` (CEL), `capacity` (rounding), `pools` (slices to devices),
 held), `index` (cached candidates and usage buckets), `claims` (claim spec), `search` (the search and
 its failure messages), `result` (`status.allocation`), `policies` (placement), `core` (the API).
 
-Not supported, with a clear error or left out: `adminAccess`, devices that consume shared counters
-(partitionable devices), and node selectors mixing node-local devices with `nodeSelector` pools (the
-allocator does not know node labels).
+Not supported, with a clear error or left out: `adminAccess`, and node selectors mixing node-local
+devices with `nodeSelector` pools (the allocator does not know node labels).
 """
 
 from dra_gpu.allocator.core import AllocationError, AllocationInput, Allocator

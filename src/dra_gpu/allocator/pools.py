@@ -2,7 +2,8 @@
 
 Like Kubernetes' `GatherPools`: per (driver, pool) only the slices of the highest `pool.generation`
 count, and only when they all state the same `resourceSliceCount` and exactly that many are present
-(Kubernetes' `poolIsIncomplete`); a pool with two devices of the same name is invalid. Unlike the
+(Kubernetes' `poolIsIncomplete`); a pool with two devices, or two counter sets, of the same name is
+invalid. Unlike the
 scheduler, which still takes single devices from an incomplete pool, the allocator waits for the
 pool to be complete. Devices are ordered by pool (driver, name), slice name, then position in the slice,
 which is the order first-fit allocation follows.
@@ -114,8 +115,13 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         parsed: list[Device] = []
         problem = None
         pool_counters: dict[CounterKey, Amount] = {}
+        set_names: set[str] = set()
         for m in current:  # the counter sets first: a device may consume from another slice's set
             for counter_set in m["spec"].get("sharedCounters") or []:
+                set_name = str(counter_set.get("name", ""))
+                if set_name in set_names:  # the scheduler's "duplicate counter set name"
+                    problem = f'invalid: counter set "{set_name}" is listed twice'
+                set_names.add(set_name)
                 for cname, counter in (counter_set.get("counters") or {}).items():
                     key = (driver, pool, str(counter_set.get("name", "")), str(cname))
                     try:

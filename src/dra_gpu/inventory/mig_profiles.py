@@ -13,16 +13,21 @@ A profile occupies `memory_slices` consecutive memory slices (of 8) starting at 
 `starts`; NVML refuses a placement that is not in that list or that overlaps an existing instance,
 so the table is what the publisher offers and what the simulated GPU accepts. Engines (copy
 engines, NVDEC, NVJPG, OFA) are the counts the guide lists per profile; a GPU's totals are those of
-its full (7g) profile. Memory per instance is the profile's share of the GPU's memory (slices / 8),
-which the real NVML backend replaces with what the driver reports.
+its full (7g) profile. Memory per instance is what NVML's profile info reports (`memorySizeMB`):
+a real node reads it from the driver (`GpuInfo.mig_profile_memory`); the tables carry the figures
+real boards report (H200: tests/fixtures/mig; H100 80GB: `nvidia-smi mig -lgip`, in GiB to two
+decimals) for simulated nodes, and fall back to the profile's share of the GPU's memory
+(slices / 8) where no figure is recorded. The name rounds: an H200's `1g.18gb` has 16384 MiB.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from dra_gpu.inventory.types import GpuInfo
 
 MEMORY_SLICES = 8
-"""Every MIG-capable model here divides its memory into 8 slices (placements are counted in them)."""
+"""Most MIG-capable models divide their memory into 8 slices (placements are counted in them); the A30 4."""
 COMPUTE_SLICES = 7
 
 
@@ -40,6 +45,8 @@ class MigProfile:
     ofa: int
     starts: tuple[int, ...]
     """Valid placement starts, in memory slices; every placement is `memory_slices` long."""
+    memory_mib: int = 0
+    """An instance's memory as NVML's profile info reports it on a real board; 0: not recorded."""
 
     def placements(self) -> list[tuple[int, int]]:
         return [(start, self.memory_slices) for start in self.starts]
@@ -49,6 +56,8 @@ class MigProfile:
 class MigTable:
     model: str
     profiles: tuple[MigProfile, ...]
+    memory_slices: int = MEMORY_SLICES
+    """Memory slices of the whole GPU: 8, or 4 on an A30."""
 
     @property
     def full(self) -> MigProfile:
@@ -91,22 +100,48 @@ def _hopper(mem: tuple[int, int, int, int, int]) -> tuple[MigProfile, ...]:
     )
 
 
+def _with_memory(profiles: tuple[MigProfile, ...], mib: dict[int, int]) -> tuple[MigProfile, ...]:
+    """The profiles with NVML's memory per profile id."""
+    return tuple(replace(p, memory_mib=mib[p.profile_id]) for p in profiles)
+
+
+H100_80GB_MIB = {19: 9984, 20: 9984, 15: 20096, 14: 20096, 9: 40448, 5: 40448, 0: 81152}
+"""`nvidia-smi mig -lgip` on an H100 80GB HBM3: 9.75, 19.62, 39.50 and 79.25 GiB."""
+H200_141GB_MIB = {19: 16384, 20: 16384, 15: 33280, 14: 33280, 9: 71424, 5: 71424, 0: 143360}
+"""NVML's profile info on an H200 (tests/fixtures/mig/h200-nvml-profiles.txt)."""
+
+
+def _a30() -> tuple[MigProfile, ...]:
+    """A30 24GB: four memory and compute slices; one `+me` profile of each size holds the JPEG and OFA."""
+    return (
+        MigProfile("1g.6gb", 14, 1, 1, 1, 0, 0, 0, (0, 1, 2, 3)),
+        MigProfile("1g.6gb+me", 21, 1, 1, 1, 1, 1, 1, (0, 1, 2, 3)),
+        MigProfile("2g.12gb", 5, 2, 2, 2, 2, 0, 0, (0, 2)),
+        MigProfile("2g.12gb+me", 6, 2, 2, 2, 2, 1, 1, (0, 2)),
+        MigProfile("4g.24gb", 0, 4, 4, 4, 4, 1, 1, (0,)),
+    )
+
+
 MIG_TABLES: dict[str, MigTable] = {
     t.model: t
     for t in (
         MigTable("A100-40GB", _ampere((5, 10, 10, 20, 40))),
         MigTable("A100-80GB", _ampere((10, 20, 20, 40, 80))),
-        MigTable("H100-80GB", _hopper((10, 20, 20, 40, 80))),
-        MigTable("H200-141GB", _hopper((18, 35, 35, 71, 141))),
+        MigTable("H100-80GB", _with_memory(_hopper((10, 20, 20, 40, 80)), H100_80GB_MIB)),
+        MigTable("H200-141GB", _with_memory(_hopper((18, 35, 35, 71, 141)), H200_141GB_MIB)),
+        MigTable("B200-180GB", _hopper((23, 45, 45, 90, 180))),
+        MigTable("A30-24GB", _a30(), memory_slices=4),
     )
 }
 
 _GIB = 2**30
 _PRODUCT_KEYS = (
+    ("B200", "B200-180GB", 170 * _GIB, 190 * _GIB),
     ("H200", "H200-141GB", 128 * _GIB, 148 * _GIB),
     ("H100", "H100-80GB", 72 * _GIB, 88 * _GIB),
     ("A100", "A100-80GB", 72 * _GIB, 88 * _GIB),
     ("A100", "A100-40GB", 36 * _GIB, 44 * _GIB),
+    ("A30", "A30-24GB", 20 * _GIB, 28 * _GIB),
 )
 """(name marker, table, memory range): NVML reports a little less than the board's nominal size."""
 
@@ -118,7 +153,7 @@ def table_for(product_name: str, memory_bytes: int) -> MigTable | None:
     than an H100 80GB, and a GH200 (whose name contains "H200") is not an H200.
     """
     name = product_name.upper()
-    if "GH200" in name:
+    if "GH200" in name or "GB200" in name:  # other memory sizes than the boards of these tables
         return None
     for marker, key, low, high in _PRODUCT_KEYS:
         if marker in name and low <= memory_bytes < high:
@@ -126,7 +161,15 @@ def table_for(product_name: str, memory_bytes: int) -> MigTable | None:
     return None
 
 
-def profile_memory(profile: MigProfile, gpu_memory_bytes: int) -> int:
-    """An instance's memory: its share of the GPU's, in whole MiB."""
+def profile_memory(profile: MigProfile, gpu: GpuInfo) -> int:
+    """An instance's memory in bytes: what the GPU's driver reports for the profile, else the table's
+    figure for the board, else the profile's share of the GPU's memory in whole MiB."""
     mib = 2**20
-    return (gpu_memory_bytes * profile.memory_slices // MEMORY_SLICES) // mib * mib
+    reported = dict(gpu.mig_profile_memory).get(profile.profile_id)
+    if reported:
+        return reported
+    if profile.memory_mib:
+        return profile.memory_mib * mib
+    table = table_for(gpu.product_name, gpu.memory_bytes)
+    slices = table.memory_slices if table else MEMORY_SLICES
+    return (gpu.memory_bytes * profile.memory_slices // slices) // mib * mib

@@ -45,9 +45,13 @@ _RESET_REQUIRED = 16
 _LIB_RM_VERSION_MISMATCH = 18
 _GPU_NOT_FOUND = 28
 _UNKNOWN = 999
+_INVALID_ARGUMENT = 2
 _ABSENT = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 """The driver or the board does not have this query: use a fallback, not an error."""
 _LOST = frozenset({_GPU_IS_LOST, _RESET_REQUIRED, _GPU_NOT_FOUND, _UNKNOWN})
+
+_GPU_INSTANCE_PROFILE_COUNT = 15
+"""NVML_GPU_INSTANCE_PROFILE_COUNT of older bindings; newer ones name more indices (asked if present)."""
 
 _EVENT_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 _FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -259,6 +263,7 @@ class NvmlInventory:
                 mig_enabled=mig_enabled,
                 mig_instances=instances,
                 mig_dynamic=mig_enabled and not instances and self._mig_dynamic,
+                mig_profile_memory=self._mig_profile_memory(handle) if mig_enabled else (),
             ),
             detect(driver, self._cgroup_layout, mig_enabled, self._hook_problem),
         )
@@ -294,6 +299,23 @@ class NvmlInventory:
                 )
             )
         return tuple(sorted(found, key=lambda m: (m.start, m.gi_id, m.ci_id)))
+
+    def _mig_profile_memory(self, handle: Any) -> tuple[tuple[int, int], ...]:
+        """(profile id, bytes) of each GPU-instance profile the GPU has, from NVML's profile info: what an
+        instance will have once made, which dynamic placements publish (the name only rounds it)."""
+        nvml = self._nvml
+        count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _GPU_INSTANCE_PROFILE_COUNT))
+        found: dict[int, int] = {}
+        for index in range(count):
+            try:
+                info = self._optional("nvmlDeviceGetGpuInstanceProfileInfo", handle, index)
+            except nvml.NVMLError as err:
+                if self._code(err) != _INVALID_ARGUMENT:  # an index this driver does not know
+                    raise
+                continue
+            if info is not None and int(info.memorySizeMB) > 0:
+                found[int(info.id)] = int(info.memorySizeMB) * 2**20
+        return tuple(sorted(found.items()))
 
     def _memory_total(self, handle: Any) -> int:
         """The v1 memory query is deprecated; where a driver has dropped it, ask the v2 one."""

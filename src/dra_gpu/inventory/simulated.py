@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from dra_gpu.inventory.capabilities import Capabilities, CgroupLayout, detect, driver_major, with_capabilities
 from dra_gpu.inventory.mig import MigInstance, overlaps, simulated_mig_uuid
-from dra_gpu.inventory.mig_profiles import MEMORY_SLICES, MIG_TABLES, MigProfile, profile_memory
+from dra_gpu.inventory.mig_profiles import MIG_TABLES, MigProfile, profile_memory
 from dra_gpu.inventory.models import KNOWN_MODELS, GpuModel, find_model
 from dra_gpu.inventory.types import GpuInfo, InventoryError
 
@@ -140,7 +140,7 @@ def simulated_instances(gpu: GpuInfo, model: GpuModel, mig: SimulatedMig) -> tup
     if layout is None:
         raise InventoryError(
             f"bad GPU profile: MIG {'/'.join(mig.profiles)} does not fit on one {model.key} "
-            f"(it has {MEMORY_SLICES} memory slices; valid layouts are in NVIDIA's MIG user guide)"
+            f"(it has {table.memory_slices} memory slices; valid layouts are in NVIDIA's MIG user guide)"
         )
     return tuple(
         MigInstance(
@@ -151,7 +151,7 @@ def simulated_instances(gpu: GpuInfo, model: GpuModel, mig: SimulatedMig) -> tup
             size=profile.memory_slices,
             gi_id=gi_id,
             ci_id=0,
-            memory_bytes=profile_memory(profile, gpu.memory_bytes),
+            memory_bytes=profile_memory(profile, gpu),
         )
         for gi_id, (profile, start) in enumerate(sorted(layout, key=lambda ps: ps[1]), start=1)
     )

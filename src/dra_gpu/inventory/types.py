@@ -46,6 +46,9 @@ class GpuInfo:
     """Instances that exist now (static MIG), in placement order."""
     mig_dynamic: bool = False
     """The node lets the driver create and destroy instances on this GPU (dynamic MIG)."""
+    mig_profile_memory: tuple[tuple[int, int], ...] = ()
+    """(GPU-instance profile id, bytes) as NVML's profile info reports them on a real MIG GPU: what an
+    instance of that profile will have, which the profile's name only rounds."""
     mig_instance: MigInstance | None = None
     """Set on the view of one instance that a claim's MIG device stands for (the node agent's):
     `uuid` is then the instance's and `minor` the parent GPU's, whose device node it needs."""

@@ -5,7 +5,7 @@ the semantics the driver depends on, taken from a real 1.36 control plane (`test
 resource versions and 409 Conflicts on stale writes and failed preconditions, 404s, AlreadyExists,
 `generateName`, status subresources (a main-resource PUT ignores status and vice versa), immutable claim
 specs and write-once `status.allocation`, finalizers and `deletionTimestamp`, DeleteCollection, watch
-streams from a resource version (410 Gone when too old), the ResourceSlice validation messages, and,
+streams from a resource version (410 Gone when too old), the ResourceSlice and DeviceClass validation, and,
 when `consumable_capacity=False`, the silent dropping of gated fields that an API server with
 DRAConsumableCapacity off performs. It does not do authentication, RBAC or admission.
 """
@@ -30,7 +30,7 @@ from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from dra_gpu.kube.resources import RESOURCES, Resource
 from dra_gpu.kube.selectors import field_matches, label_matches
-from dra_gpu.kube.validation import validate_resource_slice
+from dra_gpu.kube.validation import validate_device_class, validate_resource_slice
 
 Obj = dict[str, Any]
 _Key = tuple[str, str, str]  # kind, namespace ("" for cluster-scoped), name
@@ -120,6 +120,8 @@ class FakeKube:
             _drop_consumable_capacity(res.kind, obj)
         if res.kind == "ResourceSlice":
             validate_resource_slice(obj)
+        elif res.kind == "DeviceClass":
+            validate_device_class(obj)
 
     # -- KubeAPI ---------------------------------------------------------------------------------
     def get(self, kind: str, name: str, namespace: str | None = None) -> Obj:

@@ -1,9 +1,12 @@
-"""ResourceSlice validation with the API server's limits and wording (1.36, `k8s-1.36-real/`).
+"""ResourceSlice and DeviceClass validation with the API server's limits and wording (1.36/1.37).
 
-Used by the fake API server, and by the slice publisher to refuse a bad slice before sending it.
-`driver_name_errors` adds the rule Kubernetes 1.38's publishing helpers enforce on the driver side
-(the API server still accepts such names): attribute and capacity names are written without the
-driver's own domain, since an unqualified name already belongs to it.
+Written from `pkg/apis/resource/validation/validation.go` and the limits of `k8s.io/api/resource/v1`; the
+messages follow the real server's (`k8s-1.36-real/slice-validation-errors.txt`). Used by the fake API
+server, so that it refuses what a real one refuses, and by the slice publisher to refuse a bad slice
+before sending it. Lengths are bytes, as Go counts them. `driver_name_errors` adds the rule Kubernetes
+1.38's publishing helpers enforce on the driver side (the API server still accepts such names):
+attribute and capacity names are written without the driver's own domain, since an unqualified name
+already belongs to it.
 """
 
 from __future__ import annotations
@@ -12,144 +15,387 @@ import json
 import re
 from typing import Any
 
-from dra_gpu.kube import objects
+from dra_gpu.kube import names, objects
 from dra_gpu.kube.errors import Invalid
 from dra_gpu.quantity import QuantityError, parse_quantity
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+"""Also with counter consumption or list attributes: such devices are larger."""
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_ATTRIBUTE = 64
+MAX_LIST_ATTRIBUTE_VALUES = 48
+MAX_ID_LENGTH = 32
+MAX_DRIVER_NAME = 63
+MAX_POOL_NAME = 253
+MAX_TAINTS = 16
+MAX_BINDING_CONDITIONS = 4
+MAX_VALID_VALUES = 10
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMES_COUNTERS_PER_DEVICE = 2
+MAX_SELECTORS = 32
+MAX_CONFIGS = 32
+MAX_OPAQUE_PARAMETERS = 10 * 1024
+TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
 
-_C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_VALUE_KEYS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+_C_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
+    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?"
+)
+_SCALAR_KEYS = ("int", "bool", "string", "version")
+_LIST_KEYS = ("ints", "bools", "strings", "versions")
+_VALUE_KEYS = _SCALAR_KEYS + _LIST_KEYS
 _C_IDENT_MSG = (
     "a valid C identifier must start with alphabetic character or '_', followed by a string of alphanumeric "
     "characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName', regex used for validation is "
     "'[A-Za-z_][A-Za-z0-9_]*')"
 )
-_LABEL_MSG = (
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and "
-    "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
-    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-)
+
+Obj = dict[str, Any]
 
 
-def _qualified_name_ok(name: str) -> bool:
-    domain, sep, ident = name.rpartition("/")
-    if sep and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
-        return False
-    return bool(_C_IDENT.match(ident)) and len(ident) <= 32
+def _q(value: Any) -> Any:
+    return json.dumps(value)
 
 
-def slice_errors(obj: dict[str, Any]) -> list[str]:
-    """Every problem the API server would report for this slice, in its words."""
-    errors: list[str] = []
-    spec = obj.get("spec") or {}
-    devices = spec.get("devices") or []
-    tainted = any(d.get("taints") or d.get("consumesCounters") for d in devices)
-    limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS if tainted else MAX_DEVICES_PER_SLICE
-    if len(devices) > limit:
-        errors.append(f"spec.devices: Too many: {len(devices)}: must have at most {limit} items")
-    if not spec.get("driver") or not _DNS_SUBDOMAIN.match(spec.get("driver", "")):
-        errors.append(f'spec.driver: Invalid value: "{spec.get("driver", "")}": must be a DNS subdomain')
-    pool = spec.get("pool") or {}
-    if not pool.get("name"):
-        errors.append("spec.pool.name: Required value")
-    if int(pool.get("resourceSliceCount") or 0) <= 0:
-        errors.append("spec.pool.resourceSliceCount: Invalid value: must be greater than zero")
-    if sum(1 for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)) != 1:
-        errors.append(
-            "spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
-            "`perDeviceNodeSelection` is required"
-        )
-    errors.extend(_counter_errors(spec))
-    names: set[str] = set()
-    for i, device in enumerate(devices):
-        where = f"spec.devices[{i}]"
-        name = device.get("name", "")
-        if not _DNS_LABEL.match(name) or len(name) > 63:
-            errors.append(f'{where}.name: Invalid value: "{name}": {_LABEL_MSG}')
-        if name in names:
-            errors.append(f'{where}.name: Duplicate value: "{name}"')
-        names.add(name)
-        attributes = device.get("attributes") or {}
-        capacity = device.get("capacity") or {}
-        total = len(attributes) + len(capacity)
-        if total > MAX_ATTRIBUTES_AND_CAPACITIES:
-            errors.append(
-                f"{where}: Invalid value: {total}: the total number of attributes and capacities must not exceed "
-                f"{MAX_ATTRIBUTES_AND_CAPACITIES}"
-            )
-        for attr, value in attributes.items():
-            if not _qualified_name_ok(attr):
-                errors.append(f'{where}.attributes: Invalid value: "{attr}": {_C_IDENT_MSG}')
-            set_keys = [k for k in _VALUE_KEYS if isinstance(value, dict) and value.get(k) is not None]
-            if len(set_keys) != 1:
-                errors.append(
-                    f"{where}.attributes[{attr}]: Invalid value: {json.dumps(value)}: exactly one value must be specified"
-                )
-            elif set_keys[0] == "string" and len(str(value["string"])) > MAX_STRING_ATTRIBUTE:
-                errors.append(f"{where}.attributes[{attr}].string: Too long: may not be more than 64 bytes")
-        for cap_name, cap in capacity.items():
-            if not _qualified_name_ok(cap_name):
-                errors.append(f'{where}.capacity: Invalid value: "{cap_name}": {_C_IDENT_MSG}')
-            errors.extend(
-                _capacity_errors(
-                    f"{where}.capacity[{cap_name}]", cap, bool(device.get("allowMultipleAllocations"))
-                )
-            )
+def _invalid(where: str, value: Any, messages: list[str]) -> list[str]:
+    return [f"{where}: Invalid value: {_q(value)}: {m}" for m in messages]
+
+
+def driver_errors(driver: str, where: str) -> list[str]:
+    """ValidateCSIDriverName: at most 63 bytes, a DNS subdomain once lower-cased."""
+    errors = []
+    if not driver:
+        return [f"{where}: Required value"]
+    if names.byte_length(driver) > MAX_DRIVER_NAME:
+        errors.append(f"{where}: Too long: may not be more than {MAX_DRIVER_NAME} bytes")
+    if names.dns1123_subdomain(driver.lower()) and not errors:
+        errors += _invalid(where, driver, [names.SUBDOMAIN_MESSAGE])
     return errors
 
 
-MAX_COUNTER_SETS_PER_SLICE = 8
-MAX_COUNTERS_PER_SET = 32
-MAX_CONSUMES_COUNTERS_PER_DEVICE = 2
+def pool_name_errors(pool: str, where: str) -> list[str]:
+    """`/`-separated DNS subdomains, at most 253 bytes in all."""
+    if not pool:
+        return [f"{where}: Required value"]
+    errors = []
+    if names.byte_length(pool) > MAX_POOL_NAME:
+        errors.append(f"{where}: Too long: may not be more than {MAX_POOL_NAME} bytes")
+    for part in pool.split("/"):  # each part is checked on its own, as upstream does
+        errors += _invalid(where, part, names.dns1123_subdomain(part))
+    return errors
 
 
-def _counter_errors(spec: dict[str, Any]) -> list[str]:
-    """The 1.35+ partitionable-device rules (`reference/dra-protocol.md` §2.5)."""
+def _qualified_name_errors(name: str, where: str) -> list[str]:
+    """An attribute or capacity name: a C identifier of at most 32 bytes, optionally behind a driver domain."""
+    parts = name.split("/")
     errors: list[str] = []
-    sets = spec.get("sharedCounters") or []
-    if sets and spec.get("devices"):
-        errors.append("spec: Invalid value: a slice may carry devices or sharedCounters, not both")
-    if len(sets) > MAX_COUNTER_SETS_PER_SLICE:
+    if len(parts) == 2:
+        if not parts[0]:
+            errors.append(f'{where}: Invalid value: "": the domain must not be empty')
+        else:
+            errors += driver_errors(parts[0], where)
+    ident = parts[-1] if len(parts) <= 2 else name
+    if len(parts) == 2 and not ident:
+        return [*errors, f'{where}: Invalid value: "": the name must not be empty']
+    if names.byte_length(ident) > MAX_ID_LENGTH:
+        errors.append(f"{where}: Too long: may not be more than {MAX_ID_LENGTH} bytes")
+    if not _C_IDENT.fullmatch(ident):
+        errors.append(f"{where}: Invalid value: {_q(name)}: {_C_IDENT_MSG}")
+    return errors
+
+
+def metadata_errors(obj: Obj) -> list[str]:
+    """ObjectMeta of a cluster-scoped object named as a DNS subdomain (a generateName prefix too)."""
+    if "metadata" not in obj:
+        return []
+    meta = obj.get("metadata") or {}
+    name, prefix = str(meta.get("name") or ""), str(meta.get("generateName") or "")
+    if not name and not prefix:
+        return ["metadata.name: Required value: name or generateName is required"]
+    errors = []
+    if name:
+        errors += _invalid("metadata.name", name, names.dns1123_subdomain(name))
+    if prefix:  # a prefix may end in '-' (the server appends 5 characters)
+        errors += _invalid("metadata.generateName", prefix, names.dns1123_subdomain(prefix.rstrip("-") + "a"))
+    return errors
+
+
+def _node_selector_errors(selector: Any, where: str) -> list[str]:
+    terms = (selector or {}).get("nodeSelectorTerms") or []
+    if len(terms) != 1:
+        return [
+            f"{where}.nodeSelectorTerms: Invalid value: {_q(terms)}: must have exactly one node selector term"
+        ]
+    return []
+
+
+def _node_selection_errors(spec: Obj) -> list[str]:
+    errors: list[str] = []
+    chosen: list[str] = []
+    if "nodeName" in spec and spec["nodeName"] is not None:
+        if spec["nodeName"]:
+            chosen.append("`nodeName`")
+            errors += _invalid("spec.nodeName", spec["nodeName"], names.dns1123_subdomain(spec["nodeName"]))
+        else:
+            errors.append(
+                'spec.nodeName: Invalid value: "": must be either unset or set to a non-empty string'
+            )
+    if spec.get("nodeSelector") is not None:
+        chosen.append("`nodeSelector`")
+        errors += _node_selector_errors(spec["nodeSelector"], "spec.nodeSelector")
+    for flag in ("allNodes", "perDeviceNodeSelection"):
+        if spec.get(flag) is not None:
+            if spec[flag]:
+                chosen.append(f"`{flag}`")
+            else:
+                errors.append(f"spec.{flag}: Invalid value: false: must be either unset or set to true")
+    required = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required"
+    if not chosen:
+        errors.append(f"spec: Required value: {required}")
+    elif len(chosen) > 1:
         errors.append(
-            f"spec.sharedCounters: Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS_PER_SLICE} items"
+            f'spec: Invalid value: "{{{", ".join(chosen)}}}": {required}, but multiple fields are set'
         )
+    return errors
+
+
+def _has_list_attribute(device: Obj) -> bool:
+    return any(
+        isinstance(v, dict) and any(v.get(k) is not None for k in _LIST_KEYS)
+        for v in (device.get("attributes") or {}).values()
+    )
+
+
+def slice_errors(obj: Obj) -> list[str]:
+    """Every problem the API server would report for this slice, in its words."""
+    errors: list[str] = metadata_errors(obj)
+    spec = obj.get("spec") or {}
+    devices = spec.get("devices") or []
+    errors += driver_errors(str(spec.get("driver") or ""), "spec.driver")
+    pool = spec.get("pool") or {}
+    errors += pool_name_errors(str(pool.get("name") or ""), "spec.pool.name")
+    if int(pool.get("resourceSliceCount") or 0) <= 0:
+        errors.append(
+            f"spec.pool.resourceSliceCount: Invalid value: {int(pool.get('resourceSliceCount') or 0)}: "
+            "must be greater than zero"
+        )
+    if int(pool.get("generation") or 0) < 0:
+        errors.append(
+            f"spec.pool.generation: Invalid value: {pool['generation']}: must be greater than or equal to zero"
+        )
+    errors += _node_selection_errors(spec)
+    if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
+        errors.append('spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed')
+    large = any(d.get("taints") or d.get("consumesCounters") or _has_list_attribute(d) for d in devices)
+    limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS if large else MAX_DEVICES_PER_SLICE
+    if len(devices) > limit:
+        return [*errors, f"spec.devices: Too many: {len(devices)}: must have at most {limit} items"]
+    errors += _counter_set_errors(spec.get("sharedCounters") or [])
+    seen: set[str] = set()
+    per_device = bool(spec.get("perDeviceNodeSelection"))
+    for i, device in enumerate(devices):
+        where = f"spec.devices[{i}]"
+        name = str(device.get("name") or "")
+        if not name:
+            errors.append(f"{where}.name: Required value")
+        else:
+            errors += _invalid(f"{where}.name", name, names.dns1123_label(name))
+        if name in seen:
+            errors.append(f'spec.devices[{i}]: Duplicate value: "{name}"')
+        seen.add(name)
+        errors += _device_errors(device, where, per_device)
+    return errors
+
+
+def _device_errors(device: Obj, where: str, per_device: bool) -> list[str]:
+    errors: list[str] = []
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    total = len(attributes) + len(capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        errors.append(
+            f"{where}: Invalid value: {total}: the total number of attributes and capacities must not exceed "
+            f"{MAX_ATTRIBUTES_AND_CAPACITIES}"
+        )
+    for attr, value in attributes.items():
+        errors += _qualified_name_errors(attr, f"{where}.attributes")
+        errors += _attribute_errors(value, f"{where}.attributes[{attr}]")
+    shared = bool(device.get("allowMultipleAllocations"))
+    for cap_name, cap in capacity.items():
+        errors += _qualified_name_errors(cap_name, f"{where}.capacity")
+        errors += _capacity_errors(f"{where}.capacity[{cap_name}]", cap or {}, shared)
+    errors += _taint_errors(device.get("taints") or [], f"{where}.taints")
+    errors += _consumption_errors(device.get("consumesCounters") or [], f"{where}.consumesCounters")
+    node_fields = [f for f in ("nodeName", "nodeSelector", "allNodes") if device.get(f) is not None]
+    if per_device:
+        chosen = [f"`{f}`" for f in node_fields if device.get(f) not in ("", False)]
+        if device.get("nodeName") == "":
+            errors.append(f'{where}.nodeName: Invalid value: "": must not be empty')
+        elif device.get("nodeName"):
+            errors += _invalid(
+                f"{where}.nodeName", device["nodeName"], names.dns1123_subdomain(device["nodeName"])
+            )
+        if device.get("nodeSelector") is not None:
+            errors += _node_selector_errors(device["nodeSelector"], f"{where}.nodeSelector")
+        if device.get("allNodes") is False:
+            errors.append(f"{where}.allNodes: Invalid value: false: must be either unset or set to true")
+        rule = (
+            "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when `perDeviceNodeSelection` "
+            "is set to true in the ResourceSlice spec"
+        )
+        if not chosen:
+            errors.append(f"{where}: Required value: {rule}")
+        elif len(chosen) > 1:
+            errors.append(f'{where}: Invalid value: "{{{", ".join(chosen)}}}": {rule}')
+    elif node_fields:
+        errors.append(
+            f"{where}: Invalid value: null: `nodeName`, `nodeSelector` and `allNodes` can only be set if "
+            "`perDeviceNodeSelection` is set to true in the ResourceSlice spec"
+        )
+    errors += _binding_errors(device, where)
+    return errors
+
+
+def _attribute_errors(value: Any, where: str) -> list[str]:
+    set_keys = [k for k in _VALUE_KEYS if isinstance(value, dict) and value.get(k) is not None]
+    if len(set_keys) != 1:
+        return [f"{where}: Invalid value: {json.dumps(value)}: exactly one value must be specified"]
+    key = set_keys[0]
+    items = value[key] if key in _LIST_KEYS else [value[key]]
+    errors: list[str] = []
+    if key in _LIST_KEYS:
+        if not isinstance(items, list) or not items:
+            return [f"{where}.{key}: Required value"]
+        if len(items) > MAX_LIST_ATTRIBUTE_VALUES:
+            return [
+                f"{where}.{key}: Too many: {len(items)}: must have at most {MAX_LIST_ATTRIBUTE_VALUES} items"
+            ]
+    for n, item in enumerate(items):
+        at = f"{where}.{key}" + (f"[{n}]" if key in _LIST_KEYS else "")
+        if key in ("version", "versions") and not _SEMVER.fullmatch(str(item)):
+            errors.append(
+                f"{at}: Invalid value: {_q(item)}: must be a string compatible with semver.org spec 2.0.0"
+            )
+        if (
+            key in ("string", "strings", "version", "versions")
+            and names.byte_length(str(item)) > MAX_STRING_ATTRIBUTE
+        ):
+            errors.append(f"{at}: Too long: may not be more than {MAX_STRING_ATTRIBUTE} bytes")
+    return errors
+
+
+def _taint_errors(taints: list[Obj], where: str) -> list[str]:
+    if len(taints) > MAX_TAINTS:
+        return [f"{where}: Too many: {len(taints)}: must have at most {MAX_TAINTS} items"]
+    errors: list[str] = []
+    for i, taint in enumerate(taints):
+        at = f"{where}[{i}]"
+        key = str(taint.get("key") or "")
+        if not key:
+            errors.append(f"{at}.key: Required value")
+        else:
+            errors += _invalid(f"{at}.key", key, names.qualified_name(key))
+        if taint.get("value"):
+            errors += _invalid(f"{at}.value", taint["value"], names.label_value(str(taint["value"])))
+        effect = taint.get("effect") or ""
+        if not effect:
+            errors.append(f"{at}.effect: Required value")
+        elif effect not in TAINT_EFFECTS:
+            supported = ", ".join(f'"{e}"' for e in TAINT_EFFECTS)
+            errors.append(f'{at}.effect: Unsupported value: "{effect}": supported values: {supported}')
+    return errors
+
+
+def _binding_errors(device: Obj, where: str) -> list[str]:
+    conditions = list(device.get("bindingConditions") or [])
+    failures = list(device.get("bindingFailureConditions") or [])
+    errors: list[str] = []
+    for field, values in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        if len(values) > MAX_BINDING_CONDITIONS:
+            errors.append(
+                f"{where}.{field}: Too many: {len(values)}: must have at most {MAX_BINDING_CONDITIONS} items"
+            )
+            continue
+        seen: set[str] = set()
+        for i, value in enumerate(values):
+            errors += _invalid(f"{where}.{field}[{i}]", value, names.qualified_name(str(value)))
+            if value in seen:
+                errors.append(f'{where}.{field}[{i}]: Duplicate value: "{value}"')
+            seen.add(value)
+            if field == "bindingFailureConditions" and value in conditions:
+                errors.append(
+                    f'{where}.{field}[{i}]: Invalid value: "{value}": bindingFailureConditions must not overlap '
+                    "with bindingConditions"
+                )
+    if failures and not conditions:
+        errors.append(
+            f"{where}.bindingConditions: Invalid value: []: bindingConditions are required to use "
+            "bindingFailureConditions"
+        )
+    if conditions and not failures:
+        errors.append(
+            f"{where}.bindingFailureConditions: Invalid value: []: bindingFailureConditions are required to use "
+            "bindingConditions"
+        )
+    return errors
+
+
+def _counter_set_errors(sets: list[Obj]) -> list[str]:
+    if len(sets) > MAX_COUNTER_SETS_PER_SLICE:
+        return [
+            f"spec.sharedCounters: Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS_PER_SLICE} items"
+        ]
+    errors: list[str] = []
     seen: set[str] = set()
     for i, counter_set in enumerate(sets):
         where = f"spec.sharedCounters[{i}]"
-        name = str(counter_set.get("name", ""))
-        if not _DNS_LABEL.match(name) or len(name) > 63:
-            errors.append(f'{where}.name: Invalid value: "{name}": {_LABEL_MSG}')
+        name = str(counter_set.get("name") or "")
+        if not name:
+            errors.append(f"{where}.name: Required value")
+        else:
+            errors += _invalid(f"{where}.name", name, names.dns1123_label(name))
         if name in seen:
-            errors.append(f'{where}.name: Duplicate value: "{name}"')
+            errors.append(f'{where}: Duplicate value: "{name}"')
         seen.add(name)
-        errors.extend(_counters_errors(where, counter_set.get("counters") or {}))
-    for i, device in enumerate(spec.get("devices") or []):
-        consumes = device.get("consumesCounters") or []
-        where = f"spec.devices[{i}].consumesCounters"
-        if len(consumes) > MAX_CONSUMES_COUNTERS_PER_DEVICE:
-            errors.append(
-                f"{where}: Too many: {len(consumes)}: must have at most {MAX_CONSUMES_COUNTERS_PER_DEVICE} items"
-            )
-        for j, entry in enumerate(consumes):
-            errors.extend(_counters_errors(f"{where}[{j}]", entry.get("counters") or {}))
+        errors += _counters_errors(where, counter_set.get("counters") or {})
     return errors
 
 
-def _counters_errors(where: str, counters: dict[str, Any]) -> list[str]:
+def _consumption_errors(consumes: list[Obj], where: str) -> list[str]:
+    if len(consumes) > MAX_CONSUMES_COUNTERS_PER_DEVICE:
+        return [
+            f"{where}: Too many: {len(consumes)}: must have at most {MAX_CONSUMES_COUNTERS_PER_DEVICE} items"
+        ]
     errors: list[str] = []
+    seen: set[str] = set()
+    for j, entry in enumerate(consumes):
+        at = f"{where}[{j}]"
+        counter_set = str(entry.get("counterSet") or "")
+        if not counter_set:
+            errors.append(f"{at}.counterSet: Required value")
+        else:
+            errors += _invalid(f"{at}.counterSet", counter_set, names.dns1123_label(counter_set))
+        if counter_set in seen:
+            errors.append(f'{at}: Duplicate value: "{counter_set}"')
+        seen.add(counter_set)
+        errors += _counters_errors(at, entry.get("counters") or {})
+    return errors
+
+
+def _counters_errors(where: str, counters: Obj) -> list[str]:
+    if not counters:
+        return [f"{where}.counters: Required value"]
     if len(counters) > MAX_COUNTERS_PER_SET:
-        errors.append(
+        return [
             f"{where}.counters: Too many: {len(counters)}: must have at most {MAX_COUNTERS_PER_SET} items"
-        )
+        ]
+    errors: list[str] = []
     for name, counter in counters.items():
-        if not _DNS_LABEL.match(name) or len(name) > 63:
-            errors.append(f'{where}.counters: Invalid value: "{name}": {_LABEL_MSG}')
+        errors += _invalid(f"{where}.counters[{name}]", name, names.dns1123_label(name))
         try:
             parse_quantity((counter or {}).get("value", ""))
         except QuantityError:
@@ -157,9 +403,9 @@ def _counters_errors(where: str, counters: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _capacity_errors(where: str, cap: dict[str, Any], shared: bool) -> list[str]:
+def _capacity_errors(where: str, cap: Obj, shared: bool) -> list[str]:
     try:
-        parse_quantity(cap.get("value", ""))
+        capacity = parse_quantity(cap.get("value", ""))
     except QuantityError:
         return [
             f'{where}.value: Invalid value: "{cap.get("value")}": quantities must match the regular expression'
@@ -167,26 +413,136 @@ def _capacity_errors(where: str, cap: dict[str, Any], shared: bool) -> list[str]
     policy = cap.get("requestPolicy")
     if policy is None:
         return []
+    where = f"{where}.requestPolicy"
     if not shared:
-        return [f"{where}.requestPolicy: Forbidden: allowMultipleAllocations must be true"]
-    errors = []
+        return [f"{where}: Forbidden: allowMultipleAllocations must be true"]
+    valid_values = policy.get("validValues") or []
     valid_range = policy.get("validRange")
-    if valid_range and policy.get("validValues"):
-        errors.append(f"{where}.requestPolicy: Invalid value: exactly one of validValues or validRange")
-    if (valid_range or policy.get("validValues")) and policy.get("default") is None:
-        errors.append(f"{where}.requestPolicy.default: Required value")
-    if valid_range and policy.get("default") is not None:
+    if valid_values and valid_range is not None:
+        return [
+            f'{where}: Forbidden: exactly one policy can be specified, cannot specify "validValues" and "validRange" '
+            "at the same time"
+        ]
+    if not valid_values and valid_range is None:
+        return []
+    if policy.get("default") is None:
+        kind = "validValues" if valid_values else "validRange"
+        return [f"{where}.default: Required value: required when {kind} is defined"]
+    try:
         default = parse_quantity(policy["default"])
-        if valid_range.get("max") is not None and default > parse_quantity(valid_range["max"]):
+        if valid_values:
+            return _valid_values_errors(f"{where}.validValues", default, capacity, valid_values, cap["value"])
+        return _valid_range_errors(
+            f"{where}.validRange", policy["default"], default, capacity, valid_range, cap["value"]
+        )
+    except QuantityError as exc:
+        return [f"{where}: Invalid value: {exc}"]
+
+
+def _valid_values_errors(where: str, default: Any, capacity: Any, values: list[str], shown: str) -> list[str]:
+    errors: list[str] = []
+    parsed = [parse_quantity(v) for v in values]
+    for i in range(len(parsed) - 1):
+        if parsed[i] > parsed[i + 1]:
             errors.append(
-                f'{where}.requestPolicy.validRange.max: Invalid value: "{policy["default"]}": default is more than max: '
-                f"{valid_range['max']}"
+                f'{where}[{i + 1}]: Invalid value: "{values[i + 1]}": values must be sorted in ascending order'
             )
-        if valid_range.get("min") is not None and default < parse_quantity(valid_range["min"]):
+    if len(values) > MAX_VALID_VALUES:
+        return [*errors, f"{where}: Too many: {len(values)}: must have at most {MAX_VALID_VALUES} items"]
+    for i, option in enumerate(parsed):
+        if option > capacity:
             errors.append(
-                f'{where}.requestPolicy.validRange.min: Invalid value: "{policy["default"]}": default is less than min: '
-                f"{valid_range['min']}"
+                f'{where}[{i}]: Invalid value: "{values[i]}": option is larger than capacity value: {shown}'
             )
+    if default not in parsed:
+        errors.append(
+            f"{where}: Invalid value: {_q(str(default))}: default value is not valid according to the requestPolicy"
+        )
+    return errors
+
+
+def _valid_range_errors(
+    where: str, shown_default: str, default: Any, capacity: Any, valid_range: Obj, shown: str
+) -> list[str]:
+    if valid_range.get("min") is None:
+        return [f"{where}.min: Required value: required when validRange is defined"]
+    minimum = parse_quantity(valid_range["min"])
+    errors: list[str] = []
+    if minimum > capacity:
+        errors.append(
+            f'{where}.min: Invalid value: "{valid_range["min"]}": min is larger than capacity value: {shown}'
+        )
+    if default < minimum:
+        errors.append(
+            f'{where}.min: Invalid value: "{shown_default}": default is less than min: {valid_range["min"]}'
+        )
+    maximum = parse_quantity(valid_range["max"]) if valid_range.get("max") is not None else None
+    if maximum is not None:
+        if minimum > maximum:
+            errors.append(
+                f'{where}.max: Invalid value: "{valid_range["min"]}": min is larger than max: {valid_range["max"]}'
+            )
+        if maximum > capacity:
+            errors.append(
+                f'{where}.max: Invalid value: "{valid_range["max"]}": max is larger than capacity value: {shown}'
+            )
+        if default > maximum:
+            errors.append(
+                f'{where}.max: Invalid value: "{shown_default}": default is more than max: {valid_range["max"]}'
+            )
+    if valid_range.get("step") is not None:
+        step = parse_quantity(valid_range["step"])
+        if step <= 0:
+            return [
+                *errors,
+                f'{where}.step: Invalid value: "{valid_range["step"]}": must be greater than zero',
+            ]
+        if minimum + step > capacity:
+            errors.append(
+                f'{where}.step: Invalid value: "{valid_range["step"]}": one step {minimum + step} is larger than '
+                f"capacity value: {shown}"
+            )
+        for value, text in ((default, shown_default), (maximum, valid_range.get("max"))):
+            if value is not None and (value - minimum) % step != 0:
+                errors.append(
+                    f'{where}.step: Invalid value: "{text}": value is not a multiple of a given step '
+                    f"({valid_range['step']}) from ({valid_range['min']})"
+                )
+    return errors
+
+
+def device_class_errors(obj: Obj) -> list[str]:
+    """Every problem the API server would report for this DeviceClass."""
+    errors = metadata_errors(obj)
+    spec = obj.get("spec") or {}
+    selectors = spec.get("selectors") or []
+    if len(selectors) > MAX_SELECTORS:
+        errors.append(f"spec.selectors: Too many: {len(selectors)}: must have at most {MAX_SELECTORS} items")
+    for i, selector in enumerate(selectors[:MAX_SELECTORS]):
+        if not ((selector or {}).get("cel") or {}).get("expression"):
+            errors.append(f"spec.selectors[{i}].cel.expression: Required value")
+    configs = spec.get("config") or []
+    if len(configs) > MAX_CONFIGS:
+        errors.append(f"spec.config: Too many: {len(configs)}: must have at most {MAX_CONFIGS} items")
+    for i, config in enumerate(configs[:MAX_CONFIGS]):
+        opaque = (config or {}).get("opaque")
+        if opaque is None:
+            errors.append(f"spec.config[{i}].opaque: Required value")
+            continue
+        errors += driver_errors(str(opaque.get("driver") or ""), f"spec.config[{i}].opaque.driver")
+        parameters = opaque.get("parameters")
+        where = f"spec.config[{i}].opaque.parameters"
+        if parameters is None:
+            errors.append(f"{where}: Required value")
+        elif not isinstance(parameters, dict):
+            errors.append(f'{where}: Invalid value: "<value omitted>": must be a valid JSON object')
+        elif len(json.dumps(parameters, separators=(",", ":")).encode()) > MAX_OPAQUE_PARAMETERS:
+            errors.append(f"{where}: Too long: may not be more than {MAX_OPAQUE_PARAMETERS} bytes")
+    extended = spec.get("extendedResourceName")
+    if extended is not None and names.extended_resource_name(str(extended)):
+        errors.append(
+            f"spec.extendedResourceName: Invalid value: {_q(extended)}: must be a valid extended resource name"
+        )
     return errors
 
 
@@ -207,6 +563,12 @@ def driver_name_errors(device: dict[str, Any], driver: str, where: str = "device
                     f'"{driver}/" (write "{ident}"; Kubernetes 1.38 refuses the qualified form)'
                 )
     return errors
+
+
+def validate_device_class(obj: Obj) -> None:
+    errors = device_class_errors(obj)
+    if errors:
+        raise Invalid(f'DeviceClass.resource.k8s.io "{objects.name(obj)}" is invalid: ' + "; ".join(errors))
 
 
 def validate_resource_slice(obj: dict[str, Any]) -> None:

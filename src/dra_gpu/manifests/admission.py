@@ -7,6 +7,10 @@ forever. Each rule is one validation whose message says what to change:
 - a request of a shared class names both capacities (`memory` and `cores`) or neither: one that is
   left out is charged in full (the request policy's default is the whole GPU), so the GPU would
   have no room left for other shares;
+- a request of one of the driver's classes names capacities as the devices publish them, unqualified
+  (`memory`, not `gpu.dra-gpu.io/memory`): the 1.34-1.37 scheduler (and the in-tree allocator) look a
+  requested name up verbatim in the device's capacity, so a qualified name is never allocated; 1.38
+  resolves it, but the other rules here read the unqualified names only;
 - a claim's GpuConfig keeps its class's sharing strategy: the class selects GPUs of the mode that
   strategy needs, and another strategy on them (MPS beside Limiter shares, Exclusive beside shares)
   is refused by the node;
@@ -20,6 +24,10 @@ forever. Each rule is one validation whose message says what to change:
 - a claim's `sharing.limiter.compute` has a `limit` that is a whole percent 1..100, at least the claim's
   `cores` (in the config and in each request it applies to: the floor), and a `priority` of
   `latency`, `standard` or `besteffort`.
+
+The policy judges a claim when it is created only: a claim's (and a template's) spec is immutable, and
+judging it again on a metadata update (a finalizer added or removed) would deny that update for a claim
+created before the policy or before a rule was tightened, which then could never be deleted.
 
 The expressions avoid CEL's optional syntax so that the tests can run them with the `cel` package.
 """
@@ -51,6 +59,12 @@ STRATEGY_MESSAGE = (
 MPS_MESSAGE = (
     "a claim with a request of an MPS class must have only that request, for one GPU (count 1): a CUDA "
     "process connects to one MPS control daemon, which serves one GPU; put other GPUs in claims of their own"
+)
+
+QUALIFIED_MESSAGE = (
+    f'a request of a {DRIVER_NAME} device class names a capacity with a domain (e.g. "{DRIVER_NAME}/memory"); '
+    f"name it as the devices publish it, without the domain: capacity: {{requests: {{memory: 10Gi, cores: 25}}}} "
+    f"(the scheduler of Kubernetes 1.34-1.37 looks the name up as written and would never allocate the claim)"
 )
 
 LIMIT_MESSAGE = (
@@ -121,12 +135,16 @@ def _request_classes(r: str) -> str:
 
 
 def _capacity_ok(x: str, shared: list[str]) -> str:
-    def named(name: str) -> str:
-        return f'("{name}" in {x}.capacity.requests || "{DRIVER_NAME}/{name}" in {x}.capacity.requests)'
-
     return (
         f"!({x}.deviceClassName in {_literal(shared)}) || !has({x}.capacity) || "
-        f"!has({x}.capacity.requests) || {named('memory')} == {named('cores')}"
+        f'!has({x}.capacity.requests) || ("memory" in {x}.capacity.requests) == ("cores" in {x}.capacity.requests)'
+    )
+
+
+def _unqualified(x: str, ours: list[str]) -> str:
+    return (
+        f"!({x}.deviceClassName in {_literal(ours)}) || !has({x}.capacity) || "
+        f'!has({x}.capacity.requests) || !{x}.capacity.requests.exists(n, n.contains("/"))'
     )
 
 
@@ -146,6 +164,9 @@ def validations(values: Values) -> list[Obj]:
     shared = sorted(n for n, s in strategies.items() if s != Strategy.EXCLUSIVE.value)
     interval = values.deviceClasses.timeSlicingInterval
     capacity = f"variables.requests.all(r, {_request_classes('r')}.all(x, {_capacity_ok('x', shared)}))"
+    unqualified = (
+        f"variables.requests.all(r, {_request_classes('r')}.all(x, {_unqualified('x', sorted(strategies))}))"
+    )
     strategy = (
         f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.strategy) || "
         f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
@@ -175,6 +196,7 @@ def validations(values: Values) -> list[Obj]:
     )
     return [
         {"expression": capacity, "message": CAPACITY_MESSAGE, "reason": "Invalid"},
+        {"expression": unqualified, "message": QUALIFIED_MESSAGE, "reason": "Invalid"},
         {"expression": strategy, "message": STRATEGY_MESSAGE, "reason": "Invalid"},
         {"expression": timeslice, "message": _interval_message(interval), "reason": "Invalid"},
         {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
@@ -224,7 +246,7 @@ def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
                     {
                         "apiGroups": ["resource.k8s.io"],
                         "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
+                        "operations": ["CREATE"],
                         "resources": ["resourceclaims", "resourceclaimtemplates"],
                     }
                 ],

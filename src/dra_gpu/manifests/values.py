@@ -7,8 +7,7 @@ a silently ignored setting.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +19,8 @@ from dra_gpu import __version__
 from dra_gpu.config import ConfigError, NodeSharing, Placement, Strategy
 from dra_gpu.inventory.simulated import parse_profile, split_options
 from dra_gpu.inventory.types import InventoryError
+from dra_gpu.kube import names
+from dra_gpu.quantity import QuantityError, parse_quantity
 
 TEMPLATES = "templates/manifests"
 DEFAULT_VALUES = "values.yaml"
@@ -33,10 +34,81 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _api(value: str, check: Callable[[str], list[str]], field: str) -> str:
+    """`value` as the API server checks the field it becomes; the error names the value and the rule."""
+    problems = check(value)
+    if problems:
+        raise ValueError(f"{value!r} is not a valid {field}: {problems[0]}")
+    return value
+
+
+def _no_whitespace(value: str) -> list[str]:
+    return ["must not have leading or trailing whitespace"] if value != value.strip() else []
+
+
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+_TAINT_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
+
+
+def _toleration_problem(toleration: dict[str, Any]) -> str:
+    """The first rule of Kubernetes' toleration validation that `toleration` breaks ("" if none)."""
+    unknown = set(toleration) - _TOLERATION_KEYS
+    if unknown:
+        return f"unknown field {sorted(unknown)[0]!r} (fields: {', '.join(sorted(_TOLERATION_KEYS))})"
+    key = str(toleration.get("key") or "")
+    operator = toleration.get("operator") or "Equal"
+    value = str(toleration.get("value") or "")
+    effect = toleration.get("effect") or ""
+    if key and names.qualified_name(key):
+        return f"key {key!r}: {names.qualified_name(key)[0]}"
+    if operator not in ("Equal", "Exists"):
+        return f"operator {operator!r}: must be Equal or Exists"
+    if not key and operator != "Exists":
+        return "operator must be Exists when key is empty (which matches every taint)"
+    if operator == "Exists" and value:
+        return "value must be empty when operator is Exists"
+    if operator == "Equal" and names.label_value(value):
+        return f"value {value!r}: {names.label_value(value)[0]}"
+    if effect not in _TAINT_EFFECTS:
+        return f"effect {effect!r}: must be NoSchedule, PreferNoSchedule or NoExecute (or empty for all)"
+    if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
+        return "effect must be NoExecute when tolerationSeconds is set"
+    return ""
+
+
+def _resources(value: dict[str, Any]) -> dict[str, Any]:
+    """A container's resources: requests and limits of quantities, no request above its limit."""
+    unknown = set(value) - {"requests", "limits"}
+    if unknown:
+        raise ValueError(f"unknown field {sorted(unknown)[0]!r}: resources take requests and limits")
+    parsed: dict[str, dict[str, Any]] = {}
+    for kind in ("requests", "limits"):
+        parsed[kind] = {}
+        for name, quantity in (value.get(kind) or {}).items():
+            try:
+                parsed[kind][name] = parse_quantity(str(quantity))
+            except QuantityError:
+                raise ValueError(
+                    f"{kind}.{name}: {quantity!r} is not a Kubernetes quantity (e.g. 128Mi, 50m)"
+                ) from None
+    for name, request in parsed["requests"].items():
+        limit = parsed["limits"].get(name)
+        if limit is not None and request > limit:
+            raise ValueError(
+                f"requests.{name} {value['requests'][name]!r} must be less than or equal to its limit"
+            )
+    return value
+
+
 class Image(_Model):
     repository: str = Field(min_length=1)
     tag: str | None
     pullPolicy: Literal["Always", "IfNotPresent", "Never"]
+
+    @field_validator("repository", "tag")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        return value if value is None else _api(value, _no_whitespace, "image reference part")
 
 
 class KubeletPlugin(_Model):
@@ -63,10 +135,38 @@ class KubeletPlugin(_Model):
     @classmethod
     def _gpu_node_labels(cls, value: list[str]) -> list[str]:
         for entry in value:
-            key, _, _ = entry.partition("=")
-            if not re.fullmatch(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key):
-                raise ValueError(f"{entry!r} is not a node label: write KEY=VALUE or KEY")
+            key, _, label = entry.partition("=")
+            problems = names.qualified_name(key) + names.label_value(label)
+            if problems:
+                raise ValueError(f"{entry!r} is not a node label (write KEY=VALUE or KEY): {problems[0]}")
         return value
+
+    @field_validator("runtimeClassName", "priorityClassName")
+    @classmethod
+    def _class_name(cls, value: str | None) -> str | None:
+        return value if value is None else _api(value, names.dns1123_subdomain, "object name")
+
+    @field_validator("nodeSelector")
+    @classmethod
+    def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            _api(key, names.qualified_name, "label key")
+            _api(label, names.label_value, "label value")
+        return value
+
+    @field_validator("tolerations")
+    @classmethod
+    def _tolerations(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, toleration in enumerate(value):
+            problem = _toleration_problem(toleration)
+            if problem:
+                raise ValueError(f"toleration {i}: {problem}")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _resources(value)
 
     @field_validator("gpuBackend")
     @classmethod
@@ -106,6 +206,11 @@ class Controller(_Model):
     resources: dict[str, Any]
     classes: list[ControllerClass]
 
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _resources(value)
+
     @model_validator(mode="after")
     def _one_active_replica(self) -> Controller:
         # Without the Lease every replica allocates, and two of them hand out the same capacity.
@@ -117,6 +222,13 @@ class Controller(_Model):
 class DeviceClasses(_Model):
     timeSlicingInterval: Literal["Default", "Short", "Medium", "Long"]
     extendedResourceNames: dict[str, str]
+
+    @field_validator("extendedResourceNames")
+    @classmethod
+    def _extended_resource_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value.values():
+            _api(name, names.extended_resource_name, "extended resource name")
+        return value
 
 
 class Switch(_Model):
@@ -130,6 +242,16 @@ class Dashboard(_Model):
     labelValue: str
     folder: str | None
     folderAnnotation: str = Field(pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+    @field_validator("label", "folderAnnotation")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        return _api(value, names.qualified_name, "label or annotation key")
+
+    @field_validator("labelValue")
+    @classmethod
+    def _label_value(cls, value: str) -> str:
+        return _api(value, names.label_value, "label value")
 
 
 class Values(_Model):

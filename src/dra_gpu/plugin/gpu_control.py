@@ -347,7 +347,7 @@ class NvidiaCommands:
             )
         return MigInstance(
             made[0], gpu.uuid, profile.name, start, profile.memory_slices, gi, ci,
-            profile_memory(profile, gpu.memory_bytes),
+            profile_memory(profile, gpu),
         )  # fmt: skip
 
     def destroy_mig_instance(self, gpu: GpuInfo, instance: MigInstance) -> None:
@@ -363,7 +363,7 @@ class NvidiaCommands:
         ):
             profile = table.find(name) if table else None
             size = profile.memory_slices if profile else 1
-            memory = profile_memory(profile, gpu.memory_bytes) if profile else 0
+            memory = profile_memory(profile, gpu) if profile else 0
             found.append(MigInstance("", gpu.uuid, name, start, size, gi, 0, memory))
         return found
 

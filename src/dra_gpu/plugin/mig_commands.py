@@ -123,5 +123,5 @@ def simulated_create(
         size=profile.memory_slices,
         gi_id=next_gi_id([*gpu.mig_instances, *live]),
         ci_id=0,
-        memory_bytes=profile_memory(profile, gpu.memory_bytes),
+        memory_bytes=profile_memory(profile, gpu),
     )

@@ -50,7 +50,7 @@ def mig_views(gpus: list[GpuInfo]) -> tuple[dict[str, GpuInfo], dict[str, MigPla
             for profile in table.profiles:
                 for start in profile.starts:
                     name = mig_device_name(gpu.index, profile.name, start)
-                    views[name] = replace(gpu, memory_bytes=profile_memory(profile, gpu.memory_bytes))
+                    views[name] = replace(gpu, memory_bytes=profile_memory(profile, gpu))
                     placements[name] = MigPlacement(gpu, profile, start)
             continue
         for instance in gpu.mig_instances:

@@ -47,6 +47,7 @@ MPS_NAMESPACES_ATTRIBUTE = "mpsNamespaces"
 MIG_ENABLED_ATTRIBUTE = "migEnabled"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 MAX_STRING = 64
+"""Bytes of a string attribute (the API server counts UTF-8 bytes, not characters)."""
 UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
 UNHEALTHY_TAINT_EFFECT = "NoSchedule"
 """NoSchedule keeps new claims away without evicting running pods: the pod's owner decides."""
@@ -76,9 +77,14 @@ def semver(text: str) -> str | None:
     return ".".join(parts)
 
 
+def fit(text: str) -> str:
+    """`text` cut to MAX_STRING bytes of UTF-8 without splitting a character."""
+    return text.encode("utf-8")[:MAX_STRING].decode("utf-8", "ignore")
+
+
 def version_attribute(text: str) -> Obj:
     version = semver(text)
-    return {"version": version} if version else {"string": text.strip()[:MAX_STRING]}
+    return {"version": version} if version else {"string": fit(text.strip())}
 
 
 def published_memory(memory_bytes: int) -> tuple[int, int]:
@@ -124,10 +130,10 @@ def build_device(
     device: Obj = {
         "name": device_name(gpu.index),
         "attributes": {
-            "uuid": {"string": gpu.uuid[:MAX_STRING]},
+            "uuid": {"string": fit(gpu.uuid)},
             "index": {"int": gpu.index},
-            "productName": {"string": gpu.product_name.strip()[:MAX_STRING]},
-            "architecture": {"string": gpu.architecture.strip()[:MAX_STRING]},
+            "productName": {"string": fit(gpu.product_name.strip())},
+            "architecture": {"string": fit(gpu.architecture.strip())},
             "cudaComputeCapability": version_attribute(gpu.cuda_compute_capability),
             "driverVersion": version_attribute(gpu.driver_version),
             "cudaDriverVersion": version_attribute(gpu.cuda_driver_version),

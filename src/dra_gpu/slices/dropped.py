@@ -15,6 +15,7 @@ Obj = dict[str, Any]
 
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 DEVICE_TAINTS = "DRADeviceTaints"
+PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
 
 
 @dataclass
@@ -63,4 +64,6 @@ def dropped_fields(sent: Obj, returned: Obj) -> DroppedFields:
             result.features.add(CONSUMABLE_CAPACITY)
         elif path.endswith(".taints") or ".taints[" in path:
             result.features.add(DEVICE_TAINTS)
+        elif any(f".{name}" in path for name in ("sharedCounters", "consumesCounters")):
+            result.features.add(PARTITIONABLE_DEVICES)
     return result

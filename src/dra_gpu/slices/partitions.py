@@ -12,18 +12,23 @@
   1.35+ limit of two is never reached). Counter sets go into slices of their own (1.35+ forbids
   devices and counter sets in one slice), at most 8 sets per slice. A dynamic device is
   Exclusive: its instance exists only while its one claim is prepared.
+- Where the API server has no counters (DRAPartitionableDevices off: it drops them silently; or 1.34's
+  rules, which refuse this layout), placements that overlap could all be allocated at once. A dynamic
+  GPU then publishes its full profile only, one placement that consumes nothing: one claim per GPU,
+  never two instances on the same memory slices.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
 from dra_gpu.config import GpuSharingMode
 from dra_gpu.inventory.mig import MigInstance
-from dra_gpu.inventory.mig_profiles import MEMORY_SLICES, MigProfile, MigTable, profile_memory, table_for
+from dra_gpu.inventory.mig_profiles import MigProfile, MigTable, profile_memory, table_for
 from dra_gpu.inventory.types import GpuInfo
-from dra_gpu.slices.devices import MAX_STRING, build_device
+from dra_gpu.slices.devices import build_device, fit
 
 Obj = dict[str, Any]
 
@@ -61,7 +66,7 @@ def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str
     attributes: Obj = {
         TYPE_ATTRIBUTE: {"string": "mig"},
         PROFILE_ATTRIBUTE: {"string": profile.name},
-        PARENT_UUID_ATTRIBUTE: {"string": gpu.uuid[:MAX_STRING]},
+        PARENT_UUID_ATTRIBUTE: {"string": fit(gpu.uuid)},
         PLACEMENT_START_ATTRIBUTE: {"int": start},
         "memorySlices": {"int": profile.memory_slices},
         "computeSlices": {"int": profile.compute_slices},
@@ -69,7 +74,7 @@ def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str
         DYNAMIC_ATTRIBUTE: {"bool": dynamic},
     }
     if mig_uuid:
-        attributes[MIG_UUID_ATTRIBUTE] = {"string": mig_uuid[:MAX_STRING]}
+        attributes[MIG_UUID_ATTRIBUTE] = {"string": fit(mig_uuid)}
     return attributes
 
 
@@ -93,7 +98,7 @@ def static_device(
 
 def dynamic_device(gpu: GpuInfo, profile: MigProfile, start: int, taints: list[Obj] | None = None) -> Obj:
     """A placement that prepare will create: Exclusive, consuming its slices and engines."""
-    as_gpu = replace(gpu, memory_bytes=profile_memory(profile, gpu.memory_bytes), mig_enabled=False)
+    as_gpu = replace(gpu, memory_bytes=profile_memory(profile, gpu), mig_enabled=False)
     device = build_device(as_gpu, GpuSharingMode.EXCLUSIVE, taints=taints)
     device["name"] = mig_device_name(gpu.index, profile.name, start)
     del device["attributes"]["uuid"]  # the instance has no UUID until it is made
@@ -109,7 +114,7 @@ def dynamic_device(gpu: GpuInfo, profile: MigProfile, start: int, taints: list[O
 
 
 def counter_set(gpu: GpuInfo, table: MigTable) -> Obj:
-    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(MEMORY_SLICES)}
+    counters = {f"memory-slice-{n}": {"value": "1"} for n in range(table.memory_slices)}
     for counter, field in ENGINE_COUNTERS.items():
         counters[counter] = {"value": str(getattr(table.full, field))}
     return {"name": counter_set_name(gpu), "counters": counters}
@@ -121,12 +126,19 @@ def mig_devices(
     *,
     consumable_capacity: bool = True,
     taints: list[Obj] | None = None,
+    counters: bool = True,
 ) -> list[Obj] | None:
     """The devices of a GPU in MIG mode; None to publish it whole (Exclusive, `migEnabled`) as before:
-    not in MIG mode, a model without a profile table, or a static GPU with no instances yet."""
+    not in MIG mode, a model without a profile table, or a static GPU with no instances yet.
+    `counters`: the API server keeps shared counters; without them a dynamic GPU offers its full
+    profile only (see the module docstring)."""
     table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
     if table is None or not (gpu.mig_dynamic or gpu.mig_instances):
         return None
+    if gpu.mig_dynamic and not counters:
+        whole = dynamic_device(gpu, table.full, table.full.starts[0], taints)
+        del whole["consumesCounters"]
+        return [whole]
     if gpu.mig_dynamic:
         return [dynamic_device(gpu, p, start, taints) for p in table.profiles for start in p.starts]
     devices = []
@@ -139,6 +151,31 @@ def mig_devices(
                 )
             )
     return devices
+
+
+def unpublished_instances(gpu: GpuInfo) -> list[tuple[MigInstance, str]]:
+    """The existing instances `mig_devices` leaves out, each with the reason (for the publisher's log).
+
+    A GPU instance split into several compute instances (`1c.3g.40gb`, made with `nvidia-smi mig -cci`)
+    is left out: its compute instances share one GPU instance's memory, which this driver cannot
+    give to one claim and limit for another; and a profile the model's table does not list."""
+    table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
+    if table is None or gpu.mig_dynamic:
+        return []
+    left_out = []
+    for instance in gpu.mig_instances:
+        if table.find(instance.profile) is not None:
+            continue
+        if re.match(r"\d+c\.", instance.profile):
+            why = (
+                f"compute instance {instance.ci_id} of GPU instance {instance.gi_id} ({instance.profile}) shares "
+                "the GPU instance's memory with its other compute instances; only GPU instances with one "
+                "compute instance spanning them are published (recreate it with `nvidia-smi mig -cgi <profile> -C`)"
+            )
+        else:
+            why = f"profile {instance.profile!r} is not in the {table.model} table ({table.names()})"
+        left_out.append((instance, why))
+    return left_out
 
 
 def counter_sets(gpus: list[GpuInfo]) -> list[Obj]:

@@ -22,7 +22,10 @@ but not yet started claim nor a running one is missed.
 A reconcile compares each slice it writes with what the API server returns. When the server dropped
 `allowMultipleAllocations`/`requestPolicy` (DRAConsumableCapacity off), it warns and publishes every
 GPU unshared; when it dropped taints (DRADeviceTaints off), it leaves unhealthy GPUs out of the pool
-until they recover, since it cannot keep new claims away from them any other way.
+until they recover, since it cannot keep new claims away from them any other way. When it dropped
+shared counters (DRAPartitionableDevices off), or refused the counter layout (1.34's counter rules
+differ), each dynamic MIG GPU offers its full profile only, so that no two overlapping instances can be
+allocated; the reason is logged, kept in `fallbacks` and posted as a Warning event on the Node.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory.types import GpuInfo, Inventory
 from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent, objects
+from dra_gpu.kube.errors import Invalid
+from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
 from dra_gpu.slices.devices import (
     SHAREABLE_MODES,
@@ -49,8 +54,14 @@ from dra_gpu.slices.devices import (
     effective_mode,
     unhealthy_taint,
 )
-from dra_gpu.slices.dropped import CONSUMABLE_CAPACITY, DEVICE_TAINTS, DroppedFields, dropped_fields
-from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets
+from dra_gpu.slices.dropped import (
+    CONSUMABLE_CAPACITY,
+    DEVICE_TAINTS,
+    PARTITIONABLE_DEVICES,
+    DroppedFields,
+    dropped_fields,
+)
+from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets, unpublished_instances
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
 
 Obj = dict[str, Any]
@@ -58,6 +69,8 @@ log = logging.getLogger(__name__)
 
 KIND = "ResourceSlice"
 API_VERSION = "resource.k8s.io/v1"
+EVENT_COMPONENT = "dra-gpu-kubelet-plugin"
+NO_COUNTERS_REASON = "DynamicMigWithoutCounters"
 
 
 class SliceError(ValueError):
@@ -129,6 +142,11 @@ class SlicePublisher:
         """False once the API server was seen dropping shared-device fields."""
         self.device_taints = True
         """False once the API server was seen dropping device taints."""
+        self.partitionable_devices = True
+        """False once the API server was seen dropping shared counters, or refusing their layout."""
+        self.fallbacks: dict[str, str] = {}
+        """Feature gate -> why the publisher stopped using it (what `/status` and the events say)."""
+        self._events = EventRecorder(api, node_name, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
         self.stats = PublisherStats()
         self.last_error: str | None = None
         self.published = threading.Event()
@@ -158,6 +176,10 @@ class SlicePublisher:
             while True:
                 try:
                     stored, dropped = self._reconcile()
+                except Invalid as exc:
+                    if self._refused_counters(exc):
+                        continue
+                    raise
                 except (Conflict, AlreadyExists, NotFound) as exc:
                     conflicts += 1  # someone wrote meanwhile (the kubelet wiping): plan again
                     if conflicts >= 3:
@@ -233,7 +255,11 @@ class SlicePublisher:
                     self._own_deletes.discard(meta["name"])
         stored = dict(plan.keep)
         dropped = DroppedFields()
-        for index, body in sorted(bodies.items()):
+        # Counter slices first: a server that drops counters shows it before any placement that needs
+        # them is written; the writes stop there, and the pool stays incomplete (unusable) until the
+        # fallback publishes it again, so no uncounted placement is ever offered.
+        for index in sorted(bodies, key=lambda i: (not bodies[i]["spec"].get("sharedCounters"), i)):
+            body = bodies[index]
             if index in plan.update:
                 result = self.api.update(KIND, body)
                 self.stats.updates += 1
@@ -246,6 +272,8 @@ class SlicePublisher:
             missing = dropped_fields(body, result)
             dropped.features |= missing.features
             dropped.paths += [f"slice {index}: {p}" for p in missing.paths]
+            if PARTITIONABLE_DEVICES in missing.features and self.partitionable_devices:
+                break
         with self._seen_lock:
             self._own_versions = {
                 s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in stored.values()
@@ -293,9 +321,41 @@ class SlicePublisher:
                 "of the pool until they recover",
                 extra={"node": self.node_name, "dropped": dropped.describe()},
             )
+        if PARTITIONABLE_DEVICES in dropped.features and self.partitionable_devices:
+            changed = True
+            self._no_counters(
+                "the API server dropped sharedCounters/consumesCounters (DRAPartitionableDevices is off)"
+            )
         if not changed:
             self._warn_once("dropped:" + dropped.describe(), dropped.describe())
         return changed
+
+    def _refused_counters(self, exc: Invalid) -> bool:
+        """A refusal of the counter layout (a server whose counter rules differ, 1.34): publish without
+        counters. True if the next reconcile publishes something else."""
+        if not self.partitionable_devices or not self._counter_sets:
+            return False
+        if "sharedCounters" not in str(exc) and "consumesCounters" not in str(exc):
+            return False
+        self._no_counters(f"the API server refused the shared-counter layout ({exc})")
+        return True
+
+    def _no_counters(self, why: str) -> None:
+        self.partitionable_devices = False
+        reason = (
+            f"{why}: each dynamic MIG GPU is published as its full profile only (one instance per GPU), so "
+            f"that overlapping instances are never allocated; smaller instances need Kubernetes 1.35+ with "
+            f"DRAPartitionableDevices on (or static MIG instances)"
+        )
+        self.fallbacks[PARTITIONABLE_DEVICES] = reason
+        log.warning(reason, extra={"node": self.node_name})
+        if self._node_uid is not None:
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": self.node_name, "uid": self._node_uid, "namespace": "default"},
+            }
+            self._events.record(node, "Warning", NO_COUNTERS_REASON, reason)
 
     @staticmethod
     def _health_of(gpus: list[GpuInfo]) -> list[tuple[str, bool, str]]:
@@ -305,7 +365,7 @@ class SlicePublisher:
         now = _now()
         devices = []
         gpus = self.inventory.gpus()
-        self._counter_sets = counter_sets(gpus)
+        self._counter_sets = counter_sets(gpus) if self.partitionable_devices else []
         self._published_health = self._health_of(gpus)
         live: LiveClaims | str | None = None
         pending: dict[str, PendingModeChange] = {}
@@ -348,7 +408,13 @@ class SlicePublisher:
                 self.sharing.mode_for(gpu.index, gpu.uuid),
                 consumable_capacity=self.consumable_capacity,
                 taints=taints,
+                counters=self.partitionable_devices,
             )
+            for instance, why in unpublished_instances(gpu):
+                self._warn_once(
+                    f"mig:{instance.uuid}",
+                    f"GPU {gpu.index}: MIG device {instance.uuid} is not published: {why}",
+                )
             if mig is not None:
                 devices.extend(mig)
                 continue
