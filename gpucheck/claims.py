@@ -85,12 +85,12 @@ def refusal(output: str) -> str:
     return f"the library did not take the claim into arbitration: {line}" if line else ""
 
 
-def why_not(claims_root: Path = CLAIMS_ROOT, gpus_root: Path = GPUS_ROOT) -> str:
+def why_not() -> str:
     """Why claims cannot be laid out here; empty when they can."""
     if os.geteuid() != 0:
         return (
             f"needs root: each claim's process sees its limits file and the GPU's board on read-only mounts "
-            f"at {claims_root} and {gpus_root}, in a mount namespace of its own, as in a container"
+            f"at {CLAIMS_ROOT} and {GPUS_ROOT}, in a mount namespace of its own, as in a container"
         )
     if shutil.which("unshare") is None:
         return "unshare not found (util-linux): the claims' mount namespaces cannot be made"
@@ -105,14 +105,14 @@ class Layout:
         work: Path,
         gpu_uuid: str,
         claims: Sequence[Claim],
-        claims_root: Path = CLAIMS_ROOT,
-        gpus_root: Path = GPUS_ROOT,
+        claims_root: Path | None = None,
+        gpus_root: Path | None = None,
     ) -> None:
         self.work = work
         self.gpu_uuid = gpu_uuid
         self.claims = {c.uid: c for c in claims}
-        self.claims_root = claims_root
-        self.gpus_root = gpus_root
+        self.claims_root = claims_root or CLAIMS_ROOT
+        self.gpus_root = gpus_root or GPUS_ROOT
         self.gpus = work / "gpus"
         self.made_roots: list[Path] = []
         self._lay_out()
@@ -206,8 +206,8 @@ def laid_out(
     work: Path,
     gpu_uuid: str,
     claims: Sequence[Claim],
-    claims_root: Path = CLAIMS_ROOT,
-    gpus_root: Path = GPUS_ROOT,
+    claims_root: Path | None = None,
+    gpus_root: Path | None = None,
 ) -> Iterator[Layout]:
     """A `Layout` whose mount points exist while it is used."""
     layout = Layout(work, gpu_uuid, claims, claims_root, gpus_root)

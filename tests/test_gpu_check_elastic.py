@@ -166,7 +166,7 @@ def test_reclaim_fails_past_100_ms_and_counts_wakes_never_reclaimed() -> None:
 def _outcome(p99_alone: float, p99_beside: float, steps_beside: int, busy: float = 0.3) -> Outcome:
     serve = {"alone_p99_ms": str(p99_alone), "beside_p99_ms": str(p99_beside), "alone_busy": str(busy)}
     serve |= {"request_ms": "2.01", "request_batch": "24", "alone_requests": "600"}
-    train = {"train-alone_steps": "300", "train-alone_seconds": "3.0", "beside_steps": str(steps_beside)}
+    train = {"train_alone_steps": "300", "train_alone_seconds": "3.0", "beside_steps": str(steps_beside)}
     return Outcome(serve=serve, train=train | {"beside_seconds": "6.0"}, library_ms={"latency": 1800.0})
 
 
@@ -402,3 +402,107 @@ def test_the_library_takes_a_claim_so_laid_out_into_arbitration(
         )
         assert "runs its fixed floor of 50%" in refused
         assert layout.activity("fixed").used_ns == 0
+
+
+# -- the checks end to end, with stand-ins for the CUDA program and PyTorch, in the claims' namespaces --------
+FAKE_BUSY = r"""#!/usr/bin/env python3
+# Stands in for `gc_rt busy SECONDS KERNEL_US --ready [--graph N] --out FILE` in a claim's mount namespace: it
+# finds its own claim's limits file where the library does (the only one it sees), then holds the GPU from
+# START to END us of each millisecond for 2 s (FAKE_SPANS=uid:START:END,...) and charges that to the claim's
+# activity file as the library does.
+import glob, os, struct, sys
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+(limits,) = glob.glob(os.environ["FAKE_CLAIMS_ROOT"] + "/*/limits")
+uid = limits.split("/")[-2]
+lines = open(limits).read().splitlines()
+state = next(line[len("state="):] for line in lines if line.startswith("state="))
+print(next(line for line in lines if line.startswith("device=")))
+print("ready", flush=True)
+sys.stdin.read(1)
+start, end = next(map(int, s.split(":")[1:]) for s in os.environ["FAKE_SPANS"].split(",") if s.startswith(uid + ":"))
+nodes = int(args[args.index("--graph") + 1]) if "--graph" in args else 1
+with open(out, "wb") as f:
+    for p in range(2000):
+        s, e = p * 1_000_000 + start * 1000, p * 1_000_000 + end * 1000
+        for k in range(nodes):
+            ks, ke = s + (e - s) * k // nodes, s + (e - s) * (k + 1) // nodes
+            f.write(struct.pack("<QQQ", ks, ke, ke))
+(activity,) = glob.glob(state + "/*.activity")
+with open(activity, "r+b") as f:
+    f.seek(24)
+    f.write(struct.pack("<q", 2000 * (end - start) * 1000))
+print("launches=2000")
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Context:
+    """A context whose claims are laid out under tmp_path (not /run) and whose library is never loaded."""
+    monkeypatch.setattr(claims, "CLAIMS_ROOT", tmp_path / "run/claims")
+    monkeypatch.setattr(claims, "GPUS_ROOT", tmp_path / "run/gpus")
+    monkeypatch.setenv("FAKE_CLAIMS_ROOT", str(tmp_path / "run/claims"))
+    gpu = Gpu(0, UUID, "NVIDIA H200", 143771 * 2**20, "580.95.05")
+    (tmp_path / "work").mkdir()
+    ctx = Context(root=ROOT, build=tmp_path, out=tmp_path, gpu=gpu, work=tmp_path / "work", quick=True)
+    ctx.limiter = tmp_path / "libnothing.so"  # loaded by no one: ld.so says so and goes on
+    return ctx
+
+
+@needs_namespaces
+def test_floors_run_each_claim_in_its_namespace_together_and_judge_what_the_gpu_gave_each(
+    node: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    busy = tmp_path / "gc_rt"
+    busy.write_text(FAKE_BUSY)
+    busy.chmod(0o755)
+    node.programs["gc_rt_shared"] = busy
+    monkeypatch.setenv("FAKE_SPANS", "a:0:480,b:480:1000,c:0:0,d:0:0")  # the pairs: 48 % and 52 %
+    results = {r.name: r for r in elastic.floors(node)}
+    pair = results["compute.elastic.floors.graph.2-claims"]
+    assert pair.status == report.PASS, pair.summary
+    assert pair.figures["held_percent"] == {"a": pytest.approx(48.0), "b": pytest.approx(52.0)}
+    assert pair.figures["library"]["b"] == {"used_ms": 1040.0, "borrowed_ms": 0.0}, (
+        "read from its activity file"
+    )
+    assert f"device={UUID} memory=unlimited cores=30 limit=100" in "\n".join(pair.details)
+    quad = results["compute.elastic.floors.long.4-claims"]
+    assert quad.status == report.FAIL, "c and d never ran: no common window"
+    assert quad.summary == "no measurement: claim c recorded no kernel"
+    assert not (tmp_path / "run").exists(), "the mount points were made for the runs and removed"
+
+
+FAKE_PYTHON = r"""#!/bin/sh
+# Stands in for the workloads' Python: `colocation.py serve ...` and `colocation.py train` answer the commands
+# with fixed figures; in the shared phase each charges its claim's activity file, as the library does.
+shift
+echo loaded
+while read -r command phase seconds; do
+  case "$1 $command" in
+    "serve calibrate") echo request_batch=24; echo request_ms=2.0 ;;
+    "train warm") echo step_ms=10.0 ;;
+    "serve run") echo "${phase}_p99_ms=$( [ "$phase" = alone ] && echo 2.0 || echo 2.1 )"; echo "${phase}_busy=0.3" ;;
+    "train run") echo "${phase}_steps=$( [ "$phase" = beside ] && echo 240 || echo 300 )"; echo "${phase}_seconds=3.0" ;;
+  esac
+  if [ "$phase" = beside ]; then
+    python3 -c 'import glob, struct, sys; f = open(glob.glob(sys.argv[1] + "/*/limits")[0]).read().split("state=")[1].split()[0]; a = open(glob.glob(f + "/*.activity")[0], "r+b"); a.seek(24); a.write(struct.pack("<q", int(sys.argv[2])))' "$FAKE_CLAIMS_ROOT" "$( [ "$1" = serve ] && echo 900000000 || echo 1500000000 )"
+  fi
+  echo "done $command${phase:+ $phase}${seconds:+ $seconds}"
+done
+"""
+
+
+@needs_namespaces
+def test_colocation_runs_the_phases_in_order_in_the_claims_namespaces(node: Context, tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    node.framework_python = str(python)
+    latency, besteffort = colocation.colocation(node)
+    assert latency.status == report.PASS, latency.summary + "\n".join(latency.details)
+    assert latency.figures["ratio"] == pytest.approx(1.05) and latency.figures["request_batch"] == 24
+    # 240 steps in 3 s beside, 300 alone: 80 % of its speed, of the 70 % the requests leave idle.
+    assert besteffort.status == report.PASS, besteffort.summary
+    assert besteffort.figures["share_of_idle"] == pytest.approx(0.8 / 0.7, abs=1e-4)
+    assert besteffort.figures["library_used_ms_beside"] == {"latency": 900.0, "besteffort": 1500.0}
+    assert not (tmp_path / "run").exists()

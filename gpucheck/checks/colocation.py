@@ -32,8 +32,8 @@ REQUEST_MS = 2.0
 DUTY = 0.3
 P99_GOAL = 1.10
 KEEP_GOAL = 0.5
-SECONDS = {"alone": 4.0, "train-alone": 3.0, "beside": 6.0}
-QUICK_SECONDS = {"alone": 2.0, "train-alone": 1.5, "beside": 3.0}
+SECONDS = {"alone": 4.0, "train_alone": 3.0, "beside": 6.0}
+QUICK_SECONDS = {"alone": 2.0, "train_alone": 1.5, "beside": 3.0}
 LOAD_TIMEOUT_S = 300.0
 STEP_TIMEOUT_S = 120.0
 NAMES = ("compute.colocation.latency-p99", "compute.colocation.besteffort-share")
@@ -99,7 +99,7 @@ def run_phases(ctx: Context, layout: Layout) -> Outcome:
             (serve, "calibrate"),
             (train, "warm"),
             (serve, f"run alone {seconds['alone']:g}"),
-            (train, f"run train-alone {seconds['train-alone']:g}"),
+            (train, f"run train_alone {seconds['train_alone']:g}"),
         ]
         for proc, command in steps if not out.problem else []:
             out.problem = _step(proc, command)
@@ -158,10 +158,10 @@ def judge_latency(name: str, o: Outcome) -> Result:
 
 def judge_besteffort(name: str, o: Outcome) -> Result:
     figures: dict[str, Any] = {
-        "steps_alone": int_of(o.train, "train-alone_steps"),
+        "steps_alone": int_of(o.train, "train_alone_steps"),
         "steps_beside": int_of(o.train, "beside_steps"),
     }
-    s_alone, s_beside = float_of(o.train, "train-alone_seconds"), float_of(o.train, "beside_seconds")
+    s_alone, s_beside = float_of(o.train, "train_alone_seconds"), float_of(o.train, "beside_seconds")
     busy = float_of(o.serve, "alone_busy")
     if o.problem or not (figures["steps_alone"] and s_alone and s_beside and busy is not None):
         result = failed(

@@ -161,7 +161,7 @@ class Trainer:
 
 
 def follow(commands: dict[str, Callable[..., None]]) -> None:
-    while line := sys.stdin.readline():
+    while (line := sys.stdin.readline()).endswith("\n"):  # a last line without its end: the input closed
         words = line.split()
         if not words:
             continue
