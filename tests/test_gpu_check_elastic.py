@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dra_gpu.monitor import board as project_board
 from dra_gpu.monitor import region as project_region
 from gpucheck import claims, report
+from gpucheck.build import build_programs
 from gpucheck.checks import colocation, elastic
 from gpucheck.checks.colocation import Outcome
 from gpucheck.checks.elastic import Run
@@ -506,3 +507,20 @@ def test_colocation_runs_the_phases_in_order_in_the_claims_namespaces(node: Cont
     assert besteffort.figures["share_of_idle"] == pytest.approx(0.8 / 0.7, abs=1e-4)
     assert besteffort.figures["library_used_ms_beside"] == {"latency": 900.0, "besteffort": 1500.0}
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: gc_rt cannot be built")
+def test_gc_rt_takes_bursts_of_on_and_off_milliseconds() -> None:
+    built = build_programs(ROOT / "build/gpu-check")
+    assert "gc_rt_shared" in built.programs, built.errors
+    busy = [str(built.programs["gc_rt_shared"]), "busy", "1", "50"]
+    for bad in (["--bursts", "200"], ["--bursts", "200", "0"], ["--bursts", "-1", "300"]):
+        done = subprocess.run([*busy, *bad], capture_output=True, text=True, check=False, timeout=60)
+        assert done.returncode == 2 and "[--bursts ON-MS OFF-MS]" in done.stderr, bad
+    done = subprocess.run(
+        [*busy, "--bursts", "200", "300"], capture_output=True, text=True, check=False, timeout=60
+    )
+    if done.returncode == 0:
+        pytest.skip("this machine has a GPU: the bursts ran")
+    assert done.returncode == 3, "accepted: it went on to set up CUDA, which there is none of here"
