@@ -16,7 +16,9 @@
  *       --periodic: every fourth kernel spins 20 times as long (the same kernel and grid, another argument:
  *       a pattern the limiter must not see only one phase of).
  *       --bursts ON-MS OFF-MS: idle (nothing queued) for OFF-MS, then launch for ON-MS, and again: a claim
- *       that wakes up after idling, again and again.
+ *       that wakes up after idling, again and again. Prints wakes= (the host's time at the start of each
+ *       burst, on the GPU's global timer: the offset of the two clocks is taken beforehand from the launch of
+ *       a kernel that reads the timer, the one of the shortest round trip of 20).
  *   gc_rt sms <blocks> <kernel-us>
  *       one launch of <blocks> spinning blocks; prints sms_used= (distinct %smid) sms= elapsed_ns=
  */
@@ -72,6 +74,8 @@ __global__ void spin(ull dur_ns, ull *starts, ull *spun, ull *ends, unsigned *st
         }
     }
 }
+
+__global__ void stamp(ull *t) { *t = global_ns(); }
 
 __global__ void spin_sm(ull dur_ns, unsigned *seen, unsigned nseen) {
     if (threadIdx.x == 0) {
@@ -213,6 +217,29 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The GPU's global timer less the host's CLOCK_MONOTONIC (ns), from the stamp of the shortest round trip. */
+static long long gpu_minus_host(cudaError_t *e) {
+    ull *d, h = 0;
+    long long best = -1, offset = 0;
+    *e = cudaMalloc(&d, sizeof(ull));
+    for (int i = 0; *e == cudaSuccess && i < 20; i++) {
+        long long a = mono_ns();
+        stamp<<<1, 1, 0, g_stream>>>(d);
+        *e = cudaStreamSynchronize(g_stream);
+        long long b = mono_ns();
+        if (*e == cudaSuccess) *e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+        if (*e == cudaSuccess && (best < 0 || b - a < best)) best = b - a, offset = (long long)h - (a + b) / 2;
+    }
+    cudaFree(d);
+    return offset;
+}
+
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
@@ -236,6 +263,14 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic,
         printf("error=%s\n", err_name(e));
         return 0;
     }
+    long long offset = on_ms > 0 ? gpu_minus_host(&e) : 0;
+    if (e != cudaSuccess) {
+        printf("error=%s\n", err_name(e));
+        return 0;
+    }
+    enum { WAKES = 1024 };
+    static long long wakes[WAKES];
+    int nwakes = 0, in_burst = 0;
     int blocks = sm_count();
     ull dur = (ull)(kernel_us * 1000.0);
     cudaGraphExec_t exec = NULL;
@@ -271,8 +306,11 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic,
                 e = cudaStreamSynchronize(g_stream);
                 if (e != cudaSuccess) break;
                 burst += (on_ms + off_ms) / 1e3;
+                in_burst = 0;
                 continue;
             }
+            if (!in_burst && nwakes < WAKES) wakes[nwakes++] = mono_ns() + offset;
+            in_burst = 1;
         }
         if (graph_n > 0) {
             e = cudaGraphLaunch(exec, g_stream);
@@ -309,6 +347,11 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic,
            "spin_ns=%.1f\n",
            launched, n, host_s, window, busy, window ? (double)busy / (double)window : 0.0,
            n ? (double)busy / n : 0.0, n ? (double)spinning / n : 0.0);
+    if (on_ms > 0) {
+        printf("wakes=");
+        for (int i = 0; i < nwakes; i++) printf("%s%lld", i ? "," : "", wakes[i]);
+        printf("\n");
+    }
     if (out != NULL) {
         FILE *f = fopen(out, "wb");
         if (f == NULL) {
