@@ -515,6 +515,7 @@ def test_colocation_runs_the_phases_in_order_in_the_claims_namespaces(node: Cont
     assert besteffort.status == report.PASS, besteffort.summary
     assert besteffort.figures["share_of_idle"] == pytest.approx(0.8 / 0.7, abs=1e-4)
     assert besteffort.figures["library_used_ms_beside"] == {"latency": 900.0, "besteffort": 1500.0}
+    assert besteffort.figures["library_held_ms_beside"] == {"latency": 0.0, "besteffort": 0.0}
     assert not (tmp_path / "run").exists()
 
 

@@ -48,6 +48,8 @@ class Outcome:
     problem: str = ""
     skip: str = ""
     library_ms: dict[str, float] = field(default_factory=dict)
+    held_ms: dict[str, float] = field(default_factory=dict)
+    """Time each claim's launches waited because the latency claim was active (library's word, ms)."""
     ran: list[Ran] = field(default_factory=list)
 
     def details(self) -> list[str]:
@@ -116,6 +118,7 @@ def run_phases(ctx: Context, layout: Layout) -> Outcome:
                 now = layout.activity(uid)
                 if was is not None and now is not None:
                     out.library_ms[uid] = (now.used_ns - was.used_ns) / 1e6
+                    out.held_ms[uid] = (now.held_ns - was.held_ns) / 1e6
     finally:
         out.ran = [serve.collect(60), train.collect(60)]
     out.serve, out.train = key_values(out.ran[0].stdout), key_values(out.ran[1].stdout)
@@ -183,6 +186,7 @@ def judge_besteffort(name: str, o: Outcome) -> Result:
         latency_busy_alone=busy,
         step_ms_alone=float_of(o.train, "step_ms"),
         library_used_ms_beside={uid: round(ms, 1) for uid, ms in o.library_ms.items()},
+        library_held_ms_beside={uid: round(ms, 1) for uid, ms in o.held_ms.items()},
         model=o.train.get("config", ""),
         **figures,
     )
