@@ -107,6 +107,14 @@ def test_a_claim_the_library_did_not_take_into_arbitration_fails_quoting_it() ->
     assert result.summary == f"no measurement: the library did not take the claim into arbitration: a: {line}"
 
 
+def test_a_claim_whose_program_could_not_run_fails_with_its_error() -> None:
+    run = Run(
+        spans={"a": _spans(0.5), "b": []}, ran=[OK, OK], printed={"b": {"error": "cudaErrorMemoryAllocation"}}
+    )
+    result = elastic.judge_floors("compute.elastic.floors.short.2-claims", elastic.FLOOR_SETS[2], run)
+    assert result.summary == "no measurement: b: gc_rt: cudaErrorMemoryAllocation"
+
+
 def test_alone_long_kernels_must_keep_the_gpu_95_percent_busy() -> None:
     for share, status in ((0.96, report.PASS), (0.93, report.FAIL)):
         run = Run(spans={"alone": _spans(share)}, ran=[OK])

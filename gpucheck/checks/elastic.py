@@ -81,6 +81,9 @@ class Run:
         refused = claims_.refusal("\n".join(self.library))
         if refused:
             return refused
+        error = next((f"{uid}: gc_rt: {v['error']}" for uid, v in self.printed.items() if "error" in v), "")
+        if error:
+            return error
         empty = next((uid for uid, s in self.spans.items() if not s), None)
         return f"claim {empty} recorded no kernel" if empty else ""
 
