@@ -141,8 +141,8 @@ def judge_latency(name: str, o: Outcome) -> Result:
     result = verdict(
         name,
         ratio <= P99_GOAL,
-        f"{REQUEST_MS:g} ms requests at {DUTY * 100:g} % duty: p99 {beside:.3f} ms beside a besteffort training "
-        f"loop, {alone:.3f} ms alone: {ratio:.3f} x (goal <= {P99_GOAL:.2f} x)",
+        f"p99 {beside:.3f} ms beside a besteffort training loop / {alone:.3f} ms alone = {ratio:.3f} x "
+        f"(goal <= {P99_GOAL:.2f} x); {REQUEST_MS:g} ms requests at {DUTY * 100:g} % duty",
         ratio=round(ratio, 4),
         goal=P99_GOAL,
         p99_ms_alone=alone,
@@ -178,8 +178,8 @@ def judge_besteffort(name: str, o: Outcome) -> Result:
     result = verdict(
         name,
         share >= KEEP_GOAL,
-        f"the besteffort training kept {kept * 100:.1f} % of its speed alone beside requests that leave "
-        f"{idle * 100:.1f} % of the time idle: {share * 100:.1f} % of the idle time (goal >= {KEEP_GOAL * 100:g} %)",
+        f"the training kept {share * 100:.1f} % of the idle time (goal >= {KEEP_GOAL * 100:g} %): "
+        f"{kept * 100:.1f} % of its speed alone, beside requests that leave {idle * 100:.1f} % idle",
         share_of_idle=round(share, 4),
         goal=KEEP_GOAL,
         kept_of_alone=round(kept, 4),

@@ -197,11 +197,11 @@ def judge_floors(name: str, claims: tuple[Claim, ...], run: Run) -> Result:
         return result
     held = {uid: bins[0] / (hi - lo) * 100 for uid, bins in attribute(run.spans, lo, hi, hi - lo).items()}
     short = [c for c in claims if held[c.uid] < c.floor - FLOOR_SLACK]
-    shares = ", ".join(f"{c.uid} ({c.describe()}) {held[c.uid]:.1f} %" for c in claims)
+    shares = ", ".join(f"{c.uid} {held[c.uid]:.1f} % ({c.describe()})" for c in claims)
     result = verdict(
         name,
         not short,
-        f"{shares}; together {sum(held.values()):.1f} % (goal: each >= its floor - {FLOOR_SLACK:g} point)"
+        f"goal each >= its floor - {FLOOR_SLACK:g} point: {shares}; total {sum(held.values()):.1f} %"
         + (f"; below: {', '.join(c.uid for c in short)}" if short else ""),
         claims={c.uid: {"floor": c.floor, "ceiling": c.top, "priority": c.priority} for c in claims},
         held_percent={uid: round(v, 2) for uid, v in held.items()},
@@ -226,14 +226,11 @@ def judge_alone(name: str, run: Run, bare_busy: float | None) -> Result:
         goal_text = f"goal >= {ALONE_MIN_PERCENT:g} %"
     else:
         goal = ALONE_MIN_PERCENT / 100 * bare_busy * 100
-        goal_text = (
-            f"goal >= {ALONE_MIN_PERCENT:g} % of the {bare_busy * 100:.1f} % the same kernels reach "
-            f"without the limiter, {goal:.1f} %"
-        )
+        goal_text = f"goal >= {ALONE_MIN_PERCENT:g} % of {bare_busy * 100:.1f} % unthrottled = {goal:.1f} %"
     result = verdict(
         name,
         percent >= goal,
-        f"a standard claim of {ALONE.describe()} alone keeps the GPU {percent:.2f} % busy ({goal_text})",
+        f"{percent:.2f} % busy alone, a standard claim of {ALONE.describe()} ({goal_text})",
         busy_percent=round(percent, 3),
         goal_percent=round(goal, 3),
         bare_busy_percent=None if bare_busy is None else round(bare_busy * 100, 3),
@@ -287,14 +284,14 @@ def judge_reclaim(name: str, run: Run) -> Result:
     never = sum(1 for t in times if t is None)
     ms = [INF if t is None else t / 1e6 for t in times]
     p50, p95 = percentile(ms, 50), percentile(ms, 95)
-    reached = f"; stretch goal of {RECLAIM_STRETCH_MS:g} ms met" if p95 <= RECLAIM_STRETCH_MS else ""
+    stretch = "met" if p95 <= RECLAIM_STRETCH_MS else "not met"
     result = verdict(
         name,
         p95 <= RECLAIM_GOAL_MS,
-        f"a {RECLAIM_WAKER.describe()} claim waking beside a {RECLAIM_BORROWER.describe()} borrower: the borrower "
-        f"back at its floor after p50 {p50:.1f} ms, p95 {p95:.1f} ms over {len(ms)} wake-ups"
-        + (f" ({never} not within the {BURST_ON_MS} ms burst)" if never else "")
-        + f" (goal p95 <= {RECLAIM_GOAL_MS:g} ms, stretch {RECLAIM_STRETCH_MS:g} ms){reached}",
+        f"borrower back at its floor p95 {p95:.1f} ms (goal <= {RECLAIM_GOAL_MS:g} ms; stretch "
+        f"{RECLAIM_STRETCH_MS:g} ms {stretch}), p50 {p50:.1f} ms, {len(ms)} wake-ups"
+        + (f", {never} not within the {BURST_ON_MS} ms burst" if never else "")
+        + f"; a {RECLAIM_WAKER.describe()} claim waking beside a {RECLAIM_BORROWER.describe()} one",
         p50_ms=_finite(p50),
         p95_ms=_finite(p95),
         max_ms=_finite(max(ms)),
