@@ -5,6 +5,7 @@ claims' files are laid out for the library, and that the library takes a claim s
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,21 @@ def test_a_span_preempted_by_another_claims_kernel_holds_the_gpu_only_around_it(
 def test_attribution_splits_time_into_bins_and_leaves_idle_time_to_no_one() -> None:
     bins = attribute({"a": [(0, 3 * MS)], "b": [(5 * MS, 6 * MS), (5 * MS, 7 * MS)]}, 1 * MS, 9 * MS, 2 * MS)
     assert bins == {"a": [2 * MS, 0, 0, 0], "b": [0, 0, 2 * MS, 0]}
+
+
+def test_attribution_gives_each_instant_to_the_latest_started_span_covering_it() -> None:
+    rng = random.Random(31)
+    for _ in range(200):
+        spans: dict[str, list[tuple[int, int]]] = {c: [] for c in "abc"}
+        for start in rng.sample(range(90), rng.randrange(1, 12)):  # two contexts never start at one instant
+            spans[rng.choice("abc")].append((start, start + rng.randrange(1, 30)))
+        lo, hi, bin_ns = rng.randrange(0, 20), rng.randrange(60, 120), rng.randrange(1, 25)
+        expected = {c: [0] * -(-(hi - lo) // bin_ns) for c in spans}
+        for t in range(lo, hi):  # one nanosecond at a time
+            covering = [(s, c) for c, ss in spans.items() for s, e in ss if s <= t < e]
+            if covering:
+                expected[max(covering)[1]][(t - lo) // bin_ns] += 1
+        assert attribute(spans, lo, hi, bin_ns) == expected, (spans, lo, hi, bin_ns)
 
 
 def test_the_window_is_where_every_claim_ran_less_the_trim() -> None:
