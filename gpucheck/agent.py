@@ -1,9 +1,10 @@
-"""The node agent's own GPU commands (`src/dra_gpu/plugin/gpu_control.py`), loaded from their file.
+"""The node agent's own code that the checks use, loaded from its files.
 
-That module needs only the standard library, but importing it the usual way first runs the plugin
-package's `__init__`, which needs grpc and pydantic. Loading the file alone keeps the compute-mode,
-time-slice and MPS checks running on exactly the agent's commands even where the project's other
-dependencies are missing.
+`commands()`: the agent's GPU commands (`src/dra_gpu/plugin/gpu_control.py`). `module()`: any other
+module of the agent that needs only the standard library (the layouts of the elastic-compute board and
+activity files, of the limiter's region). Importing them the usual way first runs their packages'
+`__init__`, which need grpc, pydantic or prometheus-client. Loading the file alone keeps the checks
+running on exactly the agent's code even where the project's other dependencies are missing.
 """
 
 from __future__ import annotations
@@ -14,16 +15,27 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-COMMANDS = Path(__file__).resolve().parent.parent / "src/dra_gpu/plugin/gpu_control.py"
+SRC = Path(__file__).resolve().parent.parent / "src/dra_gpu"
+COMMANDS = SRC / "plugin/gpu_control.py"
 NAME = "gpucheck_agent_commands"
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and enums look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
 
 
 @cache
 def commands() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(NAME, COMMANDS)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {COMMANDS}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[NAME] = module  # dataclasses and enums look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
+    return _load(COMMANDS, NAME)
+
+
+@cache
+def module(relative: str) -> ModuleType:
+    """`src/dra_gpu/<relative>`, a module of the standard library only (e.g. `monitor/board.py`)."""
+    return _load(SRC / relative, "gpucheck_agent_" + relative.removesuffix(".py").replace("/", "_"))

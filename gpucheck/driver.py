@@ -54,6 +54,15 @@ def _related(name: str, wanted: str) -> bool:
     return name == wanted or name.startswith(wanted + ".") or wanted.startswith(name + ".")
 
 
+def selects(name: str, wanted: str, checks: list[str]) -> bool:
+    """Whether `--only wanted` runs the check `name`: a related check, unless a longer check name under it
+    is related too (`compute.elastic.reclaim` runs `compute.elastic`, not every result of `compute`)."""
+    return _related(name, wanted) and not (
+        wanted.startswith(name + ".")
+        and any(n.startswith(name + ".") and _related(n, wanted) for n in checks)
+    )
+
+
 def run_check(name: str, check: object, ctx: Context) -> list[Result]:
     """One check; whatever it raises becomes a failed result, so the next check still runs."""
     started = time.monotonic()
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {result.status.upper():<5} {result.name}: {result.summary}")
 
     for name, check in CHECKS:
-        if args.only and not any(_related(name, p) for p in args.only):
+        if args.only and not any(selects(name, p, [n for n, _ in CHECKS]) for p in args.only):
             continue
         for result in run_check(name, check, ctx):
             if args.only and not any(_related(result.name, p) for p in args.only):

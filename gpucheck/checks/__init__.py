@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpucheck.checks import compute, frameworks, gpu_settings, inventory, memory, mig, nodepath, overhead
+from gpucheck.checks import (
+    colocation,
+    compute,
+    elastic,
+    frameworks,
+    gpu_settings,
+    inventory,
+    memory,
+    mig,
+    nodepath,
+    overhead,
+)
 from gpucheck.context import Context
 from gpucheck.report import Result
 
@@ -20,6 +31,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("framework", frameworks.frameworks),
     ("compute.baseline", compute.baseline),
     ("compute", compute.accuracy),
+    ("compute.elastic.floors", elastic.floors),
+    ("compute.elastic.alone", elastic.alone),
+    ("compute.elastic.reclaim", elastic.reclaim),
+    ("compute.colocation", colocation.colocation),
     ("overhead", overhead.overhead),
     ("gpu.compute-mode", gpu_settings.compute_mode),
     ("gpu.timeslice", gpu_settings.timeslice),

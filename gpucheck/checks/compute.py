@@ -64,17 +64,23 @@ class Measurement:
     """Median time from a kernel's last spin to its end."""
 
 
+def busy_argv(binary: Path, seconds: float, load: Load) -> list[str | Path]:
+    """`gc_rt busy` for the load, waiting to be released (`--ready`); `--out FILE` is for the caller to add."""
+    argv: list[str | Path] = [binary, "busy", f"{seconds:g}", f"{load.kernel_us:g}", "--ready"]
+    if load.graph_n:
+        argv += ["--graph", str(load.graph_n)]
+    if load.periodic:
+        argv += ["--periodic"]
+    return argv
+
+
 def measure(ctx: Context, env: dict[str, str] | None, load: Load, tag: str) -> Measurement:
     """Busy fraction and window (ns) of the load's processes, `gc_rt busy` runs started together."""
     binary = ctx.program("gc_rt_shared")
     assert binary is not None
     seconds = QUICK_WINDOW_S if ctx.quick else WINDOW_S
     outs = [ctx.work / f"busy-{tag}-{i}.bin" for i in range(load.processes)]
-    argv: list[str | Path] = [binary, "busy", f"{seconds:g}", f"{load.kernel_us:g}", "--ready"]
-    if load.graph_n:
-        argv += ["--graph", str(load.graph_n)]
-    if load.periodic:
-        argv += ["--periodic"]
+    argv = busy_argv(binary, seconds, load)
     procs = [
         Background([*argv, "--out", str(o)], env, ctx.work / f"busy-{tag}-{i}.log")
         for i, o in enumerate(outs)

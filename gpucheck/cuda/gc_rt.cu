@@ -6,7 +6,7 @@
  *
  *   gc_rt info                                 total= free= (cudaMemGetInfo) device_total= sms=
  *   gc_rt family <name> <chunk> <max> [--hold] names: malloc async managed entry graph
- *   gc_rt busy <seconds> <kernel-us> [--graph N | --periodic] [--out FILE] [--ready]
+ *   gc_rt busy <seconds> <kernel-us> [--graph N | --periodic] [--bursts ON-MS OFF-MS] [--out FILE] [--ready]
  *       launch spin kernels (one block per SM) for <seconds> of host time; each kernel records on the
  *       GPU's global timer its start, when its blocks stopped spinning, and its end after its own
  *       bookkeeping (the atomics that count its blocks, which hold the GPU too); prints launches=
@@ -15,6 +15,10 @@
  *       --graph N: launch a CUDA graph of N kernels instead of single kernels.
  *       --periodic: every fourth kernel spins 20 times as long (the same kernel and grid, another argument:
  *       a pattern the limiter must not see only one phase of).
+ *       --bursts ON-MS OFF-MS: idle (nothing queued) for OFF-MS, then launch for ON-MS, and again: a claim
+ *       that wakes up after idling, again and again. Prints wakes= (the host's time at the start of each
+ *       burst, on the GPU's global timer: the offset of the two clocks is taken beforehand from the launch of
+ *       a kernel that reads the timer, the one of the shortest round trip of 20).
  *   gc_rt sms <blocks> <kernel-us>
  *       one launch of <blocks> spinning blocks; prints sms_used= (distinct %smid) sms= elapsed_ns=
  */
@@ -70,6 +74,8 @@ __global__ void spin(ull dur_ns, ull *starts, ull *spun, ull *ends, unsigned *st
         }
     }
 }
+
+__global__ void stamp(ull *t) { *t = global_ns(); }
 
 __global__ void spin_sm(ull dur_ns, unsigned *seen, unsigned nseen) {
     if (threadIdx.x == 0) {
@@ -211,7 +217,36 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic, const char *out, int ready) {
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The GPU's global timer less the host's CLOCK_MONOTONIC (ns), from the stamp of the shortest round trip. */
+static long long gpu_minus_host(cudaError_t *e) {
+    ull *d, h = 0;
+    long long best = -1, offset = 0;
+    *e = cudaMalloc(&d, sizeof(ull));
+    for (int i = 0; *e == cudaSuccess && i < 20; i++) {
+        long long a = mono_ns();
+        stamp<<<1, 1, 0, g_stream>>>(d);
+        *e = cudaStreamSynchronize(g_stream);
+        long long b = mono_ns();
+        if (*e == cudaSuccess) *e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+        if (*e == cudaSuccess && (best < 0 || b - a < best)) best = b - a, offset = (long long)h - (a + b) / 2;
+    }
+    cudaFree(d);
+    return offset;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic, double on_ms, double off_ms,
+                    const char *out, int ready) {
     const unsigned cap = 1u << 20;
     ull *starts, *spun, *ends;
     unsigned *state;
@@ -228,6 +263,14 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic,
         printf("error=%s\n", err_name(e));
         return 0;
     }
+    long long offset = on_ms > 0 ? gpu_minus_host(&e) : 0;
+    if (e != cudaSuccess) {
+        printf("error=%s\n", err_name(e));
+        return 0;
+    }
+    enum { WAKES = 1024 };
+    static long long wakes[WAKES];
+    int nwakes = 0, in_burst = 0;
     int blocks = sm_count();
     ull dur = (ull)(kernel_us * 1000.0);
     cudaGraphExec_t exec = NULL;
@@ -250,9 +293,25 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic,
         char c;
         if (read(0, &c, 1) < 0) return 0; /* go on one byte (or end of file) on stdin */
     }
-    double t0 = now_s();
+    double t0 = now_s(), burst = t0 + off_ms / 1e3; /* bursts: the next one starts then */
     ull launched = 0;
     while (now_s() - t0 < seconds && launched + (graph_n > 0 ? graph_n : 1) <= cap) {
+        if (on_ms > 0) {
+            double t = now_s();
+            if (t < burst) {
+                sleep_s(burst - t < t0 + seconds - t ? burst - t : t0 + seconds - t);
+                continue;
+            }
+            if (t >= burst + on_ms / 1e3) { /* the burst is over: let its work finish, then idle */
+                e = cudaStreamSynchronize(g_stream);
+                if (e != cudaSuccess) break;
+                burst += (on_ms + off_ms) / 1e3;
+                in_burst = 0;
+                continue;
+            }
+            if (!in_burst && nwakes < WAKES) wakes[nwakes++] = mono_ns() + offset;
+            in_burst = 1;
+        }
         if (graph_n > 0) {
             e = cudaGraphLaunch(exec, g_stream);
             launched += graph_n;
@@ -288,6 +347,11 @@ static int cmd_busy(double seconds, double kernel_us, int graph_n, int periodic,
            "spin_ns=%.1f\n",
            launched, n, host_s, window, busy, window ? (double)busy / (double)window : 0.0,
            n ? (double)busy / n : 0.0, n ? (double)spinning / n : 0.0);
+    if (on_ms > 0) {
+        printf("wakes=");
+        for (int i = 0; i < nwakes; i++) printf("%s%lld", i ? "," : "", wakes[i]);
+        printf("\n");
+    }
     if (out != NULL) {
         FILE *f = fopen(out, "wb");
         if (f == NULL) {
@@ -339,7 +403,8 @@ static int cmd_sms(int blocks, double kernel_us) {
 static int usage(void) {
     fprintf(stderr,
             "usage: gc_rt info | family <name> <chunk> <max> [--hold] | "
-            "busy <seconds> <kernel-us> [--graph N | --periodic] [--out FILE] [--ready] | sms <blocks> <kernel-us>\n");
+            "busy <seconds> <kernel-us> [--graph N | --periodic] [--bursts ON-MS OFF-MS] [--out FILE] [--ready] | "
+            "sms <blocks> <kernel-us>\n");
     return 2;
 }
 
@@ -362,17 +427,21 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "busy") && argc >= 4) {
         double seconds = atof(argv[2]), kernel_us = atof(argv[3]);
         int graph_n = 0, periodic = 0, ready = 0;
+        double on_ms = 0, off_ms = 0;
         const char *out = NULL;
         for (int i = 4; i < argc; i++) {
             if (!strcmp(argv[i], "--graph") && i + 1 < argc) graph_n = atoi(argv[++i]);
             else if (!strcmp(argv[i], "--periodic")) periodic = 1;
+            else if (!strcmp(argv[i], "--bursts") && i + 2 < argc) on_ms = atof(argv[++i]), off_ms = atof(argv[++i]);
             else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
             else if (!strcmp(argv[i], "--ready")) ready = 1;
             else return usage();
         }
-        if (seconds <= 0 || kernel_us <= 0 || graph_n < 0 || (graph_n && periodic)) return usage();
+        if (seconds <= 0 || kernel_us <= 0 || graph_n < 0 || (graph_n && periodic) || on_ms < 0 || off_ms < 0 ||
+            (on_ms > 0) != (off_ms > 0))
+            return usage();
         int rc = setup();
-        return rc ? rc : cmd_busy(seconds, kernel_us, graph_n, periodic, out, ready);
+        return rc ? rc : cmd_busy(seconds, kernel_us, graph_n, periodic, on_ms, off_ms, out, ready);
     }
     if (!strcmp(cmd, "sms") && argc == 4) {
         int blocks = atoi(argv[2]);
