@@ -67,7 +67,7 @@ def policy(obj: Obj) -> Obj:
     return p
 
 
-def many_devices(n: int, **extra: Any) -> Callable[[Obj], None]:
+def many_devices(n: int, **extra: Any) -> Callable[[Obj], object]:
     def mutate(obj: Obj) -> None:
         obj["spec"]["devices"] = [
             {"name": f"gpu-{i}", "attributes": {"index": {"int": i}}, **extra} for i in range(n)
@@ -76,7 +76,7 @@ def many_devices(n: int, **extra: Any) -> Callable[[Obj], None]:
     return mutate
 
 
-def setter(path: str, value: Any) -> Callable[[Obj], None]:
+def setter(path: str, value: Any) -> Callable[[Obj], object]:
     """`spec.pool.generation` = value, `device.attributes.x` = value ('device' is devices[0])."""
 
     def mutate(obj: Obj) -> None:
@@ -89,11 +89,11 @@ def setter(path: str, value: Any) -> Callable[[Obj], None]:
     return mutate
 
 
-def consumes(entries: list[Obj]) -> Callable[[Obj], None]:
+def consumes(entries: list[Obj]) -> Callable[[Obj], object]:
     return setter("device.consumesCounters", entries)
 
 
-SLICE_RULES: list[tuple[str, Callable[[Obj], None], str]] = [
+SLICE_RULES: list[tuple[str, Callable[[Obj], object], str]] = [
     ("name not a DNS subdomain", setter("metadata", {"name": "Node_1"}), "metadata.name: Invalid value"),
     ("neither name nor generateName", setter("metadata", {}), "metadata.name: Required value"),
     ("generateName not a prefix", setter("metadata", {"generateName": "Bad_"}), "metadata.generateName"),
@@ -298,7 +298,7 @@ SLICE_RULES: list[tuple[str, Callable[[Obj], None], str]] = [
     ),
 ]
 
-COUNTER_RULES: list[tuple[str, Callable[[Obj], None], str]] = [
+COUNTER_RULES: list[tuple[str, Callable[[Obj], object], str]] = [
     (
         "devices and counters",
         lambda o: o["spec"].update(devices=[]),
@@ -348,7 +348,7 @@ def test_the_valid_objects_pass() -> None:
 
 @pytest.mark.parametrize(("rule", "mutate", "expected"), SLICE_RULES, ids=[r[0] for r in SLICE_RULES])
 def test_a_slice_that_breaks_one_rule_is_refused_naming_the_field(
-    rule: str, mutate: Callable[[Obj], None], expected: str
+    rule: str, mutate: Callable[[Obj], object], expected: str
 ) -> None:
     obj = valid_slice()
     mutate(obj)
@@ -358,7 +358,7 @@ def test_a_slice_that_breaks_one_rule_is_refused_naming_the_field(
 
 @pytest.mark.parametrize(("rule", "mutate", "expected"), COUNTER_RULES, ids=[r[0] for r in COUNTER_RULES])
 def test_a_counter_slice_that_breaks_one_rule_is_refused(
-    rule: str, mutate: Callable[[Obj], None], expected: str
+    rule: str, mutate: Callable[[Obj], object], expected: str
 ) -> None:
     obj = counter_slice()
     mutate(obj)
@@ -396,7 +396,7 @@ def valid_class() -> Obj:
     }
 
 
-CLASS_RULES: list[tuple[str, Callable[[Obj], None], str]] = [
+CLASS_RULES: list[tuple[str, Callable[[Obj], object], str]] = [
     ("name", setter("metadata", {"name": "GPU"}), "metadata.name: Invalid value"),
     (
         "33 selectors",
@@ -438,7 +438,7 @@ CLASS_RULES: list[tuple[str, Callable[[Obj], None], str]] = [
 
 @pytest.mark.parametrize(("rule", "mutate", "expected"), CLASS_RULES, ids=[r[0] for r in CLASS_RULES])
 def test_a_device_class_that_breaks_one_rule_is_refused(
-    rule: str, mutate: Callable[[Obj], None], expected: str
+    rule: str, mutate: Callable[[Obj], object], expected: str
 ) -> None:
     obj = valid_class()
     assert device_class_errors(obj) == []
