@@ -144,6 +144,38 @@ _Static_assert(sizeof(struct region_export) == 256, "export entries are 256 byte
 #define SLOTS_AT (HEADER_BYTES + REGION_EXPORTS * sizeof(struct region_export))
 #define REGION_BYTES (SLOTS_AT + REGION_SLOTS * sizeof(struct region_slot))
 
+/* The floor (src/dra_gpu/monitor/region.py writes it): what the node agent knows the claim's processes hold
+ * on each GPU by the driver's own figures - NVML's per-process memory of the processes whose cgroups are the
+ * claim's pods' - published beside the region in the read-only state directory. The claim's account never
+ * falls below it, so a process that zeroes the region's counters, or marks a live process's slot gone so that
+ * a sweep refunds it, gains nothing from the agent's next sample on (one monitor interval, 1 s by default).
+ * `region` is the region's counter as the agent read it just before NVML: an account now below it has been
+ * released from (or rewritten) since, so an allocation that only the floor refuses waits for the agent's next
+ * sample (seq moves) and is decided on that, at most FLOOR_WAIT_MS. seq is odd while the agent writes. */
+#define FLOOR_FILE "dragpu-limiter.floor"
+#define FLOOR_MAGIC 0x314c464741524444ULL /* "DDRAGFL1" */
+#define FLOOR_VERSION 1u
+#define FLOOR_BYTES 4096
+#define FLOOR_WAIT_MS 2500
+
+struct floor_dev {
+    char uuid[DL_UUID_LEN];
+    _Atomic int64_t bytes;  /* NVML: what the claim's processes hold on this GPU */
+    _Atomic int64_t region; /* the region's claim-wide count just before */
+};
+
+struct floor_file {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t device_count;
+    _Atomic uint64_t seq;
+    uint64_t spare[5];
+    struct floor_dev devs[DL_MAX_DEVICES];
+};
+
+_Static_assert(sizeof(struct floor_dev) == 64, "floor entries are 64 bytes (monitor/region.py)");
+_Static_assert(sizeof(struct floor_file) <= FLOOR_BYTES, "floor file too large");
+
 #define MAX_REGIONS (DL_MAX_CLAIMS + 2) /* the environment's, one per claim, the closed one */
 #define CLOSED_REGION (MAX_REGIONS - 1)
 #define LOCK_WAIT_MS 2000
@@ -159,11 +191,17 @@ struct region {
     _Atomic int64_t verified_ns; /* last structural check */
     char what[64];               /* "claim ns/name" or "the environment's state directory", for messages */
     char path[4200];
+    const struct floor_file *floor;       /* the node agent's floor beside a claim's region, or NULL */
+    signed char floor_at[DL_MAX_DEVICES]; /* device entry -> floor entry (-1: none) */
 };
 static struct region regions[MAX_REGIONS];
 /* This process's own charges per device handle: the shared counters can be rewritten by any process of
  * the claim, these cannot. */
 static _Atomic int64_t own_used[MAX_REGIONS * DL_MAX_DEVICES];
+/* The floor's sample this process last saw per device handle, and its own charges then: what it charged
+ * since is on top of the floor (the floor cannot hold it yet), whatever the region's counters say. */
+static _Atomic uint64_t floor_seen[MAX_REGIONS * DL_MAX_DEVICES];
+static _Atomic int64_t own_at_floor[MAX_REGIONS * DL_MAX_DEVICES];
 /* This process's holds on each export entry (several opens or imports of one allocation set one bit), and
  * the descriptor it keeps for an entry it exported as a VMM descriptor (fd -1: none; closed only while it is
  * still the file it was, should the application have closed it under us). Changed under byte 0. */
@@ -417,6 +455,84 @@ static bool slots_held(const struct region *g) {
     return false;
 }
 
+/* Maps the node agent's floor beside a claim's region, read-only; none (an agent that makes none) is no floor. */
+static void open_floor(struct region *g, const char *dir) {
+    if (g->floor) munmap((void *)g->floor, FLOOR_BYTES); /* a child after fork() opens its regions again */
+    g->floor = NULL;
+    memset(g->floor_at, -1, sizeof g->floor_at);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, FLOOR_FILE);
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        dl_debug("no floor %s (%s): %s", p, g->what, strerror(errno));
+        return;
+    }
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == FLOOR_BYTES)
+        m = mmap(NULL, FLOOR_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    const struct floor_file *f = m == MAP_FAILED ? NULL : m;
+    if (!f || f->magic != FLOOR_MAGIC || f->version != FLOOR_VERSION || f->device_count != DL_MAX_DEVICES) {
+        dl_error("the node agent's floor %s (%s) is not one this library reads; refusing allocations on its devices", p,
+                 g->what);
+        if (f) munmap(m, FLOOR_BYTES);
+        g->closed = true;
+        return;
+    }
+    g->floor = f;
+}
+
+/* Links device entry e of a claim's region to the floor's entry of the same GPU. */
+static void link_floor(struct region *g, int e, const char *uuid) {
+    if (!g->floor || g->floor_at[e] >= 0) return;
+    for (int i = 0; i < DL_MAX_DEVICES; i++)
+        if (dl_uuid_equal(g->floor->devs[i].uuid, uuid)) g->floor_at[e] = (signed char)i;
+}
+
+/* The floor of device entry e (0: none), with the region's count the agent saw and the sample's seq. */
+static int64_t floor_read(const struct region *g, int e, int64_t *seen, uint64_t *seq) {
+    *seen = 0;
+    *seq = 0;
+    if (!g->floor || g->floor_at[e] < 0) return 0;
+    const struct floor_dev *d = &g->floor->devs[g->floor_at[e]];
+    int64_t v = 0;
+    for (int tries = 0; tries < 64; tries++) {
+        uint64_t s = atomic_load_explicit(&g->floor->seq, memory_order_acquire);
+        v = atomic_load_explicit(&d->bytes, memory_order_relaxed);
+        *seen = atomic_load_explicit(&d->region, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (!(s & 1) && atomic_load_explicit(&g->floor->seq, memory_order_relaxed) == s) {
+            *seq = s;
+            break;
+        }
+    }
+    return v < 0 || v > SANE_BYTES ? SANE_BYTES : v;
+}
+
+/* The claim's account as the floor puts it: the floor, and what this process charged since the sample it is
+ * of (from its own charges, mine, which no other process can rewrite). 0: no floor. */
+static int64_t floor_account(int dev, int64_t floor, uint64_t seq, int64_t mine) {
+    if (!floor && !seq) return 0;
+    if (atomic_load_explicit(&floor_seen[dev], memory_order_relaxed) != seq) {
+        atomic_store_explicit(&own_at_floor[dev], mine, memory_order_relaxed);
+        atomic_store_explicit(&floor_seen[dev], seq, memory_order_relaxed);
+        return floor;
+    }
+    int64_t since = mine - atomic_load_explicit(&own_at_floor[dev], memory_order_relaxed);
+    return since > 0 ? floor + since : floor;
+}
+
+/* Waits (at most FLOOR_WAIT_MS) for the agent's next sample after seq. */
+static void floor_wait(const struct region *g, uint64_t seq) {
+    for (int waited_ms = 0; waited_ms < FLOOR_WAIT_MS; waited_ms += 10) {
+        uint64_t now = atomic_load_explicit(&g->floor->seq, memory_order_acquire);
+        if (now != seq && !(now & 1)) return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* A claim's region (agent_made) is the node agent's: it made the file, laid out and sized, and the library
  * never creates, resizes or initialises one, so deleting, truncating or zeroing it cannot start a fresh
  * account - it closes the claim's region. Only the environment's region is made here. */
@@ -527,6 +643,7 @@ void dl_region_open(const char *dir) {
         const struct dl_claim *cl = &dl_claims.claims[c];
         snprintf(r->what, sizeof r->what, "claim %.50s", cl->name);
         if (cl->broken || open_shared(r, cl->state_dir, DL_LOG_ERROR, true) != 0) open_private(r, true);
+        else open_floor(r, cl->state_dir);
     }
     snprintf(regions[CLOSED_REGION].what, sizeof regions[CLOSED_REGION].what, "unaccounted devices");
     open_private(&regions[CLOSED_REGION], true);
@@ -544,7 +661,11 @@ void dl_region_reset_after_fork(void) {
         atomic_store(&g->bad, 0);
         atomic_store(&g->verified_ns, 0);
     }
-    for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) atomic_store(&own_used[i], 0);
+    for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) {
+        atomic_store(&own_used[i], 0);
+        atomic_store(&floor_seen[i], 0);
+        atomic_store(&own_at_floor[i], 0);
+    }
     self_pidns = self_start = 0;          /* the child is another process (and may be in a new PID namespace) */
     for (int r = 0; r < MAX_REGIONS; r++) /* the child holds nothing: it has no slot yet */
         for (int i = 0; i < REGION_EXPORTS; i++) {
@@ -571,7 +692,10 @@ int dl_region_device(const char *uuid) {
     struct region *g = &regions[r];
     if (g->closed) return r * DL_MAX_DEVICES;
     int idx = find_device(g, uuid);
-    if (idx >= 0) return r * DL_MAX_DEVICES + idx;
+    if (idx >= 0) {
+        link_floor(g, idx, uuid);
+        return r * DL_MAX_DEVICES + idx;
+    }
     int fd = -1;
     if (g->fd >= 0) {
         fd = own_description(g);
@@ -596,6 +720,7 @@ int dl_region_device(const char *uuid) {
         dl_error("the device table of %s (%s) is full; refusing allocations on %s", g->path, g->what, uuid);
         return CLOSED_REGION * DL_MAX_DEVICES;
     }
+    link_floor(g, idx, uuid);
     return r * DL_MAX_DEVICES + idx;
 }
 
@@ -676,15 +801,32 @@ int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
         (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) > VERIFY_EVERY_NS)
         verify(g);
     struct region_dev *d = &hdr(g)->devs[e];
+    bool waited = false;
     for (int attempt = 0; attempt < 2 && !atomic_load_explicit(&g->bad, memory_order_relaxed); attempt++) {
         int64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
+        int64_t seen;
+        uint64_t seq;
+        int64_t floor = floor_read(g, e, &seen, &seq);
+        floor = floor_account(dev, floor, seq, mine);
         for (;;) {
             if (cur < 0 || cur > SANE_BYTES) {
                 mark_bad(g, "holds an impossible claim-wide count");
                 break;
             }
-            uint64_t in_use = (uint64_t)cur;
-            if (limit != DL_NO_LIMIT && (bytes > limit || in_use > limit - bytes)) break;
+            uint64_t in_use = (uint64_t)(cur > floor ? cur : floor); /* never below what the driver says */
+            if (limit != DL_NO_LIMIT && (bytes > limit || in_use > limit - bytes)) {
+                /* Only the floor refuses, and the claim released memory since the agent's sample: decide on the
+                 * next sample (an honest free-then-allocate is not refused on a stale floor). */
+                if (!waited && limit != DL_NO_LIMIT && bytes <= limit && (uint64_t)cur <= limit - bytes && cur < seen) {
+                    waited = true;
+                    floor_wait(g, seq);
+                    floor = floor_read(g, e, &seen, &seq);
+                    floor = floor_account(dev, floor, seq, mine);
+                    cur = atomic_load_explicit(&d->used, memory_order_relaxed);
+                    continue;
+                }
+                break;
+            }
             if (atomic_compare_exchange_weak(&d->used, &cur, cur + (int64_t)bytes)) {
                 atomic_fetch_add_explicit(&slot_at(g, g->slot)->used[e], (int64_t)bytes, memory_order_relaxed);
                 return 0;
@@ -713,8 +855,12 @@ uint64_t dl_region_used(int dev) {
     sweep(g);
     if (atomic_load(&g->bad)) return UINT64_MAX;
     int64_t v = atomic_load(&hdr(g)->devs[entry_of(dev)].used);
-    int64_t mine = atomic_load(&own_used[dev]);
+    int64_t mine = atomic_load(&own_used[dev]), seen;
+    uint64_t seq;
+    int64_t floor = floor_read(g, entry_of(dev), &seen, &seq);
+    floor = floor_account(dev, floor, seq, mine);
     if (v < mine) v = mine;
+    if (v < floor) v = floor;
     return v > 0 ? (uint64_t)v : 0;
 }
 
