@@ -300,6 +300,15 @@ run_probe "$tmp/o7i" -- alloc $((768 * MiB)) 1
 expect_in "allocated=805306368 last=CUDA_SUCCESS" "$tmp/o7i"
 reset
 
+# 7h. A process of the claim holds 768 MiB, drops its slot's lock, names a dead process as the slot's owner and
+#     marks it gone as the agent would: the next process's sweep refunds the region, but the agent's floor
+#     (written after the allocation, as its watch would) keeps the 768 MiB charged.
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+write_floor "$ROOT/c1/limiter/dragpu-limiter.floor" 1 "$GPU0" 0 0
+env LD_PRELOAD="$LIB" DRAGPU_LIMITER_STATE_DIR="$ROOT/c1/limiter" T_REGION_FLOOR="$ROOT/c1/limiter/dragpu-limiter.floor" \
+    T_REGION_GPU="$GPU0" "$B/tests/t_region" forged >"$tmp/o7j" 2>&1 || fail "a forged refund: $(cat "$tmp/o7j")"
+reset
+
 # 8. The file's compute share applies without DRAGPU_CORES_LIMIT, and the environment cannot raise it.
 claim c1 ns/one "$GPU0 memory=unlimited cores=30"
 env LD_PRELOAD="$LIB" DRAGPU_CORES_LIMIT=100 "$B/tests/t_compute" 30 1 >"$tmp/o13" 2>&1 ||
