@@ -40,6 +40,7 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuGraphInstantiate
 #undef cuStreamBeginCapture
 #undef cuCtxCreate
 #undef cuCtxDestroy
@@ -259,6 +260,8 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
     X(cuGraphAddNode, PFN_cuGraphAddNode_v12020)                                                                       \
     X(cuGraphAddNode_v2, PFN_cuGraphAddNode_v12030)                                                                    \
     X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)                                             \
+    X(cuGraphInstantiate, PFN_cuGraphInstantiate_v10000)                                                               \
+    X(cuGraphInstantiate_v2, PFN_cuGraphInstantiate_v11000)                                                            \
     X(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)                                           \
     X(cuGraphInstantiateWithParams_ptsz, PFN_cuGraphInstantiateWithParams_v12000_ptsz)                                 \
     X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                                                         \

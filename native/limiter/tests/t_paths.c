@@ -7,6 +7,8 @@
  *   stream-device  stream-ordered allocations on a stream or pool of another device than the current one
  *   pool-kept      what pools keep after cuMemFreeAsync (release threshold) stays charged until trimmed
  *   graph          graph allocation nodes (cuGraphAddMemAllocNode, cuGraphAddNode) and the graph memory pool
+ *   graph-legacy   graphs instantiated through the CUDA 10 and 11 ABI (cuGraphInstantiate, _v2), on every route
+ *                  (dlsym, cuGetProcAddress at 10000 and 11000): charged at their first launch, refused over it
  *   capture        allocations during stream capture, freed by the capture: charged when the graph runs
  *   legacy-abi     the CUDA 2.0 entry points cuGetProcAddress returns for version 2000
  *   granularity    many small allocations: charged whole granules, as the driver holds them
@@ -27,6 +29,7 @@
  */
 #include "device.h"
 #include "fake_common.h"
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <linux/filter.h>
@@ -187,6 +190,39 @@ static CUgraph graph_with_alloc(size_t bytes) {
     CHECK_CU(cuGraphCreate(&g, 0), CUDA_SUCCESS);
     CHECK_CU(cuGraphAddMemAllocNode(&n, g, NULL, 0, &p), CUDA_SUCCESS);
     return g;
+}
+
+static void graph_legacy(void) {
+    PFN_cuGraphInstantiate_v11000 routes[4];
+    CUdriverProcAddressQueryResult st;
+    *(void **)&routes[0] = dlsym(RTLD_DEFAULT, "cuGraphInstantiate");
+    *(void **)&routes[1] = dlsym(RTLD_DEFAULT, "cuGraphInstantiate_v2");
+    CHECK_CU(cuGetProcAddress_v2("cuGraphInstantiate", (void **)&routes[2], 10000, 0, &st), CUDA_SUCCESS);
+    CHECK_CU(cuGetProcAddress_v2("cuGraphInstantiate", (void **)&routes[3], 11000, 0, &st), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++) {
+        CHECK(routes[i], "route %d: no cuGraphInstantiate", i);
+        CUgraph g = graph_with_alloc(600 * MiB);
+        CUgraphExec e;
+        CUgraphNode err;
+        char log[64];
+        CHECK_CU(routes[i](&e, g, &err, log, sizeof log), CUDA_SUCCESS);
+        CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS);
+        HOLDS(600 * MiB, 0);
+        /* A second such graph cannot run beside it. */
+        CUgraph g2 = graph_with_alloc(300 * MiB);
+        CUgraphExec e2;
+        CHECK_CU(routes[i](&e2, g2, &err, log, sizeof log), CUDA_SUCCESS);
+        CUdeviceptr q;
+        CHECK_CU(cuMemAlloc_v2(&q, 300 * MiB), CUDA_SUCCESS);
+        REFUSED(cuGraphLaunch(e2, s0), "cuGraphLaunch");
+        CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+        CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+        CHECK_CU(cuGraphExecDestroy(e2), CUDA_SUCCESS);
+        CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+        HOLDS(0, 0);
+        CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
+        CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
+    }
 }
 
 static void graph(void) {
@@ -802,6 +838,7 @@ int main(int argc, char **argv) {
     } scenarios[] = {{"stream-device", stream_device},
                      {"pool-kept", pool_kept},
                      {"graph", graph},
+                     {"graph-legacy", graph_legacy},
                      {"capture", capture},
                      {"legacy-abi", legacy_abi},
                      {"granularity", granularity},

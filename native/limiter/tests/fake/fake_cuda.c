@@ -49,6 +49,7 @@
 #undef cuDeviceTotalMem
 #undef cuArrayCreate
 #undef cuArray3DCreate
+#undef cuGraphInstantiate
 #undef cuGraphAddNode
 #undef cuCtxCreate
 #undef cuCtxDestroy
@@ -2252,6 +2253,22 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
         MAGIC_EXEC, cur_device(), g->duration_ns, g->alloc_dev, g->alloc_bytes, g->alloc_bytes - g->freed_bytes, 0};
     *e = x;
     return CUDA_SUCCESS;
+}
+
+/* The CUDA 10 and 11 ABI: no flags, an error node and a log (empty: nothing failed). */
+static CUresult instantiate_logged(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t size) {
+    CUresult r = cuGraphInstantiateWithFlags(e, g, 0);
+    if (err) *err = NULL;
+    if (log && size) log[0] = '\0';
+    return r;
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t size) {
+    return instantiate_logged(e, g, err, log, size);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t size) {
+    return instantiate_logged(e, g, err, log, size);
 }
 
 /* The first upload or launch of a graph with allocation nodes takes their memory from the device's graph
