@@ -368,6 +368,10 @@ DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name);
 /* The C library's dlsym (never our interposer). */
 typedef void *(*dl_dlsym_fn)(void *, const char *);
 DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void);
+typedef void *(*dl_dlvsym_fn)(void *, const char *, const char *);
+DL_NO_SANITIZE dl_dlvsym_fn dl_real_dlvsym(void);
+/* libc.c: a function of the C library, from its own symbol table; NULL without one. */
+DL_NO_SANITIZE void *dl_libc_function(const char *name);
 
 extern struct dl_real_cuda dl_cuda; /* valid after dl_cuda_init() */
 extern struct dl_real_nvml dl_nvml; /* valid after dl_nvml_init() */
