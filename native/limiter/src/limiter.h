@@ -386,6 +386,18 @@ static inline void dl_nvml_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_nvml_ready, memory_order_acquire))) dl_nvml_init_slow();
 }
 
+/* nvml.c: NVML for what the library charges by (a context's measured size): the libnvidia-ml.so.1 beside the
+ * driver this process uses, opened by its path - never one found on the library path, the tenant's to set.
+ * Its entry points are NULL where there is none (then nothing is measured through NVML). */
+struct dl_measure_nvml {
+    dl_pfn_nvmlInit_v2 nvmlInit_v2;
+    dl_pfn_nvmlShutdown nvmlShutdown;
+    dl_pfn_nvmlDeviceGetHandleByUUID nvmlDeviceGetHandleByUUID;
+    dl_pfn_nvmlDeviceGetMemoryInfo nvmlDeviceGetMemoryInfo;
+};
+extern struct dl_measure_nvml dl_measure;
+void dl_measure_nvml_init(void);
+
 /* ---- devices.c ---- */
 /* Region device index and limit for a CUDA ordinal (resolved through the UUID once per process). */
 int dl_device_for_ordinal(int ordinal, uint64_t *limit);

@@ -87,6 +87,11 @@ for sc in stream-device pool-kept graph graph-legacy capture legacy-abi granular
 done
 run "t_paths contexts" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 \
     FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 FAKE_CUDA_CTX_BYTES=4194304 "$B/tests/t_paths" contexts
+# ... with a tenant's NVML first on the library path (it says the GPU is all free): contexts are measured with the
+# driver's own NVML, beside libcuda, never with it.
+run "t_paths contexts (tenant NVML)" limited LD_LIBRARY_PATH="$B/tests/tenant:$B/fake" FAKE_CUDA_DEVICE_COUNT=2 \
+    DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 \
+    FAKE_CUDA_CTX_BYTES=4194304 "$B/tests/t_paths" contexts
 
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 # Contexts of the real driver's size (the fake's default), under the cap of the first H100 run.
