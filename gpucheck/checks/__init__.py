@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpucheck.checks import compute, frameworks, gpu_settings, inventory, memory, mig, nodepath, overhead
+from gpucheck.checks import (
+    compute,
+    frameworks,
+    gpu_settings,
+    inventory,
+    memory,
+    mig,
+    nodepath,
+    overhead,
+    serving,
+)
 from gpucheck.context import Context
 from gpucheck.report import Result
 
@@ -18,6 +28,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("limiter.shared", memory.shared),
     ("limiter.family", memory.families),
     ("framework", frameworks.frameworks),
+    ("serving", serving.serving),
     ("compute.baseline", compute.baseline),
     ("compute", compute.accuracy),
     ("overhead", overhead.overhead),

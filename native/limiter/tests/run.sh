@@ -81,7 +81,7 @@ run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
 run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
 
 # Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
-for sc in stream-device pool-kept graph graph-legacy capture legacy-abi granularity import ipc ipc-same-claim import-same-claim export-churn \
+for sc in stream-device pool-kept graph graph-legacy serving capture legacy-abi granularity import ipc ipc-same-claim import-same-claim export-churn \
         import-self import-self-no-kcmp; do
     run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
 done

@@ -10,6 +10,11 @@
  *   graph-legacy   graphs instantiated through the CUDA 10 and 11 ABI (cuGraphInstantiate, _v2), on every route
  *                  (dlsym, cuGetProcAddress at 10000 and 11000): charged at their first launch, refused over it
  *   capture        allocations during stream capture, freed by the capture: charged when the graph runs
+ *   serving        what a serving engine does (gpucheck's serving checks, modelled): NCCL's host-located VMM
+ *                  buffers (host and host-NUMA locations) are not charged; the memory-profiling sequence (free
+ *                  memory before and after a warm-up and a capture that allocates) gives figures the cap
+ *                  explains, and nine tenths of what it leaves free can be allocated as a cache; a KV cache
+ *                  grown block by block stops at the cap, is freed and grows again
  *   legacy-abi     the CUDA 2.0 entry points cuGetProcAddress returns for version 2000
  *   granularity    many small allocations: charged whole granules, as the driver holds them
  *   contexts       primary and created contexts, cuCtxSetLimit: what their stack, heap and FIFO hold (run
@@ -268,6 +273,77 @@ static void graph(void) {
     CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
     CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
     CHECK_CU(cuGraphDestroy(g3), CUDA_SUCCESS);
+}
+
+static size_t free_now(void) {
+    size_t f, t;
+    CHECK_CU(cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
+    CHECK_EQ_U64(t, LIMIT);
+    return f;
+}
+
+static void serving(void) {
+    /* NCCL: buffers in host memory through VMM, mapped for the device. */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    CUmemGenericAllocationHandle host[2];
+    CUdeviceptr va;
+    CHECK_CU(cuMemAddressReserve(&va, 1024 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        prop.location.type = i ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+        prop.location.id = 0;
+        CHECK_CU(cuMemCreate(&host[i], 512 * MiB, &prop, 0), CUDA_SUCCESS);
+        CHECK_CU(cuMemMap(va + (CUdeviceptr)i * 512 * MiB, 512 * MiB, 0, host[i], 0), CUDA_SUCCESS);
+    }
+    HOLDS(0, 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_CU(cuMemUnmap(va + (CUdeviceptr)i * 512 * MiB, 512 * MiB), CUDA_SUCCESS);
+        CHECK_CU(cuMemRelease(host[i]), CUDA_SUCCESS);
+    }
+    /* Memory profiling: free before, a warm-up's allocations, a capture that allocates and runs, free after. */
+    size_t before = free_now();
+    CUdeviceptr weights, act, v;
+    CHECK_CU(cuMemAlloc_v2(&weights, 200 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&act, 100 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(act, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    size_t warm = free_now();
+    CUgraph g;
+    CUgraphExec e;
+    CHECK_CU(cuStreamBeginCapture_v2(s0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&v, 64 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(v, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamEndCapture(s0, &g), CUDA_SUCCESS);
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    size_t after = free_now();
+    CHECK(before >= warm && warm >= after, "free rose: %zu -> %zu -> %zu", before, warm, after);
+    CHECK_EQ_U64(LIMIT - after, fakecuda_used_bytes(0)); /* what is not free is what the driver holds */
+    CUdeviceptr kv;
+    CHECK_CU(cuMemAlloc_v2(&kv, after / 10 * 9 / (2 * MiB) * (2 * MiB)), CUDA_SUCCESS);
+    REFUSED(cuMemAlloc_v2(&v, after / 10 * 2), "cuMemAlloc_v2");
+    CHECK_CU(cuMemFree_v2(kv), CUDA_SUCCESS);
+    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+    CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
+    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    /* Decode: the KV cache grows a block at a time to the cap, is freed, and grows again as far. */
+    enum { BLOCK = 16 * MiB, MOST = 1024 };
+    static CUdeviceptr blocks[MOST];
+    int reached[2];
+    for (int round = 0; round < 2; round++) {
+        int n = 0;
+        while (n < MOST && cuMemAlloc_v2(&blocks[n], BLOCK) == CUDA_SUCCESS) n++;
+        reached[round] = n;
+        CHECK(n < MOST, "the cache never stopped");
+        HOLDS(200 * MiB + (uint64_t)n * BLOCK, 0);
+        while (n) CHECK_CU(cuMemFree_v2(blocks[--n]), CUDA_SUCCESS);
+    }
+    CHECK(reached[0] == reached[1] && (uint64_t)reached[0] * BLOCK > LIMIT - 200 * MiB - BLOCK,
+          "the cache reached %d then %d blocks", reached[0], reached[1]);
+    CHECK_CU(cuMemFree_v2(weights), CUDA_SUCCESS);
+    HOLDS(0, 0);
 }
 
 static void capture(void) {
@@ -839,6 +915,7 @@ int main(int argc, char **argv) {
                      {"pool-kept", pool_kept},
                      {"graph", graph},
                      {"graph-legacy", graph_legacy},
+                     {"serving", serving},
                      {"capture", capture},
                      {"legacy-abi", legacy_abi},
                      {"granularity", granularity},
