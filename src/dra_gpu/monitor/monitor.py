@@ -28,6 +28,7 @@ from dra_gpu.monitor.process_owner import PodRef, ProcReader
 from dra_gpu.monitor.region import (
     FLOOR_FILE,
     RegionDevice,
+    floor_uuids,
     hand_back,
     read_region,
     region_counts,
@@ -147,6 +148,8 @@ class Monitor:
         self._limiter_cache: dict[tuple[int, PodRef], bool | None] = {}
         self._seen_as: dict[int, tuple[PodInfo, PodRef, int | None]] = {}
         """pid -> its pod, cgroup and start time as this sampling saw them."""
+        self._floors: dict[str, tuple[list[str], dict[str, tuple[int, int]]]] = {}
+        """claim uid -> the floor file's GPUs and what was last published there (written again only on change)."""
         self.slots_reclaimed: dict[tuple[str, str], int] = {}
         """(namespace, claim) -> slots of the claim's region handed back because their process was gone."""
         self._stop = threading.Event()
@@ -421,7 +424,16 @@ class Monitor:
             region = _by_uuid(counts.get(h.claim.uid, {}), h.gpu)
             floors.setdefault(h.claim.uid, {})[h.gpu] = (known, region)
         for uid, figures in floors.items():
-            write_floor(f"{self._claims_dir}/{uid}/limiter/{FLOOR_FILE}", figures)
+            path = f"{self._claims_dir}/{uid}/limiter/{FLOOR_FILE}"
+            uuids, published = self._floors.get(uid) or (floor_uuids(path), {})
+            if figures == published:
+                continue  # unchanged: an allocation waiting for a new sample is decided on this one anyway
+            if write_floor(path, figures, uuids):
+                self._floors[uid] = (uuids, figures)
+            else:
+                self._floors.pop(uid, None)
+        claims = {uid for uid, _ in held}
+        self._floors = {uid: v for uid, v in self._floors.items() if uid in claims}
 
     def _over_cap(self, h: Held, procs: list[tuple[int, int, bool | None]]) -> list[Violation]:
         """MemoryOverLimit for the claim's offenders when NVML counts more than its cap and the allowance."""

@@ -328,11 +328,12 @@ def floor_uuids(path: Path | str) -> list[str]:
     return out
 
 
-def write_floor(path: Path | str, floors: dict[str, tuple[int, int]]) -> bool:
+def write_floor(path: Path | str, floors: dict[str, tuple[int, int]], uuids: list[str] | None = None) -> bool:
     """Publishes uuid -> (bytes NVML says the claim's processes hold, the region's count read before NVML) in
     place, under the file's sequence (odd while writing), as the library reads it. Only entries the file
-    already has are written; False when the file is missing or not a floor."""
-    uuids = floor_uuids(path)
+    already has are written (`uuids`: its entries, when the caller knows them); False when the file is missing
+    or not a floor."""
+    uuids = uuids or floor_uuids(path)
     if not uuids:
         return False
     try:
