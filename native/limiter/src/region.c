@@ -57,6 +57,9 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdbool.h>
+#include <pthread.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +217,39 @@ static struct own_export {
         ino_t ino;
     } kept[EXPORT_FDS];
 } own_exports[MAX_REGIONS][REGION_EXPORTS];
+
+/* Memory this process exported as descriptors and has released, while one of those descriptors is still open
+ * here: the driver keeps an allocation for as long as a descriptor of it is open (the H100 record's
+ * vmm.after_release_all), so its charge - this process's hold on the export entry - stays until they are all
+ * closed, noticed on the slow paths (a sweep, a report of free memory). */
+#define HELD_MAX 64
+static struct held_by_fd {
+    int dev, idx;
+    uint64_t bytes;
+    int n;
+    dev_t fdev[EXPORT_FDS];
+    ino_t ino[EXPORT_FDS];
+} held_by_fd[HELD_MAX];
+static int n_held_by_fd;
+static _Atomic int any_held_by_fd;
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Whether a descriptor of any of these files is open in this process. */
+static bool descriptor_open(const struct held_by_fd *h) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return false;
+    bool open_ = false;
+    struct dirent *e;
+    while (!open_ && (e = readdir(d)) != NULL) {
+        struct stat st;
+        if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) != 0) continue;
+        for (int i = 0; i < h->n; i++)
+            if (st.st_dev == h->fdev[i] && st.st_ino == h->ino[i]) open_ = true;
+    }
+    closedir(d);
+    return open_;
+}
 
 /* Keeps a descriptor for an entry this process exported: its index in the entry, or -1 when it is full. */
 static int keep_fd(struct own_export *o, int fd) {
@@ -661,6 +697,9 @@ void dl_region_reset_after_fork(void) {
         atomic_store(&g->bad, 0);
         atomic_store(&g->verified_ns, 0);
     }
+    pthread_mutex_init(&held_mu, NULL); /* another thread may have held it at fork() */
+    n_held_by_fd = 0;                   /* the parent's holds, not the child's */
+    atomic_store(&any_held_by_fd, 0);
     for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) {
         atomic_store(&own_used[i], 0);
         atomic_store(&floor_seen[i], 0);
@@ -750,7 +789,10 @@ static void verify(struct region *g) {
 }
 
 /* Returns the bytes of dead processes to the totals. Only ever takes non-blocking file locks. */
+static void settle_descriptors(void);
+
 static void sweep(struct region *g) {
+    settle_descriptors();
     if (g->fd < 0) return;
     verify(g);
     int fd = own_description(g);
@@ -1028,6 +1070,37 @@ int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint
     return idx;
 }
 
+static void leave_entry(struct region *g, int idx, int fd) {
+    struct region_export *x = export_at(g, idx);
+    atomic_fetch_and(&x->holders[g->slot / 64], ~(1ull << (g->slot % 64)));
+    uint64_t left = 0;
+    for (int w = 0; w < HOLDER_WORDS; w++) left |= atomic_load(&x->holders[w]);
+    if (fd >= 0 && !left && atomic_load(&x->live)) retire(g, x);
+}
+
+/* Gives back the holds of released exports whose descriptors this process has all closed since. */
+static void settle_descriptors(void) {
+    if (!atomic_load_explicit(&any_held_by_fd, memory_order_relaxed)) return;
+    pthread_mutex_lock(&held_mu);
+    for (int i = 0; i < n_held_by_fd;) {
+        struct held_by_fd *h = &held_by_fd[i];
+        if (descriptor_open(h)) {
+            i++;
+            continue;
+        }
+        struct region *g = region_of(h->dev);
+        atomic_fetch_sub(&own_used[h->dev], (int64_t)h->bytes);
+        if (g->fd >= 0 && !g->closed) {
+            int fd = table_lock(g);
+            leave_entry(g, h->idx, fd);
+            if (fd >= 0) close(fd);
+        }
+        *h = held_by_fd[--n_held_by_fd];
+    }
+    atomic_store(&any_held_by_fd, n_held_by_fd > 0);
+    pthread_mutex_unlock(&held_mu);
+}
+
 void dl_region_leave(int dev, int idx, uint64_t bytes) {
     struct region *g = region_of(dev);
     int r = dev / DL_MAX_DEVICES;
@@ -1040,13 +1113,29 @@ void dl_region_leave(int dev, int idx, uint64_t bytes) {
     int fd = table_lock(g); /* not taken: the hold still goes; a later sweep retires the entry */
     struct region_export *x = export_at(g, idx);
     if (held == 1) {
+        struct held_by_fd kept = {.dev = dev, .idx = idx, .bytes = bytes};
+        for (int i = 0; i < o->n_kept && x->kind == DL_EXPORT_FD; i++) {
+            kept.fdev[kept.n] = o->kept[i].dev;
+            kept.ino[kept.n++] = o->kept[i].ino;
+        }
         if (o->n_kept && x->kind == DL_EXPORT_FD) /* no longer descriptors to match imports against */
             for (int i = 0; i < EXPORT_FDS; i++) x->id.fds[i] = -1;
         close_kept(o);
-        atomic_fetch_and(&x->holders[g->slot / 64], ~(1ull << (g->slot % 64)));
-        uint64_t left = 0;
-        for (int w = 0; w < HOLDER_WORDS; w++) left |= atomic_load(&x->holders[w]);
-        if (fd >= 0 && !left && atomic_load(&x->live)) retire(g, x);
+        if (kept.n && descriptor_open(&kept)) { /* the driver keeps it: so does the charge, until closed */
+            pthread_mutex_lock(&held_mu);
+            if (n_held_by_fd < HELD_MAX) {
+                held_by_fd[n_held_by_fd++] = kept;
+                atomic_store(&any_held_by_fd, 1);
+                atomic_fetch_add(&own_used[dev], (int64_t)bytes);
+                pthread_mutex_unlock(&held_mu);
+                if (fd >= 0) close(fd);
+                return;
+            }
+            pthread_mutex_unlock(&held_mu);
+        }
+        leave_entry(g, idx, fd);
+        if (fd >= 0) close(fd);
+        return;
     }
     if (fd >= 0) close(fd);
 }
