@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, running_plugin, uid_of
 from test_monitor import _events, limiter_config
 
+from dra_gpu.cli import main
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor.region import FLOOR_FILE, floor_uuids, make_floor, write_floor
 
@@ -178,3 +180,17 @@ def test_the_floor_is_written_in_place_and_only_for_its_gpus(tmp_path: Path) -> 
     assert {u: v[:2] for u, v in got.items()} == {"GPU-a": (0, 0), "GPU-b": (5 * GiB, 4 * GiB)}
     assert got["GPU-b"][2] == 2
     assert not write_floor(tmp_path / "missing", {"GPU-a": (1, 1)})
+
+
+def test_the_watch_interval_is_the_agents_setting(
+    dirs: PluginDirs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with running_plugin(dirs, FakeKube(), monitor_watch_interval_s=0.25) as plugin:
+        assert monitor_of(plugin).watch_interval_s == 0.25
+    with running_plugin(dirs, FakeKube()) as plugin:
+        assert monitor_of(plugin).watch_interval_s == 1.0
+    assert main(["kubelet-plugin", "--node-name", "n", "--monitor-watch-interval=0"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --monitor-watch-interval must be a positive number of seconds"
+    )
