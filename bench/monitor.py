@@ -3,8 +3,10 @@
 Builds a node as the agent sees it: 400 prepared Limiter claims in the checkpoint (50 per GPU), each
 with its limiter region file, a pod per claim in the API fake, one GPU process per pod in fake NVML
 (with utilization samples) and its `/proc/<pid>/cgroup` and `maps`. Then it times the monitor's
-samplings (checkpoint, regions, NVML, cgroups, watchdog) and the scrapes of /metrics, and prints the
-CPU they take at the default sampling interval and a 15 s scrape interval. Goal: under 2 % of a core.
+samplings (checkpoint, regions, NVML, cgroups, watchdog), the memory watches between them (NVML's
+per-process memory, cgroups, each claim's floor written, the watchdog) and the scrapes of /metrics, and
+prints the CPU they take at the default sampling and watch intervals and a 15 s scrape interval. Goal:
+under 2 % of a core.
 
     .venv/bin/python bench/monitor.py [--gpus 8] [--claims-per-gpu 50] [--rounds 20]
 """
@@ -29,6 +31,7 @@ from fakes import fake_pynvml
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import DEFAULT_INTERVAL_S, Monitor, MonitorCollector, NvmlSampler, PodDirectory
 from dra_gpu.monitor import region as layout
+from dra_gpu.monitor.monitor import DEFAULT_WATCH_INTERVAL_S
 from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.watchdog import Watchdog
 from dra_gpu.plugin.checkpoint import (
@@ -96,6 +99,7 @@ def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegist
                 ],
             )
             held.append(write_region(root / "claims" / claim_uid / "limiter", gpu.uuid, GiB // 2))
+            layout.make_floor(root / "claims" / claim_uid / "limiter" / layout.FLOOR_FILE, [gpu.uuid])
             pod = api.create(
                 "Pod",
                 {
@@ -155,6 +159,7 @@ def main() -> int:
         monitor.sample_once()  # warm: the pod list, the limiter checks of new processes
         ts = 1_000_000
         sample_cpu = 0.0
+        watch_cpu = 0.0
         scrape_cpu = 0.0
         for _ in range(args.rounds):
             ts += int(DEFAULT_INTERVAL_S * 1e6)
@@ -164,17 +169,27 @@ def main() -> int:
             monitor.sample_once()
             sample_cpu += time.process_time() - start
             start = time.process_time()
+            monitor.watch_once()
+            watch_cpu += time.process_time() - start
+            start = time.process_time()
             body = generate_latest(registry)
             scrape_cpu += time.process_time() - start
         per_sample = sample_cpu / args.rounds
+        per_watch = watch_cpu / args.rounds
         per_scrape = scrape_cpu / args.rounds
-        percent = 100 * (per_sample / DEFAULT_INTERVAL_S + per_scrape / SCRAPE_INTERVAL_S)
+        watches = (DEFAULT_INTERVAL_S / DEFAULT_WATCH_INTERVAL_S - 1) / DEFAULT_INTERVAL_S  # per second
+        percent = 100 * (
+            per_sample / DEFAULT_INTERVAL_S + per_watch * watches + per_scrape / SCRAPE_INTERVAL_S
+        )
         used = sum(f.memory_used or 0 for f in monitor.snapshot.claims.values())
         assert used == len(monitor.snapshot.claims) * GiB // 2, "every region's live slot was read"
         monitor.stop()
         claims = args.gpus * args.claims_per_gpu
         print(f"{args.gpus} GPUs x {args.claims_per_gpu} claims ({claims} claims, {claims} GPU processes)")
         print(f"sampling: {per_sample * 1000:.1f} ms CPU every {DEFAULT_INTERVAL_S:g} s")
+        print(
+            f"watch:    {per_watch * 1000:.1f} ms CPU every {DEFAULT_WATCH_INTERVAL_S:g} s between samplings"
+        )
         print(f"scrape:   {per_scrape * 1000:.1f} ms CPU every {SCRAPE_INTERVAL_S:g} s ({len(body)} bytes)")
         print(f"agent CPU for usage monitoring: {percent:.2f} % of one core (goal < {GOAL_PERCENT:g} %)")
         return 0 if percent < GOAL_PERCENT else 1

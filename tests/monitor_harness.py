@@ -84,13 +84,25 @@ def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:
 
 @contextlib.contextmanager
 def plugin_with_nvml(
-    dirs: PluginDirs, api: FakeKube, proc_root: Path, interval_s: float = 3600.0, publish_slices: bool = False
+    dirs: PluginDirs,
+    api: FakeKube,
+    proc_root: Path,
+    interval_s: float = 3600.0,
+    publish_slices: bool = False,
+    watch_interval_s: float | None = None,
 ) -> Iterator[tuple[NodeAgent, fake_pynvml.FakeDriver]]:
+    """The agent with fake NVML; memory is watched every `watch_interval_s` (default: only with each sample,
+    so that a test drives the watches itself)."""
     inventory = SimulatedInventory(PROFILE, seed=NODE)
     driver = fake_driver(inventory)
     fake_pynvml.install(driver)
     plugin = NodeAgent(
-        dirs.config(http_address="127.0.0.1:0", monitor_interval_s=interval_s, proc_root=proc_root),
+        dirs.config(
+            http_address="127.0.0.1:0",
+            monitor_interval_s=interval_s,
+            monitor_watch_interval_s=interval_s if watch_interval_s is None else watch_interval_s,
+            proc_root=proc_root,
+        ),
         api,
         inventory,
         sharing=NodeSharing.parse("*=Shared"),

@@ -24,7 +24,7 @@ from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, op
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT, LIMITS_FILE
+from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.limiter
@@ -63,35 +63,30 @@ def _unshare() -> list[str]:
 def run_in_container(
     built: Path, spec: dict[str, Any], uid: str, gpus: list[str]
 ) -> subprocess.CompletedProcess[str]:
-    """`limiter-probe info` with the claim's files mounted as its CDI spec says, under the real library."""
-    claims_root = built / "claims"  # the tests' library reads limits files here, not in /run/dra-gpu/claims
-    claims_root.mkdir(exist_ok=True)
+    """`limiter-probe info` with the claim's files mounted as its CDI spec says, under the real library (the
+    production build: its claims root is the container's, in a /run of the test's own mount namespace)."""
     mounts = (spec.get("containerEdits") or {}).get("mounts") or []
-    script = ["set -e", f"mount -t tmpfs tmpfs {shlex.quote(str(claims_root))}", "mount -t tmpfs tmpfs /run"]
+    script = ["set -e", "mount -t tmpfs tmpfs /run"]
     for mount in mounts:
         target, source = mount["containerPath"], mount["hostPath"]
         if not target.startswith(CONTAINER_CLAIMS_ROOT + "/"):
             continue
-        targets = [target]
-        if target.endswith("/" + LIMITS_FILE):
-            targets.append(f"{claims_root}/{uid}/{LIMITS_FILE}")
-        for where in targets:
-            make = (
-                f"mkdir -p {shlex.quote(where)}"
-                if Path(source).is_dir()
-                # A file already there (the region inside its read-only directory) is its own mount point.
-                else (
-                    f"test -e {shlex.quote(where)} || "
-                    f"{{ mkdir -p {shlex.quote(str(Path(where).parent))} && touch {shlex.quote(where)}; }}"
-                )
+        make = (
+            f"mkdir -p {shlex.quote(target)}"
+            if Path(source).is_dir()
+            # A file already there (the region inside its read-only directory) is its own mount point.
+            else (
+                f"test -e {shlex.quote(target)} || "
+                f"{{ mkdir -p {shlex.quote(str(Path(target).parent))} && touch {shlex.quote(target)}; }}"
             )
-            script += [make, f"mount --bind {shlex.quote(source)} {shlex.quote(where)}"]
-            if "ro" in mount.get("options", []):
-                script.append(f"mount -o remount,bind,ro {shlex.quote(where)}")
+        )
+        script += [make, f"mount --bind {shlex.quote(source)} {shlex.quote(target)}"]
+        if "ro" in mount.get("options", []):
+            script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LD_LIBRARY_PATH": str(built / "fake"),
-        "LD_PRELOAD": str(built / "testroot" / "libdragpu-limiter.so.1"),
+        "LD_PRELOAD": str(built / "libdragpu-limiter.so.1"),
         "CUDA_VISIBLE_DEVICES": ",".join(gpus),
     }
     script.append(

@@ -15,6 +15,7 @@ from gpucheck.checks import (
     mig,
     nodepath,
     overhead,
+    serving,
 )
 from gpucheck.context import Context
 from gpucheck.report import Result
@@ -29,6 +30,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("limiter.shared", memory.shared),
     ("limiter.family", memory.families),
     ("framework", frameworks.frameworks),
+    ("serving", serving.serving),
     ("compute.baseline", compute.baseline),
     ("compute", compute.accuracy),
     ("compute.elastic.floors", elastic.floors),

@@ -33,6 +33,8 @@ class NodeAgentConfig(PluginConfig):
     """HOST:PORT serving /healthz, /livez, /readyz and /metrics; None: no HTTP endpoint."""
     monitor_interval_s: float = 5.0
     """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
+    monitor_watch_interval_s: float = 1.0
+    """How often memory is watched (floors, caps, the limiter's presence); at most `monitor_interval_s`."""
     watchdog_context_allowance: int | None = None
     """Bytes NVML may count per process beyond the limiter's charges; None: the watchdog's default."""
     watchdog_grace_s: float | None = None
@@ -46,6 +48,7 @@ class NodeAgentConfig(PluginConfig):
             checkpoint_file=self.checkpoint_file,
             claims_dir=self.state_dir / "claims",
             interval_s=self.monitor_interval_s,
+            watch_interval_s=min(self.monitor_watch_interval_s, self.monitor_interval_s),
             proc_root=self.proc_root,
             context_allowance=self.watchdog_context_allowance,
             grace_s=self.watchdog_grace_s,

@@ -15,14 +15,16 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from container_node import Node
 from container_support import Podman, Result, Volume, sections
-from fake_driver import usable
+from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
+from dra_gpu.monitor.region import FLOOR_FILE, floor_uuids, region_counts, write_floor
 from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT
 from dra_gpu.quantity import parse_quantity, to_int
 
@@ -168,3 +170,79 @@ def test_a_forged_limits_file_never_raises_the_limit(
     # The claim's own file still limits its GPU (or the GPU is refused outright): never more than the cap.
     assert held <= cap and last == OOM, (held, last)
     assert f"{forged_dir}/limits: not a read-only mount of the node agent's" in root.stderr, root.stderr
+
+
+def test_a_pod_specs_own_read_only_mount_under_the_claims_root_is_no_claim(
+    node: Node, podman: Podman, driver_stand_in: list[Volume], tmp_path: Path
+) -> None:
+    """A pod spec chooses its own volumes: a ConfigMap mounted read-only with subPath at
+    `000-forged/limits` is a read-only mount of its own, as the agent's file is. It names the real claim's
+    state directory, unlimited, and sorts first: the library takes a limits file only where its state is its
+    own directory's (the agent's region and floor), so it fails closed and the claim's cap holds. (The
+    admission policy refuses such pods before they exist; this is the layer under it.)"""
+    claim, ids, cap, env = _prepare(node, "forged-mount", "03", "1Gi")
+    gpu = node.gpus["gpu-0"].uuid
+    chunk = 64 * MIB
+    state = f"{CONTAINER_CLAIMS_ROOT}/{claim['metadata']['uid']}/limiter"
+    configmap = tmp_path / "limits"
+    configmap.write_text(
+        f"version=1\nclaim=default/forged\nstate={state}\ndevice={gpu} memory=unlimited cores=100\n"
+    )
+    configmap.chmod(0o444)
+    forged = f"{CONTAINER_CLAIMS_ROOT}/000-forged/limits"
+    volumes = [*driver_stand_in, Volume(configmap, forged, read_only=True)]
+    result = _run_as(
+        podman, TENANT, sections(alloc=f"limiter-probe alloc {chunk}"), ids, volumes, env
+    ).check()
+    assert _allocated(result.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
+    assert f"{forged}: state={state} is not the claim's own state directory" in result.stderr, result.stderr
+
+
+def test_zeroed_counters_are_held_by_the_agents_floor(
+    node: Node, podman: Podman, driver_stand_in: list[Volume]
+) -> None:
+    """One container of the claim holds 768 MiB of its 2 GiB and a context; the agent samples it (NVML's
+    figure, published as the claim's floor); a second container zeroes every counter of the region and asks
+    for 512 MiB. The region alone would grant it (a fresh account); the floor, which no container can write,
+    refuses it."""
+    claim, ids, _, env = _prepare(node, "zeroed", "04", "2Gi")
+    state = node.claim_dir(claim) / "limiter"
+    region = f"{CONTAINER_CLAIMS_ROOT}/{claim['metadata']['uid']}/limiter/{REGION}"
+    gpu = node.gpus["gpu-0"].uuid
+    held = 768 * MIB
+    holder = subprocess.Popen(
+        podman.argv(f"limiter-probe alloc {held} 1 --hold", ids, driver_stand_in, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        lines = [holder.stdout.readline().strip() for _ in range(3)]
+        assert lines == ["alloc 0 ok", f"allocated={held} last=CUDA_SUCCESS", "holding"], lines
+        # As the agent's watch does: the region's count, then what NVML says the claim holds (its context too).
+        nvml = held + CONTEXT_CHARGE
+        assert write_floor(state / FLOOR_FILE, {gpu: (nvml, region_counts(state).get(gpu, 0))}), (
+            floor_uuids(state / FLOOR_FILE),
+            gpu,
+            sorted(p.name for p in state.iterdir()),
+        )
+        zero = (
+            f"dd if=/dev/zero of={region} bs=1 seek=128 count=8 conv=notrunc 2>/dev/null && "
+            f"for s in $(seq 0 1023); do "
+            f"dd if=/dev/zero of={region} bs=1 seek=$((4096 + 32768 + s * 192 + 24)) count=128 conv=notrunc "
+            f"2>/dev/null; done && echo zeroed"
+        )
+        result = _run_as(
+            podman,
+            TENANT,
+            sections(zero=zero, alloc=f"limiter-probe alloc {512 * MIB} 1"),
+            ids,
+            driver_stand_in,
+            env,
+        ).check()
+        assert result.section("zero") == ["zeroed"]
+        assert _allocated(result.section("alloc")) == (0, OOM)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -111,7 +111,7 @@ static int context_free(int ordinal, uint64_t *free_bytes) {
 
 static int nvml_free(nvmlDevice_t h, uint64_t *free_bytes) {
     nvmlMemory_t m;
-    if (!dl_nvml.nvmlDeviceGetMemoryInfo || dl_nvml.nvmlDeviceGetMemoryInfo(h, &m) != NVML_SUCCESS) return -1;
+    if (!dl_measure.nvmlDeviceGetMemoryInfo || dl_measure.nvmlDeviceGetMemoryInfo(h, &m) != NVML_SUCCESS) return -1;
     *free_bytes = m.free;
     return 0;
 }
@@ -122,9 +122,9 @@ static int nvml_device_of(int ordinal, nvmlDevice_t *h) {
     char s[DL_UUID_LEN];
     if (!dl_cuda.cuDeviceGetUuid_v2 || dl_cuda.cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return -1;
     dl_uuid_format((const unsigned char *)u.bytes, s);
-    if (dl_nvml.nvmlDeviceGetHandleByUUID(s, h) == NVML_SUCCESS) return 0;
+    if (dl_measure.nvmlDeviceGetHandleByUUID(s, h) == NVML_SUCCESS) return 0;
     memcpy(s, "MIG-", 4);
-    return dl_nvml.nvmlDeviceGetHandleByUUID(s, h) == NVML_SUCCESS ? 0 : -1;
+    return dl_measure.nvmlDeviceGetHandleByUUID(s, h) == NVML_SUCCESS ? 0 : -1;
 }
 
 /* Reads the device's free memory before a context is made on it (only for an accounted device). */
@@ -136,9 +136,9 @@ static void probe_begin(struct probe *p, int ordinal) {
         p->how = PROBE_CONTEXT;
         return;
     }
-    dl_nvml_init();
-    if (!dl_nvml.nvmlInit_v2 || !dl_nvml.nvmlShutdown || !dl_nvml.nvmlDeviceGetHandleByUUID) return;
-    if (dl_nvml.nvmlInit_v2() != NVML_SUCCESS) return;
+    dl_measure_nvml_init(); /* the driver's own NVML, never the library path's (nvml.c) */
+    if (!dl_measure.nvmlInit_v2 || !dl_measure.nvmlShutdown || !dl_measure.nvmlDeviceGetHandleByUUID) return;
+    if (dl_measure.nvmlInit_v2() != NVML_SUCCESS) return;
     p->nvml_open = 1;
     if (nvml_device_of(ordinal, &p->nvml) == 0 && nvml_free(p->nvml, &p->before) == 0) p->how = PROBE_NVML;
 }
@@ -160,7 +160,7 @@ static uint64_t probe_end(struct probe *p, CUcontext ctx, int ordinal) {
         }
         if (pushed) dl_cuda.cuCtxPopCurrent_v2(&popped);
     }
-    if (p->nvml_open) dl_nvml.nvmlShutdown();
+    if (p->nvml_open) dl_measure.nvmlShutdown();
     p->nvml_open = 0;
     int how = p->how;
     p->how = PROBE_NONE;

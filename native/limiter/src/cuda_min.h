@@ -477,6 +477,10 @@ typedef CUresult(CUDAAPI *PFN_cuGraphAddKernelNode_v12000)(CUgraphNode *phGraphN
 typedef CUresult(CUDAAPI *PFN_cuGraphCreate_v10000)(CUgraph *phGraph, unsigned int flags);
 typedef CUresult(CUDAAPI *PFN_cuGraphDestroy_v10000)(CUgraph hGraph);
 typedef CUresult(CUDAAPI *PFN_cuGraphExecDestroy_v10000)(CUgraphExec hGraphExec);
+typedef CUresult(CUDAAPI *PFN_cuGraphInstantiate_v10000)(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                         CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize);
+typedef CUresult(CUDAAPI *PFN_cuGraphInstantiate_v11000)(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                         CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize);
 typedef CUresult(CUDAAPI *PFN_cuGraphInstantiateWithFlags_v11040)(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                                   unsigned long long flags);
 typedef CUresult(CUDAAPI *PFN_cuGraphLaunch_v10000)(CUgraphExec hGraph, CUstream hStream);
@@ -647,6 +651,7 @@ typedef CUresult(CUDAAPI *PFN_cuIpcCloseMemHandle_v4010)(CUdeviceptr_v2 dptr);
 #define cuGetProcAddress cuGetProcAddress_v2
 #define cuGraphAddKernelNode cuGraphAddKernelNode_v2
 #define cuGraphAddNode cuGraphAddNode_v2
+#define cuGraphInstantiate cuGraphInstantiateWithFlags
 #define cuMemAlloc cuMemAlloc_v2
 #define cuMemAllocPitch cuMemAllocPitch_v2
 #define cuMemFree cuMemFree_v2

@@ -35,14 +35,22 @@ static const struct hook nvml_hooks[] = {DL_NVML_HOOKED(DL_HOOK_ENTRY)};
 #define N_CUDA_HOOKS (sizeof cuda_hooks / sizeof cuda_hooks[0])
 #define N_NVML_HOOKS (sizeof nvml_hooks / sizeof nvml_hooks[0])
 
+/* The C library's dlsym and dlvsym (libc.c: a reference from here would bind to the library's own). */
 static _Atomic(dl_dlsym_fn) real_dlsym_fn;
+static _Atomic(dl_dlvsym_fn) real_dlvsym_fn;
+
+DL_NO_SANITIZE dl_dlvsym_fn dl_real_dlvsym(void) {
+    dl_dlvsym_fn f = atomic_load_explicit(&real_dlvsym_fn, memory_order_acquire);
+    if (DL_LIKELY(f)) return f;
+    f = (dl_dlvsym_fn)dl_libc_function("dlvsym");
+    atomic_store_explicit(&real_dlvsym_fn, f, memory_order_release);
+    return f;
+}
 
 DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void) {
     dl_dlsym_fn f = atomic_load_explicit(&real_dlsym_fn, memory_order_acquire);
     if (DL_LIKELY(f)) return f;
-    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    for (size_t i = 0; !f && i < sizeof versions / sizeof versions[0]; i++)
-        f = (dl_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    f = (dl_dlsym_fn)dl_libc_function("dlsym");
     atomic_store_explicit(&real_dlsym_fn, f, memory_order_release);
     return f;
 }

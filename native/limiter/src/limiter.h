@@ -40,6 +40,7 @@
 #undef cuArrayCreate
 #undef cuArray3DCreate
 #undef cuGraphAddNode
+#undef cuGraphInstantiate
 #undef cuStreamBeginCapture
 #undef cuCtxCreate
 #undef cuCtxDestroy
@@ -259,6 +260,8 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
     X(cuGraphAddNode, PFN_cuGraphAddNode_v12020)                                                                       \
     X(cuGraphAddNode_v2, PFN_cuGraphAddNode_v12030)                                                                    \
     X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)                                             \
+    X(cuGraphInstantiate, PFN_cuGraphInstantiate_v10000)                                                               \
+    X(cuGraphInstantiate_v2, PFN_cuGraphInstantiate_v11000)                                                            \
     X(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000)                                           \
     X(cuGraphInstantiateWithParams_ptsz, PFN_cuGraphInstantiateWithParams_v12000_ptsz)                                 \
     X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                                                         \
@@ -365,6 +368,10 @@ DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name);
 /* The C library's dlsym (never our interposer). */
 typedef void *(*dl_dlsym_fn)(void *, const char *);
 DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void);
+typedef void *(*dl_dlvsym_fn)(void *, const char *, const char *);
+DL_NO_SANITIZE dl_dlvsym_fn dl_real_dlvsym(void);
+/* libc.c: a function of the C library, from its own symbol table; NULL without one. */
+DL_NO_SANITIZE void *dl_libc_function(const char *name);
 
 extern struct dl_real_cuda dl_cuda; /* valid after dl_cuda_init() */
 extern struct dl_real_nvml dl_nvml; /* valid after dl_nvml_init() */
@@ -378,6 +385,18 @@ static inline void dl_cuda_init(void) {
 static inline void dl_nvml_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_nvml_ready, memory_order_acquire))) dl_nvml_init_slow();
 }
+
+/* nvml.c: NVML for what the library charges by (a context's measured size): the libnvidia-ml.so.1 beside the
+ * driver this process uses, opened by its path - never one found on the library path, the tenant's to set.
+ * Its entry points are NULL where there is none (then nothing is measured through NVML). */
+struct dl_measure_nvml {
+    dl_pfn_nvmlInit_v2 nvmlInit_v2;
+    dl_pfn_nvmlShutdown nvmlShutdown;
+    dl_pfn_nvmlDeviceGetHandleByUUID nvmlDeviceGetHandleByUUID;
+    dl_pfn_nvmlDeviceGetMemoryInfo nvmlDeviceGetMemoryInfo;
+};
+extern struct dl_measure_nvml dl_measure;
+void dl_measure_nvml_init(void);
 
 /* ---- devices.c ---- */
 /* Region device index and limit for a CUDA ordinal (resolved through the UUID once per process). */

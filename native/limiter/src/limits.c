@@ -4,7 +4,8 @@
  * environment, are the source of a claim's limits: a process that sets DRAGPU_* can only lower them, and
  * one that points DRAGPU_LIMITER_STATE_DIR elsewhere still shares its claim's accounting.
  *
- * Only a file the agent mounted is trusted: the root of a read-only mount of its own. A file the container
+ * Only a file the agent mounted is trusted: the root of a read-only mount of its own, whose state= is its own
+ * directory's (CLAIMS_ROOT/<claim-uid>/limiter, where the agent made the region and its floor). A file the container
  * wrote (its root could make CLAIMS_ROOT/000-forged/limits) lies on a writable filesystem, or on the
  * image's read-only root where it is no mount of its own; such a file fails closed as a malformed one does.
  *
@@ -269,9 +270,18 @@ void dl_claims_load(struct dl_claims *out, const char *root) {
             break;
         }
         struct dl_claim *c = &out->claims[out->n];
+        char own_state[4200];
+        snprintf(own_state, sizeof own_state, "%s/%s/limiter", root, names[i]);
         if (r == 0 && dl_parse_limits(text, len, c, why, sizeof why) == 0) {
-            out->n++;
-            continue;
+            if (strcmp(c->state_dir, own_state) == 0) {
+                out->n++;
+                continue;
+            }
+            /* Tied: a claim's file accounts only in its own directory's region (the agent's), so a file
+             * mounted elsewhere cannot name another claim's region, nor a real one a region of its own. */
+            snprintf(why, sizeof why, "state=%.80s is not the claim's own state directory %.120s", c->state_dir,
+                     own_state);
+            r = -1; /* not the agent's: its devices are not salvaged (they stay their real claim's) */
         }
         dl_error("%s: %s; refusing allocations on this claim's devices", path, why);
         memset(c, 0, sizeof *c);

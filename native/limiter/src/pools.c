@@ -433,6 +433,24 @@ DL_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph
     return r;
 }
 
+/* The CUDA 10 and 11 ABI (cuda.h now maps cuGraphInstantiate to cuGraphInstantiateWithFlags): a program built
+ * against an older toolkit, or a lookup asking for a version before 11.4, instantiates through these. */
+DL_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                      char *logBuffer, size_t bufferSize) {
+    REAL_OR_NOT_FOUND(cuGraphInstantiate);
+    CUresult r = dl_cuda.cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    instantiated(r, phGraphExec, hGraph);
+    return r;
+}
+
+DL_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                         char *logBuffer, size_t bufferSize) {
+    REAL_OR_NOT_FOUND(cuGraphInstantiate_v2);
+    CUresult r = dl_cuda.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    instantiated(r, phGraphExec, hGraph);
+    return r;
+}
+
 DL_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                 CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
     REAL_OR_NOT_FOUND(cuGraphInstantiateWithParams);

@@ -57,6 +57,9 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdbool.h>
+#include <pthread.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +147,38 @@ _Static_assert(sizeof(struct region_export) == 256, "export entries are 256 byte
 #define SLOTS_AT (HEADER_BYTES + REGION_EXPORTS * sizeof(struct region_export))
 #define REGION_BYTES (SLOTS_AT + REGION_SLOTS * sizeof(struct region_slot))
 
+/* The floor (src/dra_gpu/monitor/region.py writes it): what the node agent knows the claim's processes hold
+ * on each GPU by the driver's own figures - NVML's per-process memory of the processes whose cgroups are the
+ * claim's pods' - published beside the region in the read-only state directory. The claim's account never
+ * falls below it, so a process that zeroes the region's counters, or marks a live process's slot gone so that
+ * a sweep refunds it, gains nothing from the agent's next sample on (one monitor interval, 1 s by default).
+ * `region` is the region's counter as the agent read it just before NVML: an account now below it has been
+ * released from (or rewritten) since, so an allocation that only the floor refuses waits for the agent's next
+ * sample (seq moves) and is decided on that, at most FLOOR_WAIT_MS. seq is odd while the agent writes. */
+#define FLOOR_FILE "dragpu-limiter.floor"
+#define FLOOR_MAGIC 0x314c464741524444ULL /* "DDRAGFL1" */
+#define FLOOR_VERSION 1u
+#define FLOOR_BYTES 4096
+#define FLOOR_WAIT_MS 2500
+
+struct floor_dev {
+    char uuid[DL_UUID_LEN];
+    _Atomic int64_t bytes;  /* NVML: what the claim's processes hold on this GPU */
+    _Atomic int64_t region; /* the region's claim-wide count just before */
+};
+
+struct floor_file {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t device_count;
+    _Atomic uint64_t seq;
+    uint64_t spare[5];
+    struct floor_dev devs[DL_MAX_DEVICES];
+};
+
+_Static_assert(sizeof(struct floor_dev) == 64, "floor entries are 64 bytes (monitor/region.py)");
+_Static_assert(sizeof(struct floor_file) <= FLOOR_BYTES, "floor file too large");
+
 #define MAX_REGIONS (DL_MAX_CLAIMS + 2) /* the environment's, one per claim, the closed one */
 #define CLOSED_REGION (MAX_REGIONS - 1)
 #define LOCK_WAIT_MS 2000
@@ -159,11 +194,17 @@ struct region {
     _Atomic int64_t verified_ns; /* last structural check */
     char what[64];               /* "claim ns/name" or "the environment's state directory", for messages */
     char path[4200];
+    const struct floor_file *floor;       /* the node agent's floor beside a claim's region, or NULL */
+    signed char floor_at[DL_MAX_DEVICES]; /* device entry -> floor entry (-1: none) */
 };
 static struct region regions[MAX_REGIONS];
 /* This process's own charges per device handle: the shared counters can be rewritten by any process of
  * the claim, these cannot. */
 static _Atomic int64_t own_used[MAX_REGIONS * DL_MAX_DEVICES];
+/* The floor's sample this process last saw per device handle, and its own charges then: what it charged
+ * since is on top of the floor (the floor cannot hold it yet), whatever the region's counters say. */
+static _Atomic uint64_t floor_seen[MAX_REGIONS * DL_MAX_DEVICES];
+static _Atomic int64_t own_at_floor[MAX_REGIONS * DL_MAX_DEVICES];
 /* This process's holds on each export entry (several opens or imports of one allocation set one bit), and
  * the descriptor it keeps for an entry it exported as a VMM descriptor (fd -1: none; closed only while it is
  * still the file it was, should the application have closed it under us). Changed under byte 0. */
@@ -176,6 +217,39 @@ static struct own_export {
         ino_t ino;
     } kept[EXPORT_FDS];
 } own_exports[MAX_REGIONS][REGION_EXPORTS];
+
+/* Memory this process exported as descriptors and has released, while one of those descriptors is still open
+ * here: the driver keeps an allocation for as long as a descriptor of it is open (the H100 record's
+ * vmm.after_release_all), so its charge - this process's hold on the export entry - stays until they are all
+ * closed, noticed on the slow paths (a sweep, a report of free memory). */
+#define HELD_MAX 64
+static struct held_by_fd {
+    int dev, idx;
+    uint64_t bytes;
+    int n;
+    dev_t fdev[EXPORT_FDS];
+    ino_t ino[EXPORT_FDS];
+} held_by_fd[HELD_MAX];
+static int n_held_by_fd;
+static _Atomic int any_held_by_fd;
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Whether a descriptor of any of these files is open in this process. */
+static bool descriptor_open(const struct held_by_fd *h) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return false;
+    bool open_ = false;
+    struct dirent *e;
+    while (!open_ && (e = readdir(d)) != NULL) {
+        struct stat st;
+        if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) != 0) continue;
+        for (int i = 0; i < h->n; i++)
+            if (st.st_dev == h->fdev[i] && st.st_ino == h->ino[i]) open_ = true;
+    }
+    closedir(d);
+    return open_;
+}
 
 /* Keeps a descriptor for an entry this process exported: its index in the entry, or -1 when it is full. */
 static int keep_fd(struct own_export *o, int fd) {
@@ -417,6 +491,84 @@ static bool slots_held(const struct region *g) {
     return false;
 }
 
+/* Maps the node agent's floor beside a claim's region, read-only; none (an agent that makes none) is no floor. */
+static void open_floor(struct region *g, const char *dir) {
+    if (g->floor) munmap((void *)g->floor, FLOOR_BYTES); /* a child after fork() opens its regions again */
+    g->floor = NULL;
+    memset(g->floor_at, -1, sizeof g->floor_at);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, FLOOR_FILE);
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        dl_debug("no floor %s (%s): %s", p, g->what, strerror(errno));
+        return;
+    }
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == FLOOR_BYTES)
+        m = mmap(NULL, FLOOR_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    const struct floor_file *f = m == MAP_FAILED ? NULL : m;
+    if (!f || f->magic != FLOOR_MAGIC || f->version != FLOOR_VERSION || f->device_count != DL_MAX_DEVICES) {
+        dl_error("the node agent's floor %s (%s) is not one this library reads; refusing allocations on its devices", p,
+                 g->what);
+        if (f) munmap(m, FLOOR_BYTES);
+        g->closed = true;
+        return;
+    }
+    g->floor = f;
+}
+
+/* Links device entry e of a claim's region to the floor's entry of the same GPU. */
+static void link_floor(struct region *g, int e, const char *uuid) {
+    if (!g->floor || g->floor_at[e] >= 0) return;
+    for (int i = 0; i < DL_MAX_DEVICES; i++)
+        if (dl_uuid_equal(g->floor->devs[i].uuid, uuid)) g->floor_at[e] = (signed char)i;
+}
+
+/* The floor of device entry e (0: none), with the region's count the agent saw and the sample's seq. */
+static int64_t floor_read(const struct region *g, int e, int64_t *seen, uint64_t *seq) {
+    *seen = 0;
+    *seq = 0;
+    if (!g->floor || g->floor_at[e] < 0) return 0;
+    const struct floor_dev *d = &g->floor->devs[g->floor_at[e]];
+    int64_t v = 0;
+    for (int tries = 0; tries < 64; tries++) {
+        uint64_t s = atomic_load_explicit(&g->floor->seq, memory_order_acquire);
+        v = atomic_load_explicit(&d->bytes, memory_order_relaxed);
+        *seen = atomic_load_explicit(&d->region, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (!(s & 1) && atomic_load_explicit(&g->floor->seq, memory_order_relaxed) == s) {
+            *seq = s;
+            break;
+        }
+    }
+    return v < 0 || v > SANE_BYTES ? SANE_BYTES : v;
+}
+
+/* The claim's account as the floor puts it: the floor, and what this process charged since the sample it is
+ * of (from its own charges, mine, which no other process can rewrite). 0: no floor. */
+static int64_t floor_account(int dev, int64_t floor, uint64_t seq, int64_t mine) {
+    if (!floor && !seq) return 0;
+    if (atomic_load_explicit(&floor_seen[dev], memory_order_relaxed) != seq) {
+        atomic_store_explicit(&own_at_floor[dev], mine, memory_order_relaxed);
+        atomic_store_explicit(&floor_seen[dev], seq, memory_order_relaxed);
+        return floor;
+    }
+    int64_t since = mine - atomic_load_explicit(&own_at_floor[dev], memory_order_relaxed);
+    return since > 0 ? floor + since : floor;
+}
+
+/* Waits (at most FLOOR_WAIT_MS) for the agent's next sample after seq. */
+static void floor_wait(const struct region *g, uint64_t seq) {
+    for (int waited_ms = 0; waited_ms < FLOOR_WAIT_MS; waited_ms += 10) {
+        uint64_t now = atomic_load_explicit(&g->floor->seq, memory_order_acquire);
+        if (now != seq && !(now & 1)) return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* A claim's region (agent_made) is the node agent's: it made the file, laid out and sized, and the library
  * never creates, resizes or initialises one, so deleting, truncating or zeroing it cannot start a fresh
  * account - it closes the claim's region. Only the environment's region is made here. */
@@ -527,6 +679,7 @@ void dl_region_open(const char *dir) {
         const struct dl_claim *cl = &dl_claims.claims[c];
         snprintf(r->what, sizeof r->what, "claim %.50s", cl->name);
         if (cl->broken || open_shared(r, cl->state_dir, DL_LOG_ERROR, true) != 0) open_private(r, true);
+        else open_floor(r, cl->state_dir);
     }
     snprintf(regions[CLOSED_REGION].what, sizeof regions[CLOSED_REGION].what, "unaccounted devices");
     open_private(&regions[CLOSED_REGION], true);
@@ -544,7 +697,14 @@ void dl_region_reset_after_fork(void) {
         atomic_store(&g->bad, 0);
         atomic_store(&g->verified_ns, 0);
     }
-    for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) atomic_store(&own_used[i], 0);
+    pthread_mutex_init(&held_mu, NULL); /* another thread may have held it at fork() */
+    n_held_by_fd = 0;                   /* the parent's holds, not the child's */
+    atomic_store(&any_held_by_fd, 0);
+    for (int i = 0; i < MAX_REGIONS * DL_MAX_DEVICES; i++) {
+        atomic_store(&own_used[i], 0);
+        atomic_store(&floor_seen[i], 0);
+        atomic_store(&own_at_floor[i], 0);
+    }
     self_pidns = self_start = 0;          /* the child is another process (and may be in a new PID namespace) */
     for (int r = 0; r < MAX_REGIONS; r++) /* the child holds nothing: it has no slot yet */
         for (int i = 0; i < REGION_EXPORTS; i++) {
@@ -571,7 +731,10 @@ int dl_region_device(const char *uuid) {
     struct region *g = &regions[r];
     if (g->closed) return r * DL_MAX_DEVICES;
     int idx = find_device(g, uuid);
-    if (idx >= 0) return r * DL_MAX_DEVICES + idx;
+    if (idx >= 0) {
+        link_floor(g, idx, uuid);
+        return r * DL_MAX_DEVICES + idx;
+    }
     int fd = -1;
     if (g->fd >= 0) {
         fd = own_description(g);
@@ -596,6 +759,7 @@ int dl_region_device(const char *uuid) {
         dl_error("the device table of %s (%s) is full; refusing allocations on %s", g->path, g->what, uuid);
         return CLOSED_REGION * DL_MAX_DEVICES;
     }
+    link_floor(g, idx, uuid);
     return r * DL_MAX_DEVICES + idx;
 }
 
@@ -625,7 +789,10 @@ static void verify(struct region *g) {
 }
 
 /* Returns the bytes of dead processes to the totals. Only ever takes non-blocking file locks. */
+static void settle_descriptors(void);
+
 static void sweep(struct region *g) {
+    settle_descriptors();
     if (g->fd < 0) return;
     verify(g);
     int fd = own_description(g);
@@ -676,15 +843,32 @@ int dl_region_reserve(int dev, uint64_t bytes, uint64_t limit) {
         (int64_t)dl_now_ns() - atomic_load_explicit(&g->verified_ns, memory_order_relaxed) > VERIFY_EVERY_NS)
         verify(g);
     struct region_dev *d = &hdr(g)->devs[e];
+    bool waited = false;
     for (int attempt = 0; attempt < 2 && !atomic_load_explicit(&g->bad, memory_order_relaxed); attempt++) {
         int64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
+        int64_t seen;
+        uint64_t seq;
+        int64_t floor = floor_read(g, e, &seen, &seq);
+        floor = floor_account(dev, floor, seq, mine);
         for (;;) {
             if (cur < 0 || cur > SANE_BYTES) {
                 mark_bad(g, "holds an impossible claim-wide count");
                 break;
             }
-            uint64_t in_use = (uint64_t)cur;
-            if (limit != DL_NO_LIMIT && (bytes > limit || in_use > limit - bytes)) break;
+            uint64_t in_use = (uint64_t)(cur > floor ? cur : floor); /* never below what the driver says */
+            if (limit != DL_NO_LIMIT && (bytes > limit || in_use > limit - bytes)) {
+                /* Only the floor refuses, and the claim released memory since the agent's sample: decide on the
+                 * next sample (an honest free-then-allocate is not refused on a stale floor). */
+                if (!waited && limit != DL_NO_LIMIT && bytes <= limit && (uint64_t)cur <= limit - bytes && cur < seen) {
+                    waited = true;
+                    floor_wait(g, seq);
+                    floor = floor_read(g, e, &seen, &seq);
+                    floor = floor_account(dev, floor, seq, mine);
+                    cur = atomic_load_explicit(&d->used, memory_order_relaxed);
+                    continue;
+                }
+                break;
+            }
             if (atomic_compare_exchange_weak(&d->used, &cur, cur + (int64_t)bytes)) {
                 atomic_fetch_add_explicit(&slot_at(g, g->slot)->used[e], (int64_t)bytes, memory_order_relaxed);
                 return 0;
@@ -713,8 +897,12 @@ uint64_t dl_region_used(int dev) {
     sweep(g);
     if (atomic_load(&g->bad)) return UINT64_MAX;
     int64_t v = atomic_load(&hdr(g)->devs[entry_of(dev)].used);
-    int64_t mine = atomic_load(&own_used[dev]);
+    int64_t mine = atomic_load(&own_used[dev]), seen;
+    uint64_t seq;
+    int64_t floor = floor_read(g, entry_of(dev), &seen, &seq);
+    floor = floor_account(dev, floor, seq, mine);
     if (v < mine) v = mine;
+    if (v < floor) v = floor;
     return v > 0 ? (uint64_t)v : 0;
 }
 
@@ -882,6 +1070,37 @@ int dl_region_join(int dev, const struct dl_export_key *k, uint64_t *bytes, uint
     return idx;
 }
 
+static void leave_entry(struct region *g, int idx, int fd) {
+    struct region_export *x = export_at(g, idx);
+    atomic_fetch_and(&x->holders[g->slot / 64], ~(1ull << (g->slot % 64)));
+    uint64_t left = 0;
+    for (int w = 0; w < HOLDER_WORDS; w++) left |= atomic_load(&x->holders[w]);
+    if (fd >= 0 && !left && atomic_load(&x->live)) retire(g, x);
+}
+
+/* Gives back the holds of released exports whose descriptors this process has all closed since. */
+static void settle_descriptors(void) {
+    if (!atomic_load_explicit(&any_held_by_fd, memory_order_relaxed)) return;
+    pthread_mutex_lock(&held_mu);
+    for (int i = 0; i < n_held_by_fd;) {
+        struct held_by_fd *h = &held_by_fd[i];
+        if (descriptor_open(h)) {
+            i++;
+            continue;
+        }
+        struct region *g = region_of(h->dev);
+        atomic_fetch_sub(&own_used[h->dev], (int64_t)h->bytes);
+        if (g->fd >= 0 && !g->closed) {
+            int fd = table_lock(g);
+            leave_entry(g, h->idx, fd);
+            if (fd >= 0) close(fd);
+        }
+        *h = held_by_fd[--n_held_by_fd];
+    }
+    atomic_store(&any_held_by_fd, n_held_by_fd > 0);
+    pthread_mutex_unlock(&held_mu);
+}
+
 void dl_region_leave(int dev, int idx, uint64_t bytes) {
     struct region *g = region_of(dev);
     int r = dev / DL_MAX_DEVICES;
@@ -894,13 +1113,29 @@ void dl_region_leave(int dev, int idx, uint64_t bytes) {
     int fd = table_lock(g); /* not taken: the hold still goes; a later sweep retires the entry */
     struct region_export *x = export_at(g, idx);
     if (held == 1) {
+        struct held_by_fd kept = {.dev = dev, .idx = idx, .bytes = bytes};
+        for (int i = 0; i < o->n_kept && x->kind == DL_EXPORT_FD; i++) {
+            kept.fdev[kept.n] = o->kept[i].dev;
+            kept.ino[kept.n++] = o->kept[i].ino;
+        }
         if (o->n_kept && x->kind == DL_EXPORT_FD) /* no longer descriptors to match imports against */
             for (int i = 0; i < EXPORT_FDS; i++) x->id.fds[i] = -1;
         close_kept(o);
-        atomic_fetch_and(&x->holders[g->slot / 64], ~(1ull << (g->slot % 64)));
-        uint64_t left = 0;
-        for (int w = 0; w < HOLDER_WORDS; w++) left |= atomic_load(&x->holders[w]);
-        if (fd >= 0 && !left && atomic_load(&x->live)) retire(g, x);
+        if (kept.n && descriptor_open(&kept)) { /* the driver keeps it: so does the charge, until closed */
+            pthread_mutex_lock(&held_mu);
+            if (n_held_by_fd < HELD_MAX) {
+                held_by_fd[n_held_by_fd++] = kept;
+                atomic_store(&any_held_by_fd, 1);
+                atomic_fetch_add(&own_used[dev], (int64_t)bytes);
+                pthread_mutex_unlock(&held_mu);
+                if (fd >= 0) close(fd);
+                return;
+            }
+            pthread_mutex_unlock(&held_mu);
+        }
+        leave_entry(g, idx, fd);
+        if (fd >= 0) close(fd);
+        return;
     }
     if (fd >= 0) close(fd);
 }

@@ -13,10 +13,10 @@ hooks() { # the X(...) entries of one list macro in limiter.h
     awk -v m="#define $1(X)" 'index($0, m) == 1 {on = 1; next} on {print; if ($0 !~ /\\$/) exit}' \
         "$here/src/limiter.h" | sed -n 's/^ *X(\([A-Za-z0-9_]*\),.*/\1/p'
 }
-expected=$( (hooks DL_CUDA_HOOKED; hooks DL_NVML_HOOKED; echo dlsym) | sort)
+expected=$( (hooks DL_CUDA_HOOKED; hooks DL_NVML_HOOKED; echo dlsym; echo dlvsym) | sort)
 exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | sort)
 mapped=$(sed -n '/global:/,/local:/p' "$here/libdragpu-limiter.map" | tr ' ;' '\n\n' |
-    grep -E '^(cu|nvml|dlsym)' | sort)
+    grep -E '^(cu|nvml|dlsym|dlvsym)' | sort)
 [ -n "$expected" ] || fail "no hooks found in src/limiter.h"
 [ "$expected" = "$exported" ] || fail "exports differ from the hook tables:
 $(diff <(echo "$expected") <(echo "$exported"))"

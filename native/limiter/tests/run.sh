@@ -53,6 +53,9 @@ limited() {
 }
 
 run exports "$here/check_exports.sh" "$B"
+# Every entry point that can bring device memory into being is wrapped, or classified with the reason it need not be.
+run "entry points" "${PYTHON:-python3}" "$here/check_entry_points.py" "$here/../libdragpu-limiter.map" \
+    ${LIMITER_CUDA_INCLUDE:+"$LIMITER_CUDA_INCLUDE"}
 # Our CUDA declarations against the toolkit's, where it is installed (the build never needs it).
 if [ -f "${LIMITER_CUDA_INCLUDE:-}/cuda.h" ]; then
     run "cuda_min.h = toolkit" "${PYTHON:-python3}" "$here/check_cuda_min.py" "$here/../src/cuda_min.h" \
@@ -78,12 +81,17 @@ run "t_ctx (baseline)" env DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" baseline
 run t_ctx limited DRAGPU_CORES_LIMIT=50 "$B/tests/t_ctx" limited
 
 # Every way device memory comes to exist, on two GPUs: accounted = what the driver holds, refusals.
-for sc in stream-device pool-kept graph capture legacy-abi granularity import ipc ipc-same-claim import-same-claim export-churn \
+for sc in stream-device pool-kept graph graph-legacy serving capture legacy-abi granularity import ipc ipc-same-claim import-same-claim export-churn \
         import-self import-self-no-kcmp; do
     run "t_paths $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_paths" "$sc"
 done
 run "t_paths contexts" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 \
     FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 FAKE_CUDA_CTX_BYTES=4194304 "$B/tests/t_paths" contexts
+# ... with a tenant's NVML first on the library path (it says the GPU is all free): contexts are measured with the
+# driver's own NVML, beside libcuda, never with it.
+run "t_paths contexts (tenant NVML)" limited LD_LIBRARY_PATH="$B/tests/tenant:$B/fake" FAKE_CUDA_DEVICE_COUNT=2 \
+    DRAGPU_MEMORY_LIMIT=1Gi FAKE_CUDA_CTX_STACK_BYTES=1024 FAKE_CUDA_CTX_HEAP_BYTES=8388608 FAKE_CUDA_CTX_FIFO_BYTES=1048576 \
+    FAKE_CUDA_CTX_BYTES=4194304 "$B/tests/t_paths" contexts
 
 run t_multiproc limited DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/t_multiproc" "$B"
 # Contexts of the real driver's size (the fake's default), under the cap of the first H100 run.

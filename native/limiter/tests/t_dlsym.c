@@ -31,6 +31,20 @@ int main(int argc, char **argv) {
         CHECK_OWNER(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"), "limiter", "cuMemAlloc_v2");
         CHECK_OWNER(dlsym(RTLD_NEXT, "cuMemAlloc_v2"), "limiter", "cuMemAlloc_v2");
         CHECK_OWNER(dlsym(RTLD_NEXT, "cuMemFreeAsync_ptsz"), "limiter", "cuMemFreeAsync_ptsz");
+        /* dlvsym: a wrapped name comes back as the wrapper for RTLD_NEXT and RTLD_DEFAULT, and from a handle
+         * where the real lookup finds that version (the driver's symbols have none: nothing, as without us). */
+        CHECK_OWNER(dlvsym(RTLD_NEXT, "cuMemAlloc_v2", "ANY_1.0"), "limiter", "cuMemAlloc_v2");
+        CHECK_OWNER(dlvsym(RTLD_DEFAULT, "cuLaunchKernel", "ANY_1.0"), "limiter", "cuLaunchKernel");
+        CHECK(dlvsym(h, "cuMemAlloc_v2", "ANY_1.0") == NULL, "a version the driver does not define");
+        CHECK(dlvsym(RTLD_DEFAULT, "malloc", "GLIBC_2.2.5") != NULL || dlvsym(RTLD_DEFAULT, "malloc", "GLIBC_2.17"),
+              "other names pass through to the C library's dlvsym");
+        /* The C library's own lookups, asked for by name, are the limiter's: no way around it through them. */
+        CHECK_OWNER(dlsym(RTLD_NEXT, "dlsym"), "limiter", "dlsym");
+        CHECK_OWNER(dlsym(RTLD_DEFAULT, "dlvsym"), "limiter", "dlvsym");
+        CHECK_OWNER(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), "limiter", "dlsym");
+        CHECK_OWNER(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"), "limiter", "dlsym");
+        void *(*libc_dlsym)(void *, const char *) = (void *(*)(void *, const char *))dlsym(RTLD_NEXT, "dlsym");
+        CHECK_OWNER(libc_dlsym(h, "cuMemAlloc_v2"), "limiter", "cuMemAlloc_v2");
     }
 
     /* RTLD_NEXT for other names: from libnext_a, the next next_probe is libnext_b's. */

@@ -36,19 +36,19 @@ MiB=1048576
 chunk=$((256 * MiB))
 
 # claim <uid> <namespace/name> <device lines...>: as the node agent prepares a claim: ROOT/<uid>/limits, a
-# read-only mount of its own, and the state dir (not writable by others) with the region the agent makes
+# read-only mount of its own, and the state dir ROOT/<uid>/limiter (not writable by others) with the region the agent makes
 # (laid out and sized, usable by every UID of the claim; src/dra_gpu/plugin/sharing/limiter_region.py).
 claim() {
     local uid=$1 name=$2
     shift 2
-    mkdir -p "$ROOT/$uid" "$tmp/state-$uid"
-    chmod 0755 "$tmp/state-$uid"
-    make_region "$tmp/state-$uid/dragpu-limiter.region"
+    mkdir -p "$ROOT/$uid/limiter"
+    chmod 0755 "$ROOT/$uid/limiter"
+    make_region "$ROOT/$uid/limiter/dragpu-limiter.region"
     {
         echo "# written by the node agent"
         echo "version=1"
         echo "claim=$name"
-        echo "state=$tmp/state-$uid"
+        echo "state=$ROOT/$uid/limiter"
         for d in "$@"; do echo "device=$d"; done
     } >"$ROOT/$uid/limits"
     chmod 0444 "$ROOT/$uid/limits"
@@ -62,6 +62,19 @@ fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
 os.write(fd, struct.pack("=QIIIIII", 0x314C504741524444, 3, 4096, 1024, 192, 16, 128))
 os.ftruncate(fd, 4096 + 128 * 256 + 1024 * 192)
 os.fchmod(fd, 0o666)
+EOF
+}
+# write_floor <file> <seq> <uuid> <bytes> <region count>: the node agent's floor (src/dra_gpu/monitor/region.py)
+write_floor() {
+    python3 - "$@" <<'EOF'
+import os, struct, sys
+path, seq, uuid, used, region = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o444)
+os.ftruncate(fd, 4096)
+os.pwrite(fd, struct.pack("=QII", 0x314C464741524444, 1, 16), 0)
+os.pwrite(fd, struct.pack("=Q", 2 * seq - 1), 16)
+os.pwrite(fd, uuid.encode().ljust(48, b"\0") + struct.pack("=qq", used, region), 64)
+os.pwrite(fd, struct.pack("=Q", 2 * seq), 16)
 EOF
 }
 # run_probe <out> <env...> -- <probe args...>
@@ -104,14 +117,14 @@ reset() {
     pids=()
     for f in "$ROOT"/*/limits; do umount "$f" 2>/dev/null; done
     umount "$ROOT"/* 2>/dev/null
-    rm -rf "$ROOT" "$tmp"/state-*
+    rm -rf "$ROOT"
 }
 
 # 1. The file's limit applies with no DRAGPU_* variable at all; the region is in the file's state dir.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
 run_probe "$tmp/o1" -- alloc $chunk
 expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o1"
-perm=$(stat -c %a "$tmp/state-c1/dragpu-limiter.region")
+perm=$(stat -c %a "$ROOT/c1/limiter/dragpu-limiter.region")
 [ "$perm" = 666 ] || fail "the library changed the agent's region to mode $perm"
 
 # 2. The environment can lower the limit, never raise it.
@@ -156,17 +169,17 @@ reset
 
 # 6. The claim's state directory is missing: refused, never unlimited.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
-rm -rf "$tmp/state-c1"
+rm -rf "$ROOT/c1/limiter"
 run_probe "$tmp/o9" -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o9"
-expect_in "cannot open the shared region $tmp/state-c1/dragpu-limiter.region (claim ns/one): No such file or directory; refusing allocations on its devices" "$tmp/o9.err"
+expect_in "cannot open the shared region $ROOT/c1/limiter/dragpu-limiter.region (claim ns/one): No such file or directory; refusing allocations on its devices" "$tmp/o9.err"
 reset
 
 # 7. Every process slot taken, or the region's lock held by a process that never lets go: refused after
 #    a bounded wait (the probe returns), never unlimited.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
 run_probe "$tmp/o10" -- info
-region=$tmp/state-c1/dragpu-limiter.region
+region=$ROOT/c1/limiter/dragpu-limiter.region
 lock_bytes "$region" 1 1024
 run_probe "$tmp/o11" -- alloc $chunk
 expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o11"
@@ -181,7 +194,7 @@ reset
 # 7b. A claim's region of another layout (the claim outlived an upgrade of the library) is never made again
 #     by the library - it is the agent's: refused with one line saying so.
 claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
-region=$tmp/state-c1/dragpu-limiter.region
+region=$ROOT/c1/limiter/dragpu-limiter.region
 python3 - "$region" <<'EOF'
 import struct, sys
 with open(sys.argv[1], "r+b") as f:
@@ -197,7 +210,7 @@ reset
 #     its place. The next process does not start a fresh account: it refuses, in one line.
 for how in delete truncate zero fifo; do
     claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
-    region=$tmp/state-c1/dragpu-limiter.region
+    region=$ROOT/c1/limiter/dragpu-limiter.region
     hold "$tmp/h7c" -- alloc $((768 * MiB)) 1
     case $how in
     delete) rm -f "$region" ;;
@@ -232,7 +245,7 @@ claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
 for how in plain rootfs; do
     mkdir -p "$ROOT/000-forged"
     [ $how = rootfs ] && mount -t tmpfs none "$ROOT/000-forged"
-    printf 'version=1\nclaim=ns/forged\nstate=%s\ndevice=%s memory=unlimited cores=100\n' "$tmp/state-c1" "$GPU0" \
+    printf 'version=1\nclaim=ns/forged\nstate=%s\ndevice=%s memory=unlimited cores=100\n' "$ROOT/c1/limiter" "$GPU0" \
         >"$ROOT/000-forged/limits"
     [ $how = rootfs ] && mount -o remount,ro "$ROOT/000-forged"
     run_probe "$tmp/o7f" -- alloc $chunk
@@ -242,6 +255,58 @@ for how in plain rootfs; do
     [ $how = rootfs ] && umount "$ROOT/000-forged"
     rm -rf "$ROOT/000-forged"
 done
+reset
+
+# 7f. A limits file that is a read-only mount of its own (a pod spec's ConfigMap with subPath under the claims
+#     root) naming the real claim's state directory, unlimited, sorted first: it is not the agent's claim (its
+#     state= is not its own directory's), so it fails closed and the agent's limit holds.
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+mkdir -p "$ROOT/000-forged" "$tmp/configmap"
+printf 'version=1\nclaim=ns/forged\nstate=%s\ndevice=%s memory=unlimited cores=100\n' "$ROOT/c1/limiter" "$GPU0" \
+    >"$tmp/configmap/limits"
+touch "$ROOT/000-forged/limits"
+mount --bind "$tmp/configmap/limits" "$ROOT/000-forged/limits" && mount -o remount,bind,ro "$ROOT/000-forged/limits" ||
+    fail "cannot bind-mount the forged limits file read-only"
+run_probe "$tmp/o7g" -- alloc $chunk
+expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o7g"
+expect_in "dragpu-limiter: error: $ROOT/000-forged/limits: state=$ROOT/c1/limiter is not the claim's own state directory $ROOT/000-forged/limiter; refusing allocations on this claim's devices" "$tmp/o7g.err"
+umount "$ROOT/000-forged/limits"
+reset
+
+# 7g. The node agent's floor (what NVML says the claim's processes hold): a process holds 768 MiB, the agent
+#     samples it, another process zeroes the region's counters and asks for 512 MiB: refused, the floor says
+#     768 MiB are held. Then the holder dies: an allocation that only the floor (now stale) refuses waits for
+#     the agent's next sample and is admitted on it.
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+floor=$ROOT/c1/limiter/dragpu-limiter.floor
+write_floor "$floor" 1 "$GPU0" 0 0
+hold "$tmp/h7g" -- alloc $((768 * MiB)) 1
+write_floor "$floor" 2 "$GPU0" $((768 * MiB)) $((768 * MiB))
+python3 - "$ROOT/c1/limiter/dragpu-limiter.region" <<'EOF'
+import sys
+with open(sys.argv[1], "r+b") as f:  # device 0's claim-wide count, and every slot's
+    f.seek(128)
+    f.write(bytes(8))
+    for slot in range(1024):
+        f.seek(4096 + 128 * 256 + slot * 192 + 24)
+        f.write(bytes(8 * 16))
+EOF
+run_probe "$tmp/o7h" -- alloc $((512 * MiB)) 1
+expect_in "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/o7h"
+kill -9 "${pids[@]}"; wait 2>/dev/null; pids=()
+(sleep 0.5 && write_floor "$floor" 3 "$GPU0" 0 0) &
+pids+=($!)
+run_probe "$tmp/o7i" -- alloc $((768 * MiB)) 1
+expect_in "allocated=805306368 last=CUDA_SUCCESS" "$tmp/o7i"
+reset
+
+# 7h. A process of the claim holds 768 MiB, drops its slot's lock, names a dead process as the slot's owner and
+#     marks it gone as the agent would: the next process's sweep refunds the region, but the agent's floor
+#     (written after the allocation, as its watch would) keeps the 768 MiB charged.
+claim c1 ns/one "$GPU0 memory=1073741824 cores=100"
+write_floor "$ROOT/c1/limiter/dragpu-limiter.floor" 1 "$GPU0" 0 0
+env LD_PRELOAD="$LIB" DRAGPU_LIMITER_STATE_DIR="$ROOT/c1/limiter" T_REGION_FLOOR="$ROOT/c1/limiter/dragpu-limiter.floor" \
+    T_REGION_GPU="$GPU0" "$B/tests/t_region" forged >"$tmp/o7j" 2>&1 || fail "a forged refund: $(cat "$tmp/o7j")"
 reset
 
 # 8. The file's compute share applies without DRAGPU_CORES_LIMIT, and the environment cannot raise it.

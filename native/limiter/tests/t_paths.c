@@ -7,13 +7,21 @@
  *   stream-device  stream-ordered allocations on a stream or pool of another device than the current one
  *   pool-kept      what pools keep after cuMemFreeAsync (release threshold) stays charged until trimmed
  *   graph          graph allocation nodes (cuGraphAddMemAllocNode, cuGraphAddNode) and the graph memory pool
+ *   graph-legacy   graphs instantiated through the CUDA 10 and 11 ABI (cuGraphInstantiate, _v2), on every route
+ *                  (dlsym, cuGetProcAddress at 10000 and 11000): charged at their first launch, refused over it
  *   capture        allocations during stream capture, freed by the capture: charged when the graph runs
+ *   serving        what a serving engine does (gpucheck's serving checks, modelled): NCCL's host-located VMM
+ *                  buffers (host and host-NUMA locations) are not charged; the memory-profiling sequence (free
+ *                  memory before and after a warm-up and a capture that allocates) gives figures the cap
+ *                  explains, and nine tenths of what it leaves free can be allocated as a cache; a KV cache
+ *                  grown block by block stops at the cap, is freed and grows again
  *   legacy-abi     the CUDA 2.0 entry points cuGetProcAddress returns for version 2000
  *   granularity    many small allocations: charged whole granules, as the driver holds them
  *   contexts       primary and created contexts, cuCtxSetLimit: what their stack, heap and FIFO hold (run
  *                  with FAKE_CUDA_CTX_*_BYTES set; elsewhere contexts hold nothing)
  *   import         VMM memory imported from another process (another claim) through a shareable handle is
- *                  charged to the importer when mapped; importing its own export takes no second charge
+ *                  charged to the importer when mapped; importing its own export takes no second charge, and
+ *                  released, it stays charged while the descriptor it was exported as is open
  *   ipc            legacy CUDA IPC memory opened from a process of another claim is charged to the importer
  *                  (refused over the limit) until its last cuIpcCloseMemHandle
  *   ipc-same-claim legacy CUDA IPC between two processes of one claim: charged once, for as long as either
@@ -27,6 +35,7 @@
  */
 #include "device.h"
 #include "fake_common.h"
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <linux/filter.h>
@@ -189,6 +198,39 @@ static CUgraph graph_with_alloc(size_t bytes) {
     return g;
 }
 
+static void graph_legacy(void) {
+    PFN_cuGraphInstantiate_v11000 routes[4];
+    CUdriverProcAddressQueryResult st;
+    *(void **)&routes[0] = dlsym(RTLD_DEFAULT, "cuGraphInstantiate");
+    *(void **)&routes[1] = dlsym(RTLD_DEFAULT, "cuGraphInstantiate_v2");
+    CHECK_CU(cuGetProcAddress_v2("cuGraphInstantiate", (void **)&routes[2], 10000, 0, &st), CUDA_SUCCESS);
+    CHECK_CU(cuGetProcAddress_v2("cuGraphInstantiate", (void **)&routes[3], 11000, 0, &st), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++) {
+        CHECK(routes[i], "route %d: no cuGraphInstantiate", i);
+        CUgraph g = graph_with_alloc(600 * MiB);
+        CUgraphExec e;
+        CUgraphNode err;
+        char log[64];
+        CHECK_CU(routes[i](&e, g, &err, log, sizeof log), CUDA_SUCCESS);
+        CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS);
+        HOLDS(600 * MiB, 0);
+        /* A second such graph cannot run beside it. */
+        CUgraph g2 = graph_with_alloc(300 * MiB);
+        CUgraphExec e2;
+        CHECK_CU(routes[i](&e2, g2, &err, log, sizeof log), CUDA_SUCCESS);
+        CUdeviceptr q;
+        CHECK_CU(cuMemAlloc_v2(&q, 300 * MiB), CUDA_SUCCESS);
+        REFUSED(cuGraphLaunch(e2, s0), "cuGraphLaunch");
+        CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
+        CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+        CHECK_CU(cuGraphExecDestroy(e2), CUDA_SUCCESS);
+        CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+        HOLDS(0, 0);
+        CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
+        CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
+    }
+}
+
 static void graph(void) {
     CUgraph g = graph_with_alloc(600 * MiB), g2;
     CUgraphExec e, e2;
@@ -232,6 +274,77 @@ static void graph(void) {
     CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
     CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
     CHECK_CU(cuGraphDestroy(g3), CUDA_SUCCESS);
+}
+
+static size_t free_now(void) {
+    size_t f, t;
+    CHECK_CU(cuMemGetInfo_v2(&f, &t), CUDA_SUCCESS);
+    CHECK_EQ_U64(t, LIMIT);
+    return f;
+}
+
+static void serving(void) {
+    /* NCCL: buffers in host memory through VMM, mapped for the device. */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    CUmemGenericAllocationHandle host[2];
+    CUdeviceptr va;
+    CHECK_CU(cuMemAddressReserve(&va, 1024 * MiB, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 2; i++) {
+        prop.location.type = i ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_HOST;
+        prop.location.id = 0;
+        CHECK_CU(cuMemCreate(&host[i], 512 * MiB, &prop, 0), CUDA_SUCCESS);
+        CHECK_CU(cuMemMap(va + (CUdeviceptr)i * 512 * MiB, 512 * MiB, 0, host[i], 0), CUDA_SUCCESS);
+    }
+    HOLDS(0, 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_CU(cuMemUnmap(va + (CUdeviceptr)i * 512 * MiB, 512 * MiB), CUDA_SUCCESS);
+        CHECK_CU(cuMemRelease(host[i]), CUDA_SUCCESS);
+    }
+    /* Memory profiling: free before, a warm-up's allocations, a capture that allocates and runs, free after. */
+    size_t before = free_now();
+    CUdeviceptr weights, act, v;
+    CHECK_CU(cuMemAlloc_v2(&weights, 200 * MiB), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&act, 100 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(act, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    size_t warm = free_now();
+    CUgraph g;
+    CUgraphExec e;
+    CHECK_CU(cuStreamBeginCapture_v2(s0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+    CHECK_CU(cuMemAllocAsync(&v, 64 * MiB, s0), CUDA_SUCCESS);
+    CHECK_CU(cuMemFreeAsync(v, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamEndCapture(s0, &g), CUDA_SUCCESS);
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS);
+    CHECK_CU(cuStreamSynchronize(s0), CUDA_SUCCESS);
+    size_t after = free_now();
+    CHECK(before >= warm && warm >= after, "free rose: %zu -> %zu -> %zu", before, warm, after);
+    CHECK_EQ_U64(LIMIT - after, fakecuda_used_bytes(0)); /* what is not free is what the driver holds */
+    CUdeviceptr kv;
+    CHECK_CU(cuMemAlloc_v2(&kv, after / 10 * 9 / (2 * MiB) * (2 * MiB)), CUDA_SUCCESS);
+    REFUSED(cuMemAlloc_v2(&v, after / 10 * 2), "cuMemAlloc_v2");
+    CHECK_CU(cuMemFree_v2(kv), CUDA_SUCCESS);
+    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+    CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
+    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    /* Decode: the KV cache grows a block at a time to the cap, is freed, and grows again as far. */
+    enum { BLOCK = 16 * MiB, MOST = 1024 };
+    static CUdeviceptr blocks[MOST];
+    int reached[2];
+    for (int round = 0; round < 2; round++) {
+        int n = 0;
+        while (n < MOST && cuMemAlloc_v2(&blocks[n], BLOCK) == CUDA_SUCCESS) n++;
+        reached[round] = n;
+        CHECK(n < MOST, "the cache never stopped");
+        HOLDS(200 * MiB + (uint64_t)n * BLOCK, 0);
+        while (n) CHECK_CU(cuMemFree_v2(blocks[--n]), CUDA_SUCCESS);
+    }
+    CHECK(reached[0] == reached[1] && (uint64_t)reached[0] * BLOCK > LIMIT - 200 * MiB - BLOCK,
+          "the cache reached %d then %d blocks", reached[0], reached[1]);
+    CHECK_CU(cuMemFree_v2(weights), CUDA_SUCCESS);
+    HOLDS(0, 0);
 }
 
 static void capture(void) {
@@ -457,8 +570,12 @@ static void import(void) {
     CHECK_CU(cuMemRelease(again), CUDA_SUCCESS);
     HOLDS(256 * MiB, 0);
     CHECK_CU(cuMemRelease(own), CUDA_SUCCESS);
-    HOLDS(0, 0);
+    /* The descriptor it was exported as keeps it in the driver (the H100 record's vmm.after_release_all): it
+     * stays charged until that is closed. */
+    HOLDS(256 * MiB, 0);
+    REFUSED(cuMemAlloc_v2(&q, 800 * MiB), "cuMemAlloc_v2");
     close(fd);
+    HOLDS(0, 0);
 }
 
 /* A process of another claim allocates 512 MiB of device 0 with cuMemAlloc and hands its legacy IPC handle
@@ -781,8 +898,11 @@ static void import_unmapped(bool kcmp) {
         CHECK_EQ_U64(fakecuda_used_bytes(0), (uint64_t)(i + 1) * 512 * MiB);
         CHECK_EQ_U64(accounted(0), (uint64_t)(i + (kcmp ? 1 : 2)) * 512 * MiB);
         CHECK_CU(cuMemRelease(own[i]), CUDA_SUCCESS);
-        HOLDS((uint64_t)(i + 1) * 512 * MiB, 0); /* the import keeps it */
+        /* The descriptor still open keeps the export charged (without kcmp the import is charged besides). */
+        CHECK_EQ_U64(fakecuda_used_bytes(0), (uint64_t)(i + 1) * 512 * MiB);
+        CHECK_EQ_U64(accounted(0), (uint64_t)(i + (kcmp ? 1 : 2)) * 512 * MiB);
         close(fd[i]);
+        HOLDS((uint64_t)(i + 1) * 512 * MiB, 0); /* the import keeps it */
     }
     if (kcmp) {
         REFUSED(cuMemCreate(&own[2], 512 * MiB, &prop, 0), "cuMemCreate"); /* the limit is held by imports */
@@ -802,6 +922,8 @@ int main(int argc, char **argv) {
     } scenarios[] = {{"stream-device", stream_device},
                      {"pool-kept", pool_kept},
                      {"graph", graph},
+                     {"graph-legacy", graph_legacy},
+                     {"serving", serving},
                      {"capture", capture},
                      {"legacy-abi", legacy_abi},
                      {"granularity", granularity},

@@ -10,6 +10,11 @@
  *   replaced    another file renamed onto its path (the old one kept under another name): refused
  *   unlocked    the process drops its own slot's lock through the library's descriptor, and a second
  *               process of the claim starts: the memory the first still holds stays charged
+ *   forged      (a claim's region, with the node agent's floor at T_REGION_FLOOR, which the test writes as
+ *               the agent's watch would) the process drops its slot's lock, names a dead process as its
+ *               slot's owner and marks the slot gone as the agent would: a second process of the claim still
+ *               cannot allocate what the first holds - the floor, which no process of the claim can write,
+ *               says it is held
  *   resized     the file grown: refused from then on
  *   header      the layout fields rewritten: refused from then on
  *   shared      an entry of the shared-memory table holding a negative charge: refused from then on
@@ -18,11 +23,12 @@
  *
  * Each refusal is logged once, naming the region and the reason.
  *
- * usage: t_region lowered|impossible|deleted|replaced|resized|header|shared|clock|unlocked
+ * usage: t_region lowered|impossible|deleted|replaced|resized|header|shared|clock|unlocked|forged
  */
 #include "device.h"
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <sys/mman.h>
@@ -46,7 +52,7 @@ static void sleep_ms(long ms) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|replaced|resized|header|shared|clock|unlocked");
+    CHECK(argc == 2, "usage: t_region lowered|impossible|deleted|replaced|resized|header|shared|clock|unlocked|forged");
     const char *mode = argv[1], *dir = getenv("DRAGPU_LIMITER_STATE_DIR");
     CHECK(dir, "run with DRAGPU_LIMITER_STATE_DIR set");
     char path[4200];
@@ -77,7 +83,34 @@ int main(int argc, char **argv) {
             CHECK_CU(cuLaunchKernel(f, 132, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL), CUDA_SUCCESS);
         CHECK_CU(cuCtxSynchronize(), CUDA_SUCCESS);
         alarm(0);
-    } else if (strcmp(mode, "unlocked") == 0) {
+    } else if (strcmp(mode, "unlocked") == 0 || strcmp(mode, "forged") == 0) {
+        bool forged = strcmp(mode, "forged") == 0;
+        if (forged) { /* the agent's watch: NVML says this process holds 768 MiB; the region said as much */
+            const char *floor = getenv("T_REGION_FLOOR"), *uuid = getenv("T_REGION_GPU");
+            CHECK(floor && uuid, "forged: run with T_REGION_FLOOR and T_REGION_GPU");
+            int f = open(floor, O_RDWR);
+            CHECK(f >= 0, "no floor at %s", floor);
+            uint64_t seq = 2;
+            int64_t figures[2] = {(int64_t)(768 * MiB), (int64_t)(768 * MiB)};
+            char name[48] = {0};
+            snprintf(name, sizeof name, "%s", uuid);
+            CHECK(pwrite(f, name, sizeof name, 64) == (ssize_t)sizeof name &&
+                      pwrite(f, figures, sizeof figures, 64 + 48) == (ssize_t)sizeof figures &&
+                      pwrite(f, &seq, sizeof seq, 16) == (ssize_t)sizeof seq,
+                  "writing the floor");
+            close(f);
+            /* Its slot names a process that has exited, and is marked gone as only the agent should. */
+            pid_t dead = fork();
+            CHECK(dead >= 0, "fork");
+            if (dead == 0) _exit(0);
+            CHECK(waitpid(dead, NULL, 0) == dead, "wait");
+            for (int i = 0; i < 1024; i++) {
+                char *slot = base + SLOTS_AT + (size_t)i * SLOT_BYTES;
+                if (*(int32_t *)(slot + 4) != (int32_t)getpid()) continue;
+                *(int32_t *)(slot + 4) = (int32_t)dead;
+                *(uint32_t *)slot = 2; /* SLOT_GONE */
+            }
+        }
         /* Every descriptor of the region the library holds: drop every lock on the slots' bytes. */
         DIR *d = opendir("/proc/self/fd");
         CHECK(d, "opendir");
@@ -101,7 +134,7 @@ int main(int argc, char **argv) {
         int status;
         CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status), "child");
         CHECK(WEXITSTATUS(status) == 0, "the held 768 MiB were given back: a new process got 512 MiB more");
-        CHECK(*total == (int64_t)(768 * MiB), "the claim-wide total is %lld", (long long)*total);
+        if (!forged) CHECK(*total == (int64_t)(768 * MiB), "the claim-wide total is %lld", (long long)*total);
     } else if (strcmp(mode, "lowered") == 0) {
         /* The rewrite a process would do to get more: every counter of the file back to zero. */
         *total = 0;

@@ -80,6 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--monitor-watch-interval",
+        default=1.0,
+        type=float,
+        help="seconds between the memory watches in between samplings: each limiter claim's floor published, "
+        "caps and the limiter's presence checked (at most --monitor-interval)",
+    )
+    add_flag(
+        parser,
         "--watchdog-context-allowance",
         default="2Gi",
         help="GPU memory NVML may count per process beyond what the limiter charged (its CUDA context) before "
@@ -158,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     if args.monitor_interval < 0:
         print("error: --monitor-interval must be 0 (off) or a positive number of seconds", file=sys.stderr)
         return 2
+    if not args.monitor_watch_interval > 0:
+        print("error: --monitor-watch-interval must be a positive number of seconds", file=sys.stderr)
+        return 2
     try:
         context_allowance = to_int(parse_quantity(args.watchdog_context_allowance))
     except (ValueError, ArithmeticError):
@@ -229,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         dev_root=args.dev_root,
         http_address=args.http_address or None,
         monitor_interval_s=args.monitor_interval,
+        monitor_watch_interval_s=args.monitor_watch_interval,
         watchdog_context_allowance=context_allowance,
         watchdog_grace_s=args.watchdog_grace_period,
         proc_root=args.proc_root,

@@ -16,6 +16,7 @@ from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.manifests.admission import claim_policy
 from dra_gpu.manifests.classes import CLASSES, controller_classes, device_classes
 from dra_gpu.manifests.dashboard import dashboard_json
+from dra_gpu.manifests.pod_mounts import pod_policy
 from dra_gpu.manifests.values import TEMPLATES, Values, ValuesError, image_reference
 
 HEADER = (
@@ -30,6 +31,7 @@ NAMES = {
     "controller": "dra-gpu-controller",
     "policy": "dra-gpu-resourceslices",
     "claim_policy": "dra-gpu-resourceclaims",
+    "pod_policy": "dra-gpu-pod-mounts",
 }
 
 INSTALLED = (
@@ -126,6 +128,7 @@ def _context(values: Values) -> dict[str, Any]:
         "nvidia_cdi": plugin.gpuBackend == "nvml",
         "device_classes": device_classes(values),
         "claim_policy": claim_policy(values, NAMES["claim_policy"], _labels("admission")),
+        "pod_policy": pod_policy(NAMES["pod_policy"], _labels("admission")),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "resources": [f for f in INSTALLED if f in files],
         "dashboard_json": dashboard_json(),

@@ -5,6 +5,11 @@ memory in use (the limiter's region where the claim has one, else the sum of its
 compute busy time (NVML's per-process utilization, else the limiter's measured launch time), time
 throttled and allocations refused (the limiter's region). Processes are mapped to pod, container and
 claim through their cgroup and the node's pods. The figures feed the metrics and the watchdog.
+
+Memory is watched more often than the rest (`watch_interval_s`, 1 s): every watch reads NVML's per-process
+memory, publishes to each limiter claim its floor - what the driver says the claim's processes hold on each
+GPU, which the library never lets the claim's account fall below - and hands the watchdog what is over a cap
+or runs without the limiter, so a claim that forged its region's records gains nothing past one watch.
 """
 
 from __future__ import annotations
@@ -22,14 +27,32 @@ from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
 from dra_gpu.monitor.process_owner import PodRef, ProcReader
-from dra_gpu.monitor.region import RegionDevice, hand_back, read_region, unlocked_slots
-from dra_gpu.monitor.watchdog import CONTEXT_ALLOWANCE, ClaimRef, Reason, Violation, Watchdog
+from dra_gpu.monitor.region import (
+    FLOOR_FILE,
+    RegionDevice,
+    floor_uuids,
+    hand_back,
+    read_region,
+    region_counts,
+    unlocked_slots,
+    write_floor,
+)
+from dra_gpu.monitor.watchdog import (
+    CONTEXT_ALLOWANCE,
+    LIMITER_ALLOWANCE,
+    ClaimRef,
+    Reason,
+    Violation,
+    Watchdog,
+)
 from dra_gpu.plugin.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, PreparedClaim
 from dra_gpu.plugin.sharing.usage_facts import CORES, MEMORY, WATCHDOG
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
+DEFAULT_WATCH_INTERVAL_S = 1.0
+"""How often memory is watched (floors published, caps checked): the bound on what a forged record buys."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +126,13 @@ class Monitor:
         proc: ProcReader | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
         context_allowance: int = CONTEXT_ALLOWANCE,
+        watch_interval_s: float = DEFAULT_WATCH_INTERVAL_S,
+        limiter_allowance: int = LIMITER_ALLOWANCE,
     ) -> None:
         self.context_allowance = context_allowance
+        self.limiter_allowance = limiter_allowance
+        """The same for processes of a limiter claim, whose contexts the limiter charged (see LIMITER_ALLOWANCE)."""
+        self.watch_interval_s = watch_interval_s
         """What NVML may count per process beyond what its claim was charged (context memory; see
         `CONTEXT_ALLOWANCE`)."""
         self._store = store
@@ -124,6 +152,8 @@ class Monitor:
         self._limiter_cache: dict[tuple[int, PodRef], bool | None] = {}
         self._seen_as: dict[int, tuple[PodInfo, PodRef, int | None]] = {}
         """pid -> its pod, cgroup and start time as this sampling saw them."""
+        self._floors: dict[str, tuple[list[str], dict[str, tuple[int, int]]]] = {}
+        """claim uid -> the floor file's GPUs and what was last published there (written again only on change)."""
         self.slots_reclaimed: dict[tuple[str, str], int] = {}
         """(namespace, claim) -> slots of the claim's region handed back because their process was gone."""
         self._elastic = ElasticLedger(Path(claims_dir).parent / GPUS_DIR)
@@ -148,12 +178,18 @@ class Monitor:
             self.on_stop()
 
     def _loop(self) -> None:
+        full_due = 0.0
         while not self._stop.is_set():
+            now = time.monotonic()
             try:
-                self.sample_once()
+                if now >= full_due:
+                    full_due = now + self.interval_s
+                    self.sample_once()
+                else:
+                    self.watch_once()
             except Exception:
                 log.exception("usage sampling failed; retrying at the next interval")
-            self._stop.wait(self.interval_s)
+            self._stop.wait(max(0.0, min(self.watch_interval_s, full_due - time.monotonic())))
 
     def stalled(self) -> str | None:
         """Why /healthz should fail: no sampling has finished for several intervals (a hung read, a hung
@@ -173,9 +209,14 @@ class Monitor:
 
     def sample_once(self) -> Snapshot:
         with self._lock:
-            return self._sample()
+            return self._sample(full=True)
 
-    def _sample(self) -> Snapshot:
+    def watch_once(self) -> None:
+        """Memory only: floors published, caps and the limiter's presence checked, the watchdog acts."""
+        with self._lock:
+            self._sample(full=False)
+
+    def _sample(self, full: bool) -> Snapshot:
         prepared = self._prepared()
         held = {(h.claim.uid, h.gpu): h for c in prepared for h in held_of(c)}
         by_name = {(c.namespace, c.name): c for c in prepared}
@@ -184,8 +225,15 @@ class Monitor:
             snap.claims[key] = ClaimFigures(h)
 
         processes: dict[str, GpuProcesses] = {}
+        # The regions' counts before NVML: memory freed in between is then in neither or in the count only.
+        counts = {
+            h.claim.uid: region_counts(f"{self._claims_dir}/{h.claim.uid}/limiter")
+            for h in held.values()
+            if h.sharing == Strategy.LIMITER.value and self._sampler is not None
+        }
         if self._sampler is not None:
-            processes = self._sampler.sample(self._gpus())
+            gpus = self._gpus()
+            processes = self._sampler.sample(gpus) if full else self._sampler.memory(gpus)
         violations: list[Violation] = []
         nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]] = {}
         live: set[int] = set()
@@ -260,6 +308,16 @@ class Monitor:
                 self._busy[key] = self._busy.get(key, 0.0) + busy
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
         self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
+        self._publish_floors(held, nvml_memory, counts, processes)
+        if not full:
+            for key, h in held.items():
+                procs = nvml_memory.get(key, [])
+                if key[1] in processes and procs:
+                    violations.extend(self._over_cap(h, procs))
+            # What only a full sample finds stays active in between.
+            violations += [v for v in self.watchdog.active if v.reason == Reason.MISMATCH and v.pid in live]
+            self.watchdog.handle(violations, live)
+            return self.snapshot
 
         self._reclaim_slots(list(held.values()))
         for key, fig in snap.claims.items():
@@ -283,13 +341,8 @@ class Monitor:
                 and nvml_used > region.used_bytes + allowance
             ):
                 violations.append(self._mismatch(h, procs, region.used_bytes, nvml_used))
-            if (
-                h.memory_limit is not None
-                and nvml_used is not None
-                and procs
-                and nvml_used > h.memory_limit + allowance
-            ):
-                violations.extend(self._memory_offenders(h, procs, nvml_used))
+            if nvml_used is not None and procs:
+                violations.extend(self._over_cap(h, procs))
 
         limited = [key for key, h in held.items() if h.sharing == Strategy.LIMITER.value]
         for key, elastic in self._elastic.sample(limited, time.monotonic()).items():
@@ -363,6 +416,46 @@ class Monitor:
             (d for d in devices if d.uuid.lower().removeprefix("gpu-").removeprefix("mig-") == wanted), None
         )
 
+    def _publish_floors(
+        self,
+        held: dict[tuple[str, str], Held],
+        nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]],
+        counts: dict[str, dict[str, int]],
+        processes: dict[str, GpuProcesses],
+    ) -> None:
+        """Writes each limiter claim's floor: per GPU NVML answered for, what its processes hold (a process
+        whose figure NVML cannot tell adds nothing: a floor is what is known), and the region's count before."""
+        floors: dict[str, dict[str, tuple[int, int]]] = {}
+        for key, h in held.items():
+            if h.sharing != Strategy.LIMITER.value or h.gpu not in processes:
+                continue
+            known = sum(p[1] for p in nvml_memory.get(key, []))
+            region = _by_uuid(counts.get(h.claim.uid, {}), h.gpu)
+            floors.setdefault(h.claim.uid, {})[h.gpu] = (known, region)
+        for uid, figures in floors.items():
+            path = f"{self._claims_dir}/{uid}/limiter/{FLOOR_FILE}"
+            uuids, published = self._floors.get(uid) or (floor_uuids(path), {})
+            if figures == published:
+                continue  # unchanged: an allocation waiting for a new sample is decided on this one anyway
+            if write_floor(path, figures, uuids):
+                self._floors[uid] = (uuids, figures)
+            else:
+                self._floors.pop(uid, None)
+        claims = {uid for uid, _ in held}
+        self._floors = {uid: v for uid, v in self._floors.items() if uid in claims}
+
+    def _over_cap(self, h: Held, procs: list[tuple[int, int, bool | None]]) -> list[Violation]:
+        """MemoryOverLimit for the claim's offenders when NVML counts more than its cap and the allowance."""
+        if h.memory_limit is None:
+            return []
+        used = sum(p[1] for p in procs)
+        per_process = (
+            self.limiter_allowance if h.sharing == Strategy.LIMITER.value else self.context_allowance
+        )
+        if used <= h.memory_limit + per_process * len(procs):
+            return []
+        return self._memory_offenders(h, procs, used)
+
     def _memory_offenders(
         self, h: Held, procs: list[tuple[int, int, bool | None]], used: int
     ) -> list[Violation]:
@@ -415,3 +508,9 @@ class Monitor:
             ref.container_id,
             start,
         )
+
+
+def _by_uuid(counts: dict[str, int], gpu: str) -> int:
+    """The count of the region's entry for gpu (the library writes UUIDs as the driver reports them)."""
+    wanted = gpu.lower()
+    return next((v for u, v in counts.items() if u.lower() == wanted), 0)

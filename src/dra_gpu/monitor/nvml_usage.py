@@ -65,8 +65,24 @@ class NvmlSampler:
                 log.warning("cannot read the GPU's processes", extra={"gpu": uuid, "error": str(err)})
         return out
 
+    def memory(self, uuids: list[str]) -> dict[str, GpuProcesses]:
+        """Only the processes' memory (no utilization): the watchdog's fast pass."""
+        out: dict[str, GpuProcesses] = {}
+        for uuid in uuids:
+            try:
+                out[uuid] = self._memory_of(self._handle(uuid))
+            except self._nvml.NVMLError as err:
+                self._handles.pop(uuid, None)
+                log.warning("cannot read the GPU's processes", extra={"gpu": uuid, "error": str(err)})
+        return out
+
     def _sample_gpu(self, uuid: str) -> GpuProcesses:
         handle = self._handle(uuid)
+        result = self._memory_of(handle)
+        self._utilization(uuid, handle, result)
+        return result
+
+    def _memory_of(self, handle: Any) -> GpuProcesses:
         result = GpuProcesses()
         try:
             running = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -77,7 +93,6 @@ class NvmlSampler:
         for proc in running:
             used = getattr(proc, "usedGpuMemory", None)
             result.memory[int(proc.pid)] = None if used is None else int(used)
-        self._utilization(uuid, handle, result)
         return result
 
     def _utilization(self, uuid: str, handle: Any, result: GpuProcesses) -> None:

@@ -272,3 +272,103 @@ def hand_back(state_dir: Path | str, gone: list[tuple[int, SlotOwner]]) -> int:
     finally:
         os.close(fd)
     return marked
+
+
+# -- The floor: what the driver says a claim's processes hold (region.c's struct floor_file) --------------
+
+FLOOR_FILE = "dragpu-limiter.floor"
+FLOOR_MAGIC = 0x314C464741524444
+FLOOR_VERSION = 1
+FLOOR_BYTES = 4096
+_FLOOR_HEAD = struct.Struct("=QII")  # magic, version, device_count
+_FLOOR_SEQ_AT = 16
+_FLOOR_DEVS_AT = 64
+_FLOOR_DEV = struct.Struct(f"={_UUID_LEN}sqq")  # uuid, bytes (NVML), the region's count the agent read before
+FLOOR_MODE = 0o644
+
+
+def make_floor(path: Path | str, uuids: list[str]) -> None:
+    """The floor file of a claim, beside its region (a read-only directory in the container): the claim's
+    GPUs, each with no floor yet. Replaced whole: the agent makes it at prepare, before any process maps it."""
+    if len(uuids) > DEVICE_COUNT:
+        raise ValueError(f"a floor holds at most {DEVICE_COUNT} GPUs, not {len(uuids)}")
+    image = bytearray(FLOOR_BYTES)
+    _FLOOR_HEAD.pack_into(image, 0, FLOOR_MAGIC, FLOOR_VERSION, DEVICE_COUNT)
+    for i, uuid in enumerate(uuids):
+        _FLOOR_DEV.pack_into(image, _FLOOR_DEVS_AT + i * _FLOOR_DEV.size, uuid.encode("ascii"), 0, 0)
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FLOOR_MODE)
+    try:
+        os.write(fd, bytes(image))
+        os.fchmod(fd, FLOOR_MODE)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def floor_uuids(path: Path | str) -> list[str]:
+    """The GPUs a floor file has entries for, in order; [] when it is not one."""
+    try:
+        with open(path, "rb") as f:
+            image = f.read(FLOOR_BYTES)
+    except OSError:
+        return []
+    if len(image) != FLOOR_BYTES or _FLOOR_HEAD.unpack_from(image) != (
+        FLOOR_MAGIC,
+        FLOOR_VERSION,
+        DEVICE_COUNT,
+    ):
+        return []
+    out = []
+    for i in range(DEVICE_COUNT):
+        raw = _FLOOR_DEV.unpack_from(image, _FLOOR_DEVS_AT + i * _FLOOR_DEV.size)[0].split(b"\0", 1)[0]
+        if raw:
+            out.append(raw.decode("ascii", "replace"))
+    return out
+
+
+def write_floor(path: Path | str, floors: dict[str, tuple[int, int]], uuids: list[str] | None = None) -> bool:
+    """Publishes uuid -> (bytes NVML says the claim's processes hold, the region's count read before NVML) in
+    place, under the file's sequence (odd while writing), as the library reads it. Only entries the file
+    already has are written (`uuids`: its entries, when the caller knows them); False when the file is missing
+    or not a floor."""
+    uuids = uuids or floor_uuids(path)
+    if not uuids:
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        (seq,) = struct.unpack("=Q", os.pread(fd, 8, _FLOOR_SEQ_AT))
+        seq += 2 if seq % 2 == 0 else 1
+        os.pwrite(fd, struct.pack("=Q", seq - 1), _FLOOR_SEQ_AT)
+        for i, uuid in enumerate(uuids):
+            if uuid in floors:
+                used, region = floors[uuid]
+                at = _FLOOR_DEVS_AT + i * _FLOOR_DEV.size + _UUID_LEN
+                os.pwrite(fd, struct.pack("=qq", used, region), at)
+        os.pwrite(fd, struct.pack("=Q", seq), _FLOOR_SEQ_AT)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def region_counts(state_dir: Path | str) -> dict[str, int]:
+    """The region's claim-wide count per GPU UUID, as the library admits against it (dead slots included)."""
+    try:
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        devices = parse_header(os.pread(fd, HEADER_BYTES, 0)) or []
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    return {d.uuid: d.used_bytes for d in devices}

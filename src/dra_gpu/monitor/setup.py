@@ -47,6 +47,8 @@ class MonitorConfig:
     """The plugin's per-claim state directories (the limiter's regions)."""
     interval_s: float
     """Usage sampling and watchdog interval."""
+    watch_interval_s: float = 1.0
+    """How often memory is watched: floors published, caps and the limiter's presence checked."""
     proc_root: Path = Path("/proc")
     """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
     context_allowance: int | None = None
@@ -72,6 +74,7 @@ def start_monitor(
         sampler=_sampler(inventory, nvml),
         proc=proc,
         interval_s=config.interval_s,
+        watch_interval_s=config.watch_interval_s,
     )
     if config.context_allowance is not None:
         monitor.context_allowance = config.context_allowance

@@ -49,8 +49,15 @@ its charge: module code loaded later (a PyTorch process's context grows well pas
 measured while another process freed memory (then only the context's limits' memory). A claim without the
 limiter (time-sliced, MPS) and a process that skipped it are charged no context at all: this covers a whole
 one. 2 GiB is well above a bare context and a PyTorch one."""
+LIMITER_ALLOWANCE = 512 * 2**20
+"""The same allowance for a process of a limiter claim. The limiter charged its context what the driver took,
+and the floor the monitor publishes holds the claim's account at what NVML counts, so NVML exceeds the cap
+only by what the driver loaded since the last watch without any call the limiter sees: module code (a
+PyTorch process's context grows by about 90 MiB after its first tensor)."""
 GRACE_S = 10.0
 """Between SIGTERM and SIGKILL."""
+MEMORY_GRACE_S = 1.0
+"""Between SIGTERM and SIGKILL for a process over its claim's memory cap: the memory is another claim's."""
 
 
 class Reason(StrEnum):
@@ -123,11 +130,13 @@ class Watchdog:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         grace_s: float = GRACE_S,
         monotonic: Callable[[], float] = time.monotonic,
+        memory_grace_s: float = MEMORY_GRACE_S,
     ) -> None:
         self._events = EventRecorder(api, node_name, clock, component=COMPONENT)
         self._proc = proc
         self._signals = signals or PidfdSignals()
         self.grace_s = grace_s
+        self.memory_grace_s = memory_grace_s
         self._monotonic = monotonic
         self._stopping: dict[int, tuple[int, float]] = {}
         """pid -> (pidfd, when SIGKILL is due) of processes sent SIGTERM."""
@@ -186,7 +195,8 @@ class Watchdog:
         try:
             if same:
                 self._signals.send(pidfd, signal.SIGTERM)
-                self._stopping[v.pid] = (pidfd, self._monotonic() + self.grace_s)
+                grace = min(self.grace_s, self.memory_grace_s) if v.reason == Reason.MEMORY else self.grace_s
+                self._stopping[v.pid] = (pidfd, self._monotonic() + grace)
                 return True
         except OSError as exc:
             log.warning("cannot terminate the process", extra={"pid": v.pid, "error": str(exc)})

@@ -32,7 +32,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fake_common.h"
@@ -49,6 +52,7 @@
 #undef cuDeviceTotalMem
 #undef cuArrayCreate
 #undef cuArray3DCreate
+#undef cuGraphInstantiate
 #undef cuGraphAddNode
 #undef cuCtxCreate
 #undef cuCtxDestroy
@@ -327,6 +331,9 @@ struct alloc {
     int refs;        /* A_HANDLE: the handle's own reference and retains (cuMemRelease drops one) */
     int maps;        /* A_HANDLE: mappings */
     uint64_t alias;  /* A_HANDLE: a handle imported in the exporting process: the allocation it refers to */
+    uint64_t fd_dev; /* A_HANDLE exported as descriptors (memfds of one filesystem): their device and inodes */
+    uint64_t fd_ino[4];
+    int fd_held; /* A_HANDLE: released and unmapped, but a descriptor of it is still open here */
 };
 static struct alloc *allocs;
 static size_t allocs_cap, allocs_used;
@@ -519,10 +526,19 @@ static CUresult graph_free(CUgraph g, uint64_t addr) {
     return CUDA_SUCCESS;
 }
 
+static void handle_settle(struct alloc *a);
+
+/* Allocations kept only by a descriptor go once it is closed (the fake notices when asked). Caller holds mu. */
+static void settle_descriptors(void) {
+    for (size_t i = 0; i < allocs_cap; i++)
+        if (allocs[i].kind == A_HANDLE && allocs[i].fd_held) handle_settle(&allocs[i]);
+}
+
 EXPORT uint64_t fakecuda_used_bytes(int device) {
     pthread_once(&config_once, load_config);
     if (device < 0 || device >= FAKE_MAX_DEVICES) return 0;
     pthread_mutex_lock(&mu);
+    settle_descriptors();
     uint64_t u = devices[device].used;
     pthread_mutex_unlock(&mu);
     return u;
@@ -1124,6 +1140,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     CHECK(1);
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
+    settle_descriptors();
     *total = (size_t)G.memory;
     *free_bytes = (size_t)(G.memory - devices[cur_device()].used);
     pthread_mutex_unlock(&mu);
@@ -1499,10 +1516,20 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     int fd = memfd_create("fake-cuda-shareable", MFD_CLOEXEC);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (write(fd, &sa, sizeof sa) != (ssize_t)sizeof sa) {
+    struct stat st;
+    if (write(fd, &sa, sizeof sa) != (ssize_t)sizeof sa || fstat(fd, &st) != 0) {
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    pthread_mutex_lock(&mu);
+    a = alloc_find(h, A_HANDLE);
+    for (int i = 0; a && i < 4; i++)
+        if (!a->fd_ino[i]) {
+            a->fd_dev = (uint64_t)st.st_dev;
+            a->fd_ino[i] = (uint64_t)st.st_ino;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
     *(int *)out = fd;
     return CUDA_SUCCESS;
 }
@@ -1645,8 +1672,32 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
 }
 
 /* Frees a handle's memory once nothing refers to it any more. Caller holds mu. */
+/* Whether this process still has a descriptor the allocation was exported as open: as the real driver (the
+ * H100 record's vmm.after_release_all), such a descriptor keeps the memory after the last handle is released. */
+static int descriptor_open(const struct alloc *a) {
+    if (!a->fd_ino[0]) return 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return 0;
+    int open_ = 0;
+    struct dirent *e;
+    while (!open_ && (e = readdir(d)) != NULL) {
+        struct stat st;
+        if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d)) continue;
+        if (fstatat(dirfd(d), e->d_name, &st, 0) != 0 || (uint64_t)st.st_dev != a->fd_dev) continue;
+        for (int i = 0; i < 4; i++)
+            if (a->fd_ino[i] && (uint64_t)st.st_ino == a->fd_ino[i]) open_ = 1;
+    }
+    closedir(d);
+    return open_;
+}
+
 static void handle_settle(struct alloc *a) {
     if (a->refs > 0 || a->maps > 0) return;
+    if (descriptor_open(a)) {
+        a->fd_held = 1;
+        return;
+    }
+    a->fd_held = 0;
     devices[a->device].used -= a->bytes;
     a->kind = -1;
     struct alloc *of = a->alias ? alloc_find(a->alias, A_HANDLE) : NULL;
@@ -2252,6 +2303,22 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
         MAGIC_EXEC, cur_device(), g->duration_ns, g->alloc_dev, g->alloc_bytes, g->alloc_bytes - g->freed_bytes, 0};
     *e = x;
     return CUDA_SUCCESS;
+}
+
+/* The CUDA 10 and 11 ABI: no flags, an error node and a log (empty: nothing failed). */
+static CUresult instantiate_logged(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t size) {
+    CUresult r = cuGraphInstantiateWithFlags(e, g, 0);
+    if (err) *err = NULL;
+    if (log && size) log[0] = '\0';
+    return r;
+}
+
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t size) {
+    return instantiate_logged(e, g, err, log, size);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t size) {
+    return instantiate_logged(e, g, err, log, size);
 }
 
 /* The first upload or launch of a graph with allocation nodes takes their memory from the device's graph

@@ -244,7 +244,7 @@ class Limiter:
         # a mount of its own, so a container cannot unlink, replace or add to what the claim accounts in.
         region = state / REGION_FILE
         plan.hold("dir", f"dir:{state}", path=str(state), mode=0o755)
-        plan.hold("region", f"region:{region}", path=str(region))
+        plan.hold("region", f"region:{region}", path=str(region), gpus=",".join(plan.limits))
         plan.hold(
             "file", f"file:{limits}", path=str(limits), content=limits_text(plan, plan.limits), mode=0o444
         )

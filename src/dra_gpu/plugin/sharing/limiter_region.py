@@ -7,6 +7,10 @@ read-write on top of it: a container can neither unlink, rename nor replace it (
 add files beside it. It can still write into it - truncate, zero or rewrite it - and the library then
 refuses allocations on the claim's devices instead of starting a fresh account (it never creates, resizes
 or initialises a claim's region). The layout is ``dra_gpu.monitor.region``'s mirror of region.c.
+
+Beside it the agent makes the claim's floor (``dragpu-limiter.floor``, one entry per GPU of the claim): the
+monitor publishes there what NVML says the claim's processes hold, and the library never lets the claim's
+account fall below it. It is in the read-only directory, so no process of the claim can lower it.
 """
 
 from __future__ import annotations
@@ -56,22 +60,35 @@ def make_region(path: Path) -> bool:
     return True
 
 
+def floor_path(region: Path) -> Path:
+    """The agent's floor beside a claim's region: read-only to the claim (its directory is a read-only mount)."""
+    return region.parent / layout.FLOOR_FILE
+
+
 class ClaimRegion:
     kind = "region"
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
         path = Path(str(hold.params["path"]))
+        gpus = [g for g in str(hold.params.get("gpus", "")).split(",") if g]
         try:
             make_region(path)
+            if gpus and layout.floor_uuids(floor_path(path)) != gpus:
+                layout.make_floor(floor_path(path), gpus)
         except OSError as exc:
             raise setup_failed(f"creating {path}", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            Path(str(hold.params["path"])).unlink()
+        path = Path(str(hold.params["path"]))
+        for done in (floor_path(path), path):
+            with contextlib.suppress(FileNotFoundError):
+                done.unlink()
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
-        return os.path.lexists(str(hold.params["path"]))  # a damaged one stays: see make_region
+        path = Path(str(hold.params["path"]))
+        gpus = [g for g in str(hold.params.get("gpus", "")).split(",") if g]
+        # A damaged region stays (see make_region); a floor that is missing or names other GPUs is made again.
+        return os.path.lexists(path) and (not gpus or layout.floor_uuids(floor_path(path)) == gpus)
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         return None  # per claim, not GPU-wide
