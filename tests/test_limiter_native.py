@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.limiter, pytest.mark.timeout(900)]
 # The cases tests/run.sh reports for every build (a case it reports that is not here fails the suite).
 CASES = [
     "exports",
+    "entry points",
     "env-parsing+fuzz",
     "t_linked (baseline)",
     "t_linked",
@@ -49,6 +50,8 @@ CASES = [
             "stream-device",
             "pool-kept",
             "graph",
+            "graph-legacy",
+            "serving",
             "capture",
             "legacy-abi",
             "granularity",
@@ -60,6 +63,7 @@ CASES = [
             "import-self",
             "import-self-no-kcmp",
             "contexts",
+            "contexts (tenant NVML)",
         )
     ),
     *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels", "cold-burst")),
