@@ -3,8 +3,12 @@
 It stays answerable whatever its clients do. One thread accepts connections and reads their
 requests without blocking on any of them; a request must arrive whole within `read_timeout_s` of
 its connection, or the connection is closed (so idle or slow connections cost no thread, and at
-most `max_connections` are open: past that the oldest unfinished one is dropped). The listen backlog
-is `backlog`. Health checks are answered by that thread at once, from what the checks know in
+most `max_connections` are open: past that the oldest unfinished one is dropped). `max_connections`
+is also kept to a quarter of the process's open-file limit, so that a flood of connections never
+takes the files that the kubelet's calls need: a flood costs the flooder its oldest connections.
+Should accepting fail for want of files all the same, the listener rests for a while (doubling,
+up to a second) instead of spinning, and such failures are logged at most once per ten seconds
+with the count of those held back. The listen backlog is `backlog`. Health checks are answered by that thread at once, from what the checks know in
 memory, never behind `/metrics`: a check must not block. `/metrics` is rendered by a bounded pool of
 `workers` threads with a bounded queue; when the queue is full the request is answered 503 at once.
 Every answer closes its connection (`Connection: close`), and an answer a client does not take
@@ -15,8 +19,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
 import queue
+import resource
 import selectors
 import socket
 import threading
@@ -25,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from dra_gpu.logs import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,19 @@ REASONS = {
     405: "Method Not Allowed",
     503: "Service Unavailable",
 }
+FILES_PER_CONNECTION_BUDGET = 4
+"""Connections may take at most 1/4 of the open-file limit; the rest is the process's own work."""
+OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+ACCEPT_REST_S = (0.05, 1.0)
+"""How long the listener rests after accepting failed for want of resources: first, and at most."""
+
+
+def connection_limit(wanted: int) -> int:
+    """`wanted`, kept to a quarter of the open-file limit (soft: what `accept` is refused beyond)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(8, min(wanted, soft // FILES_PER_CONNECTION_BUDGET))
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -97,7 +118,13 @@ class HttpServer:
         self._name = name
         self._read_timeout_s = read_timeout_s
         self._write_timeout_s = write_timeout_s
-        self._max_connections = max_connections
+        self._max_connections = connection_limit(max_connections)
+        self._accept_rest = 0.0
+        """How long the listener rests after the last failed accept (0: it is listening)."""
+        self._accepting_at: float | None = None
+        """When the resting listener listens again; None: it is listening."""
+        self._accept_failures = Throttle()
+        self._connection_failures = Throttle()
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=backlog)
@@ -153,6 +180,8 @@ class HttpServer:
             if self._reading:
                 oldest = next(iter(self._reading))
                 timeout = max(0.0, min(timeout, oldest.deadline - time.monotonic()))
+            if self._accepting_at is not None:
+                timeout = max(0.0, min(timeout, self._accepting_at - time.monotonic()))
             for key, events in self._selector.select(timeout):
                 try:
                     if key.data == "accept":
@@ -165,10 +194,17 @@ class HttpServer:
                     else:
                         self._read(key.data)
                 except Exception:  # one connection's trouble never stops the endpoint
-                    log.exception("http connection failed", extra={"server": self._name})
+                    held = self._connection_failures.allow()
+                    if held is not None:
+                        log.exception(
+                            "http connection failed", extra={"server": self._name, "held_back": held}
+                        )
                     if isinstance(key.data, _Connection):
                         self._close(key.data)
             self._expire()
+            if self._accepting_at is not None and time.monotonic() >= self._accepting_at:
+                self._accepting_at = None
+                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
 
     def _accept(self) -> None:
         for _ in range(64):  # a burst at a time, then the others' turn
@@ -176,15 +212,42 @@ class HttpServer:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of file descriptors: the backlog keeps them
-                log.warning("http accept failed", extra={"server": self._name, "error": str(exc)})
+            except OSError as exc:  # e.g. out of files: the backlog keeps the connection meanwhile
+                self._rest_listener(exc)
                 return
+            self._accept_rest = 0.0
             sock.setblocking(False)
-            if len(self._reading) + len(self._writing) >= self._max_connections and self._reading:
+            if len(self._reading) + len(self._writing) >= self._max_connections:
+                if not self._reading:  # all full with answers a client is slow to take: refuse this one
+                    sock.close()
+                    continue
                 self._close(next(iter(self._reading)))  # the oldest unfinished request makes room
             conn = _Connection(sock, time.monotonic() + self._read_timeout_s)
             self._reading[conn] = None
             self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _rest_listener(self, exc: OSError) -> None:
+        """Stop accepting for a while: the listener stays readable, and retrying at once would spin."""
+        if exc.errno in OUT_OF_FILES:
+            first, most = ACCEPT_REST_S
+            self._accept_rest = min(most, self._accept_rest * 2 or first)
+        else:
+            self._accept_rest = ACCEPT_REST_S[0]
+        self._accepting_at = time.monotonic() + self._accept_rest
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(self._listener)
+        held = self._accept_failures.allow()
+        if held is not None:
+            log.warning(
+                "http accept failed; the listener rests before accepting again",
+                extra={
+                    "server": self._name,
+                    "error": str(exc),
+                    "rest_s": self._accept_rest,
+                    "connections": len(self._reading) + len(self._writing),
+                    "held_back": held,
+                },
+            )
 
     def _read(self, conn: _Connection) -> None:
         try:

@@ -8,6 +8,8 @@ with any `KubeAPI`.
 from __future__ import annotations
 
 import contextlib
+import logging
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,27 @@ from dra_gpu.plugin.health import HealthProbe
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.prepare import FaultHook
 from dra_gpu.slices.publisher import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as Go programs do at start; (before, after).
+
+    A container gets a soft limit of 1,024 from containerd and a much higher hard one: each claim's
+    call, connection and GPU lock takes files, and the soft limit is what they run out of first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or soft == resource.RLIM_INFINITY:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning(
+            "could not raise the open-file limit", extra={"soft": soft, "hard": hard, "error": str(exc)}
+        )
+        return soft, soft
+    log.info("raised the open-file limit", extra={"from": soft, "to": hard})
+    return soft, hard
 
 
 @dataclass
@@ -83,6 +106,7 @@ class NodeAgent:
         self._publisher: SlicePublisher | None = None
 
     def start(self) -> None:
+        raise_open_file_limit()
         self.plugin.start()
         try:
             self._health.start()
