@@ -8,20 +8,79 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import resource
 import socket
+import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
-from plugin_harness import Alloc, Kubelet, PluginDirs, PluginProcess, add_claim, uid_of, write_snapshot
+from plugin_harness import (
+    NODE,
+    PROFILE,
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    PluginProcess,
+    add_claim,
+    gpu_config,
+    opaque,
+    running_plugin,
+    uid_of,
+    write_snapshot,
+)
+from waiting import wait_for
 
+from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.gpu_control import SimulatedCommands
+from dra_gpu.slices import publisher
 
 CONTAINERD_SOFT_NOFILE = 1024
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str = "4m") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path`: a disk that a test can fill up or make read-only."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0750", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs as the state disk (needs root): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def failing(url: str, what: str) -> bytes:
+    """The body of the first 503 that `url` answers (waiting for it)."""
+    _status, body = wait_for(lambda: (r := get(url, timeout=5))[0] == 503 and r, what=what)
+    return bytes(body)
+
+
+def fill(path: Path) -> Path:
+    """Fill the file system of `path` to the last byte; the filler file is returned."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+    return filler
 
 
 def get(url: str, timeout: float) -> tuple[int, bytes]:
@@ -103,3 +162,168 @@ def test_a_connection_flood_never_costs_the_kubelet_a_prepare_nor_the_agent_its_
         kubelet.close()
         code = plugin.terminate()
     assert code == 0, plugin.log()[-3000:]
+
+
+SLOW_NVIDIA_SMI = """#!/bin/sh
+sleep 0.5
+"""
+
+
+def test_health_is_never_queued_behind_a_burst_of_prepares_with_a_slow_nvidia_smi(dirs: PluginDirs) -> None:
+    """A reboot storm: 48 pods' prepares at once, each waiting on a slow `nvidia-smi` (0.5 s a call,
+    one call at a time per GPU: 12 s for all). Liveness must hold all along."""
+    api = FakeKube()
+    claims = [
+        add_claim(
+            api,
+            f"ts-{i}",
+            [
+                Alloc(
+                    device=f"gpu-{i % 2}",
+                    share_id=f"5e1d0b3a-0000-4000-8000-{i:012d}",
+                    consumed={"memory": "1Gi", "cores": "2"},
+                )
+            ],
+            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
+        )
+        for i in range(48)
+    ]
+    snapshot = dirs.root / "cluster.json"
+    write_snapshot(api, snapshot)
+    smi = dirs.root / "nvidia-smi"
+    smi.write_text(SLOW_NVIDIA_SMI)
+    smi.chmod(0o755)
+    plugin = PluginProcess(
+        dirs,
+        snapshot,
+        extra_args=("--http-address", "127.0.0.1:0", "--mps-control", "true", "--nvidia-smi", str(smi)),
+    ).start()
+    port = int((dirs.root / "http-port").read_text())
+    kubelet = Kubelet(dirs.registration_dir, timeout_s=120)
+    failures: list[str] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            try:
+                status, body = get(f"http://127.0.0.1:{port}/healthz", timeout=1.0)
+                if status != 200:
+                    failures.append(body.decode(errors="replace"))
+            except OSError as exc:
+                failures.append(str(exc))
+            done.wait(0.25)
+
+    try:
+        kubelet.register()
+        prober = threading.Thread(target=probe)
+        prober.start()
+        with ThreadPoolExecutor(max_workers=48) as pool:
+            answers = list(pool.map(lambda c: kubelet.prepare(c)[uid_of(c)], claims))
+        done.set()
+        prober.join()
+        assert [a.error for a in answers] == [""] * 48
+        assert failures == [], f"{len(failures)} failed probes, first: {failures[0]}"
+    finally:
+        done.set()
+        kubelet.close()
+        code = plugin.terminate()
+    assert code == 0, plugin.log()[-3000:]
+
+
+def test_healthz_fails_while_the_state_disk_is_full_or_read_only_and_recovers(dirs: PluginDirs) -> None:
+    snapshot = dirs.root / "cluster.json"
+    write_snapshot(FakeKube(), snapshot)
+    with small_disk(dirs.state_dir):
+        plugin = PluginProcess(dirs, snapshot, extra_args=("--http-address", "127.0.0.1:0")).start()
+        url = f"http://127.0.0.1:{(dirs.root / 'http-port').read_text()}/healthz"
+        try:
+            assert get(url, timeout=5)[0] == 200
+            filler = fill(dirs.state_dir)
+            body = failing(url, "503 when full")
+            assert b"is full" in body, body
+            filler.unlink()
+            wait_for(lambda: get(url, timeout=5)[0] == 200, what="200 once there is room again")
+            subprocess.run(["mount", "-o", "remount,ro", str(dirs.state_dir)], check=True)
+            body = failing(url, "503 when ro")
+            assert b"cannot be written: Read-only file system" in body, body
+            subprocess.run(["mount", "-o", "remount,rw", str(dirs.state_dir)], check=True)
+            wait_for(lambda: get(url, timeout=5)[0] == 200, what="200 once writable again")
+        finally:
+            code = plugin.terminate()
+        assert code == 0, plugin.log()[-3000:]
+
+
+class HangingTimeslice(SimulatedCommands):
+    """`nvidia-smi compute-policy` that does not return until the test lets it."""
+
+    def __init__(self, state_file: Path) -> None:
+        super().__init__(state_file=state_file)
+        self.release = threading.Event()
+
+    def set_timeslice(self, gpu_index: int, value: int) -> None:
+        self.release.wait(60)
+        super().set_timeslice(gpu_index, value)
+
+
+def test_healthz_fails_while_the_kubelets_calls_make_no_progress_and_recovers(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    claim = add_claim(
+        api,
+        "ts",
+        [
+            Alloc(
+                device="gpu-0",
+                share_id="5e1d0b3a-0000-4000-8000-000000000001",
+                consumed={"memory": "1Gi", "cores": "2"},
+            )
+        ],
+        [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
+    )
+    commands = HangingTimeslice(dirs.simulated_state)
+    with running_plugin(
+        dirs, api, commands=commands, http_address="127.0.0.1:0", lock_timeout_s=0.25
+    ) as agent:
+        url = f"http://127.0.0.1:{agent.http_port}/healthz"
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            answer = pool.submit(kubelet.prepare, claim)
+            body = failing(url, "503 when stuck")
+            assert b"none has finished a claim" in body, body
+            commands.release.set()
+            assert answer.result(timeout=30)[uid_of(claim)].error == ""
+        wait_for(lambda: get(url, timeout=5)[0] == 200, what="200 once the call finished")
+        kubelet.close()
+
+
+class HangingSliceList(FakeKube):
+    """An API server whose list of ResourceSlices does not answer until the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def list(self, kind: str, *args: Any, **kwargs: Any) -> Any:
+        if kind == "ResourceSlice":
+            self.release.wait(60)
+        return super().list(kind, *args, **kwargs)
+
+
+def test_healthz_fails_while_the_slice_publisher_is_stuck(
+    dirs: PluginDirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = HangingSliceList()
+    original = publisher.SlicePublisher.stuck
+    monkeypatch.setattr(publisher.SlicePublisher, "stuck", lambda self, after_s=0.5: original(self, after_s))
+    with running_plugin(
+        dirs,
+        api,
+        http_address="127.0.0.1:0",
+        publish_slices=True,
+        inventory=SimulatedInventory(PROFILE, seed=NODE),
+    ) as agent:
+        url = f"http://127.0.0.1:{agent.http_port}/healthz"
+        body = failing(url, "503 when stuck")
+        assert b"publishing the ResourceSlices has not returned" in body, body
+        api.release.set()
+        wait_for(lambda: get(url, timeout=5)[0] == 200, what="200 once it returned")

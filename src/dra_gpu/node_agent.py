@@ -21,7 +21,7 @@ from dra_gpu.kube import KubeAPI
 from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.gpu_control import GpuCommands
-from dra_gpu.plugin.health import HealthProbe
+from dra_gpu.plugin.health import HealthProbe, StateDirCheck
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.prepare import FaultHook
 from dra_gpu.slices.publisher import SlicePublisher
@@ -101,8 +101,14 @@ class NodeAgent:
         self.plugin = KubeletPlugin(config, api, inventory, commands, metrics=metrics, fault_hook=fault_hook)
         self.monitor: Monitor | None = None
         self._http: HttpServer | None = None
-        self._health = HealthProbe(config.registration_socket, config.service_socket)
-        """The sockets' health, probed in the background so that /healthz never waits on them."""
+        self._health = HealthProbe(
+            config.registration_socket,
+            config.service_socket,
+            busy=self.plugin.preparer.busy,
+            problems=(StateDirCheck(config.state_dir).check, self.plugin.preparer.stalled),
+        )
+        """The sockets' and the state directory's health, probed in the background so that /healthz
+        never waits on them, nor on the kubelet's calls."""
         self._publisher: SlicePublisher | None = None
 
     def start(self) -> None:
@@ -166,7 +172,10 @@ class NodeAgent:
         return self._http.port if self._http is not None else None
 
     def healthz(self) -> tuple[bool, str]:
-        """Unhealthy while the monitor is stalled or a socket did not answer the background probe; never
-        waits (`HealthProbe`)."""
+        """Unhealthy while the agent cannot do its job: the monitor or the slice publisher stalled, a
+        socket not answering, the state directory not writable or full, the kubelet's calls stuck.
+        Answered from what the agent's own loops found last; never waits (`HealthProbe`)."""
         stalled = self.monitor.stalled() if self.monitor is not None else None
+        if stalled is None and self._publisher is not None:
+            stalled = self._publisher.stuck()
         return (False, stalled) if stalled else self._health.check()

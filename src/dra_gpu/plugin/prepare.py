@@ -95,6 +95,8 @@ TEMP_FILE_AGE_S = 600.0
 """A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
 COMPACT_IN_CALL_FACTOR = 8
 """A call folds the checkpoint's journal into its snapshot itself only when the background did not."""
+STALLED_FACTOR = 4
+"""Calls that finish no claim for this many lock timeouts are stuck (liveness fails)."""
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -150,6 +152,11 @@ class Preparer:
         """The store's `reloads` the metrics were last computed for (they follow each write since)."""
         self._loaded: tuple[int, Checkpoint] | None = None
         """(the node lock's hold, the checkpoint loaded under it)."""
+        self._calls_lock = threading.Lock()
+        self._calls = 0
+        """The kubelet's calls in progress."""
+        self._progressed_at = time.monotonic()
+        """When a call last finished a claim (or started, when none was running)."""
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -242,14 +249,23 @@ class Preparer:
         deadline: float | None,
     ) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        for claim in claims:
-            if claim.uid in results:
-                continue  # the same claim twice in one call: one answer
-            if deadline is not None and time.monotonic() >= deadline:
-                self.metrics.errors.labels(operation=operation, reason="deadline").inc()
-                results[claim.uid] = PrepareResult(error=DEADLINE_PASSED)
-                continue
-            results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, deadline))
+        with self._calls_lock:
+            if self._calls == 0:
+                self._progressed_at = time.monotonic()
+            self._calls += 1
+        try:
+            for claim in claims:
+                if claim.uid in results:
+                    continue  # the same claim twice in one call: one answer
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.metrics.errors.labels(operation=operation, reason="deadline").inc()
+                    results[claim.uid] = PrepareResult(error=DEADLINE_PASSED)
+                    continue
+                results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, deadline))
+                self._progressed_at = time.monotonic()
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
         skipped = sum(r.error == DEADLINE_PASSED for r in results.values())
         if skipped:
             log.warning(
@@ -257,6 +273,22 @@ class Preparer:
                 extra={"operation": operation, "claims": len(results)},
             )
         return results
+
+    def busy(self) -> bool:
+        """Whether the kubelet's calls are in progress."""
+        return self._calls > 0
+
+    def stalled(self) -> str | None:
+        """Why liveness should fail: calls are in progress and none finished a claim for longer than
+        any step may take (each waits on a lock at most `lock.timeout_s`, and a GPU command has its own
+        timeout); None otherwise."""
+        late = time.monotonic() - self._progressed_at
+        if self._calls == 0 or late <= STALLED_FACTOR * self.lock.timeout_s:
+            return None
+        return (
+            f"{self._calls} of the kubelet's calls are in progress and none has finished a claim for "
+            f"{late:.0f} s"
+        )
 
     def _refresh_metrics(self, force: bool = False) -> None:
         """Recount the gauges if the checkpoint was read anew since (each write updates them itself).
