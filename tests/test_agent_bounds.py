@@ -41,6 +41,7 @@ from waiting import wait_for
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.gpu_control import SimulatedCommands
+from dra_gpu.proto import dra_v1, dra_v1_grpc
 from dra_gpu.slices import publisher
 
 CONTAINERD_SOFT_NOFILE = 1024
@@ -167,6 +168,33 @@ def test_a_connection_flood_never_costs_the_kubelet_a_prepare_nor_the_agent_its_
 SLOW_NVIDIA_SMI = """#!/bin/sh
 sleep 0.5
 """
+
+
+def slow_tools(dirs: PluginDirs, seconds: float = 0.5) -> tuple[str, ...]:
+    """`serve` options: GPU commands run as processes, `nvidia-smi` taking `seconds` a call."""
+    smi = dirs.root / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nsleep {seconds}\n")
+    smi.chmod(0o755)
+    return ("--mps-control", "true", "--nvidia-smi", str(smi))
+
+
+def timeslice_claims(api: FakeKube, count: int, gpus: int = 2) -> list[dict[str, Any]]:
+    """Time-sliced claims: each prepare runs `nvidia-smi compute-policy` once, one at a time per GPU."""
+    return [
+        add_claim(
+            api,
+            f"ts-{i}",
+            [
+                Alloc(
+                    device=f"gpu-{i % gpus}",
+                    share_id=f"5e1d0b3a-0000-4000-8000-{i:012d}",
+                    consumed={"memory": "1Gi", "cores": "1"},
+                )
+            ],
+            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
+        )
+        for i in range(count)
+    ]
 
 
 def test_health_is_never_queued_behind_a_burst_of_prepares_with_a_slow_nvidia_smi(dirs: PluginDirs) -> None:
@@ -327,3 +355,33 @@ def test_healthz_fails_while_the_slice_publisher_is_stuck(
         assert b"publishing the ResourceSlices has not returned" in body, body
         api.release.set()
         wait_for(lambda: get(url, timeout=5)[0] == 200, what="200 once it returned")
+
+
+def test_a_cancelled_call_stops_starting_claims(dirs: PluginDirs) -> None:
+    """The kubelet gives up on a 60-claim call (its pod deleted, say): the agent does not go on to all."""
+    api = FakeKube()
+    claims = timeslice_claims(api, 60, gpus=1)
+    snapshot = dirs.root / "cluster.json"
+    write_snapshot(api, snapshot)
+    plugin = PluginProcess(dirs, snapshot, extra_args=slow_tools(dirs, 0.2)).start()
+    kubelet = Kubelet(dirs.registration_dir)
+    try:
+        kubelet.register()
+        stub = dra_v1_grpc.DRAPluginStub(kubelet.channel())
+        request = dra_v1.NodePrepareResourcesRequest(
+            claims=[
+                dra_v1.Claim(namespace="default", name=c["metadata"]["name"], uid=uid_of(c)) for c in claims
+            ]
+        )
+        call = stub.NodePrepareResources.future(request, timeout=120)
+        wait_for(lambda: len(dirs.spec_files()) >= 3, what="the call to have prepared a few claims")
+        call.cancel()
+        at_cancel = len(dirs.spec_files())
+        time.sleep(3)  # 15 more claims' time, were the agent still going
+        after = len(dirs.spec_files())
+        assert after <= at_cancel + 1, f"{at_cancel} claims prepared when cancelled, {after} 3 s later"
+        assert "the call was cancelled" in plugin.log()
+    finally:
+        kubelet.close()
+        code = plugin.terminate()
+    assert code == 0, plugin.log()[-3000:]

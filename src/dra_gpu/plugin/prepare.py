@@ -88,9 +88,22 @@ NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
 
 
 DEADLINE_PASSED = (
-    "not started: the deadline of the kubelet's call passed before this claim's turn; the kubelet's "
-    "next call does it"
+    "not started: the deadline of the kubelet's call would pass before this claim could be done; the "
+    "kubelet's next call does it"
 )
+CANCELLED = "not started: the kubelet cancelled the call; its next call does it"
+ANSWER_MARGIN_S = (0.25, 2.0)
+"""Time kept before a call's deadline to answer it (at least, at most; 5 % of the call's time between)."""
+
+
+def answer_by(deadline: float | None, now: float) -> float | None:
+    """When the work of a call with `deadline` must be over, so that the answer reaches the kubelet in time."""
+    if deadline is None:
+        return None
+    least, most = ANSWER_MARGIN_S
+    return deadline - min(most, max(least, 0.05 * (deadline - now)))
+
+
 TEMP_FILE_AGE_S = 600.0
 """A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
 COMPACT_IN_CALL_FACTOR = 8
@@ -210,11 +223,17 @@ class Preparer:
         finally:
             self._rebuild_lock.release()
 
-    def prepare(self, claims: Sequence[ClaimInfo], deadline: float | None = None) -> dict[str, PrepareResult]:
-        """Prepare each claim; `deadline` (time.monotonic) is the caller's: no claim starts after it."""
+    def prepare(
+        self,
+        claims: Sequence[ClaimInfo],
+        deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, PrepareResult]:
+        """Prepare each claim; `deadline` (time.monotonic) is the caller's: no claim starts that would
+        end after it, nor once `cancelled()` (see `_each`)."""
         started = time.perf_counter()
         self._rebuild_if_lost()
-        results = self._each("prepare", claims, self._prepare, deadline)
+        results = self._each("prepare", claims, self._prepare, deadline, cancelled)
         self._rebuild_if_lost()
         self._refresh_metrics()
         self._post_notices([claim.uid for claim in claims])
@@ -232,10 +251,15 @@ class Preparer:
                 except Exception as exc:  # the API unreachable: the prepare's log line stays
                     log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
 
-    def unprepare(self, claims: Sequence[ClaimInfo], deadline: float | None = None) -> dict[str, str]:
+    def unprepare(
+        self,
+        claims: Sequence[ClaimInfo],
+        deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, str]:
         started = time.perf_counter()
         self._rebuild_if_lost()
-        results = self._each("unprepare", claims, self._unprepare, deadline)
+        results = self._each("unprepare", claims, self._unprepare, deadline, cancelled)
         self._rebuild_if_lost()
         self._refresh_metrics()
         self.metrics.unprepare_seconds.observe(time.perf_counter() - started)
@@ -247,8 +271,14 @@ class Preparer:
         claims: Sequence[ClaimInfo],
         work: Callable[[ClaimInfo, float | None], list[PreparedDevice]],
         deadline: float | None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> dict[str, PrepareResult]:
+        """Do `work` claim by claim. A claim is not started once the caller cancelled the call, nor when
+        the longest claim of the call so far would not end before `answer_by(deadline)`: the kubelet
+        gets its answer, with those claims "not started", before its deadline."""
         results: dict[str, PrepareResult] = {}
+        cut = answer_by(deadline, time.monotonic())
+        longest = 0.0
         with self._calls_lock:
             if self._calls == 0:
                 self._progressed_at = time.monotonic()
@@ -257,21 +287,28 @@ class Preparer:
             for claim in claims:
                 if claim.uid in results:
                     continue  # the same claim twice in one call: one answer
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if cut is not None and now + longest >= cut:
                     self.metrics.errors.labels(operation=operation, reason="deadline").inc()
                     results[claim.uid] = PrepareResult(error=DEADLINE_PASSED)
                     continue
-                results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, deadline))
+                if cancelled is not None and cancelled():  # (past its deadline, a call is inactive too)
+                    self.metrics.errors.labels(operation=operation, reason="cancelled").inc()
+                    results[claim.uid] = PrepareResult(error=CANCELLED)
+                    continue
+                results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, cut))
                 self._progressed_at = time.monotonic()
+                longest = max(longest, self._progressed_at - now)
         finally:
             with self._calls_lock:
                 self._calls -= 1
-        skipped = sum(r.error == DEADLINE_PASSED for r in results.values())
-        if skipped:
-            log.warning(
-                f"the call's deadline passed: {skipped} of its claims were not started",
-                extra={"operation": operation, "claims": len(results)},
-            )
+        for error, why in ((DEADLINE_PASSED, "the call's deadline"), (CANCELLED, "the call was cancelled")):
+            skipped = sum(r.error == error for r in results.values())
+            if skipped:
+                log.warning(
+                    f"{why}: {skipped} of its claims were not started",
+                    extra={"operation": operation, "claims": len(results)},
+                )
         return results
 
     def busy(self) -> bool:
