@@ -238,3 +238,31 @@ def test_a_deadline_answer_says_the_claim_was_not_started(dirs: PluginDirs, api:
             i.uid: DEADLINE_PASSED for i in infos
         }
         done.set()
+
+
+def test_a_prepared_claims_uid_under_another_name_gets_neither_its_devices_nor_its_undoing(
+    dirs: PluginDirs, api: FakeKube
+) -> None:
+    claim = limiter_claim(api, "owner")
+    other = limiter_claim(api, "other", n=2)
+    uid = uid_of(claim)
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid].error == ""
+        before = dirs.checkpoint().claims[uid]
+        for namespace, name in (("default", "other"), ("elsewhere", "owner")):
+            forged = (namespace, name, uid)
+            answer = kubelet.prepare(forged)[uid]
+            assert (
+                list(answer.devices) == []
+                and f"prepared on this node as ResourceClaim default/owner, not {namespace}/{name}"
+                in answer.error
+            )
+            error = kubelet.unprepare(forged)[uid]
+            assert "nothing was changed" in error, error
+        assert dirs.checkpoint().claims[uid] == before, "the owner's record is untouched"
+        assert dirs.spec_files() == [f"gpu.dra-gpu.io-claim_{uid}.json"]
+        assert kubelet.prepare(other)[uid_of(other)].error == ""
+        assert kubelet.unprepare(claim, other) == {uid: "", uid_of(other): ""}
+        kubelet.close()

@@ -83,7 +83,7 @@ NOTICE_REASON = "PreparedWithCaveat"
 """The event reason of what a prepared claim's user must know (a limit that holds per process only)."""
 
 PREPARE_FAILED_REASON = "PrepareFailed"
-NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
+NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch", "identity_mismatch"})
 """Failures with no claim to report on, or none the user can fix in it."""
 
 
@@ -465,6 +465,9 @@ class Preparer:
     ) -> Iterator[PreparedClaim | None]:
         """Hold the claim's and its GPUs' locks; yields the claim's record as it is under them.
 
+        A record of the UID under another namespace or name is never yielded (PrepareError): a call
+        naming a prepared claim's UID with another claim's name gets neither its devices nor its undoing.
+
         The GPUs come from the record read before locking; should the record have moved to other
         GPUs meanwhile (a concurrent call for the same claim in another plugin process), lock again.
         Waiting ends at `deadline` too (LockTimeout): the claim is then left as it was.
@@ -474,6 +477,12 @@ class Preparer:
             wanted = self._gpu_uuids(entry, obj)
             with self.gpu_locks.hold({f"claim:{claim.uid}", *wanted}, deadline=deadline):
                 current = self._entry(claim.uid)
+                if current is not None and (current.namespace, current.name) != (claim.namespace, claim.name):
+                    raise PrepareError(
+                        f"the claim UID {claim.uid} was prepared on this node as ResourceClaim {current.ref}, "
+                        f"not {claim.ref}: nothing was changed (a UID names one claim)",
+                        reason="identity_mismatch",
+                    )
                 if self._gpu_uuids(current, obj) <= wanted:
                     yield current
                     return
