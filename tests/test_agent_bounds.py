@@ -385,3 +385,56 @@ def test_a_cancelled_call_stops_starting_claims(dirs: PluginDirs) -> None:
         kubelet.close()
         code = plugin.terminate()
     assert code == 0, plugin.log()[-3000:]
+
+
+def limiter_claims(api: FakeKube, count: int) -> list[dict[str, Any]]:
+    return [
+        add_claim(
+            api,
+            f"lim-{i}",
+            [
+                Alloc(
+                    device=f"gpu-{i % 2}",
+                    share_id=f"7d000000-0000-4000-8000-{i:012d}",
+                    consumed={"memory": "1Gi", "cores": "1"},
+                )
+            ],
+            [opaque(gpu_config("Limiter"))],
+        )
+        for i in range(count)
+    ]
+
+
+def test_the_agent_starts_on_a_full_state_disk_with_a_journal_pending_and_unprepares_to_free_it(
+    dirs: PluginDirs,
+) -> None:
+    api = FakeKube()
+    claims = limiter_claims(api, 6)
+    snapshot = dirs.root / "cluster.json"
+    write_snapshot(api, snapshot)
+    with small_disk(dirs.state_dir):
+        first = PluginProcess(dirs, snapshot).start()
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert {a.error for a in kubelet.prepare(*claims).values()} == {""}
+        kubelet.close()
+        first.kill_group()  # the journal is not folded into the snapshot
+        assert (dirs.state_dir / "checkpoint.json.journal").stat().st_size > 0
+        filler = fill(dirs.state_dir)
+        plugin = PluginProcess(dirs, snapshot).start()  # exited with ENOSPC before
+        try:
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert kubelet.unprepare(*claims[:3]) == {uid_of(c): "" for c in claims[:3]}
+            assert set(dirs.checkpoint().claims) == {uid_of(c) for c in claims[3:]}
+            filler.unlink()
+            assert kubelet.unprepare(*claims[3:]) == {uid_of(c): "" for c in claims[3:]}
+            kubelet.close()
+        finally:
+            code = plugin.terminate()
+        assert code == 0, plugin.log()[-3000:]
+        assert "could not fold the checkpoint's journal" in plugin.log()
+        assert dirs.checkpoint().claims == {} and dirs.claim_dirs() == []
+        assert not (dirs.state_dir / "checkpoint.json.journal").exists(), (
+            "folded at stop, once there was room"
+        )

@@ -509,6 +509,11 @@ class CheckpointStore:
                 os.unlink(tmp)
             raise filesystem_error(action, path, exc) from None
 
+    def temp_files(self) -> list[Path]:
+        """Temporary files of the snapshot's and the journal's replacements (a kill leaves them)."""
+        names = (f".{self.path.name}.tmp", f".{self.journal_path.name}.tmp")
+        return [p for p in (self.path.with_name(n) for n in names) if p.exists()]
+
     def invalidate(self) -> None:
         """Forget the cached copy (after a failed change), so the next load reads the files."""
         self._cached = None

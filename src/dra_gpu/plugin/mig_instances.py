@@ -18,6 +18,7 @@ list before, and would take the other's. Order: claim and GPU locks, then this o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
 log = logging.getLogger(__name__)
 
 STORE_NAME = "mig-instances.json"
+TEMP_PREFIX = ".mig-instances."
 LOCK_DIR_NAME = "mig-locks"
 Record = dict[str, Any]
 
@@ -70,12 +72,21 @@ class MigInstances:
 
     def _write(self, records: list[Record]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".mig-instances.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"instances": records}, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=TEMP_PREFIX, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"instances": records}, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def temp_files(self) -> list[Path]:
+        """Temporary files of the record file's writes (`.mig-instances.XXXX.tmp`): a kill leaves them."""
+        return sorted(self.path.parent.glob(f"{TEMP_PREFIX}*.tmp"))
 
     @contextmanager
     def _records(self) -> Iterator[list[Record]]:

@@ -29,6 +29,7 @@ the next sweep, tries again; the sweep goes on to the other records.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dra_gpu.inventory import GpuInfo, Inventory
-from dra_gpu.kube import KubeAPI, NotFound, objects
+from dra_gpu.kube import KubeAPI, objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
@@ -165,6 +166,8 @@ class Preparer:
         """The store's `reloads` the metrics were last computed for (they follow each write since)."""
         self._loaded: tuple[int, Checkpoint] | None = None
         """(the node lock's hold, the checkpoint loaded under it)."""
+        self._gone_once: set[str] = set()
+        """UIDs of completed records whose claims the last stale-claim sweep found gone."""
         self._calls_lock = threading.Lock()
         self._calls = 0
         """The kubelet's calls in progress."""
@@ -179,11 +182,22 @@ class Preparer:
             rebuild = checkpoint.rebuildPending or (
                 not self.store.exists() and bool(self.specs.uids_on_disk())
             )
+            for path in [*self.store.temp_files(), *self._mig.temp_files()]:
+                # Written only under the node lock, which this holds: each is from an interrupted write.
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
             if not rebuild:
                 for uid in self._uids_on_disk() - set(checkpoint.claims):
                     # Specs and directories are created after their claim's record: these are from a lost write.
                     self._remove_leftovers(uid)
-                self.store.compact()
+                try:
+                    self.store.compact()
+                except (PrepareError, OSError) as exc:  # a full disk: unprepares must still run, and free it
+                    log.warning(
+                        "could not fold the checkpoint's journal into its snapshot at start; serving with "
+                        "the journal, folded later",
+                        extra={"error": bounded(describe(exc))},
+                    )
         if rebuild:
             log.warning("rebuilding the state from the claims in the API and the files on disk")
             self._rebuild()
@@ -794,38 +808,49 @@ class Preparer:
         self._refresh_metrics()  # another process's writes, read by this round's loads
 
     def collect_stale(self) -> None:
-        """Undo records of claims that no longer exist and that the kubelet will not unprepare.
+        """Undo records of claims that the API no longer has (or has under another UID, or not allocated).
 
-        That is interrupted prepares (a failed rollback's too), and records from before a reboot (the
-        kubelet re-prepares the claims of the pods it restarts; the others may never be unprepared).
-        A record it cannot undo is counted, logged and left for the next sweep; the sweep goes on.
-        Then files no record accounts for are removed: claims' directories and specs, and the
-        temporary files of interrupted writes.
+        Every record is looked at, whatever its state and boot: the kubelet re-prepares the claims of
+        the pods it restarts after a reboot (the others may never be unprepared), a rebuild may have
+        re-adopted a claim the kubelet had already unprepared, and the lost last journal line of an
+        unprepare leaves a completed record behind. The claims are listed once, after the records were
+        read, so that a claim prepared meanwhile is not mistaken for a gone one; a record is undone
+        only if it is still the one looked at once its locks are held. Without an answer from the API
+        nothing is decided. A record it cannot undo is counted, logged and left for the next sweep;
+        the sweep goes on. A record the kubelet itself will unprepare (prepared and completed in this
+        boot) is undone only when two sweeps in a row found its claim gone, so that the kubelet's own
+        call comes first when there is one. Then files no record accounts for are removed: claims'
+        directories and specs, and the temporary files of interrupted writes.
         """
         checkpoint = self.snapshot()
         if checkpoint.rebuildPending:
             checkpoint = self._rebuild()
         failed: list[str] = []
+        live = self._live_claims() if checkpoint.claims else {}
+        suspects, self._gone_once = self._gone_once, set()
         for entry in checkpoint.claims.values():
-            if entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id:
+            if live is None:
+                self._gone_once = suspects
+                break  # no answer from the API: nothing is decided
+            obj = live.get((entry.namespace, entry.name))
+            if obj is not None and objects.uid(obj) == entry.uid and self._allocated_here(obj):
                 continue
-            try:
-                obj = self.api.get("ResourceClaim", entry.name, entry.namespace)
-                if objects.uid(obj) == entry.uid:
-                    continue
-            except NotFound:
-                pass
-            except Exception:  # API unreachable: decide next time
+            kubelets = entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id
+            if kubelets and entry.uid not in suspects:
+                self._gone_once.add(entry.uid)  # the kubelet's own unprepare may be on its way
                 continue
             claim = ClaimInfo(uid=entry.uid, namespace=entry.namespace, name=entry.name)
             try:
                 with self._claim_locked(claim, None) as current:
-                    if current is None or (
-                        current.state == ClaimState.PREPARE_COMPLETED and current.bootId == self.boot_id
-                    ):
-                        continue  # prepared again meanwhile
+                    if current is not entry:
+                        continue  # prepared again or undone meanwhile
                     log.info(
-                        "undoing an interrupted operation of a deleted claim", extra={"claim": entry.ref}
+                        "undoing the record of a claim that is gone or no longer allocated here",
+                        extra={
+                            "claim": entry.ref,
+                            "state": entry.state,
+                            "boot": entry.bootId == self.boot_id,
+                        },
                     )
                     self._undo(current)
             except Exception as exc:
@@ -838,6 +863,22 @@ class Preparer:
         if not self.snapshot().rebuildPending:
             self._remove_unrecorded()
         self._refresh_metrics()
+
+    def _live_claims(self) -> dict[tuple[str, str], dict[str, Any]] | None:
+        """The API's ResourceClaims by (namespace, name); None when the API does not answer."""
+        try:
+            items, _ = self.api.list("ResourceClaim")
+        except Exception as exc:  # API unreachable: decide next time
+            log.warning(
+                "cannot list ResourceClaims for the stale-claim sweep; will retry", extra={"error": str(exc)}
+            )
+            return None
+        return {(objects.namespace(o), objects.name(o)): o for o in items}
+
+    def _allocated_here(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the claim's allocation has a device of this driver in this node's pool (a claim the
+        scheduler deallocated can be in no pod's use)."""
+        return bool(allocation_results(obj, self.node.driver, self.pool))
 
     def _remove_unrecorded(self) -> None:
         """Claims' files no record accounts for, and temporary files of interrupted writes."""
@@ -852,7 +893,13 @@ class Preparer:
                         extra={"uid": uid[:64], "error": bounded(describe(exc))},
                     )
         cutoff = time.time() - TEMP_FILE_AGE_S
-        for path in [*self.specs.temp_files(), *claim_temp_files(self.node.state_dir / "claims")]:
+        temporary = [
+            *self.specs.temp_files(),
+            *claim_temp_files(self.node.state_dir / "claims"),
+            *self._mig.temp_files(),
+            *self.store.temp_files(),
+        ]
+        for path in temporary:
             try:
                 if path.lstat().st_mtime < cutoff:
                     path.unlink()
