@@ -4,6 +4,7 @@ front of them), and the listen backlog is a real one."""
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import socket
 import subprocess
@@ -232,3 +233,36 @@ def test_a_listener_out_of_files_rests_instead_of_spinning_and_listens_again() -
             server.wait()
     accept_lines = [line for line in lines if "accept failed" in line]
     assert 1 <= len(accept_lines) <= 2, f"{len(accept_lines)} log lines in 3 s:\n" + "\n".join(lines[:5])
+
+
+def test_scrapers_in_a_loop_share_renders_so_metrics_cost_a_bounded_share_of_the_agent() -> None:
+    registry = CollectorRegistry()
+    collector = Slow(0.05)  # a registry with many series: 50 ms a render
+    registry.register(collector)
+    http = HttpServer("127.0.0.1:0", registry, {}, workers=2)
+    http.start()
+    try:
+        url = f"http://127.0.0.1:{http.port}/metrics"
+        stop = threading.Event()
+        answers: list[int] = []
+
+        def scrape() -> None:
+            while not stop.is_set():
+                answers.append(get(url, timeout=10)[0])
+
+        scrapers = [threading.Thread(target=scrape) for _ in range(4)]
+        for thread in scrapers:
+            thread.start()
+        time.sleep(2.0)  # less than 1 / METRICS_DUTY times a render
+        stop.set()
+        for thread in scrapers:
+            thread.join(15)
+        assert len(answers) > 8 and set(answers) == {200}
+        renders = registry.get_sample_value("dra_gpu_metrics_render_seconds_count")
+        assert renders == 1, f"{renders} renders for {len(answers)} scrapes"
+        request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})  # as Prometheus asks
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.headers["Content-Encoding"] == "gzip"
+            assert b"slow_metric 1.0" in gzip.decompress(reply.read())
+    finally:
+        http.stop()
