@@ -12,10 +12,11 @@ with the count of those held back. The listen backlog is `backlog`. Health check
 memory, never behind `/metrics`: a check must not block. `/metrics` is rendered by a bounded pool of
 `workers` threads with a bounded queue; when the queue is full the request is answered 503 at once.
 Rendering takes the interpreter's lock for as long as it runs (115 ms at 2,000 claims), so scrapes
-share renders: concurrent ones wait for one render, and a body is served again until it is older
-than `1 / METRICS_DUTY` times its render took (at most `METRICS_MAX_AGE_S`). Scrapers in a loop then
-cost the agent at most 2 % of its time, however many there are. The render time is a metric itself
-(`dra_gpu_metrics_render_seconds`).
+share renders: an answer is always rendered after its request arrived, but a render starts only
+once `1 / METRICS_DUTY` times the last render's duration has passed since it ended (waiting at most
+`METRICS_MAX_WAIT_S`), and every request that arrived before it starts takes its body. Scrapers in
+a loop then cost the agent at most 2 % of its time, however many there are; they wait instead. The
+render time is a metric itself (`dra_gpu_metrics_render_seconds`).
 Every answer closes its connection (`Connection: close`), and an answer a client does not take
 within `write_timeout_s` is dropped.
 """
@@ -62,7 +63,7 @@ ACCEPT_REST_S = (0.05, 1.0)
 
 METRICS_DUTY = 0.02
 """The share of its time the process may spend rendering /metrics."""
-METRICS_MAX_AGE_S = 30.0
+METRICS_MAX_WAIT_S = 5.0
 RENDER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -149,8 +150,8 @@ class HttpServer:
         self._connection_failures = Throttle()
         self._render_lock = threading.Lock()
         self._rendered: tuple[dict[bool, bytes], float, float] | None = None
-        """The last /metrics answers (plain and gzip, each made when first asked), when they were
-        rendered (time.monotonic) and how long that took."""
+        """The last /metrics answers (plain and gzip, each made when first asked), when their render
+        started (time.monotonic) and how long it took."""
         self._render_seconds = Histogram(
             "dra_gpu_metrics_render_seconds",
             "Time to render one /metrics answer (scrapes share renders; see the HTTP endpoint).",
@@ -170,7 +171,9 @@ class HttpServer:
         self._reading: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         """Connections whose request is not complete yet, oldest first (their deadlines in order)."""
         self._writing: set[_Connection] = set()
-        self._jobs: queue.Queue[tuple[_Connection, bool, bool] | None] = queue.Queue(maxsize=queue_size)
+        self._jobs: queue.Queue[tuple[_Connection, bool, bool, float] | None] = queue.Queue(
+            maxsize=queue_size
+        )
         self._stopping = threading.Event()
         self._loop = threading.Thread(target=self._serve, name=name, daemon=True)
         self._workers = [
@@ -315,7 +318,7 @@ class HttpServer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             try:
-                self._jobs.put_nowait((conn, head_only, _accepts_gzip(head)))
+                self._jobs.put_nowait((conn, head_only, _accepts_gzip(head), time.monotonic()))
             except queue.Full:
                 self._answer(
                     conn, _response(503, b"busy: too many /metrics requests at once\n", TEXT, head_only)
@@ -377,20 +380,28 @@ class HttpServer:
             conn.sock.close()
 
     # -- the workers: /metrics ------------------------------------------------------------------------
-    def _metrics_answer(self, gzipped: bool) -> bytes:
-        """The whole answer to a /metrics GET: from the last render while it is young enough, else from
-        a new one; one render at a time (the others wait for it, and take it)."""
+    def _metrics_answer(self, gzipped: bool, asked_at: float) -> bytes:
+        """The whole answer to a /metrics GET asked at `asked_at` (time.monotonic): from a render that
+        started since, made now if there is none, once the last one is far enough behind; one render
+        at a time (the others wait for it, and take it)."""
         with self._render_lock:
-            now = time.monotonic()
-            if self._rendered is None or now - self._rendered[1] >= min(
-                METRICS_MAX_AGE_S, self._rendered[2] / METRICS_DUTY
-            ):
-                started = time.perf_counter()
+            rendered = self._rendered
+            if rendered is None or rendered[1] < asked_at:
+                if rendered is not None:
+                    _, started, took = rendered
+                    wait = started + took + took / METRICS_DUTY - time.monotonic()
+                    if wait > 0:
+                        self._stopping.wait(min(wait, METRICS_MAX_WAIT_S))
+                started = time.monotonic()
                 body = generate_latest(self._registry)
-                took = time.perf_counter() - started
+                took = time.monotonic() - started
                 self._render_seconds.observe(took)
-                self._rendered = ({False: _response(200, body, CONTENT_TYPE_LATEST)}, time.monotonic(), took)
-            answers = self._rendered[0]
+                rendered = self._rendered = (
+                    {False: _response(200, body, CONTENT_TYPE_LATEST)},
+                    started,
+                    took,
+                )
+            answers = rendered[0]
             if gzipped not in answers:
                 plain = answers[False]
                 body = plain[plain.index(b"\r\n\r\n") + 4 :]
@@ -402,9 +413,9 @@ class HttpServer:
             job = self._jobs.get()
             if job is None:
                 return
-            conn, head_only, gzipped = job
+            conn, head_only, gzipped, asked_at = job
             try:
-                data = self._metrics_answer(gzipped)
+                data = self._metrics_answer(gzipped, asked_at)
                 if head_only:
                     data = data[: data.index(b"\r\n\r\n") + 4]
             except Exception as exc:
