@@ -438,3 +438,30 @@ def test_the_agent_starts_on_a_full_state_disk_with_a_journal_pending_and_unprep
         assert not (dirs.state_dir / "checkpoint.json.journal").exists(), (
             "folded at stop, once there was room"
         )
+
+
+def test_memory_per_claim_is_not_kept_once_the_claim_is_gone(dirs: PluginDirs) -> None:
+    """Lock entries and event entries of every claim ever seen, and a second copy of every record for
+    the usage monitor, made the agent grow with the claims it has seen, not with what it holds."""
+    api = FakeKube()
+    claims = limiter_claims(api, 40)
+    failing = [add_claim(api, f"nowhere-{i}", [Alloc(device="gpu-7")]) for i in range(150)]
+    with running_plugin(dirs, api, monitor_interval_s=60) as agent:
+        preparer = agent.plugin.preparer
+        preparer.events._max_remembered = 50  # the bound, small enough to reach here
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        for claim in claims:
+            assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        monitor = agent.monitor
+        assert monitor is not None
+        held = monitor._store.load().claims
+        assert all(held[uid_of(c)] is preparer.snapshot().claims[uid_of(c)] for c in claims), "held once"
+        assert kubelet.unprepare(*claims) == {uid_of(c): "" for c in claims}
+        for start in range(0, len(failing), 50):  # claims that fail: each posts events (claim and pod)
+            answers = kubelet.prepare(*failing[start : start + 50])
+            assert all("gpu-7" in a.error for a in answers.values()), answers
+        assert len(api.objects("Event")) >= 2 * len(failing)
+        kubelet.close()
+        assert preparer.gpu_locks._locks == {}, "no lock entry for a claim nobody is working on"
+        assert len(preparer.events._last) <= 50

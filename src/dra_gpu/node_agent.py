@@ -23,7 +23,7 @@ from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.gpu_control import GpuCommands
 from dra_gpu.plugin.health import HealthProbe, StateDirCheck
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.prepare import FaultHook
+from dra_gpu.plugin.prepare import FaultHook, PreparerRecords
 from dra_gpu.slices.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class NodeAgent:
                     self.inventory,
                     self.plugin.metrics.registry,
                     self.nvml,
+                    store=PreparerRecords(self.plugin.preparer),
                 )
             if self.publish_slices:
                 self._publisher = SlicePublisher(

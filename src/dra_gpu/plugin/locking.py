@@ -116,11 +116,24 @@ class KeyLocks:
         self.directory = directory
         self.timeout_s = timeout_s
         self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        """Key -> its lock and how many callers hold or wait for it; dropped when none does, so that
+        the keys of claims long gone (one per claim UID ever seen) take no memory."""
 
-    def _lock(self, key: str) -> threading.Lock:
+    @contextmanager
+    def _lock(self, key: str) -> Iterator[threading.Lock]:
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            lock, users = self._locks.get(key) or (threading.Lock(), 0)
+            self._locks[key] = (lock, users + 1)
+        try:
+            yield lock
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
 
     @contextmanager
     def _hold_one(self, key: str, deadline: float, call_deadline: bool = False) -> Iterator[None]:
@@ -132,26 +145,26 @@ class KeyLocks:
             else f"{what} has been busy with another prepare or unprepare for more than {self.timeout_s:.0f}s "
             f"(a GPU command that does not return?)"
         )
-        lock = self._lock(key)
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise LockTimeout(busy)
-        try:
-            if key.startswith("claim:"):
-                yield
-                return
-            self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with self._lock(key) as lock:
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise LockTimeout(busy)
             try:
-                _flock(fd, deadline, busy)
-                try:
+                if key.startswith("claim:"):
                     yield
+                    return
+                self.directory.mkdir(parents=True, exist_ok=True)
+                path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    _flock(fd, deadline, busy)
+                    try:
+                        yield
+                    finally:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
             finally:
-                os.close(fd)
-        finally:
-            lock.release()
+                lock.release()
 
     @contextmanager
     def hold(self, keys: Iterable[str], deadline: float | None = None) -> Iterator[None]:

@@ -996,6 +996,18 @@ class Preparer:
                 log.warning("could not reset the GPU's settings nobody holds", extra={"error": str(exc)})
 
 
+class PreparerRecords(CheckpointStore):
+    """The preparer's checkpoint as a read-only store, for readers in the same process (the usage
+    monitor): each record is then held once in the process, not once per reader."""
+
+    def __init__(self, preparer: Preparer) -> None:
+        super().__init__(preparer.store.path)
+        self._preparer = preparer
+
+    def load(self) -> Checkpoint:
+        return self._preparer.snapshot()
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, PrepareError):
         return exc.reason
