@@ -176,6 +176,26 @@ class MigInstances:
                 with self._records() as records:
                     records[:] = [r for r in records if r != record]
 
+    def lost(self, uid: str, gpus: Sequence[GpuInfo]) -> list[str]:
+        """The claim's recorded instances that are not on their GPU any more (a reboot or a GPU reset
+        took them), each described; empty when all are there (or the claim has none)."""
+        by_uuid = {g.uuid: g for g in gpus}
+        gone = []
+        for record in [r for r in self.records() if r.get("claim") == uid]:
+            gpu = by_uuid.get(str(record["gpu"]))
+            where = (
+                f"MIG instance {record['profile']} at memory slice {record['start']} on GPU {record['gpu']}"
+            )
+            if (
+                gpu is None
+                or _at(
+                    self._live(gpu), str(record["profile"]), int(record["start"]), record.get("uuid") or None
+                )
+                is None
+            ):
+                gone.append(where)
+        return gone
+
     def reconcile(self, claims: Set[str], gpus: Sequence[GpuInfo]) -> None:
         """At start: undo the records of deleted claims the checkpoint does not have (a prepare that died)."""
         unknown = {str(r["claim"]): r for r in self.records() if str(r.get("claim")) not in claims}

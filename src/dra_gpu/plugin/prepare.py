@@ -553,11 +553,15 @@ class Preparer:
                 if obj is None:
                     if entry.bootId == self.boot_id and self.specs.exists(claim.uid):
                         return entry.devices
-                    return self._restore(entry)
-                log.info(
-                    "the claim was allocated again since it was prepared here; preparing the new allocation",
-                    extra={"claim": entry.ref, "devices": [d.device for d in entry.devices]},
-                )
+                    lost = self._mig.lost(entry.uid, self.inventory.gpus())
+                    if not lost:
+                        return self._restore(entry)
+                    obj = self._remake(entry, lost, fetched, fetch_error)
+                else:
+                    log.info(
+                        "the claim was allocated again since it was prepared here; preparing the new allocation",
+                        extra={"claim": entry.ref, "devices": [d.device for d in entry.devices]},
+                    )
             elif entry is not None:
                 log.info(
                     "finishing an interrupted operation before preparing",
@@ -571,6 +575,30 @@ class Preparer:
                     raise fetch_error
                 obj = fetched
             return self._prepare_fresh(claim, obj)
+
+    def _remake(
+        self,
+        entry: PreparedClaim,
+        lost: list[str],
+        fetched: dict[str, Any] | None,
+        fetch_error: PrepareError | None,
+    ) -> dict[str, Any]:
+        """The claim to prepare anew, when dynamic MIG instances it was prepared with are gone (a reboot):
+        a new instance has a new UUID, so the recorded spec cannot be restored as it is."""
+        if fetched is None:
+            with self.lock.hold():
+                self.specs.remove(entry.uid)  # it names the instance that is gone
+            why = fetch_error.message if fetch_error is not None else "no answer"
+            raise PrepareError(
+                f"ResourceClaim {entry.ref}: its {', '.join(lost)} was lost (a reboot or a GPU reset); it "
+                f"is made again from the claim's allocation, which could not be read: {why}",
+                reason="mig_lost",
+            )
+        log.info(
+            "the claim's dynamic MIG instances are gone (a reboot?); preparing it anew",
+            extra={"claim": entry.ref, "lost": lost},
+        )
+        return fetched
 
     def _reallocated(self, entry: PreparedClaim, fetched: dict[str, Any] | None) -> dict[str, Any] | None:
         """The claim, if the API shows it with another allocation than `entry` was prepared from.
