@@ -27,6 +27,8 @@ from pathlib import Path
 LOCK_FILE_NAME = "serialize.lock"
 GPU_LOCK_DIR_NAME = "gpu-locks"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+KEPT_FILES = 64
+"""Lock files kept open per KeyLocks: a node's GPUs (keys of MIG instances come and go beyond)."""
 
 
 class LockTimeout(Exception):
@@ -119,6 +121,8 @@ class KeyLocks:
         self._locks: dict[str, tuple[threading.Lock, int]] = {}
         """Key -> its lock and how many callers hold or wait for it; dropped when none does, so that
         the keys of claims long gone (one per claim UID ever seen) take no memory."""
+        self._files: dict[str, int] = {}
+        """Key -> its lock file, kept open (a GPU's is used by every call on it), at most KEPT_FILES."""
 
     @contextmanager
     def _lock(self, key: str) -> Iterator[threading.Lock]:
@@ -152,9 +156,7 @@ class KeyLocks:
                 if key.startswith("claim:"):
                     yield
                     return
-                self.directory.mkdir(parents=True, exist_ok=True)
-                path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd, kept = self._file(key)
                 try:
                     _flock(fd, deadline, busy)
                     try:
@@ -162,9 +164,24 @@ class KeyLocks:
                     finally:
                         fcntl.flock(fd, fcntl.LOCK_UN)
                 finally:
-                    os.close(fd)
+                    if not kept:
+                        os.close(fd)
             finally:
                 lock.release()
+
+    def _file(self, key: str) -> tuple[int, bool]:
+        """The key's lock file (its thread lock held), and whether it stays open after the hold."""
+        fd = self._files.get(key)
+        if fd is not None:
+            return fd, True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with self._guard:
+            if len(self._files) < KEPT_FILES:
+                self._files[key] = fd
+                return fd, True
+        return fd, False
 
     @contextmanager
     def hold(self, keys: Iterable[str], deadline: float | None = None) -> Iterator[None]:
