@@ -204,7 +204,7 @@ def test_a_call_answers_before_its_deadline_with_the_claims_not_started(
             time.sleep(0.2)
 
     with running_plugin(dirs, api, fault_hook=slow):
-        kubelet = Kubelet(dirs.registration_dir, timeout_s=1.5)
+        kubelet = Kubelet(dirs.registration_dir, timeout_s=2.0)
         kubelet.register()
         answers = kubelet.prepare(*claims)  # in time: no DEADLINE_EXCEEDED
         prepared = {uid for uid, a in answers.items() if a.error == ""}

@@ -93,7 +93,7 @@ DEADLINE_PASSED = (
     "kubelet's next call does it"
 )
 CANCELLED = "not started: the kubelet cancelled the call; its next call does it"
-ANSWER_MARGIN_S = (0.25, 2.0)
+ANSWER_MARGIN_S = (0.5, 2.0)
 """Time kept before a call's deadline to answer it (at least, at most; 5 % of the call's time between)."""
 
 
