@@ -120,6 +120,12 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
+def rss_kib(pid: int) -> int:
+    """The resident memory of `pid`, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
 def serve(root: Path, cdi_dir: Path, claims: int, kept: int, gpus: int, monitor: bool) -> int:
     """The agent's process: the agent, its API fake with `claims` limiter claims to measure with and
     `kept` more to prepare first, until stdin closes."""
@@ -218,7 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         kept = [dra_v1.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in info["kept"]]
         with grpc.insecure_channel(f"unix://{info['socket']}") as channel:
             stub = dra_v1_grpc.DRAPluginStub(channel)
+            rss = rss_kib(info["pid"])
             prepare_kept(stub, kept)
+            if kept:
+                time.sleep(6 if args.scrapers else 0)  # a sampling of the usage monitor over them all
+                grown = rss_kib(info["pid"]) - rss
+                print(
+                    f"  the agent's memory grew by {grown / 1024:.1f} MiB, {grown / len(kept):.1f} KiB a claim"
+                )
             with Scrapers(info["http_port"], args.scrapers) as scrapers:
                 goals = measure(stub, info["pid"], claims[0], claims[1:], args)
             scrapers.report()
