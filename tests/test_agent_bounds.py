@@ -107,6 +107,11 @@ def limits(pid: int) -> tuple[int, int]:
 @contextlib.contextmanager
 def flood(port: int, count: int) -> Iterator[list[socket.socket]]:
     """`count` connections that never send a byte (a slow client), opened without waiting on any."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 256:  # this process needs the files for its side of the connections
+        if hard != resource.RLIM_INFINITY and hard < count + 256:
+            pytest.skip(f"this process may open only {hard} files; the flood needs {count + 256}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count + 256, hard))
     held: list[socket.socket] = []
     try:
         for _ in range(count):
