@@ -1,25 +1,31 @@
-"""Kubelet-plugin latency: prepare+unprepare of one limiter-mode claim over gRPC, as the kubelet sees it.
+"""Kubelet-plugin latency and CPU: prepare+unprepare of one limiter-mode claim over gRPC, as the kubelet sees it.
 
-The plugin runs in a process of its own on temporary directories (real unix sockets, real gRPC, real
-CDI and checkpoint files; its API server is the in-memory fake, its GPUs simulated), and this process
-acts as the kubelet. It prints the median and 99th percentile of one prepare+unprepare round trip,
-then the claims per second that 16 concurrent callers get, each preparing and unpreparing its own
-limiter claim (calls are serialised per node, so this measures the lock's overhead and fairness, not
-parallelism). With `--prepared N` the plugin first prepares N other limiter claims (8 GPUs with 50
-shares each is a realistic node at 400) and keeps them while it measures: the goal is the same as
-with none, because a call's work must not grow with the claims the node already has.
+The node agent runs in a process of its own on temporary directories (real unix sockets, real gRPC,
+real CDI and checkpoint files; its API server is the in-memory fake, its GPUs simulated), and this
+process acts as the kubelet. It prints the median and 99th percentile of one prepare+unprepare round
+trip and the agent's CPU time per round trip (all its threads, read from /proc/PID/task/*/schedstat
+before and after each call), then the claims per second that 16 concurrent callers get, each
+preparing and unpreparing its own limiter claim (calls are serialised per node, so this measures the
+lock's overhead and fairness, not parallelism). With `--prepared N` the agent first prepares N other
+limiter claims (50 per GPU; `--gpus` GPUs) and keeps them while it measures: the goal is the same as
+with none, because a call's work must not grow with the claims the node already has. With
+`--scrapers K`, K clients scrape the agent's /metrics in a loop all along (the usage monitor is on,
+so every claim has its series), and the size and render time of /metrics are printed too.
 
 The CDI directory is put on a tmpfs (`/dev/shm`) where there is one, as `/var/run/cdi` is on a
 node; the state directory (checkpoint, per-claim directories) stays on the disk, as on a node.
 
     .venv/bin/python bench/prepare.py [--runs 500] [--callers 16] [--seconds 5] [--prepared 0]
+        [--gpus 8] [--scrapers 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
+import os
 import shutil
 import statistics
 import subprocess
@@ -27,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +42,20 @@ import grpc
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin import KubeletPlugin, PluginConfig
+from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.proto import dra_v1, dra_v1_grpc
 
 GOAL_P99_MS = 10.0
+GOAL_CPU_MS = 3.0
 NODE = "bench-node"
-PROFILE = "8xH100-80GB"
 GPUS = 8
+PER_GPU = 50
+"""Claims of `--prepared` per GPU (each 1 % of its compute and 1 GiB)."""
 MEASURED = {"memory": "2Gi", "cores": "5"}
 """What each measured claim consumes: 17 of them (one + 16 callers) take at most 15 % of a GPU."""
 KEPT = {"memory": "1Gi", "cores": "1"}
-"""What each claim of `--prepared` consumes: 50 per GPU take half of each (400 on 8 GPUs)."""
+"""What each claim of `--prepared` consumes: 50 per GPU take half of each."""
 BATCH = 25
 """Claims per call while preparing `--prepared` (a pod's worth is a few; this only saves time)."""
 
@@ -99,15 +108,33 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def serve(root: Path, cdi_dir: Path, claims: int, kept: int) -> int:
-    """The plugin's process: the plugin, its API fake with `claims` limiter claims to measure with and
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid` so far, in nanoseconds (schedstat: exact, not in ticks)."""
+    total = 0
+    for task in os.scandir(f"/proc/{pid}/task"):
+        try:
+            with open(f"{task.path}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def rss_kib(pid: int) -> int:
+    """The resident memory of `pid`, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def serve(root: Path, cdi_dir: Path, claims: int, kept: int, gpus: int, monitor: bool) -> int:
+    """The agent's process: the agent, its API fake with `claims` limiter claims to measure with and
     `kept` more to prepare first, until stdin closes."""
     logging.disable(logging.INFO)
     library = root / "lib" / "libdragpu-limiter.so.0.1.0"
     library.parent.mkdir(parents=True)
     library.write_bytes(b"stand-in")
     api = FakeKube()
-    config = PluginConfig(
+    config = NodeAgentConfig(
         node_name=NODE,
         state_dir=root / "state",
         cdi_dir=cdi_dir,
@@ -117,18 +144,22 @@ def serve(root: Path, cdi_dir: Path, claims: int, kept: int) -> int:
         nvidia_ctk_dirs=(),
         dev_root=root / "host",
         boot_id="bench",
+        http_address="127.0.0.1:0",
+        monitor_interval_s=5.0 if monitor else 0.0,
     )
-    plugin = KubeletPlugin(
-        config, api, SimulatedInventory(PROFILE, seed=NODE), SimulatedCommands(state_file=None)
+    agent = NodeAgent(
+        config, api, SimulatedInventory(f"{gpus}xH100-80GB", seed=NODE), SimulatedCommands(state_file=None)
     )
-    plugin.start()
-    refs = [limiter_claim(api, f"bench-{i}", f"gpu-{i % GPUS}", i) for i in range(claims)]
-    others = [limiter_claim(api, f"kept-{i}", f"gpu-{i % GPUS}", claims + i, KEPT) for i in range(kept)]
+    agent.start()
+    refs = [limiter_claim(api, f"bench-{i}", f"gpu-{i % gpus}", i) for i in range(claims)]
+    others = [limiter_claim(api, f"kept-{i}", f"gpu-{i % gpus}", claims + i, KEPT) for i in range(kept)]
     ready = root / "claims.json"
     ready.with_suffix(".tmp").write_text(
         json.dumps(
             {
                 "socket": str(config.service_socket),
+                "http_port": agent.http_port,
+                "pid": os.getpid(),
                 "claims": [[c.namespace, c.name, c.uid] for c in refs],
                 "kept": [[c.namespace, c.name, c.uid] for c in others],
             }
@@ -138,7 +169,7 @@ def serve(root: Path, cdi_dir: Path, claims: int, kept: int) -> int:
     try:
         sys.stdin.read()  # until the benchmark closes our stdin
     finally:
-        plugin.stop(grace_s=0)
+        agent.stop(grace_s=0)
     return 0
 
 
@@ -150,14 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prepared", type=int, default=0, help="other claims to prepare first and keep while measuring"
     )
-    parser.add_argument(
-        "--serve", nargs=4, metavar=("ROOT", "CDI_DIR", "CLAIMS", "KEPT"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--gpus", type=int, default=GPUS, help="simulated GPUs of the node")
+    parser.add_argument("--scrapers", type=int, default=0, help="clients scraping /metrics in a loop")
+    parser.add_argument("--serve", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        return serve(Path(args.serve[0]), Path(args.serve[1]), int(args.serve[2]), int(args.serve[3]))
-    if args.prepared > 50 * GPUS:
-        parser.error(f"--prepared: at most {50 * GPUS} (50 claims of 1 % on each of {GPUS} GPUs)")
+        root, cdi, claims, kept, gpus, monitor = args.serve
+        return serve(Path(root), Path(cdi), int(claims), int(kept), int(gpus), monitor == "1")
+    if args.prepared > PER_GPU * args.gpus:
+        parser.error(
+            f"--prepared: at most {PER_GPU * args.gpus} ({PER_GPU} claims of 1 % on each of {args.gpus} GPUs); "
+            f"give more --gpus"
+        )
 
     root = Path(tempfile.mkdtemp(prefix="dg-bench-", dir="/tmp"))
     tmpfs = Path("/dev/shm")
@@ -171,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             str(cdi_root),
             str(args.callers + 1),
             str(args.prepared),
+            str(args.gpus),
+            "1" if args.scrapers else "0",
         ],
         stdin=subprocess.PIPE,
     )
@@ -187,17 +224,24 @@ def main(argv: list[str] | None = None) -> int:
         kept = [dra_v1.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in info["kept"]]
         with grpc.insecure_channel(f"unix://{info['socket']}") as channel:
             stub = dra_v1_grpc.DRAPluginStub(channel)
+            rss = rss_kib(info["pid"])
             prepare_kept(stub, kept)
-            p99 = measure(stub, claims[0], claims[1:], args)
+            if kept:
+                time.sleep(6 if args.scrapers else 0)  # a sampling of the usage monitor over them all
+                grown = rss_kib(info["pid"]) - rss
+                print(
+                    f"  the agent's memory grew by {grown / 1024:.1f} MiB, {grown / len(kept):.1f} KiB a claim"
+                )
+            with Scrapers(info["http_port"], args.scrapers) as scrapers:
+                goals = measure(stub, info["pid"], claims[0], claims[1:], args)
+            scrapers.report()
     finally:
         assert server.stdin is not None
         server.stdin.close()
         server.wait(timeout=30)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(cdi_root, ignore_errors=True)
-    if p99 is None:
-        return 1
-    return 0 if p99 < GOAL_P99_MS else 1
+    return 0 if goals else 1
 
 
 def prepare_kept(stub: Any, kept: list[Any]) -> None:
@@ -214,20 +258,73 @@ def prepare_kept(stub: Any, kept: list[Any]) -> None:
     print(f"{len(kept)} other claims prepared first, in {time.perf_counter() - started:.1f} s")
 
 
-def measure(stub: Any, single: Any, claims: list[Any], args: argparse.Namespace) -> float | None:
+class Scrapers:
+    """`count` clients scraping /metrics in a loop while the measurement runs."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._scrape) for _ in range(count)]
+        self.scrapes = 0
+        self.body = b""
+
+    def _scrape(self) -> None:
+        while not self.stop.is_set():
+            request = urllib.request.Request(self.url, headers={"Accept-Encoding": "gzip"})  # as Prometheus
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                body = reply.read()
+                self.body = gzip.decompress(body) if reply.headers["Content-Encoding"] == "gzip" else body
+            self.scrapes += 1
+
+    def __enter__(self) -> Scrapers:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def report(self) -> None:
+        if not self.threads:
+            return
+        with urllib.request.urlopen(self.url, timeout=30) as reply:
+            text = reply.read().decode()
+        samples = dict(
+            line.rsplit(" ", 1)
+            for line in text.splitlines()
+            if line.startswith("dra_gpu_metrics_render_seconds_") and not line.startswith("#")
+        )
+        count = float(samples.get("dra_gpu_metrics_render_seconds_count", 0))
+        total = float(samples.get("dra_gpu_metrics_render_seconds_sum", 0))
+        print(
+            f"{len(self.threads)} clients scraped /metrics {self.scrapes} times meanwhile: "
+            f"{len(self.body) / 1024:.0f} KiB, {count:.0f} renders of {1000 * total / max(count, 1):.0f} ms each"
+        )
+
+
+def measure(stub: Any, pid: int, single: Any, claims: list[Any], args: argparse.Namespace) -> bool:
     for _ in range(min(50, args.runs)):
         cycle(stub, single)  # warm up caches and connections
-    samples = []
+    samples, cpu = [], []
     for _ in range(args.runs):
+        cpu_before = cpu_ns(pid)
         started = time.perf_counter()
         cycle(stub, single)
         samples.append((time.perf_counter() - started) * 1000)
+        cpu.append((cpu_ns(pid) - cpu_before) / 1e6)
     median, p99 = statistics.median(samples), percentile(samples, 0.99)
+    cpu_median, cpu_p99 = statistics.median(cpu), percentile(cpu, 0.99)
     print(
         f"prepare+unprepare of one limiter claim over gRPC ({args.runs} runs, "
-        f"{args.prepared} other claims prepared):"
+        f"{args.prepared} other claims prepared, {args.scrapers} scrapers):"
     )
-    print(f"  median {median:.2f} ms, p99 {p99:.2f} ms (goal: p99 < {GOAL_P99_MS:.0f} ms)")
+    print(f"  latency median {median:.2f} ms, p99 {p99:.2f} ms (goal: p99 < {GOAL_P99_MS:.0f} ms)")
+    print(
+        f"  agent CPU per call median {cpu_median:.2f} ms, p99 {cpu_p99:.2f} ms, mean "
+        f"{statistics.fmean(cpu):.2f} ms (goal: median <= {GOAL_CPU_MS:.0f} ms)"
+    )
 
     done = [0] * len(claims)
     failures: list[str] = []
@@ -261,8 +358,8 @@ def measure(stub: Any, single: Any, claims: list[Any], args: argparse.Namespace)
     )
     if failures:
         print(f"  {len(failures)} failures, first: {failures[0]}")
-        return None
-    return p99
+        return False
+    return p99 < GOAL_P99_MS and cpu_median <= GOAL_CPU_MS
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -455,6 +456,8 @@ class PluginProcess:
     extra_args: tuple[str, ...] = ()
     """More `serve` options, e.g. `--mps-control PATH` to drive real (stand-in) GPU tools, or
     `--http-address 127.0.0.1:0` (the bound port is then in `<root>/http-port`)."""
+    nofile: tuple[int, int] | None = None
+    """The (soft, hard) RLIMIT_NOFILE to start with, e.g. (1024, 1024) as a container may get it."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -481,7 +484,11 @@ class PluginProcess:
         with open(self.log_path, "wb") as log_file:
             # A process group of its own, as a container's processes are: `kill_group` kills it all.
             self.process = subprocess.Popen(
-                argv, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=None if self.nofile is None else self._limit_files,
             )
         ready = self.dirs.root / "ready"
         deadline = time.monotonic() + wait_s
@@ -493,6 +500,10 @@ class PluginProcess:
             time.sleep(0.02)
         ready.unlink()
         return self
+
+    def _limit_files(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

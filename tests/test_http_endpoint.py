@@ -4,9 +4,11 @@ front of them), and the listen backlog is a real one."""
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 from plugin_harness import PluginDirs, PluginProcess, running_plugin, write_snapshot
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from dra_gpu.http_endpoint import HttpServer, bool_check
@@ -173,3 +175,94 @@ def test_the_agents_healthz_answers_from_its_last_probe_at_once(
         dirs.service_socket.unlink()
         status, body = get(f"{base}/healthz", timeout=1)
         assert status == 503 and b"dra.sock does not exist" in body
+
+
+EXHAUSTED_SERVER = """
+import logging, os, resource, sys, time
+from prometheus_client import CollectorRegistry, Counter
+from dra_gpu.http_endpoint import HttpServer, bool_check
+from dra_gpu.logs import setup_logging
+
+setup_logging("info", "text")
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+http = HttpServer("127.0.0.1:0", CollectorRegistry(), {"/healthz": bool_check(lambda: True)})
+http.start()
+taken = []
+while True:  # the process's other work has taken every file
+    try:
+        taken.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+print(http.port, flush=True)
+sys.stdin.readline()  # until the test has flooded it for a while
+for fd in taken:
+    os.close(fd)
+print("freed", flush=True)
+sys.stdin.readline()
+http.stop()
+"""
+
+
+def test_a_listener_out_of_files_rests_instead_of_spinning_and_listens_again() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", EXHAUSTED_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdin is not None and server.stdout is not None and server.stderr is not None
+    try:
+        port = int(server.stdout.readline())
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
+        time.sleep(3)  # accept fails with EMFILE all along
+        server.stdin.write("\n")
+        server.stdin.flush()
+        assert server.stdout.readline().strip() == "freed"
+        status, body = get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert (status, body) == (200, b"ok\n"), "the listener accepts again once files are free"
+        for sock in socks:
+            sock.close()
+        server.stdin.write("\n")
+        server.stdin.flush()
+        assert server.wait(timeout=20) == 0
+        lines = server.stderr.read().splitlines()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    accept_lines = [line for line in lines if "accept failed" in line]
+    assert 1 <= len(accept_lines) <= 2, f"{len(accept_lines)} log lines in 3 s:\n" + "\n".join(lines[:5])
+
+
+def test_scrapers_in_a_loop_share_renders_so_metrics_cost_a_bounded_share_of_the_agent() -> None:
+    registry = CollectorRegistry()
+    counter = Counter("scrapes_seen", "changes between scrapes", registry=registry)
+    registry.register(Slow(0.02))  # a registry with many series: 20 ms a render
+    http = HttpServer("127.0.0.1:0", registry, {}, workers=2)
+    http.start()
+    try:
+        url = f"http://127.0.0.1:{http.port}/metrics"
+        answers: list[int] = []
+
+        def scrape() -> None:
+            for _ in range(3):
+                answers.append(get(url, timeout=10)[0])
+
+        scrapers = [threading.Thread(target=scrape) for _ in range(4)]
+        for thread in scrapers:
+            thread.start()
+        for thread in scrapers:
+            thread.join(30)
+        assert answers == [200] * 12
+        renders = registry.get_sample_value("dra_gpu_metrics_render_seconds_count")
+        assert renders is not None and renders <= 4, f"{renders} renders for 12 scrapes"
+
+        counter.inc()  # an answer is rendered after its request: it shows what changed before
+        request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})  # as Prometheus asks
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.headers["Content-Encoding"] == "gzip"
+            text = gzip.decompress(reply.read())
+        assert b"slow_metric 1.0" in text and b"scrapes_seen_total 1.0" in text
+    finally:
+        http.stop()

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from waiting import wait_for
 
-from dra_gpu.kube import AlreadyExists, ApiError, Conflict, Forbidden, Gone, Invalid, NotFound
+from dra_gpu.kube import AlreadyExists, ApiError, Conflict, Forbidden, Gone, Invalid, NotFound, objects
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
@@ -55,6 +55,13 @@ class Request:
         self.method, self.path, self.query, self.body = method, path, query, body
 
 
+class RawAnswer(Exception):
+    """Answer 200 with these bytes as they are."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
 class ApiServer:
     """A kube-apiserver look-alike on 127.0.0.1 in front of a FakeKube."""
 
@@ -66,6 +73,8 @@ class ApiServer:
         self.watch_status: tuple[int, str, str] | None = None
         """When set, the next watch is refused with this HTTP status (code, reason, message)."""
         self.watch_closed = threading.Event()
+        self.raw_lists: dict[str, bytes] = {}
+        """Kind -> the body a list of that kind answers, as given (e.g. JSON the fake cannot hold)."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -116,6 +125,9 @@ class ApiServer:
         except ApiError as exc:
             self.send(h, exc.status, status_body(exc.status, exc.reason, exc.message))
             return
+        except RawAnswer as raw:
+            self.send(h, 200, raw.body)
+            return
         self.send(h, code, json.dumps(answer).encode())
 
     @staticmethod
@@ -145,6 +157,8 @@ class ApiServer:
         label = _first(query, "labelSelector")
         if method == "GET" and name:
             return 200, self.fake.get(kind, name, namespace)
+        if method == "GET" and kind in self.raw_lists:
+            raise RawAnswer(self.raw_lists[kind])
         if method == "GET":
             items, rv = self.fake.list(kind, namespace, field, label)
             for item in items:  # a real list leaves kind and apiVersion off its items
@@ -400,3 +414,39 @@ def test_the_controllers_informer_works_over_the_real_client(server: ApiServer, 
     finally:
         stop.set()
         thread.join(5)
+
+
+def deep_json(levels: int) -> str:
+    """Opaque parameters nested `levels` deep (2 bytes a level: valid for the API server, whose limit is
+    10,000 levels and 1.5 MiB)."""
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+def test_one_claim_nested_a_thousand_levels_fails_itself_never_the_list(
+    server: ApiServer, client: KubeClient
+) -> None:
+    good = [
+        json.dumps({"metadata": {"name": f"ok-{i}", "namespace": "a", "uid": f"u{i}"}, "spec": {"x": "[{"}})
+        for i in range(3)
+    ]
+    odd = (
+        '{"metadata":{"name":"odd","namespace":"a","uid":"u9"},"spec":{"devices":{"config":[{"opaque":'
+        '{"driver":"other.example.com","parameters":' + deep_json(1000) + "}}]}}}"
+    )
+    server.raw_lists["ResourceClaim"] = (
+        '{"kind":"ResourceClaimList","metadata":{"resourceVersion":"7"},"items":['
+        + ",".join([good[0], odd, *good[1:]])
+        + "]}"
+    ).encode()
+    items, rv = client.list("ResourceClaim")
+    assert rv == "7" and [objects.name(i) for i in items] == ["ok-0", "odd", "ok-1", "ok-2"]
+    assert [i["spec"] for i in items if objects.name(i) != "odd"] == [{"x": "[{"}] * 3
+    _, parameters = objects.opaque_parameters(objects.claim_configs(items[1])[0])
+    depth = 0
+    while isinstance(parameters, dict):
+        parameters, depth = parameters["a"], depth + 1
+    assert parameters == objects.TOO_DEEP and depth < objects.MAX_DEPTH
+
+    server.watch_lines = [b'{"type":"ADDED","object":' + odd.encode() + b"}\n"]
+    events = list(client.watch("ResourceClaim", timeout_s=5))
+    assert [objects.name(e["object"]) for e in events] == ["odd"]

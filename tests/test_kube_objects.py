@@ -58,3 +58,16 @@ def test_a_stored_slice_reads_its_pool_node_and_devices() -> None:
     assert objects.capacity_value(objects.device_capacity(devices[0])["memory"]) == "80Gi"
     assert "string" in objects.device_attribute(devices[0], "architecture")
     assert objects.device_attribute(devices[0], "no-such-attribute") == {}
+
+
+def test_capping_depth_keeps_strings_with_brackets_and_escapes_whole() -> None:
+    text = '{"a":"}{][\\"","b":[[[1]]],"c":{"d":{"e":2}}}'
+    assert objects.cap_depth(text, 10) == text
+    assert json.loads(objects.cap_depth(text, 2)) == {
+        "a": '}{]["',
+        "b": [objects.TOO_DEEP],
+        "c": {"d": objects.TOO_DEEP},
+    }
+    deep = "[" * 100_000 + "]" * 100_000  # far past any recursion limit: decoded all the same
+    assert json.loads(objects.cap_depth(deep, 3)) == [[[objects.TOO_DEEP]]]
+    assert objects.loads(deep.encode()) == objects.loads(objects.cap_depth(deep, objects.MAX_DEPTH))

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from dra_gpu.logs import setup_logging
+from dra_gpu.logs import Throttle, setup_logging
 
 
 def test_json_lines_carry_the_fields_given_with_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,3 +36,14 @@ def test_a_closed_stream_from_setup_time_does_not_break_later_logging(
     monkeypatch.setattr("sys.stderr", second)
     logging.getLogger("dra_gpu.test").warning("still heard", extra={"node": "n1"})
     assert "still heard node=n1" in second.getvalue()
+
+
+def test_a_throttle_lets_one_line_through_per_interval_and_counts_the_others() -> None:
+    now = [100.0]
+    throttle = Throttle(interval_s=10.0, clock=lambda: now[0])
+    assert throttle.allow() == 0, "the first occurrence is logged at once"
+    for _ in range(5000):  # a client making the agent fail as fast as it can
+        assert throttle.allow() is None
+    now[0] += 10.0
+    assert throttle.allow() == 5000, "the next line says how many were held back"
+    assert throttle.allow() is None

@@ -24,6 +24,7 @@ from plugin_harness import (
 
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.inventory.mig_profiles import MIG_TABLES
+from dra_gpu.kube import ApiError
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.mig_instances import STORE_NAME
@@ -293,3 +294,64 @@ def test_a_static_mig_instance_is_shared_by_time_slicing_or_mps(dirs, api, kubel
         assert [c[1] for c in started] == ([first.uuid] if strategy == "MPS" else [])
         assert not [c for c in commands.calls if c[0] == "set_compute_mode"]
         assert all(not error for error in kubelet.unprepare(*claims).values())
+
+
+def power_cycle(dirs: PluginDirs) -> None:
+    """A reboot of the simulated node: the GPUs' dynamic MIG instances are gone (UUIDs are not reused)."""
+    state = json.loads(dirs.simulated_state.read_text())
+    state["mig"] = {}
+    state["migInUse"] = {}
+    dirs.simulated_state.write_text(json.dumps(state))
+
+
+def test_after_a_reboot_the_kubelets_re_prepare_makes_the_dynamic_instance_again(
+    dirs, api, kubelet, dynamic
+) -> None:
+    inventory, commands, gpu = dynamic
+    claim = mig_claim(api)
+    with running_plugin(dirs, api, inventory=inventory, commands=commands):
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        (before,) = commands.mig_instances(gpu)
+    kubelet.close()
+    power_cycle(dirs)
+    with running_plugin(dirs, api, inventory=inventory, commands=commands, boot_id="boot-2"):
+        kubelet.register()
+        response = kubelet.prepare(claim)[uid_of(claim)]
+        assert response.error == ""
+        (made,) = commands.mig_instances(gpu)
+        assert (made.profile, made.start) == ("3g.40gb", 4) and made.uuid != before.uuid
+        container = resolve(dirs, cdi_ids(response))
+        assert container.env["DRAGPU_DEVICE_GPU_0_MIG_3G40GB_4"] == made.uuid, "the spec names the new one"
+        assert {cap(0, made.gi_id), cap(0, made.gi_id, made.ci_id)} <= {
+            n.path for n in container.device_nodes
+        }
+        assert kubelet.unprepare(claim) == {uid_of(claim): ""}
+        assert commands.mig_instances(gpu) == [] and dirs.spec_files() == []
+
+
+class NoApi(FakeKube):
+    """An API server that does not answer."""
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        raise ApiError("connection refused")
+
+    def list(self, kind: str, *args: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+        raise ApiError("connection refused")
+
+
+def test_after_a_reboot_without_the_api_the_re_prepare_refuses_with_the_reason(
+    dirs, api, kubelet, dynamic
+) -> None:
+    inventory, commands, gpu = dynamic
+    claim = mig_claim(api)
+    with running_plugin(dirs, api, inventory=inventory, commands=commands):
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+    kubelet.close()
+    power_cycle(dirs)
+    with running_plugin(dirs, NoApi(), inventory=inventory, commands=commands, boot_id="boot-2"):
+        kubelet.register()
+        error = kubelet.prepare(claim)[uid_of(claim)].error
+        assert "MIG instance" in error and "lost" in error and "connection refused" in error, error
+        assert commands.mig_instances(gpu) == [] and dirs.spec_files() == []

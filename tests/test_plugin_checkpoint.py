@@ -193,6 +193,22 @@ class BrokenList(FakeKube):
         raise ApiError("connection refused")
 
 
+class Unreachable(FakeKube):
+    """An API server that does not answer at all."""
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        raise ApiError("connection refused")
+
+    def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        raise ApiError("connection refused")
+
+
 def test_without_the_api_the_rebuild_removes_nothing_and_unprepare_cleans_up(dirs: PluginDirs) -> None:
     api = FakeKube()
     _, lim, ts = prepare_three(dirs, api)
@@ -235,9 +251,7 @@ def test_a_lost_spec_is_rewritten_without_the_api(dirs: PluginDirs) -> None:
     api = FakeKube()
     claims = prepare_three(dirs, api)
     (dirs.cdi_dir / dirs.spec_files()[0]).unlink()
-    for claim in claims:
-        api.delete("ResourceClaim", claim["metadata"]["name"], "default")
-    with running_plugin(dirs, api):
+    with running_plugin(dirs, Unreachable()):
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
         answers = kubelet.prepare(*claims)
@@ -374,3 +388,50 @@ def test_a_checkpoint_damaged_while_running_is_rebuilt_by_the_next_call(dirs: Pl
 
         wait_for(rebuilt, what="the claims rebuilt from the damaged checkpoint")
     assert len(list(dirs.state_dir.glob("checkpoint.json.corrupt-*"))) == 1
+
+
+def test_a_rebuild_that_readopted_an_unprepared_claim_has_its_record_collected_once_the_claim_is_gone(
+    dirs: PluginDirs,
+) -> None:
+    """The kubelet unprepared the MPS claim, then the checkpoint was lost while the API still listed the
+    claim as reserved: the rebuild prepares it again, and no kubelet call will ever unprepare it. Once
+    the claim is deleted, the sweep undoes the record (MPS daemon, compute mode), so that a whole-GPU
+    claim fits on the GPU again."""
+    api = FakeKube()
+    mps, _, _ = prepare_three(dirs, api)
+    with running_plugin(dirs, api, stale_claim_interval_s=3600):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.unprepare(mps) == {uid_of(mps): ""}
+        kubelet.close()
+    (dirs.state_dir / "checkpoint.json").write_text("corrupt")
+    with running_plugin(dirs, api, stale_claim_interval_s=3600) as plugin:
+        assert uid_of(mps) in dirs.checkpoint().claims, "re-adopted: the API says it is reserved"
+        assert GPU0 in simulated_gpu_state(dirs)["mps"]
+        api.delete("ResourceClaim", "mps", "default")
+        plugin.plugin.preparer.collect_stale()  # the first sweep to find it gone leaves it to the kubelet
+        plugin.plugin.preparer.collect_stale()
+        assert uid_of(mps) not in dirs.checkpoint().claims
+        state = simulated_gpu_state(dirs)
+        assert GPU0 not in state["mps"] and GPU0 not in state["computeMode"]
+        whole = add_claim(api, "whole", [Alloc(device="gpu-0")])
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(whole)[uid_of(whole)].error == ""
+        kubelet.close()
+
+
+def test_a_completed_record_of_a_deallocated_claim_is_collected(
+    dirs: PluginDirs,
+) -> None:
+    api = FakeKube()
+    _, lim, ts = prepare_three(dirs, api)
+    deallocated = api.get("ResourceClaim", "ts", "default")
+    deallocated["status"] = {}
+    api.update_status("ResourceClaim", deallocated)
+    with running_plugin(dirs, api, stale_claim_interval_s=3600) as plugin:
+        plugin.plugin.preparer.collect_stale()
+        plugin.plugin.preparer.collect_stale()
+        assert uid_of(ts) not in dirs.checkpoint().claims
+        assert uid_of(lim) in dirs.checkpoint().claims, "allocated here and in the API: kept"
+        assert simulated_gpu_state(dirs)["timeslice"] == {}

@@ -158,3 +158,19 @@ def test_file_system_errors_name_the_file_and_the_errno_in_words(
         unblock(journal)
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         assert kubelet.unprepare(claim) == {uid_of(claim): ""}
+
+
+def test_temporary_files_of_the_mig_record_and_the_checkpoint_left_by_kills_are_removed_at_start(
+    dirs: PluginDirs, api: FakeKube
+) -> None:
+    dirs.state_dir.mkdir(parents=True)
+    left = [
+        dirs.state_dir / ".mig-instances.k2j3h4g5.tmp",
+        dirs.state_dir / ".mig-instances.a8s7d6f5.tmp",
+        dirs.state_dir / ".checkpoint.json.tmp",
+        dirs.state_dir / ".checkpoint.json.journal.tmp",
+    ]
+    for path in left:
+        path.write_text("{")  # written only under the node lock: at start, each is a kill's leftover
+    with running_plugin(dirs, api, stale_claim_interval_s=3600):
+        assert [p.name for p in left if p.exists()] == []

@@ -181,7 +181,9 @@ def test_killed_during_unprepare_of_deleted_claims_then_cleaned_on_retry(cluster
     for claim in cluster.claims:  # the pod is gone and so are its claims: unprepare must not need them
         cluster.api.delete("ResourceClaim", claim["metadata"]["name"], "default")
     write_snapshot(cluster.api, snapshot)
-    doomed = PluginProcess(dirs, snapshot, crash_at=step).start()
+    # Without an answer from the API (no snapshot to read), so that the stale-claim sweep at start,
+    # which would undo the records of the deleted claims itself, leaves them to the kubelet's call.
+    doomed = PluginProcess(dirs, dirs.root / "unreachable.json", crash_at=step).start()
     kubelet = kubelet_for(dirs)
     with pytest.raises(grpc.RpcError):
         kubelet.unprepare(*cluster.claims)

@@ -3,10 +3,20 @@
 It stays answerable whatever its clients do. One thread accepts connections and reads their
 requests without blocking on any of them; a request must arrive whole within `read_timeout_s` of
 its connection, or the connection is closed (so idle or slow connections cost no thread, and at
-most `max_connections` are open: past that the oldest unfinished one is dropped). The listen backlog
-is `backlog`. Health checks are answered by that thread at once, from what the checks know in
+most `max_connections` are open: past that the oldest unfinished one is dropped). `max_connections`
+is also kept to a quarter of the process's open-file limit, so that a flood of connections never
+takes the files that the kubelet's calls need: a flood costs the flooder its oldest connections.
+Should accepting fail for want of files all the same, the listener rests for a while (doubling,
+up to a second) instead of spinning, and such failures are logged at most once per ten seconds
+with the count of those held back. The listen backlog is `backlog`. Health checks are answered by that thread at once, from what the checks know in
 memory, never behind `/metrics`: a check must not block. `/metrics` is rendered by a bounded pool of
 `workers` threads with a bounded queue; when the queue is full the request is answered 503 at once.
+Rendering takes the interpreter's lock for as long as it runs (115 ms at 2,000 claims), so scrapes
+share renders: an answer is always rendered after its request arrived, but a render starts only
+once `1 / METRICS_DUTY` times the last render's duration has passed since it ended (waiting at most
+`METRICS_MAX_WAIT_S`), and every request that arrived before it starts takes its body. Scrapers in
+a loop then cost the agent at most 2 % of its time, however many there are; they wait instead. The
+render time is a metric itself (`dra_gpu_metrics_render_seconds`).
 Every answer closes its connection (`Connection: close`), and an answer a client does not take
 within `write_timeout_s` is dropped.
 """
@@ -15,8 +25,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import gzip
 import logging
 import queue
+import resource
 import selectors
 import socket
 import threading
@@ -24,7 +37,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+
+from dra_gpu.logs import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +55,24 @@ REASONS = {
     405: "Method Not Allowed",
     503: "Service Unavailable",
 }
+FILES_PER_CONNECTION_BUDGET = 4
+"""Connections may take at most 1/4 of the open-file limit; the rest is the process's own work."""
+OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+ACCEPT_REST_S = (0.05, 1.0)
+"""How long the listener rests after accepting failed for want of resources: first, and at most."""
+
+METRICS_DUTY = 0.02
+"""The share of its time the process may spend rendering /metrics."""
+METRICS_MAX_WAIT_S = 5.0
+RENDER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def connection_limit(wanted: int) -> int:
+    """`wanted`, kept to a quarter of the open-file limit (soft: what `accept` is refused beyond)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(8, min(wanted, soft // FILES_PER_CONNECTION_BUDGET))
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -55,14 +88,25 @@ def bool_check(check: Callable[[], bool], failing: str = "not ready") -> Check:
     return lambda: (True, "ok") if check() else (False, failing)
 
 
-def _response(code: int, body: bytes, content_type: str, head_only: bool = False) -> bytes:
+def _response(
+    code: int, body: bytes, content_type: str, head_only: bool = False, encoding: str | None = None
+) -> bytes:
     head = (
         f"HTTP/1.1 {code} {REASONS.get(code, '')}\r\n"
         f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
+        + (f"Content-Encoding: {encoding}\r\n" if encoding else "")
+        + f"Content-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     ).encode()
     return head if head_only else head + body
+
+
+def _accepts_gzip(head: bytes) -> bool:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"accept-encoding":
+            return b"gzip" in value.lower()
+    return False
 
 
 @dataclass(eq=False)
@@ -97,7 +141,23 @@ class HttpServer:
         self._name = name
         self._read_timeout_s = read_timeout_s
         self._write_timeout_s = write_timeout_s
-        self._max_connections = max_connections
+        self._max_connections = connection_limit(max_connections)
+        self._accept_rest = 0.0
+        """How long the listener rests after the last failed accept (0: it is listening)."""
+        self._accepting_at: float | None = None
+        """When the resting listener listens again; None: it is listening."""
+        self._accept_failures = Throttle()
+        self._connection_failures = Throttle()
+        self._render_lock = threading.Lock()
+        self._rendered: tuple[dict[bool, bytes], float, float] | None = None
+        """The last /metrics answers (plain and gzip, each made when first asked), when their render
+        started (time.monotonic) and how long it took."""
+        self._render_seconds = Histogram(
+            "dra_gpu_metrics_render_seconds",
+            "Time to render one /metrics answer (scrapes share renders; see the HTTP endpoint).",
+            buckets=RENDER_BUCKETS,
+            registry=registry,
+        )
         host, port = parse_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=backlog)
@@ -111,7 +171,9 @@ class HttpServer:
         self._reading: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         """Connections whose request is not complete yet, oldest first (their deadlines in order)."""
         self._writing: set[_Connection] = set()
-        self._jobs: queue.Queue[tuple[_Connection, bool] | None] = queue.Queue(maxsize=queue_size)
+        self._jobs: queue.Queue[tuple[_Connection, bool, bool, float] | None] = queue.Queue(
+            maxsize=queue_size
+        )
         self._stopping = threading.Event()
         self._loop = threading.Thread(target=self._serve, name=name, daemon=True)
         self._workers = [
@@ -153,6 +215,8 @@ class HttpServer:
             if self._reading:
                 oldest = next(iter(self._reading))
                 timeout = max(0.0, min(timeout, oldest.deadline - time.monotonic()))
+            if self._accepting_at is not None:
+                timeout = max(0.0, min(timeout, self._accepting_at - time.monotonic()))
             for key, events in self._selector.select(timeout):
                 try:
                     if key.data == "accept":
@@ -165,10 +229,17 @@ class HttpServer:
                     else:
                         self._read(key.data)
                 except Exception:  # one connection's trouble never stops the endpoint
-                    log.exception("http connection failed", extra={"server": self._name})
+                    held = self._connection_failures.allow()
+                    if held is not None:
+                        log.exception(
+                            "http connection failed", extra={"server": self._name, "held_back": held}
+                        )
                     if isinstance(key.data, _Connection):
                         self._close(key.data)
             self._expire()
+            if self._accepting_at is not None and time.monotonic() >= self._accepting_at:
+                self._accepting_at = None
+                self._selector.register(self._listener, selectors.EVENT_READ, "accept")
 
     def _accept(self) -> None:
         for _ in range(64):  # a burst at a time, then the others' turn
@@ -176,15 +247,42 @@ class HttpServer:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # out of file descriptors: the backlog keeps them
-                log.warning("http accept failed", extra={"server": self._name, "error": str(exc)})
+            except OSError as exc:  # e.g. out of files: the backlog keeps the connection meanwhile
+                self._rest_listener(exc)
                 return
+            self._accept_rest = 0.0
             sock.setblocking(False)
-            if len(self._reading) + len(self._writing) >= self._max_connections and self._reading:
+            if len(self._reading) + len(self._writing) >= self._max_connections:
+                if not self._reading:  # all full with answers a client is slow to take: refuse this one
+                    sock.close()
+                    continue
                 self._close(next(iter(self._reading)))  # the oldest unfinished request makes room
             conn = _Connection(sock, time.monotonic() + self._read_timeout_s)
             self._reading[conn] = None
             self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _rest_listener(self, exc: OSError) -> None:
+        """Stop accepting for a while: the listener stays readable, and retrying at once would spin."""
+        if exc.errno in OUT_OF_FILES:
+            first, most = ACCEPT_REST_S
+            self._accept_rest = min(most, self._accept_rest * 2 or first)
+        else:
+            self._accept_rest = ACCEPT_REST_S[0]
+        self._accepting_at = time.monotonic() + self._accept_rest
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(self._listener)
+        held = self._accept_failures.allow()
+        if held is not None:
+            log.warning(
+                "http accept failed; the listener rests before accepting again",
+                extra={
+                    "server": self._name,
+                    "error": str(exc),
+                    "rest_s": self._accept_rest,
+                    "connections": len(self._reading) + len(self._writing),
+                    "held_back": held,
+                },
+            )
 
     def _read(self, conn: _Connection) -> None:
         try:
@@ -220,7 +318,7 @@ class HttpServer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             try:
-                self._jobs.put_nowait((conn, head_only))
+                self._jobs.put_nowait((conn, head_only, _accepts_gzip(head), time.monotonic()))
             except queue.Full:
                 self._answer(
                     conn, _response(503, b"busy: too many /metrics requests at once\n", TEXT, head_only)
@@ -282,15 +380,44 @@ class HttpServer:
             conn.sock.close()
 
     # -- the workers: /metrics ------------------------------------------------------------------------
+    def _metrics_answer(self, gzipped: bool, asked_at: float) -> bytes:
+        """The whole answer to a /metrics GET asked at `asked_at` (time.monotonic): from a render that
+        started since, made now if there is none, once the last one is far enough behind; one render
+        at a time (the others wait for it, and take it)."""
+        with self._render_lock:
+            rendered = self._rendered
+            if rendered is None or rendered[1] < asked_at:
+                if rendered is not None:
+                    _, started, took = rendered
+                    wait = started + took + took / METRICS_DUTY - time.monotonic()
+                    if wait > 0:
+                        self._stopping.wait(min(wait, METRICS_MAX_WAIT_S))
+                started = time.monotonic()
+                body = generate_latest(self._registry)
+                took = time.monotonic() - started
+                self._render_seconds.observe(took)
+                rendered = self._rendered = (
+                    {False: _response(200, body, CONTENT_TYPE_LATEST)},
+                    started,
+                    took,
+                )
+            answers = rendered[0]
+            if gzipped not in answers:
+                plain = answers[False]
+                body = plain[plain.index(b"\r\n\r\n") + 4 :]
+                answers[True] = _response(200, gzip.compress(body, 1), CONTENT_TYPE_LATEST, encoding="gzip")
+            return answers[gzipped]
+
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            conn, head_only = job
+            conn, head_only, gzipped, asked_at = job
             try:
-                body = generate_latest(self._registry)
-                data = _response(200, body, CONTENT_TYPE_LATEST, head_only)
+                data = self._metrics_answer(gzipped, asked_at)
+                if head_only:
+                    data = data[: data.index(b"\r\n\r\n") + 4]
             except Exception as exc:
                 log.exception("rendering /metrics failed", extra={"server": self._name})
                 data = _response(503, f"metrics unavailable: {exc}\n".encode(), TEXT, head_only)

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
@@ -74,3 +75,24 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class Throttle:
+    """At most one log line per `interval_s` for a condition that can repeat as fast as a client
+    makes it (a flood of connections): the first occurrence is logged at once, the next ones are
+    counted, and the next line that is let through says how many were held back."""
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+        self._held = 0
+
+    def allow(self) -> int | None:
+        """None: do not log now; otherwise how many occurrences were held back since the last line."""
+        now = self._clock()
+        if self._last is not None and now - self._last < self.interval_s:
+            self._held += 1
+            return None
+        self._last, held, self._held = now, self._held, 0
+        return held

@@ -8,6 +8,8 @@ with any `KubeAPI`.
 from __future__ import annotations
 
 import contextlib
+import logging
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -19,10 +21,31 @@ from dra_gpu.kube import KubeAPI
 from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.gpu_control import GpuCommands
-from dra_gpu.plugin.health import HealthProbe
+from dra_gpu.plugin.health import HealthProbe, StateDirCheck
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.prepare import FaultHook
+from dra_gpu.plugin.prepare import FaultHook, PreparerRecords
 from dra_gpu.slices.publisher import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one, as Go programs do at start; (before, after).
+
+    A container gets a soft limit of 1,024 from containerd and a much higher hard one: each claim's
+    call, connection and GPU lock takes files, and the soft limit is what they run out of first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or soft == resource.RLIM_INFINITY:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning(
+            "could not raise the open-file limit", extra={"soft": soft, "hard": hard, "error": str(exc)}
+        )
+        return soft, soft
+    log.info("raised the open-file limit", extra={"from": soft, "to": hard})
+    return soft, hard
 
 
 @dataclass
@@ -81,11 +104,18 @@ class NodeAgent:
         self.plugin = KubeletPlugin(config, api, inventory, commands, metrics=metrics, fault_hook=fault_hook)
         self.monitor: Monitor | None = None
         self._http: HttpServer | None = None
-        self._health = HealthProbe(config.registration_socket, config.service_socket)
-        """The sockets' health, probed in the background so that /healthz never waits on them."""
+        self._health = HealthProbe(
+            config.registration_socket,
+            config.service_socket,
+            busy=self.plugin.preparer.busy,
+            problems=(StateDirCheck(config.state_dir).check, self.plugin.preparer.stalled),
+        )
+        """The sockets' and the state directory's health, probed in the background so that /healthz
+        never waits on them, nor on the kubelet's calls."""
         self._publisher: SlicePublisher | None = None
 
     def start(self) -> None:
+        raise_open_file_limit()
         self.plugin.start()
         try:
             self._health.start()
@@ -103,6 +133,7 @@ class NodeAgent:
                     self.inventory,
                     self.plugin.metrics.registry,
                     self.nvml,
+                    store=PreparerRecords(self.plugin.preparer),
                 )
             if self.publish_slices:
                 self._publisher = SlicePublisher(
@@ -145,7 +176,10 @@ class NodeAgent:
         return self._http.port if self._http is not None else None
 
     def healthz(self) -> tuple[bool, str]:
-        """Unhealthy while the monitor is stalled or a socket did not answer the background probe; never
-        waits (`HealthProbe`)."""
+        """Unhealthy while the agent cannot do its job: the monitor or the slice publisher stalled, a
+        socket not answering, the state directory not writable or full, the kubelet's calls stuck.
+        Answered from what the agent's own loops found last; never waits (`HealthProbe`)."""
         stalled = self.monitor.stalled() if self.monitor is not None else None
+        if stalled is None and self._publisher is not None:
+            stalled = self._publisher.stuck()
         return (False, stalled) if stalled else self._health.check()

@@ -78,7 +78,7 @@ class KubeClient:
         data = response.read() if hasattr(response, "read") else response.data
         if response.status >= 400:
             raise self._error(response.status, data, url)
-        return json.loads(data) if data else {}
+        return objects.loads(data) if data else {}
 
     def get_text(self, path: str, timeout: float = 10.0) -> str:
         """GET a non-JSON path (a pod's /metrics through the API server's proxy); ApiError on failure."""
@@ -214,7 +214,7 @@ class KubeClient:
                         return
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    event = objects.loads(line)
                     if event.get("type") == "ERROR":
                         status = event.get("object") or {}
                         raise from_status(

@@ -36,6 +36,7 @@ class EventRecorder:
         clock: Callable[[], datetime],
         repeat_after_s: float = 300.0,
         component: str = COMPONENT,
+        max_remembered: int = 4096,
     ) -> None:
         self._api = api
         self._component = component
@@ -43,6 +44,9 @@ class EventRecorder:
         self._instance = instance
         self._clock = clock
         self._last: dict[tuple[str, str], tuple[str, Obj]] = {}  # (claim uid, reason) -> (message, event)
+        self._max_remembered = max_remembered
+        """Events remembered for folding repeats, the least recently recorded forgotten first: one
+        object's repeats are minutes apart, and every object ever reported must not stay in memory."""
 
     def record(self, obj: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         meta = obj.get("metadata") or {}
@@ -69,7 +73,10 @@ class EventRecorder:
             except ApiError as exc:
                 log.warning("could not record event", extra={"reason": reason, "error": str(exc)})
                 return
+        self._last.pop((uid, reason), None)
         self._last[(uid, reason)] = (message, stored)
+        while len(self._last) > self._max_remembered:
+            del self._last[next(iter(self._last))]
 
     def retain(self, uids: set[str]) -> None:
         """Drop the correlation state of objects that are gone."""

@@ -9,6 +9,8 @@ metadata.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +18,52 @@ Obj = Mapping[str, Any]
 """What the accessors read."""
 Json = dict[str, Any]
 """What they return: the object's own dicts (JSON decoded), not copies."""
+
+
+MAX_DEPTH = 64
+"""Nesting kept when a document is too deep to decode whole (from the document's root: a list's
+items start at depth 3). The API server accepts far deeper objects (its limit is 10,000 levels), and
+Python's decoder stops at its recursion limit (about 1,000), failing the whole list."""
+TOO_DEEP = f"<dropped by dra-gpu: nested deeper than {MAX_DEPTH} levels>"
+_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+"""A JSON string (skipped whole, brackets inside it are text) or a bracket."""
+
+
+def loads(data: str | bytes) -> Any:
+    """JSON as the API server sends it. A document too deep for Python's recursion limit (one object
+    of a list, with opaque parameters nested a thousand levels) is decoded with each part deeper than
+    MAX_DEPTH replaced by the string TOO_DEEP: that object then fails wherever its deep part is read
+    (a config that does not parse), never the list it came in, and nothing downstream recurses deeply.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        text = data.decode() if isinstance(data, bytes | bytearray) else data
+        return json.loads(cap_depth(text, MAX_DEPTH))
+
+
+def cap_depth(text: str, limit: int) -> str:
+    """`text` (JSON) with every object or array deeper than `limit` replaced by the string TOO_DEEP;
+    iterative, so that any depth is fine."""
+    pieces: list[str] = []
+    copied = 0
+    depth = 0
+    cut: int | None = None
+    for match in _STRUCTURE.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            continue
+        if token in "[{":
+            depth += 1
+            if depth > limit and cut is None:
+                cut = match.start()
+            continue
+        if depth == limit + 1 and cut is not None:
+            pieces += [text[copied:cut], json.dumps(TOO_DEEP)]
+            copied, cut = match.end(), None
+        depth -= 1
+    pieces.append(text[copied:])
+    return "".join(pieces)
 
 
 def _map(value: Any) -> Json:

@@ -58,15 +58,20 @@ class MonitorConfig:
 
 
 def start_monitor(
-    config: MonitorConfig, api: KubeAPI, inventory: Inventory, registry: CollectorRegistry, nvml: Any = None
+    config: MonitorConfig,
+    api: KubeAPI,
+    inventory: Inventory,
+    registry: CollectorRegistry,
+    nvml: Any = None,
+    store: CheckpointStore | None = None,
 ) -> Monitor:
     proc = ProcReader(config.proc_root)
     watchdog = Watchdog(api, config.node_name, proc)
     if config.grace_s is not None:
         watchdog.grace_s = config.grace_s
     monitor = Monitor(
-        # A store of its own: the preparer's is used under the node lock only.
-        store=CheckpointStore(config.checkpoint_file),
+        # A store of its own unless given one (the node agent's reads its preparer's records).
+        store=store if store is not None else CheckpointStore(config.checkpoint_file),
         claims_dir=config.claims_dir,
         gpus=lambda: [g.uuid for g in inventory.gpus()],
         pods=PodDirectory(api, config.node_name, min_refresh_s=config.interval_s),

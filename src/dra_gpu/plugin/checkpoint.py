@@ -161,6 +161,21 @@ def _record_text(record: PreparedClaim) -> str:
     return _canonical(record.model_dump(mode="json", exclude_none=True))
 
 
+StatKey = tuple[int, int, int, int]
+
+
+def _stat_key(st: os.stat_result) -> StatKey:
+    """What changes whenever a file is replaced or written: inode, size, modification and change times."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _stat_path(path: Path) -> StatKey | None:
+    try:
+        return _stat_key(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
 def _read_head(path: Path, size: int) -> bytes | None:
     """The first `size` bytes of `path` and its length; None if it does not exist."""
     try:
@@ -197,6 +212,9 @@ class CheckpointStore:
         self._by_gpu: dict[str, dict[str, None]] = {}
         """GPU UUID -> the UIDs of the records with a share on it, in the order first stored."""
         self._by_hold: dict[str, set[str]] = {}
+        self._seen: tuple[StatKey | None, StatKey | None] | None = None
+        """The files' stat keys (snapshot, journal) when the cached checkpoint was last known to match
+        them: unchanged keys mean nothing to read (two stats, instead of opening and reading both)."""
 
     # -- reading ------------------------------------------------------------------------------------
     @property
@@ -211,10 +229,16 @@ class CheckpointStore:
     def load(self) -> Checkpoint:
         """The current checkpoint (empty if there is none); CheckpointCorrupt if it cannot be trusted."""
         try:
+            seen = (_stat_path(self.path), _stat_path(self.journal_path))  # before reading: a change
+            if self._cached is not None and seen == self._seen:  # meanwhile is seen next time
+                return self._cached
             snapshot_head = _read_head(self.path, HEAD_BYTES)
             if self._cached is not None and snapshot_head == self._snapshot_head and self._follow_journal():
+                self._seen = seen
                 return self._cached
-            return self._load_all()
+            checkpoint = self._load_all()
+            self._seen = seen
+            return checkpoint
         except OSError as exc:
             self.invalidate()
             raise filesystem_error("reading the checkpoint", self.path, exc) from None
@@ -426,6 +450,7 @@ class CheckpointStore:
                 if os.fstat(fd).st_size != self._journal_end:
                     os.ftruncate(fd, self._journal_end)  # a line a killed writer left unfinished
                 written = os.write(fd, data)
+                journal = _stat_key(os.fstat(fd))
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -440,6 +465,8 @@ class CheckpointStore:
             )
         self._journal_end += written
         apply()
+        if self._seen is not None:
+            self._seen = (self._seen[0], journal)
 
     def _start_journal(self) -> None:
         """A new, empty journal after the current snapshot (written first if there is none)."""
@@ -454,6 +481,7 @@ class CheckpointStore:
         ).encode()
         self._replace(self.journal_path, head, "starting the checkpoint journal")
         self._journal_head, self._journal_end = head, len(head)
+        self._seen = None
 
     def compact_due(self, factor: int = 1) -> bool:
         """Whether the journal has outgrown `factor` times the snapshot (and is worth folding into it)."""
@@ -494,6 +522,7 @@ class CheckpointStore:
         self._snapshot_head = data[:HEAD_BYTES] + b"@%d" % len(data)
         self._snapshot_checksum, self._snapshot_bytes = checksum, len(data)
         self._journal_head, self._journal_end = None, 0
+        self._seen = None  # the next load reads the new files once
         self._index()
 
     def _replace(self, path: Path, data: bytes, action: str) -> None:
@@ -509,9 +538,15 @@ class CheckpointStore:
                 os.unlink(tmp)
             raise filesystem_error(action, path, exc) from None
 
+    def temp_files(self) -> list[Path]:
+        """Temporary files of the snapshot's and the journal's replacements (a kill leaves them)."""
+        names = (f".{self.path.name}.tmp", f".{self.journal_path.name}.tmp")
+        return [p for p in (self.path.with_name(n) for n in names) if p.exists()]
+
     def invalidate(self) -> None:
         """Forget the cached copy (after a failed change), so the next load reads the files."""
         self._cached = None
+        self._seen = None
         self._snapshot_head = self._journal_head = None
         self._journal_end = 0
 

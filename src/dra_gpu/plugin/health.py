@@ -6,13 +6,23 @@ The probe behind `/healthz` dials both sockets as the kubelet does (registration
 standard gRPC health check on the DRA socket), so a wedged server or a deleted socket fails it. It runs
 in a thread of its own (`HealthProbe`); `/healthz` answers from its last result at once, so a probe
 never waits behind a slow socket, and a probe that stopped finishing is itself a failure.
+
+The DRA socket's health check runs in the same handler pool as the kubelet's calls: while calls are
+in flight (a burst after a reboot, a slow `nvidia-smi`) it would wait behind them, and liveness would
+restart the agent in the middle of its work. So while the agent is busy the probe asks only that the
+socket's gRPC transport answer (a connection made ready, which needs no handler thread), and the
+agent's own record of its calls says whether they make progress (`Preparer.stalled`). The same round
+writes a small file in the state directory and looks at its free space: an agent whose state cannot
+be written cannot prepare anything (`StateDirCheck`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +41,12 @@ from dra_gpu.proto import (
 )
 
 MAX_MESSAGE = 1024
+MIN_FREE_BYTES = 1024 * 1024
+"""Below this much free space in the state directory, a prepare's records and files may not fit."""
+HEALTH_FILE = ".healthz"
+
+Problem = Callable[[], str | None]
+"""Why the agent cannot do its job now, or None; answered from memory or with a quick local look."""
 
 
 class DeviceHealthStream:
@@ -109,21 +125,60 @@ class DeviceHealthV1alpha1Servicer(health_v1alpha1_grpc.DRAResourceHealthService
         return self.stream.watch(health_v1alpha1, context)
 
 
+class StateDirCheck:
+    """Whether the state directory takes a write and has room: `check()` writes a small file there."""
+
+    def __init__(self, state_dir: Path, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        self.state_dir = state_dir
+        self.min_free_bytes = min_free_bytes
+
+    def check(self) -> str | None:
+        path = self.state_dir / HEALTH_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"%.3f\n" % time.time())
+            finally:
+                os.close(fd)
+            st = os.statvfs(self.state_dir)
+        except OSError as exc:
+            return f"the state directory {self.state_dir} cannot be written: {os.strerror(exc.errno or 0)}"
+        free = st.f_bavail * st.f_frsize
+        if free < self.min_free_bytes:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return (
+                f"the state directory {self.state_dir} is full ({free} bytes free, at least "
+                f"{self.min_free_bytes} needed): prepares cannot record their claims"
+            )
+        return None
+
+
 class HealthProbe:
     """`probe()` every `interval_s` in a thread; `check()` answers from the last result, at once.
 
     The sockets' existence is looked at on every `check()` (a stat, which does not wait on anyone),
     so a deleted socket fails the next check. A result older than `stale_s` fails too: the probe
-    itself hangs.
+    itself hangs. `busy` says whether the kubelet's calls hold the DRA socket's handlers (then only
+    its transport is probed); each of `problems` is asked in the same round.
     """
 
     def __init__(
-        self, registration_socket: Path, service_socket: Path, interval_s: float = 2.0, timeout_s: float = 2.0
+        self,
+        registration_socket: Path,
+        service_socket: Path,
+        interval_s: float = 2.0,
+        timeout_s: float = 2.0,
+        *,
+        busy: Callable[[], bool] = lambda: False,
+        problems: Sequence[Problem] = (),
     ) -> None:
         self.sockets = (registration_socket, service_socket)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_s = 3 * (interval_s + timeout_s)
+        self.busy = busy
+        self.problems = tuple(problems)
         self._result: tuple[bool, str, float] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="health-probe", daemon=True)
@@ -138,7 +193,12 @@ class HealthProbe:
             self._thread.join(timeout=self.timeout_s * 2 + 1)
 
     def run_once(self) -> None:
-        ok, why = probe(*self.sockets, timeout_s=self.timeout_s)
+        for problem in self.problems:
+            why = problem()
+            if why is not None:
+                self._result = (False, why, time.monotonic())
+                return
+        ok, why = probe(*self.sockets, timeout_s=self.timeout_s, busy=self.busy)
         self._result = (ok, why, time.monotonic())
 
     def _loop(self) -> None:
@@ -162,8 +222,20 @@ class HealthProbe:
         return ok, why
 
 
-def probe(registration_socket: Path, service_socket: Path, timeout_s: float = 2.0) -> tuple[bool, str]:
-    """(healthy, why): both sockets answer like a kubelet expects."""
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text.replace("\x00", ""))[:MAX_MESSAGE]
+
+
+def probe(
+    registration_socket: Path,
+    service_socket: Path,
+    timeout_s: float = 2.0,
+    busy: Callable[[], bool] = lambda: False,
+) -> tuple[bool, str]:
+    """(healthy, why): both sockets answer like a kubelet expects.
+
+    While `busy()` (the kubelet's calls hold the DRA socket's handlers), the DRA socket's health
+    check would queue behind them: its transport answering is enough then."""
     for path in (registration_socket, service_socket):
         if not path.exists():
             return False, f"socket {path} does not exist"
@@ -173,11 +245,25 @@ def probe(registration_socket: Path, service_socket: Path, timeout_s: float = 2.
                 registration.InfoRequest(), timeout=timeout_s
             )
         with grpc.insecure_channel(f"unix://{service_socket}") as channel:
-            status = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=timeout_s
-            )
+            if busy():
+                try:
+                    grpc.channel_ready_future(channel).result(timeout=timeout_s)
+                except grpc.FutureTimeoutError:
+                    return (
+                        False,
+                        f"the DRA socket {service_socket} did not accept a connection in {timeout_s}s",
+                    )
+                return True, f"ok: {info.name} serving, busy with the kubelet's calls"
+            try:
+                status = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=timeout_s
+                )
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and busy():  # a burst began meanwhile
+                    return True, f"ok: {info.name} serving, busy with the kubelet's calls"
+                raise
     except grpc.RpcError as exc:
-        return False, f"gRPC probe failed: {exc.code().name}: {exc.details()}"
+        return False, _printable(f"gRPC probe failed: {exc.code().name}: {exc.details()}")
     if status.status != health_pb2.HealthCheckResponse.SERVING:
         return False, f"DRA service is {health_pb2.HealthCheckResponse.ServingStatus.Name(status.status)}"
     return True, f"ok: {info.name} serving {', '.join(info.supported_versions)}"

@@ -27,6 +27,8 @@ from pathlib import Path
 LOCK_FILE_NAME = "serialize.lock"
 GPU_LOCK_DIR_NAME = "gpu-locks"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+KEPT_FILES = 64
+"""Lock files kept open per KeyLocks: a node's GPUs (keys of MIG instances come and go beyond)."""
 
 
 class LockTimeout(Exception):
@@ -116,11 +118,26 @@ class KeyLocks:
         self.directory = directory
         self.timeout_s = timeout_s
         self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        """Key -> its lock and how many callers hold or wait for it; dropped when none does, so that
+        the keys of claims long gone (one per claim UID ever seen) take no memory."""
+        self._files: dict[str, int] = {}
+        """Key -> its lock file, kept open (a GPU's is used by every call on it), at most KEPT_FILES."""
 
-    def _lock(self, key: str) -> threading.Lock:
+    @contextmanager
+    def _lock(self, key: str) -> Iterator[threading.Lock]:
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            lock, users = self._locks.get(key) or (threading.Lock(), 0)
+            self._locks[key] = (lock, users + 1)
+        try:
+            yield lock
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
 
     @contextmanager
     def _hold_one(self, key: str, deadline: float, call_deadline: bool = False) -> Iterator[None]:
@@ -132,26 +149,39 @@ class KeyLocks:
             else f"{what} has been busy with another prepare or unprepare for more than {self.timeout_s:.0f}s "
             f"(a GPU command that does not return?)"
         )
-        lock = self._lock(key)
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise LockTimeout(busy)
-        try:
-            if key.startswith("claim:"):
-                yield
-                return
-            self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with self._lock(key) as lock:
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise LockTimeout(busy)
             try:
-                _flock(fd, deadline, busy)
-                try:
+                if key.startswith("claim:"):
                     yield
+                    return
+                fd, kept = self._file(key)
+                try:
+                    _flock(fd, deadline, busy)
+                    try:
+                        yield
+                    finally:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    if not kept:
+                        os.close(fd)
             finally:
-                os.close(fd)
-        finally:
-            lock.release()
+                lock.release()
+
+    def _file(self, key: str) -> tuple[int, bool]:
+        """The key's lock file (its thread lock held), and whether it stays open after the hold."""
+        fd = self._files.get(key)
+        if fd is not None:
+            return fd, True
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{_SAFE_NAME.sub('_', key)}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with self._guard:
+            if len(self._files) < KEPT_FILES:
+                self._files[key] = fd
+                return fd, True
+        return fd, False
 
     @contextmanager
     def hold(self, keys: Iterable[str], deadline: float | None = None) -> Iterator[None]:

@@ -18,6 +18,7 @@ list before, and would take the other's. Order: claim and GPU locks, then this o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
 log = logging.getLogger(__name__)
 
 STORE_NAME = "mig-instances.json"
+TEMP_PREFIX = ".mig-instances."
 LOCK_DIR_NAME = "mig-locks"
 Record = dict[str, Any]
 
@@ -70,12 +72,21 @@ class MigInstances:
 
     def _write(self, records: list[Record]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".mig-instances.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"instances": records}, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=TEMP_PREFIX, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"instances": records}, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def temp_files(self) -> list[Path]:
+        """Temporary files of the record file's writes (`.mig-instances.XXXX.tmp`): a kill leaves them."""
+        return sorted(self.path.parent.glob(f"{TEMP_PREFIX}*.tmp"))
 
     @contextmanager
     def _records(self) -> Iterator[list[Record]]:
@@ -164,6 +175,26 @@ class MigInstances:
                         self._destroy(gpu, found, uid)
                 with self._records() as records:
                     records[:] = [r for r in records if r != record]
+
+    def lost(self, uid: str, gpus: Sequence[GpuInfo]) -> list[str]:
+        """The claim's recorded instances that are not on their GPU any more (a reboot or a GPU reset
+        took them), each described; empty when all are there (or the claim has none)."""
+        by_uuid = {g.uuid: g for g in gpus}
+        gone = []
+        for record in [r for r in self.records() if r.get("claim") == uid]:
+            gpu = by_uuid.get(str(record["gpu"]))
+            where = (
+                f"MIG instance {record['profile']} at memory slice {record['start']} on GPU {record['gpu']}"
+            )
+            if (
+                gpu is None
+                or _at(
+                    self._live(gpu), str(record["profile"]), int(record["start"]), record.get("uuid") or None
+                )
+                is None
+            ):
+                gone.append(where)
+        return gone
 
     def reconcile(self, claims: Set[str], gpus: Sequence[GpuInfo]) -> None:
         """At start: undo the records of deleted claims the checkpoint does not have (a prepare that died)."""

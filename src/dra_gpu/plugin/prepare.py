@@ -29,6 +29,7 @@ the next sweep, tries again; the sweep goes on to the other records.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dra_gpu.inventory import GpuInfo, Inventory
-from dra_gpu.kube import KubeAPI, NotFound, objects
+from dra_gpu.kube import KubeAPI, objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
@@ -83,18 +84,33 @@ NOTICE_REASON = "PreparedWithCaveat"
 """The event reason of what a prepared claim's user must know (a limit that holds per process only)."""
 
 PREPARE_FAILED_REASON = "PrepareFailed"
-NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch"})
+NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch", "identity_mismatch"})
 """Failures with no claim to report on, or none the user can fix in it."""
 
 
 DEADLINE_PASSED = (
-    "not started: the deadline of the kubelet's call passed before this claim's turn; the kubelet's "
-    "next call does it"
+    "not started: the deadline of the kubelet's call would pass before this claim could be done; the "
+    "kubelet's next call does it"
 )
+CANCELLED = "not started: the kubelet cancelled the call; its next call does it"
+ANSWER_MARGIN_S = (0.5, 2.0)
+"""Time kept before a call's deadline to answer it (at least, at most; 5 % of the call's time between)."""
+
+
+def answer_by(deadline: float | None, now: float) -> float | None:
+    """When the work of a call with `deadline` must be over, so that the answer reaches the kubelet in time."""
+    if deadline is None:
+        return None
+    least, most = ANSWER_MARGIN_S
+    return deadline - min(most, max(least, 0.05 * (deadline - now)))
+
+
 TEMP_FILE_AGE_S = 600.0
 """A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
 COMPACT_IN_CALL_FACTOR = 8
 """A call folds the checkpoint's journal into its snapshot itself only when the background did not."""
+STALLED_FACTOR = 4
+"""Calls that finish no claim for this many lock timeouts are stuck (liveness fails)."""
 
 
 def device_name(gpu: GpuInfo) -> str:
@@ -150,6 +166,13 @@ class Preparer:
         """The store's `reloads` the metrics were last computed for (they follow each write since)."""
         self._loaded: tuple[int, Checkpoint] | None = None
         """(the node lock's hold, the checkpoint loaded under it)."""
+        self._gone_once: set[str] = set()
+        """UIDs of completed records whose claims the last stale-claim sweep found gone."""
+        self._calls_lock = threading.Lock()
+        self._calls = 0
+        """The kubelet's calls in progress."""
+        self._progressed_at = time.monotonic()
+        """When a call last finished a claim (or started, when none was running)."""
 
     # -- entry points ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,11 +182,22 @@ class Preparer:
             rebuild = checkpoint.rebuildPending or (
                 not self.store.exists() and bool(self.specs.uids_on_disk())
             )
+            for path in [*self.store.temp_files(), *self._mig.temp_files()]:
+                # Written only under the node lock, which this holds: each is from an interrupted write.
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
             if not rebuild:
                 for uid in self._uids_on_disk() - set(checkpoint.claims):
                     # Specs and directories are created after their claim's record: these are from a lost write.
                     self._remove_leftovers(uid)
-                self.store.compact()
+                try:
+                    self.store.compact()
+                except (PrepareError, OSError) as exc:  # a full disk: unprepares must still run, and free it
+                    log.warning(
+                        "could not fold the checkpoint's journal into its snapshot at start; serving with "
+                        "the journal, folded later",
+                        extra={"error": bounded(describe(exc))},
+                    )
         if rebuild:
             log.warning("rebuilding the state from the claims in the API and the files on disk")
             self._rebuild()
@@ -203,11 +237,17 @@ class Preparer:
         finally:
             self._rebuild_lock.release()
 
-    def prepare(self, claims: Sequence[ClaimInfo], deadline: float | None = None) -> dict[str, PrepareResult]:
-        """Prepare each claim; `deadline` (time.monotonic) is the caller's: no claim starts after it."""
+    def prepare(
+        self,
+        claims: Sequence[ClaimInfo],
+        deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, PrepareResult]:
+        """Prepare each claim; `deadline` (time.monotonic) is the caller's: no claim starts that would
+        end after it, nor once `cancelled()` (see `_each`)."""
         started = time.perf_counter()
         self._rebuild_if_lost()
-        results = self._each("prepare", claims, self._prepare, deadline)
+        results = self._each("prepare", claims, self._prepare, deadline, cancelled)
         self._rebuild_if_lost()
         self._refresh_metrics()
         self._post_notices([claim.uid for claim in claims])
@@ -225,10 +265,15 @@ class Preparer:
                 except Exception as exc:  # the API unreachable: the prepare's log line stays
                     log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
 
-    def unprepare(self, claims: Sequence[ClaimInfo], deadline: float | None = None) -> dict[str, str]:
+    def unprepare(
+        self,
+        claims: Sequence[ClaimInfo],
+        deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, str]:
         started = time.perf_counter()
         self._rebuild_if_lost()
-        results = self._each("unprepare", claims, self._unprepare, deadline)
+        results = self._each("unprepare", claims, self._unprepare, deadline, cancelled)
         self._rebuild_if_lost()
         self._refresh_metrics()
         self.metrics.unprepare_seconds.observe(time.perf_counter() - started)
@@ -240,23 +285,61 @@ class Preparer:
         claims: Sequence[ClaimInfo],
         work: Callable[[ClaimInfo, float | None], list[PreparedDevice]],
         deadline: float | None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> dict[str, PrepareResult]:
+        """Do `work` claim by claim. A claim is not started once the caller cancelled the call, nor when
+        the longest claim of the call so far would not end before `answer_by(deadline)`: the kubelet
+        gets its answer, with those claims "not started", before its deadline."""
         results: dict[str, PrepareResult] = {}
-        for claim in claims:
-            if claim.uid in results:
-                continue  # the same claim twice in one call: one answer
-            if deadline is not None and time.monotonic() >= deadline:
-                self.metrics.errors.labels(operation=operation, reason="deadline").inc()
-                results[claim.uid] = PrepareResult(error=DEADLINE_PASSED)
-                continue
-            results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, deadline))
-        skipped = sum(r.error == DEADLINE_PASSED for r in results.values())
-        if skipped:
-            log.warning(
-                f"the call's deadline passed: {skipped} of its claims were not started",
-                extra={"operation": operation, "claims": len(results)},
-            )
+        cut = answer_by(deadline, time.monotonic())
+        longest = 0.0
+        with self._calls_lock:
+            if self._calls == 0:
+                self._progressed_at = time.monotonic()
+            self._calls += 1
+        try:
+            for claim in claims:
+                if claim.uid in results:
+                    continue  # the same claim twice in one call: one answer
+                now = time.monotonic()
+                if cut is not None and now + longest >= cut:
+                    self.metrics.errors.labels(operation=operation, reason="deadline").inc()
+                    results[claim.uid] = PrepareResult(error=DEADLINE_PASSED)
+                    continue
+                if cancelled is not None and cancelled():  # (past its deadline, a call is inactive too)
+                    self.metrics.errors.labels(operation=operation, reason="cancelled").inc()
+                    results[claim.uid] = PrepareResult(error=CANCELLED)
+                    continue
+                results[claim.uid] = self._guarded(operation, claim, lambda c: work(c, cut))
+                self._progressed_at = time.monotonic()
+                longest = max(longest, self._progressed_at - now)
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
+        for error, why in ((DEADLINE_PASSED, "the call's deadline"), (CANCELLED, "the call was cancelled")):
+            skipped = sum(r.error == error for r in results.values())
+            if skipped:
+                log.warning(
+                    f"{why}: {skipped} of its claims were not started",
+                    extra={"operation": operation, "claims": len(results)},
+                )
         return results
+
+    def busy(self) -> bool:
+        """Whether the kubelet's calls are in progress."""
+        return self._calls > 0
+
+    def stalled(self) -> str | None:
+        """Why liveness should fail: calls are in progress and none finished a claim for longer than
+        any step may take (each waits on a lock at most `lock.timeout_s`, and a GPU command has its own
+        timeout); None otherwise."""
+        late = time.monotonic() - self._progressed_at
+        if self._calls == 0 or late <= STALLED_FACTOR * self.lock.timeout_s:
+            return None
+        return (
+            f"{self._calls} of the kubelet's calls are in progress and none has finished a claim for "
+            f"{late:.0f} s"
+        )
 
     def _refresh_metrics(self, force: bool = False) -> None:
         """Recount the gauges if the checkpoint was read anew since (each write updates them itself).
@@ -396,6 +479,9 @@ class Preparer:
     ) -> Iterator[PreparedClaim | None]:
         """Hold the claim's and its GPUs' locks; yields the claim's record as it is under them.
 
+        A record of the UID under another namespace or name is never yielded (PrepareError): a call
+        naming a prepared claim's UID with another claim's name gets neither its devices nor its undoing.
+
         The GPUs come from the record read before locking; should the record have moved to other
         GPUs meanwhile (a concurrent call for the same claim in another plugin process), lock again.
         Waiting ends at `deadline` too (LockTimeout): the claim is then left as it was.
@@ -405,6 +491,12 @@ class Preparer:
             wanted = self._gpu_uuids(entry, obj)
             with self.gpu_locks.hold({f"claim:{claim.uid}", *wanted}, deadline=deadline):
                 current = self._entry(claim.uid)
+                if current is not None and (current.namespace, current.name) != (claim.namespace, claim.name):
+                    raise PrepareError(
+                        f"the claim UID {claim.uid} was prepared on this node as ResourceClaim {current.ref}, "
+                        f"not {claim.ref}: nothing was changed (a UID names one claim)",
+                        reason="identity_mismatch",
+                    )
                 if self._gpu_uuids(current, obj) <= wanted:
                     yield current
                     return
@@ -461,11 +553,15 @@ class Preparer:
                 if obj is None:
                     if entry.bootId == self.boot_id and self.specs.exists(claim.uid):
                         return entry.devices
-                    return self._restore(entry)
-                log.info(
-                    "the claim was allocated again since it was prepared here; preparing the new allocation",
-                    extra={"claim": entry.ref, "devices": [d.device for d in entry.devices]},
-                )
+                    lost = self._mig.lost(entry.uid, self.inventory.gpus())
+                    if not lost:
+                        return self._restore(entry)
+                    obj = self._remake(entry, lost, fetched, fetch_error)
+                else:
+                    log.info(
+                        "the claim was allocated again since it was prepared here; preparing the new allocation",
+                        extra={"claim": entry.ref, "devices": [d.device for d in entry.devices]},
+                    )
             elif entry is not None:
                 log.info(
                     "finishing an interrupted operation before preparing",
@@ -479,6 +575,30 @@ class Preparer:
                     raise fetch_error
                 obj = fetched
             return self._prepare_fresh(claim, obj)
+
+    def _remake(
+        self,
+        entry: PreparedClaim,
+        lost: list[str],
+        fetched: dict[str, Any] | None,
+        fetch_error: PrepareError | None,
+    ) -> dict[str, Any]:
+        """The claim to prepare anew, when dynamic MIG instances it was prepared with are gone (a reboot):
+        a new instance has a new UUID, so the recorded spec cannot be restored as it is."""
+        if fetched is None:
+            with self.lock.hold():
+                self.specs.remove(entry.uid)  # it names the instance that is gone
+            why = fetch_error.message if fetch_error is not None else "no answer"
+            raise PrepareError(
+                f"ResourceClaim {entry.ref}: its {', '.join(lost)} was lost (a reboot or a GPU reset); it "
+                f"is made again from the claim's allocation, which could not be read: {why}",
+                reason="mig_lost",
+            )
+        log.info(
+            "the claim's dynamic MIG instances are gone (a reboot?); preparing it anew",
+            extra={"claim": entry.ref, "lost": lost},
+        )
+        return fetched
 
     def _reallocated(self, entry: PreparedClaim, fetched: dict[str, Any] | None) -> dict[str, Any] | None:
         """The claim, if the API shows it with another allocation than `entry` was prepared from.
@@ -716,38 +836,49 @@ class Preparer:
         self._refresh_metrics()  # another process's writes, read by this round's loads
 
     def collect_stale(self) -> None:
-        """Undo records of claims that no longer exist and that the kubelet will not unprepare.
+        """Undo records of claims that the API no longer has (or has under another UID, or not allocated).
 
-        That is interrupted prepares (a failed rollback's too), and records from before a reboot (the
-        kubelet re-prepares the claims of the pods it restarts; the others may never be unprepared).
-        A record it cannot undo is counted, logged and left for the next sweep; the sweep goes on.
-        Then files no record accounts for are removed: claims' directories and specs, and the
-        temporary files of interrupted writes.
+        Every record is looked at, whatever its state and boot: the kubelet re-prepares the claims of
+        the pods it restarts after a reboot (the others may never be unprepared), a rebuild may have
+        re-adopted a claim the kubelet had already unprepared, and the lost last journal line of an
+        unprepare leaves a completed record behind. The claims are listed once, after the records were
+        read, so that a claim prepared meanwhile is not mistaken for a gone one; a record is undone
+        only if it is still the one looked at once its locks are held. Without an answer from the API
+        nothing is decided. A record it cannot undo is counted, logged and left for the next sweep;
+        the sweep goes on. A record the kubelet itself will unprepare (prepared and completed in this
+        boot) is undone only when two sweeps in a row found its claim gone, so that the kubelet's own
+        call comes first when there is one. Then files no record accounts for are removed: claims'
+        directories and specs, and the temporary files of interrupted writes.
         """
         checkpoint = self.snapshot()
         if checkpoint.rebuildPending:
             checkpoint = self._rebuild()
         failed: list[str] = []
+        live = self._live_claims() if checkpoint.claims else {}
+        suspects, self._gone_once = self._gone_once, set()
         for entry in checkpoint.claims.values():
-            if entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id:
+            if live is None:
+                self._gone_once = suspects
+                break  # no answer from the API: nothing is decided
+            obj = live.get((entry.namespace, entry.name))
+            if obj is not None and objects.uid(obj) == entry.uid and self._allocated_here(obj):
                 continue
-            try:
-                obj = self.api.get("ResourceClaim", entry.name, entry.namespace)
-                if objects.uid(obj) == entry.uid:
-                    continue
-            except NotFound:
-                pass
-            except Exception:  # API unreachable: decide next time
+            kubelets = entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id
+            if kubelets and entry.uid not in suspects:
+                self._gone_once.add(entry.uid)  # the kubelet's own unprepare may be on its way
                 continue
             claim = ClaimInfo(uid=entry.uid, namespace=entry.namespace, name=entry.name)
             try:
                 with self._claim_locked(claim, None) as current:
-                    if current is None or (
-                        current.state == ClaimState.PREPARE_COMPLETED and current.bootId == self.boot_id
-                    ):
-                        continue  # prepared again meanwhile
+                    if current is not entry:
+                        continue  # prepared again or undone meanwhile
                     log.info(
-                        "undoing an interrupted operation of a deleted claim", extra={"claim": entry.ref}
+                        "undoing the record of a claim that is gone or no longer allocated here",
+                        extra={
+                            "claim": entry.ref,
+                            "state": entry.state,
+                            "boot": entry.bootId == self.boot_id,
+                        },
                     )
                     self._undo(current)
             except Exception as exc:
@@ -760,6 +891,22 @@ class Preparer:
         if not self.snapshot().rebuildPending:
             self._remove_unrecorded()
         self._refresh_metrics()
+
+    def _live_claims(self) -> dict[tuple[str, str], dict[str, Any]] | None:
+        """The API's ResourceClaims by (namespace, name); None when the API does not answer."""
+        try:
+            items, _ = self.api.list("ResourceClaim")
+        except Exception as exc:  # API unreachable: decide next time
+            log.warning(
+                "cannot list ResourceClaims for the stale-claim sweep; will retry", extra={"error": str(exc)}
+            )
+            return None
+        return {(objects.namespace(o), objects.name(o)): o for o in items}
+
+    def _allocated_here(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the claim's allocation has a device of this driver in this node's pool (a claim the
+        scheduler deallocated can be in no pod's use)."""
+        return bool(allocation_results(obj, self.node.driver, self.pool))
 
     def _remove_unrecorded(self) -> None:
         """Claims' files no record accounts for, and temporary files of interrupted writes."""
@@ -774,7 +921,13 @@ class Preparer:
                         extra={"uid": uid[:64], "error": bounded(describe(exc))},
                     )
         cutoff = time.time() - TEMP_FILE_AGE_S
-        for path in [*self.specs.temp_files(), *claim_temp_files(self.node.state_dir / "claims")]:
+        temporary = [
+            *self.specs.temp_files(),
+            *claim_temp_files(self.node.state_dir / "claims"),
+            *self._mig.temp_files(),
+            *self.store.temp_files(),
+        ]
+        for path in temporary:
             try:
                 if path.lstat().st_mtime < cutoff:
                     path.unlink()
@@ -869,6 +1022,18 @@ class Preparer:
                             )
             except LockTimeout as exc:
                 log.warning("could not reset the GPU's settings nobody holds", extra={"error": str(exc)})
+
+
+class PreparerRecords(CheckpointStore):
+    """The preparer's checkpoint as a read-only store, for readers in the same process (the usage
+    monitor): each record is then held once in the process, not once per reader."""
+
+    def __init__(self, preparer: Preparer) -> None:
+        super().__init__(preparer.store.path)
+        self._preparer = preparer
+
+    def load(self) -> Checkpoint:
+        return self._preparer.snapshot()
 
 
 def _reason(exc: BaseException) -> str:

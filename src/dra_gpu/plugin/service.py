@@ -9,8 +9,8 @@ namespace or name could not have come from the API server gets an error and is n
 unprepared or turned into a path (`identity`). The answer is kept under gRPC's default message
 limit (the kubelet's client refuses a larger one, losing every claim of the call): claims' answers
 that would take it over are replaced, largest first, by a short error saying so, and as a last
-resort left out (the kubelet then calls again for them). A call stops starting claims when its
-deadline has passed (`Preparer`).
+resort left out (the kubelet then calls again for them). A call stops starting claims when the
+kubelet cancels it, and in time to answer before its deadline (`Preparer`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def _deadline(context: Any) -> float | None:
     """The call's deadline on the time.monotonic clock; None without one."""
     remaining = getattr(context, "time_remaining", lambda: None)()
     return None if remaining is None else time.monotonic() + remaining
+
+
+def _cancelled(context: Any) -> Callable[[], bool]:
+    """Whether the kubelet cancelled the call (or left): gRPC's context is no longer active."""
+    is_active = getattr(context, "is_active", None)
+    return (lambda: False) if is_active is None else (lambda: not is_active())
 
 
 def _answer(
@@ -124,7 +130,9 @@ class DraV1Servicer(dra_v1_grpc.DRAPluginServicer):
         }
         if claims:
             try:
-                results.update(self.preparer.prepare(claims, deadline=_deadline(context)))
+                results.update(
+                    self.preparer.prepare(claims, deadline=_deadline(context), cancelled=_cancelled(context))
+                )
             except Exception:
                 log.exception("prepare failed unexpectedly")
                 failed = PrepareResult(error="internal error: the plugin failed this call; see its log")
@@ -155,7 +163,11 @@ class DraV1Servicer(dra_v1_grpc.DRAPluginServicer):
         errors: dict[str, str] = dict(invalid)
         if claims:
             try:
-                errors.update(self.preparer.unprepare(claims, deadline=_deadline(context)))
+                errors.update(
+                    self.preparer.unprepare(
+                        claims, deadline=_deadline(context), cancelled=_cancelled(context)
+                    )
+                )
             except Exception:
                 log.exception("unprepare failed unexpectedly")
                 errors.update(

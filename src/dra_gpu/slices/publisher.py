@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -163,6 +164,8 @@ class SlicePublisher:
         self._published_health: list[tuple[str, bool, str]] | None = None
         self._warned: set[str] = set()
         self._counter_sets: list[Obj] = []
+        self._syncing_since: float | None = None
+        """When the background's reconcile in progress began (time.monotonic); None between them."""
 
     @property
     def field_selector(self) -> str:
@@ -545,6 +548,7 @@ class SlicePublisher:
                     return
             first = False
             self._dirty.clear()
+            self._syncing_since = time.monotonic()
             try:
                 self.sync()
                 backoff = 1.0
@@ -557,6 +561,16 @@ class SlicePublisher:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 60.0)
                 self._dirty.set()
+            finally:
+                self._syncing_since = None
+
+    def stuck(self, after_s: float = 300.0) -> str | None:
+        """Why liveness should fail: a reconcile has not returned for `after_s` (a hung API call); None
+        otherwise. A reconcile that fails returns, is logged and retried: that is not stuck."""
+        since = self._syncing_since
+        if since is None or time.monotonic() - since <= after_s:
+            return None
+        return f"publishing the ResourceSlices has not returned for {time.monotonic() - since:.0f} s"
 
     def _is_foreign(self, event: WatchEvent) -> bool:
         kind = event.get("type")
