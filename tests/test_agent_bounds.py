@@ -67,8 +67,14 @@ def small_disk(path: Path, size: str = "4m") -> Iterator[Path]:
 
 def failing(url: str, what: str) -> bytes:
     """The body of the first 503 that `url` answers (waiting for it)."""
-    _status, body = wait_for(lambda: (r := get(url, timeout=5))[0] == 503 and r, what=what)
-    return bytes(body)
+
+    def unhealthy() -> tuple[int, bytes] | None:
+        answer = get(url, timeout=5)
+        return answer if answer[0] == 503 else None
+
+    answer = wait_for(unhealthy, what=what)
+    assert answer is not None  # wait_for returns only a truthy answer
+    return answer[1]
 
 
 def fill(path: Path) -> Path:
