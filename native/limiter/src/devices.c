@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "limiter.h"
+#include "capture.h"
 
 /* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
 

@@ -16,7 +16,10 @@
  *   contexts.c what contexts reserve (stack, malloc heap, printf FIFO, the context itself)
  *   dlsym.c    the dlsym interposer
  *   nvml.c     the capped memory view (NVML side)
- *   throttle.c the compute cap (launch wrappers and the shared GPU-time rate limiter)
+ *   launch.c   the compute cap's launch entry points
+ *   measure.c  the GPU time of throttled launches (timing events, estimates) and each launch's bookkeeping
+ *   admission.c the claim's share and the GPU-time rate limiter shared by the claim's processes
+ *   capture.c  stream capture: what may be capturing, and keeping the library's calls from disturbing it
  */
 #ifndef DRAGPU_LIMITER_H
 #define DRAGPU_LIMITER_H
@@ -499,23 +502,6 @@ void dl_contexts_reset_after_fork(void);
 /* Bumped whenever a context may be gone (destroyed, reset, released): cached context facts expire. */
 extern _Atomic unsigned dl_ctx_epoch;
 
-/* ---- throttle.c ---- */
-/* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
- * context's). */
-void dl_throttle_forget_context(CUcontext ctx);
-extern bool dl_throttle_on; /* set once by init: cores < 100 */
-void dl_throttle_configure(int cores);
-void dl_throttle_reset_after_fork(void);
-/* While a stream capture is open in the process, the library's own driver calls run with this thread's
- * capture mode relaxed, so that none of them can invalidate the application's capture. dl_capture_relax
- * returns what dl_capture_restore takes back (-1: nothing was changed: no capture open, or no such call). */
-int dl_capture_relax(void);
-void dl_capture_restore(int saved);
-/* Whether a stream capture is open anywhere in the process (every way to begin one is wrapped). */
-int dl_captures_open(void);
-/* Whether the stream is capturing: 1 yes, 0 no, -1 cannot tell (cuStreamIsCapturing missing or failing).
- * cuStreamIsCapturing is the one question about a capturing stream that leaves its capture valid: a stream that
- * may be capturing must not be asked for its device or context, synchronised or queried. */
-int dl_stream_capture_status(CUstream s, int ptsz);
+/* ---- the compute limiter: launch.c, measure.c (measure.h), admission.c (admission.h), capture.c (capture.h) ---- */
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * Compute cap: launches are admitted so that the claim's kernels occupy the GPU for `cores` percent of
- * wall time.
+ * Measurement: what GPU time each throttled launch occupies, and the launch's bookkeeping around the driver
+ * call (dl_ticket_open before it: where it runs, what it is charged, admission; dl_ticket_close after it).
  *
  * Algorithm: a rate limiter over *measured GPU time*, shared by every process of the claim.
  *
@@ -19,36 +19,14 @@
  *     another context's: another process of the claim, a neighbour), only the events' and the queued gap.
  *     The rest is the launch's: a kernel's work after its last useful instruction (its blocks' atomics and
  *     fences, their exit) and a graph's gaps between its nodes hold the device as much as the kernels do.
- *   - Admission is GCRA (the virtual-scheduling form of a token bucket) on one clock per device kept in
- *     the claim's region: `tat` is the wall time at which the claim will have paid for all GPU time
- *     admitted so far. A launch of cost c advances tat by c * 100 / cores; it may proceed while tat is at
- *     most BURST_NS ahead of now, otherwise the launching thread sleeps until it is (in slices of at most
- *     SLICE_NS, applying the measurements that arrived meanwhile). When a measurement arrives, tat moves
- *     by the difference between measured and charged cost (either sign), so every nanosecond of GPU time
- *     is eventually paid for exactly once.
- *   - In steady state the admitted GPU time therefore tracks cores% of wall time to within the burst
- *     and the measurements still in flight, independently of kernel sizes, launch rates and process
- *     counts - unlike a grid-count bucket tuned by sampled utilisation (the peers' approach).
  *
  * Every launch is charged to the device it runs on: the stream's (a stream of another device than the
  * current context's, or a stream used with no current context at all, as a context-less CUkernel can be),
  * and its timing events are made in the stream's context. A launch whose device cannot be told is charged
  * to the claim's first device, and one that cannot be timed is charged its estimate (the prior when nothing
  * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
- *
- * Launches recorded into a capturing stream are not executed then: they are neither charged nor
- * measured (the graph is charged when launched, by measuring cuGraphLaunch), and the stream is asked nothing
- * but whether it captures (the real driver invalidates a capture whose stream is asked for its device). A
- * launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
- * current context's device, neither timed nor synchronised. While any stream of the
- * process is capturing, completed events are polled with this thread's capture mode relaxed
- * (cuThreadExchangeStreamCaptureMode), so that the query cannot invalidate a global-mode capture; only a
- * driver without that call makes measurements wait until the capture ends.
- *
- * A kernel longer than the burst is paid as debt: its measured time moves the clock far ahead of wall time,
- * and the claim's next launches wait until it is paid, so the share holds on average.
- *
- * The unthrottled path (cores unset or 100) is one predictable branch: no lock, no system call.
+ * A launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
+ * current context's device, neither timed nor synchronised (capture.c).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -56,13 +34,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "limiter.h"
+#include "admission.h"
+#include "capture.h"
+#include "measure.h"
 
-#define BURST_NS 4000000LL /* how far ahead of wall time admitted work may run */
-#define SLICE_NS 2000000LL /* longest sleep between two looks at completed measurements */
-#define PRIOR_NS 200000LL  /* charge of a launch when this process has measured none yet */
-#define RING 256           /* launches being measured */
-#define POOLS 8            /* contexts with spare timing events */
+#define PRIOR_NS 200000LL /* charge of a launch when this process has measured none yet */
+#define RING 256          /* launches being measured */
+#define POOLS 8           /* contexts with spare timing events */
 #define POOL_EVENTS 32
 #define EST_SLOTS 1024 /* direct-mapped cost estimates */
 /* What a bracket of timing events holds besides the kernel, on the real driver (driver 580 on two H200 machines:
@@ -78,11 +56,7 @@
 #define GAP_PENDING_NS 2950LL
 #define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
-bool dl_throttle_on;
-static double wall_per_gpu_ns = 1.0; /* 100 / cores: a multiplication on every launch, not a division */
-
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic int captures;
 
 struct pending {
     CUcontext ctx;
@@ -148,25 +122,16 @@ static struct {
 #define PROBE_SLICE_NS 50000LL      /* between two looks at it */
 #define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
 
-void dl_throttle_configure(int pct) { /* 1..100 (config.c) */
-    wall_per_gpu_ns = 100.0 / pct;
-    dl_throttle_on = pct < 100;
-    if (dl_throttle_on) dl_debug("compute share %d%%", pct);
-}
-
-void dl_throttle_reset_after_fork(void) {
+void dl_measure_reset_after_fork(void) {
     /* Events belong to the parent's contexts, which the child does not have. */
     pthread_mutex_init(&mu, NULL);
     memset(ring, 0, sizeof ring);
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
     memset(probes, 0, sizeof probes);
-    atomic_store(&captures, 0);
     atomic_store(&polling, 0);
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
 }
-
-static int64_t wall_cost(int64_t gpu_ns) { return (int64_t)((double)gpu_ns * wall_per_gpu_ns); }
 
 /* The kernel's own time in a bracket of events: the bracket less what it holds besides the kernel (the gaps,
  * the host's time while the device was idle), never below MIN_CHARGE_NS (nor above the bracket). */
@@ -174,10 +139,6 @@ static int64_t kernel_time(int64_t bracket, int64_t extra_ns) {
     int64_t k = bracket - extra_ns;
     int64_t floor = bracket < MIN_CHARGE_NS ? bracket : MIN_CHARGE_NS;
     return k > floor ? k : floor;
-}
-
-static uint64_t launch_key(const void *fn, uint64_t blocks) {
-    return dl_hash64((uint64_t)(uintptr_t)fn ^ (blocks * 0x9e3779b97f4a7c15ull));
 }
 
 static int64_t estimate(uint64_t key) {
@@ -302,7 +263,7 @@ static void poll_completed(void) {
             float ms;
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
                 actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
-                atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual[done] - p->charged_ns));
+                atomic_fetch_add(dl_region_tat(p->dev), dl_wall_cost(p->dev, actual[done] - p->charged_ns));
                 dl_region_add_busy(p->dev, actual[done]);
             }
         }
@@ -336,37 +297,9 @@ static void poll_completed(void) {
     atomic_store(&polling, 0);
 }
 
-static void sleep_ns(int64_t ns) {
-    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
-    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
-}
-
-int dl_capture_relax(void) {
-    if (DL_LIKELY(!atomic_load_explicit(&captures, memory_order_relaxed))) return -1;
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-        return -1;
-    return (int)mode;
-}
-
-void dl_capture_restore(int saved) {
-    if (saved < 0) return;
-    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
-    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
-}
-
-int dl_captures_open(void) { return atomic_load_explicit(&captures, memory_order_relaxed) != 0; }
-
-int dl_stream_capture_status(CUstream s, int ptsz) {
-    PFN_cuStreamIsCapturing_v10000 f = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (!f || f(s, &st) != CUDA_SUCCESS) return -1;
-    return st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* Polls unless that could disturb an open capture. */
-static void poll_safely(void) {
-    if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
+void dl_measure_poll(void) {
+    if (!atomic_load_explicit(&dl_captures, memory_order_relaxed)) {
         poll_completed();
         return;
     }
@@ -374,30 +307,6 @@ static void poll_safely(void) {
     if (saved < 0) return; /* a capture is open and this thread cannot be relaxed: measurements wait */
     poll_completed();
     dl_capture_restore(saved);
-}
-
-static void poll_if_no_capture(void) { poll_safely(); }
-
-/* GCRA admission on the claim's shared clock for this device. */
-static void admit(int dev, int64_t wall, int64_t now) {
-    _Atomic int64_t *tat = dl_region_tat(dev);
-    for (int first = 1;; first = 0) {
-        if (!first) now = (int64_t)dl_now_ns();
-        int64_t t = atomic_load(tat);
-        int64_t base = t > now ? t : now;
-        if (base - now > BURST_NS) {
-            if (DL_UNLIKELY(base - now > DL_TAT_MAX_AHEAD_NS)) { /* never wait forever on a rewritten clock */
-                dl_region_tat_reset(dev, t, now);
-                continue;
-            }
-            int64_t wait = base - now - BURST_NS;
-            sleep_ns(wait < SLICE_NS ? wait : SLICE_NS);
-            dl_region_add_throttled(dev, (int64_t)dl_now_ns() - now);
-            poll_if_no_capture();
-            continue;
-        }
-        if (atomic_compare_exchange_weak(tat, &t, base + wall)) return;
-    }
 }
 
 /* A kind of launch never measured is admitted once at the estimate of an unknown launch (the average, or the
@@ -429,25 +338,12 @@ static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
         }
         int64_t left = PROBE_WAIT_NS - waited;
         int64_t before_sleep = *now;
-        sleep_ns(left < PROBE_SLICE_NS ? left : PROBE_SLICE_NS);
-        poll_safely();
+        dl_sleep_ns(left < PROBE_SLICE_NS ? left : PROBE_SLICE_NS);
+        dl_measure_poll();
         *now = (int64_t)dl_now_ns();
         dl_region_add_throttled(dev, *now - before_sleep);
     }
 }
-
-struct ticket {
-    int dev;
-    int measure;      /* timed by events */
-    int first;        /* the first launch of its kind, being measured (probe) */
-    int64_t recorded; /* measured: the host time its start event was recorded */
-    int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
-    int64_t synced;   /* not: the wall time at admission, for timing by synchronising the stream */
-    int64_t charged_ns;
-    uint64_t key;
-    CUcontext ctx;
-    CUevent start, end;
-};
 
 /* Whether the driver has everything timing a launch needs (an old one may lack a variant). */
 static int can_time(int ptsz) {
@@ -536,7 +432,7 @@ static int launch_target(CUstream stream, int ptsz, int ask_stream, CUcontext *c
     return dev;
 }
 
-static void drop_probe(struct ticket *t) {
+static void drop_probe(struct dl_ticket *t) {
     if (!t->first) return;
     pthread_mutex_lock(&mu);
     probe_dropped(t->key);
@@ -554,13 +450,13 @@ static void poll_soon(int64_t now, int64_t polled) {
     if (polled > due) atomic_store_explicit(&last_poll, due, memory_order_relaxed);
 }
 
-static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
+void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->first = 0;
     t->measure = 0;
     /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
     int capture_known = 1;
-    if (atomic_load_explicit(&captures, memory_order_relaxed)) {
+    if (atomic_load_explicit(&dl_captures, memory_order_relaxed)) {
         int status = dl_stream_capture_status(stream, ptsz);
         if (status == 1) return; /* charged when the graph runs */
         capture_known = status == 0;
@@ -574,7 +470,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     int64_t polled = atomic_load_explicit(&last_poll, memory_order_relaxed);
     if (now - polled >= POLL_NS) { /* or sooner: last_poll is reset when the ring fills or events run short */
         atomic_store_explicit(&last_poll, now, memory_order_relaxed);
-        poll_safely();
+        dl_measure_poll();
     }
     t->key = key;
     int64_t floor = 0;
@@ -626,7 +522,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
                   "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
-    admit(dev, wall_cost(t->charged_ns), now);
+    dl_admit(dev, dl_wall_cost(dev, t->charged_ns), now);
     if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
@@ -646,7 +542,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->synced = untimed ? (int64_t)dl_now_ns() : 0;
 }
 
-static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
+static void sync_timed(struct dl_ticket *t, CUstream stream, int ptsz) {
     /* Synchronising a stream is forbidden to a thread in global or thread-local mode while a capture is open
      * (the real driver's record): relaxed, as the event polls are, so that it cannot invalidate the capture. */
     int saved = dl_capture_relax();
@@ -654,7 +550,7 @@ static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
     dl_capture_restore(saved);
     if (r != CUDA_SUCCESS) return; /* keeps the estimate */
     int64_t actual = (int64_t)dl_now_ns() - t->synced;
-    atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
+    atomic_fetch_add(dl_region_tat(t->dev), dl_wall_cost(t->dev, actual - t->charged_ns));
     dl_region_add_busy(t->dev, actual);
 }
 
@@ -667,7 +563,7 @@ static int start_pending(CUevent start) {
 }
 
 /* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
-static int64_t launched(struct ticket *t) {
+static int64_t launched(struct dl_ticket *t) {
     int64_t now = (int64_t)dl_now_ns();
     _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
     int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
@@ -676,12 +572,12 @@ static int64_t launched(struct ticket *t) {
     return now;
 }
 
-static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
+void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz) {
     if (t->dev < 0) return;
     int64_t returned = r == CUDA_SUCCESS ? launched(t) : 0;
     if (r != CUDA_SUCCESS) {
         /* Nothing will run: refund the charge. */
-        atomic_fetch_sub(dl_region_tat(t->dev), wall_cost(t->charged_ns));
+        atomic_fetch_sub(dl_region_tat(t->dev), dl_wall_cost(t->dev, t->charged_ns));
         drop_probe(t);
         if (t->measure) {
             put_event(t->ctx, t->start);
@@ -723,176 +619,6 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
         put_event(t->ctx, t->end);
         dl_region_add_busy(t->dev, t->charged_ns);
     }
-}
-
-#define THROTTLED(name, key, stream, ptsz, ...)                                                                        \
-    dl_cuda_init();                                                                                                    \
-    dl_core_init();                                                                                                    \
-    if (DL_UNLIKELY(!dl_cuda.name)) return CUDA_ERROR_NOT_FOUND;                                                       \
-    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.name(__VA_ARGS__);                                                  \
-    struct ticket t;                                                                                                   \
-    before(&t, key, stream, ptsz);                                                                                     \
-    CUresult r = dl_cuda.name(__VA_ARGS__);                                                                            \
-    after(&t, r, stream, ptsz);                                                                                        \
-    return r
-
-#define BLOCKS(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
-
-DL_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                  unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params,
-                                  void **extra) {
-    THROTTLED(cuLaunchKernel, launch_key(f, BLOCKS(gx, gy, gz)), s, 0, f, gx, gy, gz, bx, by, bz, shm, s, params,
-              extra);
-}
-
-DL_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                       unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params,
-                                       void **extra) {
-    THROTTLED(cuLaunchKernel_ptsz, launch_key(f, BLOCKS(gx, gy, gz)), s, 1, f, gx, gy, gz, bx, by, bz, shm, s, params,
-              extra);
-}
-
-DL_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
-                                             CUstream s, void **params) {
-    THROTTLED(cuLaunchCooperativeKernel, launch_key(f, BLOCKS(gx, gy, gz)), s, 0, f, gx, gy, gz, bx, by, bz, shm, s,
-              params);
-}
-
-DL_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
-                                                  CUstream s, void **params) {
-    THROTTLED(cuLaunchCooperativeKernel_ptsz, launch_key(f, BLOCKS(gx, gy, gz)), s, 1, f, gx, gy, gz, bx, by, bz, shm,
-              s, params);
-}
-
-/* A NULL config is the driver's error to report; it is passed through unthrottled. */
-#define EX_STREAM(c) ((c) ? (c)->hStream : NULL)
-#define EX_KEY(c, f) launch_key(f, (c) ? BLOCKS((c)->gridDimX, (c)->gridDimY, (c)->gridDimZ) : 0)
-
-DL_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
-    if (!config) {
-        dl_cuda_init();
-        return dl_cuda.cuLaunchKernelEx ? dl_cuda.cuLaunchKernelEx(config, f, params, extra) : CUDA_ERROR_NOT_FOUND;
-    }
-    THROTTLED(cuLaunchKernelEx, EX_KEY(config, f), EX_STREAM(config), 0, config, f, params, extra);
-}
-
-DL_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
-    if (!config) {
-        dl_cuda_init();
-        return dl_cuda.cuLaunchKernelEx_ptsz ? dl_cuda.cuLaunchKernelEx_ptsz(config, f, params, extra)
-                                             : CUDA_ERROR_NOT_FOUND;
-    }
-    THROTTLED(cuLaunchKernelEx_ptsz, EX_KEY(config, f), EX_STREAM(config), 1, config, f, params, extra);
-}
-
-/* A graph's first launch also charges its memory allocations (pools.c); the check is one relaxed load. */
-static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz) {
-    PFN_cuGraphLaunch_v10000 call = ptsz ? dl_cuda.cuGraphLaunch_ptsz : dl_cuda.cuGraphLaunch;
-    struct dl_graph_ticket gt = {.n = 0};
-    if (atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed)) {
-        CUresult a = dl_graphmem_before_launch(g, &gt);
-        if (a != CUDA_SUCCESS) return a;
-    }
-    CUresult r;
-    if (!dl_throttle_on) {
-        r = call(g, s);
-    } else {
-        struct ticket t;
-        before(&t, launch_key(g, 0), s, ptsz);
-        r = call(g, s);
-        after(&t, r, s, ptsz);
-    }
-    dl_graphmem_after_launch(g, r, &gt);
-    return r;
-}
-
-DL_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-    dl_cuda_init();
-    dl_core_init();
-    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch)) return CUDA_ERROR_NOT_FOUND;
-    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 0);
-    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch(g, s);
-    return graph_launch(g, s, 0);
-}
-
-DL_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    dl_cuda_init();
-    dl_core_init();
-    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch_ptsz)) return CUDA_ERROR_NOT_FOUND;
-    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 1);
-    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch_ptsz(g, s);
-    return graph_launch(g, s, 1);
-}
-
-/* ---- capture tracking (see the header comment) ---- */
-
-static void capture_began(CUresult r) {
-    if (r == CUDA_SUCCESS) atomic_fetch_add(&captures, 1);
-}
-
-static void capture_ended(CUresult r) {
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) return;
-    int c = atomic_load(&captures);
-    while (c > 0 && !atomic_compare_exchange_weak(&captures, &c, c - 1)) {}
-}
-
-#define PASS(name, ...)                                                                                                \
-    dl_cuda_init();                                                                                                    \
-    if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND;                                                                    \
-    CUresult r = dl_cuda.name(__VA_ARGS__)
-
-DL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
-    PASS(cuStreamBeginCapture, s);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
-    PASS(cuStreamBeginCapture_ptsz, s);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCapture_v2, s, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCapture_v2_ptsz, s, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-                                               const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCaptureToGraph, s, g, deps, data, n, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
-                                                    const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCaptureToGraph_ptsz, s, g, deps, data, n, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
-    PASS(cuStreamEndCapture, s, g);
-    capture_ended(r);
-    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
-    PASS(cuStreamEndCapture_ptsz, s, g);
-    capture_ended(r);
-    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
-    return r;
 }
 
 /* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */
