@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "admission.h"
+#include "arbiter.h"
 #include "capture.h"
 #include "measure.h"
 
@@ -39,13 +40,15 @@ void dl_throttle_configure(int pct) { /* 1..100 (config.c) */
 }
 
 void dl_throttle_reset_after_fork(void) {
+    dl_arbiter_reset_after_fork();
     dl_measure_reset_after_fork();
     dl_capture_reset_after_fork();
 }
 
+#define HELD_SLICE_NS 200000LL /* between two looks at whether a claim held to nothing may run */
+
 int64_t dl_wall_cost(int dev, int64_t gpu_ns) {
-    (void)dev;
-    return (int64_t)((double)gpu_ns * wall_per_gpu_ns);
+    return (int64_t)((double)gpu_ns * dl_arbiter_last_wall_per_gpu(dev, wall_per_gpu_ns));
 }
 
 void dl_sleep_ns(int64_t ns) {
@@ -54,23 +57,51 @@ void dl_sleep_ns(int64_t ns) {
 }
 
 /* GCRA admission on the claim's shared clock for this device. */
-void dl_admit(int dev, int64_t wall, int64_t now) {
+/* Sleeps a slice of a wait for admission, counted as the claim's (and, held by a latency claim, as held). */
+static void wait_slice(int dev, int64_t ns, int64_t now, int held) {
+    dl_arbiter_waiting(dev, 1, now);
+    dl_sleep_ns(ns);
+    int64_t slept = (int64_t)dl_now_ns() - now;
+    dl_arbiter_waiting(dev, -1, now);
+    dl_arbiter_slept(dev, slept, held);
+    dl_region_add_throttled(dev, slept);
+    dl_measure_poll();
+}
+
+void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
     _Atomic int64_t *tat = dl_region_tat(dev);
     for (int first = 1;; first = 0) {
         if (!first) now = (int64_t)dl_now_ns();
+        struct dl_share sh;
+        dl_arbiter_share(dev, now, wall_per_gpu_ns, BURST_NS, &sh);
+        if (DL_UNLIKELY(sh.wall_per_gpu < 0)) { /* held to nothing: it waits, wanting the GPU, until it may run */
+            wait_slice(dev, HELD_SLICE_NS, now, sh.held);
+            continue;
+        }
+        /* An elastic share may reach the whole GPU, where the clock alone would let this process queue far more
+         * than the device runs (the gaps between kernels are not charged): its queue is held to the burst too, so
+         * that a claim waking up waits for no deep queue of a borrower's. */
+        int64_t queued = sh.elastic ? dl_measure_queued_ahead(dev, now) : 0;
+        if (DL_UNLIKELY(queued > sh.burst_ns)) {
+            int64_t wait = queued - sh.burst_ns;
+            wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);
+            continue;
+        }
+        int64_t wall = (int64_t)((double)gpu_ns * sh.wall_per_gpu);
         int64_t t = atomic_load(tat);
         int64_t base = t > now ? t : now;
-        if (base - now > BURST_NS) {
+        if (base - now > sh.burst_ns) {
             if (DL_UNLIKELY(base - now > DL_TAT_MAX_AHEAD_NS)) { /* never wait forever on a rewritten clock */
                 dl_region_tat_reset(dev, t, now);
                 continue;
             }
-            int64_t wait = base - now - BURST_NS;
-            dl_sleep_ns(wait < SLICE_NS ? wait : SLICE_NS);
-            dl_region_add_throttled(dev, (int64_t)dl_now_ns() - now);
-            dl_measure_poll();
+            int64_t wait = base - now - sh.burst_ns;
+            wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);
             continue;
         }
-        if (atomic_compare_exchange_weak(tat, &t, base + wall)) return;
+        if (atomic_compare_exchange_weak(tat, &t, base + wall)) {
+            dl_arbiter_admitted(dev, base + wall);
+            return;
+        }
     }
 }

@@ -9,8 +9,9 @@ void dl_throttle_configure(int cores);
 void dl_throttle_reset_after_fork(void);
 /* The wall time a launch of gpu_ns of GPU time on the region device dev costs the claim at its share. */
 int64_t dl_wall_cost(int dev, int64_t gpu_ns);
-/* Waits until the claim's clock for dev is within its burst of now, then advances it by wall (ns). */
-void dl_admit(int dev, int64_t wall, int64_t now);
+/* Waits until the claim's clock for dev is within its burst of now, then advances it by what gpu_ns of GPU time
+ * costs at the claim's share now (arbiter.c). */
+void dl_admit(int dev, int64_t gpu_ns, int64_t now);
 void dl_sleep_ns(int64_t ns);
 
 #endif

@@ -116,11 +116,15 @@ bool dl_uuid_valid(const char *s, size_t len);
 struct dl_claim_device {
     char uuid[DL_UUID_LEN];
     uint64_t memory; /* bytes; DL_NO_LIMIT for "unlimited" */
-    int cores;       /* 1..100 */
+    int cores;       /* 1..100: the floor */
+    int ceiling;     /* cores..100 (limit=; default cores) */
+    int priority;    /* DL_PRIORITY_* (priority=; default standard) */
 };
+enum { DL_PRIORITY_LATENCY = 0, DL_PRIORITY_STANDARD = 1, DL_PRIORITY_BESTEFFORT = 2 };
 struct dl_claim {
     char name[320];       /* <namespace>/<name>: up to 63 + 1 + 253 (the directory name when the file is broken) */
     char state_dir[4096]; /* the claim's shared accounting directory, as the container sees it */
+    char uid[64];         /* the claim's UID: its directory's name under CLAIMS_ROOT */
     int n_devices;
     struct dl_claim_device devices[DL_MAX_DEVICES];
     bool broken; /* malformed or unreadable: its devices get no memory */
@@ -132,6 +136,10 @@ struct dl_claims {
 };
 extern struct dl_claims dl_claims; /* loaded by init */
 const char *dl_claims_root(void);
+/* Where the container sees the node agent's per-GPU arbitration directories (GPUS_ROOT/<gpu-uuid>/). */
+const char *dl_gpus_root(void);
+/* latency, standard, besteffort: DL_PRIORITY_*; -1 for anything else. */
+int dl_parse_priority(const char *s);
 /* Parses one limits file; 0, or -1 with a one-line reason ("line 3: ...") in why. */
 int dl_parse_limits(const char *text, size_t len, struct dl_claim *out, char *why, size_t why_len);
 /* Reads every root/<dir>/limits; problems are logged once and fail closed. */

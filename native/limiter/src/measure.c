@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "admission.h"
+#include "arbiter.h"
 #include "capture.h"
 #include "measure.h"
 
@@ -121,6 +122,16 @@ static struct {
 #define PROBE_WAIT_NS 20000000LL    /* longest a launch waits for the first measurement of its kind */
 #define PROBE_SLICE_NS 50000LL      /* between two looks at it */
 #define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
+
+int64_t dl_measure_queued_ahead(int dev, int64_t now) {
+    return atomic_load_explicit(&queued_until[dev % DL_MAX_DEVICES], memory_order_relaxed) - now;
+}
+
+/* The final figure of a launch's GPU time: the claim's busy time (region.c) and its activity file (arbiter.c). */
+static void charged(int dev, int64_t ns) {
+    dl_region_add_busy(dev, ns);
+    dl_arbiter_charged(dev, ns);
+}
 
 void dl_measure_reset_after_fork(void) {
     /* Events belong to the parent's contexts, which the child does not have. */
@@ -264,7 +275,7 @@ static void poll_completed(void) {
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
                 actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
                 atomic_fetch_add(dl_region_tat(p->dev), dl_wall_cost(p->dev, actual[done] - p->charged_ns));
-                dl_region_add_busy(p->dev, actual[done]);
+                charged(p->dev, actual[done]);
             }
         }
         /* Events that cannot be pooled (unusable, or the pool is full) are destroyed without the lock. */
@@ -522,7 +533,7 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
                   "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
-    dl_admit(dev, dl_wall_cost(dev, t->charged_ns), now);
+    dl_admit(dev, t->charged_ns, now);
     if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
@@ -551,7 +562,7 @@ static void sync_timed(struct dl_ticket *t, CUstream stream, int ptsz) {
     if (r != CUDA_SUCCESS) return; /* keeps the estimate */
     int64_t actual = (int64_t)dl_now_ns() - t->synced;
     atomic_fetch_add(dl_region_tat(t->dev), dl_wall_cost(t->dev, actual - t->charged_ns));
-    dl_region_add_busy(t->dev, actual);
+    charged(t->dev, actual);
 }
 
 /* Whether the device has not yet reached a start event (a query, relaxed while a capture is open). */
@@ -589,14 +600,14 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
      * measured at its charge, the estimate: counting only the measured ones would show one launch in eight. */
     if (!t->measure) {
         if (t->synced) sync_timed(t, stream, ptsz);
-        else dl_region_add_busy(t->dev, t->charged_ns);
+        else charged(t->dev, t->charged_ns);
         return;
     }
     if (record(t->ctx, t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         drop_probe(t);
-        dl_region_add_busy(t->dev, t->charged_ns);
+        charged(t->dev, t->charged_ns);
         return;
     }
     /* The host time from the start event to the launch's return that no queued work of ours covered. It was
@@ -617,7 +628,7 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
     if (!queued) {
         put_event(t->ctx, t->start);
         put_event(t->ctx, t->end);
-        dl_region_add_busy(t->dev, t->charged_ns);
+        charged(t->dev, t->charged_ns);
     }
 }
 

@@ -97,6 +97,8 @@ for c in lowered impossible deleted replaced resized header shared clock unlocke
         { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"
 done
 run t_limits "$here/t_limits.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT"
+# Elastic compute: several claims on one GPU with the agent's board and activity files.
+run t_elastic "$here/t_elastic.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT" "$LIMITER_GPUS_ROOT"
 
 if [ -x "$B/tests/t_cudart" ]; then
     run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \
