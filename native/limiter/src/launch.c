@@ -67,6 +67,35 @@ DL_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunctio
     THROTTLED(cuLaunchKernelEx_ptsz, EX_KEY(config, f), EX_STREAM(config), 1, config, f, params, extra);
 }
 
+/* The CUDA 2.0 launches, deprecated but still declared and exported by the driver: a grid of width x height blocks
+ * (cuLaunch: one) on the legacy default stream, or the given one. */
+DL_EXPORT CUresult cuLaunch(CUfunction f) { THROTTLED(cuLaunch, dl_launch_key(f, 1), NULL, 0, f); }
+
+DL_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    THROTTLED(cuLaunchGrid, dl_launch_key(f, BLOCKS(w, h, 1)), NULL, 0, f, w, h);
+}
+
+DL_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    THROTTLED(cuLaunchGridAsync, dl_launch_key(f, BLOCKS(w, h, 1)), s, 0, f, w, h, s);
+}
+
+/* One kernel per entry, each on its own stream and device (deprecated since CUDA 11.3): each is charged and
+ * admitted as a launch of its own; more entries than devices are the driver's error to report. */
+DL_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *l, unsigned int n, unsigned int flags) {
+    dl_cuda_init();
+    dl_core_init();
+    if (DL_UNLIKELY(!dl_cuda.cuLaunchCooperativeKernelMultiDevice)) return CUDA_ERROR_NOT_FOUND;
+    if (DL_LIKELY(!dl_throttle_on) || !l || n == 0 || n > DL_MAX_DEVICES)
+        return dl_cuda.cuLaunchCooperativeKernelMultiDevice(l, n, flags);
+    struct dl_ticket t[DL_MAX_DEVICES];
+    for (unsigned i = 0; i < n; i++)
+        dl_ticket_open(&t[i], dl_launch_key(l[i].function, BLOCKS(l[i].gridDimX, l[i].gridDimY, l[i].gridDimZ)),
+                       l[i].hStream, 0);
+    CUresult r = dl_cuda.cuLaunchCooperativeKernelMultiDevice(l, n, flags);
+    for (unsigned i = 0; i < n; i++) dl_ticket_close(&t[i], r, l[i].hStream, 0);
+    return r;
+}
+
 /* A graph's first launch also charges its memory allocations (pools.c); the check is one relaxed load. */
 static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz) {
     PFN_cuGraphLaunch_v10000 call = ptsz ? dl_cuda.cuGraphLaunch_ptsz : dl_cuda.cuGraphLaunch;

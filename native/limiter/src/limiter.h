@@ -302,6 +302,10 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
     X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz)                                        \
     X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                                                         \
     X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                                                               \
+    X(cuLaunch, PFN_cuLaunch_v2000)                                                                                    \
+    X(cuLaunchGrid, PFN_cuLaunchGrid_v2000)                                                                            \
+    X(cuLaunchGridAsync, PFN_cuLaunchGridAsync_v2000)                                                                  \
+    X(cuLaunchCooperativeKernelMultiDevice, PFN_cuLaunchCooperativeKernelMultiDevice_v9000)                            \
     X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                                                           \
     X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)                                                 \
     X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)                                                        \

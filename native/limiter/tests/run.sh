@@ -59,6 +59,11 @@ if [ -f "${LIMITER_CUDA_INCLUDE:-}/cuda.h" ]; then
         "$LIMITER_CUDA_INCLUDE" "${CC:-cc}"
 fi
 run env-parsing+fuzz "$B/tests/t_env_fuzz" 200000
+# Every launch entry point the header declares (the toolkit's where installed, else cuda_min.h), on every route.
+toolkit=""
+[ -f "${LIMITER_CUDA_INCLUDE:-}/cudaTypedefs.h" ] && toolkit=$LIMITER_CUDA_INCLUDE
+run "launch entry points" "${PYTHON:-python3}" "$here/check_launch_entrypoints.py" "$here/../src/cuda_min.h" "$toolkit" \
+    "$B/tests/t_entrypoints" "$PRELOAD"
 
 for t in t_linked t_dlsym t_getproc; do
     run "$t (baseline)" env DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/$t" baseline
@@ -120,6 +125,8 @@ for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
+# The CUDA 2.0 launches and the multi-device cooperative launch (deprecated, still declared) are throttled too.
+run "t_entrypoints busy 30%" limited FAKE_CUDA_REAL_TIMING=1 DRAGPU_CORES_LIMIT=30 "$B/tests/t_entrypoints" busy 30
 # Launches the limiter must find the device of: another device's stream, no current context, long kernels.
 for sc in other-device no-context long-kernels; do
     run "t_launch $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" "$sc" 30 1.5
