@@ -32,7 +32,9 @@
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "admission.h"
 #include "arbiter.h"
@@ -104,13 +106,66 @@ static struct {
 #define SAMPLE_EVERY 8
 #define SPREAD_TIMED_ALL 5
 #define SPREAD_NOISE_NS 1000 /* less is the bracket's own jitter (its gaps' p10-p90: 0.6 us on an H200) */
-static uint64_t sample_state = 0x9e3779b97f4a7c15ull; /* xorshift64, under mu */
+/* The draws are SipHash-2-4 of a counter under a key from getrandom(), made when the process (or a forked child)
+ * first draws: a tenant that knows the code still cannot tell which of its launches will be timed, and so cannot
+ * make the timed ones short and the others long (with a fixed seed it could replay the sequence: t_launch
+ * predicted). 64 bits are drawn at a time, three used per launch. Under mu. */
+static uint64_t sip_key[2], sip_counter, sample_bits;
+static int sample_left, sample_seeded;
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                                       \
+    do {                                                                                                               \
+        v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);                                                      \
+        v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                                                                         \
+        v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                                                                         \
+        v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);                                                      \
+    } while (0)
+
+/* SipHash-2-4 of one 64-bit word. */
+static uint64_t siphash(const uint64_t k[2], uint64_t m) {
+    uint64_t v0 = k[0] ^ 0x736f6d6570736575ull, v1 = k[1] ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k[0] ^ 0x6c7967656e657261ull, v3 = k[1] ^ 0x7465646279746573ull;
+    v3 ^= m;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= m;
+    uint64_t b = 8ull << 56;
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static void seed_sampling(void) {
+    uint64_t k[2] = {0, 0};
+    if (getrandom(k, sizeof k, GRND_NONBLOCK) != (ssize_t)sizeof k) {
+        /* No entropy yet (early boot) or no getrandom: the clock and the address space, which the tenant cannot
+         * read back from the timed launches either. */
+        k[0] = dl_hash64(dl_now_ns() ^ (uint64_t)(uintptr_t)&k);
+        k[1] = dl_hash64(k[0] ^ (uint64_t)getpid());
+    }
+    sip_key[0] = k[0];
+    sip_key[1] = k[1];
+    sample_seeded = 1;
+}
 
 static int sample_drawn(void) {
-    sample_state ^= sample_state << 13;
-    sample_state ^= sample_state >> 7;
-    sample_state ^= sample_state << 17;
-    return (sample_state >> 32) % SAMPLE_EVERY == 0;
+    if (DL_UNLIKELY(!sample_seeded)) seed_sampling();
+    if (sample_left < 3) {
+        sample_bits = siphash(sip_key, sip_counter++);
+        sample_left = 64;
+    }
+    int drawn = (sample_bits & (SAMPLE_EVERY - 1)) == 0;
+    sample_bits >>= 3;
+    sample_left -= 3;
+    return drawn;
 }
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
 
@@ -118,7 +173,7 @@ static int64_t average_ns; /* estimate for a launch never measured; 0 until the 
 static struct {
     uint64_t key;
     int64_t since;
-} probes[EST_SLOTS];
+} probes[EST_SLOTS], probing;       /* probing: the latest first launch of any kind, while it is being measured */
 #define PROBE_WAIT_NS 20000000LL    /* longest a launch waits for the first measurement of its kind */
 #define PROBE_SLICE_NS 50000LL      /* between two looks at it */
 #define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
@@ -140,8 +195,11 @@ void dl_measure_reset_after_fork(void) {
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
     memset(probes, 0, sizeof probes);
+    memset(&probing, 0, sizeof probing);
     atomic_store(&polling, 0);
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
+    sample_seeded = 0; /* the child draws its own key: it must not repeat the parent's sequence */
+    sample_left = 0;
 }
 
 /* The kernel's own time in a bracket of events: the bracket less what it holds besides the kernel (the gaps,
@@ -167,12 +225,15 @@ static void learn(uint64_t key, int64_t ns) {
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
     if (probes[i].key == key) probes[i].since = 0;
+    if (probing.key == key) probing.since = 0;
+    if (probing.key == key) probing.since = 0;
 }
 
 /* A first launch that will not be measured after all: the next of its kind becomes the first. Caller holds mu. */
 static void probe_dropped(uint64_t key) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
     if (probes[i].key == key) probes[i].since = 0;
+    if (probing.key == key) probing.since = 0;
 }
 
 /* Spare timing events per context. mu guards the tables only: every driver call (creating, destroying,
@@ -325,7 +386,11 @@ void dl_measure_poll(void) {
  * device busy far beyond the share before the first measurement came back). So the next launches of that kind
  * wait - polling, at most PROBE_WAIT_NS - for the first one's measurement and are admitted at the learned
  * cost; one that waited out the bound is charged at least as long as the first has been running (the
- * measurement settles the difference, either way). Returns whether this launch is the first of its kind; *now
+ * measurement settles the difference, either way). Nor may a stream of kinds that are each new run ahead of their
+ * measurements at the estimate of an unknown launch (t_launch new-kinds: a queue of them kept a 30 % claim's GPU
+ * busy for twice its share at first): the first launch of a new kind waits, the same way, for the first launch of
+ * any other kind still being measured. A workload's first step, all of it new kinds, is admitted one new kind
+ * at a time. Returns whether this launch is the first of its kind; *now
  * is brought up to date after a wait; *floor: the least this launch is charged. */
 static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
@@ -334,15 +399,18 @@ static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
         pthread_mutex_lock(&mu);
         int known = estimates[i].key == key;
         int64_t since = probes[i].key == key ? probes[i].since : 0;
-        int first = !known && (!since || *now - since > PROBE_STALE_NS);
+        if (since && *now - since > PROBE_STALE_NS) since = 0;
+        int64_t other =
+            probing.since && probing.key != key && *now - probing.since <= PROBE_STALE_NS ? probing.since : 0;
+        int first = !known && !since && !other;
         if (first) {
-            probes[i].key = key;
-            probes[i].since = *now;
+            probes[i].key = probing.key = key;
+            probes[i].since = probing.since = *now;
         }
         pthread_mutex_unlock(&mu);
         if (known) return 0;
         if (first) return 1;
-        int64_t waited = *now - since;
+        int64_t waited = *now - (since ? since : other);
         if (waited >= PROBE_WAIT_NS) {
             *floor = waited;
             return 0;
