@@ -31,6 +31,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -80,6 +81,7 @@ struct pool {
 static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
+static _Atomic int reaping; /* the reaper thread runs (below) */
 
 /* When the work this process has queued on each device should end (host clock; the sum of the estimates of
  * what was launched, each GAP_PENDING_NS apart): a launch made before then is queued and its bracket holds no
@@ -198,7 +200,8 @@ void dl_measure_reset_after_fork(void) {
     memset(&probing, 0, sizeof probing);
     atomic_store(&polling, 0);
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
-    sample_seeded = 0; /* the child draws its own key: it must not repeat the parent's sequence */
+    atomic_store(&reaping, 0); /* the parent's reaper thread is not the child's */
+    sample_seeded = 0;         /* the child draws its own key: it must not repeat the parent's sequence */
     sample_left = 0;
 }
 
@@ -462,7 +465,7 @@ static CUresult sync_fn(void *unused, CUstream s, int ptsz) {
 }
 
 /* One log line per kind of launch the limiter cannot attribute or time. */
-static _Atomic int warned_device, warned_timing;
+static _Atomic int warned_device, warned_timing, warned_reaper;
 static void warn_once(_Atomic int *flag, const char *what) {
     if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed)) dl_warn("%s", what);
 }
@@ -527,6 +530,61 @@ static _Atomic int64_t last_poll;
 static void poll_soon(int64_t now, int64_t polled) {
     int64_t due = now - POLL_NS + POLL_SOON_NS;
     if (polled > due) atomic_store_explicit(&last_poll, due, memory_order_relaxed);
+}
+
+/* The reaper: GPU time is the claim's debt from the moment work is launched, whether or not the launching process
+ * ever calls CUDA again. A launch is charged its estimate at admission; what its measurement adds (a kernel longer
+ * than its estimate, a new kind's first launch) is applied by whichever thread polls first - and, so that a
+ * process that launches and then goes quiet is charged all the same, by a thread of the library that polls every
+ * REAP_NS while measurements are pending (t_launch quiet: without it, a second process of the claim ran its whole
+ * share beside the quiet one's 1 s kernel). It starts with the first measured launch, and ends after a second
+ * with nothing pending (the next measured launch starts it again). Signals are blocked in it: the application's
+ * handlers never run there. */
+#define REAP_NS 1000000LL
+#define REAP_IDLE_ROUNDS 1000
+
+static int pending_count(void) {
+    pthread_mutex_lock(&mu);
+    int n = (int)ring_count;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+static void *reaper(void *unused) {
+    (void)unused;
+    for (int idle = 0;;) {
+        dl_sleep_ns(REAP_NS);
+        if (pending_count()) {
+            idle = 0;
+            dl_measure_poll();
+            continue;
+        }
+        if (++idle < REAP_IDLE_ROUNDS) continue;
+        atomic_store(&reaping, 0);
+        /* A launch that queued a measurement just now saw the reaper running: take it on again. */
+        int expected = 0;
+        if (!pending_count() || !atomic_compare_exchange_strong(&reaping, &expected, 1)) return NULL;
+        idle = 0;
+    }
+}
+
+static void start_reaper(void) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&reaping, &expected, 1)) return;
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    pthread_attr_t attr;
+    pthread_t th;
+    int ok = pthread_attr_init(&attr) == 0;
+    if (ok) pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    ok = ok && pthread_create(&th, &attr, reaper, NULL) == 0;
+    if (ok) pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    if (!ok) {
+        atomic_store(&reaping, 0);
+        warn_once(&warned_reaper, "cannot start the thread that applies measurements; they wait for the next launch");
+    }
 }
 
 void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz) {
@@ -697,7 +755,9 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
         put_event(t->ctx, t->start);
         put_event(t->ctx, t->end);
         charged(t->dev, t->charged_ns);
+        return;
     }
+    if (DL_UNLIKELY(!atomic_load_explicit(&reaping, memory_order_relaxed))) start_reaper();
 }
 
 /* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */

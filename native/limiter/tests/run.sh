@@ -142,6 +142,8 @@ run "t_launch cold-burst" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" cold
 # were keyed by getrandom: 100 % busy for 30 %); a stream of kinds that are each new (before: 200 ms of 200).
 run "t_launch predicted" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" predicted 30 1.5
 run "t_launch new-kinds" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" new-kinds 30 0.2
+# ... a process that launches a 1 s kernel and goes quiet, beside another of the claim (before: 62 % for 30 %).
+run "t_launch quiet" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" quiet 30 3.5
 # The real H100's launch latency, event ticks and host costs (FAKE_CUDA_REAL_TIMING=1): a bracket of events
 # holds the launch's host time and the device's gap, which the limiter must not charge; short and long
 # kernels within 1 point of the target, and the mixed load. The sanitizer builds slow the library's own path

@@ -26,13 +26,21 @@
  *                 20 us kernels, as fast as it can: over the first <seconds> the device may be busy as for
  *                 cold-burst - not for a queue of new kinds each admitted at the estimate of an unknown launch
  *
+ *   quiet         two processes of the claim: one launches a kernel of 1 s (a kind never measured, admitted at
+ *                 the prior) and then makes no CUDA call for longer than the window; the other launches short
+ *                 kernels all along. The claim's GPU time over the window (both devices') may exceed the share
+ *                 only by what the 1 s kernel took before its measurement came back: the quiet process's debt
+ *                 must reach the claim's clock without it calling CUDA again
+ *
  * usage: t_launch <scenario> <cores%> <seconds>
  */
 #include "device.h"
 #include "schedstat.h"
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 uint64_t fakecuda_busy_ns(int device);
 
@@ -101,8 +109,69 @@ static void *sampler(void *arg) {
     return NULL;
 }
 
+static void sleep_until(double t) {
+    for (double n = now_s(); n < t; n = now_s()) {
+        struct timespec ts = {(time_t)(t - n), (long)((t - n - (double)(time_t)(t - n)) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The quiet scenario: processes forked before any CUDA call share the claim's region (the environment's). */
+static int quiet(int cores, double seconds) {
+    double t0 = now_s() + 0.4;
+    int fds[2][2];
+    pid_t pids[2];
+    for (int p = 0; p < 2; p++) {
+        CHECK(pipe(fds[p]) == 0, "pipe");
+        pids[p] = fork();
+        CHECK(pids[p] >= 0, "fork");
+        if (pids[p] != 0) {
+            close(fds[p][1]);
+            continue;
+        }
+        use_device0();
+        CUmodule mod;
+        CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
+        CHECK_CU(cuModuleGetFunction(&fn, mod, p == 0 ? "spin" : "k"), CUDA_SUCCESS);
+        CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        uint64_t b0 = 0;
+        if (p == 0) { /* launches once, then goes quiet past the window */
+            sleep_until(t0);
+            b0 = fakecuda_busy_ns(0);
+            spin(1000000000ull, SMS);
+            sleep_until(t0 + seconds);
+        } else { /* launches all along */
+            unsigned i = 0;
+            while (now_s() < t0 - 0.2) launch(i++);
+            b0 = fakecuda_busy_ns(0);
+            while (now_s() < t0 + seconds)
+                CHECK_CU(cuLaunchKernel(fn, SMS * 5, 1, 1, 128, 1, 1, 0, stream, NULL, NULL), CUDA_SUCCESS);
+        }
+        uint64_t busy = fakecuda_busy_ns(0) - b0;
+        CHECK(write(fds[p][1], &busy, sizeof busy) == (ssize_t)sizeof busy, "write");
+        _exit(0);
+    }
+    double total = 0, each[2] = {0, 0};
+    for (int p = 0; p < 2; p++) {
+        uint64_t busy = 0;
+        CHECK(read(fds[p][0], &busy, sizeof busy) == (ssize_t)sizeof busy, "process %d reported nothing", p);
+        int status;
+        waitpid(pids[p], &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d failed", p);
+        each[p] = 100.0 * (double)busy / (seconds * 1e9);
+        total += each[p];
+    }
+    printf("t_launch quiet: the claim's GPU busy %.2f%% of %.1f s (the quiet process %.2f%%, the other %.2f%%; share "
+           "%d%%)\n",
+           total, seconds, each[0], each[1], cores);
+    CHECK(total <= cores + 15, "the claim ran %.2f%% under a %d%% share: the quiet process's kernel was never charged",
+          total, cores);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 4, "usage: t_launch <scenario> <cores%%> <seconds>");
+    if (strcmp(argv[1], "quiet") == 0) return quiet(atoi(argv[2]), atof(argv[3]));
     const char *scenario = argv[1];
     int cores = atoi(argv[2]);
     double seconds = atof(argv[3]);
