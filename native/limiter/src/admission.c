@@ -78,10 +78,10 @@ void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
             wait_slice(dev, HELD_SLICE_NS, now, sh.held);
             continue;
         }
-        /* An elastic share may reach the whole GPU, where the clock alone would let this process queue far more
-         * than the device runs (the gaps between kernels are not charged): its queue is held to the burst too, so
-         * that a claim waking up waits for no deep queue of a borrower's. */
-        int64_t queued = sh.elastic ? dl_measure_queued_ahead(dev, now) : 0;
+        /* A borrowed share may reach the whole GPU, where the clock alone would let this process queue far more
+         * than the device runs (the gaps between kernels are not charged): while it borrows, its queue is held to
+         * the burst too, so that a claim waking up waits for no deep queue of a borrower's. */
+        int64_t queued = sh.borrowing ? dl_measure_queued_ahead(dev, now) : 0;
         if (DL_UNLIKELY(queued > sh.burst_ns)) {
             int64_t wait = queued - sh.burst_ns;
             wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);

@@ -108,7 +108,7 @@ static __thread __attribute__((tls_model("initial-exec"))) struct {
     uint64_t seq;
     uint64_t mask[2];
     double wall_per_gpu;
-    int held;
+    int held, borrowing;
 } cache;
 
 void dl_arbiter_bind(int dev, const char *uuid) {
@@ -313,6 +313,7 @@ void dl_arbiter_share(int dev, int64_t now, double fixed, int64_t burst, struct 
     out->wall_per_gpu = fixed;
     out->held = 0;
     out->elastic = 0;
+    out->borrowing = 0;
     out->burst_ns = burst;
     if (DL_UNLIKELY(dev < 0 || dev >= DEVS)) return;
     struct arb *a = &arbs[dev];
@@ -342,6 +343,7 @@ void dl_arbiter_share(int dev, int64_t now, double fixed, int64_t burst, struct 
     uint64_t cur = atomic_load_explicit(&a->seq, memory_order_relaxed);
     if (cache.dev == dev + 1 && cache.seq == cur && cache.mask[0] == mask[0] && cache.mask[1] == mask[1]) {
         out->held = cache.held;
+        out->borrowing = cache.borrowing;
         out->wall_per_gpu = cache.wall_per_gpu;
         return;
     }
@@ -353,8 +355,10 @@ void dl_arbiter_share(int dev, int64_t now, double fixed, int64_t burst, struct 
     cache.mask[0] = mask[0];
     cache.mask[1] = mask[1];
     cache.held = held;
+    cache.borrowing = share > a->floor;
     cache.wall_per_gpu = share > 0.01 ? 100.0 / share : -1.0;
     out->held = held;
+    out->borrowing = cache.borrowing;
     out->wall_per_gpu = cache.wall_per_gpu;
 }
 

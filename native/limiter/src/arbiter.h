@@ -11,6 +11,7 @@ struct dl_share {
     double wall_per_gpu; /* the wall time one ns of GPU time costs: 100 / the share; negative: may not run now */
     int held;            /* a latency claim is what holds the claim back (held_ns) */
     int elastic;         /* the device takes part in arbitration */
+    int borrowing;       /* the share is above the claim's floor: time others may want back */
     int64_t burst_ns;    /* how far ahead of wall time admitted work may run */
 };
 /* fixed and burst: the share and burst of a device that takes no part (no board, or outside a claim). No system

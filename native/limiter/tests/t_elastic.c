@@ -11,6 +11,10 @@
  *   t_elastic duty <begin> <start> <end> <kernel us> <period us>
  *       a request every period: one kernel, then waits for it (latency-critical inference); prints busy and the
  *       p50/p99 of the requests' latency (launch to completion) in [start,end]
+ *   t_elastic wake <begin> <period s> <on s> <count> <kernel us>
+ *       a claim that wakes up count times, every period from begin, and launches for on seconds each time;
+ *       prints wakes=<the time of each wake's first launch>
+ * T_ELASTIC_BIN_MS: the bins' width (default 20 ms).
  */
 #include "device.h"
 #include "schedstat.h"
@@ -20,7 +24,6 @@
 uint64_t fakecuda_busy_ns(int device);
 
 #define SMS 132 /* run.sh: FAKE_CUDA_SM_COUNT=132, FAKE_CUDA_WAVE_NS=10000: one wave = 10 us */
-#define BIN_S 0.02
 
 static double now_s(void) {
     struct timespec ts;
@@ -45,6 +48,31 @@ int main(int argc, char **argv) {
     CHECK(argc >= 2, "usage: t_elastic now | run ... | duty ...");
     if (strcmp(argv[1], "now") == 0) {
         printf("%.6f\n", now_s());
+        return 0;
+    }
+    double BIN_S = getenv("T_ELASTIC_BIN_MS") ? atof(getenv("T_ELASTIC_BIN_MS")) / 1e3 : 0.02;
+    if (strcmp(argv[1], "wake") == 0) {
+        CHECK(argc == 7, "usage: t_elastic wake <begin> <period s> <on s> <count> <kernel us>");
+        double begin = atof(argv[2]), period = atof(argv[3]), on = atof(argv[4]);
+        int count = atoi(argv[5]);
+        unsigned waves = (unsigned)atoi(argv[6]) / 10;
+        CUmodule mod;
+        CUfunction fn;
+        CUstream s;
+        use_device0();
+        CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
+        CHECK_CU(cuModuleGetFunction(&fn, mod, "small"), CUDA_SUCCESS);
+        CHECK_CU(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+        printf("wakes=");
+        for (int k = 0; k < count; k++) {
+            double w = begin + k * period;
+            sleep_until(w);
+            printf("%s%.6f", k ? "," : "", now_s());
+            while (now_s() < w + on)
+                CHECK_CU(cuLaunchKernel(fn, SMS * waves, 1, 1, 128, 1, 1, 0, s, NULL, NULL), CUDA_SUCCESS);
+            CHECK_CU(cuStreamSynchronize(s), CUDA_SUCCESS);
+        }
+        printf("\n");
         return 0;
     }
     CHECK(argc >= 6, "usage: t_elastic run|duty <begin> <start> <end> <kernel us> [...]");
@@ -78,7 +106,7 @@ int main(int argc, char **argv) {
     }
     sleep_until(begin);
 
-    static double bins[4096], lat[100000];
+    static double bins[65536], lat[100000];
     int nbins = 0, nlat = 0;
     double next_bin = begin + BIN_S, next_req = begin;
     uint64_t bin0 = fakecuda_busy_ns(0), b0 = 0, d0 = 0;
@@ -89,7 +117,7 @@ int main(int argc, char **argv) {
             b0 = fakecuda_busy_ns(0);
             d0 = run_delay_ns();
         }
-        while (t >= next_bin && nbins < 4096) {
+        while (t >= next_bin && nbins < 65536) {
             uint64_t b = fakecuda_busy_ns(0);
             bins[nbins++] = 100.0 * (double)(b - bin0) / (BIN_S * 1e9);
             bin0 = b;
