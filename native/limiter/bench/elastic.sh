@@ -41,7 +41,8 @@ chmod 0755 "$tmp/gpus" "$tmp/gpus/$GPU"
 mount --bind "$tmp/gpus" "$GPUS" && mount -o remount,bind,ro "$GPUS" || fail "cannot bind-mount the GPUs root read-only"
 . "$here/tests/elastic_agent.sh"
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" "$2"; }
-t0() { echo "$("$worker" now) + $1" | bc; }
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+t0() { calc "$("$worker" now) + $1"; }
 finish() {
     for p in "${pids[@]}"; do wait "$p" || fail "a worker failed: $(cat "$tmp"/*.err)"; done
     pids=()
@@ -66,9 +67,9 @@ for kind in "50 kernels" "5000 kernels" "50 graph"; do
         line="" worst=1000 total=0
         for c in $set; do
             busy=$(field busy "$tmp/f-${c%:*}")
-            total=$(echo "$total + $busy" | bc)
-            margin=$(echo "$busy - ${c#*:}" | bc)
-            worst=$(echo "if ($margin < $worst) $margin else $worst" | bc)
+            total=$(calc "$total + $busy")
+            margin=$(calc "$busy - ${c#*:}")
+            worst=$(calc "$margin < $worst ? $margin : $worst")
             line="$line ${c%:*} $busy (${c#*:})"
         done
         printf '  %d claims, %5s us %-7s:%s  | all %s %%, worst claim %+.1f points from its floor\n' \
@@ -89,8 +90,8 @@ done
 echo "== reclaim: a 30/100 claim borrows; a fixed 50 % claim wakes 20 times (every 250 ms, for 100 ms)"
 echo "   time from a wake until the borrower's 5 ms average is back at its share (50 %) + 5 points, 1 ms bins"
 b=$(t0 0.5)
-T_ELASTIC_BIN_MS=1 start a2 "$tmp/borrower" run "$b" "$b" "$(echo "$b + 5.6" | bc)" 50
-start b2 "$tmp/waker" wake "$(echo "$b + 0.3" | bc)" 0.25 0.1 20 50
+T_ELASTIC_BIN_MS=1 start a2 "$tmp/borrower" run "$b" "$b" "$(calc "$b + 5.6")" 50
+start b2 "$tmp/waker" wake "$(calc "$b + 0.3")" 0.25 0.1 20 50
 finish
 python3 - "$b" "$tmp/borrower" "$tmp/waker" <<'EOF'
 import re, sys
@@ -126,9 +127,9 @@ beside=$(field p99_us "$tmp/lat-beside")
 lat_busy=$(field busy "$tmp/lat-beside")
 be_busy=$(field busy "$tmp/be")
 printf '  p99 alone %s us, beside besteffort %s us: %.3f x (goal <= 1.10); p50 %s / %s us\n' "$alone" "$beside" \
-    "$(echo "$beside / $alone" | bc -l)" "$(field p50_us "$tmp/lat-alone")" "$(field p50_us "$tmp/lat-beside")"
+    "$(calc "$beside / $alone")" "$(field p50_us "$tmp/lat-alone")" "$(field p50_us "$tmp/lat-beside")"
 printf '  besteffort busy %s %% of the %s %% the latency claim left idle: %.0f %% of it (goal >= 50)\n' "$be_busy" \
-    "$(echo "100 - $lat_busy" | bc)" "$(echo "100 * $be_busy / (100 - $lat_busy)" | bc -l)"
+    "$(calc "100 - $lat_busy")" "$(calc "100 * $be_busy / (100 - $lat_busy)")"
 
 echo "== a throttled launch's bookkeeping with arbitration (a 99 % claim at its floor, 12 other claims on the board)"
 unset FAKE_CUDA_REAL_TIMING

@@ -47,7 +47,8 @@ show() { [ -n "${T_ELASTIC_VERBOSE:-}" ] && { echo "$1: $(cat "$2")"; cat "$2.er
 # at_least / at_most <value> <bound> <what>
 at_least() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v >= b) }' || fail "$3: $1 < $2"; }
 at_most() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v <= b) }' || fail "$3: $1 > $2"; }
-t0() { echo "$("$worker" now) + $1" | bc; }
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+t0() { calc "$("$worker" now) + $1"; }
 activity() { python3 -c 'import struct,sys; print(struct.unpack_from("<5q", open(sys.argv[1], "rb").read(), 16)[int(sys.argv[2])])' "$tmp/gpus/$GPU/$1.activity" "$2"; }
 
 # 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not.
@@ -80,7 +81,7 @@ total=0
 for c in c1:30 c2:30 c3:20; do
     show "${c%:*}" "$tmp/${c%:*}"
     at_least "$(field ran "$tmp/${c%:*}")" "$((${c#*:} - 3))" "claim ${c%:*} under contention (floor ${c#*:})"
-    total=$(echo "$total + $(field busy "$tmp/${c%:*}")" | bc)
+    total=$(calc "$total + $(field busy "$tmp/${c%:*}")")
 done
 at_most "$total" 106 "three claims together"
 at_least "$(field busy "$tmp/c1")" 33 "the 30/100 claim should borrow the 20 points left idle"
@@ -89,8 +90,8 @@ at_least "$(field busy "$tmp/c1")" 33 "the 30/100 claim should borrow the 20 poi
 # borrower is back near its share (30 + its part of the 20 left), the others at their floors.
 b=$(t0 0.3) w=$(t0 1.0) e=$(t0 1.8)
 start alone "$tmp/r1" run "$b" "$w" "$e" 50
-start fixed "$tmp/r2" run "$w" "$(echo "$w + 0.1" | bc)" "$e" 50
-start third "$tmp/r3" run "$w" "$(echo "$w + 0.1" | bc)" "$e" 50
+start fixed "$tmp/r2" run "$w" "$(calc "$w + 0.1")" "$e" 50
+start third "$tmp/r3" run "$w" "$(calc "$w + 0.1")" "$e" 50
 finish
 for r in r1 r2 r3; do show "$r" "$tmp/$r"; done
 bins=$(sed -n 's/.*bins=//p' "$tmp/r1" | tr ',' ' ')
@@ -110,7 +111,7 @@ claim lat 30 100 latency
 claim be 10 100 besteffort
 b=$(t0 0.3) s=$(t0 0.6) e=$(t0 1.4)
 start lat "$tmp/l1" run "$b" "$s" "$e" 50
-start be "$tmp/e1" run "$(echo "$b + 0.1" | bc)" "$s" "$e" 50
+start be "$tmp/e1" run "$(calc "$b + 0.1")" "$s" "$e" 50
 finish
 show lat "$tmp/l1"
 show be "$tmp/e1"
@@ -124,8 +125,8 @@ finish
 show lat "$tmp/l2"
 show be "$tmp/e2"
 lat=$(field busy "$tmp/l2")
-at_most "$(echo "$lat + $(field busy "$tmp/e2")" | bc)" 106 "the latency and besteffort claims together"
-at_least "$(field ran "$tmp/e2")" "$(echo "(100 - $lat) * 0.5" | bc)" "the besteffort claim in the latency claim's idle time (it is busy $lat %)"
+at_most "$(calc "$lat + $(field busy "$tmp/e2")")" 106 "the latency and besteffort claims together"
+at_least "$(field ran "$tmp/e2")" "$(calc "(100 - $lat) * 0.5")" "the besteffort claim in the latency claim's idle time (it is busy $lat %)"
 
 # 5. A board the claim could have written (not owned by root) is not trusted: the fixed floor, one line.
 chown 1 "$tmp/gpus/$GPU/board"
@@ -150,4 +151,4 @@ unshare --mount --propagation private sh -c 'mount --rbind "$1" "$2" && shift 2 
 grep -q "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/bad" || fail "a bad limit= should refuse memory: $(cat "$tmp/bad")"
 grep -q "limit= is below cores=" "$tmp/bad.err" || fail "expected the reason: $(cat "$tmp/bad.err")"
 
-echo "t_elastic: ok (alone $alone %, floors held by 3 claims ($total % in all), reclaim ${reclaim} ms, besteffort held and in the latency claim's idle time)"
+echo "t_elastic: ok (alone $alone %, floors held by 3 claims ($(printf %.2f "$total") % in all), reclaim ${reclaim} ms, besteffort held and in the latency claim's idle time)"
