@@ -240,6 +240,7 @@ static void set_up(struct arb *a) {
     a->floor = d->cores < env ? d->cores : env;
     a->ceiling = d->ceiling < env ? d->ceiling : env;
     a->priority = d->priority;
+    snprintf(a->uuid, sizeof a->uuid, "%s", d->uuid); /* the agent's spelling (a MIG instance's "MIG-..."), for paths */
     char path[4400];
     const char *why = NULL;
     struct stat st;
@@ -253,8 +254,12 @@ static void set_up(struct arb *a) {
     int on_board = a->board && a->own ? read_board(a, a->self_uid) : 0;
     if (a->board && a->own && on_board <= 0) why = "this claim is not on the board";
     if (!a->board || !a->own || on_board <= 0) {
-        dl_warn("elastic compute on %s: %s: %s; claim %s runs its fixed floor of %d%%", a->uuid, path, why, cl->name,
-                a->floor);
+        /* A fixed share where the agent keeps no arbitration directory (an agent before elastic compute) loses
+         * nothing: said only at debug level. */
+        int asked = a->ceiling > a->floor || a->priority != DL_PRIORITY_STANDARD;
+        dl_log(asked || strcmp(why, "it is missing") != 0 ? DL_LOG_WARN : DL_LOG_DEBUG,
+               "elastic compute on %s: %s: %s; claim %s runs its fixed floor of %d%%", a->uuid, path, why, cl->name,
+               a->floor);
         atomic_store(&a->state, FIXED);
         return;
     }
