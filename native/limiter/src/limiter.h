@@ -19,6 +19,7 @@
  *   launch.c   the compute cap's launch entry points
  *   measure.c  the GPU time of throttled launches (timing events, estimates) and each launch's bookkeeping
  *   admission.c the claim's share and the GPU-time rate limiter shared by the claim's processes
+ *   arbiter.c  elastic compute: a claim's share of a GPU from the agent's board and the claims' activity files
  *   capture.c  stream capture: what may be capturing, and keeping the library's calls from disturbing it
  */
 #ifndef DRAGPU_LIMITER_H

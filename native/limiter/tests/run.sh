@@ -103,7 +103,7 @@ for c in lowered impossible deleted replaced resized header shared clock unlocke
 done
 run t_limits "$here/t_limits.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT"
 # Elastic compute: several claims on one GPU with the agent's board and activity files.
-run t_elastic "$here/t_elastic.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT" "$LIMITER_GPUS_ROOT"
+run t_elastic "$here/t_elastic.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT" "${LIMITER_GPUS_ROOT:-$B/gpus}"
 
 if [ -x "$B/tests/t_cudart" ]; then
     run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \
@@ -141,6 +141,7 @@ run "t_launch cold-burst" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" cold
 # Hostile shaping: a tenant that knows how the timed launches are drawn makes the others long (before the draws
 # were keyed by getrandom: 100 % busy for 30 %); a stream of kinds that are each new (before: 200 ms of 200).
 run "t_launch predicted" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" predicted 30 1.5
+run "t_launch changed" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" changed 30 1.5
 run "t_launch new-kinds" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" new-kinds 30 0.2
 # ... a process that launches a 1 s kernel and goes quiet, beside another of the claim (before: 62 % for 30 %).
 run "t_launch quiet" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" quiet 30 3.5

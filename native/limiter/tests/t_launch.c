@@ -22,6 +22,8 @@
  *                 sequence of a generator with a fixed seed, replayed here): one function and grid, 20 us on
  *                 the launches it expects timed, 1 ms on the others - the share holds only if the tenant cannot
  *                 predict the draws
+ *   changed       one function and grid learned at 20 us, then every launch of it 1 ms: the random draws must
+ *                 catch the change
  *   new-kinds     every launch a kind never seen (a new grid size), each 2 ms, after the limiter has learned
  *                 20 us kernels, as fast as it can: over the first <seconds> the device may be busy as for
  *                 cold-burst - not for a queue of new kinds each admitted at the estimate of an unknown launch
@@ -55,7 +57,7 @@ static double now_s(void) {
 static CUfunction fn;
 static CUstream stream;
 static unsigned waves_of[4] = {1, 5, 20, 50};
-static int long_kernels, prior_beaters, periodic, predicted, new_kinds;
+static int long_kernels, prior_beaters, periodic, predicted, new_kinds, changed;
 static uint64_t guess = 0x9e3779b97f4a7c15ull; /* the seed of the generator the limiter drew with before */
 
 /* Whether the tenant expects the limiter to time its next launch: xorshift64 from the fixed seed, one in eight. */
@@ -72,8 +74,8 @@ static void spin(uint64_t ns, unsigned blocks) {
 }
 
 static void launch(unsigned i) {
-    if (predicted) {
-        spin(expect_timed() ? 20000 : 1000000, SMS);
+    if (predicted || changed) {
+        spin(changed || !expect_timed() ? 1000000 : 20000, SMS);
         return;
     }
     if (new_kinds) {
@@ -236,7 +238,7 @@ int main(int argc, char **argv) {
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         long_kernels = 1;
-    } else if (strcmp(scenario, "predicted") == 0) {
+    } else if (strcmp(scenario, "predicted") == 0 || strcmp(scenario, "changed") == 0) {
         CHECK_CU(cuModuleGetFunction(&fn, mod, "spin"), CUDA_SUCCESS);
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         /* The kind is learned from short kernels first: eight timed launches, all measured by the next launch. */
@@ -244,7 +246,8 @@ int main(int argc, char **argv) {
         CHECK_CU(cuStreamSynchronize(stream), CUDA_SUCCESS);
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
-        predicted = 1;
+        predicted = strcmp(scenario, "predicted") == 0;
+        changed = !predicted;
     } else if (strcmp(scenario, "periodic") == 0) {
         CHECK_CU(cuModuleGetFunction(&fn, mod, "spin"), CUDA_SUCCESS);
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
