@@ -45,7 +45,9 @@ void dl_throttle_reset_after_fork(void) {
     dl_capture_reset_after_fork();
 }
 
-#define HELD_SLICE_NS 200000LL /* between two looks at whether a claim held to nothing may run */
+#define HELD_SLICE_NS 200000LL
+#define STALL_WAIT_MAX_NS                                                                                              \
+    1000000000LL /* past this, a stalled measurement no longer holds launches back */ /* between two looks at whether a claim held to nothing may run */
 
 int64_t dl_wall_cost(int dev, int64_t gpu_ns) {
     return (int64_t)((double)gpu_ns * dl_arbiter_last_wall_per_gpu(dev, wall_per_gpu_ns));
@@ -85,6 +87,12 @@ void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
         if (DL_UNLIKELY(queued > sh.burst_ns)) {
             int64_t wait = queued - sh.burst_ns;
             wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);
+            continue;
+        }
+        /* The device runs far behind the charges (a measurement long overdue): wait for it, a second at most. */
+        int64_t stalled = dl_measure_stalled(now);
+        if (DL_UNLIKELY(stalled) && stalled < STALL_WAIT_MAX_NS) {
+            wait_slice(dev, SLICE_NS / 4, now, sh.held);
             continue;
         }
         int64_t wall = (int64_t)((double)gpu_ns * sh.wall_per_gpu);

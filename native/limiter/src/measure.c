@@ -67,8 +67,11 @@ struct pending {
     CUevent start, end;
     uint64_t key;
     int dev;
-    int64_t charged_ns; /* GPU time charged at admission */
-    int64_t extra_ns;   /* what the bracket holds besides the kernel: gaps and the host's time */
+    int64_t charged_ns;  /* GPU time charged at admission */
+    int64_t extra_ns;    /* what the bracket holds besides the kernel: gaps and the host's time */
+    int64_t started_ns;  /* when the reaper first saw its start event reached (0: not yet) */
+    int64_t accrued_ns;  /* what the reaper charged it while it ran past its charge */
+    int64_t recorded_ns; /* when its start event was recorded (host clock) */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -82,6 +85,8 @@ static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
 static _Atomic int reaping; /* the reaper thread runs (below) */
+/* When the oldest launch still being measured was recorded (0: none): see dl_measure_stalled. */
+static _Atomic int64_t oldest_recorded;
 
 /* When the work this process has queued on each device should end (host clock; the sum of the estimates of
  * what was launched, each GAP_PENDING_NS apart): a launch made before then is queued and its bracket holds no
@@ -104,6 +109,10 @@ static struct {
  * repeat - and charge that phase's time to every launch. (t_launch periodic, one 400 us kernel and three of
  * 20 us, with the real driver's gaps: timed on every fourth launch, the GPU ran 98 % busy under a 30 % share; timed
  * at random alone, 33 %, and 90 % under 70 %; with every launch of such a kind timed, 30.0 and 70.1 %.) */
+/* A launch measured but not complete this long after it was recorded: the device runs far behind what was charged
+ * (a learned kind whose kernels became long, its unmeasured launches charged the old estimate): admission waits for
+ * it (dl_measure_stalled), so that an estimate that lags cannot queue more than this much work. */
+#define STALL_NS 20000000LL
 #define SAMPLE_AFTER 8
 #define SAMPLE_EVERY 8
 #define SPREAD_TIMED_ALL 5
@@ -180,6 +189,11 @@ static struct {
 #define PROBE_SLICE_NS 50000LL      /* between two looks at it */
 #define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
 
+int64_t dl_measure_stalled(int64_t now) {
+    int64_t r = atomic_load_explicit(&oldest_recorded, memory_order_relaxed);
+    return r && now - r > STALL_NS ? now - r : 0;
+}
+
 int64_t dl_measure_queued_ahead(int dev, int64_t now) {
     return atomic_load_explicit(&queued_until[dev % DL_MAX_DEVICES], memory_order_relaxed) - now;
 }
@@ -201,7 +215,8 @@ void dl_measure_reset_after_fork(void) {
     atomic_store(&polling, 0);
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
     atomic_store(&reaping, 0); /* the parent's reaper thread is not the child's */
-    sample_seeded = 0;         /* the child draws its own key: it must not repeat the parent's sequence */
+    atomic_store(&oldest_recorded, 0);
+    sample_seeded = 0; /* the child draws its own key: it must not repeat the parent's sequence */
     sample_left = 0;
 }
 
@@ -318,6 +333,7 @@ static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
  * pending entries are copied out, their events queried without the lock, then what completed is learnt,
  * its events pooled and the head advanced in one more look at the tables. */
 #define POLL_BATCH 32
+static __thread int in_reaper; /* this thread is the reaper: it also charges the oldest launch as it runs */
 static void poll_completed(void) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&polling, &expected, 1)) return;
@@ -338,14 +354,31 @@ static void poll_completed(void) {
             float ms;
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
                 actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
-                atomic_fetch_add(dl_region_tat(p->dev), dl_wall_cost(p->dev, actual[done] - p->charged_ns));
+                atomic_fetch_add(dl_region_tat(p->dev),
+                                 dl_wall_cost(p->dev, actual[done] - p->charged_ns - p->accrued_ns));
                 charged(p->dev, actual[done]);
             }
+        }
+        /* The reaper charges the oldest launch still running as it runs: once its start event is reached, the time
+         * since then beyond its charge is the claim's debt already (the measurement settles the rest). A kernel of
+         * a second then holds the claim's other processes back while it runs, not only after it. */
+        int64_t started = 0, accrued = 0;
+        if (in_reaper && done < n && batch[done].ctx && dl_cuda.cuEventQuery(batch[done].start) == CUDA_SUCCESS) {
+            struct pending *p = &batch[done];
+            int64_t now = (int64_t)dl_now_ns();
+            started = p->started_ns ? p->started_ns : now;
+            int64_t over = now - started - p->charged_ns - p->accrued_ns;
+            accrued = p->accrued_ns + (over > 0 ? over : 0);
+            if (over > 0) atomic_fetch_add(dl_region_tat(p->dev), dl_wall_cost(p->dev, over));
         }
         /* Events that cannot be pooled (unusable, or the pool is full) are destroyed without the lock. */
         CUevent doomed[2 * POLL_BATCH];
         int nd = 0;
         pthread_mutex_lock(&mu);
+        if (started) {
+            ring[(ring_head + done) % RING].started_ns = started;
+            ring[(ring_head + done) % RING].accrued_ns = accrued;
+        }
         for (unsigned k = 0; k < done; k++) {
             struct pending *p = &batch[k];
             if (!p->ctx) continue;
@@ -365,6 +398,8 @@ static void poll_completed(void) {
         }
         ring_head = (ring_head + done) % RING;
         ring_count -= done;
+        if (done)
+            atomic_store_explicit(&oldest_recorded, ring_count ? ring[ring_head].recorded_ns : 0, memory_order_relaxed);
         pthread_mutex_unlock(&mu);
         for (int k = 0; k < nd; k++) dl_cuda.cuEventDestroy_v2(doomed[k]);
         if (done < n || n < POLL_BATCH) break;
@@ -536,7 +571,7 @@ static void poll_soon(int64_t now, int64_t polled) {
  * ever calls CUDA again. A launch is charged its estimate at admission; what its measurement adds (a kernel longer
  * than its estimate, a new kind's first launch) is applied by whichever thread polls first - and, so that a
  * process that launches and then goes quiet is charged all the same, by a thread of the library that polls every
- * REAP_NS while measurements are pending (t_launch quiet: without it, a second process of the claim ran its whole
+ * REAP_NS while measurements are pending, and charges the oldest launch still running as it runs (t_launch quiet: without it, a second process of the claim ran its whole
  * share beside the quiet one's 1 s kernel). It starts with the first measured launch, and ends after a second
  * with nothing pending (the next measured launch starts it again). Signals are blocked in it: the application's
  * handlers never run there. */
@@ -552,6 +587,7 @@ static int pending_count(void) {
 
 static void *reaper(void *unused) {
     (void)unused;
+    in_reaper = 1;
     for (int idle = 0;;) {
         dl_sleep_ns(REAP_NS);
         if (pending_count()) {
@@ -746,8 +782,8 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
     int queued = ring_count < RING;
     if (queued) {
         ring[(ring_head + ring_count) % RING] =
-            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra};
-        ring_count++;
+            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra, 0, 0, t->recorded};
+        if (ring_count++ == 0) atomic_store_explicit(&oldest_recorded, t->recorded, memory_order_relaxed);
     }
     if (!queued) probe_dropped(t->key);
     pthread_mutex_unlock(&mu);

@@ -28,6 +28,9 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
 void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz);
 /* How far past now the work this process has queued on dev is expected to run (negative: none queued). */
 int64_t dl_measure_queued_ahead(int dev, int64_t now);
+/* How long the oldest launch still being measured has been pending, when that is past any kernel's reason (20 ms):
+ * the device runs far behind what was charged; 0 otherwise. */
+int64_t dl_measure_stalled(int64_t now);
 /* Applies the measurements that have completed, unless that could disturb an open capture. */
 void dl_measure_poll(void);
 /* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every

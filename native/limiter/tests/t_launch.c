@@ -166,8 +166,9 @@ static int quiet(int cores, double seconds) {
     printf("t_launch quiet: the claim's GPU busy %.2f%% of %.1f s (the quiet process %.2f%%, the other %.2f%%; share "
            "%d%%)\n",
            total, seconds, each[0], each[1], cores);
-    CHECK(total <= cores + 15, "the claim ran %.2f%% under a %d%% share: the quiet process's kernel was never charged",
-          total, cores);
+    CHECK(total <= cores + 5,
+          "the claim ran %.2f%% under a %d%% share: the quiet process's kernel was not charged as it ran", total,
+          cores);
     return 0;
 }
 
