@@ -72,7 +72,7 @@ for kind in "50 kernels" "5000 kernels" "50 graph"; do
             worst=$(calc "$margin < $worst ? $margin : $worst")
             line="$line ${c%:*} $busy (${c#*:})"
         done
-        printf '  %d claims, %5s us %-7s:%s  | all %s %%, worst claim %+.1f points from its floor\n' \
+        printf '  %d claims, %5s us %-7s:%s  | all %.2f %%, worst claim %+.1f points from its floor\n' \
             "$(echo "$set" | wc -w)" "$us" "$how" "$line" "$total" "$worst"
     done
 done
@@ -128,7 +128,7 @@ lat_busy=$(field busy "$tmp/lat-beside")
 be_busy=$(field busy "$tmp/be")
 printf '  p99 alone %s us, beside besteffort %s us: %.3f x (goal <= 1.10); p50 %s / %s us\n' "$alone" "$beside" \
     "$(calc "$beside / $alone")" "$(field p50_us "$tmp/lat-alone")" "$(field p50_us "$tmp/lat-beside")"
-printf '  besteffort busy %s %% of the %s %% the latency claim left idle: %.0f %% of it (goal >= 50)\n' "$be_busy" \
+printf '  besteffort busy %s %% of the %.2f %% the latency claim left idle: %.0f %% of it (goal >= 50)\n' "$be_busy" \
     "$(calc "100 - $lat_busy")" "$(calc "100 * $be_busy / (100 - $lat_busy)")"
 
 echo "== a throttled launch's bookkeeping with arbitration (a 99 % claim at its floor, 12 other claims on the board)"
