@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.limiter, pytest.mark.timeout(900)]
 CASES = [
     "exports",
     "env-parsing+fuzz",
+    "launch entry points",
     "t_linked (baseline)",
     "t_linked",
     "t_dlsym (baseline)",
@@ -62,7 +63,19 @@ CASES = [
             "contexts",
         )
     ),
-    *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels", "cold-burst")),
+    *(
+        f"t_launch {sc}"
+        for sc in (
+            "other-device",
+            "no-context",
+            "long-kernels",
+            "cold-burst",
+            "predicted",
+            "changed",
+            "new-kinds",
+            "quiet",
+        )
+    ),
     *(f"t_launch periodic {pct}%" for pct in (30, 70)),
     *(
         f"t_capture {sc}{variant}"
@@ -86,12 +99,14 @@ CASES = [
     "t_region unlocked",
     "t_region replaced",
     "t_limits",
+    "t_elastic",
     "compute unlimited",
     "compute 10%",
     "compute 30%",
     "compute 50%",
     "compute 70%",
     "compute 30%, 2 processes",
+    "t_entrypoints busy 30%",
     "compute 30%, capture open",
     "compute without events, at most",
     "compute 30%, H100 timing",
