@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -85,6 +86,7 @@ static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
 static _Atomic int reaping; /* the reaper thread runs (below) */
+static _Atomic int exiting, reaper_polling, exit_hook;
 /* When the oldest launch still being measured was recorded (0: none): see dl_measure_stalled. */
 static _Atomic int64_t oldest_recorded;
 
@@ -215,6 +217,7 @@ void dl_measure_reset_after_fork(void) {
     atomic_store(&polling, 0);
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
     atomic_store(&reaping, 0); /* the parent's reaper thread is not the child's */
+    atomic_store(&reaper_polling, 0);
     atomic_store(&oldest_recorded, 0);
     sample_seeded = 0; /* the child draws its own key: it must not repeat the parent's sequence */
     sample_left = 0;
@@ -585,14 +588,24 @@ static int pending_count(void) {
     return n;
 }
 
+/* At exit the driver's own destructors run after the handlers registered later than they were (the reaper's, below):
+ * the reaper leaves the driver alone from then on, and a poll it is in is waited for (100 ms at most). */
+static void reaper_stop(void) {
+    atomic_store(&exiting, 1);
+    for (int i = 0; i < 1000 && atomic_load(&reaper_polling); i++) dl_sleep_ns(100000);
+}
+
 static void *reaper(void *unused) {
     (void)unused;
     in_reaper = 1;
     for (int idle = 0;;) {
         dl_sleep_ns(REAP_NS);
+        if (atomic_load(&exiting)) return NULL;
         if (pending_count()) {
             idle = 0;
-            dl_measure_poll();
+            atomic_store(&reaper_polling, 1);
+            if (!atomic_load(&exiting)) dl_measure_poll();
+            atomic_store(&reaper_polling, 0);
             continue;
         }
         if (++idle < REAP_IDLE_ROUNDS) continue;
@@ -606,7 +619,8 @@ static void *reaper(void *unused) {
 
 static void start_reaper(void) {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&reaping, &expected, 1)) return;
+    if (atomic_load(&exiting) || !atomic_compare_exchange_strong(&reaping, &expected, 1)) return;
+    if (!atomic_exchange(&exit_hook, 1)) atexit(reaper_stop);
     sigset_t all, saved;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &saved);
