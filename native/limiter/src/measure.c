@@ -86,7 +86,7 @@ static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
 static _Atomic int reaping; /* the reaper thread runs (below) */
-static _Atomic int exiting, reaper_polling, exit_hook;
+static _Atomic int exiting, reaper_polling, exit_hook, no_reaper;
 /* When the oldest launch still being measured was recorded (0: none): see dl_measure_stalled. */
 static _Atomic int64_t oldest_recorded;
 
@@ -598,6 +598,16 @@ static void reaper_stop(void) {
 static void *reaper(void *unused) {
     (void)unused;
     in_reaper = 1;
+    /* Its calls must never invalidate an application's global-mode capture, which another thread may begin at any
+     * moment (even between a look at whether one is open and the query that follows): this thread's capture mode
+     * stays relaxed for good. A driver that cannot relax it gets no reaper: its launching threads poll. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!dl_cuda.cuThreadExchangeStreamCaptureMode ||
+        dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) {
+        atomic_store(&no_reaper, 1);
+        atomic_store(&reaping, 0);
+        return NULL;
+    }
     for (int idle = 0;;) {
         dl_sleep_ns(REAP_NS);
         if (atomic_load(&exiting)) return NULL;
@@ -619,7 +629,8 @@ static void *reaper(void *unused) {
 
 static void start_reaper(void) {
     int expected = 0;
-    if (atomic_load(&exiting) || !atomic_compare_exchange_strong(&reaping, &expected, 1)) return;
+    if (atomic_load(&exiting) || atomic_load(&no_reaper) || !atomic_compare_exchange_strong(&reaping, &expected, 1))
+        return;
     if (!atomic_exchange(&exit_hook, 1)) atexit(reaper_stop);
     sigset_t all, saved;
     sigfillset(&all);
