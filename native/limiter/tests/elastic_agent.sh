@@ -29,7 +29,9 @@ EOF
 # claim <uid> <floor> <ceiling> <priority> [<limits line's extra fields>]: as the agent prepares it.
 claim() {
     local uid=$1 floor=$2 ceiling=$3 prio=$4 extra=${5-}
-    local dir=$tmp/claims-$uid/$uid state=$tmp/state-$uid
+    # The state directory is the claim's own limiter directory under the claims root: the library takes a
+    # limits file only with that state= (one a pod mounted elsewhere cannot name another claim's region).
+    local dir=$tmp/claims-$uid/$uid state=$tmp/claims-$uid/$uid/limiter
     mkdir -p "$dir" "$state"
     chmod 0755 "$state"
     python3 - "$state/dragpu-limiter.region" "$tmp/gpus/$GPU/$uid.activity" <<'EOF'
@@ -47,7 +49,7 @@ EOF
     local line="$GPU memory=unlimited cores=$floor"
     [ "$ceiling" != "$floor" ] && line="$line limit=$ceiling"
     [ "$prio" != standard ] && line="$line priority=$prio"
-    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "$uid" "$state" "$line" "$extra" >"$dir/limits"
+    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "$uid" "$ROOT/$uid/limiter" "$line" "$extra" >"$dir/limits"
     chmod 0444 "$dir/limits"
     mount --bind "$dir/limits" "$dir/limits" && mount -o remount,bind,ro "$dir/limits" || fail "cannot mount $dir/limits"
     claims+=("$uid:$floor:$ceiling:$prio")
