@@ -126,7 +126,9 @@ class Layout:
         return self.work / f"claims-{uid}"
 
     def state_dir(self, uid: str) -> Path:
-        return self.work / f"state-{uid}"
+        """The claim's limiter directory on the host: inside its own directory, as the agent makes it (the
+        library takes a limits file only whose `state=` is its own directory's `limiter`)."""
+        return self.claim_dir(uid) / uid / "limiter"
 
     def activity_path(self, uid: str) -> Path:
         return self.gpu_dir / f"{uid}{board().ACTIVITY_SUFFIX}"
@@ -138,7 +140,8 @@ class Layout:
             line += f" limit={claim.top}"
         if claim.priority != "standard":
             line += f" priority={claim.priority}"
-        return f"version=1\nclaim={NAMESPACE}/{claim.uid}\nstate={self.state_dir(claim.uid)}\n{line}\n"
+        state = self.claims_root / claim.uid / "limiter"
+        return f"version=1\nclaim={NAMESPACE}/{claim.uid}\nstate={state}\n{line}\n"
 
     def _lay_out(self) -> None:
         layout = board()
@@ -147,12 +150,12 @@ class Layout:
             d.chmod(0o755)
         for claim in self.claims.values():
             state = self.state_dir(claim.uid)
-            state.mkdir(mode=0o755)
+            state.mkdir(mode=0o755, parents=True)
             _make_region(state / region().REGION_FILE)
             layout.make_activity(self.activity_path(claim.uid))
             os.link(self.activity_path(claim.uid), state / f"{self.gpu_uuid}{layout.ACTIVITY_SUFFIX}")
             limits = self.claim_dir(claim.uid) / claim.uid / "limits"
-            limits.parent.mkdir(parents=True)
+            limits.parent.mkdir(parents=True, exist_ok=True)
             limits.write_text(self.limits_text(claim))
             limits.chmod(0o444)
         path = self.gpu_dir / layout.BOARD_FILE

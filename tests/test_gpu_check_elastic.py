@@ -286,7 +286,7 @@ def test_the_claims_files_are_laid_out_as_the_agent_lays_them_out(tmp_path: Path
         assert (layout.claim_dir(c.uid) / c.uid / "limits").stat().st_mode & 0o777 == 0o444
     limits = (layout.claim_dir("lat") / "lat" / "limits").read_text()
     assert limits == (
-        f"version=1\nclaim=gpu-check/lat\nstate={layout.state_dir('lat')}\n"
+        f"version=1\nclaim=gpu-check/lat\nstate={tmp_path / 'claims-root/lat/limiter'}\n"
         f"device={UUID} memory=unlimited cores=30 limit=100 priority=latency\n"
     )
     assert (

@@ -34,6 +34,7 @@ CASES = [
     "exports",
     "entry points",
     "env-parsing+fuzz",
+    "launch entry points",
     "t_linked (baseline)",
     "t_linked",
     "t_dlsym (baseline)",
@@ -66,7 +67,19 @@ CASES = [
             "contexts (tenant NVML)",
         )
     ),
-    *(f"t_launch {sc}" for sc in ("other-device", "no-context", "long-kernels", "cold-burst")),
+    *(
+        f"t_launch {sc}"
+        for sc in (
+            "other-device",
+            "no-context",
+            "long-kernels",
+            "cold-burst",
+            "predicted",
+            "changed",
+            "new-kinds",
+            "quiet",
+        )
+    ),
     *(f"t_launch periodic {pct}%" for pct in (30, 70)),
     *(
         f"t_capture {sc}{variant}"
@@ -90,12 +103,14 @@ CASES = [
     "t_region unlocked",
     "t_region replaced",
     "t_limits",
+    "t_elastic",
     "compute unlimited",
     "compute 10%",
     "compute 30%",
     "compute 50%",
     "compute 70%",
     "compute 30%, 2 processes",
+    "t_entrypoints busy 30%",
     "compute 30%, capture open",
     "compute without events, at most",
     "compute 30%, H100 timing",

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "limiter.h"
+#include "measure.h"
 
 static struct {
     _Atomic int refs; /* this process's retains of the device's primary context */

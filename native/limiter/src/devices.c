@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "limiter.h"
+#include "arbiter.h"
+#include "capture.h"
 
 /* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
 
@@ -37,6 +39,7 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit) {
         char uuid[DL_UUID_LEN];
         if (ordinal_uuid(ordinal, uuid) != 0) return -1;
         int r = dl_region_device(uuid);
+        dl_arbiter_bind(r, uuid);
         uint64_t lim = dl_device_limit(ordinal, uuid);
         atomic_store_explicit(&dev_limit[ordinal], lim, memory_order_relaxed);
         int expected = 0;

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "limiter.h"
+#include "admission.h"
 
 extern char **environ;
 

@@ -16,7 +16,11 @@
  *   contexts.c what contexts reserve (stack, malloc heap, printf FIFO, the context itself)
  *   dlsym.c    the dlsym interposer
  *   nvml.c     the capped memory view (NVML side)
- *   throttle.c the compute cap (launch wrappers and the shared GPU-time rate limiter)
+ *   launch.c   the compute cap's launch entry points
+ *   measure.c  the GPU time of throttled launches (timing events, estimates) and each launch's bookkeeping
+ *   admission.c the claim's share and the GPU-time rate limiter shared by the claim's processes
+ *   arbiter.c  elastic compute: a claim's share of a GPU from the agent's board and the claims' activity files
+ *   capture.c  stream capture: what may be capturing, and keeping the library's calls from disturbing it
  */
 #ifndef DRAGPU_LIMITER_H
 #define DRAGPU_LIMITER_H
@@ -114,11 +118,15 @@ bool dl_uuid_valid(const char *s, size_t len);
 struct dl_claim_device {
     char uuid[DL_UUID_LEN];
     uint64_t memory; /* bytes; DL_NO_LIMIT for "unlimited" */
-    int cores;       /* 1..100 */
+    int cores;       /* 1..100: the floor */
+    int ceiling;     /* cores..100 (limit=; default cores) */
+    int priority;    /* DL_PRIORITY_* (priority=; default standard) */
 };
+enum { DL_PRIORITY_LATENCY = 0, DL_PRIORITY_STANDARD = 1, DL_PRIORITY_BESTEFFORT = 2 };
 struct dl_claim {
     char name[320];       /* <namespace>/<name>: up to 63 + 1 + 253 (the directory name when the file is broken) */
     char state_dir[4096]; /* the claim's shared accounting directory, as the container sees it */
+    char uid[64];         /* the claim's UID: its directory's name under CLAIMS_ROOT */
     int n_devices;
     struct dl_claim_device devices[DL_MAX_DEVICES];
     bool broken; /* malformed or unreadable: its devices get no memory */
@@ -130,6 +138,10 @@ struct dl_claims {
 };
 extern struct dl_claims dl_claims; /* loaded by init */
 const char *dl_claims_root(void);
+/* Where the container sees the node agent's per-GPU arbitration directories (GPUS_ROOT/<gpu-uuid>/). */
+const char *dl_gpus_root(void);
+/* latency, standard, besteffort: DL_PRIORITY_*; -1 for anything else. */
+int dl_parse_priority(const char *s);
 /* Parses one limits file; 0, or -1 with a one-line reason ("line 3: ...") in why. */
 int dl_parse_limits(const char *text, size_t len, struct dl_claim *out, char *why, size_t why_len);
 /* Reads every root/<dir>/limits; problems are logged once and fail closed. */
@@ -294,6 +306,10 @@ void dl_region_leave(int dev, int idx, uint64_t bytes);
     X(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz)                                        \
     X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                                                         \
     X(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz)                                                               \
+    X(cuLaunch, PFN_cuLaunch_v2000)                                                                                    \
+    X(cuLaunchGrid, PFN_cuLaunchGrid_v2000)                                                                            \
+    X(cuLaunchGridAsync, PFN_cuLaunchGridAsync_v2000)                                                                  \
+    X(cuLaunchCooperativeKernelMultiDevice, PFN_cuLaunchCooperativeKernelMultiDevice_v9000)                            \
     X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000)                                                           \
     X(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz)                                                 \
     X(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010)                                                        \
@@ -518,23 +534,6 @@ void dl_contexts_reset_after_fork(void);
 /* Bumped whenever a context may be gone (destroyed, reset, released): cached context facts expire. */
 extern _Atomic unsigned dl_ctx_epoch;
 
-/* ---- throttle.c ---- */
-/* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
- * context's). */
-void dl_throttle_forget_context(CUcontext ctx);
-extern bool dl_throttle_on; /* set once by init: cores < 100 */
-void dl_throttle_configure(int cores);
-void dl_throttle_reset_after_fork(void);
-/* While a stream capture is open in the process, the library's own driver calls run with this thread's
- * capture mode relaxed, so that none of them can invalidate the application's capture. dl_capture_relax
- * returns what dl_capture_restore takes back (-1: nothing was changed: no capture open, or no such call). */
-int dl_capture_relax(void);
-void dl_capture_restore(int saved);
-/* Whether a stream capture is open anywhere in the process (every way to begin one is wrapped). */
-int dl_captures_open(void);
-/* Whether the stream is capturing: 1 yes, 0 no, -1 cannot tell (cuStreamIsCapturing missing or failing).
- * cuStreamIsCapturing is the one question about a capturing stream that leaves its capture valid: a stream that
- * may be capturing must not be asked for its device or context, synchronised or queried. */
-int dl_stream_capture_status(CUstream s, int ptsz);
+/* ---- the compute limiter: launch.c, measure.c (measure.h), admission.c (admission.h), capture.c (capture.h) ---- */
 
 #endif

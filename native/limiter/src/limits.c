@@ -36,7 +36,12 @@
 
 struct dl_claims dl_claims;
 
+#ifndef DL_GPUS_ROOT
+#define DL_GPUS_ROOT "/run/dra-gpu/gpus"
+#endif
+
 const char *dl_claims_root(void) { return DL_CLAIMS_ROOT; }
+const char *dl_gpus_root(void) { return DL_GPUS_ROOT; }
 
 static int fail(char *why, size_t cap, int line, const char *fmt, const char *arg) {
     char msg[200];
@@ -60,8 +65,8 @@ static size_t token(const char **p, char *out, size_t cap) {
 }
 
 static int parse_device(const char *rest, struct dl_claim *c, int line, char *why, size_t cap) {
-    struct dl_claim_device d = {.memory = DL_NO_LIMIT, .cores = 0};
-    int have_uuid = 0, have_memory = 0;
+    struct dl_claim_device d = {.memory = DL_NO_LIMIT, .cores = 0, .priority = DL_PRIORITY_STANDARD};
+    int have_uuid = 0, have_memory = 0, have_priority = 0;
     char tok[128];
     const char *p = rest;
     /* The first token is the device= value itself (the caller stripped "device="). */
@@ -83,18 +88,37 @@ static int parse_device(const char *rest, struct dl_claim *c, int line, char *wh
         } else if (strncmp(tok, "cores=", 6) == 0 && !d.cores) {
             if (dl_parse_percent(tok + 6, &d.cores) != 0)
                 return fail(why, cap, line, "cores=%.60s is not an integer percentage 1..100", tok + 6);
+        } else if (strncmp(tok, "limit=", 6) == 0 && !d.ceiling) {
+            if (dl_parse_percent(tok + 6, &d.ceiling) != 0)
+                return fail(why, cap, line, "limit=%.60s is not an integer percentage 1..100", tok + 6);
+        } else if (strncmp(tok, "priority=", 9) == 0 && !have_priority) {
+            have_priority = 1;
+            d.priority = dl_parse_priority(tok + 9);
+            if (d.priority < 0)
+                return fail(why, cap, line, "priority=%.60s is not latency, standard or besteffort", tok + 9);
         } else {
-            return fail(why, cap, line, "unknown or repeated field '%.60s' (expected memory=, cores=)", tok);
+            return fail(why, cap, line,
+                        "unknown or repeated field '%.60s' (expected memory=, cores=, limit=, priority=)", tok);
         }
     }
     if (!have_uuid || !have_memory || !d.cores)
         return fail(why, cap, line, "%s", "a device line needs device=<uuid> memory=<bytes>|unlimited cores=<1..100>");
+    if (!d.ceiling) d.ceiling = d.cores;
+    if (d.ceiling < d.cores)
+        return fail(why, cap, line, "%s", "limit= is below cores= (the ceiling must be at least the floor)");
     for (int i = 0; i < c->n_devices; i++) {
         if (dl_uuid_equal(c->devices[i].uuid, d.uuid)) return fail(why, cap, line, "device %s appears twice", d.uuid);
     }
     if (c->n_devices >= DL_MAX_DEVICES) return fail(why, cap, line, "more than %s devices", "16");
     c->devices[c->n_devices++] = d;
     return 0;
+}
+
+int dl_parse_priority(const char *s) {
+    return strcmp(s, "latency") == 0      ? DL_PRIORITY_LATENCY
+           : strcmp(s, "standard") == 0   ? DL_PRIORITY_STANDARD
+           : strcmp(s, "besteffort") == 0 ? DL_PRIORITY_BESTEFFORT
+                                          : -1;
 }
 
 int dl_parse_limits(const char *text, size_t len, struct dl_claim *c, char *why, size_t cap) {
@@ -274,6 +298,7 @@ void dl_claims_load(struct dl_claims *out, const char *root) {
         snprintf(own_state, sizeof own_state, "%s/%s/limiter", root, names[i]);
         if (r == 0 && dl_parse_limits(text, len, c, why, sizeof why) == 0) {
             if (strcmp(c->state_dir, own_state) == 0) {
+                snprintf(c->uid, sizeof c->uid, "%s", names[i]);
                 out->n++;
                 continue;
             }

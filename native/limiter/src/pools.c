@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "limiter.h"
+#include "capture.h"
 
 #define MAX_POOLS 64
 

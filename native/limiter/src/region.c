@@ -89,7 +89,7 @@ struct region_dev {
     _Alignas(64) char uuid[DL_UUID_LEN];
     _Atomic uint32_t ready;              /* 1 once uuid is written */
     _Alignas(64) _Atomic int64_t used;   /* bytes charged by all processes of the claim */
-    _Alignas(64) _Atomic int64_t tat_ns; /* compute limiter clock, see throttle.c */
+    _Alignas(64) _Atomic int64_t tat_ns; /* compute limiter clock, see admission.c */
 };
 
 /* Counters the node agent reads (src/dra_gpu/monitor/region.py mirrors this layout). They live in what

@@ -62,6 +62,11 @@ if [ -f "${LIMITER_CUDA_INCLUDE:-}/cuda.h" ]; then
         "$LIMITER_CUDA_INCLUDE" "${CC:-cc}"
 fi
 run env-parsing+fuzz "$B/tests/t_env_fuzz" 200000
+# Every launch entry point the header declares (the toolkit's where installed, else cuda_min.h), on every route.
+toolkit=""
+[ -f "${LIMITER_CUDA_INCLUDE:-}/cudaTypedefs.h" ] && toolkit=$LIMITER_CUDA_INCLUDE
+run "launch entry points" "${PYTHON:-python3}" "$here/check_launch_entrypoints.py" "$here/../src/cuda_min.h" "$toolkit" \
+    "$B/tests/t_entrypoints" "$PRELOAD"
 
 for t in t_linked t_dlsym t_getproc; do
     run "$t (baseline)" env DRAGPU_MEMORY_LIMIT=1Gi "$B/tests/$t" baseline
@@ -105,6 +110,8 @@ for c in lowered impossible deleted replaced resized header shared clock unlocke
         { echo "expected one error line:"; cat "$3"; exit 1; }; }; exit $r' sh "$B/tests/t_region" "$c" "$TMP/region-$c.err"
 done
 run t_limits "$here/t_limits.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT"
+# Elastic compute: several claims on one GPU with the agent's board and activity files.
+run t_elastic "$here/t_elastic.sh" "$B" "${LIMITER_SANITIZER_LIB:-}" "$LIMITER_CLAIMS_ROOT" "${LIMITER_GPUS_ROOT:-$B/gpus}"
 
 if [ -x "$B/tests/t_cudart" ]; then
     run t_cudart limited FAKE_CUDA_GETPROC_LOG="$TMP/lookups.log" DRAGPU_LOG_LEVEL=debug \
@@ -126,6 +133,8 @@ for c in 10 30 50 70; do
     run "compute ${c}%" limited DRAGPU_CORES_LIMIT=$c "$B/tests/t_compute" $c 1.5
 done
 run "compute 30%, 2 processes" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_compute" 30 1.5 2
+# The CUDA 2.0 launches and the multi-device cooperative launch (deprecated, still declared) are throttled too.
+run "t_entrypoints busy 30%" limited FAKE_CUDA_REAL_TIMING=1 DRAGPU_CORES_LIMIT=30 "$B/tests/t_entrypoints" busy 30
 # Launches the limiter must find the device of: another device's stream, no current context, long kernels.
 for sc in other-device no-context long-kernels; do
     run "t_launch $sc" limited FAKE_CUDA_DEVICE_COUNT=2 DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" "$sc" 30 1.5
@@ -137,6 +146,13 @@ for c in 30 70; do
 done
 # A cold process's burst of 2 ms kernels: the first is measured before more are admitted at its cost.
 run "t_launch cold-burst" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" cold-burst 30 0.03
+# Hostile shaping: a tenant that knows how the timed launches are drawn makes the others long (before the draws
+# were keyed by getrandom: 100 % busy for 30 %); a stream of kinds that are each new (before: 200 ms of 200).
+run "t_launch predicted" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" predicted 30 1.5
+run "t_launch changed" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" changed 30 1.5
+run "t_launch new-kinds" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" new-kinds 30 0.2
+# ... a process that launches a 1 s kernel and goes quiet, beside another of the claim (before: 62 % for 30 %).
+run "t_launch quiet" limited DRAGPU_CORES_LIMIT=30 "$B/tests/t_launch" quiet 30 3.5
 # The real H100's launch latency, event ticks and host costs (FAKE_CUDA_REAL_TIMING=1): a bracket of events
 # holds the launch's host time and the device's gap, which the limiter must not charge; short and long
 # kernels within 1 point of the target, and the mixed load. The sanitizer builds slow the library's own path

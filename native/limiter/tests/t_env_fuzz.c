@@ -211,6 +211,15 @@ static void limits_cases(void) {
     CHECK(c.n_devices == 2 && c.devices[0].memory == 1073741824ull && c.devices[0].cores == 30 &&
               c.devices[1].memory == DL_NO_LIMIT && c.devices[1].cores == 100,
           "devices parsed wrong");
+    /* Elastic compute: the ceiling defaults to the floor, the class to standard; both are per device. */
+    CHECK(c.devices[0].ceiling == 30 && c.devices[0].priority == DL_PRIORITY_STANDARD && c.devices[1].ceiling == 100,
+          "defaults of limit= and priority= wrong");
+    const char *elastic = LF_HEAD "device=" LF_GPU0 " memory=1 cores=30 limit=100 priority=latency\n"
+                                  "device=" LF_GPU1 " memory=1 priority=besteffort cores=10 limit=10\n";
+    CHECK(dl_parse_limits(elastic, strlen(elastic), &c, why, sizeof why) == 0, "elastic file refused: %s", why);
+    CHECK(c.devices[0].cores == 30 && c.devices[0].ceiling == 100 && c.devices[0].priority == DL_PRIORITY_LATENCY &&
+              c.devices[1].cores == 10 && c.devices[1].ceiling == 10 && c.devices[1].priority == DL_PRIORITY_BESTEFFORT,
+          "limit= and priority= parsed wrong");
     static const struct {
         const char *text, *why;
     } bad[] = {
@@ -221,6 +230,15 @@ static void limits_cases(void) {
         {LF_HEAD "device=" LF_GPU0 " memory=1 memory=2 cores=5\n", "line 4: unknown or repeated field 'memory=2'"},
         {LF_HEAD "device=GPU-1 memory=1 cores=5\n", "line 4: device=GPU-1 is not a GPU or MIG UUID"},
         {LF_HEAD "device=" LF_GPU0 " memory=1 cores=5\ndevice=" LF_GPU0 " memory=1 cores=5\n", "line 5: device"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=50 limit=40\n", "line 4: limit= is below cores="},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=50 limit=101\n", "line 4: limit=101 is not an integer percentage"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=50 limit=\n", "line 4: limit= is not an integer percentage"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=50 priority=urgent\n",
+         "line 4: priority=urgent is not latency, standard or besteffort"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=50 priority=latency priority=latency\n",
+         "line 4: unknown or repeated field 'priority=latency'"},
+        {LF_HEAD "device=" LF_GPU0 " memory=1 cores=50 limit=60 limit=70\n",
+         "line 4: unknown or repeated field 'limit=70'"},
         {LF_HEAD "colour=blue\n", "line 4: unknown or repeated key 'colour'"},
         {LF_HEAD "version=1\n", "line 4: unknown or repeated key 'version'"},
         {LF_HEAD "nonsense\n", "line 4: 'nonsense' is not key=value"},

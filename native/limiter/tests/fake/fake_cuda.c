@@ -1973,6 +1973,38 @@ TWINS(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, v
       if (!c) return CUDA_ERROR_INVALID_VALUE;
       return launch(f, GRID(c->gridDimX, c->gridDimY, c->gridDimZ), params, c->hStream);)
 
+/* The CUDA 2.0 launches (deprecated, still declared by cuda.h): a grid of width x height blocks, cuLaunch one block,
+ * on the legacy default stream unless given one. */
+EXPORT CUresult cuLaunch(CUfunction f) {
+    COUNT();
+    return launch(f, 1, NULL, NULL);
+}
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    COUNT();
+    if (w <= 0 || h <= 0) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, GRID(w, h, 1), NULL, NULL);
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    COUNT();
+    if (w <= 0 || h <= 0) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, GRID(w, h, 1), NULL, s);
+}
+
+/* One kernel per entry, each on its own stream (deprecated since CUDA 11.3, still declared). */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *l, unsigned n, unsigned flags) {
+    COUNT();
+    (void)flags;
+    if (!l || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        CUresult r =
+            launch(l[i].function, GRID(l[i].gridDimX, l[i].gridDimY, l[i].gridDimZ), l[i].kernelParams, l[i].hStream);
+        if (r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
 /* ---------------------------------------------------------------- streams and capture */
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {

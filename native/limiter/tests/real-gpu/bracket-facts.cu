@@ -1,5 +1,5 @@
 // What a pair of timing events around one kernel holds besides the kernel, on the real driver: the facts the
-// compute cap's charge (throttle.c, kernel_time()) is built on. Printed as `key=value` lines.
+// compute cap's charge (measure.c, kernel_time()) is built on. Printed as `key=value` lines.
 //
 // Build and run on a GPU node (no limiter preloaded):
 //   nvcc -O2 -o bracket-facts bracket-facts.cu -lcuda   (beside facts.h) && ./bracket-facts > bracket-facts.txt

@@ -1,6 +1,6 @@
 /*
- * Compute cap: launches are admitted so that the claim's kernels occupy the GPU for `cores` percent of
- * wall time.
+ * Measurement: what GPU time each throttled launch occupies, and the launch's bookkeeping around the driver
+ * call (dl_ticket_open before it: where it runs, what it is charged, admission; dl_ticket_close after it).
  *
  * Algorithm: a rate limiter over *measured GPU time*, shared by every process of the claim.
  *
@@ -19,50 +19,33 @@
  *     another context's: another process of the claim, a neighbour), only the events' and the queued gap.
  *     The rest is the launch's: a kernel's work after its last useful instruction (its blocks' atomics and
  *     fences, their exit) and a graph's gaps between its nodes hold the device as much as the kernels do.
- *   - Admission is GCRA (the virtual-scheduling form of a token bucket) on one clock per device kept in
- *     the claim's region: `tat` is the wall time at which the claim will have paid for all GPU time
- *     admitted so far. A launch of cost c advances tat by c * 100 / cores; it may proceed while tat is at
- *     most BURST_NS ahead of now, otherwise the launching thread sleeps until it is (in slices of at most
- *     SLICE_NS, applying the measurements that arrived meanwhile). When a measurement arrives, tat moves
- *     by the difference between measured and charged cost (either sign), so every nanosecond of GPU time
- *     is eventually paid for exactly once.
- *   - In steady state the admitted GPU time therefore tracks cores% of wall time to within the burst
- *     and the measurements still in flight, independently of kernel sizes, launch rates and process
- *     counts - unlike a grid-count bucket tuned by sampled utilisation (the peers' approach).
  *
  * Every launch is charged to the device it runs on: the stream's (a stream of another device than the
  * current context's, or a stream used with no current context at all, as a context-less CUkernel can be),
  * and its timing events are made in the stream's context. A launch whose device cannot be told is charged
  * to the claim's first device, and one that cannot be timed is charged its estimate (the prior when nothing
  * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
- *
- * Launches recorded into a capturing stream are not executed then: they are neither charged nor
- * measured (the graph is charged when launched, by measuring cuGraphLaunch), and the stream is asked nothing
- * but whether it captures (the real driver invalidates a capture whose stream is asked for its device). A
- * launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
- * current context's device, neither timed nor synchronised. While any stream of the
- * process is capturing, completed events are polled with this thread's capture mode relaxed
- * (cuThreadExchangeStreamCaptureMode), so that the query cannot invalidate a global-mode capture; only a
- * driver without that call makes measurements wait until the capture ends.
- *
- * A kernel longer than the burst is paid as debt: its measured time moves the clock far ahead of wall time,
- * and the claim's next launches wait until it is paid, so the share holds on average.
- *
- * The unthrottled path (cores unset or 100) is one predictable branch: no lock, no system call.
+ * A launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
+ * current context's device, neither timed nor synchronised (capture.c).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
-#include "limiter.h"
+#include "admission.h"
+#include "arbiter.h"
+#include "capture.h"
+#include "measure.h"
 
-#define BURST_NS 4000000LL /* how far ahead of wall time admitted work may run */
-#define SLICE_NS 2000000LL /* longest sleep between two looks at completed measurements */
-#define PRIOR_NS 200000LL  /* charge of a launch when this process has measured none yet */
-#define RING 256           /* launches being measured */
-#define POOLS 8            /* contexts with spare timing events */
+#define PRIOR_NS 200000LL /* charge of a launch when this process has measured none yet */
+#define RING 256          /* launches being measured */
+#define POOLS 8           /* contexts with spare timing events */
 #define POOL_EVENTS 32
 #define EST_SLOTS 1024 /* direct-mapped cost estimates */
 /* What a bracket of timing events holds besides the kernel, on the real driver (driver 580 on two H200 machines:
@@ -78,19 +61,18 @@
 #define GAP_PENDING_NS 2950LL
 #define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
-bool dl_throttle_on;
-static double wall_per_gpu_ns = 1.0; /* 100 / cores: a multiplication on every launch, not a division */
-
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic int captures;
 
 struct pending {
     CUcontext ctx;
     CUevent start, end;
     uint64_t key;
     int dev;
-    int64_t charged_ns; /* GPU time charged at admission */
-    int64_t extra_ns;   /* what the bracket holds besides the kernel: gaps and the host's time */
+    int64_t charged_ns;  /* GPU time charged at admission */
+    int64_t extra_ns;    /* what the bracket holds besides the kernel: gaps and the host's time */
+    int64_t started_ns;  /* when the reaper first saw its start event reached (0: not yet) */
+    int64_t accrued_ns;  /* what the reaper charged it while it ran past its charge */
+    int64_t recorded_ns; /* when its start event was recorded (host clock) */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -103,6 +85,10 @@ struct pool {
 static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
+static _Atomic int reaping; /* the reaper thread runs (below) */
+static _Atomic int exiting, reaper_polling, exit_hook, no_reaper;
+/* When the oldest launch still being measured was recorded (0: none): see dl_measure_stalled. */
+static _Atomic int64_t oldest_recorded;
 
 /* When the work this process has queued on each device should end (host clock; the sum of the estimates of
  * what was launched, each GAP_PENDING_NS apart): a launch made before then is queued and its bracket holds no
@@ -125,17 +111,74 @@ static struct {
  * repeat - and charge that phase's time to every launch. (t_launch periodic, one 400 us kernel and three of
  * 20 us, with the real driver's gaps: timed on every fourth launch, the GPU ran 98 % busy under a 30 % share; timed
  * at random alone, 33 %, and 90 % under 70 %; with every launch of such a kind timed, 30.0 and 70.1 %.) */
+/* A launch measured but not complete this long after it was recorded: the device runs far behind what was charged
+ * (a learned kind whose kernels became long, its unmeasured launches charged the old estimate): admission waits for
+ * it (dl_measure_stalled), so that an estimate that lags cannot queue more than this much work. */
+#define STALL_NS 20000000LL
 #define SAMPLE_AFTER 8
 #define SAMPLE_EVERY 8
 #define SPREAD_TIMED_ALL 5
 #define SPREAD_NOISE_NS 1000 /* less is the bracket's own jitter (its gaps' p10-p90: 0.6 us on an H200) */
-static uint64_t sample_state = 0x9e3779b97f4a7c15ull; /* xorshift64, under mu */
+/* The draws are SipHash-2-4 of a counter under a key from getrandom(), made when the process (or a forked child)
+ * first draws: a tenant that knows the code still cannot tell which of its launches will be timed, and so cannot
+ * make the timed ones short and the others long (with a fixed seed it could replay the sequence: t_launch
+ * predicted). 64 bits are drawn at a time, three used per launch. Under mu. */
+static uint64_t sip_key[2], sip_counter, sample_bits;
+static int sample_left, sample_seeded;
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                                       \
+    do {                                                                                                               \
+        v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);                                                      \
+        v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                                                                         \
+        v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                                                                         \
+        v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);                                                      \
+    } while (0)
+
+/* SipHash-2-4 of one 64-bit word. */
+static uint64_t siphash(const uint64_t k[2], uint64_t m) {
+    uint64_t v0 = k[0] ^ 0x736f6d6570736575ull, v1 = k[1] ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k[0] ^ 0x6c7967656e657261ull, v3 = k[1] ^ 0x7465646279746573ull;
+    v3 ^= m;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= m;
+    uint64_t b = 8ull << 56;
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static void seed_sampling(void) {
+    uint64_t k[2] = {0, 0};
+    if (getrandom(k, sizeof k, GRND_NONBLOCK) != (ssize_t)sizeof k) {
+        /* No entropy yet (early boot) or no getrandom: the clock and the address space, which the tenant cannot
+         * read back from the timed launches either. */
+        k[0] = dl_hash64(dl_now_ns() ^ (uint64_t)(uintptr_t)&k);
+        k[1] = dl_hash64(k[0] ^ (uint64_t)getpid());
+    }
+    sip_key[0] = k[0];
+    sip_key[1] = k[1];
+    sample_seeded = 1;
+}
 
 static int sample_drawn(void) {
-    sample_state ^= sample_state << 13;
-    sample_state ^= sample_state >> 7;
-    sample_state ^= sample_state << 17;
-    return (sample_state >> 32) % SAMPLE_EVERY == 0;
+    if (DL_UNLIKELY(!sample_seeded)) seed_sampling();
+    if (sample_left < 3) {
+        sample_bits = siphash(sip_key, sip_counter++);
+        sample_left = 64;
+    }
+    int drawn = (sample_bits & (SAMPLE_EVERY - 1)) == 0;
+    sample_bits >>= 3;
+    sample_left -= 3;
+    return drawn;
 }
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
 
@@ -143,30 +186,42 @@ static int64_t average_ns; /* estimate for a launch never measured; 0 until the 
 static struct {
     uint64_t key;
     int64_t since;
-} probes[EST_SLOTS];
+} probes[EST_SLOTS], probing;       /* probing: the latest first launch of any kind, while it is being measured */
 #define PROBE_WAIT_NS 20000000LL    /* longest a launch waits for the first measurement of its kind */
 #define PROBE_SLICE_NS 50000LL      /* between two looks at it */
 #define PROBE_STALE_NS 1000000000LL /* a first measurement this late is given up */
 
-void dl_throttle_configure(int pct) { /* 1..100 (config.c) */
-    wall_per_gpu_ns = 100.0 / pct;
-    dl_throttle_on = pct < 100;
-    if (dl_throttle_on) dl_debug("compute share %d%%", pct);
+int64_t dl_measure_stalled(int64_t now) {
+    int64_t r = atomic_load_explicit(&oldest_recorded, memory_order_relaxed);
+    return r && now - r > STALL_NS ? now - r : 0;
 }
 
-void dl_throttle_reset_after_fork(void) {
+int64_t dl_measure_queued_ahead(int dev, int64_t now) {
+    return atomic_load_explicit(&queued_until[dev % DL_MAX_DEVICES], memory_order_relaxed) - now;
+}
+
+/* The final figure of a launch's GPU time: the claim's busy time (region.c) and its activity file (arbiter.c). */
+static void charged(int dev, int64_t ns) {
+    dl_region_add_busy(dev, ns);
+    dl_arbiter_charged(dev, ns);
+}
+
+void dl_measure_reset_after_fork(void) {
     /* Events belong to the parent's contexts, which the child does not have. */
     pthread_mutex_init(&mu, NULL);
     memset(ring, 0, sizeof ring);
     ring_head = ring_count = 0;
     memset(pools, 0, sizeof pools);
     memset(probes, 0, sizeof probes);
-    atomic_store(&captures, 0);
+    memset(&probing, 0, sizeof probing);
     atomic_store(&polling, 0);
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
+    atomic_store(&reaping, 0); /* the parent's reaper thread is not the child's */
+    atomic_store(&reaper_polling, 0);
+    atomic_store(&oldest_recorded, 0);
+    sample_seeded = 0; /* the child draws its own key: it must not repeat the parent's sequence */
+    sample_left = 0;
 }
-
-static int64_t wall_cost(int64_t gpu_ns) { return (int64_t)((double)gpu_ns * wall_per_gpu_ns); }
 
 /* The kernel's own time in a bracket of events: the bracket less what it holds besides the kernel (the gaps,
  * the host's time while the device was idle), never below MIN_CHARGE_NS (nor above the bracket). */
@@ -174,10 +229,6 @@ static int64_t kernel_time(int64_t bracket, int64_t extra_ns) {
     int64_t k = bracket - extra_ns;
     int64_t floor = bracket < MIN_CHARGE_NS ? bracket : MIN_CHARGE_NS;
     return k > floor ? k : floor;
-}
-
-static uint64_t launch_key(const void *fn, uint64_t blocks) {
-    return dl_hash64((uint64_t)(uintptr_t)fn ^ (blocks * 0x9e3779b97f4a7c15ull));
 }
 
 static int64_t estimate(uint64_t key) {
@@ -195,12 +246,15 @@ static void learn(uint64_t key, int64_t ns) {
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
     if (probes[i].key == key) probes[i].since = 0;
+    if (probing.key == key) probing.since = 0;
+    if (probing.key == key) probing.since = 0;
 }
 
 /* A first launch that will not be measured after all: the next of its kind becomes the first. Caller holds mu. */
 static void probe_dropped(uint64_t key) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
     if (probes[i].key == key) probes[i].since = 0;
+    if (probing.key == key) probing.since = 0;
 }
 
 /* Spare timing events per context. mu guards the tables only: every driver call (creating, destroying,
@@ -282,6 +336,7 @@ static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
  * pending entries are copied out, their events queried without the lock, then what completed is learnt,
  * its events pooled and the head advanced in one more look at the tables. */
 #define POLL_BATCH 32
+static __thread int in_reaper; /* this thread is the reaper: it also charges the oldest launch as it runs */
 static void poll_completed(void) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&polling, &expected, 1)) return;
@@ -302,14 +357,31 @@ static void poll_completed(void) {
             float ms;
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
                 actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
-                atomic_fetch_add(dl_region_tat(p->dev), wall_cost(actual[done] - p->charged_ns));
-                dl_region_add_busy(p->dev, actual[done]);
+                atomic_fetch_add(dl_region_tat(p->dev),
+                                 dl_wall_cost(p->dev, actual[done] - p->charged_ns - p->accrued_ns));
+                charged(p->dev, actual[done]);
             }
+        }
+        /* The reaper charges the oldest launch still running as it runs: once its start event is reached, the time
+         * since then beyond its charge is the claim's debt already (the measurement settles the rest). A kernel of
+         * a second then holds the claim's other processes back while it runs, not only after it. */
+        int64_t started = 0, accrued = 0;
+        if (in_reaper && done < n && batch[done].ctx && dl_cuda.cuEventQuery(batch[done].start) == CUDA_SUCCESS) {
+            struct pending *p = &batch[done];
+            int64_t now = (int64_t)dl_now_ns();
+            started = p->started_ns ? p->started_ns : now;
+            int64_t over = now - started - p->charged_ns - p->accrued_ns;
+            accrued = p->accrued_ns + (over > 0 ? over : 0);
+            if (over > 0) atomic_fetch_add(dl_region_tat(p->dev), dl_wall_cost(p->dev, over));
         }
         /* Events that cannot be pooled (unusable, or the pool is full) are destroyed without the lock. */
         CUevent doomed[2 * POLL_BATCH];
         int nd = 0;
         pthread_mutex_lock(&mu);
+        if (started) {
+            ring[(ring_head + done) % RING].started_ns = started;
+            ring[(ring_head + done) % RING].accrued_ns = accrued;
+        }
         for (unsigned k = 0; k < done; k++) {
             struct pending *p = &batch[k];
             if (!p->ctx) continue;
@@ -329,6 +401,8 @@ static void poll_completed(void) {
         }
         ring_head = (ring_head + done) % RING;
         ring_count -= done;
+        if (done)
+            atomic_store_explicit(&oldest_recorded, ring_count ? ring[ring_head].recorded_ns : 0, memory_order_relaxed);
         pthread_mutex_unlock(&mu);
         for (int k = 0; k < nd; k++) dl_cuda.cuEventDestroy_v2(doomed[k]);
         if (done < n || n < POLL_BATCH) break;
@@ -336,37 +410,9 @@ static void poll_completed(void) {
     atomic_store(&polling, 0);
 }
 
-static void sleep_ns(int64_t ns) {
-    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
-    clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
-}
-
-int dl_capture_relax(void) {
-    if (DL_LIKELY(!atomic_load_explicit(&captures, memory_order_relaxed))) return -1;
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (!dl_cuda.cuThreadExchangeStreamCaptureMode || dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-        return -1;
-    return (int)mode;
-}
-
-void dl_capture_restore(int saved) {
-    if (saved < 0) return;
-    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
-    dl_cuda.cuThreadExchangeStreamCaptureMode(&mode);
-}
-
-int dl_captures_open(void) { return atomic_load_explicit(&captures, memory_order_relaxed) != 0; }
-
-int dl_stream_capture_status(CUstream s, int ptsz) {
-    PFN_cuStreamIsCapturing_v10000 f = ptsz ? dl_cuda.cuStreamIsCapturing_ptsz : dl_cuda.cuStreamIsCapturing;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (!f || f(s, &st) != CUDA_SUCCESS) return -1;
-    return st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* Polls unless that could disturb an open capture. */
-static void poll_safely(void) {
-    if (!atomic_load_explicit(&captures, memory_order_relaxed)) {
+void dl_measure_poll(void) {
+    if (!atomic_load_explicit(&dl_captures, memory_order_relaxed)) {
         poll_completed();
         return;
     }
@@ -376,36 +422,16 @@ static void poll_safely(void) {
     dl_capture_restore(saved);
 }
 
-static void poll_if_no_capture(void) { poll_safely(); }
-
-/* GCRA admission on the claim's shared clock for this device. */
-static void admit(int dev, int64_t wall, int64_t now) {
-    _Atomic int64_t *tat = dl_region_tat(dev);
-    for (int first = 1;; first = 0) {
-        if (!first) now = (int64_t)dl_now_ns();
-        int64_t t = atomic_load(tat);
-        int64_t base = t > now ? t : now;
-        if (base - now > BURST_NS) {
-            if (DL_UNLIKELY(base - now > DL_TAT_MAX_AHEAD_NS)) { /* never wait forever on a rewritten clock */
-                dl_region_tat_reset(dev, t, now);
-                continue;
-            }
-            int64_t wait = base - now - BURST_NS;
-            sleep_ns(wait < SLICE_NS ? wait : SLICE_NS);
-            dl_region_add_throttled(dev, (int64_t)dl_now_ns() - now);
-            poll_if_no_capture();
-            continue;
-        }
-        if (atomic_compare_exchange_weak(tat, &t, base + wall)) return;
-    }
-}
-
 /* A kind of launch never measured is admitted once at the estimate of an unknown launch (the average, or the
  * prior) and measured; a burst of it must not follow at that estimate (a queue of long kernels would keep the
  * device busy far beyond the share before the first measurement came back). So the next launches of that kind
  * wait - polling, at most PROBE_WAIT_NS - for the first one's measurement and are admitted at the learned
  * cost; one that waited out the bound is charged at least as long as the first has been running (the
- * measurement settles the difference, either way). Returns whether this launch is the first of its kind; *now
+ * measurement settles the difference, either way). Nor may a stream of kinds that are each new run ahead of their
+ * measurements at the estimate of an unknown launch (t_launch new-kinds: a queue of them kept a 30 % claim's GPU
+ * busy for twice its share at first): the first launch of a new kind waits, the same way, for the first launch of
+ * any other kind still being measured. A workload's first step, all of it new kinds, is admitted one new kind
+ * at a time. Returns whether this launch is the first of its kind; *now
  * is brought up to date after a wait; *floor: the least this launch is charged. */
 static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
     unsigned i = (unsigned)(key & (EST_SLOTS - 1));
@@ -414,40 +440,30 @@ static int probe(int dev, uint64_t key, int64_t *now, int64_t *floor) {
         pthread_mutex_lock(&mu);
         int known = estimates[i].key == key;
         int64_t since = probes[i].key == key ? probes[i].since : 0;
-        int first = !known && (!since || *now - since > PROBE_STALE_NS);
+        if (since && *now - since > PROBE_STALE_NS) since = 0;
+        int64_t other =
+            probing.since && probing.key != key && *now - probing.since <= PROBE_STALE_NS ? probing.since : 0;
+        int first = !known && !since && !other;
         if (first) {
-            probes[i].key = key;
-            probes[i].since = *now;
+            probes[i].key = probing.key = key;
+            probes[i].since = probing.since = *now;
         }
         pthread_mutex_unlock(&mu);
         if (known) return 0;
         if (first) return 1;
-        int64_t waited = *now - since;
+        int64_t waited = *now - (since ? since : other);
         if (waited >= PROBE_WAIT_NS) {
             *floor = waited;
             return 0;
         }
         int64_t left = PROBE_WAIT_NS - waited;
         int64_t before_sleep = *now;
-        sleep_ns(left < PROBE_SLICE_NS ? left : PROBE_SLICE_NS);
-        poll_safely();
+        dl_sleep_ns(left < PROBE_SLICE_NS ? left : PROBE_SLICE_NS);
+        dl_measure_poll();
         *now = (int64_t)dl_now_ns();
         dl_region_add_throttled(dev, *now - before_sleep);
     }
 }
-
-struct ticket {
-    int dev;
-    int measure;      /* timed by events */
-    int first;        /* the first launch of its kind, being measured (probe) */
-    int64_t recorded; /* measured: the host time its start event was recorded */
-    int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
-    int64_t synced;   /* not: the wall time at admission, for timing by synchronising the stream */
-    int64_t charged_ns;
-    uint64_t key;
-    CUcontext ctx;
-    CUevent start, end;
-};
 
 /* Whether the driver has everything timing a launch needs (an old one may lack a variant). */
 static int can_time(int ptsz) {
@@ -487,7 +503,7 @@ static CUresult sync_fn(void *unused, CUstream s, int ptsz) {
 }
 
 /* One log line per kind of launch the limiter cannot attribute or time. */
-static _Atomic int warned_device, warned_timing;
+static _Atomic int warned_device, warned_timing, warned_reaper;
 static void warn_once(_Atomic int *flag, const char *what) {
     if (!atomic_exchange_explicit(flag, 1, memory_order_relaxed)) dl_warn("%s", what);
 }
@@ -536,7 +552,7 @@ static int launch_target(CUstream stream, int ptsz, int ask_stream, CUcontext *c
     return dev;
 }
 
-static void drop_probe(struct ticket *t) {
+static void drop_probe(struct dl_ticket *t) {
     if (!t->first) return;
     pthread_mutex_lock(&mu);
     probe_dropped(t->key);
@@ -554,13 +570,91 @@ static void poll_soon(int64_t now, int64_t polled) {
     if (polled > due) atomic_store_explicit(&last_poll, due, memory_order_relaxed);
 }
 
-static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
+/* The reaper: GPU time is the claim's debt from the moment work is launched, whether or not the launching process
+ * ever calls CUDA again. A launch is charged its estimate at admission; what its measurement adds (a kernel longer
+ * than its estimate, a new kind's first launch) is applied by whichever thread polls first - and, so that a
+ * process that launches and then goes quiet is charged all the same, by a thread of the library that polls every
+ * REAP_NS while measurements are pending, and charges the oldest launch still running as it runs (t_launch quiet: without it, a second process of the claim ran its whole
+ * share beside the quiet one's 1 s kernel). It starts with the first measured launch, and ends after a second
+ * with nothing pending (the next measured launch starts it again). Signals are blocked in it: the application's
+ * handlers never run there. */
+#define REAP_NS 1000000LL
+#define REAP_IDLE_ROUNDS 1000
+
+static int pending_count(void) {
+    pthread_mutex_lock(&mu);
+    int n = (int)ring_count;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* At exit the driver's own destructors run after the handlers registered later than they were (the reaper's, below):
+ * the reaper leaves the driver alone from then on, and a poll it is in is waited for (100 ms at most). */
+static void reaper_stop(void) {
+    atomic_store(&exiting, 1);
+    for (int i = 0; i < 1000 && atomic_load(&reaper_polling); i++) dl_sleep_ns(100000);
+}
+
+static void *reaper(void *unused) {
+    (void)unused;
+    in_reaper = 1;
+    /* Its calls must never invalidate an application's global-mode capture, which another thread may begin at any
+     * moment (even between a look at whether one is open and the query that follows): this thread's capture mode
+     * stays relaxed for good. A driver that cannot relax it gets no reaper: its launching threads poll. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!dl_cuda.cuThreadExchangeStreamCaptureMode ||
+        dl_cuda.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) {
+        atomic_store(&no_reaper, 1);
+        atomic_store(&reaping, 0);
+        return NULL;
+    }
+    for (int idle = 0;;) {
+        dl_sleep_ns(REAP_NS);
+        if (atomic_load(&exiting)) return NULL;
+        if (pending_count()) {
+            idle = 0;
+            atomic_store(&reaper_polling, 1);
+            if (!atomic_load(&exiting)) dl_measure_poll();
+            atomic_store(&reaper_polling, 0);
+            continue;
+        }
+        if (++idle < REAP_IDLE_ROUNDS) continue;
+        atomic_store(&reaping, 0);
+        /* A launch that queued a measurement just now saw the reaper running: take it on again. */
+        int expected = 0;
+        if (!pending_count() || !atomic_compare_exchange_strong(&reaping, &expected, 1)) return NULL;
+        idle = 0;
+    }
+}
+
+static void start_reaper(void) {
+    int expected = 0;
+    if (atomic_load(&exiting) || atomic_load(&no_reaper) || !atomic_compare_exchange_strong(&reaping, &expected, 1))
+        return;
+    if (!atomic_exchange(&exit_hook, 1)) atexit(reaper_stop);
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    pthread_attr_t attr;
+    pthread_t th;
+    int ok = pthread_attr_init(&attr) == 0;
+    if (ok) pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    ok = ok && pthread_create(&th, &attr, reaper, NULL) == 0;
+    if (ok) pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    if (!ok) {
+        atomic_store(&reaping, 0);
+        warn_once(&warned_reaper, "cannot start the thread that applies measurements; they wait for the next launch");
+    }
+}
+
+void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->first = 0;
     t->measure = 0;
     /* No capture open in the process (every way to begin one is wrapped): no stream can be capturing. */
     int capture_known = 1;
-    if (atomic_load_explicit(&captures, memory_order_relaxed)) {
+    if (atomic_load_explicit(&dl_captures, memory_order_relaxed)) {
         int status = dl_stream_capture_status(stream, ptsz);
         if (status == 1) return; /* charged when the graph runs */
         capture_known = status == 0;
@@ -574,7 +668,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     int64_t polled = atomic_load_explicit(&last_poll, memory_order_relaxed);
     if (now - polled >= POLL_NS) { /* or sooner: last_poll is reset when the ring fills or events run short */
         atomic_store_explicit(&last_poll, now, memory_order_relaxed);
-        poll_safely();
+        dl_measure_poll();
     }
     t->key = key;
     int64_t floor = 0;
@@ -626,7 +720,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
                   "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
-    admit(dev, wall_cost(t->charged_ns), now);
+    dl_admit(dev, t->charged_ns, now);
     if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
@@ -646,7 +740,7 @@ static void before(struct ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->synced = untimed ? (int64_t)dl_now_ns() : 0;
 }
 
-static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
+static void sync_timed(struct dl_ticket *t, CUstream stream, int ptsz) {
     /* Synchronising a stream is forbidden to a thread in global or thread-local mode while a capture is open
      * (the real driver's record): relaxed, as the event polls are, so that it cannot invalidate the capture. */
     int saved = dl_capture_relax();
@@ -654,8 +748,8 @@ static void sync_timed(struct ticket *t, CUstream stream, int ptsz) {
     dl_capture_restore(saved);
     if (r != CUDA_SUCCESS) return; /* keeps the estimate */
     int64_t actual = (int64_t)dl_now_ns() - t->synced;
-    atomic_fetch_add(dl_region_tat(t->dev), wall_cost(actual - t->charged_ns));
-    dl_region_add_busy(t->dev, actual);
+    atomic_fetch_add(dl_region_tat(t->dev), dl_wall_cost(t->dev, actual - t->charged_ns));
+    charged(t->dev, actual);
 }
 
 /* Whether the device has not yet reached a start event (a query, relaxed while a capture is open). */
@@ -667,7 +761,7 @@ static int start_pending(CUevent start) {
 }
 
 /* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
-static int64_t launched(struct ticket *t) {
+static int64_t launched(struct dl_ticket *t) {
     int64_t now = (int64_t)dl_now_ns();
     _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
     int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
@@ -676,12 +770,12 @@ static int64_t launched(struct ticket *t) {
     return now;
 }
 
-static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
+void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz) {
     if (t->dev < 0) return;
     int64_t returned = r == CUDA_SUCCESS ? launched(t) : 0;
     if (r != CUDA_SUCCESS) {
         /* Nothing will run: refund the charge. */
-        atomic_fetch_sub(dl_region_tat(t->dev), wall_cost(t->charged_ns));
+        atomic_fetch_sub(dl_region_tat(t->dev), dl_wall_cost(t->dev, t->charged_ns));
         drop_probe(t);
         if (t->measure) {
             put_event(t->ctx, t->start);
@@ -693,14 +787,14 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
      * measured at its charge, the estimate: counting only the measured ones would show one launch in eight. */
     if (!t->measure) {
         if (t->synced) sync_timed(t, stream, ptsz);
-        else dl_region_add_busy(t->dev, t->charged_ns);
+        else charged(t->dev, t->charged_ns);
         return;
     }
     if (record(t->ctx, t->end, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
         drop_probe(t);
-        dl_region_add_busy(t->dev, t->charged_ns);
+        charged(t->dev, t->charged_ns);
         return;
     }
     /* The host time from the start event to the launch's return that no queued work of ours covered. It was
@@ -713,186 +807,18 @@ static void after(struct ticket *t, CUresult r, CUstream stream, int ptsz) {
     int queued = ring_count < RING;
     if (queued) {
         ring[(ring_head + ring_count) % RING] =
-            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra};
-        ring_count++;
+            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra, 0, 0, t->recorded};
+        if (ring_count++ == 0) atomic_store_explicit(&oldest_recorded, t->recorded, memory_order_relaxed);
     }
     if (!queued) probe_dropped(t->key);
     pthread_mutex_unlock(&mu);
     if (!queued) {
         put_event(t->ctx, t->start);
         put_event(t->ctx, t->end);
-        dl_region_add_busy(t->dev, t->charged_ns);
+        charged(t->dev, t->charged_ns);
+        return;
     }
-}
-
-#define THROTTLED(name, key, stream, ptsz, ...)                                                                        \
-    dl_cuda_init();                                                                                                    \
-    dl_core_init();                                                                                                    \
-    if (DL_UNLIKELY(!dl_cuda.name)) return CUDA_ERROR_NOT_FOUND;                                                       \
-    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.name(__VA_ARGS__);                                                  \
-    struct ticket t;                                                                                                   \
-    before(&t, key, stream, ptsz);                                                                                     \
-    CUresult r = dl_cuda.name(__VA_ARGS__);                                                                            \
-    after(&t, r, stream, ptsz);                                                                                        \
-    return r
-
-#define BLOCKS(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
-
-DL_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                  unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params,
-                                  void **extra) {
-    THROTTLED(cuLaunchKernel, launch_key(f, BLOCKS(gx, gy, gz)), s, 0, f, gx, gy, gz, bx, by, bz, shm, s, params,
-              extra);
-}
-
-DL_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                       unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params,
-                                       void **extra) {
-    THROTTLED(cuLaunchKernel_ptsz, launch_key(f, BLOCKS(gx, gy, gz)), s, 1, f, gx, gy, gz, bx, by, bz, shm, s, params,
-              extra);
-}
-
-DL_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
-                                             CUstream s, void **params) {
-    THROTTLED(cuLaunchCooperativeKernel, launch_key(f, BLOCKS(gx, gy, gz)), s, 0, f, gx, gy, gz, bx, by, bz, shm, s,
-              params);
-}
-
-DL_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
-                                                  CUstream s, void **params) {
-    THROTTLED(cuLaunchCooperativeKernel_ptsz, launch_key(f, BLOCKS(gx, gy, gz)), s, 1, f, gx, gy, gz, bx, by, bz, shm,
-              s, params);
-}
-
-/* A NULL config is the driver's error to report; it is passed through unthrottled. */
-#define EX_STREAM(c) ((c) ? (c)->hStream : NULL)
-#define EX_KEY(c, f) launch_key(f, (c) ? BLOCKS((c)->gridDimX, (c)->gridDimY, (c)->gridDimZ) : 0)
-
-DL_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
-    if (!config) {
-        dl_cuda_init();
-        return dl_cuda.cuLaunchKernelEx ? dl_cuda.cuLaunchKernelEx(config, f, params, extra) : CUDA_ERROR_NOT_FOUND;
-    }
-    THROTTLED(cuLaunchKernelEx, EX_KEY(config, f), EX_STREAM(config), 0, config, f, params, extra);
-}
-
-DL_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
-    if (!config) {
-        dl_cuda_init();
-        return dl_cuda.cuLaunchKernelEx_ptsz ? dl_cuda.cuLaunchKernelEx_ptsz(config, f, params, extra)
-                                             : CUDA_ERROR_NOT_FOUND;
-    }
-    THROTTLED(cuLaunchKernelEx_ptsz, EX_KEY(config, f), EX_STREAM(config), 1, config, f, params, extra);
-}
-
-/* A graph's first launch also charges its memory allocations (pools.c); the check is one relaxed load. */
-static CUresult graph_launch(CUgraphExec g, CUstream s, int ptsz) {
-    PFN_cuGraphLaunch_v10000 call = ptsz ? dl_cuda.cuGraphLaunch_ptsz : dl_cuda.cuGraphLaunch;
-    struct dl_graph_ticket gt = {.n = 0};
-    if (atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed)) {
-        CUresult a = dl_graphmem_before_launch(g, &gt);
-        if (a != CUDA_SUCCESS) return a;
-    }
-    CUresult r;
-    if (!dl_throttle_on) {
-        r = call(g, s);
-    } else {
-        struct ticket t;
-        before(&t, launch_key(g, 0), s, ptsz);
-        r = call(g, s);
-        after(&t, r, s, ptsz);
-    }
-    dl_graphmem_after_launch(g, r, &gt);
-    return r;
-}
-
-DL_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-    dl_cuda_init();
-    dl_core_init();
-    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch)) return CUDA_ERROR_NOT_FOUND;
-    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 0);
-    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch(g, s);
-    return graph_launch(g, s, 0);
-}
-
-DL_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    dl_cuda_init();
-    dl_core_init();
-    if (DL_UNLIKELY(!dl_cuda.cuGraphLaunch_ptsz)) return CUDA_ERROR_NOT_FOUND;
-    if (DL_UNLIKELY(atomic_load_explicit(&dl_graphmem_pending, memory_order_relaxed))) return graph_launch(g, s, 1);
-    if (DL_LIKELY(!dl_throttle_on)) return dl_cuda.cuGraphLaunch_ptsz(g, s);
-    return graph_launch(g, s, 1);
-}
-
-/* ---- capture tracking (see the header comment) ---- */
-
-static void capture_began(CUresult r) {
-    if (r == CUDA_SUCCESS) atomic_fetch_add(&captures, 1);
-}
-
-static void capture_ended(CUresult r) {
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) return;
-    int c = atomic_load(&captures);
-    while (c > 0 && !atomic_compare_exchange_weak(&captures, &c, c - 1)) {}
-}
-
-#define PASS(name, ...)                                                                                                \
-    dl_cuda_init();                                                                                                    \
-    if (!dl_cuda.name) return CUDA_ERROR_NOT_FOUND;                                                                    \
-    CUresult r = dl_cuda.name(__VA_ARGS__)
-
-DL_EXPORT CUresult cuStreamBeginCapture(CUstream s) {
-    PASS(cuStreamBeginCapture, s);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) {
-    PASS(cuStreamBeginCapture_ptsz, s);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCapture_v2, s, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCapture_v2_ptsz, s, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
-                                               const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCaptureToGraph, s, g, deps, data, n, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
-                                                    const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode) {
-    PASS(cuStreamBeginCaptureToGraph_ptsz, s, g, deps, data, n, mode);
-    capture_began(r);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
-    PASS(cuStreamEndCapture, s, g);
-    capture_ended(r);
-    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
-    return r;
-}
-
-DL_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
-    PASS(cuStreamEndCapture_ptsz, s, g);
-    capture_ended(r);
-    dl_graphmem_capture_ended(s, r == CUDA_SUCCESS && g ? *g : NULL);
-    return r;
+    if (DL_UNLIKELY(!atomic_load_explicit(&reaping, memory_order_relaxed))) start_reaper();
 }
 
 /* ---- context destruction: the events pooled for a context die with it (contexts.c calls this) ---- */

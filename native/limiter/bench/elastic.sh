@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Elastic compute's figures on the fake driver, with the real driver's costs modelled (FAKE_CUDA_REAL_TIMING=1:
+# launch latency, event ticks, host costs): floors under contention (2-4 claims; 50 us kernels, 5 ms kernels,
+# graphs), a standard claim alone with ceiling 100, reclaim time (p50/p95), a latency claim's p99 beside a
+# besteffort claim against alone and the besteffort claim's part of the idle time, and the throttled launch's
+# bookkeeping with arbitration. Each claim is a process of its own, with the agent's board and activity files
+# laid out as the agent makes them (tests/elastic_agent.sh). The fake gives each process a simulated GPU of its
+# own: a figure is the share each claim's admission allowed; one claim's queue does not delay another's kernels
+# there (on a real GPU it does: the GPU check measures that). Figures only; nothing asserted.
+#
+#   bench/elastic.sh <build dir>      (make bench-elastic; as root, or where user namespaces are allowed)
+set -u
+if [ -z "${ELASTIC_BENCH_NS:-}" ]; then
+    export ELASTIC_BENCH_NS=1
+    if [ "$(id -u)" = 0 ]; then exec unshare --mount --propagation private "$0" "$@"; fi
+    exec unshare --map-root-user --mount --propagation private "$0" "$@"
+fi
+B=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
+LIB=$B/testroot/libdragpu-limiter.so.1
+ROOT=$B/claims
+GPUS=$B/gpus
+GPU=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000
+worker=$B/tests/t_elastic
+for v in $(env | sed -n 's/^\(DRAGPU_[A-Za-z0-9_]*\)=.*/\1/p; s/^\(FAKE_CUDA_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+export LD_LIBRARY_PATH="$B/fake" FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000 FAKE_CUDA_CTX_BYTES=0
+export FAKE_CUDA_REAL_TIMING=1
+tmp=$(mktemp -d)
+chmod 0755 "$tmp"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    umount -l "$GPUS" 2>/dev/null
+    for f in "$tmp"/claims-*/*/limits; do umount "$f" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "elastic bench: $*" >&2; exit 1; }
+mkdir -p "$tmp/gpus/$GPU" "$GPUS" "$ROOT"
+chmod 0755 "$tmp/gpus" "$tmp/gpus/$GPU"
+mount --bind "$tmp/gpus" "$GPUS" && mount -o remount,bind,ro "$GPUS" || fail "cannot bind-mount the GPUs root read-only"
+. "$here/tests/elastic_agent.sh"
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" "$2"; }
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+t0() { calc "$("$worker" now) + $1"; }
+finish() {
+    for p in "${pids[@]}"; do wait "$p" || fail "a worker failed: $(cat "$tmp"/*.err)"; done
+    pids=()
+}
+
+# claims: uid floor ceiling class (every one is on the board; an idle one lends its floor)
+for c in "a2 30 100 standard" "b2 50 50 standard" "a3 20 100 standard" "b3 30 30 standard" "c3 40 100 standard" \
+    "a4 20 100 standard" "b4 30 30 standard" "c4 25 100 standard" "d4 25 25 standard" "alone 30 100 standard" \
+    "lat 30 100 latency" "be 10 100 besteffort" "bk 99 99 standard"; do
+    # shellcheck disable=SC2086
+    claim $c
+done
+
+echo "== floors under contention: each claim's busy % of the window (its floor; ceiling), every claim busy"
+for kind in "50 kernels" "5000 kernels" "50 graph"; do
+    set -- $kind
+    us=$1 how=$2
+    for set in "a2:30 b2:50" "a3:20 b3:30 c3:40" "a4:20 b4:30 c4:25 d4:25"; do
+        b=$(t0 0.4) s=$(t0 0.8) e=$(t0 2.0)
+        for c in $set; do start "${c%:*}" "$tmp/f-${c%:*}" run "$b" "$s" "$e" "$us" $([ "$how" = graph ] && echo graph); done
+        finish
+        line="" worst=1000 total=0
+        for c in $set; do
+            busy=$(field busy "$tmp/f-${c%:*}")
+            total=$(calc "$total + $busy")
+            margin=$(calc "$busy - ${c#*:}")
+            worst=$(calc "$margin < $worst ? $margin : $worst")
+            line="$line ${c%:*} $busy (${c#*:})"
+        done
+        printf '  %d claims, %5s us %-7s:%s  | all %.2f %%, worst claim %+.1f points from its floor\n' \
+            "$(echo "$set" | wc -w)" "$us" "$how" "$line" "$total" "$worst"
+    done
+done
+
+echo "== a standard claim alone, floor 30, ceiling 100 (busy % of the window; goal >= 95)"
+for kind in "50 kernels" "5000 kernels" "50 graph"; do
+    set -- $kind
+    b=$(t0 0.4) s=$(t0 0.8) e=$(t0 2.0)
+    start alone "$tmp/alone" run "$b" "$s" "$e" "$1" $([ "$2" = graph ] && echo graph)
+    finish
+    printf '  %5s us %-7s: busy %s %% (while it ran %s %%)\n' "$1" "$2" "$(field busy "$tmp/alone")" \
+        "$(field ran "$tmp/alone")"
+done
+
+echo "== reclaim: a 30/100 claim borrows; a fixed 50 % claim wakes 20 times (every 250 ms, for 100 ms)"
+echo "   time from a wake until the borrower's 5 ms average is back at its share (50 %) + 5 points, 1 ms bins"
+b=$(t0 0.5)
+T_ELASTIC_BIN_MS=1 start a2 "$tmp/borrower" run "$b" "$b" "$(calc "$b + 5.6")" 50
+start b2 "$tmp/waker" wake "$(calc "$b + 0.3")" 0.25 0.1 20 50
+finish
+python3 - "$b" "$tmp/borrower" "$tmp/waker" <<'EOF'
+import re, sys
+begin = float(sys.argv[1])
+bins = [float(x) for x in re.search(r"bins=([0-9.,]*)", open(sys.argv[2]).read()).group(1).split(",") if x]
+wakes = [float(x) for x in re.search(r"wakes=([0-9.,]*)", open(sys.argv[3]).read()).group(1).split(",") if x]
+times = []
+for w in wakes:
+    k0 = int((w - begin) * 1000)
+    for k in range(k0, min(k0 + 100, len(bins) - 5)):
+        if sum(bins[k:k + 5]) / 5 <= 55:
+            times.append(k + 5 - k0)  # the end of the first 5 ms at the share
+            break
+    else:
+        times.append(100)
+times.sort()
+def pct(p):
+    return times[min(len(times) - 1, int(round(p / 100 * (len(times) - 1))))]
+print(f"  {len(times)} wakes: reclaim p50 {pct(50)} ms, p95 {pct(95)} ms, max {times[-1]} ms (goal p95 <= 100, stretch 10)")
+EOF
+
+echo "== a latency claim (30/100): a 2 ms request every 6.67 ms (30 % duty), alone and beside a besteffort"
+echo "   claim (10/100) running 50 us kernels all the time"
+b=$(t0 0.4) s=$(t0 0.7) e=$(t0 3.7)
+start lat "$tmp/lat-alone" duty "$b" "$s" "$e" 2000 6667
+finish
+b=$(t0 0.4) s=$(t0 0.7) e=$(t0 3.7)
+start lat "$tmp/lat-beside" duty "$b" "$s" "$e" 2000 6667
+start be "$tmp/be" run "$b" "$s" "$e" 50
+finish
+alone=$(field p99_us "$tmp/lat-alone")
+beside=$(field p99_us "$tmp/lat-beside")
+lat_busy=$(field busy "$tmp/lat-beside")
+be_busy=$(field busy "$tmp/be")
+printf '  p99 alone %s us, beside besteffort %s us: %.3f x (goal <= 1.10); p50 %s / %s us\n' "$alone" "$beside" \
+    "$(calc "$beside / $alone")" "$(field p50_us "$tmp/lat-alone")" "$(field p50_us "$tmp/lat-beside")"
+printf '  besteffort busy %s %% of the %.2f %% the latency claim left idle: %.0f %% of it (goal >= 50)\n' "$be_busy" \
+    "$(calc "100 - $lat_busy")" "$(calc "100 * $be_busy / (100 - $lat_busy)")"
+
+echo "== a throttled launch's bookkeeping with arbitration (a 99 % claim at its floor, 12 other claims on the board)"
+unset FAKE_CUDA_REAL_TIMING
+worker=$B/bench/limiter-bench
+FAKE_CUDA_WAVE_NS=0 start bk "$tmp/bk" 2000000 throttled
+finish
+sed -n 's/^/  /; /compute limit on/p' "$tmp/bk"
+echo "   ... and without a board (a fixed share), and unthrottled:"
+FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_CORES_LIMIT=99 DRAGPU_LIMITER_STATE_DIR="$(mktemp -d "$tmp/s.XXXX")" \
+    "$worker" 2000000 throttled | sed -n 's/^/  /; /compute limit on/p'
+FAKE_CUDA_WAVE_NS=0 LD_PRELOAD="$B/libdragpu-limiter.so.1" DRAGPU_LIMITER_STATE_DIR="$(mktemp -d "$tmp/s.XXXX")" \
+    "$worker" 2000000 | sed -n 's/^/  /; /no compute limit/p'

@@ -1,0 +1,69 @@
+# Sourced by tests/t_elastic.sh and bench/elastic.sh: the node agent's part of elastic compute, as the agent lays
+# it out (README.md, "Elastic compute"), and a claim's process started in a mount namespace that sees only its
+# own claim. Expects: tmp (a scratch directory), GPU (the fake's UUID), ROOT (the library's CLAIMS_ROOT), LIB
+# (the library to preload), worker (the program claims run), fail (a function), and GPUS already mounted
+# read-only over "$tmp/gpus".
+# shellcheck shell=bash
+
+claims=() # uid:floor:ceiling:priority of every claim on the board
+# board: the agent rewrites the whole board (seq odd, entries, seq even) in place.
+board() {
+    python3 - "$tmp/gpus/$GPU/board" "${claims[@]}" <<'EOF'
+import os, struct, sys
+path, entries = sys.argv[1], sys.argv[2:]
+prio = {"latency": 0, "standard": 1, "besteffort": 2}
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o444)
+old = os.pread(fd, 24, 0)
+seq = struct.unpack_from("<Q", old, 16)[0] if len(old) == 24 else 0
+os.ftruncate(fd, 16384)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 1, len(entries), seq + 1), 0)
+body = b""
+for e in entries:
+    uid, floor, ceiling, p = e.split(":")
+    body += struct.pack("<64sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
+os.pwrite(fd, body.ljust(16384 - 64, b"\0"), 64)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 1, len(entries), seq + 2), 0)
+os.fchmod(fd, 0o444)
+EOF
+}
+# claim <uid> <floor> <ceiling> <priority> [<limits line's extra fields>]: as the agent prepares it.
+claim() {
+    local uid=$1 floor=$2 ceiling=$3 prio=$4 extra=${5-}
+    # The state directory is the claim's own limiter directory under the claims root: the library takes a
+    # limits file only with that state= (one a pod mounted elsewhere cannot name another claim's region).
+    local dir=$tmp/claims-$uid/$uid state=$tmp/claims-$uid/$uid/limiter
+    mkdir -p "$dir" "$state"
+    chmod 0755 "$state"
+    python3 - "$state/dragpu-limiter.region" "$tmp/gpus/$GPU/$uid.activity" <<'EOF'
+import os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+os.write(fd, struct.pack("=QIIIIII", 0x314C504741524444, 3, 4096, 1024, 192, 16, 128))
+os.ftruncate(fd, 4096 + 128 * 256 + 1024 * 192)
+os.fchmod(fd, 0o666)
+fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+os.write(fd, struct.pack("<8sII", b"DGPUACT1", 1, 0))
+os.ftruncate(fd, 4096)
+os.fchmod(fd, 0o666)
+EOF
+    ln "$tmp/gpus/$GPU/$uid.activity" "$state/$GPU.activity"
+    local line="$GPU memory=unlimited cores=$floor"
+    [ "$ceiling" != "$floor" ] && line="$line limit=$ceiling"
+    [ "$prio" != standard ] && line="$line priority=$prio"
+    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "$uid" "$ROOT/$uid/limiter" "$line" "$extra" >"$dir/limits"
+    chmod 0444 "$dir/limits"
+    mount --bind "$dir/limits" "$dir/limits" && mount -o remount,bind,ro "$dir/limits" || fail "cannot mount $dir/limits"
+    claims+=("$uid:$floor:$ceiling:$prio")
+    board
+}
+# start <uid> <out> <worker args...>: the claim's process, in a mount namespace that sees only its own claim.
+start() {
+    local uid=$1 out=$2
+    shift 2
+    unshare --mount --propagation private sh -c 'mount --rbind "$1" "$2" && shift 2 && exec "$@"' sh \
+        "$tmp/claims-$uid" "$ROOT" env LD_PRELOAD="$LIB" "$worker" "$@" >"$out" 2>"$out.err" &
+    pids+=($!)
+}
+finish() {
+    for p in "${pids[@]}"; do wait "$p" || fail "a worker failed: $(cat "$tmp"/*.err)"; done
+    pids=()
+}

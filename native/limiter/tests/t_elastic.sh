@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Elastic compute on the fake driver: several claims on one GPU, each a process of its own with its own limits
+# file, the node agent's per-GPU board and activity files laid out as the agent makes them (README.md, "Elastic
+# compute"). The fake gives each process a simulated GPU of its own, so what is compared is the busy fraction
+# each claim's admission allowed: floors held under contention, a standard claim alone up to its ceiling, a floor
+# claim waking up taken back from a borrower, a besteffort claim held while a latency claim runs and running in
+# its idle time; a board the claim could have written is not trusted; a bad limit= fails closed.
+#
+#   tests/t_elastic.sh <build dir> <LD_PRELOAD prefix or ""> <claims root of the test library> <its GPUs root>
+#
+# Bounds are generous (a loaded 2-core machine): they tell an elastic share from a fixed one, not a point from
+# the next. T_ELASTIC_VERBOSE=1 prints every worker's line.
+set -u
+if [ -z "${T_ELASTIC_NS:-}" ]; then
+    export T_ELASTIC_NS=1
+    if [ "$(id -u)" = 0 ]; then exec unshare --mount --propagation private "$0" "$@"; fi
+    exec unshare --map-root-user --mount --propagation private "$0" "$@"
+fi
+B=$1
+LIB="${2:+$2 }$B/testroot/libdragpu-limiter.so.1"
+ROOT=$3
+GPUS=$4
+GPU=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000
+worker=$B/tests/t_elastic
+tmp=$(mktemp -d)
+chmod 0755 "$tmp"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    umount -l "$GPUS" 2>/dev/null
+    for f in "$tmp"/claims-*/*/limits; do umount "$f" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "t_elastic: $*" >&2; exit 1; }
+export LD_LIBRARY_PATH="$B/fake" FAKE_CUDA_CTX_BYTES=0 FAKE_CUDA_REAL_TIMING=1
+
+# The agent's GPU directory, seen read-only at GPUS (as the CDI mount shows it to a container).
+mkdir -p "$tmp/gpus/$GPU" "$GPUS" "$ROOT"
+chmod 0755 "$tmp/gpus" "$tmp/gpus/$GPU"
+mount --bind "$tmp/gpus" "$GPUS" && mount -o remount,bind,ro "$GPUS" || fail "cannot bind-mount the GPUs root read-only"
+
+. "$(dirname "$0")/elastic_agent.sh"
+
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" "$2"; }
+show() { [ -n "${T_ELASTIC_VERBOSE:-}" ] && { echo "$1: $(cat "$2")"; cat "$2.err"; } >&2; return 0; }
+# at_least / at_most <value> <bound> <what>
+at_least() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v >= b) }' || fail "$3: $1 < $2"; }
+at_most() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v <= b) }' || fail "$3: $1 > $2"; }
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+t0() { calc "$("$worker" now) + $1"; }
+activity() { python3 -c 'import struct,sys; print(struct.unpack_from("<5q", open(sys.argv[1], "rb").read(), 16)[int(sys.argv[2])])' "$tmp/gpus/$GPU/$1.activity" "$2"; }
+
+# 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not.
+claim alone 30 100 standard
+claim fixed 30 30 standard
+s=$(t0 0.3)
+start alone "$tmp/alone" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
+finish
+s=$(t0 0.3)
+start fixed "$tmp/fixed" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
+finish
+show alone "$tmp/alone"
+show fixed "$tmp/fixed"
+alone=$(field ran "$tmp/alone")
+at_least "$alone" 85 "a standard claim alone with ceiling 100 (busy % while it ran)"
+at_most "$(field busy "$tmp/fixed")" 33 "a fixed 30 % claim alone"
+[ "$(activity alone 1)" -gt 0 ] || fail "the claim's activity file shows no GPU time used"
+[ "$(activity alone 2)" -gt 0 ] || fail "the claim's activity file shows no GPU time borrowed"
+[ "$(activity fixed 2)" -eq 0 ] || fail "a fixed share borrowed"
+
+# 2. Floors under contention: 30/100 standard, the fixed 30 %, 20/100 standard, all at once: each at least its
+# floor, together no more than the GPU.
+claim third 20 100 standard
+b=$(t0 0.3) s=$(t0 0.7) e=$(t0 1.7)
+start alone "$tmp/c1" run "$b" "$s" "$e" 50
+start fixed "$tmp/c2" run "$b" "$s" "$e" 5000
+start third "$tmp/c3" run "$b" "$s" "$e" 50 graph
+finish
+total=0
+for c in c1:30 c2:30 c3:20; do
+    show "${c%:*}" "$tmp/${c%:*}"
+    at_least "$(field ran "$tmp/${c%:*}")" "$((${c#*:} - 3))" "claim ${c%:*} under contention (floor ${c#*:})"
+    total=$(calc "$total + $(field busy "$tmp/${c%:*}")")
+done
+at_most "$total" 106 "three claims together"
+at_least "$(field busy "$tmp/c1")" 33 "the 30/100 claim should borrow the 20 points left idle"
+
+# 3. Reclaim: the 30/100 claim runs alone, then the fixed 30 % and the 20/100 claims wake up. From then on the
+# borrower is back near its share (30 + its part of the 20 left), the others at their floors.
+b=$(t0 0.3) w=$(t0 1.0) e=$(t0 1.8)
+start alone "$tmp/r1" run "$b" "$w" "$e" 50
+start fixed "$tmp/r2" run "$w" "$(calc "$w + 0.1")" "$e" 50
+start third "$tmp/r3" run "$w" "$(calc "$w + 0.1")" "$e" 50
+finish
+for r in r1 r2 r3; do show "$r" "$tmp/$r"; done
+bins=$(sed -n 's/.*bins=//p' "$tmp/r1" | tr ',' ' ')
+set -- $bins
+before=$(echo "$bins" | awk '{ s = 0; for (i = 10; i <= 30; i++) s += $i; print s / 21 }')
+after=$(echo "$bins" | awk '{ s = 0; for (i = 41; i <= 70; i++) s += $i; print s / 30 }')
+at_least "$before" 80 "the borrower alone (20 ms bins before the others woke)"
+at_most "$after" 50 "the borrower from 100 ms after the others woke"
+at_least "$(field ran "$tmp/r2")" 27 "the fixed claim after waking"
+reclaim=$(echo "$bins" | awk '{ for (i = 36; i <= NF; i++) if ($i <= 45) { print (i - 36) * 20; exit } print "none" }')
+echo "reclaim: the borrower at its share ${reclaim} ms after the others woke (20 ms bins)" >&2
+
+# 4. A latency claim (30/100) beside a besteffort one (10/100): while the latency claim runs flat out, the
+# besteffort claim is held; while it serves 2 ms requests 30 % of the time, the besteffort claim runs in its idle
+# time.
+claim lat 30 100 latency
+claim be 10 100 besteffort
+b=$(t0 0.3) s=$(t0 0.6) e=$(t0 1.4)
+start lat "$tmp/l1" run "$b" "$s" "$e" 50
+start be "$tmp/e1" run "$(calc "$b + 0.1")" "$s" "$e" 50
+finish
+show lat "$tmp/l1"
+show be "$tmp/e1"
+at_least "$(field ran "$tmp/l1")" 85 "the latency claim beside a besteffort one"
+at_most "$(field busy "$tmp/e1")" 8 "the besteffort claim while the latency claim runs flat out"
+[ "$(activity be 4)" -gt 100000000 ] || fail "the besteffort claim's held_ns does not show it was held: $(activity be 4)"
+b=$(t0 0.3) s=$(t0 0.6) e=$(t0 1.6)
+start lat "$tmp/l2" duty "$b" "$s" "$e" 2000 6667
+start be "$tmp/e2" run "$b" "$s" "$e" 50
+finish
+show lat "$tmp/l2"
+show be "$tmp/e2"
+lat=$(field busy "$tmp/l2")
+at_most "$(calc "$lat + $(field busy "$tmp/e2")")" 106 "the latency and besteffort claims together"
+at_least "$(field ran "$tmp/e2")" "$(calc "(100 - $lat) * 0.5")" "the besteffort claim in the latency claim's idle time (it is busy $lat %)"
+
+# 5. A board the claim could have written (not owned by root) is not trusted: the fixed floor, one line.
+chown 1 "$tmp/gpus/$GPU/board"
+s=$(t0 0.3)
+start alone "$tmp/u1" run "$s" "$(t0 0.5)" "$(t0 1.0)" 50
+finish
+show untrusted "$tmp/u1"
+chown 0 "$tmp/gpus/$GPU/board"
+at_most "$(field busy "$tmp/u1")" 33 "a claim whose board is not the agent's"
+grep -q "elastic compute on $GPU: .*board: it is not on a read-only mount or not owned by root; claim ns/alone runs its fixed floor of 30%" "$tmp/u1.err" ||
+    fail "expected one line saying the board is not trusted: $(cat "$tmp/u1.err")"
+[ "$(grep -c dragpu-limiter "$tmp/u1.err")" -eq 1 ] || fail "expected one line: $(cat "$tmp/u1.err")"
+
+# 6. A limit= below cores= fails closed, as any malformed line: the claim's device gets no memory.
+mkdir -p "$tmp/claims-bad/bad" "$tmp/state-bad"
+printf 'version=1\nclaim=ns/bad\nstate=%s\ndevice=%s memory=unlimited cores=50 limit=40\n' "$tmp/state-bad" "$GPU" \
+    >"$tmp/claims-bad/bad/limits"
+mount --bind "$tmp/claims-bad/bad/limits" "$tmp/claims-bad/bad/limits" &&
+    mount -o remount,bind,ro "$tmp/claims-bad/bad/limits"
+unshare --mount --propagation private sh -c 'mount --rbind "$1" "$2" && shift 2 && exec "$@"' sh "$tmp/claims-bad" \
+    "$ROOT" env LD_PRELOAD="$LIB" "$B/limiter-probe" alloc 1048576 >"$tmp/bad" 2>"$tmp/bad.err"
+grep -q "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/bad" || fail "a bad limit= should refuse memory: $(cat "$tmp/bad")"
+grep -q "limit= is below cores=" "$tmp/bad.err" || fail "expected the reason: $(cat "$tmp/bad.err")"
+
+echo "t_elastic: ok (alone $alone %, floors held by 3 claims ($(printf %.2f "$total") % in all), reclaim ${reclaim} ms, besteffort held and in the latency claim's idle time)"
