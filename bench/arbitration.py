@@ -29,8 +29,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from dra_gpu.config import WatchdogPolicy
+from dra_gpu.limiter_abi.board import GPUS_DIR
 from dra_gpu.monitor import DEFAULT_INTERVAL_S
-from dra_gpu.monitor.board import GPUS_DIR
 from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
 from dra_gpu.monitor.metrics import elastic_families
 from dra_gpu.monitor.monitor import ClaimFigures, Held

@@ -37,5 +37,5 @@ def commands() -> ModuleType:
 
 @cache
 def module(relative: str) -> ModuleType:
-    """`src/dra_gpu/<relative>`, a module of the standard library only (e.g. `monitor/board.py`)."""
+    """`src/dra_gpu/<relative>`, a module of the standard library only (e.g. `limiter_abi/board.py`)."""
     return _load(SRC / relative, "gpucheck_agent_" + relative.removesuffix(".py").replace("/", "_"))

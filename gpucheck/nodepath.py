@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     from dra_gpu.plugin.gpu_control import NvidiaCommands
     from dra_gpu.plugin.sharing.device_access import device_uuids
     from dra_gpu.plugin.sharing.limiter import host_environment_of
-    from dra_gpu.slices.devices import device_name
+    from dra_gpu.vocabulary.device import device_name
 
     root = Path(tempfile.mkdtemp(prefix="gcn-", dir="/tmp"))  # unix socket paths must stay short
     details: list[str] = []

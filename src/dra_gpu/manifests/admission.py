@@ -41,7 +41,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import Strategy
 from dra_gpu.manifests.classes import CLASSES
 from dra_gpu.manifests.values import Values
-from dra_gpu.slices.devices import MEMORY_STEP
+from dra_gpu.vocabulary.device import MEMORY_STEP
 
 Obj = dict[str, Any]
 

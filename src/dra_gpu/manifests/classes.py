@@ -28,8 +28,12 @@ from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
 from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
-from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, MIG_ENABLED_ATTRIBUTE, SHARING_ATTRIBUTE
-from dra_gpu.slices.partitions import TYPE_ATTRIBUTE
+from dra_gpu.vocabulary.device import (
+    MEMORY_ISOLATION_ATTRIBUTE,
+    MIG_ENABLED_ATTRIBUTE,
+    SHARING_ATTRIBUTE,
+    TYPE_ATTRIBUTE,
+)
 
 Obj = dict[str, Any]
 

@@ -21,7 +21,7 @@ from dra_gpu.plugin.checkpoint import ShareRecord
 from dra_gpu.plugin.errors import PrepareError, quote, short
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
-from dra_gpu.slices.devices import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
+from dra_gpu.vocabulary.device import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
 
 
 def fetch_claim(api: KubeAPI, claim: ClaimInfo) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from dra_gpu.plugin.mig_devices import mig_views
 from dra_gpu.plugin.mig_instances import MigInstances
 from dra_gpu.plugin.sharing.directories import claim_temp_files, remove_tree
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, HoldHandler, NodeContext, Plan, Share
-from dra_gpu.slices.devices import device_name as slice_device_name
+from dra_gpu.vocabulary.device import device_name as slice_device_name
 
 log = logging.getLogger(__name__)
 
@@ -1022,18 +1022,6 @@ class Preparer:
                             )
             except LockTimeout as exc:
                 log.warning("could not reset the GPU's settings nobody holds", extra={"error": str(exc)})
-
-
-class PreparerRecords(CheckpointStore):
-    """The preparer's checkpoint as a read-only store, for readers in the same process (the usage
-    monitor): each record is then held once in the process, not once per reader."""
-
-    def __init__(self, preparer: Preparer) -> None:
-        super().__init__(preparer.store.path)
-        self._preparer = preparer
-
-    def load(self) -> Checkpoint:
-        return self._preparer.snapshot()
 
 
 def _reason(exc: BaseException) -> str:

@@ -48,10 +48,8 @@ from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
 from dra_gpu.slices.devices import (
     SHAREABLE_MODES,
-    SHARING_ATTRIBUTE,
     build_device,
     device_errors,
-    device_name,
     effective_mode,
     unhealthy_taint,
 )
@@ -64,6 +62,7 @@ from dra_gpu.slices.dropped import (
 )
 from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets, unpublished_instances
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
+from dra_gpu.vocabulary.device import SHARING_ATTRIBUTE, device_name
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)

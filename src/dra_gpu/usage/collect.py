@@ -27,7 +27,7 @@ from dra_gpu.config import ConfigError, merge_configs
 from dra_gpu.controller.owned_classes import is_controller_managed
 from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, parse_quantity
-from dra_gpu.slices.devices import SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
+from dra_gpu.vocabulary.device import SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
 
 Obj = Mapping[str, Any]
 
