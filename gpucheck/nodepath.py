@@ -102,10 +102,10 @@ def main(argv: list[str]) -> int:
     from cdi.resolver import Registry
     from dra_gpu.config import NodeSharing
     from dra_gpu.demo.kubelet import KubeletStandIn
+    from dra_gpu.host.nvidia import NvidiaCommands
     from dra_gpu.inventory import open_inventory
     from dra_gpu.kube.fake import FakeKube
     from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
-    from dra_gpu.plugin.gpu_control import NvidiaCommands
     from dra_gpu.plugin.sharing.device_access import device_uuids
     from dra_gpu.plugin.sharing.limiter import host_environment_of
     from dra_gpu.vocabulary.device import device_name

@@ -38,10 +38,10 @@ from plugin_harness import (
 )
 from waiting import wait_for
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.checkpoint import CheckpointStore
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.proto import dra_v1, dra_v1_grpc
 from dra_gpu.slices import publisher
 
@@ -68,8 +68,9 @@ def small_disk(path: Path, size: str = "4m") -> Iterator[Path]:
 
 def failing(url: str, what: str) -> bytes:
     """The body of the first 503 that `url` answers (waiting for it)."""
-    _status, body = wait_for(lambda: (r := get(url, timeout=5))[0] == 503 and r, what=what)
-    return bytes(body)
+    answer = wait_for(lambda: (r := get(url, timeout=5))[0] == 503 and r, what=what)
+    assert isinstance(answer, tuple)  # the 503's (status, body)
+    return bytes(answer[1])
 
 
 def fill(path: Path) -> Path:

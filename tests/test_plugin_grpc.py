@@ -32,10 +32,10 @@ from plugin_harness import (
 )
 from waiting import wait_for
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY, CONTAINER_PRELOAD
 from dra_gpu.limiter_abi.region import read_region
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.limiter import container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
 

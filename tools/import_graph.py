@@ -31,20 +31,19 @@ SKIP = ("dra_gpu._proto",)  # generated code
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the driver's name and version; the CDI library; helpers that import nothing of the project
     ("dra_gpu", "cdi", "quantity", "text", "logs"),
-    # shared vocabulary and file formats; the Kubernetes API, configuration, GPUs, host files
+    # shared vocabulary and file formats; the Kubernetes API, configuration, GPUs
     (
         "flags",
         "proto",
         "vocabulary",
         "limiter_abi",
-        "dmem_cgroup",
         "http_endpoint",
         "kube",
         "config",
         "inventory",
     ),
-    # what the controller and the node agent are built of
-    ("allocator", "slices", "monitor"),
+    # what the controller and the node agent are built of (host: GPU commands, driver root, cgroups)
+    ("allocator", "slices", "monitor", "host"),
     ("controller", "plugin"),
     ("usage", "manifests", "node_agent"),
     ("demo",),

@@ -15,16 +15,16 @@ from pathlib import Path
 from types import ModuleType
 
 from dra_gpu.config import NodeSharing
+from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
 from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
-from dra_gpu.plugin.gpu_control import GpuCommands
 from dra_gpu.plugin.health import HealthProbe, StateDirCheck
 from dra_gpu.plugin.holdings import prepared_holdings
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.prepare import FaultHook
+from dra_gpu.plugin.preparer_core import FaultHook
 from dra_gpu.slices.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
