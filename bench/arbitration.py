@@ -37,7 +37,7 @@ from dra_gpu.monitor.metrics import elastic_families
 from dra_gpu.monitor.monitor import ClaimFigures, Held
 from dra_gpu.monitor.watchdog import ClaimRef
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.sharing.arbitration import ClaimArbitration, hold_key
+from dra_gpu.plugin.sharing.modes.arbitration import ClaimArbitration, hold_key
 from dra_gpu.plugin.sharing.plan import NodeContext
 
 GOAL_PERCENT = 2.0

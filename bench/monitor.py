@@ -42,7 +42,7 @@ from dra_gpu.plugin.checkpoint import (
     ShareRecord,
 )
 from dra_gpu.plugin.holdings import prepared_holdings
-from dra_gpu.plugin.sharing.limiter_region import make_region
+from dra_gpu.plugin.sharing.modes.limiter_region import make_region
 
 GOAL_PERCENT = 2.0
 SCRAPE_INTERVAL_S = 15.0

@@ -47,8 +47,8 @@ from dra_gpu.monitor import Monitor
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
 from dra_gpu.plugin.preparer_core import FaultHook
-from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import host_environment_of
+from dra_gpu.plugin.sharing.modes.limiter import host_environment_of
+from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 
 NODE = "node-1"

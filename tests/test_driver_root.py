@@ -29,7 +29,7 @@ from dra_gpu.host.nvidia import NvidiaCommands
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.prepare import NOTICE_REASON
-from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
+from dra_gpu.plugin.sharing.steps.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
 
 LIBS = "usr/lib/x86_64-linux-gnu"
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
@@ -99,3 +100,23 @@ def test_the_tool_finds_an_upward_import_and_an_undeclared_package(
     assert import_graph.cycles(import_graph.package_edges(graph)) == []
     (package / "low" / "b.py").write_text("from dra_gpu.high import a\n")
     assert import_graph.cycles(import_graph.package_edges(import_graph.build(tmp_path))) == [["high", "low"]]
+
+
+LONG = 500
+"""Lines of Python a module of src/ may have before its opening docstring must say why it is longer."""
+
+
+def test_no_long_module_without_a_reason() -> None:
+    src = TOOL.parent.parent / "src"
+    unexplained = []
+    for path in sorted(src.rglob("*.py")):
+        if "_proto" in path.parts:
+            continue  # generated
+        text = path.read_text()
+        if text.count("\n") > LONG and f"Longer than {LONG} lines:" not in (
+            ast.get_docstring(ast.parse(text)) or ""
+        ):
+            unexplained.append(str(path.relative_to(src)))
+    assert unexplained == [], (
+        f"split these, or say in their docstrings why not ('Longer than {LONG} lines: ...')"
+    )

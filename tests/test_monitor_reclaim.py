@@ -29,7 +29,7 @@ from dra_gpu.limiter_abi.region import (
     unlocked_slots,
 )
 from dra_gpu.monitor.process_owner import ProcReader
-from dra_gpu.plugin.sharing.limiter_region import make_region
+from dra_gpu.plugin.sharing.modes.limiter_region import make_region
 
 MiB = 2**20
 GiB = 2**30

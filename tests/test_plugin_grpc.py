@@ -36,7 +36,7 @@ from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY, CONTAINER_PRELOAD
 from dra_gpu.limiter_abi.region import read_region
-from dra_gpu.plugin.sharing.limiter import container_claim_dir
+from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
 
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"

@@ -185,7 +185,7 @@ def build(src: Path = SRC) -> Graph:
 
 
 def package_of(module: str) -> str:
-    """`dra_gpu.plugin.sharing.limiter` -> `plugin`; `dra_gpu` -> `dra_gpu`; `cdi.spec` -> `cdi`."""
+    """`dra_gpu.plugin.sharing.modes.limiter` -> `plugin`; `dra_gpu` -> `dra_gpu`; `cdi.spec` -> `cdi`."""
     parts = module.split(".")
     if parts[0] != "dra_gpu":
         return parts[0]

@@ -19,9 +19,9 @@ from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT, CONTAINER_LIBRARY, CONTAINER_PRELOAD
 from dra_gpu.limiter_abi.region import REGION_FILE
-from dra_gpu.plugin.sharing.limiter import container_claim_dir
-from dra_gpu.plugin.sharing.mps.common import CONTAINER_PIPE_DIR
-from dra_gpu.plugin.sharing.mps.daemon import mps_dir
+from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
+from dra_gpu.plugin.sharing.modes.mps.common import CONTAINER_PIPE_DIR
+from dra_gpu.plugin.sharing.modes.mps.daemon import mps_dir
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.container

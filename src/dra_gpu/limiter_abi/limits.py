@@ -1,6 +1,6 @@
 """The limiter's limits file and the paths it is read from in a container (native/limiter/src/limits.c).
 
-The node agent writes one limits file per claim (`plugin/sharing/limiter.py` renders it); the library
+The node agent writes one limits file per claim (`plugin/sharing/modes/limiter.py` renders it); the library
 reads it at the claims root of the container. These names and bounds are the library's: keep them in
 step with limits.c.
 """

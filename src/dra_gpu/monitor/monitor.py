@@ -1,15 +1,19 @@
 """The node agent's usage monitor: every interval, who uses what on this node's GPUs.
 
-For every prepared claim (the plugin's records, handed in as `PreparedClaims`, say which GPUs and limits it holds) and every GPU it holds:
-memory in use (the limiter's region where the claim has one, else the sum of its processes in NVML),
-compute busy time (NVML's per-process utilization, else the limiter's measured launch time), time
-throttled and allocations refused (the limiter's region). Processes are mapped to pod, container and
-claim through their cgroup and the node's pods. The figures feed the metrics and the watchdog.
+For every prepared claim (the plugin's records, handed in as `PreparedClaims`, say which GPUs and
+limits it holds) and every GPU it holds: memory in use (the limiter's region where the claim has one,
+else the sum of its processes in NVML), compute busy time (NVML's per-process utilization, else the
+limiter's measured launch time), time throttled and allocations refused (the limiter's region).
+Processes are mapped to pod, container and claim through their cgroup and the node's pods. The figures
+feed the metrics and the watchdog.
 
 Memory is watched more often than the rest (`watch_interval_s`, 1 s): every watch reads NVML's per-process
 memory, publishes to each limiter claim its floor - what the driver says the claim's processes hold on each
 GPU, which the library never lets the claim's account fall below - and hands the watchdog what is over a cap
 or runs without the limiter, so a claim that forged its region's records gains nothing past one watch.
+
+Longer than 500 lines: one sampling pass reads the regions, NVML, the processes and the pods in an
+order that keeps their figures consistent (regions before NVML); split, that order would be spread.
 """
 
 from __future__ import annotations

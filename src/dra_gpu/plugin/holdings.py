@@ -14,7 +14,7 @@ from dra_gpu.config import WatchdogPolicy
 from dra_gpu.monitor.monitor import ClaimHoldings, Held, PreparedClaims
 from dra_gpu.monitor.watchdog import ClaimRef
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointCorrupt, ClaimState, PreparedClaim
-from dra_gpu.plugin.sharing.usage_facts import CORES, MEMORY, WATCHDOG
+from dra_gpu.plugin.sharing.steps.usage_facts import CORES, MEMORY, WATCHDOG
 
 
 def held_of(claim: PreparedClaim) -> ClaimHoldings:

@@ -36,8 +36,8 @@ from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, Nod
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.mig_devices import mig_views
 from dra_gpu.plugin.mig_instances import MigInstances
-from dra_gpu.plugin.sharing.directories import remove_tree
 from dra_gpu.plugin.sharing.plan import ClaimInfo, HoldHandler, NodeContext
+from dra_gpu.plugin.sharing.steps.directories import remove_tree
 from dra_gpu.vocabulary.device import device_name as slice_device_name
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from dra_gpu.plugin.checkpoint import (
 from dra_gpu.plugin.claims import allocation_results
 from dra_gpu.plugin.errors import bounded, describe, filesystem_error
 from dra_gpu.plugin.preparer_core import PreparerCore
-from dra_gpu.plugin.sharing.directories import claim_temp_files
 from dra_gpu.plugin.sharing.plan import ClaimInfo
+from dra_gpu.plugin.sharing.steps.directories import claim_temp_files
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,9 @@ until they recover, since it cannot keep new claims away from them any other way
 shared counters (DRAPartitionableDevices off), or refused the counter layout (1.34's counter rules
 differ), each dynamic MIG GPU offers its full profile only, so that no two overlapping instances can be
 allocated; the reason is logged, kept in `fallbacks` and posted as a Warning event on the Node.
+
+Longer than 500 lines: three threads around one state (the pool, its fallbacks, the mode changes waiting for
+claims to go) under one lock; split, the locking would be spread over modules.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ from dra_gpu.limiter_abi.limits import (
 )
 from dra_gpu.limiter_abi.region import REGION_FILE
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.sharing import arbitration
 from dra_gpu.plugin.sharing._memory import memory_share
+from dra_gpu.plugin.sharing.modes import arbitration
 from dra_gpu.plugin.sharing.plan import DeviceLimit, Holder, NodeContext, Plan, Share
 
 _LIBRARY_UUID = re.compile(
