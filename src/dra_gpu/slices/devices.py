@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 from dra_gpu.config import GpuSharingMode
+from dra_gpu.config.modes import SHAREABLE_NODE_MODES
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
@@ -49,7 +50,8 @@ from dra_gpu.vocabulary.device import (
 
 Obj = dict[str, Any]
 
-SHAREABLE_MODES = frozenset({GpuSharingMode.SHARED, GpuSharingMode.MPS})
+SHAREABLE_MODES = SHAREABLE_NODE_MODES
+"""Published shareable: the node settings of the modes that split a GPU (`config/modes.py`)."""
 
 _NUMERIC_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
 _SEMVER = re.compile(
