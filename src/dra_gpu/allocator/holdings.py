@@ -95,13 +95,13 @@ class Usage:
         """Count an allocation (replacing what the same claim held before)."""
         self.remove(uid)
         holds: list[Hold] = []
-        for result in objects.allocation_results(allocation):
-            key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
+        for result in objects.device_results(allocation):
+            key = (result.driver, result.pool, result.device)
             dev = self._inv.by_key.get(key)
             if dev is None:  # not in our slices (other driver, or a pool we do not see)
                 continue
-            if dev.multi and result.get("shareID"):
-                consumed_map = result.get("consumedCapacity")
+            if dev.multi and result.share_id is not None:
+                consumed_map = result.consumed
                 if consumed_map is None:
                     consumed = tuple(s.consumed(None) for s in dev.specs)
                 else:

@@ -82,9 +82,9 @@ def _name(claim: Mapping[str, Any]) -> str:
 def describe_allocation(allocation: Mapping[str, Any]) -> str:
     """`gpu-0 on node-1 (share: cores 30, memory 10Gi)` for events and the demo."""
     parts = []
-    for result in objects.allocation_results(allocation):
-        text = f"{result.get('pool')}/{result.get('device')}"
-        consumed = result.get("consumedCapacity")
+    for result in objects.device_results(allocation):
+        text = f"{result.pool}/{result.device}"
+        consumed = result.consumed
         if consumed:
             text += " (share: " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
         else:

@@ -74,9 +74,11 @@ def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def allocation_results(obj: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
+def results_in_pool(obj: Mapping[str, Any], driver: str, pool: str) -> list[objects.DeviceResult]:
     """The claim's allocation results for `driver`'s devices in `pool` (this node's)."""
-    return [r for r in objects.results(obj) if r.get("driver") == driver and r.get("pool") == pool]
+    return [
+        r for r in objects.device_results(objects.allocation(obj)) if r.driver == driver and r.pool == pool
+    ]
 
 
 def _amount(record: ShareRecord, name: str) -> Fraction | int | None:

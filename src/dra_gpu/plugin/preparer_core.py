@@ -29,7 +29,7 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
-from dra_gpu.plugin.claims import allocation_results
+from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.identity import is_path_component
 from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
@@ -194,8 +194,8 @@ class PreparerCore:
         }
         if obj is not None:
             gpus = self._gpus()
-            for result in allocation_results(obj, self.node.driver, self.pool):
-                gpu = gpus.get(str(result.get("device")))
+            for result in results_in_pool(obj, self.node.driver, self.pool):
+                gpu = gpus.get(result.device)
                 if gpu is not None:
                     uuids.add(gpu.uuid)
         return uuids

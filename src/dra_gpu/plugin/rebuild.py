@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 
 from dra_gpu.host.gpu_commands import CommandError
+from dra_gpu.kube import objects
 from dra_gpu.plugin.checkpoint import (
     Checkpoint,
 )
-from dra_gpu.plugin.claims import allocation_results
+from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import bounded, describe
 from dra_gpu.plugin.identity import claim_problem
 from dra_gpu.plugin.locking import LockTimeout
@@ -42,12 +43,9 @@ class Rebuild(PreparerCore):
             self._set_pending(True)
             return self.snapshot()
         for obj in items:
-            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-            if not status.get("reservedFor") or not allocation_results(obj, self.node.driver, self.pool):
+            if not objects.reserved_for(obj) or not results_in_pool(obj, self.node.driver, self.pool):
                 continue
-            claim = ClaimInfo(
-                uid=str(meta.get("uid")), namespace=str(meta.get("namespace")), name=str(meta.get("name"))
-            )
+            claim = ClaimInfo(uid=objects.uid(obj), namespace=objects.namespace(obj), name=objects.name(obj))
             problem = claim_problem(claim.uid, claim.namespace, claim.name)
             if problem is not None:
                 log.warning(

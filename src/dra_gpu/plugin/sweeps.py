@@ -14,7 +14,7 @@ from dra_gpu.kube import objects
 from dra_gpu.plugin.checkpoint import (
     ClaimState,
 )
-from dra_gpu.plugin.claims import allocation_results
+from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import bounded, describe, filesystem_error
 from dra_gpu.plugin.preparer_core import PreparerCore
 from dra_gpu.plugin.sharing.plan import ClaimInfo
@@ -151,7 +151,7 @@ class Sweeps(PreparerCore):
     def _allocated_here(self, obj: Mapping[str, Any]) -> bool:
         """Whether the claim's allocation has a device of this driver in this node's pool (a claim the
         scheduler deallocated can be in no pod's use)."""
-        return bool(allocation_results(obj, self.node.driver, self.pool))
+        return bool(results_in_pool(obj, self.node.driver, self.pool))
 
     def _remove_unrecorded(self) -> None:
         """Claims' files no record accounts for, and temporary files of interrupted writes."""

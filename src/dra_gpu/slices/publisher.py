@@ -467,13 +467,12 @@ class SlicePublisher:
             )
             return f"unknown (cannot list ResourceClaims: {exc})"
         for claim in claims:
-            meta = claim.get("metadata") or {}
-            ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            ref = f"{objects.namespace(claim)}/{objects.name(claim)}"
             allocation = objects.allocation(claim) or {}
-            for result in objects.allocation_results(allocation):
-                if result.get("driver") == self.driver and result.get("pool") == self.node_name:
-                    holders = live.setdefault(str(result.get("device", "")), {})
-                    holders[ref] = holders.get(ref, False) or bool(result.get("shareID"))
+            for result in objects.device_results(allocation):
+                if result.driver == self.driver and result.pool == self.node_name:
+                    holders = live.setdefault(result.device, {})
+                    holders[ref] = holders.get(ref, False) or result.share_id is not None
         if self.prepared_claims is not None:
             try:
                 prepared = self.prepared_claims()
