@@ -25,9 +25,8 @@ UNLABELLED = None
 
 def claim_id(claim: Mapping[str, Any]) -> str:
     """How commit/release recognise a claim: its UID, else namespace/name."""
-    meta = claim.get("metadata") or {}
-    uid = meta.get("uid")
-    return str(uid) if uid else f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    uid = objects.uid(claim)
+    return uid if uid else f"{objects.namespace(claim)}/{objects.name(claim)}"
 
 
 @dataclass(slots=True)

@@ -21,8 +21,7 @@ ClaimKey = tuple[str, str]  # namespace, name
 
 
 def claim_key(claim: Mapping[str, Any]) -> ClaimKey:
-    meta = claim.get("metadata") or {}
-    return meta.get("namespace") or "default", meta.get("name", "")
+    return objects.namespace(claim) or "default", objects.name(claim)
 
 
 def claim_names_of(pod: Mapping[str, Any]) -> set[str]:
