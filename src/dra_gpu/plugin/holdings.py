@@ -1,7 +1,7 @@
 """The plugin's prepared claims as the usage monitor reads them (`dra_gpu.monitor.PreparedClaims`).
 
 The node agent hands the monitor `prepared_holdings(...)`: the monitor then knows nothing of the
-checkpoint's shape, and the limits each share recorded (`sharing/usage_facts.py`) are read here, where
+checkpoint's shape, and the limits each share recorded (`sharing/steps/usage_facts.py`) are read here, where
 they are written. A share without recorded limits is held without a cap; several shares of one GPU in
 one claim add up.
 """
