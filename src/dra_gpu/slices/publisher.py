@@ -272,7 +272,7 @@ class SlicePublisher:
                 result = self.api.create(KIND, body)
                 self.stats.creates += 1
             with self._seen_lock:
-                self._own_versions[result["metadata"]["name"]] = result["metadata"].get("resourceVersion", "")
+                self._own_versions[objects.name(result)] = objects.resource_version(result)
             stored[index] = result
             missing = dropped_fields(body, result)
             dropped.features |= missing.features
@@ -280,9 +280,7 @@ class SlicePublisher:
             if PARTITIONABLE_DEVICES in missing.features and self.partitionable_devices:
                 break
         with self._seen_lock:
-            self._own_versions = {
-                s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in stored.values()
-            }
+            self._own_versions = {objects.name(s): objects.resource_version(s) for s in stored.values()}
         if plan.writes:
             log.info(
                 "published ResourceSlices",
@@ -592,7 +590,7 @@ class SlicePublisher:
         while not self._stop.is_set():
             try:
                 items, version = self.api.list(KIND, field_selector=self.field_selector)
-                listed = {s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in items}
+                listed = {objects.name(s): objects.resource_version(s) for s in items}
                 with self._seen_lock:
                     if listed != self._own_versions:
                         self._dirty.set()
