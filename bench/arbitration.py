@@ -29,15 +29,15 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from dra_gpu.config import WatchdogPolicy
+from dra_gpu.host.simulated import SimulatedCommands
+from dra_gpu.limiter_abi.board import GPUS_DIR
 from dra_gpu.monitor import DEFAULT_INTERVAL_S
-from dra_gpu.monitor.board import GPUS_DIR
 from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
 from dra_gpu.monitor.metrics import elastic_families
 from dra_gpu.monitor.monitor import ClaimFigures, Held
 from dra_gpu.monitor.watchdog import ClaimRef
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.gpu_control import SimulatedCommands
-from dra_gpu.plugin.sharing.arbitration import ClaimArbitration, hold_key
+from dra_gpu.plugin.sharing.modes.arbitration import ClaimArbitration, hold_key
 from dra_gpu.plugin.sharing.plan import NodeContext
 
 GOAL_PERCENT = 2.0

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fakes import fake_pynvml
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.limiter_abi import region as layout
 from dra_gpu.monitor import DEFAULT_INTERVAL_S, Monitor, MonitorCollector, NvmlSampler, PodDirectory
-from dra_gpu.monitor import region as layout
 from dra_gpu.monitor.monitor import DEFAULT_WATCH_INTERVAL_S
 from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.watchdog import Watchdog
@@ -41,7 +41,8 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     ShareRecord,
 )
-from dra_gpu.plugin.sharing.limiter_region import make_region
+from dra_gpu.plugin.holdings import prepared_holdings
+from dra_gpu.plugin.sharing.modes.limiter_region import make_region
 
 GOAL_PERCENT = 2.0
 SCRAPE_INTERVAL_S = 15.0
@@ -129,7 +130,7 @@ def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegist
     CheckpointStore(root / "checkpoint.json").save(checkpoint)
     proc = ProcReader(proc_root)
     monitor = Monitor(
-        store=CheckpointStore(root / "checkpoint.json"),
+        prepared=prepared_holdings(CheckpointStore(root / "checkpoint.json").load),
         claims_dir=root / "claims",
         gpus=lambda: [g.uuid for g in driver.gpus],
         pods=PodDirectory(api, "node"),

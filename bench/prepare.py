@@ -40,10 +40,10 @@ from typing import Any
 import grpc
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.proto import dra_v1, dra_v1_grpc
 
 GOAL_P99_MS = 10.0

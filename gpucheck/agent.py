@@ -1,6 +1,6 @@
 """The node agent's own code that the checks use, loaded from its files.
 
-`commands()`: the agent's GPU commands (`src/dra_gpu/plugin/gpu_control.py`). `module()`: any other
+`commands()`: the agent's GPU commands (`src/dra_gpu/host/nvidia.py`). `module()`: any other
 module of the agent that needs only the standard library (the layouts of the elastic-compute board and
 activity files, of the limiter's region). Importing them the usual way first runs their packages'
 `__init__`, which need grpc, pydantic or prometheus-client. Loading the file alone keeps the checks
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 SRC = Path(__file__).resolve().parent.parent / "src/dra_gpu"
-COMMANDS = SRC / "plugin/gpu_control.py"
+COMMANDS = SRC / "host/nvidia.py"
 NAME = "gpucheck_agent_commands"
 
 
@@ -37,5 +37,5 @@ def commands() -> ModuleType:
 
 @cache
 def module(relative: str) -> ModuleType:
-    """`src/dra_gpu/<relative>`, a module of the standard library only (e.g. `monitor/board.py`)."""
+    """`src/dra_gpu/<relative>`, a module of the standard library only (e.g. `limiter_abi/board.py`)."""
     return _load(SRC / relative, "gpucheck_agent_" + relative.removesuffix(".py").replace("/", "_"))

@@ -11,7 +11,7 @@ missing, and removed again.
 
 Here, on the host side: the board and each claim's activity file (hard-linked into its state directory),
 its region and its limits file. The board, activity and region layouts are the agent's own code
-(`dra_gpu.monitor.board`, `dra_gpu.monitor.region`), loaded from their files (`agent.module`).
+(`dra_gpu.limiter_abi.board`, `dra_gpu.limiter_abi.region`), loaded from their files (`agent.module`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ exec "$@"
 
 
 def board() -> ModuleType:
-    return agent.module("monitor/board.py")
+    return agent.module("limiter_abi/board.py")
 
 
 def region() -> ModuleType:
-    return agent.module("monitor/region.py")
+    return agent.module("limiter_abi/region.py")
 
 
 @dataclass(frozen=True)

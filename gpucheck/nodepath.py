@@ -102,13 +102,13 @@ def main(argv: list[str]) -> int:
     from cdi.resolver import Registry
     from dra_gpu.config import NodeSharing
     from dra_gpu.demo.kubelet import KubeletStandIn
+    from dra_gpu.host.nvidia import NvidiaCommands
     from dra_gpu.inventory import open_inventory
     from dra_gpu.kube.fake import FakeKube
     from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
-    from dra_gpu.plugin.gpu_control import NvidiaCommands
-    from dra_gpu.plugin.sharing.device_access import device_uuids
-    from dra_gpu.plugin.sharing.limiter import host_environment_of
-    from dra_gpu.slices.devices import device_name
+    from dra_gpu.plugin.sharing.modes.limiter import host_environment_of
+    from dra_gpu.plugin.sharing.steps.device_access import device_uuids
+    from dra_gpu.vocabulary.device import device_name
 
     root = Path(tempfile.mkdtemp(prefix="gcn-", dir="/tmp"))  # unix socket paths must stay short
     details: list[str] = []

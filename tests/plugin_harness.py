@@ -37,16 +37,18 @@ from limiter_env import limiter_env
 from cdi.resolver import ContainerConfig, Registry
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import NodeSharing
+from dra_gpu.host.gpu_commands import GpuCommands
+from dra_gpu.host.nvidia import NvidiaCommands
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import Inventory, SimulatedInventory
 from dra_gpu.kube import KubeAPI, NotFound
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import Monitor
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
-from dra_gpu.plugin.gpu_control import GpuCommands, NvidiaCommands, SimulatedCommands
-from dra_gpu.plugin.prepare import FaultHook
-from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import host_environment_of
+from dra_gpu.plugin.preparer_core import FaultHook
+from dra_gpu.plugin.sharing.modes.limiter import host_environment_of
+from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 
 NODE = "node-1"

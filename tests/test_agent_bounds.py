@@ -38,9 +38,10 @@ from plugin_harness import (
 )
 from waiting import wait_for
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.gpu_control import SimulatedCommands
+from dra_gpu.plugin.checkpoint import CheckpointStore
 from dra_gpu.proto import dra_v1, dra_v1_grpc
 from dra_gpu.slices import publisher
 
@@ -466,8 +467,10 @@ def test_memory_per_claim_is_not_kept_once_the_claim_is_gone(dirs: PluginDirs) -
             assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         monitor = agent.monitor
         assert monitor is not None
-        held = monitor._store.load().claims
-        assert all(held[uid_of(c)] is preparer.snapshot().claims[uid_of(c)] for c in claims), "held once"
+        # The monitor reads the preparer's records through the agent's `prepared_holdings` and keeps no
+        # store (no second copy of each record) of its own.
+        assert {h.claim.uid for h in monitor._prepared()} == {uid_of(c) for c in claims}
+        assert not any(isinstance(v, CheckpointStore) for v in vars(monitor).values()), "held once"
         assert kubelet.unprepare(*claims) == {uid_of(c): "" for c in claims}
         for start in range(0, len(failing), 50):  # claims that fail: each posts events (claim and pod)
             answers = kubelet.prepare(*failing[start : start + 50])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.monitor import board
+from dra_gpu.limiter_abi import board
 
 
 def contract_board(entries: list[tuple[bytes, int, int, int]], seq: int) -> bytes:

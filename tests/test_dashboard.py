@@ -19,6 +19,7 @@ from dra_gpu.monitor.monitor import ClaimFigures, ContainerFigures, Held, Snapsh
 from dra_gpu.monitor.pods import PodInfo
 from dra_gpu.monitor.watchdog import ClaimRef, Reason, Violation
 from dra_gpu.plugin.checkpoint import CheckpointStore
+from dra_gpu.plugin.holdings import prepared_holdings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 METRIC = re.compile(r"\b(dra_gpu_[a-z_]+)\b")
@@ -40,7 +41,7 @@ def _exported(tmp_path: Path) -> set[str]:
     """The metric names a monitor with one claim, one container and one violation puts on /metrics."""
     proc = ProcReader(tmp_path)
     monitor = Monitor(
-        CheckpointStore(tmp_path / "checkpoint.json"),
+        prepared_holdings(CheckpointStore(tmp_path / "checkpoint.json").load),
         tmp_path,
         lambda: [],
         PodDirectory(FakeKube(), "node"),

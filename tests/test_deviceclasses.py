@@ -17,7 +17,7 @@ from dra_gpu.inventory import open_inventory
 from dra_gpu.manifests import load_values
 from dra_gpu.manifests.classes import controller_classes, device_classes
 from dra_gpu.slices import build_device
-from dra_gpu.slices.devices import device_name
+from dra_gpu.vocabulary.device import device_name
 
 DEPLOY = Path("deploy")
 MODES = {0: "Shared", 1: "Shared", 2: "MPS", 3: "MPS", 4: "Exclusive", 5: "Exclusive", 6: "Shared", 7: "MPS"}

@@ -19,10 +19,10 @@ from plugin_harness import gpu_config
 from cdi.validation import spec_problems
 from dra_gpu.cli import main
 from dra_gpu.config import parse_gpu_config
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GIB = 2**30

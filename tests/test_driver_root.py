@@ -24,12 +24,12 @@ from plugin_harness import (
     uid_of,
 )
 
+from dra_gpu.host.driver_root import LIBRARIES, find_driver_files, install_ldcache_hook, tool_env, tool_path
+from dra_gpu.host.nvidia import NvidiaCommands
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.driver_root import LIBRARIES, find_driver_files, install_ldcache_hook, tool_env, tool_path
-from dra_gpu.plugin.gpu_control import NvidiaCommands
 from dra_gpu.plugin.prepare import NOTICE_REASON
-from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
+from dra_gpu.plugin.sharing.steps.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
 
 LIBS = "usr/lib/x86_64-linux-gnu"
 
@@ -124,7 +124,7 @@ def test_nvml_is_loaded_from_the_driver_root(tmp_path: Path, built: Path) -> Non
     script = (
         "import sys, pynvml\n"
         "from pathlib import Path\n"
-        "from dra_gpu.plugin.driver_root import load_nvml\n"
+        "from dra_gpu.host.driver_root import load_nvml\n"
         "print(load_nvml(Path(sys.argv[1])))\n"
         "pynvml.nvmlInit()\n"
         "print(pynvml.nvmlDeviceGetCount())\n"

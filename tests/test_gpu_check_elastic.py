@@ -15,8 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dra_gpu.monitor import board as project_board
-from dra_gpu.monitor import region as project_region
+from dra_gpu.limiter_abi import board as project_board
+from dra_gpu.limiter_abi import region as project_region
 from gpucheck import claims, report
 from gpucheck.build import build_programs
 from gpucheck.checks import colocation, elastic

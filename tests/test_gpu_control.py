@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.plugin.gpu_control import CommandError, ComputeMode, NvidiaCommands, SimulatedCommands
+from dra_gpu.host.gpu_commands import CommandError, ComputeMode
+from dra_gpu.host.nvidia import NvidiaCommands
+from dra_gpu.host.simulated import SimulatedCommands
 
 FAKE_TOOL = """\
 #!{python}

@@ -31,6 +31,25 @@ def test_an_allocated_claim_reads_its_device_results_and_config() -> None:
     assert driver == "gpu.dra-gpu.io" and parameters["sharing"] == {"strategy": "Limiter"}
 
 
+def test_an_allocated_claim_reads_as_typed_device_results() -> None:
+    claim = next(c for c in _claims() if objects.name(c) == "ctrl-alloc")
+    [result] = objects.device_results(objects.allocation(claim))
+    assert result.driver == "gpu.dra-gpu.io" and (result.pool, result.device, result.request) == (
+        "node-1",
+        "gpu-0",
+        "gpu",
+    )
+    assert result.consumed == {"cores": "10", "memory": "4Gi"} and result.share_id and not result.admin_access
+
+
+def test_a_device_result_reads_missing_null_and_mistyped_fields_as_absent() -> None:
+    allocated = {"devices": {"results": [{"device": "gpu-1", "shareID": "", "consumedCapacity": None}, None]}}
+    whole, empty = objects.device_results(allocated)
+    assert (whole.device, whole.driver, whole.share_id, whole.consumed) == ("gpu-1", "", None, None)
+    assert empty == objects.DeviceResult("", "", "", "", None, None, False)
+    assert objects.device_results(None) == []
+
+
 def test_a_claim_without_status_has_no_allocation_and_no_results() -> None:
     claim = {k: v for k, v in _claims()[0].items() if k != "status"}
     assert objects.allocation(claim) is None

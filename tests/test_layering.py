@@ -1,7 +1,9 @@
-"""The layering of the project's Python modules: no import cycles, no project imports inside functions."""
+"""The layering of the project's Python packages: each imports only lower layers (`LAYERS` in
+`tools/import_graph.py`), no import cycles between modules, no project imports inside functions."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
@@ -25,6 +27,24 @@ def import_graph() -> ModuleType:
 def test_no_import_cycles(import_graph: ModuleType) -> None:
     graph = import_graph.build()
     assert import_graph.cycles(graph.all_edges()) == []
+
+
+def test_every_package_has_a_layer_and_imports_only_lower_ones(import_graph: ModuleType) -> None:
+    graph = import_graph.build()
+    assert import_graph.undeclared(graph) == [], "give the new package its layer in LAYERS"
+    assert import_graph.upward(graph) == [], (
+        "import only packages of lower layers (LAYERS), or move the shared code down"
+    )
+
+
+def test_no_cycles_between_packages(import_graph: ModuleType) -> None:
+    graph = import_graph.build()
+    assert import_graph.cycles(import_graph.package_edges(graph)) == []
+
+
+def test_the_layers_name_each_package_once(import_graph: ModuleType) -> None:
+    named = [package for layer in import_graph.LAYERS for package in layer]
+    assert len(named) == len(set(named))
 
 
 def test_no_project_imports_inside_functions(import_graph: ModuleType) -> None:
@@ -58,3 +78,45 @@ def test_the_tool_finds_a_cycle_and_a_deferred_import(import_graph: ModuleType, 
     assert import_graph.cycles(graph.edges) == []
     assert import_graph.cycles(graph.all_edges()) == [["dra_gpu.a", "dra_gpu.b"]]
     assert import_graph.cycles(graph.all_edges(typing=True)) == [["dra_gpu.a", "dra_gpu.b", "dra_gpu.c"]]
+
+
+def test_the_tool_finds_an_upward_import_and_an_undeclared_package(
+    import_graph: ModuleType, tmp_path: Path
+) -> None:
+    package = tmp_path / "dra_gpu"
+    for name in ("low", "high", "new"):
+        (package / name).mkdir(parents=True)
+        (package / name / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "high" / "a.py").write_text("from dra_gpu.low import b\n")
+    (package / "low" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dra_gpu.high import a\n"
+    )
+    (package / "new" / "c.py").write_text("")
+    graph = import_graph.build(tmp_path)
+    layers = (("dra_gpu",), ("low",), ("high",))
+    assert import_graph.upward(graph, layers) == [("dra_gpu.low.b", "dra_gpu.high.a")]
+    assert import_graph.undeclared(graph, layers) == ["new"]
+    assert import_graph.cycles(import_graph.package_edges(graph)) == []
+    (package / "low" / "b.py").write_text("from dra_gpu.high import a\n")
+    assert import_graph.cycles(import_graph.package_edges(import_graph.build(tmp_path))) == [["high", "low"]]
+
+
+LONG = 500
+"""Lines of Python a module of src/ may have before its opening docstring must say why it is longer."""
+
+
+def test_no_long_module_without_a_reason() -> None:
+    src = TOOL.parent.parent / "src"
+    unexplained = []
+    for path in sorted(src.rglob("*.py")):
+        if "_proto" in path.parts:
+            continue  # generated
+        text = path.read_text()
+        if text.count("\n") > LONG and f"Longer than {LONG} lines:" not in (
+            ast.get_docstring(ast.parse(text)) or ""
+        ):
+            unexplained.append(str(path.relative_to(src)))
+    assert unexplained == [], (
+        f"split these, or say in their docstrings why not ('Longer than {LONG} lines: ...')"
+    )

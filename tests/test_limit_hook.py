@@ -20,12 +20,12 @@ from test_plugin_cli import CLI, env_for, unreachable_kubeconfig
 
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing, parse_gpu_config
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, NvmlInventory
 from dra_gpu.inventory.capabilities import CgroupLayout, LimitHook, find_limit_hook
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin import sharing
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 from dra_gpu.slices import SlicePublisher
 

@@ -16,13 +16,13 @@ from waiting import wait_for
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing
 from dra_gpu.flags import add_bool_flag
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
 from dra_gpu.manifests import ValuesError, load_values, render
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.slices.publisher import SlicePublisher
 
 DEPLOY = Path("deploy")

@@ -19,7 +19,7 @@ from test_monitor import _events, limiter_config
 
 from dra_gpu.cli import main
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor.region import FLOOR_FILE, floor_uuids, make_floor, write_floor
+from dra_gpu.limiter_abi.region import FLOOR_FILE, floor_uuids, make_floor, write_floor
 
 MiB = 2**20
 

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.host.gpu_commands import CommandError
+from dra_gpu.host.mig_commands import parse_mig_minors, simulated_mig_minors
+from dra_gpu.host.nvidia import NvidiaCommands
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.inventory.mig_profiles import MIG_TABLES, MigProfile
-from dra_gpu.plugin.gpu_control import CommandError, NvidiaCommands, SimulatedCommands
-from dra_gpu.plugin.mig_commands import parse_mig_minors, simulated_mig_minors
 
 GPU = SimulatedInventory("1xH100-80GB:mig", seed="n").gpus()[0]
 A100 = SimulatedInventory("1xA100-40GB:mig", seed="n").gpus()[0]

@@ -13,7 +13,7 @@ from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, mo
 from test_monitor import scrape
 
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor import board
+from dra_gpu.limiter_abi import board
 from dra_gpu.monitor.elastic import ElasticLedger
 
 S = 1_000_000_000

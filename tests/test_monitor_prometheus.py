@@ -31,7 +31,7 @@ from ports import unused_port
 from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_gpu.monitor.process_owner import ProcReader
-from dra_gpu.monitor.region import (
+from dra_gpu.limiter_abi.region import (
     REGION_FILE,
     SLOT_BYTES,
     SLOTS_AT,
@@ -29,7 +28,8 @@ from dra_gpu.monitor.region import (
     read_region,
     unlocked_slots,
 )
-from dra_gpu.plugin.sharing.limiter_region import make_region
+from dra_gpu.monitor.process_owner import ProcReader
+from dra_gpu.plugin.sharing.modes.limiter_region import make_region
 
 MiB = 2**20
 GiB = 2**30

@@ -10,8 +10,8 @@ import pytest
 from fake_driver import CONTEXT_CHARGE, usable
 from limiter_env import limiter_env
 
-from dra_gpu.monitor.region import REGION_BYTES, REGION_FILE, read_region
-from dra_gpu.plugin.sharing.device_access import device_uuids
+from dra_gpu.limiter_abi.region import REGION_BYTES, REGION_FILE, read_region
+from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITER = ROOT / "native" / "limiter"

@@ -28,7 +28,7 @@ from plugin_harness import (
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.sharing.mps.daemon import mps_dir
+from dra_gpu.plugin.sharing.modes.mps.daemon import mps_dir
 
 FAKE_MPS = Path(__file__).parent / "fakes" / "fake_mps_daemon.py"
 GPU0 = SimulatedInventory(PROFILE, seed=NODE).gpus()[0].uuid

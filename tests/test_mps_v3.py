@@ -15,12 +15,13 @@ from fakes.fake_mps_control import ClientRefused, client_connect
 from plugin_harness import gpu_config
 
 from dra_gpu.config import parse_gpu_config
+from dra_gpu.host.nvidia import NvidiaCommands
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.plugin import sharing
-from dra_gpu.plugin.gpu_control import NvidiaCommands, SimulatedCommands
-from dra_gpu.plugin.sharing.mps.common import CONTAINER_PIPE_DIR
-from dra_gpu.plugin.sharing.mps.namespaces import SERVER
+from dra_gpu.plugin.sharing.modes.mps.common import CONTAINER_PIPE_DIR
+from dra_gpu.plugin.sharing.modes.mps.namespaces import SERVER
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GIB = 2**30

@@ -27,7 +27,7 @@ from plugin_harness import (
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor import board
+from dra_gpu.limiter_abi import board
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 
 GPU = SimulatedInventory(PROFILE, seed=NODE).gpus()[0].uuid

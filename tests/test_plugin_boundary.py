@@ -28,9 +28,9 @@ from plugin_harness import (
 )
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.plugin.calls import DEADLINE_PASSED
 from dra_gpu.plugin.checkpoint import ClaimState
 from dra_gpu.plugin.errors import MAX_MESSAGE
-from dra_gpu.plugin.prepare import DEADLINE_PASSED
 from dra_gpu.plugin.service import CUT_SHORT
 from dra_gpu.proto import dra_v1
 

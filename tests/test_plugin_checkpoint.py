@@ -25,6 +25,7 @@ from plugin_harness import (
 )
 from waiting import wait_for
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube import ApiError
 from dra_gpu.kube.fake import FakeKube
@@ -37,7 +38,6 @@ from dra_gpu.plugin.checkpoint import (
     PreparedClaim,
     _checksum,
 )
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 
 GPU0, GPU1 = (g.uuid for g in SimulatedInventory(PROFILE, seed=NODE).gpus())
 

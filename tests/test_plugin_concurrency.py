@@ -19,11 +19,11 @@ from plugin_harness import (
     uid_of,
 )
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin import KubeletPlugin
 from dra_gpu.plugin.checkpoint import ClaimState
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 
 PROFILE3 = "3xH100-80GB"

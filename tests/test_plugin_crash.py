@@ -35,7 +35,7 @@ from plugin_harness import (
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor import board
+from dra_gpu.limiter_abi import board
 from dra_gpu.plugin.checkpoint import ClaimState
 from dra_gpu.plugin.prepare import STEPS
 from dra_gpu.plugin.sharing.plan import ClaimInfo

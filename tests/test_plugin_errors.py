@@ -16,9 +16,9 @@ from plugin_harness import (
     uid_of,
 )
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 
 GPU0 = SimulatedInventory(PROFILE, seed=NODE).gpus()[0].uuid
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"

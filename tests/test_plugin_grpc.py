@@ -32,10 +32,11 @@ from plugin_harness import (
 )
 from waiting import wait_for
 
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
-from dra_gpu.monitor.region import read_region
-from dra_gpu.plugin.gpu_control import SimulatedCommands
-from dra_gpu.plugin.sharing.limiter import CONTAINER_LIBRARY, CONTAINER_PRELOAD, container_claim_dir
+from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY, CONTAINER_PRELOAD
+from dra_gpu.limiter_abi.region import read_region
+from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
 from dra_gpu.proto import health_v1, health_v1_grpc, health_v1alpha1, health_v1alpha1_grpc
 
 SHARE_A = "0f6e3a4e-5d2c-4b8a-9d55-1c0e7f3a9b01"

@@ -24,7 +24,7 @@ from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, op
 
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT
+from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.limiter

@@ -12,8 +12,8 @@ from typing import Any
 
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, running_plugin, uid_of
 
+from dra_gpu.host.nvidia import NvidiaCommands
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.gpu_control import NvidiaCommands
 
 HANGING_SMI = """#!/bin/sh
 # nvidia-smi compute-policy -i <index> --set-timeslice <value>: GPU 0 never answers.

@@ -22,10 +22,10 @@ from plugin_harness import (
 )
 
 from dra_gpu.config import parse_gpu_config
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin import sharing
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext, Plan, Share
 
 GPUS = SimulatedInventory(PROFILE, seed=NODE).gpus()

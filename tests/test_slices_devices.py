@@ -19,8 +19,9 @@ from dra_gpu.kube.validation import (
     slice_errors,
 )
 from dra_gpu.quantity import parse_quantity
-from dra_gpu.slices import MEMORY_STEP, SlicePublisher, build_device
+from dra_gpu.slices import SlicePublisher, build_device
 from dra_gpu.slices.devices import device_errors, semver, taint_value, unhealthy_taint
+from dra_gpu.vocabulary.device import MEMORY_STEP
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")

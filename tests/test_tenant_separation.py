@@ -24,8 +24,8 @@ from plugin_harness import (
 
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.limiter_abi.limits import CONTAINER_PRELOAD
 from dra_gpu.plugin.prepare import NOTICE_REASON
-from dra_gpu.plugin.sharing.limiter import CONTAINER_PRELOAD
 
 MiB = 2**20
 GiB = 2**30

@@ -18,8 +18,8 @@ from test_monitor import _events, limiter_config
 from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.limiter_abi.region import read_region
 from dra_gpu.monitor.process_owner import ProcReader
-from dra_gpu.monitor.region import read_region
 
 MiB = 2**20
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Read the import graph of the project's Python packages and report what breaks the layering.
 
-Two things are reported:
+Three things are reported:
 
+- upward imports: a package importing one of a layer above its own (`LAYERS`, lowest first), or a
+  package missing from `LAYERS`; with strict layers no two packages can import each other in a circle;
 - import cycles: strongly connected groups of modules that import one another at run time, at
   import or later inside a function (imports under ``if TYPE_CHECKING:`` never run: their cycles
   are listed, not counted as failures);
@@ -25,6 +27,31 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SRC = REPO_ROOT / "src"
 PACKAGES = ("dra_gpu", "cdi")
 SKIP = ("dra_gpu._proto",)  # generated code
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the driver's name and version; the CDI library; helpers that import nothing of the project
+    ("dra_gpu", "cdi", "quantity", "text", "logs"),
+    # shared vocabulary and file formats; the Kubernetes API, configuration, GPUs
+    (
+        "flags",
+        "proto",
+        "vocabulary",
+        "limiter_abi",
+        "http_endpoint",
+        "kube",
+        "config",
+        "inventory",
+    ),
+    # what the controller and the node agent are built of (host: GPU commands, driver root, cgroups)
+    ("allocator", "slices", "monitor", "host"),
+    ("controller", "plugin"),
+    ("usage", "manifests", "node_agent"),
+    ("demo",),
+    ("commands",),
+    ("cli",),
+)
+"""The packages of `src/` (a top-level module counts as a package), lowest first. A package imports only
+packages of lower layers; a new package gets its place here before the layering test passes."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +184,50 @@ def build(src: Path = SRC) -> Graph:
     return graph
 
 
+def package_of(module: str) -> str:
+    """`dra_gpu.plugin.sharing.modes.limiter` -> `plugin`; `dra_gpu` -> `dra_gpu`; `cdi.spec` -> `cdi`."""
+    parts = module.split(".")
+    if parts[0] != "dra_gpu":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_of(layers: tuple[tuple[str, ...], ...] = LAYERS) -> dict[str, int]:
+    return {package: n for n, layer in enumerate(layers) for package in layer}
+
+
+def undeclared(graph: Graph, layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Packages of the graph that `layers` does not place."""
+    known = layer_of(layers)
+    return sorted({package_of(m) for m in graph.modules} - set(known))
+
+
+def upward(graph: Graph, layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[tuple[str, str]]:
+    """(module, target) for every import, run-time or deferred, of a package of the same or a higher
+    layer (TYPE_CHECKING imports included: an annotation names the package it depends on)."""
+    layer = layer_of(layers)
+    found = []
+    for module, targets in sorted(graph.all_edges(typing=True).items()):
+        here = package_of(module)
+        for target in sorted(targets):
+            there = package_of(target)
+            if here != there and here in layer and there in layer and layer[there] >= layer[here]:
+                found.append((module, target))
+    return found
+
+
+def package_edges(graph: Graph) -> dict[str, set[str]]:
+    """Imports between packages (run-time and deferred)."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.all_edges().items():
+        here = package_of(module)
+        out.setdefault(here, set())
+        for target in targets:
+            if package_of(target) != here:
+                out[here].add(package_of(target))
+    return out
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of two or more modules (Tarjan's algorithm, iterative)."""
     index: dict[str, int] = {}
@@ -210,7 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     run_time = cycles(graph.edges)
     with_deferred = cycles(graph.all_edges())
     with_typing = cycles(graph.all_edges(typing=True))
+    against_layers = upward(graph)
+    missing = undeclared(graph)
+    package_cycles = cycles(package_edges(graph))
     if not args.summary:
+        for module, target in against_layers:
+            print(f"upward import: {module} imports {target} (see LAYERS)")
+        for package in missing:
+            print(f"package not in LAYERS: {package}")
+        for group in package_cycles:
+            print("package cycle: " + " <-> ".join(group))
         for group in with_deferred:
             print("cycle: " + " <-> ".join(group))
         for group in with_typing:
@@ -222,9 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"modules: {len(graph.modules)}  cycles: {len(run_time)} at import time, "
         f"{len(with_deferred)} with deferred imports, {len(with_typing)} with TYPE_CHECKING imports  "
-        f"deferred imports: {len(graph.deferred)}"
+        f"deferred imports: {len(graph.deferred)}  upward imports: {len(against_layers)}  "
+        f"package cycles: {len(package_cycles)}"
     )
-    return 1 if with_deferred or graph.deferred else 0
+    return 1 if with_deferred or graph.deferred or against_layers or missing or package_cycles else 0
 
 
 if __name__ == "__main__":

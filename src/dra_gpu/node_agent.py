@@ -15,15 +15,16 @@ from pathlib import Path
 from types import ModuleType
 
 from dra_gpu.config import NodeSharing
+from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
 from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
-from dra_gpu.plugin.gpu_control import GpuCommands
 from dra_gpu.plugin.health import HealthProbe, StateDirCheck
+from dra_gpu.plugin.holdings import prepared_holdings
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.prepare import FaultHook, PreparerRecords
+from dra_gpu.plugin.preparer_core import FaultHook
 from dra_gpu.slices.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,6 @@ class NodeAgentConfig(PluginConfig):
     def monitor_config(self) -> MonitorConfig:
         return MonitorConfig(
             node_name=self.node_name,
-            checkpoint_file=self.checkpoint_file,
             claims_dir=self.state_dir / "claims",
             interval_s=self.monitor_interval_s,
             watch_interval_s=min(self.monitor_watch_interval_s, self.monitor_interval_s),
@@ -132,8 +132,8 @@ class NodeAgent:
                     self.api,
                     self.inventory,
                     self.plugin.metrics.registry,
+                    prepared_holdings(self.plugin.preparer.snapshot),
                     self.nvml,
-                    store=PreparerRecords(self.plugin.preparer),
                 )
             if self.publish_slices:
                 self._publisher = SlicePublisher(

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # plugin_harnes
 
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, cdi_ids, opaque, running_plugin
 
+from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
-from dra_gpu.plugin.gpu_control import GpuCommands
-from dra_gpu.plugin.prepare import device_name
+from dra_gpu.plugin.preparer_core import device_name
 
 TEST_DRIVER = "container-test.gpu.dra-gpu.io"
 NODE = "node-1"

@@ -16,8 +16,8 @@ from container_node import Node
 from container_support import Podman, Result, Volume, mount_options, preflight, sections
 from plugin_harness import Alloc, gpu_config
 
-from dra_gpu.monitor import board
-from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT, CONTAINER_GPUS_ROOT
+from dra_gpu.limiter_abi import board
+from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT, CONTAINER_GPUS_ROOT
 
 pytestmark = pytest.mark.container
 

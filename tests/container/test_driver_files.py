@@ -26,7 +26,7 @@ from fake_driver import CONTEXT_BYTES
 from plugin_harness import Alloc, gpu_config
 
 from dra_gpu.inventory.simulated import SIMULATED_DRIVER_VERSION
-from dra_gpu.plugin.sharing.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
+from dra_gpu.plugin.sharing.steps.device_access import DRIVER_LIB_DIR, LDCONFIG_ENTRY
 
 pytestmark = pytest.mark.container
 

@@ -13,7 +13,7 @@ from container_node import Limiter, plugin_node
 from container_support import Podman, Result, sections
 from plugin_harness import Alloc, gpu_config
 
-from dra_gpu.plugin.gpu_control import NvidiaCommands
+from dra_gpu.host.nvidia import NvidiaCommands
 
 pytestmark = pytest.mark.container
 

@@ -17,8 +17,8 @@ from container_support import Podman, Volume, sections
 from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
+from dra_gpu.limiter_abi.region import hand_back, unlocked_slots
 from dra_gpu.monitor.process_owner import ProcReader
-from dra_gpu.monitor.region import hand_back, unlocked_slots
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.container

@@ -17,15 +17,11 @@ from container_support import Podman, Result, Volume, mount_options, sections
 from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
-from dra_gpu.monitor.region import REGION_FILE
-from dra_gpu.plugin.sharing.limiter import (
-    CONTAINER_CLAIMS_ROOT,
-    CONTAINER_LIBRARY,
-    CONTAINER_PRELOAD,
-    container_claim_dir,
-)
-from dra_gpu.plugin.sharing.mps.common import CONTAINER_PIPE_DIR
-from dra_gpu.plugin.sharing.mps.daemon import mps_dir
+from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT, CONTAINER_LIBRARY, CONTAINER_PRELOAD
+from dra_gpu.limiter_abi.region import REGION_FILE
+from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
+from dra_gpu.plugin.sharing.modes.mps.common import CONTAINER_PIPE_DIR
+from dra_gpu.plugin.sharing.modes.mps.daemon import mps_dir
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.container

@@ -24,8 +24,8 @@ from container_support import Podman, Result, Volume, sections
 from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
-from dra_gpu.monitor.region import FLOOR_FILE, floor_uuids, region_counts, write_floor
-from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT
+from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT
+from dra_gpu.limiter_abi.region import FLOOR_FILE, floor_uuids, region_counts, write_floor
 from dra_gpu.quantity import parse_quantity, to_int
 
 pytestmark = pytest.mark.container

@@ -37,6 +37,9 @@ strings, lists, sets, math, base64, `min`/`max`/`sum`):
 
 Not supported: the `url` library and cost limits (the API server already rejected over-expensive
 expressions); an expression using them is refused with "undefined function".
+
+Longer than 500 lines: the Kubernetes CEL libraries, each function small, share the conversions of values and
+make up one environment; split, each part would import all the others.
 """
 
 from __future__ import annotations

@@ -40,9 +40,8 @@ def _new_uid() -> str:
 
 
 def claim_name(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+    ns, name = objects.namespace(claim), objects.name(claim)
+    return f"{ns}/{name}" if ns else name
 
 
 class Allocator:

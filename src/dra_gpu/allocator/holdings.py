@@ -25,9 +25,8 @@ UNLABELLED = None
 
 def claim_id(claim: Mapping[str, Any]) -> str:
     """How commit/release recognise a claim: its UID, else namespace/name."""
-    meta = claim.get("metadata") or {}
-    uid = meta.get("uid")
-    return str(uid) if uid else f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    uid = objects.uid(claim)
+    return uid if uid else f"{objects.namespace(claim)}/{objects.name(claim)}"
 
 
 @dataclass(slots=True)
@@ -95,13 +94,13 @@ class Usage:
         """Count an allocation (replacing what the same claim held before)."""
         self.remove(uid)
         holds: list[Hold] = []
-        for result in objects.allocation_results(allocation):
-            key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
+        for result in objects.device_results(allocation):
+            key = (result.driver, result.pool, result.device)
             dev = self._inv.by_key.get(key)
             if dev is None:  # not in our slices (other driver, or a pool we do not see)
                 continue
-            if dev.multi and result.get("shareID"):
-                consumed_map = result.get("consumedCapacity")
+            if dev.multi and result.share_id is not None:
+                consumed_map = result.consumed
                 if consumed_map is None:
                     consumed = tuple(s.consumed(None) for s in dev.specs)
                 else:

@@ -149,7 +149,7 @@ def parse_claim(
     claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], index: DeviceIndex
 ) -> tuple[list[Request], list[Constraint]]:
     """The claim's requests and constraints; AllocationError for anything that cannot be allocated."""
-    devices = (claim.get("spec") or {}).get("devices") or {}
+    devices = objects.spec(claim).get("devices") or {}
     requests: list[Request] = []
     names: set[str] = set()
     for n, raw in enumerate(devices.get("requests") or []):

@@ -1,7 +1,7 @@
 """`dra-gpu cdi-hook`: the OCI hooks a claim's CDI spec runs, for the driver's memory limits.
 
 `set-memory-limits` runs at `createRuntime`, `clear-memory-limits` at `poststop`; each reads the OCI
-state from stdin (as every OCI hook does) and calls `dra_gpu.plugin.memory_hook`. Any failure is
+state from stdin (as every OCI hook does) and calls `dra_gpu.host.memory_hook`. Any failure is
 one line on stderr and a non-zero exit, which makes the runtime refuse to start the container: a
 workload never runs without the isolation its class promised.
 """
@@ -13,8 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from dra_gpu.inventory.capabilities import cgroup_root
-from dra_gpu.plugin.memory_hook import (
+from dra_gpu.host.memory_hook import (
     EXIT_DRIVER,
     PROC_ROOT_ENV,
     GpuLimit,
@@ -23,6 +22,7 @@ from dra_gpu.plugin.memory_hook import (
     read_state,
     set_memory_limits,
 )
+from dra_gpu.inventory.capabilities import cgroup_root
 
 NAME = "cdi-hook"
 HELP = "OCI hooks referenced from CDI specs (run by the container runtime, not by hand)"

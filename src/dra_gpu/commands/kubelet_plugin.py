@@ -12,13 +12,13 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.commands._process import stop_on_signals, wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
+from dra_gpu.host.driver_root import load_nvml
+from dra_gpu.host.gpu_commands import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
 from dra_gpu.inventory.capabilities import find_limit_hook
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
-from dra_gpu.plugin.driver_root import load_nvml
-from dra_gpu.plugin.gpu_control import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.quantity import parse_quantity, to_int
 
 MIN_MPS_SHM_BYTES = 64 << 20

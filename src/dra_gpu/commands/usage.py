@@ -155,12 +155,12 @@ def read_live(args: argparse.Namespace, api: KubeAPI) -> LiveUsage | None:
         return LiveUsage(unreachable={f"pods in {namespace}": _one_line(exc)})
     agents = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
+        meta = objects.metadata(pod)
         if objects.pod_phase(pod) != "Running":
             continue
         ports = [
             p.get("containerPort")
-            for c in (pod.get("spec") or {}).get("containers") or []
+            for c in objects.spec(pod).get("containers") or []
             for p in c.get("ports") or []
             if p.get("name") == "http"
         ]

@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def object_key(obj: Obj) -> Key:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace") or "", meta.get("name", "")
+    return objects.namespace(obj), objects.name(obj)
 
 
 def _rv(obj: Obj) -> int:
@@ -76,9 +75,8 @@ class Informer:
         A write that removed the last finalizer of an object being deleted deleted it: the object
         is dropped, not put back (its DELETED event may already have been applied).
         """
-        meta = obj.get("metadata") or {}
         with self._lock:
-            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            if objects.deleting(obj) and not objects.finalizers(obj):
                 self._items.pop(object_key(obj), None)
                 return
             current = self._items.get(object_key(obj))

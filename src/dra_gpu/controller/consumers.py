@@ -21,14 +21,13 @@ ClaimKey = tuple[str, str]  # namespace, name
 
 
 def claim_key(claim: Mapping[str, Any]) -> ClaimKey:
-    meta = claim.get("metadata") or {}
-    return meta.get("namespace") or "default", meta.get("name", "")
+    return objects.namespace(claim) or "default", objects.name(claim)
 
 
 def claim_names_of(pod: Mapping[str, Any]) -> set[str]:
     """Names of the ResourceClaims this pod uses (those known so far)."""
     names = {ref["resourceClaimName"] for ref in objects.pod_claim_refs(pod) if ref.get("resourceClaimName")}
-    status = pod.get("status") or {}
+    status = objects.status(pod)
     names.update(
         s["resourceClaimName"]
         for s in status.get("resourceClaimStatuses") or []
@@ -62,14 +61,13 @@ class PodIndex:
         self._by_claim: dict[ClaimKey, list[Obj]] = defaultdict(list)
         self._by_uid: dict[str, Obj] = {}
         for pod in pods:
-            meta = pod.get("metadata") or {}
-            self._by_uid[meta.get("uid", "")] = pod
+            self._by_uid[objects.uid(pod)] = pod
             for name in claim_names_of(pod):
-                self._by_claim[(meta.get("namespace") or "default", name)].append(pod)
+                self._by_claim[(objects.namespace(pod) or "default", name)].append(pod)
 
     def consumers(self, claim: Mapping[str, Any]) -> list[Obj]:
         """Live pods that use the claim, including the owner of a template-generated claim."""
-        found = {p["metadata"].get("uid", ""): p for p in self._by_claim.get(claim_key(claim), [])}
+        found = {objects.uid(p): p for p in self._by_claim.get(claim_key(claim), [])}
         for owner in objects.owner_references(claim):
             if owner.get("kind") == "Pod" and owner.get("controller") and owner.get("uid") in self._by_uid:
                 found[owner["uid"]] = self._by_uid[owner["uid"]]

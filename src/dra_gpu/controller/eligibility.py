@@ -74,7 +74,7 @@ def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str,
 
 def why_not(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
     """None if the pod can land on the node, else the scheduler filter that would reject it."""
-    spec = pod.get("spec") or {}
+    spec = objects.spec(pod)
     name = objects.name(node)
     tolerations = spec.get("tolerations") or []
     if spec.get("nodeName") and spec["nodeName"] != name:

@@ -76,7 +76,7 @@ class ClassIndex:
     """The cluster's DeviceClasses split into what the allocator sees and which ones are ours."""
 
     def __init__(self, classes: list[Obj]) -> None:
-        self.raw: dict[str, Obj] = {c["metadata"]["name"]: c for c in classes}
+        self.raw: dict[str, Obj] = {objects.name(c): c for c in classes}
         self.managed: set[str] = {n for n, c in self.raw.items() if is_controller_managed(c)}
         self.for_allocator: dict[str, Obj] = {
             n: without_marker(c) if n in self.managed else c for n, c in self.raw.items()

@@ -82,9 +82,9 @@ def _name(claim: Mapping[str, Any]) -> str:
 def describe_allocation(allocation: Mapping[str, Any]) -> str:
     """`gpu-0 on node-1 (share: cores 30, memory 10Gi)` for events and the demo."""
     parts = []
-    for result in objects.allocation_results(allocation):
-        text = f"{result.get('pool')}/{result.get('device')}"
-        consumed = result.get("consumedCapacity")
+    for result in objects.device_results(allocation):
+        text = f"{result.pool}/{result.device}"
+        consumed = result.consumed
         if consumed:
             text += " (share: " + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
         else:
@@ -127,7 +127,7 @@ class Reconciler:
         result = PassResult()
         classes = ClassIndex(snapshot.classes)
         pods = PodIndex(snapshot.pods)
-        nodes = {n["metadata"]["name"]: n for n in snapshot.nodes}
+        nodes = {objects.name(n): n for n in snapshot.nodes}
         allocator = Allocator(
             snapshot.slices, classes.for_allocator, [c for c in snapshot.claims if objects.allocation(c)]
         )
@@ -253,9 +253,7 @@ class Reconciler:
             except Conflict:
                 self.metrics.conflicts.inc()
                 try:
-                    claim = self.api.get(
-                        "ResourceClaim", claim["metadata"]["name"], claim["metadata"]["namespace"]
-                    )
+                    claim = self.api.get("ResourceClaim", objects.name(claim), objects.namespace(claim))
                 except NotFound:
                     return
                 if objects.allocation(claim) is not None or objects.deleting(claim):
@@ -352,11 +350,10 @@ class Reconciler:
         allocation = objects.allocation(claim)
 
         def attempt(current: Obj) -> Obj | None:
-            meta = current.get("metadata") or {}
             if FINALIZER not in objects.finalizers(current) or objects.reserved_for(current):
                 return None  # someone reserved it meanwhile, or it is no longer ours
             if (
-                not meta.get("deletionTimestamp")
+                not objects.deleting(current)
                 and objects.allocation(current) is None
                 and allocation is not None
             ):
@@ -417,7 +414,7 @@ class Reconciler:
             for p in consumers
             if objects.pod_node(p)
             and (node is None or objects.pod_node(p) == node)
-            and p["metadata"].get("uid") not in listed
+            and objects.uid(p) not in listed
         ]
         if not missing:
             return
@@ -431,9 +428,9 @@ class Reconciler:
                 return None
             have = {r.get("uid") for r in objects.reserved_for(current) if is_pod_reference(r)}
             add = [
-                {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+                {"resource": "pods", "name": objects.name(p), "uid": objects.uid(p)}
                 for p in missing
-                if p["metadata"]["uid"] not in have
+                if objects.uid(p) not in have
             ]
             if not add:
                 return None
@@ -444,7 +441,7 @@ class Reconciler:
             return stored
 
         if self._retrying(claim, attempt) is not None:
-            names = [p["metadata"]["name"] for p in missing]
+            names = [objects.name(p) for p in missing]
             result.reserved[_name(claim)] = names
             self.recorder.record(
                 claim, "Normal", "Reserved", f"reserved for pod(s) {', '.join(names)} bound to node {node}"
@@ -464,9 +461,7 @@ class Reconciler:
                 log.warning("claim update failed", extra={"claim": _name(claim), "error": str(exc)})
                 return None
             try:
-                current = self.api.get(
-                    "ResourceClaim", claim["metadata"]["name"], claim["metadata"]["namespace"]
-                )
+                current = self.api.get("ResourceClaim", objects.name(claim), objects.namespace(claim))
             except NotFound:
                 return None
         log.warning("claim kept changing; will retry next pass", extra={"claim": _name(claim)})

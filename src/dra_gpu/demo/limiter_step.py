@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_gpu.demo.report import ContainerView
-from dra_gpu.plugin.sharing.device_access import device_uuids
-from dra_gpu.plugin.sharing.limiter import host_environment_of
+from dra_gpu.plugin.sharing.modes.limiter import host_environment_of
+from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 from dra_gpu.quantity import format_quantity
 
 LIBRARY = "libdragpu-limiter.so.1"

@@ -25,10 +25,10 @@ from dra_gpu.demo.kubelet import KubeletStandIn
 from dra_gpu.demo.node_dirs import node_agent_config
 from dra_gpu.demo.report import ContainerView, render_table
 from dra_gpu.demo.scheduler import SchedulerStandIn
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.node_agent import NodeAgent
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 from dra_gpu.quantity import format_quantity
 
 Obj = dict[str, Any]

@@ -48,13 +48,13 @@ from dra_gpu.demo.report import (
     share_text,
 )
 from dra_gpu.demo.scheduler import SchedulerStandIn
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube import objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
 from dra_gpu.node_agent import NodeAgent
-from dra_gpu.plugin.gpu_control import SimulatedCommands
 
 Obj = dict[str, Any]
 

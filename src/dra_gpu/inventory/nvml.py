@@ -6,6 +6,9 @@ names the NVML error, because "Not Supported" alone does not tell an operator wh
 Bindings and drivers differ in age: strings may come back as bytes, functions may be missing from
 the bindings (AttributeError) or from the driver (NVML_ERROR_FUNCTION_NOT_FOUND); each such gap
 has a fallback instead of a failure.
+
+Longer than 500 lines: each NVML query sits beside its fallback for older bindings and drivers; split, a fallback
+would be apart from the call it stands in for.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 Obj = Mapping[str, Any]
@@ -135,6 +136,46 @@ def allocation_results(allocated: Obj | None) -> list[Json]:
     """`devices.results` of an allocation: one entry per allocated device (request, driver, pool, device,
     shareID, consumedCapacity)."""
     return _list(_map(_map(allocated).get("devices")).get("results"))
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """One entry of an allocation's `devices.results`, parsed once. A field of the wrong JSON type reads as
+    absent; the API server's validation leaves none."""
+
+    request: str
+    """The request's name (`req/sub` for a subrequest)."""
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None
+    """`shareID`: set on a share of a device that allows several allocations; None for a whole device."""
+    consumed: Json | None
+    """`consumedCapacity`: capacity name -> quantity; None when the result names none."""
+    admin_access: bool
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def device_result(result: Obj) -> DeviceResult:
+    consumed = result.get("consumedCapacity")
+    share_id = result.get("shareID")
+    return DeviceResult(
+        request=_text(result.get("request")),
+        driver=_text(result.get("driver")),
+        pool=_text(result.get("pool")),
+        device=_text(result.get("device")),
+        share_id=share_id if isinstance(share_id, str) and share_id else None,
+        consumed=consumed if isinstance(consumed, dict) else None,
+        admin_access=bool(result.get("adminAccess")),
+    )
+
+
+def device_results(allocated: Obj | None) -> list[DeviceResult]:
+    """An allocation's results, typed (`allocation_results` gives them as the API sent them)."""
+    return [device_result(_map(r)) for r in allocation_results(allocated)]
 
 
 def allocation_config(allocated: Obj | None) -> list[Json]:

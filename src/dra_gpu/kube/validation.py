@@ -7,6 +7,9 @@ before sending it. Lengths are bytes, as Go counts them. `driver_name_errors` ad
 1.38's publishing helpers enforce on the driver side (the API server still accepts such names):
 attribute and capacity names are written without the driver's own domain, since an unqualified name
 already belongs to it.
+
+Longer than 500 lines: the API server's rules for two kinds, field by field in `validation.go`'s order, so that
+the two can be read side by side.
 """
 
 from __future__ import annotations

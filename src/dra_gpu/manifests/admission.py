@@ -38,10 +38,10 @@ import json
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.config import Strategy
+from dra_gpu.config.modes import mode_named, takes_whole_gpu
 from dra_gpu.manifests.classes import CLASSES
 from dra_gpu.manifests.values import Values
-from dra_gpu.slices.devices import MEMORY_STEP
+from dra_gpu.vocabulary.device import MEMORY_STEP
 
 Obj = dict[str, Any]
 
@@ -161,7 +161,7 @@ def _applies(c: str, r: str) -> str:
 
 def validations(values: Values) -> list[Obj]:
     strategies = class_strategies(values)
-    shared = sorted(n for n, s in strategies.items() if s != Strategy.EXCLUSIVE.value)
+    shared = sorted(n for n, s in strategies.items() if not takes_whole_gpu(s))
     interval = values.deviceClasses.timeSlicingInterval
     capacity = f"variables.requests.all(r, {_request_classes('r')}.all(x, {_capacity_ok('x', shared)}))"
     unqualified = (
@@ -178,7 +178,9 @@ def validations(values: Values) -> list[Obj]:
         f"!has(c.opaque.parameters.sharing.timeSlicing.interval) || "
         f"c.opaque.parameters.sharing.timeSlicing.interval == {_literal(interval)})"
     )
-    mps_classes = sorted(n for n, s in strategies.items() if s == Strategy.MPS.value)
+    mps_classes = sorted(
+        n for n, s in strategies.items() if (m := mode_named(s)) is not None and m.one_device
+    )
     mps = (
         f"!variables.requests.exists(r, {_request_classes('r')}.exists(x, x.deviceClassName in "
         f"{_literal(mps_classes)})) || (size(variables.requests) == 1 && variables.requests.all(r, "

@@ -25,11 +25,16 @@ from typing import Any
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
+from dra_gpu.config.modes import MODES
 from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
-from dra_gpu.slices.devices import MEMORY_ISOLATION_ATTRIBUTE, MIG_ENABLED_ATTRIBUTE, SHARING_ATTRIBUTE
-from dra_gpu.slices.partitions import TYPE_ATTRIBUTE
+from dra_gpu.vocabulary.device import (
+    MEMORY_ISOLATION_ATTRIBUTE,
+    MIG_ENABLED_ATTRIBUTE,
+    SHARING_ATTRIBUTE,
+    TYPE_ATTRIBUTE,
+)
 
 Obj = dict[str, Any]
 
@@ -46,21 +51,22 @@ class ClassSpec:
     """Selects MIG instances (and placements) instead of whole GPUs."""
 
 
-CLASSES = (
-    ClassSpec(DRIVER_NAME, Strategy.EXCLUSIVE, GpuSharingMode.EXCLUSIVE),
-    ClassSpec(f"timeslice.{DRIVER_NAME}", Strategy.TIME_SLICING, GpuSharingMode.SHARED),
-    ClassSpec(f"mps.{DRIVER_NAME}", Strategy.MPS, GpuSharingMode.MPS),
-    ClassSpec(f"limiter.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED),
-    ClassSpec(f"isolated.{DRIVER_NAME}", Strategy.LIMITER, GpuSharingMode.SHARED, MemoryIsolation.DRIVER),
-    ClassSpec(f"mig.{DRIVER_NAME}", Strategy.EXCLUSIVE, GpuSharingMode.EXCLUSIVE, mig=True),
-)
+MODE_FOR_STRATEGY = {strategy: mode.node_mode for strategy, mode in MODES.items()}
+"""The GPUs a class of each strategy selects: those of its mode's node setting (`config/modes.py`)."""
 
-MODE_FOR_STRATEGY = {
-    Strategy.EXCLUSIVE: GpuSharingMode.EXCLUSIVE,
-    Strategy.TIME_SLICING: GpuSharingMode.SHARED,
-    Strategy.LIMITER: GpuSharingMode.SHARED,
-    Strategy.MPS: GpuSharingMode.MPS,
-}
+CLASSES = (
+    ClassSpec(DRIVER_NAME, Strategy.EXCLUSIVE, MODE_FOR_STRATEGY[Strategy.EXCLUSIVE]),
+    ClassSpec(f"timeslice.{DRIVER_NAME}", Strategy.TIME_SLICING, MODE_FOR_STRATEGY[Strategy.TIME_SLICING]),
+    ClassSpec(f"mps.{DRIVER_NAME}", Strategy.MPS, MODE_FOR_STRATEGY[Strategy.MPS]),
+    ClassSpec(f"limiter.{DRIVER_NAME}", Strategy.LIMITER, MODE_FOR_STRATEGY[Strategy.LIMITER]),
+    ClassSpec(
+        f"isolated.{DRIVER_NAME}",
+        Strategy.LIMITER,
+        MODE_FOR_STRATEGY[Strategy.LIMITER],
+        MemoryIsolation.DRIVER,
+    ),
+    ClassSpec(f"mig.{DRIVER_NAME}", Strategy.EXCLUSIVE, MODE_FOR_STRATEGY[Strategy.EXCLUSIVE], mig=True),
+)
 
 
 def selector_expression(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from dra_gpu.plugin.sharing.limiter import CONTAINER_CLAIMS_ROOT, CONTAINER_LIBRARY, CONTAINER_PRELOAD
+from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT, CONTAINER_LIBRARY, CONTAINER_PRELOAD
 
 Obj = dict[str, Any]
 

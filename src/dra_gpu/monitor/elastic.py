@@ -14,7 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_gpu.monitor.board import BOARD_FILE, Activity, BoardError, activity_name, read_activity, read_board
+from dra_gpu.limiter_abi.board import (
+    BOARD_FILE,
+    Activity,
+    BoardError,
+    activity_name,
+    read_activity,
+    read_board,
+)
 
 NS = 1e9
 

@@ -1,15 +1,19 @@
 """The node agent's usage monitor: every interval, who uses what on this node's GPUs.
 
-For every prepared claim (the checkpoint says which GPUs and limits it holds) and every GPU it holds:
-memory in use (the limiter's region where the claim has one, else the sum of its processes in NVML),
-compute busy time (NVML's per-process utilization, else the limiter's measured launch time), time
-throttled and allocations refused (the limiter's region). Processes are mapped to pod, container and
-claim through their cgroup and the node's pods. The figures feed the metrics and the watchdog.
+For every prepared claim (the plugin's records, handed in as `PreparedClaims`, say which GPUs and
+limits it holds) and every GPU it holds: memory in use (the limiter's region where the claim has one,
+else the sum of its processes in NVML), compute busy time (NVML's per-process utilization, else the
+limiter's measured launch time), time throttled and allocations refused (the limiter's region).
+Processes are mapped to pod, container and claim through their cgroup and the node's pods. The figures
+feed the metrics and the watchdog.
 
 Memory is watched more often than the rest (`watch_interval_s`, 1 s): every watch reads NVML's per-process
 memory, publishes to each limiter claim its floor - what the driver says the claim's processes hold on each
 GPU, which the library never lets the claim's account fall below - and hands the watchdog what is over a cap
 or runs without the limiter, so a claim that forged its region's records gains nothing past one watch.
+
+Longer than 500 lines: one sampling pass reads the regions, NVML, the processes and the pods in an
+order that keeps their figures consistent (regions before NVML); split, that order would be spread.
 """
 
 from __future__ import annotations
@@ -22,12 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_gpu.config import Strategy, WatchdogPolicy
-from dra_gpu.monitor.board import GPUS_DIR
-from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
-from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
-from dra_gpu.monitor.pods import PodDirectory, PodInfo
-from dra_gpu.monitor.process_owner import PodRef, ProcReader
-from dra_gpu.monitor.region import (
+from dra_gpu.limiter_abi.board import GPUS_DIR
+from dra_gpu.limiter_abi.region import (
     FLOOR_FILE,
     RegionDevice,
     floor_uuids,
@@ -37,6 +37,10 @@ from dra_gpu.monitor.region import (
     unlocked_slots,
     write_floor,
 )
+from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
+from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
+from dra_gpu.monitor.pods import PodDirectory, PodInfo
+from dra_gpu.monitor.process_owner import PodRef, ProcReader
 from dra_gpu.monitor.watchdog import (
     CONTEXT_ALLOWANCE,
     LIMITER_ALLOWANCE,
@@ -45,8 +49,6 @@ from dra_gpu.monitor.watchdog import (
     Violation,
     Watchdog,
 )
-from dra_gpu.plugin.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, PreparedClaim
-from dra_gpu.plugin.sharing.usage_facts import CORES, MEMORY, WATCHDOG
 
 log = logging.getLogger(__name__)
 
@@ -93,23 +95,17 @@ class Snapshot:
     """(claim uid, pod name, container, gpu) -> figures."""
 
 
-def held_of(claim: PreparedClaim) -> list[Held]:
-    ref = ClaimRef(claim.uid, claim.namespace, claim.name)
-    merged: dict[str, Held] = {}
-    for share in claim.shares:
-        if share.adminAccess:
-            continue
-        memory = int(share.detail[MEMORY]) if MEMORY in share.detail else None
-        cores = int(share.detail[CORES]) if CORES in share.detail else None
-        policy = WatchdogPolicy(share.detail.get(WATCHDOG, WatchdogPolicy.REPORT.value))
-        prev = merged.get(share.gpu)
-        if prev is not None:
-            memory = None if memory is None or prev.memory_limit is None else memory + prev.memory_limit
-            cores = None if cores is None or prev.cores is None else min(cores + prev.cores, 100)
-            if prev.policy == WatchdogPolicy.TERMINATE:
-                policy = WatchdogPolicy.TERMINATE
-        merged[share.gpu] = Held(ref, share.gpu, share.strategy, memory, cores, policy)
-    return list(merged.values())
+@dataclass(frozen=True)
+class ClaimHoldings:
+    """A claim prepared on this node, as the monitor sees it: which claim, and what it holds of each GPU."""
+
+    claim: ClaimRef
+    held: tuple[Held, ...]
+
+
+PreparedClaims = Callable[[], list[ClaimHoldings]]
+"""What the node agent hands the monitor: the claims prepared on this node now (the plugin's records,
+read through `dra_gpu.plugin.holdings`), so that the monitor needs nothing of the plugin's."""
 
 
 class Monitor:
@@ -117,7 +113,7 @@ class Monitor:
 
     def __init__(
         self,
-        store: CheckpointStore,
+        prepared: PreparedClaims,
         claims_dir: Path,
         gpus: Callable[[], list[str]],
         pods: PodDirectory,
@@ -135,7 +131,7 @@ class Monitor:
         self.watch_interval_s = watch_interval_s
         """What NVML may count per process beyond what its claim was charged (context memory; see
         `CONTEXT_ALLOWANCE`)."""
-        self._store = store
+        self._prepared = prepared
         self._claims_dir = claims_dir
         self._gpus = gpus
         self._pods = pods
@@ -200,13 +196,6 @@ class Monitor:
         return f"the usage monitor has not finished a sample for {late:.0f} s"
 
     # -- one sampling --
-    def _prepared(self) -> list[PreparedClaim]:
-        try:
-            checkpoint = self._store.load()
-        except CheckpointCorrupt:
-            return []
-        return [c for c in checkpoint.claims.values() if c.state == ClaimState.PREPARE_COMPLETED]
-
     def sample_once(self) -> Snapshot:
         with self._lock:
             return self._sample(full=True)
@@ -218,8 +207,9 @@ class Monitor:
 
     def _sample(self, full: bool) -> Snapshot:
         prepared = self._prepared()
-        held = {(h.claim.uid, h.gpu): h for c in prepared for h in held_of(c)}
-        by_name = {(c.namespace, c.name): c for c in prepared}
+        held = {(h.claim.uid, h.gpu): h for c in prepared for h in c.held}
+        held_by_claim = {c.claim.uid: c.held for c in prepared}
+        by_name = {(c.claim.namespace, c.claim.name): c.claim for c in prepared}
         snap = Snapshot()
         for key, h in held.items():
             snap.claims[key] = ClaimFigures(h)
@@ -262,10 +252,12 @@ class Monitor:
                     # The pod's strictest policy: any of its claims may ask to terminate such a process.
                     policy = (
                         WatchdogPolicy.TERMINATE
-                        if any(h.policy == WatchdogPolicy.TERMINATE for c in claims for h in held_of(c))
+                        if any(
+                            h.policy == WatchdogPolicy.TERMINATE for c in claims for h in held_by_claim[c.uid]
+                        )
                         else WatchdogPolicy.REPORT
                     )
-                    claim_ref = ClaimRef(claims[0].uid, claims[0].namespace, claims[0].name)
+                    claim_ref = claims[0]
                     violations.append(
                         Violation(
                             Reason.GPU,
@@ -361,8 +353,8 @@ class Monitor:
         return snap
 
     def _attribute(
-        self, pid: int, by_name: dict[tuple[str, str], PreparedClaim]
-    ) -> tuple[PodInfo, PodRef, list[PreparedClaim]] | None:
+        self, pid: int, by_name: dict[tuple[str, str], ClaimRef]
+    ) -> tuple[PodInfo, PodRef, list[ClaimRef]] | None:
         """The process's pod, cgroup reference and the pod's claims prepared here; None if not ours."""
         ref = self._proc.pod_of(pid)
         if ref is None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dra_gpu.kube import ApiError, KubeAPI
+from dra_gpu.kube import ApiError, KubeAPI, objects
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class PodInfo:
 
 
 def pod_info(pod: dict) -> PodInfo:  # type: ignore[type-arg]
-    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    meta, spec, status = objects.metadata(pod), objects.spec(pod), objects.status(pod)
     containers: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
         for c in status.get(key) or []:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_gpu.monitor.region import SlotOwner
+from dra_gpu.limiter_abi.region import SlotOwner
 
 _POD = re.compile(
     r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"

@@ -12,12 +12,11 @@ from prometheus_client import CollectorRegistry
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
 from dra_gpu.monitor.metrics import MonitorCollector
-from dra_gpu.monitor.monitor import Monitor
+from dra_gpu.monitor.monitor import Monitor, PreparedClaims
 from dra_gpu.monitor.nvml_usage import NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory
 from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.watchdog import Watchdog
-from dra_gpu.plugin.checkpoint import CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +40,6 @@ class MonitorConfig:
     """What the monitor needs of the node agent's configuration."""
 
     node_name: str
-    checkpoint_file: Path
-    """The plugin's checkpoint: which claims hold which devices."""
     claims_dir: Path
     """The plugin's per-claim state directories (the limiter's regions)."""
     interval_s: float
@@ -62,16 +59,16 @@ def start_monitor(
     api: KubeAPI,
     inventory: Inventory,
     registry: CollectorRegistry,
+    prepared: PreparedClaims,
     nvml: Any = None,
-    store: CheckpointStore | None = None,
 ) -> Monitor:
+    """`prepared`: the claims prepared on this node (the node agent reads them from its preparer)."""
     proc = ProcReader(config.proc_root)
     watchdog = Watchdog(api, config.node_name, proc)
     if config.grace_s is not None:
         watchdog.grace_s = config.grace_s
     monitor = Monitor(
-        # A store of its own unless given one (the node agent's reads its preparer's records).
-        store=store if store is not None else CheckpointStore(config.checkpoint_file),
+        prepared=prepared,
         claims_dir=config.claims_dir,
         gpus=lambda: [g.uuid for g in inventory.gpus()],
         pods=PodDirectory(api, config.node_name, min_refresh_s=config.interval_s),

@@ -36,6 +36,9 @@ is still read; a plugin that reads only version 1 sets a version 2 snapshot asid
 
 Records are never changed in place once stored: a change stores a new record, so a caller may
 keep a record it read while the files change.
+
+Longer than 500 lines: the two files' format, their reader and writer, and the records they hold are one format;
+kept together, a change to it is made in one place.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from dra_gpu.plugin.checkpoint import ShareRecord
 from dra_gpu.plugin.errors import PrepareError, quote, short
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
-from dra_gpu.slices.devices import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
+from dra_gpu.vocabulary.device import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
 
 
 def fetch_claim(api: KubeAPI, claim: ClaimInfo) -> dict[str, Any]:
@@ -74,9 +74,11 @@ def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def allocation_results(obj: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
+def results_in_pool(obj: Mapping[str, Any], driver: str, pool: str) -> list[objects.DeviceResult]:
     """The claim's allocation results for `driver`'s devices in `pool` (this node's)."""
-    return [r for r in objects.results(obj) if r.get("driver") == driver and r.get("pool") == pool]
+    return [
+        r for r in objects.device_results(objects.allocation(obj)) if r.driver == driver and r.pool == pool
+    ]
 
 
 def _amount(record: ShareRecord, name: str) -> Fraction | int | None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from dra_gpu.host.mig_commands import capability_keys, parse_mig_minors
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MigProfile, profile_memory, table_for
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.mig_commands import capability_keys, parse_mig_minors
-from dra_gpu.slices.partitions import mig_device_name
+from dra_gpu.vocabulary.device import mig_device_name
 
 
 @dataclass(frozen=True)

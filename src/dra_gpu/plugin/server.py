@@ -19,14 +19,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dra_gpu import DRIVER_NAME, __version__
+from dra_gpu.host.driver_root import install_ldcache_hook, tool_env, tool_path
+from dra_gpu.host.gpu_commands import DEFAULT_MPS_SHM_BYTES, GpuCommands
+from dra_gpu.host.mig_commands import MIG_MINORS
+from dra_gpu.host.nvidia import NvidiaCommands
+from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import Inventory
 from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.inventory.capabilities import log_choice as log_isolation_choice
 from dra_gpu.kube import KubeAPI
 from dra_gpu.plugin.cdi_specs import ClaimSpecs
 from dra_gpu.plugin.checkpoint import CheckpointStore, current_boot_id
-from dra_gpu.plugin.driver_root import install_ldcache_hook, tool_env, tool_path
-from dra_gpu.plugin.gpu_control import DEFAULT_MPS_SHM_BYTES, GpuCommands, NvidiaCommands, SimulatedCommands
 from dra_gpu.plugin.health import (
     DeviceHealthServicer,
     DeviceHealthStream,
@@ -34,8 +37,8 @@ from dra_gpu.plugin.health import (
 )
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.mig_commands import MIG_MINORS
-from dra_gpu.plugin.prepare import FaultHook, Preparer, device_name
+from dra_gpu.plugin.prepare import Preparer
+from dra_gpu.plugin.preparer_core import FaultHook, device_name
 from dra_gpu.plugin.registration import RegistrationServicer
 from dra_gpu.plugin.service import DraV1Servicer
 from dra_gpu.plugin.sharing.plan import NodeContext

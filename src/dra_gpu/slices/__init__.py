@@ -5,22 +5,18 @@ plans the API calls of one reconcile, `dropped` notices fields an older API serv
 and `publisher` runs the loop that keeps the pool published while the node agent lives.
 """
 
-from dra_gpu.slices.devices import CORES_CAPACITY, MEMORY_CAPACITY, MEMORY_STEP, build_device, device_name
+from dra_gpu.slices.devices import build_device
 from dra_gpu.slices.dropped import DroppedFields, dropped_fields
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, PoolPlan, plan_pool, split_devices
 from dra_gpu.slices.publisher import SliceError, SlicePublisher
 
 __all__ = [
-    "CORES_CAPACITY",
     "MAX_DEVICES_PER_SLICE",
-    "MEMORY_CAPACITY",
-    "MEMORY_STEP",
     "DroppedFields",
     "PoolPlan",
     "SliceError",
     "SlicePublisher",
     "build_device",
-    "device_name",
     "dropped_fields",
     "plan_pool",
     "split_devices",

@@ -27,32 +27,31 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode
+from dra_gpu.config.modes import SHAREABLE_NODE_MODES
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
+from dra_gpu.vocabulary.device import (
+    CORES_CAPACITY,
+    FULL_CORES,
+    MAX_STRING,
+    MEMORY_CAPACITY,
+    MEMORY_ISOLATION_ATTRIBUTE,
+    MIG_ENABLED_ATTRIBUTE,
+    MPS_NAMESPACES_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    SHARING_ATTRIBUTE,
+    UNHEALTHY_TAINT_EFFECT,
+    UNHEALTHY_TAINT_KEY,
+    device_name,
+    published_memory,
+)
 
 Obj = dict[str, Any]
 
-MiB = 2**20
-MEMORY_STEP = 256 * MiB
-MEMORY_CAPACITY = "memory"
-CORES_CAPACITY = "cores"
-FULL_CORES = 100
-SHARING_ATTRIBUTE = "sharing"
-MEMORY_ISOLATION_ATTRIBUTE = "memoryIsolation"
-"""`driver` (the NVIDIA driver caps each container's cgroup) or `limiter` (our LD_PRELOAD limiter)."""
-MPS_NAMESPACES_ATTRIBUTE = "mpsNamespaces"
-MIG_ENABLED_ATTRIBUTE = "migEnabled"
-PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
-MAX_STRING = 64
-"""Bytes of a string attribute (the API server counts UTF-8 bytes, not characters)."""
-UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
-UNHEALTHY_TAINT_EFFECT = "NoSchedule"
-"""NoSchedule keeps new claims away without evicting running pods: the pod's owner decides."""
-
-SHAREABLE_MODES = frozenset({GpuSharingMode.SHARED, GpuSharingMode.MPS})
+SHAREABLE_MODES = SHAREABLE_NODE_MODES
+"""Published shareable: the node settings of the modes that split a GPU (`config/modes.py`)."""
 
 _NUMERIC_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
 _SEMVER = re.compile(
@@ -61,10 +60,6 @@ _SEMVER = re.compile(
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def device_name(index: int) -> str:
-    return f"gpu-{index}"
 
 
 def semver(text: str) -> str | None:
@@ -85,13 +80,6 @@ def fit(text: str) -> str:
 def version_attribute(text: str) -> Obj:
     version = semver(text)
     return {"version": version} if version else {"string": fit(text.strip())}
-
-
-def published_memory(memory_bytes: int) -> tuple[int, int]:
-    """(capacity, step) in bytes: the memory rounded down to the step (see the module docstring)."""
-    if memory_bytes >= MEMORY_STEP:
-        return memory_bytes - memory_bytes % MEMORY_STEP, MEMORY_STEP
-    return memory_bytes, 1  # smaller than one step: only a toy GPU; publish it exactly
 
 
 def taint_value(reason: str) -> str:

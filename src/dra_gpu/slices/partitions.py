@@ -29,15 +29,18 @@ from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MigProfile, MigTable, profile_memory, table_for
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.slices.devices import build_device, fit
+from dra_gpu.vocabulary.device import (
+    DYNAMIC_ATTRIBUTE,
+    MIG_UUID_ATTRIBUTE,
+    PARENT_UUID_ATTRIBUTE,
+    PLACEMENT_START_ATTRIBUTE,
+    PROFILE_ATTRIBUTE,
+    TYPE_ATTRIBUTE,
+    mig_device_name,
+)
 
 Obj = dict[str, Any]
 
-TYPE_ATTRIBUTE = "type"
-PROFILE_ATTRIBUTE = "profile"
-MIG_UUID_ATTRIBUTE = "migUUID"
-PARENT_UUID_ATTRIBUTE = "parentUUID"
-PLACEMENT_START_ATTRIBUTE = "placementStart"
-DYNAMIC_ATTRIBUTE = "migDynamic"
 MAX_COUNTER_SETS_PER_SLICE = 8
 ENGINE_COUNTERS = {
     "compute-slices": "compute_slices",
@@ -51,15 +54,6 @@ ENGINE_COUNTERS = {
 
 def counter_set_name(gpu: GpuInfo) -> str:
     return f"gpu-{gpu.index}-mig"
-
-
-def profile_slug(name: str) -> str:
-    """`1g.10gb+me` -> `1g10gbme`: a device name is a DNS label (no dots, no plus)."""
-    return "".join(c for c in name.lower() if c.isalnum())
-
-
-def mig_device_name(gpu_index: int, profile: str, start: int) -> str:
-    return f"gpu-{gpu_index}-mig-{profile_slug(profile)}-{start}"
 
 
 def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str, dynamic: bool) -> Obj:

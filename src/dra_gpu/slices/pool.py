@@ -111,8 +111,8 @@ def plan_pool(
     generation = max((objects.pool_generation(s) for s in existing), default=0)
     plan = PoolPlan(generation=generation, slice_count=count)
     matched: dict[int, Obj] = {}
-    for current in sorted(existing, key=lambda s: str(s["metadata"]["name"])):
-        index = decode_index(current["metadata"]["name"], length)
+    for current in sorted(existing, key=objects.name):
+        index = decode_index(objects.name(current), length)
         if (
             objects.pool_generation(current) < generation
             or index is None
@@ -126,9 +126,11 @@ def plan_pool(
     changed = set()
     for index, current in matched.items():
         owners_differ = wanted_owner_references is not None and (
-            (current["metadata"].get("ownerReferences") or []) != wanted_owner_references
+            objects.owner_references(current) != wanted_owner_references
         )
-        if owners_differ or not same_spec(current["spec"], with_pool(wanted_specs[index], generation, count)):
+        if owners_differ or not same_spec(
+            objects.spec(current), with_pool(wanted_specs[index], generation, count)
+        ):
             changed.add(index)
 
     plan.create = [i for i in range(count) if i not in matched]

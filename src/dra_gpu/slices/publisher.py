@@ -26,6 +26,9 @@ until they recover, since it cannot keep new claims away from them any other way
 shared counters (DRAPartitionableDevices off), or refused the counter layout (1.34's counter rules
 differ), each dynamic MIG GPU offers its full profile only, so that no two overlapping instances can be
 allocated; the reason is logged, kept in `fallbacks` and posted as a Warning event on the Node.
+
+Longer than 500 lines: three threads around one state (the pool, its fallbacks, the mode changes waiting for
+claims to go) under one lock; split, the locking would be spread over modules.
 """
 
 from __future__ import annotations
@@ -48,10 +51,8 @@ from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
 from dra_gpu.slices.devices import (
     SHAREABLE_MODES,
-    SHARING_ATTRIBUTE,
     build_device,
     device_errors,
-    device_name,
     effective_mode,
     unhealthy_taint,
 )
@@ -64,6 +65,7 @@ from dra_gpu.slices.dropped import (
 )
 from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets, unpublished_instances
 from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
+from dra_gpu.vocabulary.device import SHARING_ATTRIBUTE, device_name
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -270,7 +272,7 @@ class SlicePublisher:
                 result = self.api.create(KIND, body)
                 self.stats.creates += 1
             with self._seen_lock:
-                self._own_versions[result["metadata"]["name"]] = result["metadata"].get("resourceVersion", "")
+                self._own_versions[objects.name(result)] = objects.resource_version(result)
             stored[index] = result
             missing = dropped_fields(body, result)
             dropped.features |= missing.features
@@ -278,9 +280,7 @@ class SlicePublisher:
             if PARTITIONABLE_DEVICES in missing.features and self.partitionable_devices:
                 break
         with self._seen_lock:
-            self._own_versions = {
-                s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in stored.values()
-            }
+            self._own_versions = {objects.name(s): objects.resource_version(s) for s in stored.values()}
         if plan.writes:
             log.info(
                 "published ResourceSlices",
@@ -465,13 +465,12 @@ class SlicePublisher:
             )
             return f"unknown (cannot list ResourceClaims: {exc})"
         for claim in claims:
-            meta = claim.get("metadata") or {}
-            ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            ref = f"{objects.namespace(claim)}/{objects.name(claim)}"
             allocation = objects.allocation(claim) or {}
-            for result in objects.allocation_results(allocation):
-                if result.get("driver") == self.driver and result.get("pool") == self.node_name:
-                    holders = live.setdefault(str(result.get("device", "")), {})
-                    holders[ref] = holders.get(ref, False) or bool(result.get("shareID"))
+            for result in objects.device_results(allocation):
+                if result.driver == self.driver and result.pool == self.node_name:
+                    holders = live.setdefault(result.device, {})
+                    holders[ref] = holders.get(ref, False) or result.share_id is not None
         if self.prepared_claims is not None:
             try:
                 prepared = self.prepared_claims()
@@ -591,7 +590,7 @@ class SlicePublisher:
         while not self._stop.is_set():
             try:
                 items, version = self.api.list(KIND, field_selector=self.field_selector)
-                listed = {s["metadata"]["name"]: s["metadata"].get("resourceVersion", "") for s in items}
+                listed = {objects.name(s): objects.resource_version(s) for s in items}
                 with self._seen_lock:
                     if listed != self._own_versions:
                         self._dirty.set()

@@ -27,7 +27,7 @@ from dra_gpu.config import ConfigError, merge_configs
 from dra_gpu.controller.owned_classes import is_controller_managed
 from dra_gpu.kube import objects
 from dra_gpu.quantity import QuantityError, parse_quantity
-from dra_gpu.slices.devices import SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
+from dra_gpu.vocabulary.device import SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
 
 Obj = Mapping[str, Any]
 
@@ -307,23 +307,23 @@ def _place_holders(claim: Obj, allocation: Obj, gpus: dict[tuple[str, str], Gpu]
     meta = objects.metadata(claim)
     configs = list(objects.allocation_config(allocation))
     pods, allocated_by = _consumers(claim), _allocated_by(claim)
-    for result in objects.allocation_results(allocation):
-        if result.get("driver") != driver:
+    for result in objects.device_results(allocation):
+        if result.driver != driver:
             continue
-        pool, device = str(result.get("pool", "")), str(result.get("device", ""))
+        pool, device = result.pool, result.device
         gpu = gpus.get((pool, device))
         if gpu is None:
             node = objects.allocation_node(allocation) or pool
             gpu = gpus[(pool, device)] = Gpu(node=node, pool=pool, device=device, published=False)
-        request = str(result.get("request", ""))
+        request = result.request
         strategy, error = _strategy(configs, request, driver)
         gpu.holders.append(
             Holder(
                 namespace=str(meta.get("namespace", "")),
                 name=str(meta.get("name", "")),
                 request=request,
-                consumed=dict(result.get("consumedCapacity") or {}),
-                share_id=result.get("shareID"),
+                consumed=dict(result.consumed or {}),
+                share_id=result.share_id,
                 strategy=strategy,
                 config_error=error,
                 pods=list(pods),

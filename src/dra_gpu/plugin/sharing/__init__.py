@@ -1,4 +1,5 @@
-"""Enforcement backends, each a module of this package, listed here once.
+"""Enforcement backends, listed here once: the sharing modes (`modes/`) and the steps every claim goes
+through whatever its mode (`steps/`).
 
 A module defines ``BACKEND`` (a ``plan.Backend``) to take part in planning every claim, and
 ``HOLD_HANDLERS`` (``plan.HoldHandler`` instances) if it changes the node. Adding a sharing mechanism
@@ -8,20 +9,11 @@ backends by name.
 
 from __future__ import annotations
 
-from dra_gpu.plugin.sharing import (
-    arbitration,
-    device_access,
-    directories,
-    driver_memory,
-    exclusive,
-    limiter,
-    limiter_region,
-    timeslicing,
-    usage_facts,
-)
-from dra_gpu.plugin.sharing.mps import daemon as mps_daemon
-from dra_gpu.plugin.sharing.mps import namespaces as mps_namespaces
+from dra_gpu.plugin.sharing.modes import arbitration, exclusive, limiter, limiter_region, timeslicing
+from dra_gpu.plugin.sharing.modes.mps import daemon as mps_daemon
+from dra_gpu.plugin.sharing.modes.mps import namespaces as mps_namespaces
 from dra_gpu.plugin.sharing.plan import Backend, HoldHandler
+from dra_gpu.plugin.sharing.steps import device_access, directories, driver_memory, usage_facts
 
 _BACKENDS: tuple[Backend, ...] = tuple(
     sorted(

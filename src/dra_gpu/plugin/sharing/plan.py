@@ -20,12 +20,12 @@ from typing import Protocol
 
 from cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from dra_gpu.config import GpuConfig, Strategy
+from dra_gpu.host.driver_root import EXECUTABLE_DIRS, LIBRARY_DIRS, DriverFiles, find_driver_files
+from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import LimitHook
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
-from dra_gpu.plugin.driver_root import EXECUTABLE_DIRS, LIBRARY_DIRS, DriverFiles, find_driver_files
 from dra_gpu.plugin.errors import PrepareError, describe, os_error_text
-from dra_gpu.plugin.gpu_control import GpuCommands
 from dra_gpu.plugin.identity import is_path_component
 from dra_gpu.quantity import to_int
 

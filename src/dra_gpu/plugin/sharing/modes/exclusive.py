@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dra_gpu.config import Strategy
+from dra_gpu.config.modes import takes_whole_gpu
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
 
@@ -21,11 +21,11 @@ class Exclusive:
     def conflict(self, share: Share, others: Sequence[Holder]) -> str | None:
         if not others:
             return None
-        if share.strategy == Strategy.EXCLUSIVE:
+        if takes_whole_gpu(share.strategy.value):
             other = others[0]
             return (
                 f"GPU {share.device} ({share.gpu.uuid}) is already prepared for claim {other.claim} "
-                f"({other.record.strategy} share); the Exclusive strategy needs the whole GPU"
+                f"({other.record.strategy} share); the {share.strategy.value} strategy needs the whole GPU"
             )
         if share.share_id is None:
             other = others[0]
@@ -35,11 +35,11 @@ class Exclusive:
                 f"allocation result has no shareID): the device is allocated twice"
             )
         holder = next(
-            (o for o in others if o.record.strategy == Strategy.EXCLUSIVE.value or o.record.shareId is None),
+            (o for o in others if takes_whole_gpu(o.record.strategy) or o.record.shareId is None),
             None,
         )
         if holder is not None:
-            how = "exclusively" if holder.record.strategy == Strategy.EXCLUSIVE.value else "as a whole device"
+            how = "exclusively" if takes_whole_gpu(holder.record.strategy) else "as a whole device"
             return (
                 f"GPU {share.device} ({share.gpu.uuid}) is held {how} by claim {holder.claim}; "
                 f"a {share.strategy.value} share cannot be added to it"

@@ -6,7 +6,7 @@ not reachable by other users. The CDI spec mounts the state directory read-only 
 read-write on top of it: a container can neither unlink, rename nor replace it (it is a mount point) nor
 add files beside it. It can still write into it - truncate, zero or rewrite it - and the library then
 refuses allocations on the claim's devices instead of starting a fresh account (it never creates, resizes
-or initialises a claim's region). The layout is ``dra_gpu.monitor.region``'s mirror of region.c.
+or initialises a claim's region). The layout is ``dra_gpu.limiter_abi.region``'s mirror of region.c.
 
 Beside it the agent makes the claim's floor (``dragpu-limiter.floor``, one entry per GPU of the claim): the
 monitor publishes there what NVML says the claim's processes hold, and the library never lets the claim's
@@ -22,7 +22,7 @@ from collections.abc import Set
 from pathlib import Path
 
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.monitor import region as layout
+from dra_gpu.limiter_abi import region as layout
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
 

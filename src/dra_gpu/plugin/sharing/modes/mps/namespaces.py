@@ -27,11 +27,11 @@ from fractions import Fraction
 from pathlib import Path
 
 from dra_gpu.config import Strategy
+from dra_gpu.host.gpu_commands import CommandError, ComputeMode, GpuCommands
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.gpu_control import CommandError, ComputeMode, GpuCommands
-from dra_gpu.plugin.sharing.mps.common import (
+from dra_gpu.plugin.sharing.modes.mps.common import (
     CLIENT_MOUNT_OPTIONS,
     CONTAINER_PIPE_DIR,
     CONTAINER_SHM_DIR,

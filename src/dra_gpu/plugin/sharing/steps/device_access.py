@@ -29,8 +29,8 @@ from pathlib import Path
 from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
+from dra_gpu.host.driver_root import LDCACHE_HOOK
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.plugin.driver_root import LDCACHE_HOOK
 from dra_gpu.plugin.mig_devices import capability_nodes
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 

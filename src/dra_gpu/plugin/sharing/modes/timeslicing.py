@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 
 from dra_gpu.config import Strategy
+from dra_gpu.host.gpu_commands import CommandError
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.gpu_control import CommandError
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 from dra_gpu.quantity import to_int
 

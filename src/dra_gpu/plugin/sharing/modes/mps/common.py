@@ -10,8 +10,8 @@ import os
 from collections.abc import Sequence
 
 from dra_gpu.config import Strategy
+from dra_gpu.host.gpu_commands import ComputeMode, GpuCommands
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.plugin.gpu_control import ComputeMode, GpuCommands
 from dra_gpu.plugin.sharing.plan import Holder, Plan, Share
 from dra_gpu.quantity import to_int
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.dmem_cgroup import CgroupError, leaf_of_pid, regions_holding, release_ancestors
+from dra_gpu.host.dmem_cgroup import CgroupError, leaf_of_pid, regions_holding, release_ancestors
 from dra_gpu.inventory.memory_limits import clear_limits, load_nvml, set_limits
 from dra_gpu.quantity import format_quantity
 

@@ -24,10 +24,10 @@ from collections.abc import Set
 from pathlib import Path
 
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.monitor import board as layout
+from dra_gpu.limiter_abi import board as layout
 from dra_gpu.plugin.checkpoint import Hold
-from dra_gpu.plugin.sharing.directories import temp_files
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
+from dra_gpu.plugin.sharing.steps.directories import temp_files
 
 KIND = "arbitration"
 DIR_MODE = 0o755

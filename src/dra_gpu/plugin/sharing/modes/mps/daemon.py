@@ -28,11 +28,12 @@ from fractions import Fraction
 from pathlib import Path
 
 from dra_gpu.config import Strategy
+from dra_gpu.config.modes import may_meet, takes_whole_gpu
+from dra_gpu.host.gpu_commands import CommandError, ComputeMode
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.gpu_control import CommandError, ComputeMode
-from dra_gpu.plugin.sharing.mps.common import (
+from dra_gpu.plugin.sharing.modes.mps.common import (
     CLIENT_MOUNT_OPTIONS,
     CONTAINER_PIPE_DIR,
     CONTAINER_SHM_DIR,
@@ -57,20 +58,21 @@ class Mps:
     order = 30
 
     def conflict(self, share: Share, others: Sequence[Holder]) -> str | None:
-        shared = [o for o in others if o.record.strategy != Strategy.EXCLUSIVE.value]
+        shared = [o for o in others if not takes_whole_gpu(o.record.strategy)]
+        apart = [o for o in shared if not may_meet(share.strategy.value, o.record.strategy)]
         if share.strategy == Strategy.MPS:
             problem = user_conflict(share, shared)
             if problem is not None:
                 return problem
-            other = next((o for o in shared if o.record.strategy != Strategy.MPS.value), None)
+            other = next(iter(apart), None)
             if other is not None:
                 return (
                     f"GPU {share.device} ({share.gpu.uuid}) hosts a {other.record.strategy} share of claim "
                     f"{other.claim}; MPS needs the GPU in exclusive-process mode, which would lock those "
                     f"processes out. Put MPS claims on GPUs that host only MPS shares"
                 )
-        elif share.strategy != Strategy.EXCLUSIVE:
-            other = next((o for o in shared if o.record.strategy == Strategy.MPS.value), None)
+        elif not takes_whole_gpu(share.strategy.value):
+            other = next((o for o in apart if o.record.strategy == Strategy.MPS.value), None)
             if other is not None:
                 return (
                     f"GPU {share.device} ({share.gpu.uuid}) runs an MPS control daemon for claim "

@@ -29,28 +29,26 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.config import Priority, Strategy
-from dra_gpu.monitor.board import ACTIVITY_SUFFIX
-from dra_gpu.monitor.region import REGION_FILE
+from dra_gpu.limiter_abi.board import ACTIVITY_SUFFIX
+from dra_gpu.limiter_abi.limits import (
+    CONTAINER_CLAIMS_ROOT,
+    CONTAINER_GPUS_ROOT,
+    CONTAINER_LIBRARY,
+    CONTAINER_PRELOAD,
+    LIMITS_FILE,
+    LIMITS_VERSION,
+    MAX_CLAIM_REF,
+    MAX_DEVICES,
+    MAX_MEMORY,
+    PRELOAD_FILE,
+    STATE_DIR,
+)
+from dra_gpu.limiter_abi.region import REGION_FILE
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.sharing import arbitration
 from dra_gpu.plugin.sharing._memory import memory_share
+from dra_gpu.plugin.sharing.modes import arbitration
 from dra_gpu.plugin.sharing.plan import DeviceLimit, Holder, NodeContext, Plan, Share
 
-CONTAINER_LIBRARY = "/usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
-CONTAINER_CLAIMS_ROOT = "/run/dra-gpu/claims"
-CONTAINER_GPUS_ROOT = "/run/dra-gpu/gpus"
-"""Where each GPU's arbitration directory is in the container (the library's GPUS_ROOT)."""
-CONTAINER_PRELOAD = "/etc/ld.so.preload"
-LIMITS_FILE = "limits"
-STATE_DIR = "limiter"
-PRELOAD_FILE = "ld.so.preload"
-LIMITS_VERSION = 1
-MAX_MEMORY = 2**64 - 1
-"""The largest byte count the library reads (an unsigned 64-bit integer)."""
-MAX_DEVICES = 16
-"""The devices the library takes from one claim's limits file (DL_MAX_DEVICES)."""
-MAX_CLAIM_REF = 63 + 1 + 253
-"""`claim=<namespace>/<name>`: the longest the library takes, and the longest Kubernetes allows."""
 _LIBRARY_UUID = re.compile(
     r"(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )

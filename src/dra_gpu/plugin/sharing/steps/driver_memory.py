@@ -28,11 +28,11 @@ from pathlib import Path
 
 from cdi.spec import Hook
 from dra_gpu.config import Strategy
+from dra_gpu.host.memory_hook import HookError, clear_recorded
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import HOOK_KIND_ENV, LimitHook, MemoryIsolation, find_limit_hook
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.memory_hook import HookError, clear_recorded
 from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share, setup_failed
 

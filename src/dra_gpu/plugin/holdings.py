@@ -1,0 +1,51 @@
+"""The plugin's prepared claims as the usage monitor reads them (`dra_gpu.monitor.PreparedClaims`).
+
+The node agent hands the monitor `prepared_holdings(...)`: the monitor then knows nothing of the
+checkpoint's shape, and the limits each share recorded (`sharing/steps/usage_facts.py`) are read here, where
+they are written. A share without recorded limits is held without a cap; several shares of one GPU in
+one claim add up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dra_gpu.config import WatchdogPolicy
+from dra_gpu.monitor.monitor import ClaimHoldings, Held, PreparedClaims
+from dra_gpu.monitor.watchdog import ClaimRef
+from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointCorrupt, ClaimState, PreparedClaim
+from dra_gpu.plugin.sharing.steps.usage_facts import CORES, MEMORY, WATCHDOG
+
+
+def held_of(claim: PreparedClaim) -> ClaimHoldings:
+    ref = ClaimRef(claim.uid, claim.namespace, claim.name)
+    merged: dict[str, Held] = {}
+    for share in claim.shares:
+        if share.adminAccess:
+            continue
+        memory = int(share.detail[MEMORY]) if MEMORY in share.detail else None
+        cores = int(share.detail[CORES]) if CORES in share.detail else None
+        policy = WatchdogPolicy(share.detail.get(WATCHDOG, WatchdogPolicy.REPORT.value))
+        prev = merged.get(share.gpu)
+        if prev is not None:
+            memory = None if memory is None or prev.memory_limit is None else memory + prev.memory_limit
+            cores = None if cores is None or prev.cores is None else min(cores + prev.cores, 100)
+            if prev.policy == WatchdogPolicy.TERMINATE:
+                policy = WatchdogPolicy.TERMINATE
+        merged[share.gpu] = Held(ref, share.gpu, share.strategy, memory, cores, policy)
+    return ClaimHoldings(ref, tuple(merged.values()))
+
+
+def prepared_holdings(load: Callable[[], Checkpoint]) -> PreparedClaims:
+    """The claims whose preparation completed, read from `load` (a store's `load`, or the preparer's
+    `snapshot` in the agent, so that each record is held once in the process); none while the
+    checkpoint is corrupt."""
+
+    def prepared() -> list[ClaimHoldings]:
+        try:
+            checkpoint = load()
+        except CheckpointCorrupt:
+            return []
+        return [held_of(c) for c in checkpoint.claims.values() if c.state == ClaimState.PREPARE_COMPLETED]
+
+    return prepared

@@ -1,0 +1,186 @@
+"""The preparer's background duties: re-applying node-side setup that vanished, undoing the records of
+claims the API no longer has, removing files no record accounts for, and rebuilding a checkpoint that was
+set aside. The node agent's supervision loop calls them; none runs inside a kubelet call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dra_gpu.kube import objects
+from dra_gpu.plugin.checkpoint import (
+    ClaimState,
+)
+from dra_gpu.plugin.claims import results_in_pool
+from dra_gpu.plugin.errors import bounded, describe, filesystem_error
+from dra_gpu.plugin.preparer_core import PreparerCore
+from dra_gpu.plugin.sharing.plan import ClaimInfo
+from dra_gpu.plugin.sharing.steps.directories import claim_temp_files
+
+log = logging.getLogger(__name__)
+
+TEMP_FILE_AGE_S = 600.0
+"""A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
+
+
+class Sweeps(PreparerCore):
+    """The background duties of the preparer (see the module docstring)."""
+
+    def _rebuild_if_lost(self) -> None:
+        """Rebuild now if a damaged checkpoint was set aside (see `_load`); one caller at a time.
+
+        Called before and after every prepare and unprepare, and by the supervision loop.
+        """
+        if not self._rebuild_wanted or not self._rebuild_lock.acquire(blocking=False):
+            return
+        try:
+            if self._rebuild_wanted:
+                self._rebuild()
+        except Exception:
+            log.exception("rebuilding the state failed; the stale-claim sweep tries again")
+        finally:
+            self._rebuild_lock.release()
+
+    def supervise(self) -> None:
+        """Re-apply node-side setup that vanished behind our back (a crashed MPS control daemon)."""
+        self._rebuild_if_lost()
+        checked: set[str] = set()
+        for entry in self.snapshot().claims.values():
+            if entry.state != ClaimState.PREPARE_COMPLETED or entry.bootId != self.boot_id:
+                continue
+            for hold in entry.holds:
+                if hold.key in checked:
+                    continue
+                checked.add(hold.key)
+                gpu = hold.params.get("gpu")
+                try:
+                    handler = self._handler(hold)
+                    if not gpu and handler.in_place(hold, self.node):
+                        continue  # a claim's own files: looked at first without its lock, the common case
+                    with self.gpu_locks.hold([str(gpu)] if gpu else [f"claim:{entry.uid}"]):
+                        current = self._entry(entry.uid)
+                        if current is None or all(h.key != hold.key for h in current.holds):
+                            continue  # unprepared meanwhile
+                        if handler.in_place(hold, self.node):
+                            continue
+                        log.warning(
+                            "node-side setup is gone; re-applying",
+                            extra={"hold": hold.key, "claim": entry.ref},
+                        )
+                        handler.apply(hold, self.node)
+                        self.metrics.setup_repairs.labels(kind=hold.kind).inc()
+                except Exception as exc:
+                    log.error(
+                        "re-applying node-side setup failed",
+                        extra={"hold": hold.key, "error": bounded(describe(exc))},
+                    )
+        self.compact()
+        self._refresh_metrics()  # another process's writes, read by this round's loads
+
+    def collect_stale(self) -> None:
+        """Undo records of claims that the API no longer has (or has under another UID, or not allocated).
+
+        Every record is looked at, whatever its state and boot: the kubelet re-prepares the claims of
+        the pods it restarts after a reboot (the others may never be unprepared), a rebuild may have
+        re-adopted a claim the kubelet had already unprepared, and the lost last journal line of an
+        unprepare leaves a completed record behind. The claims are listed once, after the records were
+        read, so that a claim prepared meanwhile is not mistaken for a gone one; a record is undone
+        only if it is still the one looked at once its locks are held. Without an answer from the API
+        nothing is decided. A record it cannot undo is counted, logged and left for the next sweep;
+        the sweep goes on. A record the kubelet itself will unprepare (prepared and completed in this
+        boot) is undone only when two sweeps in a row found its claim gone, so that the kubelet's own
+        call comes first when there is one. Then files no record accounts for are removed: claims'
+        directories and specs, and the temporary files of interrupted writes.
+        """
+        checkpoint = self.snapshot()
+        if checkpoint.rebuildPending:
+            checkpoint = self._rebuild()
+        failed: list[str] = []
+        live = self._live_claims() if checkpoint.claims else {}
+        suspects, self._gone_once = self._gone_once, set()
+        for entry in checkpoint.claims.values():
+            if live is None:
+                self._gone_once = suspects
+                break  # no answer from the API: nothing is decided
+            obj = live.get((entry.namespace, entry.name))
+            if obj is not None and objects.uid(obj) == entry.uid and self._allocated_here(obj):
+                continue
+            kubelets = entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id
+            if kubelets and entry.uid not in suspects:
+                self._gone_once.add(entry.uid)  # the kubelet's own unprepare may be on its way
+                continue
+            claim = ClaimInfo(uid=entry.uid, namespace=entry.namespace, name=entry.name)
+            try:
+                with self._claim_locked(claim, None) as current:
+                    if current is not entry:
+                        continue  # prepared again or undone meanwhile
+                    log.info(
+                        "undoing the record of a claim that is gone or no longer allocated here",
+                        extra={
+                            "claim": entry.ref,
+                            "state": entry.state,
+                            "boot": entry.bootId == self.boot_id,
+                        },
+                    )
+                    self._undo(current)
+            except Exception as exc:
+                failed.append(entry.ref)
+                log.warning(
+                    "undoing a stale claim failed; its record stays and the next sweep tries again",
+                    extra={"claim": entry.ref, "error": bounded(describe(exc))},
+                )
+        self.metrics.stale_uncleaned.set(len(failed))
+        if not self.snapshot().rebuildPending:
+            self._remove_unrecorded()
+        self._refresh_metrics()
+
+    def _live_claims(self) -> dict[tuple[str, str], dict[str, Any]] | None:
+        """The API's ResourceClaims by (namespace, name); None when the API does not answer."""
+        try:
+            items, _ = self.api.list("ResourceClaim")
+        except Exception as exc:  # API unreachable: decide next time
+            log.warning(
+                "cannot list ResourceClaims for the stale-claim sweep; will retry", extra={"error": str(exc)}
+            )
+            return None
+        return {(objects.namespace(o), objects.name(o)): o for o in items}
+
+    def _allocated_here(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the claim's allocation has a device of this driver in this node's pool (a claim the
+        scheduler deallocated can be in no pod's use)."""
+        return bool(results_in_pool(obj, self.node.driver, self.pool))
+
+    def _remove_unrecorded(self) -> None:
+        """Claims' files no record accounts for, and temporary files of interrupted writes."""
+        with self.lock.hold():
+            known = set(self._load().claims)
+            for uid in sorted(self._uids_on_disk() - known):
+                try:
+                    self._remove_leftovers(uid)
+                except Exception as exc:
+                    log.warning(
+                        "could not remove a claim's leftover files; the next sweep tries again",
+                        extra={"uid": uid[:64], "error": bounded(describe(exc))},
+                    )
+        cutoff = time.time() - TEMP_FILE_AGE_S
+        temporary = [
+            *self.specs.temp_files(),
+            *claim_temp_files(self.node.state_dir / "claims"),
+            *self._mig.temp_files(),
+            *self.store.temp_files(),
+        ]
+        for path in temporary:
+            try:
+                if path.lstat().st_mtime < cutoff:
+                    path.unlink()
+                    log.info("removed the temporary file of an interrupted write", extra={"path": str(path)})
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning(
+                    "could not remove the temporary file of an interrupted write",
+                    extra={"error": filesystem_error("removing", path, exc).message},
+                )

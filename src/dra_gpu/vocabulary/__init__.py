@@ -1,0 +1,1 @@
+"""Vocabulary many packages share and none owns (`device`: what a published device is called)."""
