@@ -92,7 +92,7 @@ struct region_dev {
     _Alignas(64) _Atomic int64_t tat_ns; /* compute limiter clock, see admission.c */
 };
 
-/* Counters the node agent reads (src/dra_gpu/monitor/region.py mirrors this layout). They live in what
+/* Counters the node agent reads (src/dra_gpu/limiter_abi/region.py mirrors this layout). They live in what
  * was spare header space, so files made by a library without them read as zeros, never as garbage. */
 struct region_stats {
     _Atomic uint64_t refused;      /* allocations refused for the claim's limit */
@@ -114,7 +114,7 @@ struct region_header {
 };
 
 /* in_use: 0 free, 1 owned by the process it names, SLOT_GONE: that process is gone as the node agent found it
- * (src/dra_gpu/monitor/region.py): the next sweep or claim gives its bytes back. */
+ * (src/dra_gpu/limiter_abi/region.py): the next sweep or claim gives its bytes back. */
 #define SLOT_GONE 2u
 
 struct region_slot {
@@ -142,12 +142,12 @@ struct region_export {
 };
 
 _Static_assert(sizeof(struct region_header) <= HEADER_BYTES, "region header too large");
-_Static_assert(sizeof(struct region_export) == 256, "export entries are 256 bytes (monitor/region.py)");
+_Static_assert(sizeof(struct region_export) == 256, "export entries are 256 bytes (limiter_abi/region.py)");
 
 #define SLOTS_AT (HEADER_BYTES + REGION_EXPORTS * sizeof(struct region_export))
 #define REGION_BYTES (SLOTS_AT + REGION_SLOTS * sizeof(struct region_slot))
 
-/* The floor (src/dra_gpu/monitor/region.py writes it): what the node agent knows the claim's processes hold
+/* The floor (src/dra_gpu/limiter_abi/region.py writes it): what the node agent knows the claim's processes hold
  * on each GPU by the driver's own figures - NVML's per-process memory of the processes whose cgroups are the
  * claim's pods' - published beside the region in the read-only state directory. The claim's account never
  * falls below it, so a process that zeroes the region's counters, or marks a live process's slot gone so that
@@ -176,7 +176,7 @@ struct floor_file {
     struct floor_dev devs[DL_MAX_DEVICES];
 };
 
-_Static_assert(sizeof(struct floor_dev) == 64, "floor entries are 64 bytes (monitor/region.py)");
+_Static_assert(sizeof(struct floor_dev) == 64, "floor entries are 64 bytes (limiter_abi/region.py)");
 _Static_assert(sizeof(struct floor_file) <= FLOOR_BYTES, "floor file too large");
 
 #define MAX_REGIONS (DL_MAX_CLAIMS + 2) /* the environment's, one per claim, the closed one */

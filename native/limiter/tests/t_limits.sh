@@ -37,7 +37,7 @@ chunk=$((256 * MiB))
 
 # claim <uid> <namespace/name> <device lines...>: as the node agent prepares a claim: ROOT/<uid>/limits, a
 # read-only mount of its own, and the state dir ROOT/<uid>/limiter (not writable by others) with the region the agent makes
-# (laid out and sized, usable by every UID of the claim; src/dra_gpu/plugin/sharing/limiter_region.py).
+# (laid out and sized, usable by every UID of the claim; src/dra_gpu/plugin/sharing/modes/limiter_region.py).
 claim() {
     local uid=$1 name=$2
     shift 2
@@ -64,7 +64,7 @@ os.ftruncate(fd, 4096 + 128 * 256 + 1024 * 192)
 os.fchmod(fd, 0o666)
 EOF
 }
-# write_floor <file> <seq> <uuid> <bytes> <region count>: the node agent's floor (src/dra_gpu/monitor/region.py)
+# write_floor <file> <seq> <uuid> <bytes> <region count>: the node agent's floor (src/dra_gpu/limiter_abi/region.py)
 write_floor() {
     python3 - "$@" <<'EOF'
 import os, struct, sys

@@ -9,7 +9,7 @@
  *   4. holders in two separate PID namespaces (both are PID 1 there) are told apart and both counted,
  *      and once killed, their memory stays charged as seen from another PID namespace, where their death
  *      cannot be proven - until the node agent, which sees every process, marks the slot gone (done here
- *      as src/dra_gpu/monitor/region.py does it): then it comes back, and only the dead holder's
+ *      as src/dra_gpu/limiter_abi/region.py does it): then it comes back, and only the dead holder's
  *      (skipped where user namespaces are unavailable).
  *
  * With `contexts <cap MiB>` (run under that cap, the fake's contexts of their real size) it checks what the
@@ -107,7 +107,7 @@ static unsigned long long free_now(void) {
     return field(p.buf, "free=");
 }
 
-/* Offsets in the region file (src/region.c, mirrored by src/dra_gpu/monitor/region.py). */
+/* Offsets in the region file (src/region.c, mirrored by src/dra_gpu/limiter_abi/region.py). */
 #define SLOTS_AT (4096 + 128 * 256)
 #define SLOT_BYTES 192
 #define SLOT_GONE 2u

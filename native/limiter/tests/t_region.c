@@ -35,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Offsets in the file (src/region.c, mirrored by src/dra_gpu/monitor/region.py). */
+/* Offsets in the file (src/region.c, mirrored by src/dra_gpu/limiter_abi/region.py). */
 #define HEADER_BYTES 4096
 #define EXPORT_BYTES (128 * 256)
 #define SLOTS_AT (HEADER_BYTES + EXPORT_BYTES)
