@@ -215,7 +215,7 @@ static struct device {
 } devices[FAKE_MAX_DEVICES];
 
 static struct {
-    int initialized;
+    atomic_int initialized; /* the real driver may be asked from any thread while another initialises */
     int count;
     uint64_t memory, sms, wave_ns;
     int driver_version;
