@@ -115,4 +115,5 @@ class Spec(_Model):
 
     def to_json(self) -> str:
         """The spec file's JSON text; an unset ``cdi_version`` becomes the minimum required."""
-        return json.dumps(self.with_version().to_dict(), indent=2) + "\n"
+        # Compact: the runtime reads it, and an indented dump takes the JSON module's slow pure-Python path.
+        return json.dumps(self.with_version().to_dict()) + "\n"
