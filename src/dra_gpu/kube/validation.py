@@ -197,7 +197,9 @@ def slice_errors(obj: Obj) -> list[str]:
     limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS if large else MAX_DEVICES_PER_SLICE
     if len(devices) > limit:
         return [*errors, f"spec.devices: Too many: {len(devices)}: must have at most {limit} items"]
-    errors += _counter_set_errors(spec.get("sharedCounters") or [])
+    errors += _named_counters_errors(
+        spec.get("sharedCounters") or [], "spec.sharedCounters", "name", MAX_COUNTER_SETS_PER_SLICE
+    )
     seen: set[str] = set()
     per_device = bool(spec.get("perDeviceNodeSelection"))
     for i, device in enumerate(devices):
@@ -232,7 +234,12 @@ def _device_errors(device: Obj, where: str, per_device: bool) -> list[str]:
         errors += _qualified_name_errors(cap_name, f"{where}.capacity")
         errors += _capacity_errors(f"{where}.capacity[{cap_name}]", cap or {}, shared)
     errors += _taint_errors(device.get("taints") or [], f"{where}.taints")
-    errors += _consumption_errors(device.get("consumesCounters") or [], f"{where}.consumesCounters")
+    errors += _named_counters_errors(
+        device.get("consumesCounters") or [],
+        f"{where}.consumesCounters",
+        "counterSet",
+        MAX_CONSUMES_COUNTERS_PER_DEVICE,
+    )
     node_fields = [f for f in ("nodeName", "nodeSelector", "allNodes") if device.get(f) is not None]
     if per_device:
         chosen = [f"`{f}`" for f in node_fields if device.get(f) not in ("", False)]
@@ -347,44 +354,23 @@ def _binding_errors(device: Obj, where: str) -> list[str]:
     return errors
 
 
-def _counter_set_errors(sets: list[Obj]) -> list[str]:
-    if len(sets) > MAX_COUNTER_SETS_PER_SLICE:
-        return [
-            f"spec.sharedCounters: Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS_PER_SLICE} items"
-        ]
+def _named_counters_errors(entries: list[Obj], where: str, key: str, limit: int) -> list[str]:
+    """A slice's counter sets (`key` "name") and a device's consumption of them (`key` "counterSet") have
+    the same rules upstream: at most `limit` entries, each naming a DNS label once, with counters."""
+    if len(entries) > limit:
+        return [f"{where}: Too many: {len(entries)}: must have at most {limit} items"]
     errors: list[str] = []
     seen: set[str] = set()
-    for i, counter_set in enumerate(sets):
-        where = f"spec.sharedCounters[{i}]"
-        name = str(counter_set.get("name") or "")
+    for i, entry in enumerate(entries):
+        at = f"{where}[{i}]"
+        name = str(entry.get(key) or "")
         if not name:
-            errors.append(f"{where}.name: Required value")
+            errors.append(f"{at}.{key}: Required value")
         else:
-            errors += _invalid(f"{where}.name", name, names.dns1123_label(name))
+            errors += _invalid(f"{at}.{key}", name, names.dns1123_label(name))
         if name in seen:
-            errors.append(f'{where}: Duplicate value: "{name}"')
+            errors.append(f'{at}: Duplicate value: "{name}"')
         seen.add(name)
-        errors += _counters_errors(where, counter_set.get("counters") or {})
-    return errors
-
-
-def _consumption_errors(consumes: list[Obj], where: str) -> list[str]:
-    if len(consumes) > MAX_CONSUMES_COUNTERS_PER_DEVICE:
-        return [
-            f"{where}: Too many: {len(consumes)}: must have at most {MAX_CONSUMES_COUNTERS_PER_DEVICE} items"
-        ]
-    errors: list[str] = []
-    seen: set[str] = set()
-    for j, entry in enumerate(consumes):
-        at = f"{where}[{j}]"
-        counter_set = str(entry.get("counterSet") or "")
-        if not counter_set:
-            errors.append(f"{at}.counterSet: Required value")
-        else:
-            errors += _invalid(f"{at}.counterSet", counter_set, names.dns1123_label(counter_set))
-        if counter_set in seen:
-            errors.append(f'{at}: Duplicate value: "{counter_set}"')
-        seen.add(counter_set)
         errors += _counters_errors(at, entry.get("counters") or {})
     return errors
 
