@@ -151,9 +151,12 @@ def read_board(path: Path) -> list[Entry]:
         os.close(fd)
 
 
-def _make_file(path: Path, content: bytes, size: int, mode: int) -> bool:
+def make_file(path: Path, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
     """Create path with content, size and mode unless something is there (True when it made it); the
-    file appears whole (a temporary file linked into place) and never replaces another."""
+    file appears whole (a temporary file linked into place) and never replaces another. `durable`
+    syncs it before it appears, for a file that must not come back empty after a power loss (the
+    claim's region: one the library finds zeroed is refused, never made again). Every file the agent
+    makes for the limiter is made here."""
     if os.path.lexists(path):
         return False
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -161,6 +164,8 @@ def _make_file(path: Path, content: bytes, size: int, mode: int) -> bool:
         os.write(fd, content)
         os.ftruncate(fd, size)
         os.fchmod(fd, mode)  # explicit: the umask must not decide who may read or write it
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         os.link(tmp, path)
@@ -176,7 +181,7 @@ def _make_file(path: Path, content: bytes, size: int, mode: int) -> bool:
 
 def make_board(path: Path) -> bool:
     """An empty board at path unless one is there (True when it made it)."""
-    return _make_file(path, board_bytes([]), BOARD_BYTES, BOARD_MODE)
+    return make_file(path, board_bytes([]), BOARD_BYTES, BOARD_MODE)
 
 
 def board_is_sound(path: Path) -> bool:
@@ -213,7 +218,7 @@ def activity_header() -> bytes:
 def make_activity(path: Path) -> bool:
     """A claim's activity file, header filled and the rest zero, unless one is there (True when made).
     An existing one is kept: the claim's processes may be reporting in it."""
-    return _make_file(path, activity_header(), ACTIVITY_BYTES, ACTIVITY_MODE)
+    return make_file(path, activity_header(), ACTIVITY_BYTES, ACTIVITY_MODE)
 
 
 def read_activity(path: Path) -> Activity | None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Set
 from pathlib import Path
 
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.limiter_abi import region as layout
+from dra_gpu.limiter_abi.board import make_file
 from dra_gpu.plugin.checkpoint import Hold
 from dra_gpu.plugin.sharing.plan import NodeContext, setup_failed
 
@@ -39,25 +39,7 @@ def make_region(path: Path) -> bool:
 
     An existing file is kept whatever its state: processes of the claim may hold memory charged in it,
     and a tampered one must stay refused, not become a fresh account."""
-    if os.path.lexists(path):
-        return False
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.write(fd, region_header())
-        os.ftruncate(fd, layout.REGION_BYTES)
-        os.fchmod(fd, MODE)  # explicit: the umask must not decide which UIDs of the claim may use it
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.link(tmp, path)  # never replaces a file that appeared meanwhile
-    except FileExistsError:
-        return False
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return True
+    return make_file(path, region_header(), layout.REGION_BYTES, MODE, durable=True)
 
 
 def floor_path(region: Path) -> Path:
