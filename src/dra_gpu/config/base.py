@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +28,17 @@ def positive_quantity(value: Any, field: str) -> str:
     if amount <= 0:
         raise ValueError(f"{field} must be positive, got {value!r}")
     return str(value)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def one_of(enum: type[E], value: Any, what: str) -> E:
+    """`value` as a member of `enum`, or the one-line error naming `what` and the allowed values."""
+    allowed = [member.value for member in enum]
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    return enum(value)
 
 
 Percent = Annotated[int, Field(ge=1, le=100)]

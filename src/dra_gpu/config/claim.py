@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
-from dra_gpu.config.base import ConfigError, Percent, Strict, positive_quantity
+from dra_gpu.config.base import ConfigError, Percent, Strict, one_of, positive_quantity
 from dra_gpu.config.placement import Placement
 from dra_gpu.quantity import to_int
 
@@ -72,10 +72,7 @@ class ComputeConfig(Strict):
     @field_validator("priority", mode="before")
     @classmethod
     def _priority(cls, v: Any) -> Any:
-        allowed = [p.value for p in Priority]
-        if v not in allowed:
-            raise ValueError(f"unknown compute priority {v!r}; allowed: {', '.join(allowed)}")
-        return Priority(v)
+        return one_of(Priority, v, "compute priority")
 
 
 class LimiterConfig(Strict):
@@ -160,10 +157,7 @@ class Watchdog(Strict):
     @field_validator("policy", mode="before")
     @classmethod
     def _policy(cls, v: Any) -> Any:
-        allowed = [p.value for p in WatchdogPolicy]
-        if v not in allowed:
-            raise ValueError(f"unknown watchdog policy {v!r}; allowed: {', '.join(allowed)}")
-        return WatchdogPolicy(v)
+        return one_of(WatchdogPolicy, v, "watchdog policy")
 
 
 class GpuConfig(Strict):

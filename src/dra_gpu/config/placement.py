@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import field_validator
 
-from dra_gpu.config.base import Strict
+from dra_gpu.config.base import Strict, one_of
 
 
 class PlacementPolicy(StrEnum):
@@ -26,7 +26,4 @@ class Placement(Strict):
     @field_validator("policy", mode="before")
     @classmethod
     def _policy(cls, v: Any) -> Any:
-        allowed = [p.value for p in PlacementPolicy]
-        if v not in allowed:
-            raise ValueError(f"unknown placement policy {v!r}; allowed: {', '.join(allowed)}")
-        return PlacementPolicy(v)
+        return one_of(PlacementPolicy, v, "placement policy")
