@@ -25,21 +25,9 @@ worker=$B/tests/t_elastic
 for v in $(env | sed -n 's/^\(DRAGPU_[A-Za-z0-9_]*\)=.*/\1/p; s/^\(FAKE_CUDA_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 export LD_LIBRARY_PATH="$B/fake" FAKE_CUDA_SM_COUNT=132 FAKE_CUDA_WAVE_NS=10000 FAKE_CUDA_CTX_BYTES=0
 export FAKE_CUDA_REAL_TIMING=1
-tmp=$(mktemp -d)
-chmod 0755 "$tmp"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-    umount -l "$GPUS" 2>/dev/null
-    for f in "$tmp"/claims-*/*/limits; do umount "$f" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
 fail() { echo "elastic bench: $*" >&2; exit 1; }
-mkdir -p "$tmp/gpus/$GPU" "$GPUS" "$ROOT"
-chmod 0755 "$tmp/gpus" "$tmp/gpus/$GPU"
-mount --bind "$tmp/gpus" "$GPUS" && mount -o remount,bind,ro "$GPUS" || fail "cannot bind-mount the GPUs root read-only"
 . "$here/tests/elastic_agent.sh"
+lay_out_gpus
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" "$2"; }
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 t0() { calc "$("$worker" now) + $1"; }

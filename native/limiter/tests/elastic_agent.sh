@@ -1,9 +1,26 @@
 # Sourced by tests/t_elastic.sh and bench/elastic.sh: the node agent's part of elastic compute, as the agent lays
 # it out (README.md, "Elastic compute"), and a claim's process started in a mount namespace that sees only its
-# own claim. Expects: tmp (a scratch directory), GPU (the fake's UUID), ROOT (the library's CLAIMS_ROOT), LIB
-# (the library to preload), worker (the program claims run), fail (a function), and GPUS already mounted
-# read-only over "$tmp/gpus".
+# own claim. Expects: GPU (the fake's UUID), ROOT (the library's CLAIMS_ROOT), GPUS (its GPUs root), LIB
+# (the library to preload), worker (the program claims run) and fail (a function); lay_out_gpus first.
 # shellcheck shell=bash
+
+# lay_out_gpus: a scratch directory (tmp), removed at exit with every worker and mount, and the agent's GPU
+# directory seen read-only at GPUS (as the CDI mount shows it to a container).
+lay_out_gpus() {
+    tmp=$(mktemp -d)
+    chmod 0755 "$tmp"
+    pids=()
+    trap cleanup EXIT
+    mkdir -p "$tmp/gpus/$GPU" "$GPUS" "$ROOT"
+    chmod 0755 "$tmp/gpus" "$tmp/gpus/$GPU"
+    mount --bind "$tmp/gpus" "$GPUS" && mount -o remount,bind,ro "$GPUS" || fail "cannot bind-mount the GPUs root read-only"
+}
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    umount -l "$GPUS" 2>/dev/null
+    for f in "$tmp"/claims-*/*/limits; do umount "$f" 2>/dev/null; done
+    rm -rf "$tmp"
+}
 
 claims=() # uid:floor:ceiling:priority of every claim on the board
 # board: the agent rewrites the whole board (seq odd, entries, seq even) in place.

@@ -22,25 +22,11 @@ ROOT=$3
 GPUS=$4
 GPU=GPU-4a5c1e2d-7b3f-4e11-9a60-000000000000
 worker=$B/tests/t_elastic
-tmp=$(mktemp -d)
-chmod 0755 "$tmp"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-    umount -l "$GPUS" 2>/dev/null
-    for f in "$tmp"/claims-*/*/limits; do umount "$f" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
 fail() { echo "t_elastic: $*" >&2; exit 1; }
 export LD_LIBRARY_PATH="$B/fake" FAKE_CUDA_CTX_BYTES=0 FAKE_CUDA_REAL_TIMING=1
 
-# The agent's GPU directory, seen read-only at GPUS (as the CDI mount shows it to a container).
-mkdir -p "$tmp/gpus/$GPU" "$GPUS" "$ROOT"
-chmod 0755 "$tmp/gpus" "$tmp/gpus/$GPU"
-mount --bind "$tmp/gpus" "$GPUS" && mount -o remount,bind,ro "$GPUS" || fail "cannot bind-mount the GPUs root read-only"
-
 . "$(dirname "$0")/elastic_agent.sh"
+lay_out_gpus
 
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" "$2"; }
 show() { [ -n "${T_ELASTIC_VERBOSE:-}" ] && { echo "$1: $(cat "$2")"; cat "$2.err"; } >&2; return 0; }
