@@ -377,8 +377,6 @@ def elastic_library() -> Path:
     )
     assert made.returncode == 0, made.stdout + made.stderr
     library = LIMITER / "build/testroot/libdragpu-limiter.so.1"
-    if b"DGPUBRD1" not in library.read_bytes():
-        pytest.skip("this tree's library does not read the elastic-compute board yet")
     return library
 
 
