@@ -12,7 +12,7 @@ Three things are reported:
   usually to dodge a cycle.
 
 ``python tools/import_graph.py`` prints both and exits 1 if either exists; ``--summary`` prints the
-counts only. ``tests/test_layering.py`` runs the same checks.
+counts only. ``tests/project/test_layering.py`` runs the same checks.
 """
 
 from __future__ import annotations

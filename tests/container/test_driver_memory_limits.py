@@ -101,7 +101,7 @@ def test_hook_sets_the_claims_request_and_limit_on_the_containers_cgroup_before_
     assert result.section("probe") == [f"total={3 * GIB} free={usable(3 * GIB)}", f"device_total={3 * GIB}"]
     # Teardown: the poststop hook ran and took the record. runc removes the container's cgroup before
     # poststop hooks run, so there was no leaf left to clear through NVML; under dmem the hook gives the
-    # ancestors' dmem.min back from the record instead (tests/test_cdi_hook_memory.py).
+    # ancestors' dmem.min back from the record instead (tests/commands/test_cdi_hook_memory.py).
     records = node_615.claim_dir(claim) / "memory-limits"
     assert not list(records.rglob("*.json"))
     assert len(hook.read_text().splitlines()) == 1, "no NVML clear call: the leaf was already gone"

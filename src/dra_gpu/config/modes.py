@@ -6,7 +6,7 @@ The readers: the slice publisher (which GPUs are published shareable), the devic
 class selects), the claim admission policy (which classes take capacity requests, which one device per
 claim) and prepare (`plugin/sharing/modes/`: which shares may meet on one GPU). The allocator reads none
 of it: it follows what the publisher published. A mode added to `Strategy` without a line here fails
-`tests/test_sharing_modes_table.py`.
+`tests/config/test_sharing_modes_table.py`.
 """
 
 from __future__ import annotations

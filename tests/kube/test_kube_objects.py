@@ -1,0 +1,93 @@
+"""Reading claims and slices as the real 1.36 API server returned them (tests/fixtures/k8s-1.36-real)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from repo_paths import TESTS
+
+from dra_gpu.kube import objects
+
+REAL = TESTS / "fixtures" / "k8s-1.36-real"
+
+
+def _claims() -> list[dict[str, Any]]:
+    return list(json.loads((REAL / "resourceclaims-after-scheduling.json").read_text())["items"])
+
+
+def test_an_allocated_claim_reads_its_device_results_and_config() -> None:
+    claim = next(c for c in _claims() if objects.name(c) == "ctrl-alloc")
+    assert objects.uid(claim) == "6cb903cc-ab58-4a81-a5d1-ffe49132d8ec"
+    [result] = objects.results(claim)
+    assert (result["driver"], result["pool"], result["device"], result["request"]) == (
+        "gpu.dra-gpu.io",
+        "node-1",
+        "gpu-0",
+        "gpu",
+    )
+    assert result["consumedCapacity"] == {"cores": "10", "memory": "4Gi"}
+    [config] = objects.allocation_config(objects.allocation(claim))
+    driver, parameters = objects.opaque_parameters(config)
+    assert driver == "gpu.dra-gpu.io" and parameters["sharing"] == {"strategy": "Limiter"}
+
+
+def test_an_allocated_claim_reads_as_typed_device_results() -> None:
+    claim = next(c for c in _claims() if objects.name(c) == "ctrl-alloc")
+    [result] = objects.device_results(objects.allocation(claim))
+    assert result.driver == "gpu.dra-gpu.io" and (result.pool, result.device, result.request) == (
+        "node-1",
+        "gpu-0",
+        "gpu",
+    )
+    assert result.consumed == {"cores": "10", "memory": "4Gi"} and result.share_id and not result.admin_access
+
+
+def test_a_device_result_reads_missing_null_and_mistyped_fields_as_absent() -> None:
+    allocated = {"devices": {"results": [{"device": "gpu-1", "shareID": "", "consumedCapacity": None}, None]}}
+    whole, empty = objects.device_results(allocated)
+    assert (whole.device, whole.driver, whole.share_id, whole.consumed) == ("gpu-1", "", None, None)
+    assert empty == objects.DeviceResult("", "", "", "", None, None, False)
+    assert objects.device_results(None) == []
+
+
+def test_a_claim_without_status_has_no_allocation_and_no_results() -> None:
+    claim = {k: v for k, v in _claims()[0].items() if k != "status"}
+    assert objects.allocation(claim) is None
+    assert objects.results(claim) == []
+    assert objects.reserved_for(claim) == []
+
+
+def test_null_and_missing_fields_read_as_empty() -> None:
+    claim: dict[str, Any] = {"metadata": None, "status": {"allocation": None, "reservedFor": None}}
+    assert (objects.name(claim), objects.uid(claim), objects.labels(claim)) == ("", "", {})
+    assert objects.allocation(claim) is None and objects.reserved_for(claim) == []
+    assert not objects.deleting(claim)
+    assert objects.deleting({"metadata": {"deletionTimestamp": "2026-11-26T10:00:00Z"}})
+
+
+def test_a_stored_slice_reads_its_pool_node_and_devices() -> None:
+    stored = json.loads((REAL / "resourceslice-as-stored.json").read_text())
+    assert (objects.pool_name(stored), objects.pool_generation(stored), objects.slice_node(stored)) == (
+        "node-1",
+        1,
+        "node-1",
+    )
+    devices = objects.slice_devices(stored)
+    assert len(devices) == 2
+    assert objects.capacity_value(objects.device_capacity(devices[0])["memory"]) == "80Gi"
+    assert "string" in objects.device_attribute(devices[0], "architecture")
+    assert objects.device_attribute(devices[0], "no-such-attribute") == {}
+
+
+def test_capping_depth_keeps_strings_with_brackets_and_escapes_whole() -> None:
+    text = '{"a":"}{][\\"","b":[[[1]]],"c":{"d":{"e":2}}}'
+    assert objects.cap_depth(text, 10) == text
+    assert json.loads(objects.cap_depth(text, 2)) == {
+        "a": '}{]["',
+        "b": [objects.TOO_DEEP],
+        "c": {"d": objects.TOO_DEEP},
+    }
+    deep = "[" * 100_000 + "]" * 100_000  # far past any recursion limit: decoded all the same
+    assert json.loads(objects.cap_depth(deep, 3)) == [[[objects.TOO_DEEP]]]
+    assert objects.loads(deep.encode()) == objects.loads(objects.cap_depth(deep, objects.MAX_DEPTH))
