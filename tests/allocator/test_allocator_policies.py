@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_allocator_support import (
+from allocator_support import (
     DRIVER,
     SHARED_CLASS,
     WHOLE_CLASS,

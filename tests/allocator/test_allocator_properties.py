@@ -13,7 +13,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_allocator_support import DRIVER, claim, device_class, make_allocator, node_slice
+from allocator_support import DRIVER, claim, device_class, make_allocator, node_slice
 
 from dra_gpu.allocator import AllocationError
 from dra_gpu.config import Placement, PlacementPolicy

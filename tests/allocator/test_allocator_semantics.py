@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from test_allocator_support import (
+from allocator_support import (
     DRIVER,
     SHARED_CLASS,
     WHOLE_CLASS,

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from test_allocator_support import allocate_and_commit, claim, device_class, make_allocator, request, selector
+from allocator_support import allocate_and_commit, claim, device_class, make_allocator, request, selector
 
 from dra_gpu.allocator import AllocationError
 from dra_gpu.cli import main

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fakes import fake_pynvml
-from test_allocator_support import claim, devices_of, request
+from allocator_support import claim, devices_of, request
 
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.commands.gpus import render_table
