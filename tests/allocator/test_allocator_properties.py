@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import Any
 
+from allocator_support import DRIVER, claim, device_class, make_allocator, node_slice
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from allocator_support import DRIVER, claim, device_class, make_allocator, node_slice
 
 from dra_gpu.allocator import AllocationError
 from dra_gpu.config import Placement, PlacementPolicy

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import fake_pynvml
 from allocator_support import claim, devices_of, request
+from fakes import fake_pynvml
 
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.commands.gpus import render_table
