@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 
 from dra_gpu.config import GpuSharingMode, NodeSharing
+from dra_gpu.devicekinds.gpu import build_device
 from dra_gpu.inventory.simulated import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.slices import SlicePublisher, build_device, split_devices
+from dra_gpu.slices import SlicePublisher, split_devices
 
 PROFILE = "8xH100-80GB"
 SHARING = NodeSharing.parse("*=Shared,7=MPS")

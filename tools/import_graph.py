@@ -43,8 +43,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "inventory",
     ),
     # what the controller and the node agent are built of (host: GPU commands, driver root, cgroups)
-    ("allocator", "slices", "monitor", "host"),
-    ("controller", "plugin"),
+    ("allocator", "monitor", "host"),
+    # the kinds of device (a whole GPU, a MIG instance): how each is published and what a prepared one needs
+    ("devicekinds",),
+    ("controller", "plugin", "slices"),
     ("usage", "manifests", "node_agent"),
     ("demo",),
     ("commands",),

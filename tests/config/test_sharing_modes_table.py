@@ -9,6 +9,7 @@ import pytest
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
 from dra_gpu.config.modes import MODES, SHAREABLE_NODE_MODES, may_meet, shares_gpu
+from dra_gpu.devicekinds.gpu import build_device
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.manifests.admission import validations
 from dra_gpu.manifests.classes import CLASSES
@@ -17,7 +18,6 @@ from dra_gpu.plugin import sharing
 from dra_gpu.plugin.checkpoint import ShareRecord
 from dra_gpu.plugin.sharing.modes.timeslicing import CAP_DETAIL, DETAIL
 from dra_gpu.plugin.sharing.plan import Holder, Share
-from dra_gpu.slices.devices import build_device
 
 GPU = SimulatedInventory("1xH100-80GB", seed="modes").gpus()[0]
 

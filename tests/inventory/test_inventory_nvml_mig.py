@@ -12,8 +12,8 @@ from fakes.fake_pynvml import FakeDriver, FakeGpu, FakeMigDevice, MiB
 from repo_paths import TESTS
 
 from dra_gpu.config import GpuSharingMode
+from dra_gpu.devicekinds.mig import mig_devices
 from dra_gpu.inventory import NvmlInventory
-from dra_gpu.slices.partitions import mig_devices
 
 GPU = "GPU-5f3c2a9e-1b2d-4c5e-8f90-a1b2c3d4e5f6"
 ON = (fake_pynvml.NVML_DEVICE_MIG_ENABLE, fake_pynvml.NVML_DEVICE_MIG_ENABLE)

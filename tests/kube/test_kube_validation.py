@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.devicekinds.gpu import fit
 from dra_gpu.kube.errors import Invalid
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.validation import device_class_errors, slice_errors
-from dra_gpu.slices.devices import fit
 from dra_gpu.vocabulary.device import MAX_STRING
 
 Obj = dict[str, Any]

@@ -13,10 +13,11 @@ import yaml
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, Strategy, parse_gpu_config
 from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
+from dra_gpu.devicekinds.gpu import build_device
+from dra_gpu.devicekinds.mig import mig_devices
 from dra_gpu.inventory import open_inventory
 from dra_gpu.manifests import load_values
 from dra_gpu.manifests.classes import controller_classes, device_classes
-from dra_gpu.slices import build_device
 from dra_gpu.vocabulary.device import device_name
 
 DEPLOY = Path("deploy")
@@ -160,8 +161,6 @@ def test_whole_gpu_class_leaves_out_mig_enabled_gpus(tmp_path: Path) -> None:
 
 
 def test_the_mig_class_selects_mig_instances_and_placements_and_no_whole_gpu() -> None:
-    from dra_gpu.slices.partitions import mig_devices
-
     static, dynamic, plain = open_inventory(
         "simulated:1xH100-80GB:mig=3g.40gb/1g.10gb*4,1xH100-80GB:mig,1xH100-80GB", seed="n"
     ).gpus()

@@ -18,13 +18,13 @@ import pytest
 from plugin_harness import gpu_config
 
 from dra_gpu.config import parse_gpu_config
+from dra_gpu.devicekinds.mig import mig_views
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MigProfile
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.locking import NodeLock
-from dra_gpu.plugin.mig_devices import mig_views
 from dra_gpu.plugin.mig_instances import MigInstances
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
 

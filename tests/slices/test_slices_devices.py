@@ -10,6 +10,7 @@ import pytest
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import GpuSharingMode, NodeSharing
+from dra_gpu.devicekinds.gpu import build_device, semver
 from dra_gpu.inventory import open_inventory
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.kube.fake import FakeKube
@@ -19,8 +20,8 @@ from dra_gpu.kube.validation import (
     slice_errors,
 )
 from dra_gpu.quantity import parse_quantity
-from dra_gpu.slices import SlicePublisher, build_device
-from dra_gpu.slices.devices import device_errors, semver, taint_value, unhealthy_taint
+from dra_gpu.slices import SlicePublisher
+from dra_gpu.slices.devices import device_errors, taint_value, unhealthy_taint
 from dra_gpu.vocabulary.device import MEMORY_STEP
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -50,7 +50,7 @@ class GpuInfo:
     """(GPU-instance profile id, bytes) as NVML's profile info reports them on a real MIG GPU: what an
     instance of that profile will have, which the profile's name only rounds."""
     mig_instance: MigInstance | None = None
-    """Set on the view of one instance that a claim's MIG device stands for (the node agent's):
+    """Set on the view of one instance that a claim's MIG device stands for (`devicekinds/mig.py`):
     `uuid` is then the instance's and `minor` the parent GPU's, whose device node it needs."""
     health_reason: str = ""
     memory_isolation: str = "limiter"
@@ -58,6 +58,9 @@ class GpuInfo:
     memory_limit_backend: str = "none"
     mps_namespaces: bool = False
     isolation_reason: str = ""
+    kind: str = "gpu"
+    """The device kind this stands for (`devicekinds`): `gpu`, a whole GPU, as every backend reports it;
+    a kind's views of a part of it, which prepare looks claims' devices up in, carry their own."""
 
     def to_json(self) -> dict[str, object]:
         """camelCase keys, as the Kubernetes-facing parts of the project spell attributes."""

@@ -27,6 +27,7 @@ from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
 from dra_gpu.config.modes import MODES
 from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
+from dra_gpu.devicekinds.mig import MIG_TYPE
 from dra_gpu.inventory.capabilities import MemoryIsolation
 from dra_gpu.manifests.values import ControllerClass, Values
 from dra_gpu.vocabulary.device import (
@@ -82,7 +83,7 @@ def selector_expression(
         expression += f' && device.attributes["{driver}"].{MEMORY_ISOLATION_ATTRIBUTE} == "{isolation.value}"'
     if mig:
         kind = f'device.attributes["{driver}"].{TYPE_ATTRIBUTE}'
-        expression += f' && has({kind}) && {kind} == "mig"'
+        expression += f' && has({kind}) && {kind} == "{MIG_TYPE}"'
     elif mode is GpuSharingMode.EXCLUSIVE:
         # A GPU in MIG mode (whole, or its instances) is not a whole GPU to hand out: its compute
         # belongs to its instances, which the MIG class selects.

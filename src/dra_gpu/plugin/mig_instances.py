@@ -29,13 +29,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dra_gpu.devicekinds.mig import MigPlacement, instance_view, mig_views
 from dra_gpu.host.gpu_commands import CommandError, GpuCommands
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.kube import KubeAPI, NotFound, objects
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.locking import KeyLocks, NodeLock
-from dra_gpu.plugin.mig_devices import MigPlacement, instance_view, mig_views
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_gpu import devicekinds
 from dra_gpu.inventory import GpuInfo, Inventory
 from dra_gpu.kube import KubeAPI
 from dra_gpu.kube.events import EventRecorder
@@ -34,7 +35,6 @@ from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.identity import is_path_component
 from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.mig_devices import mig_views
 from dra_gpu.plugin.mig_instances import MigInstances
 from dra_gpu.plugin.sharing.plan import ClaimInfo, HoldHandler, NodeContext
 from dra_gpu.plugin.sharing.steps.directories import remove_tree
@@ -242,7 +242,7 @@ class PreparerCore:
 
     def _gpus(self) -> dict[str, GpuInfo]:
         gpus = self.inventory.gpus()
-        return {**{device_name(g): g for g in gpus}, **mig_views(gpus)[0]}
+        return devicekinds.views(gpus)
 
     def _remove_leftovers(self, uid: str) -> None:
         """Files of a claim the checkpoint does not know (e.g. after it was rebuilt without the API).

@@ -22,6 +22,9 @@ MAX_DEVICES_PER_SLICE = 64
 """The API allows 128 devices per slice, but only 64 once any device carries a taint (1.35+). A
 tainted GPU must not reshuffle the pool, so every slice holds at most 64."""
 
+MAX_COUNTER_SETS_PER_SLICE = 8
+"""The 1.35+ limit of shared counter sets per slice (which then holds no devices)."""
+
 INDEX_MIN_LENGTH = 5
 
 
@@ -33,6 +36,12 @@ def split_devices(devices: list[Obj], per_slice: int = MAX_DEVICES_PER_SLICE) ->
     if per_slice < 1:
         raise ValueError(f"devices per slice must be at least 1, got {per_slice}")
     return [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
+
+
+def split_counter_sets(sets: list[Obj]) -> list[list[Obj]]:
+    """Chunks of at most 8 sets (the 1.35+ limit per slice)."""
+    step = MAX_COUNTER_SETS_PER_SLICE
+    return [sets[i : i + step] for i in range(0, len(sets), step)]
 
 
 def index_length(slice_count: int) -> int:

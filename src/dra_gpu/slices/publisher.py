@@ -42,20 +42,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu import DRIVER_NAME
+from dra_gpu import DRIVER_NAME, devicekinds
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory.types import GpuInfo, Inventory
 from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent, objects
 from dra_gpu.kube.errors import Invalid
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
-from dra_gpu.slices.devices import (
-    SHAREABLE_MODES,
-    build_device,
-    device_errors,
-    effective_mode,
-    unhealthy_taint,
-)
+from dra_gpu.slices.devices import SHAREABLE_MODES, device_errors, unhealthy_taint
 from dra_gpu.slices.dropped import (
     CONSUMABLE_CAPACITY,
     DEVICE_TAINTS,
@@ -63,8 +57,14 @@ from dra_gpu.slices.dropped import (
     DroppedFields,
     dropped_fields,
 )
-from dra_gpu.slices.partitions import counter_sets, mig_devices, split_counter_sets, unpublished_instances
-from dra_gpu.slices.pool import MAX_DEVICES_PER_SLICE, generate_name, plan_pool, split_devices, with_pool
+from dra_gpu.slices.pool import (
+    MAX_DEVICES_PER_SLICE,
+    generate_name,
+    plan_pool,
+    split_counter_sets,
+    split_devices,
+    with_pool,
+)
 from dra_gpu.vocabulary.device import SHARING_ATTRIBUTE, device_name
 
 Obj = dict[str, Any]
@@ -368,12 +368,13 @@ class SlicePublisher:
         now = _now()
         devices = []
         gpus = self.inventory.gpus()
-        self._counter_sets = counter_sets(gpus) if self.partitionable_devices else []
+        self._counter_sets = devicekinds.counter_sets(gpus) if self.partitionable_devices else []
         self._published_health = self._health_of(gpus)
         live: LiveClaims | str | None = None
         pending: dict[str, PendingModeChange] = {}
         for gpu in gpus:
-            mode = effective_mode(gpu, self.sharing.mode_for(gpu.index, gpu.uuid))
+            configured = self.sharing.mode_for(gpu.index, gpu.uuid)
+            mode = devicekinds.GPU.published_mode(gpu, configured)
             name = device_name(gpu.index)
             record = published.get(name)
             if self.consumable_capacity and (record is None or record[0] != (mode in SHAREABLE_MODES)):
@@ -406,24 +407,12 @@ class SlicePublisher:
                 if not self.device_taints:
                     continue
                 taints = [unhealthy_taint(gpu.health_reason or "Unhealthy", self._unhealthy_since[gpu.uuid])]
-            mig = mig_devices(
-                gpu,
-                self.sharing.mode_for(gpu.index, gpu.uuid),
-                consumable_capacity=self.consumable_capacity,
-                taints=taints,
-                counters=self.partitionable_devices,
+            publish = devicekinds.Publish(
+                configured, mode, self.consumable_capacity, self.partitionable_devices, taints
             )
-            for instance, why in unpublished_instances(gpu):
-                self._warn_once(
-                    f"mig:{instance.uuid}",
-                    f"GPU {gpu.index}: MIG device {instance.uuid} is not published: {why}",
-                )
-            if mig is not None:
-                devices.extend(mig)
-                continue
-            devices.append(
-                build_device(gpu, mode, consumable_capacity=self.consumable_capacity, taints=taints)
-            )
+            devices.extend(devicekinds.published_devices(gpu, publish))
+            for key, message in devicekinds.unpublished(gpu):
+                self._warn_once(key, f"GPU {gpu.index}: {message}")
         self._report_pending(pending)
         return devices
 

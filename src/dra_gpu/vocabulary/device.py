@@ -5,7 +5,7 @@ beneath all of them (no project imports but the driver's name).
 
 Capacity `memory` is published rounded *down* to `MEMORY_STEP` (256 MiB): the API server requires a
 request policy's `default` and `max` to be `min + n * step`, and NVML's totals are not round numbers
-(`slices/devices.py` says more).
+(`devicekinds/gpu.py` says more).
 """
 
 from __future__ import annotations

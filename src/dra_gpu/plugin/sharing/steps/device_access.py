@@ -29,17 +29,19 @@ from pathlib import Path
 from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
+from dra_gpu import devicekinds
 from dra_gpu.host.driver_root import LDCACHE_HOOK
 from dra_gpu.inventory import GpuInfo
-from dra_gpu.plugin.mig_devices import capability_nodes
+from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 
 log = logging.getLogger(__name__)
 
 NVIDIA_CTK_KIND = "nvidia.com/gpu"
 COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-"""As in the toolkit's spec, each where the host has it. A MIG device adds its instance's
-`/dev/nvidia-caps` nodes (see `mig_devices.capability_nodes`), never the `config` or `monitor` ones."""
+"""As in the toolkit's spec, each where the host has it, for every claim; each device adds its own nodes,
+as its kind says (`devicekinds`: a GPU its `/dev/nvidia<minor>`, a MIG device its instance's capability
+nodes beside)."""
 DRIVER_LIB_DIR = "/usr/local/lib/dra-gpu/driver"
 DRIVER_BIN_DIR = "/usr/bin"
 LDCONFIG_ENTRY = "/etc/ld.so.conf.d/dra-gpu-driver.conf"
@@ -107,13 +109,8 @@ class NvidiaCtkSpecs:
 
 
 def ctk_device_name(gpu: GpuInfo, available: set[str]) -> str | None:
-    """The toolkit names a GPU by UUID and by index; prefer the UUID (indexes can change). A MIG
-    device only by its MIG UUID: the parent's index is the whole GPU."""
-    names = (gpu.uuid,) if gpu.mig_instance is not None else (gpu.uuid, str(gpu.index))
-    for name in names:
-        if name in available:
-            return name
-    return None
+    """The first of the names its kind says the toolkit may give the device that the toolkit's spec has."""
+    return next((n for n in devicekinds.kind_of(gpu).toolkit_names(gpu) if n in available), None)
 
 
 DEVICE_ENV_PREFIX = "DRAGPU_DEVICE_"
@@ -172,13 +169,14 @@ class DeviceAccess:
                 plan.extra_cdi_ids.setdefault(share.position, []).append(f"{NVIDIA_CTK_KIND}={ctk_name}")
                 continue
             needs_common_nodes = True
-            gpu_node = self._host_node(node, f"/dev/nvidia{share.gpu.minor}")
-            if gpu_node is not None:
-                edits.add_device_node(gpu_node)
-            for path in capability_nodes(share.gpu, str(node.commands.mig_minors_file())):
-                cap_node = self._host_node(node, path)
-                if cap_node is not None:
-                    edits.add_device_node(cap_node)
+            try:
+                paths = devicekinds.kind_of(share.gpu).device_nodes(share.gpu, node.commands)
+            except devicekinds.DeviceNodeError as exc:
+                raise PrepareError(str(exc), reason="setup_failed") from None
+            for path in paths:
+                device_node = self._host_node(node, path)
+                if device_node is not None:
+                    edits.add_device_node(device_node)
         if needs_common_nodes:
             for path in COMMON_NODES:
                 common = self._host_node(node, path)

@@ -1,4 +1,4 @@
-"""MIG devices: static instances as devices, dynamic MIG GPUs as partitionable devices (counters).
+"""MIG instances: static instances as devices, dynamic MIG GPUs as partitionable devices (counters).
 
 - A static instance is published like a GPU of its own (so it can be Exclusive, Shared or MPS,
   with `memory` the instance's memory and `cores` a percentage of the instance), plus attributes
@@ -16,19 +16,27 @@
   rules, which refuse this layout), placements that overlap could all be allocated at once. A dynamic
   GPU then publishes its full profile only, one placement that consumes nothing: one claim per GPU,
   never two instances on the same memory slices.
+
+At prepare, a claim's MIG device is a view of the parent GPU standing for the instance: the instance's
+UUID and memory (so limits, records and visibility are the instance's) and the parent's minor (its
+`/dev/nvidia<minor>` is what the container opens, with the instance's `/dev/nvidia-caps` nodes). A
+dynamic placement has no instance until prepare makes one (`plugin/mig_instances.py`): its view keeps
+the parent's UUID (so its claim locks the GPU whose table changes) and `mig_instance` None.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from dra_gpu.config import GpuSharingMode
+from dra_gpu.devicekinds.gpu import build_device, fit
+from dra_gpu.devicekinds.kind import DeviceNodeError, Obj, Publish
+from dra_gpu.host.gpu_commands import GpuCommands
+from dra_gpu.host.mig_commands import capability_keys, parse_mig_minors
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MigProfile, MigTable, profile_memory, table_for
 from dra_gpu.inventory.types import GpuInfo
-from dra_gpu.slices.devices import build_device, fit
 from dra_gpu.vocabulary.device import (
     DYNAMIC_ATTRIBUTE,
     MIG_UUID_ATTRIBUTE,
@@ -39,9 +47,8 @@ from dra_gpu.vocabulary.device import (
     mig_device_name,
 )
 
-Obj = dict[str, Any]
-
-MAX_COUNTER_SETS_PER_SLICE = 8
+MIG_TYPE = "mig"
+"""The kind's name, and its devices' `type` attribute (the MIG DeviceClass selects on it)."""
 ENGINE_COUNTERS = {
     "compute-slices": "compute_slices",
     "copy-engines": "copy_engines",
@@ -52,13 +59,17 @@ ENGINE_COUNTERS = {
 """Counter name -> MigProfile field: the engines a placement takes besides its memory slices."""
 
 
+def _table(gpu: GpuInfo) -> MigTable | None:
+    return table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
+
+
 def counter_set_name(gpu: GpuInfo) -> str:
     return f"gpu-{gpu.index}-mig"
 
 
 def _mig_attributes(gpu: GpuInfo, profile: MigProfile, start: int, mig_uuid: str, dynamic: bool) -> Obj:
     attributes: Obj = {
-        TYPE_ATTRIBUTE: {"string": "mig"},
+        TYPE_ATTRIBUTE: {"string": MIG_TYPE},
         PROFILE_ATTRIBUTE: {"string": profile.name},
         PARENT_UUID_ATTRIBUTE: {"string": fit(gpu.uuid)},
         PLACEMENT_START_ATTRIBUTE: {"int": start},
@@ -126,7 +137,7 @@ def mig_devices(
     not in MIG mode, a model without a profile table, or a static GPU with no instances yet.
     `counters`: the API server keeps shared counters; without them a dynamic GPU offers its full
     profile only (see the module docstring)."""
-    table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
+    table = _table(gpu)
     if table is None or not (gpu.mig_dynamic or gpu.mig_instances):
         return None
     if gpu.mig_dynamic and not counters:
@@ -153,7 +164,7 @@ def unpublished_instances(gpu: GpuInfo) -> list[tuple[MigInstance, str]]:
     A GPU instance split into several compute instances (`1c.3g.40gb`, made with `nvidia-smi mig -cci`)
     is left out: its compute instances share one GPU instance's memory, which this driver cannot
     give to one claim and limit for another; and a profile the model's table does not list."""
-    table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
+    table = _table(gpu)
     if table is None or gpu.mig_dynamic:
         return []
     left_out = []
@@ -172,16 +183,109 @@ def unpublished_instances(gpu: GpuInfo) -> list[tuple[MigInstance, str]]:
     return left_out
 
 
-def counter_sets(gpus: list[GpuInfo]) -> list[Obj]:
-    sets = []
+@dataclass(frozen=True)
+class MigPlacement:
+    """A dynamic device: the placement prepare creates an instance at."""
+
+    parent: GpuInfo
+    profile: MigProfile
+    start: int
+
+
+def instance_view(parent: GpuInfo, instance: MigInstance) -> GpuInfo:
+    return replace(
+        parent,
+        uuid=instance.uuid,
+        memory_bytes=instance.memory_bytes,
+        mig_instances=(),
+        mig_dynamic=False,
+        mig_instance=instance,
+        kind=MIG_TYPE,
+    )
+
+
+def mig_views(gpus: list[GpuInfo]) -> tuple[dict[str, GpuInfo], dict[str, MigPlacement]]:
+    """Device name -> view of every MIG device published for these GPUs, and the dynamic ones' placements."""
+    views: dict[str, GpuInfo] = {}
+    placements: dict[str, MigPlacement] = {}
     for gpu in gpus:
-        table = table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled and gpu.mig_dynamic else None
-        if table is not None:
-            sets.append(counter_set(gpu, table))
-    return sets
+        table = _table(gpu)
+        if table is None:
+            continue
+        if gpu.mig_dynamic:
+            for profile in table.profiles:
+                for start in profile.starts:
+                    name = mig_device_name(gpu.index, profile.name, start)
+                    views[name] = replace(gpu, memory_bytes=profile_memory(profile, gpu), kind=MIG_TYPE)
+                    placements[name] = MigPlacement(gpu, profile, start)
+            continue
+        for instance in gpu.mig_instances:
+            views[mig_device_name(gpu.index, instance.profile, instance.start)] = instance_view(gpu, instance)
+    return views, placements
 
 
-def split_counter_sets(sets: list[Obj]) -> list[list[Obj]]:
-    """Chunks of at most 8 sets (the 1.35+ limit per slice)."""
-    step = MAX_COUNTER_SETS_PER_SLICE
-    return [sets[i : i + step] for i in range(0, len(sets), step)]
+def capability_nodes(gpu: GpuInfo, minors_file: str) -> list[str]:
+    """The `/dev/nvidia-caps` nodes of the instance `gpu` stands for, from the driver's minors table."""
+    instance = gpu.mig_instance
+    if instance is None:
+        return []
+    try:
+        with open(minors_file) as f:
+            minors = parse_mig_minors(f.read())
+    except OSError as exc:
+        raise DeviceNodeError(
+            f"MIG device {instance.uuid}: cannot read the driver's capability minors {minors_file} "
+            f"({exc.strerror}); the driver root must contain proc/driver/nvidia-caps"
+        ) from None
+    nodes = []
+    for key in capability_keys(gpu.minor, instance):
+        if key not in minors:
+            raise DeviceNodeError(
+                f"MIG device {instance.uuid}: {minors_file} has no entry {key}; is the GPU still in MIG mode?"
+            )
+        nodes.append(f"/dev/nvidia-caps/nvidia-cap{minors[key]}")
+    return nodes
+
+
+class MigInstanceKind:
+    """A MIG instance of a GPU in MIG mode: existing ones (static) or every placement (dynamic)."""
+
+    name: str = MIG_TYPE
+    published_type: str | None = MIG_TYPE
+
+    def published_mode(self, gpu: GpuInfo, configured: GpuSharingMode) -> GpuSharingMode:
+        """A static instance takes the GPU's setting; a dynamic one exists for one claim only."""
+        return GpuSharingMode.EXCLUSIVE if gpu.mig_dynamic else configured
+
+    def devices(self, gpu: GpuInfo, publish: Publish) -> list[Obj] | None:
+        return mig_devices(
+            gpu,
+            self.published_mode(gpu, publish.configured),
+            consumable_capacity=publish.consumable_capacity,
+            taints=publish.taints,
+            counters=publish.counters,
+        )
+
+    def counter_sets(self, gpu: GpuInfo) -> list[Obj]:
+        table = _table(gpu) if gpu.mig_dynamic else None
+        return [counter_set(gpu, table)] if table is not None else []
+
+    def unpublished(self, gpu: GpuInfo) -> list[tuple[str, str]]:
+        return [
+            (f"mig:{instance.uuid}", f"MIG device {instance.uuid} is not published: {why}")
+            for instance, why in unpublished_instances(gpu)
+        ]
+
+    def views(self, gpu: GpuInfo) -> dict[str, GpuInfo]:
+        return mig_views([gpu])[0]
+
+    def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
+        """The parent's node and the instance's capability nodes (never the `config` or `monitor` ones)."""
+        return [f"/dev/nvidia{view.minor}", *capability_nodes(view, str(commands.mig_minors_file()))]
+
+    def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
+        """Its MIG UUID only: the parent's index names the whole GPU."""
+        return (view.uuid,)
+
+
+MIG = MigInstanceKind()
