@@ -39,7 +39,7 @@ def fetch_claim(api: KubeAPI, claim: ClaimInfo) -> dict[str, Any]:
             f"reading ResourceClaim {claim.ref}: the API server could not be reached: {exc}",
             reason="api_error",
         ) from None
-    actual = (obj.get("metadata") or {}).get("uid")
+    actual = objects.uid(obj) or None
     if actual != claim.uid:
         raise PrepareError(
             f"ResourceClaim {claim.ref} has UID {actual}, but the kubelet asked for UID {claim.uid}: "
