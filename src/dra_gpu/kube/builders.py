@@ -125,10 +125,72 @@ def with_selectors(device_class_obj: Mapping[str, Any], selectors: Sequence[Mapp
     return changed
 
 
-def opaque_config(driver: str, parameters: Any, *, source: str | None = None) -> Obj:
-    """One `config` entry with opaque parameters; `source` (FromClass, FromClaim) in an allocation only."""
-    entry: Obj = {"opaque": {"driver": driver, "parameters": parameters}}
-    return {"source": source, **entry} if source else entry
+def opaque_config(
+    driver: str, parameters: Any, *, source: str | None = None, requests: Sequence[str] = ()
+) -> Obj:
+    """One `config` entry with opaque parameters, for the named requests (all when none); `source`
+    (FromClass, FromClaim) in an allocation only."""
+    entry: Obj = {"source": source} if source else {}
+    if requests:
+        entry["requests"] = list(requests)
+    entry["opaque"] = {"driver": driver, "parameters": parameters}
+    return entry
+
+
+def exact_request(
+    name: str,
+    device_class_name: str,
+    *,
+    capacity: Mapping[str, str] | None = None,
+    count: int = 1,
+    selectors: Sequence[str] = (),
+) -> Obj:
+    """One `spec.devices.requests[]` entry with `exactly`, defaults filled in as the API server stores it.
+
+    selectors: CEL expressions the device must match (`device.attributes[...]`).
+    """
+    exactly: Obj = {"deviceClassName": device_class_name, "allocationMode": "ExactCount", "count": count}
+    if capacity:
+        exactly["capacity"] = {"requests": dict(capacity)}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return {"name": name, "exactly": exactly}
+
+
+def claim_spec(
+    requests: Sequence[Mapping[str, Any]],
+    *,
+    configs: Sequence[Mapping[str, Any]] = (),
+    constraints: Sequence[Mapping[str, Any]] = (),
+) -> Obj:
+    """A ResourceClaim's (or a template's claim) `spec`: its requests, constraints and opaque configs."""
+    devices: Obj = {"requests": [copy.deepcopy(dict(r)) for r in requests]}
+    if constraints:
+        devices["constraints"] = [dict(c) for c in constraints]
+    if configs:
+        devices["config"] = [dict(c) for c in configs]
+    return {"devices": devices}
+
+
+def resource_claim(
+    name: str,
+    requests: Sequence[Mapping[str, Any]],
+    *,
+    namespace: str = "default",
+    labels: Mapping[str, str] | None = None,
+    configs: Sequence[Mapping[str, Any]] = (),
+    constraints: Sequence[Mapping[str, Any]] = (),
+    uid: str | None = None,
+) -> Obj:
+    """A ResourceClaim with these requests (`exact_request` entries, or `firstAvailable` ones); `uid` for a
+    claim that stands for a stored one without being stored."""
+    meta: Obj = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if labels:
+        meta["labels"] = dict(labels)
+    spec = claim_spec(requests, configs=configs, constraints=constraints)
+    return {"apiVersion": RESOURCE_API, "kind": "ResourceClaim", "metadata": meta, "spec": spec}
 
 
 def claim(
@@ -139,26 +201,25 @@ def claim(
     capacity: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     count: int = 1,
-    request: str = "gpu",
+    request: str | Sequence[str] = "gpu",
     selectors: Sequence[str] = (),
 ) -> Obj:
-    """A ResourceClaim with one `exactly` request, as the API server stores it (defaults filled in).
+    """A ResourceClaim with one `exactly` request of this class (or one per name given as `request`)."""
+    names = [request] if isinstance(request, str) else list(request)
+    requests = [
+        exact_request(n, device_class_name, capacity=capacity, count=count, selectors=selectors)
+        for n in names
+    ]
+    return resource_claim(name, requests, namespace=namespace, labels=labels)
 
-    selectors: CEL expressions the device must match (`device.attributes[...]`).
-    """
-    exactly: Obj = {"deviceClassName": device_class_name, "allocationMode": "ExactCount", "count": count}
-    if capacity:
-        exactly["capacity"] = {"requests": dict(capacity)}
-    if selectors:
-        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
-    meta: Obj = {"name": name, "namespace": namespace}
-    if labels:
-        meta["labels"] = dict(labels)
+
+def claim_template(name: str, spec: Mapping[str, Any], *, namespace: str = "default") -> Obj:
+    """A ResourceClaimTemplate whose claims get this `spec` (`claim_spec`)."""
     return {
         "apiVersion": RESOURCE_API,
-        "kind": "ResourceClaim",
-        "metadata": meta,
-        "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}},
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": copy.deepcopy(dict(spec))},
     }
 
 
@@ -170,13 +231,17 @@ def device_result(
     *,
     share_id: str | None = None,
     consumed: Mapping[str, str] | None = None,
+    admin_access: bool = False,
 ) -> Obj:
-    """One `status.allocation.devices.results[]` entry; `shareID` and `consumedCapacity` only when set."""
+    """One `status.allocation.devices.results[]` entry; `shareID`, `consumedCapacity` and `adminAccess` only
+    when set."""
     result: Obj = {"request": request, "driver": driver, "pool": pool, "device": device}
     if share_id:
         result["shareID"] = share_id
     if consumed is not None:
         result["consumedCapacity"] = dict(consumed)
+    if admin_access:
+        result["adminAccess"] = True
     return result
 
 
@@ -216,9 +281,14 @@ def without_allocation(claim_obj: Obj) -> Obj:
     return changed
 
 
+def pod_reference(name: str, uid: str) -> Obj:
+    """A `status.reservedFor[]` entry naming a pod."""
+    return {"resource": "pods", "name": name, "uid": uid}
+
+
 def consumer(pod_obj: Obj) -> Obj:
     """A pod as a `status.reservedFor[]` entry."""
-    return {"resource": "pods", "name": objects.name(pod_obj), "uid": objects.uid(pod_obj)}
+    return pod_reference(objects.name(pod_obj), objects.uid(pod_obj))
 
 
 def with_reservation(claim_obj: Obj, *consumers: Mapping[str, Any]) -> Obj:
