@@ -90,3 +90,96 @@ def test_capping_depth_keeps_strings_with_brackets_and_escapes_whole() -> None:
     deep = "[" * 100_000 + "]" * 100_000  # far past any recursion limit: decoded all the same
     assert json.loads(objects.cap_depth(deep, 3)) == [[[objects.TOO_DEEP]]]
     assert objects.loads(deep.encode()) == objects.loads(objects.cap_depth(deep, objects.MAX_DEPTH))
+
+
+def test_a_claims_requests_read_as_typed_requests() -> None:
+    claim = next(c for c in _claims() if objects.name(c) == "share-b")
+    [request] = objects.device_requests(claim)
+    assert request.name == "gpu" and request.first_available == ()
+    assert request.choices == (request.exactly,)
+    exactly = request.exactly
+    assert exactly is not None
+    assert (exactly.name, exactly.subrequest, exactly.device_class) == ("gpu", None, "limiter.gpu.dra-gpu.io")
+    assert (exactly.allocation_mode, exactly.count, exactly.capacity) == (
+        "ExactCount",
+        1,
+        {"cores": "30", "memory": "10752Mi"},
+    )
+    assert not exactly.admin_access and exactly.selectors == () and exactly.tolerations == ()
+
+
+def test_first_available_subrequests_are_named_as_their_results_are() -> None:
+    claim = {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {
+                                "name": "big",
+                                "deviceClassName": "a",
+                                "selectors": [{"cel": {"expression": "x"}}],
+                            },
+                            {
+                                "name": "small",
+                                "deviceClassName": "b",
+                                "count": 2,
+                                "tolerations": [{"key": "k"}],
+                            },
+                        ],
+                    }
+                ],
+                "constraints": [
+                    {"requests": ["gpu/big"], "matchAttribute": "d/model"},
+                    {"distinctAttribute": "d/u"},
+                ],
+            }
+        }
+    }
+    [request] = objects.device_requests(claim)
+    assert request.exactly is None
+    assert [(c.name, c.subrequest, c.device_class) for c in request.choices] == [
+        ("gpu/big", "big", "a"),
+        ("gpu/small", "small", "b"),
+    ]
+    big, small = request.first_available
+    assert big.selectors == ("x",) and big.count is None and small.count == 2
+    assert small.tolerations == ({"key": "k"},)
+    assert objects.device_constraints(claim) == [
+        objects.DeviceConstraint(("gpu/big",), "d/model", ""),
+        objects.DeviceConstraint((), "", "d/u"),
+    ]
+
+
+def test_a_request_reads_missing_null_and_mistyped_fields_as_absent_and_keeps_count_as_written() -> None:
+    claim = {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": 3,
+                            "capacity": None,
+                            "count": "2",
+                            "selectors": [None],
+                        },
+                    },
+                    {"name": "none", "exactly": {}},
+                    None,
+                ]
+            }
+        }
+    }
+    odd, empty, missing = objects.device_requests(claim)
+    assert odd.exactly is not None
+    assert (odd.exactly.device_class, odd.exactly.capacity, odd.exactly.count, odd.exactly.selectors) == (
+        "",
+        {},
+        "2",
+        ("",),
+    )
+    assert empty.exactly is None and empty.choices == ()
+    assert missing == objects.DeviceRequest("", None, ())
+    assert objects.device_requests({"spec": None}) == [] and objects.device_constraints({}) == []
