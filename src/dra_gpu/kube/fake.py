@@ -267,7 +267,7 @@ class FakeKube:
                 '"object": field is immutable'
             )
         requests = {r.name for r in objects.device_requests(current)}
-        for i, result in enumerate(objects.allocation_results(new_alloc)):
+        for i, result in enumerate(objects.raw_results(new_alloc)):
             if result.get("request", "").split("/", 1)[0] not in requests:
                 raise Invalid(
                     f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.allocation.devices.results[{i}].request: '

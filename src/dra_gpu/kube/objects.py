@@ -137,9 +137,9 @@ def allocation(claim: Obj) -> Json | None:
     return found if isinstance(found, dict) and found else None
 
 
-def allocation_results(allocated: Obj | None) -> list[Json]:
-    """`devices.results` of an allocation: one entry per allocated device (request, driver, pool, device,
-    shareID, consumedCapacity)."""
+def raw_results(allocated: Obj | None) -> list[Json]:
+    """`devices.results` of an allocation as the API sent them (for the fake API server, which checks them);
+    readers use `device_results`."""
     return _list(_map(_map(allocated).get("devices")).get("results"))
 
 
@@ -179,18 +179,13 @@ def device_result(result: Obj) -> DeviceResult:
 
 
 def device_results(allocated: Obj | None) -> list[DeviceResult]:
-    """An allocation's results, typed (`allocation_results` gives them as the API sent them)."""
-    return [device_result(_map(r)) for r in allocation_results(allocated)]
+    """An allocation's results, typed: one per allocated device."""
+    return [device_result(_map(r)) for r in raw_results(allocated)]
 
 
 def allocation_config(allocated: Obj | None) -> list[Json]:
     """`devices.config` of an allocation: the opaque configs from the claim and its classes."""
     return _list(_map(_map(allocated).get("devices")).get("config"))
-
-
-def results(claim: Obj) -> list[Json]:
-    """The device results of a claim's allocation; empty when it is not allocated."""
-    return allocation_results(allocation(claim))
 
 
 def allocation_node(allocated: Obj) -> str | None:
