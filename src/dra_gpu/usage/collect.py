@@ -182,7 +182,7 @@ def _generation(slice_obj: Obj) -> int:
 
 def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]:
     """The driver's slices of the highest generation in each pool (older ones are being replaced)."""
-    ours = [s for s in slices if objects.spec(s).get("driver") == driver]
+    ours = [s for s in slices if objects.slice_driver(s) == driver]
     newest: dict[str, int] = {}
     for s in ours:
         newest[objects.pool_name(s)] = max(newest.get(objects.pool_name(s), 0), _generation(s))
@@ -190,10 +190,7 @@ def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]
 
 
 def _slice_node(slice_obj: Obj) -> str:
-    spec = objects.spec(slice_obj)
-    if spec.get("nodeName"):
-        return str(spec["nodeName"])
-    return f"(pool {objects.pool_name(slice_obj)})"
+    return objects.slice_node(slice_obj) or f"(pool {objects.pool_name(slice_obj)})"
 
 
 def _attribute(device: Obj, name: str) -> Any:
