@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_gpu.kube import objects
+from dra_gpu.kube.resources import RESOURCES
 
 Obj = dict[str, Any]
 
@@ -30,17 +31,14 @@ def node(
     labels: Mapping[str, str] | None = None,
     taints: Sequence[Mapping[str, Any]] = (),
     unschedulable: bool = False,
-    uid: str | None = None,
 ) -> Obj:
-    """A Ready Node labelled with its hostname (`uid` for a reference to a Node the server stores)."""
+    """A Ready Node labelled with its hostname."""
     spec: Obj = {}
     if taints:
         spec["taints"] = [dict(t) for t in taints]
     if unschedulable:
         spec["unschedulable"] = True
     meta: Obj = {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}
-    if uid:
-        meta["uid"] = uid
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -362,6 +360,14 @@ def with_spec(obj: Obj, spec: Mapping[str, Any], owner_references: Sequence[Mapp
 
 
 # ---- any object ----
+
+
+def subject(kind: str, name: str, namespace: str | None, uid: str) -> Obj:
+    """An object known by its identity only (`kind`, name, namespace, uid), e.g. as the subject of an Event."""
+    meta: Obj = {"uid": uid, "name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": RESOURCES[kind].api_version, "kind": kind, "metadata": meta}
 
 
 def with_status(obj: Mapping[str, Any], status: Mapping[str, Any]) -> Obj:

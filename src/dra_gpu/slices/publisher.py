@@ -347,7 +347,7 @@ class SlicePublisher:
         self.fallbacks[PARTITIONABLE_DEVICES] = reason
         log.warning(reason, extra={"node": self.node_name})
         if self._node_uid is not None:
-            node = builders.node(self.node_name, uid=self._node_uid)
+            node = builders.subject("Node", self.node_name, None, self._node_uid)
             self._events.record(node, "Warning", NO_COUNTERS_REASON, reason)
 
     @staticmethod
