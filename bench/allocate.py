@@ -19,6 +19,7 @@ from typing import Any
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.config import Placement, PlacementPolicy
+from dra_gpu.kube import builders
 
 GOAL = 200.0
 
@@ -59,19 +60,8 @@ def make_slices(nodes: int) -> list[dict[str, Any]]:
                     },
                 }
             devices.append(device)
-        slices.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": f"{node}-{DRIVER_NAME}"},
-                "spec": {
-                    "driver": DRIVER_NAME,
-                    "nodeName": node,
-                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                    "devices": devices,
-                },
-            }
-        )
+        spec = builders.slice_spec(DRIVER_NAME, node, node, devices=devices, generation=1, slice_count=1)
+        slices.append(builders.resource_slice(spec, name=f"{node}-{DRIVER_NAME}"))
     return slices
 
 
@@ -80,7 +70,7 @@ def make_classes() -> dict[str, dict[str, Any]]:
         expr = (
             f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].sharing == "{sharing}"'
         )
-        return {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expr}}]}}
+        return builders.device_class(name, [expr])
 
     return {
         f"limiter.{DRIVER_NAME}": cls(f"limiter.{DRIVER_NAME}", "Limiter"),
@@ -93,34 +83,21 @@ def make_claims(count: int, rng: random.Random) -> list[dict[str, Any]]:
     claims = []
     for i in range(count):
         kind = rng.random()
-        devices: dict[str, Any]
+        constraints: list[dict[str, Any]] = []
         if kind < 0.70:
             memory = rng.choice(["5Gi", "10Gi", "10.5Gi", "20Gi", "40Gi"])
             cores = str(rng.choice([10, 20, 25, 50]))
-            devices = {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": f"limiter.{DRIVER_NAME}",
-                            "capacity": {"requests": {"memory": memory, "cores": cores}},
-                        },
-                    }
-                ]
-            }
+            asked = {"memory": memory, "cores": cores}
+            request = builders.exact_request("gpu", f"limiter.{DRIVER_NAME}", capacity=asked)
         elif kind < 0.92:
-            devices = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}
+            request = builders.exact_request("gpu", DRIVER_NAME)
         else:
-            devices = {
-                "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER_NAME, "count": 2}}],
-                "constraints": [{"matchAttribute": f"{DRIVER_NAME}/productName"}],
-            }
-        claims.append(
-            {
-                "metadata": {"name": f"claim-{i}", "namespace": "bench", "uid": f"uid-{i}"},
-                "spec": {"devices": devices},
-            }
+            request = builders.exact_request("gpus", DRIVER_NAME, count=2)
+            constraints = [{"matchAttribute": f"{DRIVER_NAME}/productName"}]
+        claim = builders.resource_claim(
+            f"claim-{i}", [request], namespace="bench", constraints=constraints, uid=f"uid-{i}"
         )
+        claims.append(claim)
     return claims
 
 
@@ -136,7 +113,7 @@ def run(label: str, slices: Any, classes: Any, claims: Any, policy: Placement | 
         except AllocationError:
             outcome["unallocatable"] += 1
             continue
-        allocator.commit({**claim, "status": {"allocation": allocation}})
+        allocator.commit(builders.with_allocation(claim, allocation))
         outcome["allocated"] += 1
     elapsed = time.perf_counter() - start
     rate = len(claims) / elapsed

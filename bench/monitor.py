@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fakes import fake_pynvml
 
+from dra_gpu.kube import builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.limiter_abi import region as layout
 from dra_gpu.monitor import DEFAULT_INTERVAL_S, Monitor, MonitorCollector, NvmlSampler, PodDirectory
@@ -101,22 +102,12 @@ def build(root: Path, gpus: int, per_gpu: int) -> tuple[Monitor, CollectorRegist
             )
             held.append(write_region(root / "claims" / claim_uid / "limiter", gpu.uuid, GiB // 2))
             layout.make_floor(root / "claims" / claim_uid / "limiter" / layout.FLOOR_FILE, [gpu.uuid])
-            pod = api.create(
-                "Pod",
-                {
-                    "metadata": {"name": f"pod-{g}-{c}", "namespace": "bench"},
-                    "spec": {
-                        "nodeName": "node",
-                        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                    },
-                },
-            )
+            pod = api.create("Pod", builders.pod(f"pod-{g}-{c}", [name], namespace="bench", node_name="node"))
             container_id = f"{pid:064x}"
-            pod["status"] = {
-                "containerStatuses": [{"name": "main", "containerID": f"containerd://{container_id}"}]
-            }
-            api.update_status("Pod", pod)
-            uid = pod["metadata"]["uid"]
+            api.update_status(
+                "Pod", builders.with_container_ids(pod, {"main": f"containerd://{container_id}"})
+            )
+            uid = objects.uid(pod)
             d = proc_root / str(pid)
             d.mkdir(parents=True)
             (d / "cgroup").write_text(

@@ -42,6 +42,7 @@ import grpc
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.kube import builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.proto import dra_v1, dra_v1_grpc
@@ -63,35 +64,19 @@ BATCH = 25
 def limiter_claim(
     api: FakeKube, name: str, device: str, share: int, consumed: dict[str, str] = MEASURED
 ) -> Any:
-    created = api.create(
-        "ResourceClaim",
-        {
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "limiter"}}]}},
-        },
-    )
+    created = api.create("ResourceClaim", builders.claim(name, "limiter"))
     params = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "sharing": {"strategy": "Limiter"}}
-    created["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {
-                        "request": "gpu",
-                        "driver": DRIVER_NAME,
-                        "pool": NODE,
-                        "device": device,
-                        "shareID": f"00000000-0000-4000-8000-{share:012d}",
-                        "consumedCapacity": dict(consumed),
-                    }
-                ],
-                "config": [{"source": "FromClass", "opaque": {"driver": DRIVER_NAME, "parameters": params}}],
-            }
-        },
-        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{share}"}],
-    }
-    stored = api.update_status("ResourceClaim", created)
-    meta = stored["metadata"]
-    return dra_v1.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+    result = builders.device_result(
+        "gpu", DRIVER_NAME, NODE, device, share_id=f"00000000-0000-4000-8000-{share:012d}", consumed=consumed
+    )
+    allocated = builders.allocation(
+        [result], [builders.opaque_config(DRIVER_NAME, params, source="FromClass")]
+    )
+    pod = {"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{share}"}
+    stored = api.update_status("ResourceClaim", builders.allocated_claim(created, allocated, pod))
+    return dra_v1.Claim(
+        namespace=objects.namespace(stored), name=objects.name(stored), uid=objects.uid(stored)
+    )
 
 
 def cycle(stub: Any, claim: Any) -> None:

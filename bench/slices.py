@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.devicekinds.gpu import build_device
 from dra_gpu.inventory.simulated import SimulatedInventory
+from dra_gpu.kube import builders
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.slices import SlicePublisher, split_devices
 
@@ -55,13 +56,13 @@ def main() -> None:
 
     def first_publish() -> None:
         api = FakeKube()
-        api.create("Node", {"metadata": {"name": "node-0"}})
+        api.create("Node", builders.node("node-0"))
         SlicePublisher(api, "node-0", inventory, SHARING).sync()
 
     show("publish it to an empty API server (list, create)", timed(first_publish, args.repeat))
 
     api = FakeKube()
-    api.create("Node", {"metadata": {"name": "node-0"}})
+    api.create("Node", builders.node("node-0"))
     publisher = SlicePublisher(api, "node-0", inventory, SHARING)
     publisher.sync()
     show("reconcile an unchanged pool (list, compare)", timed(publisher.sync, args.repeat))

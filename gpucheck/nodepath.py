@@ -28,53 +28,19 @@ MIB = 1024 * 1024
 def claim_object(name: str, device: str, share_id: str, memory: int, cores: int) -> dict[str, Any]:
     """An allocated, reserved Limiter claim, shaped as the API server returns it after scheduling."""
     from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
+    from dra_gpu.kube import builders
 
     parameters = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "sharing": {"strategy": "Limiter"}}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": f"limiter.{DRIVER_NAME}",
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                            "capacity": {"requests": {"memory": str(memory), "cores": str(cores)}},
-                        },
-                    }
-                ]
-            }
-        },
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": DRIVER_NAME,
-                            "pool": NODE,
-                            "device": device,
-                            "shareID": share_id,
-                            "consumedCapacity": {"memory": str(memory), "cores": str(cores)},
-                        }
-                    ],
-                    "config": [
-                        {"source": "FromClass", "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}
-                    ],
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
-                    ]
-                },
-            },
-            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{name}"}],
-        },
-    }
+    asked = {"memory": str(memory), "cores": str(cores)}
+    result = builders.device_result("gpu", DRIVER_NAME, NODE, device, share_id=share_id, consumed=asked)
+    allocated = builders.allocation(
+        [result], [builders.opaque_config(DRIVER_NAME, parameters, source="FromClass")], node_name=NODE
+    )
+    return builders.allocated_claim(
+        builders.claim(name, f"limiter.{DRIVER_NAME}", capacity=asked),
+        allocated,
+        {"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{name}"},
+    )
 
 
 def host_environment(env: dict[str, str], mounts: list[tuple[str, str]]) -> dict[str, str]:
@@ -104,6 +70,7 @@ def main(argv: list[str]) -> int:
     from dra_gpu.demo.kubelet import KubeletStandIn
     from dra_gpu.host.nvidia import NvidiaCommands
     from dra_gpu.inventory import open_inventory
+    from dra_gpu.kube import builders, objects
     from dra_gpu.kube.fake import FakeKube
     from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
     from dra_gpu.plugin.sharing.modes.limiter import host_environment_of
@@ -140,11 +107,9 @@ def main(argv: list[str]) -> int:
             time.sleep(0.05)
         kubelet.register()
         wanted_claim = claim_object("gpu-check", device_name(gpu.index), str(uuid.uuid4()), cap, cores)
-        status = wanted_claim.pop("status")
-        claim = api.create("ResourceClaim", wanted_claim)
-        claim["status"] = status
-        claim = api.update_status("ResourceClaim", claim)
-        prepared = kubelet.prepare([claim])[claim["metadata"]["uid"]]
+        claim = api.create("ResourceClaim", builders.with_status(wanted_claim, {}))
+        claim = api.update_status("ResourceClaim", builders.with_status(claim, objects.status(wanted_claim)))
+        prepared = kubelet.prepare([claim])[objects.uid(claim)]
         if prepared.error:
             return _result("fail", f"prepare failed: {prepared.error}", figures, details)
         ids = [i for d in prepared.devices for i in d.cdi_ids]
@@ -193,7 +158,7 @@ def main(argv: list[str]) -> int:
         claims_dir = config.state_dir / "claims"
         claim_dirs = sorted(p.name for p in claims_dir.iterdir()) if claims_dir.is_dir() else []
         figures.update(
-            unprepare_error=errors.get(claim["metadata"]["uid"], ""),
+            unprepare_error=errors.get(objects.uid(claim), ""),
             cdi_specs_left=left,
             claim_dirs_left=claim_dirs,
         )

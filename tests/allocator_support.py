@@ -9,6 +9,7 @@ import itertools
 from typing import Any
 
 from dra_gpu.allocator import Allocator
+from dra_gpu.kube import builders
 
 DRIVER = "gpu.dra-gpu.io"
 SHARED_CLASS = "limiter.gpu.dra-gpu.io"
@@ -71,28 +72,13 @@ def node_slice(
     if node is not None:
         spec["nodeName"] = node
     spec.update(placement)
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name or f"{pool or node or 'cluster'}-{driver}-{generation}"},
-        "spec": spec,
-    }
+    return builders.resource_slice(spec, name=name or f"{pool or node or 'cluster'}-{driver}-{generation}")
 
 
 def device_class(
     name: str, expression: str | None = None, config: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
-    if expression is not None:
-        spec["selectors"] = [{"cel": {"expression": expression}}]
-    if config is not None:
-        spec["config"] = config
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return builders.device_class(name, [] if expression is None else [expression], config or [])
 
 
 def sharing_class(name: str, sharing: str, config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -141,20 +127,15 @@ def claim(
     labels: dict[str, str] | None = None,
     namespace: str = "default",
 ) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": list(requests)}
-    if constraints:
-        devices["constraints"] = constraints
-    if config:
-        devices["config"] = config
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}"}
-    if labels:
-        meta["labels"] = labels
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": meta,
-        "spec": {"devices": devices},
-    }
+    return builders.resource_claim(
+        name,
+        requests,
+        namespace=namespace,
+        labels=labels,
+        configs=config or (),
+        constraints=constraints or (),
+        uid=f"uid-{namespace}-{name}",
+    )
 
 
 def opaque(params: dict[str, Any], driver: str = DRIVER, requests: list[str] | None = None) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.host.nvidia import NvidiaCommands
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import Inventory, SimulatedInventory
-from dra_gpu.kube import KubeAPI, NotFound
+from dra_gpu.kube import KubeAPI, NotFound, builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import Monitor
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
@@ -158,10 +158,7 @@ def opaque(
     parameters: Any, source: str = "FromClass", requests: Sequence[str] = (), driver: str = DRIVER
 ) -> dict[str, Any]:
     """One `status.allocation.devices.config[]` entry."""
-    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
-    if requests:
-        entry["requests"] = list(requests)
-    return entry
+    return builders.opaque_config(driver, parameters, source=source, requests=requests)
 
 
 @dataclass
@@ -185,19 +182,15 @@ class Alloc:
             )
 
     def result(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "request": self.request,
-            "driver": self.driver,
-            "pool": self.pool,
-            "device": self.device,
-        }
-        if self.share_id:
-            out["shareID"] = self.share_id
-        if self.consumed:
-            out["consumedCapacity"] = dict(self.consumed)
-        if self.admin_access:
-            out["adminAccess"] = True
-        return out
+        return builders.device_result(
+            self.request,
+            self.driver,
+            self.pool,
+            self.device,
+            share_id=self.share_id,
+            consumed=self.consumed or None,
+            admin_access=self.admin_access,
+        )
 
 
 def add_claim(
@@ -213,42 +206,13 @@ def add_claim(
     """Create a claim and, unless `allocated=False`, allocate and reserve it as the scheduler would."""
     requests = sorted({a.request.split("/", 1)[0] for a in allocs} or {"gpu"})
     created = api.create(
-        "ResourceClaim",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": r,
-                            "exactly": {
-                                "deviceClassName": class_name,
-                                "allocationMode": "ExactCount",
-                                "count": 1,
-                            },
-                        }
-                        for r in requests
-                    ]
-                }
-            },
-        },
+        "ResourceClaim", builders.claim(name, class_name, namespace=namespace, request=requests)
     )
     if not allocated:
         return created
-    created["status"] = {
-        "allocation": {
-            "devices": {"results": [a.result() for a in allocs], "config": list(configs)},
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
-                ]
-            },
-        },
-        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{name}"}],
-    }
-    return api.update_status("ResourceClaim", created)
+    allocation = builders.allocation([a.result() for a in allocs], configs, node_name=NODE)
+    pod = builders.pod_reference(f"{name}-pod", f"pod-{name}")
+    return api.update_status("ResourceClaim", builders.allocated_claim(created, allocation, pod))
 
 
 ClaimLike = dict[str, Any] | tuple[str, str, str]
@@ -258,8 +222,7 @@ def claim_ref(claim: ClaimLike) -> tuple[str, str, str]:
     """(namespace, name, uid) of a claim object or such a tuple."""
     if isinstance(claim, tuple):
         return claim
-    meta = claim["metadata"]
-    return meta["namespace"], meta["name"], meta["uid"]
+    return objects.namespace(claim), objects.name(claim), objects.uid(claim)
 
 
 def uid_of(claim: ClaimLike) -> str:

@@ -78,11 +78,11 @@ def test_consumption_covers_every_capacity_of_the_device() -> None:
 
 
 def test_bad_capacity_requests_name_the_entry() -> None:
-    assert parse_requests({"requests": {"memory": "10Gi", "cores": 30}}, "request x") == {
+    assert parse_requests({"memory": "10Gi", "cores": 30}, "request x") == {
         "memory": 10 * GI,
         "cores": 30,
     }
     with pytest.raises(ValueError, match=r'request x: capacity request "memory": \'1 GB\' is not a quantity'):
-        parse_requests({"requests": {"memory": "1 GB"}}, "request x")
+        parse_requests({"memory": "1 GB"}, "request x")
     with pytest.raises(ValueError, match=r'request x: capacity request "cores" is negative'):
-        parse_requests({"requests": {"cores": "-1"}}, "request x")
+        parse_requests({"cores": "-1"}, "request x")

@@ -16,9 +16,8 @@ from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller import FINALIZER, MANAGED_SELECTOR, Reconciler, Snapshot
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.owned_classes import with_marker
-from dra_gpu.demo import builders
 from dra_gpu.demo.scheduler import SchedulerStandIn
-from dra_gpu.kube import Conflict
+from dra_gpu.kube import Conflict, builders
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 

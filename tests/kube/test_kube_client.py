@@ -20,7 +20,17 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from waiting import wait_for
 
-from dra_gpu.kube import AlreadyExists, ApiError, Conflict, Forbidden, Gone, Invalid, NotFound, objects
+from dra_gpu.kube import (
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    builders,
+    objects,
+)
 from dra_gpu.kube.client import KubeClient
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.resources import RESOURCES
@@ -238,12 +248,7 @@ def client(server: ApiServer) -> KubeClient:
 
 
 def claim(name: str = "c") -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "team-a"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
-    }
+    return builders.claim(name, "gpu", namespace="team-a")
 
 
 def last(server: ApiServer, method: str) -> Request:

@@ -16,17 +16,9 @@ def _claims() -> list[dict[str, Any]]:
     return list(json.loads((REAL / "resourceclaims-after-scheduling.json").read_text())["items"])
 
 
-def test_an_allocated_claim_reads_its_device_results_and_config() -> None:
+def test_an_allocated_claim_reads_its_uid_and_config() -> None:
     claim = next(c for c in _claims() if objects.name(c) == "ctrl-alloc")
     assert objects.uid(claim) == "6cb903cc-ab58-4a81-a5d1-ffe49132d8ec"
-    [result] = objects.results(claim)
-    assert (result["driver"], result["pool"], result["device"], result["request"]) == (
-        "gpu.dra-gpu.io",
-        "node-1",
-        "gpu-0",
-        "gpu",
-    )
-    assert result["consumedCapacity"] == {"cores": "10", "memory": "4Gi"}
     [config] = objects.allocation_config(objects.allocation(claim))
     driver, parameters = objects.opaque_parameters(config)
     assert driver == "gpu.dra-gpu.io" and parameters["sharing"] == {"strategy": "Limiter"}
@@ -54,7 +46,7 @@ def test_a_device_result_reads_missing_null_and_mistyped_fields_as_absent() -> N
 def test_a_claim_without_status_has_no_allocation_and_no_results() -> None:
     claim = {k: v for k, v in _claims()[0].items() if k != "status"}
     assert objects.allocation(claim) is None
-    assert objects.results(claim) == []
+    assert objects.device_results(objects.allocation(claim)) == []
     assert objects.reserved_for(claim) == []
 
 
@@ -91,3 +83,96 @@ def test_capping_depth_keeps_strings_with_brackets_and_escapes_whole() -> None:
     deep = "[" * 100_000 + "]" * 100_000  # far past any recursion limit: decoded all the same
     assert json.loads(objects.cap_depth(deep, 3)) == [[[objects.TOO_DEEP]]]
     assert objects.loads(deep.encode()) == objects.loads(objects.cap_depth(deep, objects.MAX_DEPTH))
+
+
+def test_a_claims_requests_read_as_typed_requests() -> None:
+    claim = next(c for c in _claims() if objects.name(c) == "share-b")
+    [request] = objects.device_requests(claim)
+    assert request.name == "gpu" and request.first_available == ()
+    assert request.choices == (request.exactly,)
+    exactly = request.exactly
+    assert exactly is not None
+    assert (exactly.name, exactly.subrequest, exactly.device_class) == ("gpu", None, "limiter.gpu.dra-gpu.io")
+    assert (exactly.allocation_mode, exactly.count, exactly.capacity) == (
+        "ExactCount",
+        1,
+        {"cores": "30", "memory": "10752Mi"},
+    )
+    assert not exactly.admin_access and exactly.selectors == () and exactly.tolerations == ()
+
+
+def test_first_available_subrequests_are_named_as_their_results_are() -> None:
+    claim = {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {
+                                "name": "big",
+                                "deviceClassName": "a",
+                                "selectors": [{"cel": {"expression": "x"}}],
+                            },
+                            {
+                                "name": "small",
+                                "deviceClassName": "b",
+                                "count": 2,
+                                "tolerations": [{"key": "k"}],
+                            },
+                        ],
+                    }
+                ],
+                "constraints": [
+                    {"requests": ["gpu/big"], "matchAttribute": "d/model"},
+                    {"distinctAttribute": "d/u"},
+                ],
+            }
+        }
+    }
+    [request] = objects.device_requests(claim)
+    assert request.exactly is None
+    assert [(c.name, c.subrequest, c.device_class) for c in request.choices] == [
+        ("gpu/big", "big", "a"),
+        ("gpu/small", "small", "b"),
+    ]
+    big, small = request.first_available
+    assert big.selectors == ("x",) and big.count is None and small.count == 2
+    assert small.tolerations == ({"key": "k"},)
+    assert objects.device_constraints(claim) == [
+        objects.DeviceConstraint(("gpu/big",), "d/model", ""),
+        objects.DeviceConstraint((), "", "d/u"),
+    ]
+
+
+def test_a_request_reads_missing_null_and_mistyped_fields_as_absent_and_keeps_count_as_written() -> None:
+    claim = {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": 3,
+                            "capacity": None,
+                            "count": "2",
+                            "selectors": [None],
+                        },
+                    },
+                    {"name": "none", "exactly": {}},
+                    None,
+                ]
+            }
+        }
+    }
+    odd, empty, missing = objects.device_requests(claim)
+    assert odd.exactly is not None
+    assert (odd.exactly.device_class, odd.exactly.capacity, odd.exactly.count, odd.exactly.selectors) == (
+        "",
+        {},
+        "2",
+        ("",),
+    )
+    assert empty.exactly is None and empty.choices == ()
+    assert missing == objects.DeviceRequest("", None, ())
+    assert objects.device_requests({"spec": None}) == [] and objects.device_constraints({}) == []

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dra_gpu.devicekinds.gpu import fit
+from dra_gpu.kube import builders
 from dra_gpu.kube.errors import Invalid
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.kube.validation import device_class_errors, slice_errors
@@ -23,32 +24,24 @@ Obj = dict[str, Any]
 
 
 def valid_slice() -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": "node-1-gpu.dra-gpu.io-abcde"},
-        "spec": {
-            "driver": "gpu.dra-gpu.io",
-            "nodeName": "node-1",
-            "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": "gpu-0",
-                    "attributes": {"productName": {"string": "NVIDIA H100"}, "index": {"int": 0}},
-                    "capacity": {
-                        "memory": {
-                            "value": "80Gi",
-                            "requestPolicy": {
-                                "default": "80Gi",
-                                "validRange": {"min": "256Mi", "max": "80Gi", "step": "256Mi"},
-                            },
-                        }
-                    },
-                    "allowMultipleAllocations": True,
-                }
-            ],
+    device = {
+        "name": "gpu-0",
+        "attributes": {"productName": {"string": "NVIDIA H100"}, "index": {"int": 0}},
+        "capacity": {
+            "memory": {
+                "value": "80Gi",
+                "requestPolicy": {
+                    "default": "80Gi",
+                    "validRange": {"min": "256Mi", "max": "80Gi", "step": "256Mi"},
+                },
+            }
         },
+        "allowMultipleAllocations": True,
     }
+    spec = builders.slice_spec(
+        "gpu.dra-gpu.io", "node-1", "node-1", devices=[device], generation=1, slice_count=1
+    )
+    return builders.resource_slice(spec, name="node-1-gpu.dra-gpu.io-abcde")
 
 
 def counter_slice() -> Obj:
@@ -386,15 +379,11 @@ def test_published_strings_are_cut_to_64_bytes_not_characters() -> None:
 
 
 def valid_class() -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": "gpu.dra-gpu.io"},
-        "spec": {
-            "selectors": [{"cel": {"expression": 'device.driver == "gpu.dra-gpu.io"'}}],
-            "config": [{"opaque": {"driver": "gpu.dra-gpu.io", "parameters": {"kind": "GpuConfig"}}}],
-        },
-    }
+    return builders.device_class(
+        "gpu.dra-gpu.io",
+        ['device.driver == "gpu.dra-gpu.io"'],
+        [builders.opaque_config("gpu.dra-gpu.io", {"kind": "GpuConfig"})],
+    )
 
 
 CLASS_RULES: list[tuple[str, Callable[[Obj], object], str]] = [

@@ -15,6 +15,7 @@ import yaml
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.allocator.cel_env import kubernetes_context
+from dra_gpu.kube import builders, objects
 from dra_gpu.manifests import load_values, render
 from dra_gpu.manifests.admission import (
     CAPACITY_MESSAGE,
@@ -76,24 +77,11 @@ def gpu_config(requests: list[str] | None = None, **sharing: Any) -> Obj:
 
 
 def claim(*requests: Obj, config: list[Obj] | None = None) -> Obj:
-    devices: Obj = {"requests": list(requests)}
-    if config:
-        devices["config"] = config
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "c", "namespace": "default"},
-        "spec": {"devices": devices},
-    }
+    return builders.resource_claim("c", requests, configs=config or ())
 
 
 def template(obj: Obj) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "t", "namespace": "default"},
-        "spec": {"spec": copy.deepcopy(obj["spec"])},
-    }
+    return builders.claim_template("t", objects.spec(obj))
 
 
 @pytest.mark.parametrize("device_class", ["limiter", "timeslice", "mps", "isolated", "spread.limiter"])

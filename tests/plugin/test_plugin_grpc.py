@@ -34,6 +34,7 @@ from waiting import wait_for
 
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import SimulatedInventory
+from dra_gpu.kube import builders
 from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY, CONTAINER_PRELOAD
 from dra_gpu.limiter_abi.region import read_region
 from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
@@ -434,7 +435,7 @@ def test_a_file_in_the_way_of_a_socket_is_not_deleted(dirs, api) -> None:
 
 
 def test_the_node_agent_publishes_its_gpus(dirs, api) -> None:
-    api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    api.create("Node", builders.node(NODE))
     with running_plugin(dirs, api, publish_slices=True, sharing="*=Shared,1=MPS"):
         (published,) = wait_for(lambda: api.objects("ResourceSlice"), what="a published ResourceSlice")
         assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["name"] == NODE
@@ -444,7 +445,7 @@ def test_the_node_agent_publishes_its_gpus(dirs, api) -> None:
 def test_a_mode_change_waits_for_a_share_prepared_on_the_node(dirs, api, kubelet) -> None:
     """gpu-0 turns Exclusive while a share prepared here still runs, and its claim is already gone
     from the API: the checkpoint alone keeps the GPU published shareable."""
-    api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    api.create("Node", builders.node(NODE))
     claim = add_claim(
         api,
         "lim",

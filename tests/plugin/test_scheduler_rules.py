@@ -17,6 +17,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
+from dra_gpu.kube import builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values
 from dra_gpu.manifests.classes import device_classes
@@ -56,31 +57,17 @@ class Cluster:
 
     def claim(self, name: str, device_class: str, capacity: dict[str, str] | None = None) -> str | None:
         """Create and schedule a claim; the device it got, or None when the scheduler refused it."""
-        exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
-        if capacity:
-            exactly["capacity"] = {"requests": capacity}
-        obj = self.api.create(
-            "ResourceClaim",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-            },
-        )
+        obj = self.api.create("ResourceClaim", builders.claim(name, device_class, capacity=capacity))
         try:
             allocation = self.scheduler.allocate(obj)
         except AllocationError as exc:
             self.refused[name] = str(exc)
             return None
-        obj["status"] = {
-            "allocation": allocation,
-            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{name}"}],
-        }
-        obj = self.api.update_status("ResourceClaim", obj)
+        pod = builders.pod_reference(f"{name}-pod", f"pod-{name}")
+        obj = self.api.update_status("ResourceClaim", builders.allocated_claim(obj, allocation, pod))
         self.scheduler.commit(obj)
         self.allocated[name] = obj
-        return str(allocation["devices"]["results"][0]["device"])
+        return objects.device_results(allocation)[0].device
 
     def prepare_all(self, dirs: PluginDirs) -> dict[str, str]:
         """The node agent's answer for every allocated claim: claim name -> error ("" when prepared)."""

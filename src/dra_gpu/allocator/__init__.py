@@ -8,7 +8,7 @@
         allocation = alloc.allocate(claim, policy=placement, node_filter=lambda node: ...)
     except AllocationError as exc:
         ...                                                          # str(exc) says which request and why
-    claim["status"]["allocation"] = allocation                       # write it, then:
+    claim = builders.with_allocation(claim, allocation)              # write it (kube.builders), then:
     alloc.commit(claim)                                              # count it for the next claims
     alloc.release(claim)                                             # when it is deallocated
 

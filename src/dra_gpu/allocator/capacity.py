@@ -134,10 +134,10 @@ def consumption(specs: tuple[CapacitySpec, ...], requests: Mapping[str, Amount])
     return tuple(out)
 
 
-def parse_requests(capacity: Mapping[str, Any] | None, where: str) -> dict[str, Amount]:
+def parse_requests(requests: Mapping[str, Any], where: str) -> dict[str, Amount]:
     """`capacity.requests` of a request as exact amounts; ValueError naming the bad entry."""
     out: dict[str, Amount] = {}
-    for name, value in ((capacity or {}).get("requests") or {}).items():
+    for name, value in requests.items():
         try:
             parsed = amount(value)
         except ValueError as exc:

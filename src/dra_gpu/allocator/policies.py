@@ -115,12 +115,9 @@ def placement_for_claim(
     valid GpuConfig raises `dra_gpu.config.ConfigError` naming the class.
     """
     for request in objects.device_requests(claim):
-        names = []
-        if request.get("exactly"):
-            names.append(request["exactly"].get("deviceClassName"))
-        names.extend(sub.get("deviceClassName") for sub in request.get("firstAvailable") or [])
+        names = [choice.device_class for choice in request.choices]
         for name in names:
-            cls = classes.get(name or "")
+            cls = classes.get(name)
             for entry in objects.class_configs(cls or {}):
                 opaque = entry.get("opaque") or {}
                 if opaque.get("driver") != DRIVER_NAME:

@@ -91,7 +91,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
     """Parse the slices; pools that are incomplete or invalid go to `problems`, not `devices`."""
     pools: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for s in slices:
-        driver = objects.spec(s).get("driver", "")
+        driver = objects.slice_driver(s)
         if driver_filter is not None and driver != driver_filter:
             continue
         pools.setdefault((driver, objects.pool_name(s)), []).append(s)
@@ -117,23 +117,22 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         pool_counters: dict[CounterKey, Amount] = {}
         set_names: set[str] = set()
         for m in current:  # the counter sets first: a device may consume from another slice's set
-            for counter_set in m["spec"].get("sharedCounters") or []:
-                set_name = str(counter_set.get("name", ""))
+            for declared in objects.shared_counters(m):
+                set_name = str(declared.get("name", ""))
                 if set_name in set_names:  # the scheduler's "duplicate counter set name"
                     problem = f'invalid: counter set "{set_name}" is listed twice'
                 set_names.add(set_name)
-                for cname, counter in (counter_set.get("counters") or {}).items():
-                    key = (driver, pool, str(counter_set.get("name", "")), str(cname))
+                for cname, counter in (declared.get("counters") or {}).items():
+                    key = (driver, pool, str(declared.get("name", "")), str(cname))
                     try:
                         pool_counters[key] = _amount((counter or {}).get("value", 0))
                     except QuantityError as exc:
                         problem = f'invalid: counter "{cname}": {exc}'
         for m in current:
-            spec = m["spec"]
             slice_name = str(objects.name(m))
-            slice_node, slice_selector = _slice_placement(spec)
-            per_device = bool(spec.get("perDeviceNodeSelection"))
-            for raw in spec.get("devices") or []:
+            slice_node, slice_selector = _slice_placement(objects.spec(m))
+            per_device = objects.per_device_node_selection(m)
+            for raw in objects.slice_devices(m):
                 name = raw.get("name", "")
                 if name in names:
                     problem = f'invalid: device "{name}" is listed twice'

@@ -94,46 +94,43 @@ class Constraint:
 def _alt(
     index: DeviceIndex,
     classes: Mapping[str, Mapping[str, Any]],
-    name: str,
-    sub: str | None,
-    spec: Mapping[str, Any],
+    request: str,
+    choice: objects.DeviceChoice,
     where: str,
 ) -> Alt:
-    if spec.get("adminAccess"):
+    if choice.admin_access:
         raise AllocationError(f"{where}: adminAccess is not supported by this allocator")
-    class_name = spec.get("deviceClassName")
+    class_name = choice.device_class
     if not class_name:
         raise AllocationError(f"{where}: deviceClassName is missing")
     class_obj = classes.get(class_name)
     if class_obj is None:
         raise AllocationError(f'{where}: device class "{class_name}" not found')
-    mode = spec.get("allocationMode") or "ExactCount"
+    mode = choice.allocation_mode or "ExactCount"
     if mode not in ("ExactCount", "All"):
         raise AllocationError(f"{where}: unknown allocationMode {mode!r}; allowed: ExactCount, All")
-    raw_count = spec.get("count", 1) if mode == "ExactCount" else 0
+    raw_count = (1 if choice.count is None else choice.count) if mode == "ExactCount" else 0
     if isinstance(raw_count, bool) or not isinstance(raw_count, int):
         raise AllocationError(f"{where}: count must be an integer, got {raw_count!r}")
     count = raw_count
     if mode == "ExactCount" and count < 1:
         raise AllocationError(f"{where}: count must be at least 1, got {count}")
-    selectors = []
-    for n, sel in enumerate(spec.get("selectors") or []):
-        expr = objects.cel_expression(sel)
+    for n, expr in enumerate(choice.selectors):
         if not expr:
             raise AllocationError(f"{where}: selector #{n} has no CEL expression")
-        selectors.append(str(expr))
+    selectors = list(choice.selectors)
     try:
-        cap = parse_requests(spec.get("capacity"), where)
+        cap = parse_requests(choice.capacity, where)
     except ValueError as exc:
         raise AllocationError(str(exc)) from None
-    tolerations = [dict(t) for t in spec.get("tolerations") or []]
+    tolerations = [dict(t) for t in choice.tolerations]
     try:
         group = index.group(class_name, class_obj, tuple(selectors), tolerations)
     except AllocationError as exc:
         raise AllocationError(f"{where}: {exc}") from None
     return Alt(
-        request=name,
-        sub=sub,
+        request=request,
+        sub=choice.subrequest,
         class_name=class_name,
         class_obj=class_obj,
         mode=mode,
@@ -149,41 +146,38 @@ def parse_claim(
     claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], index: DeviceIndex
 ) -> tuple[list[Request], list[Constraint]]:
     """The claim's requests and constraints; AllocationError for anything that cannot be allocated."""
-    devices = objects.spec(claim).get("devices") or {}
     requests: list[Request] = []
     names: set[str] = set()
-    for n, raw in enumerate(devices.get("requests") or []):
-        name = raw.get("name") or ""
+    for n, raw in enumerate(objects.device_requests(claim)):
+        name = raw.name
         if not name:
             raise AllocationError(f"request #{n} has no name")
         if name in names:
             raise AllocationError(f'request "{name}" is listed twice')
         names.add(name)
-        exactly, first = raw.get("exactly"), raw.get("firstAvailable")
-        if bool(exactly) == bool(first):
+        if (raw.exactly is None) == (not raw.first_available):
             raise AllocationError(f'request "{name}": set exactly one of "exactly" and "firstAvailable"')
-        if exactly:
-            requests.append(Request(name, [_alt(index, classes, name, None, exactly, f'request "{name}"')]))
+        if raw.exactly is not None:
+            requests.append(Request(name, [_alt(index, classes, name, raw.exactly, f'request "{name}"')]))
             continue
         alts = []
-        for sub in first:
-            sub_name = sub.get("name") or ""
-            names.add(f"{name}/{sub_name}")
-            alts.append(_alt(index, classes, name, sub_name, sub, f'request "{name}/{sub_name}"'))
+        for sub in raw.first_available:
+            names.add(sub.name)
+            alts.append(_alt(index, classes, name, sub, f'request "{sub.name}"'))
         requests.append(Request(name, alts))
     least = sum(min(a.min_devices for a in r.alts) for r in requests)
     if least > MAX_RESULTS:
         raise AllocationError(f"asks for {least} devices, more than the {MAX_RESULTS} one claim can get")
     constraints = []
-    for n, raw in enumerate(devices.get("constraints") or []):
-        listed = [str(r) for r in raw.get("requests") or []]
+    for n, entry in enumerate(objects.device_constraints(claim)):
+        listed = list(entry.requests)
         unknown = [r for r in listed if r not in names]
         if unknown:
             raise AllocationError(f"constraint #{n} names unknown request(s): {', '.join(unknown)}")
-        if raw.get("matchAttribute"):
-            constraints.append(Constraint("matchAttribute", str(raw["matchAttribute"]), listed))
-        elif raw.get("distinctAttribute"):
-            constraints.append(Constraint("distinctAttribute", str(raw["distinctAttribute"]), listed))
+        if entry.match_attribute:
+            constraints.append(Constraint("matchAttribute", entry.match_attribute, listed))
+        elif entry.distinct_attribute:
+            constraints.append(Constraint("distinctAttribute", entry.distinct_attribute, listed))
         else:
             raise AllocationError(f"constraint #{n}: neither matchAttribute nor distinctAttribute is set")
     return requests, constraints

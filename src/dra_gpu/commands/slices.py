@@ -17,6 +17,7 @@ from dra_gpu.config.node import NodeSharing
 from dra_gpu.flags import add_flag
 from dra_gpu.inventory import InventoryError, NvmlUnavailableError, open_inventory
 from dra_gpu.inventory.models import KNOWN_MODELS
+from dra_gpu.kube import builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.slices.publisher import SliceError, SlicePublisher
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2 if args.simulate is not None else 1
     api = FakeKube()
-    api.create("Node", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": args.node_name}})
+    api.create("Node", builders.node(args.node_name))
     logging.getLogger("dra_gpu.slices.publisher").setLevel(logging.WARNING)  # no "published" line
     try:
         slices = SlicePublisher(api, args.node_name, inventory, sharing).sync()
@@ -72,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         inventory.close()
-    shown = [{"apiVersion": s["apiVersion"], "kind": s["kind"], "spec": s["spec"]} for s in slices]
+    shown = [{"apiVersion": s["apiVersion"], "kind": s["kind"], "spec": objects.spec(s)} for s in slices]
     print(dump(args.output, shown), end="")
     return 0

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu.kube import AlreadyExists, ApiError, Conflict, KubeAPI, NotFound
+from dra_gpu.kube import AlreadyExists, ApiError, Conflict, KubeAPI, NotFound, builders, objects
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -78,25 +78,19 @@ class LeaderElector:
         except ApiError as exc:
             self.last_error = exc
             return self.is_leader()
-        spec = lease.setdefault("spec", {})
-        holder = spec.get("holderIdentity") or ""
-        record = (holder, spec.get("renewTime") or "")
+        holder = objects.lease_holder(lease)
+        record = (holder, objects.lease_renew_time(lease))
         if record != self._observed:
             self._observed, self._observed_at = record, now
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
+        duration = float(objects.lease_duration_s(lease) or self.lease_duration_s)
         if holder and holder != self.identity and now < self._observed_at + duration:
             self._renewed_at = None
             return False
-        stamp = micro_time(self._wall())
         if holder != self.identity:
-            spec["acquireTime"] = stamp
-            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
             log.info("taking over the leader lease", extra={"previous": holder or "(none)"})
-        spec.update(
-            holderIdentity=self.identity, leaseDurationSeconds=int(self.lease_duration_s), renewTime=stamp
-        )
+        renewed = builders.renewed(lease, self.identity, int(self.lease_duration_s), micro_time(self._wall()))
         try:
-            stored = self.api.update("Lease", lease)
+            stored = self.api.update("Lease", renewed)
         except Conflict:
             return False  # someone else wrote it first; the next round reads their record
         except ApiError as exc:
@@ -105,19 +99,9 @@ class LeaderElector:
         return self._became(stored, now)
 
     def _create(self, now: float) -> bool:
-        stamp = micro_time(self._wall())
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": int(self.lease_duration_s),
-                "acquireTime": stamp,
-                "renewTime": stamp,
-                "leaseTransitions": 0,
-            },
-        }
+        lease = builders.lease(
+            self.name, self.namespace, self.identity, int(self.lease_duration_s), micro_time(self._wall())
+        )
         try:
             stored = self.api.create("Lease", lease)
         except (AlreadyExists, Conflict):
@@ -129,8 +113,7 @@ class LeaderElector:
         return self._became(stored, now)
 
     def _became(self, stored: Obj, now: float) -> bool:
-        spec = stored.get("spec") or {}
-        self._observed = (spec.get("holderIdentity") or "", spec.get("renewTime") or "")
+        self._observed = (objects.lease_holder(stored), objects.lease_renew_time(stored))
         self._observed_at = now
         self._renewed_at = now
         return True
@@ -142,11 +125,8 @@ class LeaderElector:
         self._renewed_at = None
         try:
             lease = self.api.get("Lease", self.name, self.namespace)
-            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            if objects.lease_holder(lease) != self.identity:
                 return
-            lease["spec"].update(
-                holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self._wall())
-            )
-            self.api.update("Lease", lease)
+            self.api.update("Lease", builders.renewed(lease, "", 1, micro_time(self._wall())))
         except ApiError as exc:
             log.warning("releasing the leader lease failed", extra={"error": str(exc)})

@@ -23,7 +23,7 @@ from typing import Any
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator import placement_for_claim
 from dra_gpu.config import Placement
-from dra_gpu.kube import objects
+from dra_gpu.kube import builders, objects
 
 Obj = dict[str, Any]
 
@@ -53,22 +53,16 @@ def is_controller_managed(device_class: Mapping[str, Any]) -> bool:
 
 def without_marker(device_class: Mapping[str, Any]) -> Obj:
     """The class as the controller evaluates it: the same selectors and config, minus the marker."""
-    stripped = copy.deepcopy(dict(device_class))
-    spec = stripped.setdefault("spec", {})
-    spec["selectors"] = [s for s in spec.get("selectors") or [] if not _is_marker(s)]
-    return stripped
+    kept = [s for s in objects.class_selectors(device_class) if not _is_marker(s)]
+    return builders.with_selectors(device_class, kept)
 
 
 def requested_classes(claim: Mapping[str, Any]) -> list[str]:
     """Every class a claim's requests name, in request order (subrequests of firstAvailable included)."""
     names: list[str] = []
     for request in objects.device_requests(claim):
-        exactly = request.get("exactly")
-        if exactly and exactly.get("deviceClassName"):
-            names.append(exactly["deviceClassName"])
-        for sub in request.get("firstAvailable") or []:
-            if sub.get("deviceClassName"):
-                names.append(sub["deviceClassName"])
+        choices = ([request.exactly] if request.exactly else []) + list(request.first_available)
+        names += [choice.device_class for choice in choices if choice.device_class]
     return names
 
 
@@ -96,8 +90,6 @@ class ClassIndex:
 
 def with_marker(device_class: Mapping[str, Any]) -> Obj:
     """The class with the marker appended (unchanged if it has it): hands its claims to the controller."""
-    marked = copy.deepcopy(dict(device_class))
-    if not is_controller_managed(marked):
-        spec = marked.setdefault("spec", {})
-        spec["selectors"] = [*(spec.get("selectors") or []), copy.deepcopy(MANAGED_SELECTOR)]
-    return marked
+    if is_controller_managed(device_class):
+        return copy.deepcopy(dict(device_class))
+    return builders.with_selectors(device_class, [*objects.class_selectors(device_class), MANAGED_SELECTOR])

@@ -31,7 +31,7 @@ from dra_gpu.controller.eligibility import NodeEligibility
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.overcommit import overcommitted
 from dra_gpu.controller.owned_classes import ClassIndex
-from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, objects
+from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, builders, objects
 from dra_gpu.kube.events import EventRecorder, timestamp
 
 Obj = dict[str, Any]
@@ -134,7 +134,7 @@ class Reconciler:
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(
             (c for c in claims if FINALIZER in objects.finalizers(c) or classes.managed_classes_of(c)),
-            key=lambda c: (c["metadata"].get("creationTimestamp") or "", _name(c)),
+            key=lambda c: (objects.creation_timestamp(c), _name(c)),
         )
         waiting: list[tuple[Obj, list[Obj]]] = []
         for claim in relevant:
@@ -307,13 +307,9 @@ class Reconciler:
         allocation = copy.deepcopy(allocation)
         allocation.setdefault("allocationTimestamp", timestamp(self._clock()))
         if FINALIZER not in objects.finalizers(claim):
-            claim = copy.deepcopy(claim)
-            claim["metadata"]["finalizers"] = [*objects.finalizers(claim), FINALIZER]
-            claim = self.api.update("ResourceClaim", claim)
+            claim = self.api.update("ResourceClaim", builders.with_finalizer(claim, FINALIZER))
             self._on_write(claim)
-        claim = copy.deepcopy(claim)
-        claim["status"] = {**(claim.get("status") or {}), "allocation": allocation}
-        written = self.api.update_status("ResourceClaim", claim)
+        written = self.api.update_status("ResourceClaim", builders.with_allocation(claim, allocation))
         self._on_write(written)
         return written
 
@@ -359,16 +355,8 @@ class Reconciler:
             ):
                 return None  # already released by someone else
             if objects.allocation(current) is not None:
-                current = copy.deepcopy(current)
-                current["status"] = {
-                    k: v
-                    for k, v in (current.get("status") or {}).items()
-                    if k not in ("allocation", "reservedFor", "devices")
-                }
-                current = self.api.update_status("ResourceClaim", current)
-            current = copy.deepcopy(current)
-            current["metadata"]["finalizers"] = [f for f in objects.finalizers(current) if f != FINALIZER]
-            stored = self.api.update("ResourceClaim", current)
+                current = self.api.update_status("ResourceClaim", builders.without_allocation(current))
+            stored = self.api.update("ResourceClaim", builders.without_finalizer(current, FINALIZER))
             self._on_write(stored)
             return stored
 
@@ -389,9 +377,7 @@ class Reconciler:
     def _drop_finalizer_if_unallocated(self, current: Obj) -> Obj | None:
         if FINALIZER not in objects.finalizers(current) or objects.allocation(current) is not None:
             return None
-        current = copy.deepcopy(current)
-        current["metadata"]["finalizers"] = [f for f in objects.finalizers(current) if f != FINALIZER]
-        stored = self.api.update("ResourceClaim", current)
+        stored = self.api.update("ResourceClaim", builders.without_finalizer(current, FINALIZER))
         self._on_write(stored)
         return stored
 
@@ -427,16 +413,10 @@ class Reconciler:
             ):
                 return None
             have = {r.get("uid") for r in objects.reserved_for(current) if is_pod_reference(r)}
-            add = [
-                {"resource": "pods", "name": objects.name(p), "uid": objects.uid(p)}
-                for p in missing
-                if objects.uid(p) not in have
-            ]
+            add = [builders.consumer(p) for p in missing if objects.uid(p) not in have]
             if not add:
                 return None
-            current = copy.deepcopy(current)
-            current.setdefault("status", {})["reservedFor"] = [*objects.reserved_for(current), *add]
-            stored = self.api.update_status("ResourceClaim", current)
+            stored = self.api.update_status("ResourceClaim", builders.with_reservation(current, *add))
             self._on_write(stored)
             return stored
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from dra_gpu.kube import objects
 from dra_gpu.proto import DRA_V1_SERVICE, PLUGIN_TYPE, dra_v1, dra_v1_grpc, registration, registration_grpc
 
 Obj = dict[str, Any]
@@ -115,5 +116,6 @@ class KubeletStandIn:
 
     @staticmethod
     def _claim(claim: Mapping[str, Any]) -> Any:
-        meta = claim["metadata"]
-        return dra_v1.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])
+        return dra_v1.Claim(
+            namespace=objects.namespace(claim), uid=objects.uid(claim), name=objects.name(claim)
+        )

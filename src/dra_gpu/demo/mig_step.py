@@ -20,13 +20,13 @@ from typing import Any
 from cdi.resolver import Registry
 from dra_gpu import DRIVER_NAME
 from dra_gpu.config import NodeSharing
-from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn
 from dra_gpu.demo.node_dirs import node_agent_config
 from dra_gpu.demo.report import ContainerView, render_table
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
+from dra_gpu.kube import builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.node_agent import NodeAgent
 from dra_gpu.quantity import format_quantity
@@ -139,7 +139,7 @@ def run_mig_step(line: Callable[[str], None], api: FakeKube, workdir: Path, libr
         report.errors.update({f"schedule/{p}": why for p, why in scheduled.pending.items()})
         kubelet = KubeletStandIn(config.registration_socket)
         kubelet.register()
-        claims = {c["metadata"]["name"]: c for c in api.list("ResourceClaim", "demo")[0]}
+        claims = {objects.name(c): c for c in api.list("ResourceClaim", "demo")[0]}
         rows = []
         for plan in MIG_CLAIMS:
             used = [claims[plan.name]]
@@ -195,8 +195,8 @@ def run_mig_step(line: Callable[[str], None], api: FakeKube, workdir: Path, libr
 
 
 def _published(line: Callable[[str], None], report: MigReport, slices: list[Obj]) -> None:
-    devices = [d for s in slices for d in s["spec"].get("devices") or []]
-    sets = [c for s in slices for c in s["spec"].get("sharedCounters") or []]
+    devices = [d for s in slices for d in objects.slice_devices(s)]
+    sets = [c for s in slices for c in objects.shared_counters(s)]
     report.counter_set = sets[0]["name"] if sets else ""
     report.placements = sum(1 for d in devices if d["attributes"].get("migDynamic", {}).get("bool"))
     report.static = [d["name"] for d in devices if not d["attributes"].get("migDynamic", {}).get("bool")]
@@ -243,10 +243,8 @@ def _device_nodes(dev: Path) -> None:
 def _wait_for_mig_slices(api: FakeKube, timeout_s: float = 20.0) -> list[Obj]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        items = [s for s in api.list("ResourceSlice")[0] if s["spec"].get("nodeName") == MIG_NODE]
-        if any(s["spec"].get("sharedCounters") for s in items) and any(
-            s["spec"].get("devices") for s in items
-        ):
+        items = [s for s in api.list("ResourceSlice")[0] if objects.slice_node(s) == MIG_NODE]
+        if any(objects.shared_counters(s) for s in items) and any(objects.slice_devices(s) for s in items):
             return items
         time.sleep(0.02)
     raise RuntimeError("the MIG node's agent did not publish its ResourceSlices")

@@ -33,7 +33,6 @@ from dra_gpu.controller import Snapshot
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.owned_classes import is_controller_managed, with_marker
 from dra_gpu.controller.reconciler import Reconciler
-from dra_gpu.demo import builders
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
 from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
 from dra_gpu.demo.mig_step import MIG_NODE, MIG_PROFILE, MigReport, run_mig_step
@@ -50,7 +49,7 @@ from dra_gpu.demo.report import (
 from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
-from dra_gpu.kube import objects
+from dra_gpu.kube import builders, objects
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.manifests import load_values, render
@@ -225,7 +224,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         out.line(f"node {NODE}: {PROFILE}, sharing {SHARING} (the node agent's --sharing)")
         rows = []
         for s in slices:
-            for d in s["spec"]["devices"]:
+            for d in objects.slice_devices(s):
                 attrs = d["attributes"]
                 rows.append(
                     (
@@ -240,7 +239,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         out.line(
             render_table(("DEVICE", "UUID", "SHARING", "MEMORY", "CORES", "SHAREABLE"), rows, indent="  ")
         )
-        out.line(f"published by the node agent as ResourceSlice {slices[0]['metadata']['name']}")
+        out.line(f"published by the node agent as ResourceSlice {objects.name(slices[0])}")
 
         out.section("DeviceClasses from the install manifests (deploy/)")
         classes = _load_classes()
@@ -249,7 +248,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         out.line(
             render_table(
                 ("CLASS", "ALLOCATED BY", "GPU CONFIG"),
-                [(c["metadata"]["name"], _allocated_by(c), _config_text(c)) for c in classes],
+                [(objects.name(c), _allocated_by(c), _config_text(c)) for c in classes],
                 indent="  ",
             )
         )
@@ -309,7 +308,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         result = reconciler.reconcile(Snapshot.read(api))
         report.controller_allocated = dict(result.allocated)
         for claim, allocation in result.allocated.items():
-            devices = [r["device"] for r in allocation["devices"]["results"]]
+            devices = [r.device for r in objects.device_results(allocation)]
             out.line(f"  {claim:<14} -> {', '.join(devices)} on {objects.allocation_node(allocation)}")
         for claim, why in result.failed.items():
             out.line(f"  {claim:<14} not allocated: {why}")
@@ -326,7 +325,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         endpoint = info["endpoint"].replace(str(workdir), "<demo dir>")
         out.line(f"  <demo dir> = {workdir}")
         out.line(f"  registered driver {info['name']} at {endpoint} ({', '.join(info['versions'])})")
-        claims = {c["metadata"]["name"]: c for c in api.list("ResourceClaim", NAMESPACE)[0]}
+        claims = {objects.name(c): c for c in api.list("ResourceClaim", NAMESPACE)[0]}
         registry_dirs = [config.cdi_dir]
         for pod_plan in PODS:
             used = [claims[name] for name in pod_plan.claims]
@@ -342,12 +341,12 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
                 config_for_container = Registry.load(registry_dirs).resolve(ids)
                 report.containers.append(
                     ContainerView.of(
-                        pod_plan.name, [c["metadata"]["name"] for c in used], ids, config_for_container
+                        pod_plan.name, [objects.name(c) for c in used], ids, config_for_container
                     )
                 )
 
         out.section("Who holds which share of each GPU")
-        claims = {c["metadata"]["name"]: c for c in api.list("ResourceClaim", NAMESPACE)[0]}
+        claims = {objects.name(c): c for c in api.list("ResourceClaim", NAMESPACE)[0]}
         report.gpus = _gpu_views(_wait_for_slices(api), claims, result.allocated)
         out.line(render_gpus(report.gpus))
 
@@ -395,8 +394,8 @@ def _limiter_library(build: Path | None, workdir: Path) -> Path:
 def _wait_for_slices(api: FakeKube, timeout_s: float = 20.0) -> list[Obj]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        items = [s for s in api.list("ResourceSlice")[0] if s["spec"].get("nodeName") == NODE]
-        if items and any(s["spec"].get("devices") for s in items):
+        items = [s for s in api.list("ResourceSlice")[0] if objects.slice_node(s) == NODE]
+        if items and any(objects.slice_devices(s) for s in items):
             return items
         time.sleep(0.02)
     raise DemoError("the node agent did not publish a ResourceSlice")
@@ -433,8 +432,8 @@ def _allocated_by(device_class: Obj) -> str:
 
 
 def _config_text(device_class: Obj) -> str:
-    for entry in device_class["spec"].get("config") or []:
-        parameters = (entry.get("opaque") or {}).get("parameters") or {}
+    for entry in objects.class_configs(device_class):
+        parameters = objects.opaque_parameters(entry)[1] or {}
         text = str(parameters.get("sharing", {}).get("strategy", ""))
         placement = parameters.get("placement")
         if placement:
@@ -466,7 +465,7 @@ def _prepared_text(answers: dict[str, Prepared]) -> str:
 def _gpu_views(slices: list[Obj], claims: dict[str, Obj], by_controller: dict[str, Obj]) -> list[GpuView]:
     views: dict[str, GpuView] = {}
     for s in slices:
-        for d in s["spec"]["devices"]:
+        for d in objects.slice_devices(s):
             views[d["name"]] = GpuView(
                 device=d["name"],
                 uuid=d["attributes"]["uuid"]["string"],
@@ -479,16 +478,14 @@ def _gpu_views(slices: list[Obj], claims: dict[str, Obj], by_controller: dict[st
         if not allocation:
             continue
         pods = [r["name"] for r in objects.reserved_for(claim)]
-        for result in allocation["devices"]["results"]:
-            strategy = merge_configs(
-                allocation["devices"].get("config") or [], result["request"]
-            ).sharing.strategy
-            views[result["device"]].holders.append(
+        for result in objects.device_results(allocation):
+            strategy = merge_configs(objects.allocation_config(allocation), result.request).sharing.strategy
+            views[result.device].holders.append(
                 GpuHolder(
                     claim=name,
                     strategy=strategy.value,
-                    share=share_text(result.get("consumedCapacity")),
-                    consumed=dict(result.get("consumedCapacity") or {}),
+                    share=share_text(result.consumed),
+                    consumed=dict(result.consumed or {}),
                     pods=sorted(pods),
                     allocated_by="controller" if f"{NAMESPACE}/{name}" in by_controller else "scheduler",
                 )

@@ -12,7 +12,6 @@ is bound to the node.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,7 @@ from dra_gpu import SCHEDULER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.eligibility import why_not
-from dra_gpu.kube import KubeAPI, NotFound, objects
+from dra_gpu.kube import KubeAPI, NotFound, builders, objects
 
 Obj = dict[str, Any]
 
@@ -44,38 +43,36 @@ class SchedulerStandIn:
         """One scheduling round over every pending pod, oldest first."""
         result = ScheduleResult()
         slices, _ = self.api.list("ResourceSlice")
-        classes = {c["metadata"]["name"]: c for c in self.api.list("DeviceClass")[0]}
-        nodes = {n["metadata"]["name"]: n for n in self.api.list("Node")[0]}
-        claims = {
-            (c["metadata"]["namespace"], c["metadata"]["name"]): c for c in self.api.list("ResourceClaim")[0]
-        }
+        classes = {objects.name(c): c for c in self.api.list("DeviceClass")[0]}
+        nodes = {objects.name(n): n for n in self.api.list("Node")[0]}
+        claims = {(objects.namespace(c), objects.name(c)): c for c in self.api.list("ResourceClaim")[0]}
         allocator = Allocator(slices, classes, [c for c in claims.values() if objects.allocation(c)])
         pods = sorted(
             (p for p in self.api.list("Pod")[0] if not objects.pod_node(p)),
-            key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
+            key=lambda p: (objects.creation_timestamp(p), objects.name(p)),
         )
         for pod in pods:
-            namespace = pod["metadata"]["namespace"]
+            pod_name, namespace = objects.name(pod), objects.namespace(pod)
             names = sorted(claim_names_of(pod))
             if any((namespace, name) not in claims for name in names):
-                result.pending[pod["metadata"]["name"]] = "waiting for its ResourceClaims to exist"
+                result.pending[pod_name] = "waiting for its ResourceClaims to exist"
                 continue
             used = [claims[(namespace, name)] for name in names]
             placed = self._place(pod, used, nodes, allocator)
             if placed is None:
-                result.pending[pod["metadata"]["name"]] = GENERIC_FAILURE.format(n=len(nodes))
+                result.pending[pod_name] = GENERIC_FAILURE.format(n=len(nodes))
                 continue
             node, new = placed
             for claim, allocation in new:
                 written = self._write_allocation(claim, allocation)
                 allocator.commit(written)
-                claims[(namespace, claim["metadata"]["name"])] = written
-                result.allocated[f"{namespace}/{claim['metadata']['name']}"] = allocation
+                claims[(namespace, objects.name(claim))] = written
+                result.allocated[f"{namespace}/{objects.name(claim)}"] = allocation
             for claim in used:
-                key = (namespace, claim["metadata"]["name"])
+                key = (namespace, objects.name(claim))
                 claims[key] = self._reserve(claims[key], pod)
             self._bind(pod, node)
-            result.bound[pod["metadata"]["name"]] = node
+            result.bound[pod_name] = node
         return result
 
     def _place(
@@ -96,7 +93,7 @@ class SchedulerStandIn:
             try:
                 for claim in pending:
                     allocation = allocator.allocate(claim, node_filter=only_here)
-                    tentative = {**claim, "status": {"allocation": allocation}}
+                    tentative = builders.with_allocation(claim, allocation)
                     allocator.commit(tentative)
                     new.append((claim, allocation))
             except AllocationError:
@@ -109,30 +106,23 @@ class SchedulerStandIn:
         return None
 
     def _write_allocation(self, claim: Obj, allocation: Obj) -> Obj:
-        claim = copy.deepcopy(claim)
-        finalizers = claim["metadata"].setdefault("finalizers", [])
-        if SCHEDULER_FINALIZER not in finalizers:
-            finalizers.append(SCHEDULER_FINALIZER)
-            claim = self.api.update("ResourceClaim", claim)
-        claim["status"] = {**(claim.get("status") or {}), "allocation": allocation}
-        return self.api.update_status("ResourceClaim", claim)
+        if SCHEDULER_FINALIZER not in objects.finalizers(claim):
+            claim = self.api.update("ResourceClaim", builders.with_finalizer(claim, SCHEDULER_FINALIZER))
+        return self.api.update_status("ResourceClaim", builders.with_allocation(claim, allocation))
 
     def _reserve(self, claim: Obj, pod: Obj) -> Obj:
-        reserved = list(objects.reserved_for(claim))
-        if any(r.get("uid") == pod["metadata"]["uid"] for r in reserved):
+        if any(r.get("uid") == objects.uid(pod) for r in objects.reserved_for(claim)):
             return claim
-        claim = copy.deepcopy(claim)
-        reserved.append({"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]})
-        claim["status"]["reservedFor"] = reserved
-        return self.api.update_status("ResourceClaim", claim)
+        return self.api.update_status(
+            "ResourceClaim", builders.with_reservation(claim, builders.consumer(pod))
+        )
 
     def _bind(self, pod: Obj, node: str) -> None:
         try:
-            current = self.api.get("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
+            current = self.api.get("Pod", objects.name(pod), objects.namespace(pod))
         except NotFound:
             return
-        current["spec"]["nodeName"] = node
-        self.api.update("Pod", current)
+        self.api.update("Pod", builders.bound(current, node))
 
 
 def _only(node: str) -> Callable[[str], bool]:

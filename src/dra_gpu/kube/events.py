@@ -90,7 +90,7 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {
                 "generateName": f"{meta.get('name', 'object')}.",
-                "namespace": meta.get("namespace"),
+                "namespace": meta.get("namespace") or "default",  # a cluster-scoped object's go to default
             },
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion", "resource.k8s.io/v1"),

@@ -49,7 +49,7 @@ def _drop_consumable_capacity(kind: str, obj: Obj) -> None:
             for capacity in (device.get("capacity") or {}).values():
                 capacity.pop("requestPolicy", None)
     elif kind == "ResourceClaim":
-        for request in objects.device_requests(obj):
+        for request in objects.raw_device_requests(obj):
             (request.get("exactly") or {}).pop("capacity", None)
             for sub in request.get("firstAvailable") or []:
                 sub.pop("capacity", None)
@@ -266,8 +266,8 @@ class FakeKube:
                 f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.allocation: Invalid value: '
                 '"object": field is immutable'
             )
-        requests = {r.get("name") for r in objects.device_requests(current)}
-        for i, result in enumerate(objects.allocation_results(new_alloc)):
+        requests = {r.name for r in objects.device_requests(current)}
+        for i, result in enumerate(objects.raw_results(new_alloc)):
             if result.get("request", "").split("/", 1)[0] not in requests:
                 raise Invalid(
                     f'ResourceClaim.resource.k8s.io "{name}" is invalid: status.allocation.devices.results[{i}].request: '

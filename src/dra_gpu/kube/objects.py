@@ -110,6 +110,11 @@ def owner_references(obj: Obj) -> list[Json]:
     return _list(metadata(obj).get("ownerReferences"))
 
 
+def creation_timestamp(obj: Obj) -> str:
+    """`metadata.creationTimestamp` (RFC 3339, so its text sorts by time), "" when not set."""
+    return str(metadata(obj).get("creationTimestamp") or "")
+
+
 def deleting(obj: Obj) -> bool:
     """Whether the object is being deleted (`metadata.deletionTimestamp` set)."""
     return bool(metadata(obj).get("deletionTimestamp"))
@@ -132,9 +137,9 @@ def allocation(claim: Obj) -> Json | None:
     return found if isinstance(found, dict) and found else None
 
 
-def allocation_results(allocated: Obj | None) -> list[Json]:
-    """`devices.results` of an allocation: one entry per allocated device (request, driver, pool, device,
-    shareID, consumedCapacity)."""
+def raw_results(allocated: Obj | None) -> list[Json]:
+    """`devices.results` of an allocation as the API sent them (for the fake API server, which checks them);
+    readers use `device_results`."""
     return _list(_map(_map(allocated).get("devices")).get("results"))
 
 
@@ -174,18 +179,13 @@ def device_result(result: Obj) -> DeviceResult:
 
 
 def device_results(allocated: Obj | None) -> list[DeviceResult]:
-    """An allocation's results, typed (`allocation_results` gives them as the API sent them)."""
-    return [device_result(_map(r)) for r in allocation_results(allocated)]
+    """An allocation's results, typed: one per allocated device."""
+    return [device_result(_map(r)) for r in raw_results(allocated)]
 
 
 def allocation_config(allocated: Obj | None) -> list[Json]:
     """`devices.config` of an allocation: the opaque configs from the claim and its classes."""
     return _list(_map(_map(allocated).get("devices")).get("config"))
-
-
-def results(claim: Obj) -> list[Json]:
-    """The device results of a claim's allocation; empty when it is not allocated."""
-    return allocation_results(allocation(claim))
 
 
 def allocation_node(allocated: Obj) -> str | None:
@@ -204,9 +204,103 @@ def reserved_for(claim: Obj) -> list[Json]:
     return _list(status(claim).get("reservedFor"))
 
 
-def device_requests(claim: Obj) -> list[Json]:
-    """`spec.devices.requests` of a claim (or of a claim template's spec)."""
+def raw_device_requests(claim: Obj) -> list[Json]:
+    """`spec.devices.requests` of a claim as the API sent them (for the fake API server, which edits them);
+    readers use `device_requests`."""
     return _list(_map(spec(claim).get("devices")).get("requests"))
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """A request's `exactly`, or one of its `firstAvailable` subrequests: which devices, how many, how much of
+    each. A field of the wrong JSON type reads as absent, except `count`, kept as written so that the
+    allocator can refuse a client-built claim by name (the API server only stores an int)."""
+
+    name: str
+    """The name its results carry: the request's (`exactly`), or `request/subrequest`."""
+    subrequest: str | None
+    """The subrequest's own name; None for `exactly`."""
+    device_class: str
+    """`deviceClassName`, "" when missing."""
+    allocation_mode: str
+    """`allocationMode` as written, "" when absent (the API's default is ExactCount)."""
+    count: object
+    """`count` as written, None when absent (the API's default is 1 for ExactCount)."""
+    selectors: tuple[str, ...]
+    """Each selector's CEL expression ("" for a selector without one)."""
+    tolerations: tuple[Json, ...]
+    capacity: Json
+    """`capacity.requests`: capacity name -> quantity; empty when it names none."""
+    admin_access: bool
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """One entry of a claim's `spec.devices.requests`: a `name` and either `exactly` or `firstAvailable`."""
+
+    name: str
+    exactly: DeviceChoice | None
+    """None when absent or empty."""
+    first_available: tuple[DeviceChoice, ...]
+
+    @property
+    def choices(self) -> tuple[DeviceChoice, ...]:
+        """What may satisfy it, in order: `exactly`, else the subrequests."""
+        return (self.exactly,) if self.exactly is not None else self.first_available
+
+
+def _choice(request: str, subrequest: str | None, raw: Obj) -> DeviceChoice:
+    return DeviceChoice(
+        name=f"{request}/{subrequest}" if subrequest is not None else request,
+        subrequest=subrequest,
+        device_class=_text(raw.get("deviceClassName")),
+        allocation_mode=_text(raw.get("allocationMode")),
+        count=raw.get("count"),
+        selectors=tuple(cel_expression(_map(s)) for s in _list(raw.get("selectors"))),
+        tolerations=tuple(_map(t) for t in _list(raw.get("tolerations"))),
+        capacity=_map(_map(raw.get("capacity")).get("requests")),
+        admin_access=bool(raw.get("adminAccess")),
+    )
+
+
+def device_request(raw: Obj) -> DeviceRequest:
+    name = _text(raw.get("name"))
+    exactly = _map(raw.get("exactly"))
+    subs = [_map(s) for s in _list(raw.get("firstAvailable"))]
+    return DeviceRequest(
+        name=name,
+        exactly=_choice(name, None, exactly) if exactly else None,
+        first_available=tuple(_choice(name, _text(s.get("name")), s) for s in subs),
+    )
+
+
+def device_requests(claim: Obj) -> list[DeviceRequest]:
+    """A claim's (or a claim template's) `spec.devices.requests`, typed."""
+    return [device_request(_map(r)) for r in raw_device_requests(claim)]
+
+
+@dataclass(frozen=True)
+class DeviceConstraint:
+    """One entry of `spec.devices.constraints`: the requests it names (all when empty) and the attribute
+    that must match across their devices, or differ between them ("" when not set)."""
+
+    requests: tuple[str, ...]
+    match_attribute: str
+    distinct_attribute: str
+
+
+def device_constraints(claim: Obj) -> list[DeviceConstraint]:
+    found = []
+    for raw in _list(_map(spec(claim).get("devices")).get("constraints")):
+        entry = _map(raw)
+        found.append(
+            DeviceConstraint(
+                requests=tuple(str(r) for r in _list(entry.get("requests"))),
+                match_attribute=_text(entry.get("matchAttribute")),
+                distinct_attribute=_text(entry.get("distinctAttribute")),
+            )
+        )
+    return found
 
 
 def claim_configs(claim: Obj) -> list[Json]:
@@ -289,6 +383,42 @@ def slice_devices(slice_obj: Obj) -> list[Json]:
 
 def slice_node(slice_obj: Obj) -> str:
     return str(spec(slice_obj).get("nodeName") or "")
+
+
+def per_device_node_selection(slice_obj: Obj) -> bool:
+    """`spec.perDeviceNodeSelection`: each device names its own node (or selector)."""
+    return bool(spec(slice_obj).get("perDeviceNodeSelection"))
+
+
+def slice_driver(slice_obj: Obj) -> str:
+    return str(spec(slice_obj).get("driver") or "")
+
+
+def shared_counters(slice_obj: Obj) -> list[Json]:
+    """`spec.sharedCounters`: the counter sets a slice declares (partitionable devices)."""
+    return _list(spec(slice_obj).get("sharedCounters"))
+
+
+# ---- Lease (`coordination.k8s.io/v1`) ----
+
+
+def lease_holder(lease: Obj) -> str:
+    """`spec.holderIdentity`, "" when nobody holds it."""
+    return str(spec(lease).get("holderIdentity") or "")
+
+
+def lease_renew_time(lease: Obj) -> str:
+    return str(spec(lease).get("renewTime") or "")
+
+
+def lease_duration_s(lease: Obj) -> int | None:
+    """`spec.leaseDurationSeconds`, None when not set."""
+    value = spec(lease).get("leaseDurationSeconds")
+    return int(value) if value else None
+
+
+def lease_transitions(lease: Obj) -> int:
+    return int(spec(lease).get("leaseTransitions") or 0)
 
 
 # ---- Device (in a slice) ----

@@ -19,7 +19,6 @@ classes already select them (with the GPUs: add a selector on `type` to ask for 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from dra_gpu.config.modes import MODES
 from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
 from dra_gpu.devicekinds.mig import MIG_TYPE
 from dra_gpu.inventory.capabilities import MemoryIsolation
+from dra_gpu.kube import builders, objects
 from dra_gpu.manifests.values import ControllerClass, Values
 from dra_gpu.vocabulary.device import (
     MEMORY_ISOLATION_ATTRIBUTE,
@@ -105,18 +105,12 @@ def gpu_config(strategy: Strategy, values: Values, placement: Obj | None = None)
 def device_class(
     name: str, expression: str, parameters: Obj, extended_resource_name: str | None = None
 ) -> Obj:
-    spec: Obj = {
-        "selectors": [{"cel": {"expression": expression}}],
-        "config": [{"opaque": {"driver": DRIVER_NAME, "parameters": parameters}}],
-    }
-    if extended_resource_name:
-        spec["extendedResourceName"] = extended_resource_name
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return builders.device_class(
+        name,
+        [expression],
+        [builders.opaque_config(DRIVER_NAME, parameters)],
+        extended_resource_name=extended_resource_name,
+    )
 
 
 def device_classes(values: Values) -> list[Obj]:
@@ -141,8 +135,7 @@ def controller_class(spec: ControllerClass, values: Values) -> Obj:
     placement = spec.placement.model_dump(mode="json", exclude_none=True)
     parameters = gpu_config(spec.strategy, values, placement)
     obj = device_class(spec.name, selector_expression(MODE_FOR_STRATEGY[spec.strategy]), parameters)
-    obj["spec"]["selectors"].append(copy.deepcopy(MANAGED_SELECTOR))
-    return obj
+    return builders.with_selectors(obj, [*objects.class_selectors(obj), MANAGED_SELECTOR])
 
 
 def controller_classes(values: Values) -> list[Obj]:

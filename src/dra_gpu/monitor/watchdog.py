@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from dra_gpu.config import WatchdogPolicy
-from dra_gpu.kube import KubeAPI
+from dra_gpu.kube import KubeAPI, builders
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.monitor.pods import PodInfo
 from dra_gpu.monitor.process_owner import ProcReader
@@ -90,19 +90,11 @@ class Violation:
 
 
 def _claim_object(claim: ClaimRef) -> dict[str, object]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"uid": claim.uid, "namespace": claim.namespace, "name": claim.name},
-    }
+    return builders.subject("ResourceClaim", claim.name, claim.namespace, claim.uid)
 
 
 def _pod_object(pod: PodInfo) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"uid": pod.uid, "namespace": pod.namespace, "name": pod.name},
-    }
+    return builders.subject("Pod", pod.name, pod.namespace, pod.uid)
 
 
 class PidfdSignals:

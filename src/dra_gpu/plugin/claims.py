@@ -39,7 +39,7 @@ def fetch_claim(api: KubeAPI, claim: ClaimInfo) -> dict[str, Any]:
             f"reading ResourceClaim {claim.ref}: the API server could not be reached: {exc}",
             reason="api_error",
         ) from None
-    actual = (obj.get("metadata") or {}).get("uid")
+    actual = objects.uid(obj) or None
     if actual != claim.uid:
         raise PrepareError(
             f"ResourceClaim {claim.ref} has UID {actual}, but the kubelet asked for UID {claim.uid}: "
@@ -59,9 +59,9 @@ def allocation_digest(obj: Mapping[str, Any], driver: str) -> str | None:
     """
     allocated = objects.allocation(obj)
     results = [
-        [r.get("request"), r.get("pool"), r.get("device"), r.get("shareID")]
-        for r in objects.allocation_results(allocated)
-        if r.get("driver") == driver
+        [r.request, r.pool, r.device, r.share_id]
+        for r in objects.device_results(allocated)
+        if r.driver == driver
     ]
     if not results:
         return None
@@ -155,10 +155,10 @@ def shares_of(
         raise PrepareError(
             f"ResourceClaim {claim.ref} is not allocated (status.allocation is empty)", reason="not_allocated"
         )
-    results = objects.allocation_results(allocation)
-    ours = [r for r in results if r.get("driver") == driver]
+    results = objects.device_results(allocation)
+    ours = [r for r in results if r.driver == driver]
     if not ours:
-        others = sorted({str(r.get("driver")) for r in results})
+        others = sorted({r.driver for r in results})
         shown = ", ".join(short(d) for d in others[:5])
         shown += f" and {len(others) - 5} more" if len(others) > 5 else ""
         detail = f"its devices are from {shown}" if others else "it has no allocated devices"
@@ -168,11 +168,11 @@ def shares_of(
     configs = objects.allocation_config(allocation)
     shares: list[Share] = []
     for position, result in enumerate(ours):
-        request, device = str(result.get("request", "")), str(result.get("device", ""))
-        where = f"ResourceClaim {claim.ref}, request {quote(request)}, device {short(result.get('pool'))}/{short(device)}"
-        if result.get("pool") != pool:
+        request, device = result.request, result.device
+        where = f"ResourceClaim {claim.ref}, request {quote(request)}, device {short(result.pool)}/{short(device)}"
+        if result.pool != pool:
             raise PrepareError(
-                f"{where}: the device is in pool {quote(result.get('pool'))}, not in this node's pool {pool!r}",
+                f"{where}: the device is in pool {quote(result.pool)}, not in this node's pool {pool!r}",
                 reason="wrong_node",
             )
         gpu = gpus.get(device)
@@ -194,9 +194,9 @@ def shares_of(
                 pool=pool,
                 device=device,
                 gpu=gpu,
-                share_id=result.get("shareID") or None,
-                consumed=_consumed(result.get("consumedCapacity"), where),
-                admin_access=bool(result.get("adminAccess")),
+                share_id=result.share_id,
+                consumed=_consumed(result.consumed, where),
+                admin_access=result.admin_access,
                 config=config,
                 class_config=class_config,
             )

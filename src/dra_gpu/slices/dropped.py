@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_gpu.kube import objects
+
 Obj = dict[str, Any]
 
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
@@ -56,9 +58,9 @@ def _missing(sent: Any, returned: Any, path: str, out: list[str]) -> None:
 
 
 def dropped_fields(sent: Obj, returned: Obj) -> DroppedFields:
-    """Fields of `sent["spec"]` absent from `returned["spec"]`, grouped by the gate that drops them."""
+    """Fields of the `spec` sent absent from the `spec` returned, grouped by the gate that drops them."""
     result = DroppedFields()
-    _missing(sent.get("spec") or {}, returned.get("spec") or {}, "spec", result.paths)
+    _missing(objects.spec(sent), objects.spec(returned), "spec", result.paths)
     for path in result.paths:
         if path.endswith(".allowMultipleAllocations") or path.endswith(".requestPolicy"):
             result.features.add(CONSUMABLE_CAPACITY)

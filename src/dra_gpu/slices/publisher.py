@@ -33,7 +33,6 @@ claims to go) under one lock; split, the locking would be spread over modules.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -45,7 +44,17 @@ from typing import Any
 from dra_gpu import DRIVER_NAME, devicekinds
 from dra_gpu.config import GpuSharingMode, NodeSharing
 from dra_gpu.inventory.types import GpuInfo, Inventory
-from dra_gpu.kube import AlreadyExists, Conflict, Forbidden, Gone, KubeAPI, NotFound, WatchEvent, objects
+from dra_gpu.kube import (
+    AlreadyExists,
+    Conflict,
+    Forbidden,
+    Gone,
+    KubeAPI,
+    NotFound,
+    WatchEvent,
+    builders,
+    objects,
+)
 from dra_gpu.kube.errors import Invalid
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
@@ -71,7 +80,6 @@ Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 
 KIND = "ResourceSlice"
-API_VERSION = "resource.k8s.io/v1"
 EVENT_COMPONENT = "dra-gpu-kubelet-plugin"
 NO_COUNTERS_REASON = "DynamicMigWithoutCounters"
 
@@ -207,22 +215,9 @@ class SlicePublisher:
         foreign_pools = [s for s in listed if s not in ours]
         published = {**self._published_modes, **_published_shareability(ours)}
         chunks = split_devices(self._devices(published), self.devices_per_slice)
-        specs = [
-            {
-                "driver": self.driver,
-                "nodeName": self.node_name,
-                "pool": {"name": self.node_name},
-                "devices": c,
-            }
-            for c in chunks
-        ]
+        specs = [builders.slice_spec(self.driver, self.node_name, self.node_name, devices=c) for c in chunks]
         specs += [  # dynamic MIG GPUs' counters, each chunk in a slice of its own (1.35+)
-            {
-                "driver": self.driver,
-                "nodeName": self.node_name,
-                "pool": {"name": self.node_name},
-                "sharedCounters": c,
-            }
+            builders.slice_spec(self.driver, self.node_name, self.node_name, shared_counters=c)
             for c in split_counter_sets(self._counter_sets)
         ]
         plan = plan_pool(ours, specs, owner_references)
@@ -232,38 +227,37 @@ class SlicePublisher:
         for index in [*plan.update, *plan.create]:
             spec = with_pool(specs[index], plan.generation, plan.slice_count)
             if index in plan.update:
-                body = copy.deepcopy(plan.update[index])
-                body["spec"] = spec
-                if owner_references is not None:
-                    body["metadata"]["ownerReferences"] = owner_references
+                body = builders.with_spec(plan.update[index], spec, owner_references)
             else:
-                metadata: Obj = {
-                    "generateName": generate_name(index, plan.slice_count, self.driver, self.node_name)
-                }
-                if owner_references is not None:
-                    metadata["ownerReferences"] = owner_references
-                body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+                body = builders.resource_slice(
+                    spec,
+                    generate_name=generate_name(index, plan.slice_count, self.driver, self.node_name),
+                    owner_references=owner_references,
+                )
             self._check(body, index)
             bodies[index] = body
 
         for obsolete in plan.delete:
-            meta = obsolete["metadata"]
+            obsolete_name = objects.name(obsolete)
             with self._seen_lock:
-                self._own_deletes.add(meta["name"])
+                self._own_deletes.add(obsolete_name)
             try:
                 self.api.delete(
-                    KIND, meta["name"], uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
+                    KIND,
+                    obsolete_name,
+                    uid=objects.uid(obsolete) or None,
+                    resource_version=objects.resource_version(obsolete) or None,
                 )
                 self.stats.deletes += 1
             except NotFound:  # already gone: its DELETED event was someone else's
                 with self._seen_lock:
-                    self._own_deletes.discard(meta["name"])
+                    self._own_deletes.discard(obsolete_name)
         stored = dict(plan.keep)
         dropped = DroppedFields()
         # Counter slices first: a server that drops counters shows it before any placement that needs
         # them is written; the writes stop there, and the pool stays incomplete (unusable) until the
         # fallback publishes it again, so no uncounted placement is ever offered.
-        for index in sorted(bodies, key=lambda i: (not bodies[i]["spec"].get("sharedCounters"), i)):
+        for index in sorted(bodies, key=lambda i: (not objects.shared_counters(bodies[i]), i)):
             body = bodies[index]
             if index in plan.update:
                 result = self.api.update(KIND, body)
@@ -297,7 +291,7 @@ class SlicePublisher:
 
     def _check(self, body: Obj, index: int) -> None:
         errors = slice_errors(body)
-        for i, device in enumerate(body["spec"].get("devices") or []):
+        for i, device in enumerate(objects.slice_devices(body)):
             errors += device_errors(device, f"spec.devices[{i}]")
             errors += driver_name_errors(device, self.driver, f"spec.devices[{i}]")
         if errors:
@@ -353,11 +347,7 @@ class SlicePublisher:
         self.fallbacks[PARTITIONABLE_DEVICES] = reason
         log.warning(reason, extra={"node": self.node_name})
         if self._node_uid is not None:
-            node = {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": self.node_name, "uid": self._node_uid, "namespace": "default"},
-            }
+            node = builders.subject("Node", self.node_name, None, self._node_uid)
             self._events.record(node, "Warning", NO_COUNTERS_REASON, reason)
 
     @staticmethod
@@ -482,7 +472,7 @@ class SlicePublisher:
                     "the slices are not garbage-collected with the Node",
                 )
                 return None
-            self._node_uid = str(node["metadata"]["uid"])
+            self._node_uid = objects.uid(node)
         return [
             {
                 "apiVersion": "v1",

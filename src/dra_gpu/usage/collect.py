@@ -182,7 +182,7 @@ def _generation(slice_obj: Obj) -> int:
 
 def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]:
     """The driver's slices of the highest generation in each pool (older ones are being replaced)."""
-    ours = [s for s in slices if objects.spec(s).get("driver") == driver]
+    ours = [s for s in slices if objects.slice_driver(s) == driver]
     newest: dict[str, int] = {}
     for s in ours:
         newest[objects.pool_name(s)] = max(newest.get(objects.pool_name(s), 0), _generation(s))
@@ -190,10 +190,7 @@ def newest_slices(slices: Iterable[Obj], driver: str = DRIVER_NAME) -> list[Obj]
 
 
 def _slice_node(slice_obj: Obj) -> str:
-    spec = objects.spec(slice_obj)
-    if spec.get("nodeName"):
-        return str(spec["nodeName"])
-    return f"(pool {objects.pool_name(slice_obj)})"
+    return objects.slice_node(slice_obj) or f"(pool {objects.pool_name(slice_obj)})"
 
 
 def _attribute(device: Obj, name: str) -> Any:
@@ -279,23 +276,25 @@ class _ClassIndex:
 def _pending_requests(claim: Obj, classes: _ClassIndex) -> list[PendingRequest]:
     found = []
     for request in objects.device_requests(claim):
-        name = str(request.get("name", ""))
-        choices = [(name, request["exactly"])] if request.get("exactly") else []
-        choices += [(f"{name}/{sub.get('name', '')}", sub) for sub in request.get("firstAvailable") or []]
-        for label, exactly in choices:
-            device_class = str(exactly.get("deviceClassName", ""))
-            if not classes.ours(device_class):
+        choices = ([request.exactly] if request.exactly else []) + list(request.first_available)
+        for choice in choices:
+            if not classes.ours(choice.device_class):
                 continue
             found.append(
                 PendingRequest(
-                    request=label,
-                    device_class=device_class,
-                    allocation_mode=str(exactly.get("allocationMode", "ExactCount")),
-                    count=int(exactly.get("count", 1) or 1),
-                    capacity=dict((exactly.get("capacity") or {}).get("requests") or {}),
+                    request=choice.name,
+                    device_class=choice.device_class,
+                    allocation_mode=choice.allocation_mode or "ExactCount",
+                    count=_count(choice.count),
+                    capacity=dict(choice.capacity),
                 )
             )
     return found
+
+
+def _count(value: object) -> int:
+    """A request's `count` as written, 1 when absent (the API's default)."""
+    return int(value) if isinstance(value, int | float | str) and value else 1
 
 
 def _sort_key(gpu: Gpu) -> tuple[bool, int, str]:
