@@ -94,7 +94,8 @@ def temp_files(path: Path) -> list[Path]:
 
 
 def claim_temp_files(claims_root: Path) -> list[Path]:
-    """Temporary files of interrupted writes in every claim's directory (where `ClaimFile`s are)."""
+    """Temporary files of interrupted writes in every directory under `claims_root` (each claim's, where
+    `ClaimFile`s are; each GPU's arbitration directory)."""
     found: list[Path] = []
     try:
         claims = list(os.scandir(claims_root))
