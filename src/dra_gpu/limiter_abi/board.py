@@ -151,7 +151,7 @@ def read_board(path: Path) -> list[Entry]:
         os.close(fd)
 
 
-def make_file(path: Path, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
+def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
     """Create path with content, size and mode unless something is there (True when it made it); the
     file appears whole (a temporary file linked into place) and never replaces another. `durable`
     syncs it before it appears, for a file that must not come back empty after a power loss (the
@@ -159,7 +159,8 @@ def make_file(path: Path, content: bytes, size: int, mode: int, durable: bool = 
     makes for the limiter is made here."""
     if os.path.lexists(path):
         return False
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
     try:
         os.write(fd, content)
         os.ftruncate(fd, size)
