@@ -415,17 +415,20 @@ class CheckpointStore:
             self._drop_index(old)
 
     # -- writing (under the node lock) ----------------------------------------------------------------
-    def put(self, record: PreparedClaim) -> None:
-        """Store a claim's record (replacing the one of the same UID)."""
-        self.load()
+    def put(self, record: PreparedClaim, loaded: bool = False) -> None:
+        """Store a claim's record (replacing the one of the same UID). `loaded`: the caller loaded the
+        checkpoint under the node lock it still holds, so it is not looked at again."""
+        if not loaded or self._cached is None:
+            self.load()
         text = _record_text(record)
         self._write(
             '{"op":"put","record":' + text + ',"uid":' + json.dumps(record.uid, ensure_ascii=False) + "}",
             lambda: self._set(record, text),
         )
 
-    def drop(self, uid: str) -> None:
-        self.load()
+    def drop(self, uid: str, loaded: bool = False) -> None:
+        if not loaded or self._cached is None:
+            self.load()
         if self._cached is not None and uid not in self._cached.claims:
             return
         self._write(_canonical({"op": "drop", "uid": uid}), lambda: self._unset(uid))

@@ -215,8 +215,11 @@ class ClaimArbitration:
         try:
             if os.path.isdir(directory):
                 update_board(directory, drop={claim})
-            _unlink(str(hold.params["link"]))
-            _unlink(os.path.join(directory, layout.activity_name(claim)))
+            # Temporary files of an interrupted link or activity file are not looked for here: the
+            # claim's directory goes whole with its `dir` hold, and the sweep removes old ones in the GPU's.
+            for name in (str(hold.params["link"]), os.path.join(directory, layout.activity_name(claim))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
         except OSError as exc:
             raise setup_failed(f"taking claim {claim} off {directory}", exc) from None
 

@@ -150,7 +150,7 @@ class ClaimFile:
         try:
             try:
                 fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # made here, or failing with the directory's name
                 _make_dirs(directory)
                 fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
             try:
