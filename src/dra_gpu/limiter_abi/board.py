@@ -19,6 +19,7 @@ the monitor that reads them go through it.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import struct
 import tempfile
@@ -79,6 +80,10 @@ class Entry:
             raise BoardError(f"unknown priority {self.priority!r}; allowed: {', '.join(PRIORITIES)}")
 
 
+_ORDER = operator.attrgetter("claim_uid", "floor", "ceiling", "priority")
+"""Entries' order on the board (their dataclass order, compared in C: a GPU holds up to 128 of them)."""
+
+
 @dataclass(frozen=True)
 class Activity:
     """What a claim's processes report in their activity file, cumulative since it was made."""
@@ -100,7 +105,7 @@ def board_header(count: int, seq: int) -> bytes:
 
 def pack_entries(entries: Iterable[Entry]) -> tuple[int, bytes]:
     """(count, the whole entry area): entries in claim UID order, every unused slot zero."""
-    ordered = sorted(entries)
+    ordered = sorted(entries, key=_ORDER)
     if len(ordered) > MAX_ENTRIES:
         raise BoardError(f"{len(ordered)} claims on one GPU; the board holds at most {MAX_ENTRIES}")
     packed = b"".join(
@@ -244,7 +249,7 @@ def rewrite_board(
         elif seq % 2 == 0:
             with contextlib.suppress(BoardError):
                 entries = _unpack(header, os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES))
-        new = change(entries)
+        new = sorted(change(entries), key=_ORDER)
         count, area = pack_entries(new)
         odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
         os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
@@ -253,7 +258,7 @@ def rewrite_board(
         os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
     finally:
         os.close(fd)
-    return Written(st.st_ino, odd + 1, tuple(sorted(new)))
+    return Written(st.st_ino, odd + 1, tuple(new))
 
 
 def activity_header() -> bytes:
