@@ -25,7 +25,8 @@ from dra_gpu.plugin.sharing.steps.directories import claim_temp_files
 log = logging.getLogger(__name__)
 
 TEMP_FILE_AGE_S = 600.0
-"""A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
+"""A temporary file this old in a claim's directory, a GPU's arbitration directory or the CDI directory is left
+by an interrupted write."""
 GPU_LOCK_WAIT_S = 1.0
 """How long the sweep waits for a GPU's lock to remove its idle arbitration directory (busy: next sweep)."""
 
