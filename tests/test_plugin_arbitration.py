@@ -255,8 +255,12 @@ def test_the_stale_sweep_removes_the_directory_of_a_gpu_no_claim_is_on(dirs: Plu
         (gone / ".board.abcd1234").write_bytes(b"")  # an interrupted write's temporary file
         os.utime(gone / ".board.abcd1234", (0, 0))
         assert kubelet.unprepare(first) == {uid_of(first): ""}
+        killed = gpu_dir(dirs) / f".{uid_of(first)}.activity.x1y2z3w4"  # a kill while making an activity file
+        killed.write_bytes(b"")
+        os.utime(killed, (0, 0))
         agent.plugin.preparer.collect_stale()
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(second), 20, 20)]
+        assert not killed.exists(), "the sweep removes old temporary files in the GPUs' directories"
         assert not gone.exists(), "the directory of a GPU that left the node goes at the sweep"
         assert kubelet.unprepare(second) == {uid_of(second): ""}
         assert (gpu_dir(dirs) / "board").exists(), "unprepare keeps the directory for the GPU's next claim"
