@@ -112,20 +112,25 @@ def write_spec(directory: Path, spec: Spec, transient_id: str) -> Path:
     final = directory / transient_spec_name(vendor, cls, transient_id)
     spec = spec.with_version()
     validation.validate_spec(spec)
-    text = spec.to_json()
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=TEMP_SUFFIX)
-    tmp = Path(tmp_name)
+    data = spec.to_json().encode()
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=TEMP_SUFFIX)
+    except (FileNotFoundError, NotADirectoryError):  # made here, or failing with the directory's name
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=TEMP_SUFFIX)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, 0o644)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
         raise
     _fsync_dir(directory)
     return final

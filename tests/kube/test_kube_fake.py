@@ -43,6 +43,20 @@ def test_stale_update_is_a_conflict_with_the_real_message() -> None:
         api.update("ResourceClaim", created)
 
 
+def test_each_read_is_the_clients_own_copy() -> None:
+    """As a real client decodes its own answer: changing what get or list returned changes nothing stored
+    and nothing another read returned."""
+    api = FakeKube()
+    api.create("ResourceClaim", claim())
+    first = api.get("ResourceClaim", "c", "default")
+    (listed,), _ = api.list("ResourceClaim")
+    first["spec"]["devices"]["requests"][0]["name"] = "changed"
+    listed["metadata"]["labels"] = {"changed": "yes"}
+    again = api.get("ResourceClaim", "c", "default")
+    assert again["spec"]["devices"]["requests"][0]["name"] == "gpu" and "labels" not in again["metadata"]
+    assert again == api.list("ResourceClaim")[0][0] and again is not first
+
+
 def test_generate_name_not_found_and_already_exists() -> None:
     api = FakeKube()
     obj = api.create(

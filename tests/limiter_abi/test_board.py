@@ -71,6 +71,24 @@ def test_a_seq_a_killed_writer_left_odd_is_passed_and_ends_even(tmp_path: Path) 
     assert int.from_bytes(path.read_bytes()[16:24], "little") == 10
 
 
+def test_a_rewrite_reads_back_what_another_writer_put_on_the_board_since(tmp_path: Path) -> None:
+    """The agent skips reading a board it wrote last; a write by anyone else (another agent process during
+    an update) moves seq on, and the next rewrite keeps that writer's entries."""
+    path = tmp_path / "board"
+    board.make_board(path)
+    mine = board.rewrite_board(path, lambda entries: [*entries, INFERENCE])
+    assert mine.entries == (INFERENCE,) and mine.seq == 2
+    assert path.read_bytes() == contract_board([(INFERENCE.claim_uid.encode(), 30, 100, 0)], 2)
+    board.write_board(path, [INFERENCE, TRAINING])  # the other writer, within the same clock tick
+    again = board.rewrite_board(path, lambda entries: [*entries, FIXED], last=mine)
+    assert again.entries == tuple(sorted([INFERENCE, TRAINING, FIXED])) == tuple(board.read_board(path))
+    unread = board.rewrite_board(path, lambda entries: entries, last=again)
+    assert unread == board.Written(again.inode, again.seq + 2, again.entries)
+    path.write_bytes(b"x" * 16384)
+    with pytest.raises(board.BoardError):
+        board.rewrite_board(path, lambda entries: entries, last=unread)
+
+
 def test_a_reader_never_sees_a_torn_board_while_the_agent_rewrites_it(tmp_path: Path) -> None:
     path = tmp_path / "board"
     board.make_board(path)

@@ -113,7 +113,8 @@ def test_an_inference_service_and_a_training_job_share_a_gpu_through_its_board(d
         ]
         assert not activity(dirs, inference).exists()
         assert kubelet.unprepare(training) == {uid_of(training): ""}
-        assert not gpu_dir(dirs).exists(), "the GPU's directory goes with its last claim"
+        assert board.read_board(gpu_dir(dirs) / "board") == [], "the GPU's directory stays for its next claim"
+        assert [n for n in os.listdir(gpu_dir(dirs)) if n.endswith(".activity")] == []
         kubelet.close()
 
 
@@ -235,7 +236,39 @@ def test_a_rebuilt_checkpoint_leaves_only_the_claims_it_holds_on_the_board(dirs:
         kubelet.register()
         assert kubelet.unprepare(kept) == {uid_of(kept): ""}
         kubelet.close()
-    assert not gpu_dir(dirs).exists()
+    assert board.read_board(gpu_dir(dirs) / "board") == []
+
+
+def test_the_stale_sweep_removes_the_directory_of_a_gpu_no_claim_is_on(dirs: PluginDirs) -> None:
+    """Unprepare keeps a GPU's directory for its next claim; the sweep removes it once no claim is on the
+    GPU, and so the directory of a GPU that left the node too, never one with a claim on it."""
+    api = FakeKube()
+    first = share_claim(api, "first", 30, 1)
+    second = share_claim(api, "second", 20, 2)
+    gone = dirs.state_dir / "gpus" / "GPU-00000000-0000-4000-8000-0000000000ff"  # a GPU no longer here
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert [a.error for a in kubelet.prepare(first, second).values()] == ["", ""]
+        gone.mkdir(mode=0o755)
+        board.make_board(gone / "board")
+        (gone / ".board.abcd1234").write_bytes(b"")  # an interrupted write's temporary file
+        os.utime(gone / ".board.abcd1234", (0, 0))
+        assert kubelet.unprepare(first) == {uid_of(first): ""}
+        killed = gpu_dir(dirs) / f".{uid_of(first)}.activity.x1y2z3w4"  # a kill while making an activity file
+        killed.write_bytes(b"")
+        os.utime(killed, (0, 0))
+        agent.plugin.preparer.collect_stale()
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(second), 20, 20)]
+        assert not killed.exists(), "the sweep removes old temporary files in the GPUs' directories"
+        assert not gone.exists(), "the directory of a GPU that left the node goes at the sweep"
+        assert kubelet.unprepare(second) == {uid_of(second): ""}
+        assert (gpu_dir(dirs) / "board").exists(), "unprepare keeps the directory for the GPU's next claim"
+        agent.plugin.preparer.collect_stale()
+        assert not gpu_dir(dirs).exists(), "the sweep removes it once no claim is on the GPU"
+        assert [a.error for a in kubelet.prepare(first).values()] == [""], "and the next claim makes it again"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(first), 30, 30)]
+        kubelet.close()
 
 
 def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dirs: PluginDirs) -> None:

@@ -65,6 +65,32 @@ def test_round_trip_and_file_format(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"], "no temporary files left"
 
 
+def test_a_record_whose_state_moved_on_is_journalled_as_a_whole_serialisation_would_be(
+    tmp_path: Path,
+) -> None:
+    """PrepareStarted becoming PrepareCompleted reuses the stored text; what another reader gets (checksums
+    over the canonical JSON) is the record, in the same bytes as serialising it afresh."""
+    store = CheckpointStore(tmp_path / "checkpoint.json")
+    started = (
+        sample()
+        .claims["u1"]
+        .model_copy(
+            update={
+                "state": ClaimState.PREPARE_STARTED,
+                "cdiSpec": {"kind": "x/claim", "state": "PrepareStarted"},
+            }
+        )
+    )
+    store.put(started)
+    store.put(started.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
+    line = store.journal_path.read_text().splitlines()[-1]
+    entry = json.loads(line)["entry"]
+    assert line.endswith(',"entry":' + json.dumps(entry, sort_keys=True, separators=(",", ":")) + "}")
+    assert json.loads(line)["checksum"] == _checksum(entry)
+    again = CheckpointStore(tmp_path / "checkpoint.json").load().claims["u1"]
+    assert again.state == ClaimState.PREPARE_COMPLETED and again.cdiSpec == started.cdiSpec
+
+
 def test_fields_from_a_newer_plugin_are_ignored_not_fatal(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     CheckpointStore(path).save(sample())

@@ -135,7 +135,8 @@ def assert_clean(dirs: PluginDirs) -> None:
     assert dirs.checkpoint().claims == {}
     assert simulated_gpu_state(dirs) == {"computeMode": {}, "timeslice": {}, "mps": {}}
     assert not (dirs.state_dir / "mps").exists() or list((dirs.state_dir / "mps").iterdir()) == []
-    assert not (dirs.state_dir / "gpus").exists() or list((dirs.state_dir / "gpus").iterdir()) == []
+    for gpu in (dirs.state_dir / "gpus").glob("*"):  # kept for the GPU's next claim, with nobody on it
+        assert [p.name for p in gpu.iterdir()] == ["board"] and board.read_board(gpu / "board") == []
 
 
 # -- a real process, killed ------------------------------------------------------------------------------

@@ -62,18 +62,23 @@ SHAREABLE_NODE_MODES = frozenset(m.node_mode for m in MODES.values() if shares_g
 """The `--sharing` settings whose GPUs are published shareable."""
 
 
+_BY_VALUE = {m.strategy.value: m for m in reversed(list(MODES.values()))}  # (the first mode of a value wins)
+_BESIDE_VALUES = {value: frozenset(s.value for s in mode.beside) for value, mode in _BY_VALUE.items()}
+_WHOLE_GPU = frozenset(value for value, mode in _BY_VALUE.items() if not shares_gpu(mode))
+"""Each mode by its `Strategy` value, and the values it may meet: a prepare checks them against every
+other share on the GPU (50 of them on a busy one), so they are looked up, not searched for."""
+
+
 def mode_named(strategy: str) -> SharingMode | None:
     """The mode of a `Strategy` value as a checkpoint record stores it; None for a value of no mode."""
-    return next((m for m in MODES.values() if m.strategy.value == strategy), None)
+    return _BY_VALUE.get(strategy)
 
 
 def takes_whole_gpu(strategy: str) -> bool:
     """Whether a claim of this mode (its `Strategy` value) holds its GPU alone."""
-    mode = mode_named(strategy)
-    return mode is not None and not shares_gpu(mode)
+    return strategy in _WHOLE_GPU
 
 
 def may_meet(strategy: str, other: str) -> bool:
     """Whether shares of the two modes (their `Strategy` values) may be on one GPU at once."""
-    mode = mode_named(strategy)
-    return mode is not None and any(s.value == other for s in mode.beside)
+    return other in _BESIDE_VALUES.get(strategy, frozenset())

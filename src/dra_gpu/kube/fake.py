@@ -70,6 +70,20 @@ class _Watcher:
         )
 
 
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def _own_copy(obj: Any) -> Any:
+    """A deep copy of a stored object, as a client of the real API server gets its own (decoded from the
+    answer's JSON): dicts and lists rebuilt, JSON's scalars shared (immutable), anything else deep-copied.
+    Several times faster than `copy.deepcopy` for the objects the agent reads on every prepare."""
+    if type(obj) is dict:
+        return {key: _own_copy(value) for key, value in obj.items()}
+    if type(obj) is list:
+        return [_own_copy(value) for value in obj]
+    return obj if type(obj) in _IMMUTABLE else copy.deepcopy(obj)
+
+
 class FakeKube:
     """Implements `dra_gpu.kube.api.KubeAPI` in memory; thread-safe."""
 
@@ -131,7 +145,8 @@ class FakeKube:
             obj = self._objects.get(self._key(res, name, namespace))
             if obj is None:
                 raise NotFound(f'{self._qualified(res)} "{name}" not found')
-            return copy.deepcopy(obj)
+            copied: Obj = _own_copy(obj)
+            return copied
 
     def list(
         self,
@@ -144,7 +159,7 @@ class FakeKube:
         with self._lock:
             self.calls.append(("list", kind))
             items = [
-                copy.deepcopy(o)
+                _own_copy(o)
                 for (k, ns, _), o in sorted(self._objects.items())
                 if k == kind
                 and (not namespace or not res.namespaced or ns == namespace)

@@ -19,10 +19,11 @@ the monitor that reads them go through it.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import struct
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,10 @@ class Entry:
             raise BoardError(f"unknown priority {self.priority!r}; allowed: {', '.join(PRIORITIES)}")
 
 
+_ORDER = operator.attrgetter("claim_uid", "floor", "ceiling", "priority")
+"""Entries' order on the board (their dataclass order, compared in C: a GPU holds up to 128 of them)."""
+
+
 @dataclass(frozen=True)
 class Activity:
     """What a claim's processes report in their activity file, cumulative since it was made."""
@@ -100,7 +105,7 @@ def board_header(count: int, seq: int) -> bytes:
 
 def pack_entries(entries: Iterable[Entry]) -> tuple[int, bytes]:
     """(count, the whole entry area): entries in claim UID order, every unused slot zero."""
-    ordered = sorted(entries)
+    ordered = sorted(entries, key=_ORDER)
     if len(ordered) > MAX_ENTRIES:
         raise BoardError(f"{len(ordered)} claims on one GPU; the board holds at most {MAX_ENTRIES}")
     packed = b"".join(
@@ -151,7 +156,7 @@ def read_board(path: Path) -> list[Entry]:
         os.close(fd)
 
 
-def make_file(path: Path, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
+def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
     """Create path with content, size and mode unless something is there (True when it made it); the
     file appears whole (a temporary file linked into place) and never replaces another. `durable`
     syncs it before it appears, for a file that must not come back empty after a power loss (the
@@ -159,7 +164,8 @@ def make_file(path: Path, content: bytes, size: int, mode: int, durable: bool = 
     makes for the limiter is made here."""
     if os.path.lexists(path):
         return False
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
     try:
         os.write(fd, content)
         os.ftruncate(fd, size)
@@ -209,6 +215,50 @@ def write_board(path: Path, entries: Iterable[Entry]) -> None:
         os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class Written:
+    """A board as one writer last wrote it: while the file has this inode and seq, nobody wrote since
+    (every write moves seq on), so its entries need not be read again."""
+
+    inode: int
+    seq: int
+    entries: tuple[Entry, ...]
+
+
+def rewrite_board(
+    path: Path | str, change: Callable[[list[Entry]], list[Entry]], last: Written | None = None
+) -> Written:
+    """Rewrite the board's entries with `change(entries)`, in place as `write_board` does, through one
+    descriptor; what it wrote. The entries are read from the file unless `last` still describes it; a
+    board left mid-write (seq odd) or with an entry that is no entry gives []. BoardError when the file
+    is no board (wrong size or magic), OSError when it cannot be opened (missing, a symlink)."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_size != BOARD_BYTES:
+            raise BoardError(f"{path} is no board ({st.st_size} bytes, mode {st.st_mode:o})")
+        header = os.pread(fd, HEADER_BYTES, 0)
+        if header[: len(BOARD_MAGIC)] != BOARD_MAGIC:
+            raise BoardError(f"{path} is no board (magic {header[: len(BOARD_MAGIC)]!r})")
+        (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+        entries: list[Entry] = []
+        if last is not None and (last.inode, last.seq) == (st.st_ino, seq):
+            entries = list(last.entries)
+        elif seq % 2 == 0:
+            with contextlib.suppress(BoardError):
+                entries = _unpack(header, os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES))
+        new = sorted(change(entries), key=_ORDER)
+        count, area = pack_entries(new)
+        odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
+        os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
+        os.pwrite(fd, area, HEADER_BYTES)
+        os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count), 0)
+        os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+    finally:
+        os.close(fd)
+    return Written(st.st_ino, odd + 1, tuple(new))
 
 
 def activity_header() -> bytes:

@@ -289,7 +289,9 @@ FLOOR_MODE = 0o644
 
 def make_floor(path: Path | str, uuids: list[str]) -> None:
     """The floor file of a claim, beside its region (a read-only directory in the container): the claim's
-    GPUs, each with no floor yet. Replaced whole: the agent makes it at prepare, before any process maps it."""
+    GPUs, each with no floor yet. Replaced whole: the agent makes it at prepare, before any process maps it.
+    Not synced: after a power loss (the only case a sync covers) the claim's processes are gone, and the
+    repeated prepare makes a floor again unless it is there whole, naming the claim's GPUs."""
     if len(uuids) > DEVICE_COUNT:
         raise ValueError(f"a floor holds at most {DEVICE_COUNT} GPUs, not {len(uuids)}")
     image = bytearray(FLOOR_BYTES)
@@ -301,7 +303,6 @@ def make_floor(path: Path | str, uuids: list[str]) -> None:
     try:
         os.write(fd, bytes(image))
         os.fchmod(fd, FLOOR_MODE)
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

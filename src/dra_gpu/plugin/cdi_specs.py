@@ -20,15 +20,18 @@ class ClaimSpecs:
         self._prefix = f"{driver}-{CDI_CLASS}_"
 
     def path(self, uid: str) -> Path:
+        return Path(self._file(uid))
+
+    def _file(self, uid: str) -> str:
         if not is_path_component(uid):
             raise ValueError(f"not a claim UID for a file name: {uid[:64]!r}")
-        return self.cdi_dir / files.transient_spec_name(self.driver, CDI_CLASS, uid)
+        return os.path.join(self.cdi_dir, files.transient_spec_name(self.driver, CDI_CLASS, uid))
 
     def exists(self, uid: str) -> bool:
-        return self.path(uid).is_file()
+        return os.path.isfile(self._file(uid))
 
     def write(self, uid: str, spec: Spec | dict[str, Any]) -> Path:
-        self.path(uid)  # a UID that is no file name goes no further
+        self._file(uid)  # a UID that is no file name goes no further
         model = spec if isinstance(spec, Spec) else Spec.model_validate(spec)
         return files.write_spec(self.cdi_dir, model, uid)
 
@@ -36,7 +39,7 @@ class ClaimSpecs:
         """Remove the claim's spec; False if it was not there. (Temporary files of an interrupted
         write are the stale-claim sweep's: looking for them here would read the whole directory.)"""
         try:
-            os.unlink(self.path(uid))
+            os.unlink(self._file(uid))
         except FileNotFoundError:
             return False
         with contextlib.suppress(OSError):

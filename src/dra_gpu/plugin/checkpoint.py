@@ -164,6 +164,9 @@ def _record_text(record: PreparedClaim) -> str:
     return _canonical(record.model_dump(mode="json", exclude_none=True))
 
 
+_SAME_FIELDS = tuple(name for name in PreparedClaim.model_fields if name != "state")
+
+
 StatKey = tuple[int, int, int, int]
 
 
@@ -415,17 +418,37 @@ class CheckpointStore:
             self._drop_index(old)
 
     # -- writing (under the node lock) ----------------------------------------------------------------
-    def put(self, record: PreparedClaim) -> None:
-        """Store a claim's record (replacing the one of the same UID)."""
-        self.load()
-        text = _record_text(record)
+    def put(self, record: PreparedClaim, loaded: bool = False) -> None:
+        """Store a claim's record (replacing the one of the same UID). `loaded`: the caller loaded the
+        checkpoint under the node lock it still holds, so it is not looked at again."""
+        if not loaded or self._cached is None:
+            self.load()
+        text = self._moved_on(record) or _record_text(record)
         self._write(
             '{"op":"put","record":' + text + ',"uid":' + json.dumps(record.uid, ensure_ascii=False) + "}",
             lambda: self._set(record, text),
         )
 
-    def drop(self, uid: str) -> None:
-        self.load()
+    def _moved_on(self, record: PreparedClaim) -> str | None:
+        """The canonical text of `record` when it is the stored record with only its state changed (a
+        prepare's PrepareStarted becoming PrepareCompleted, its other fields the same objects): the
+        stored text with the state replaced, instead of serialising the whole record (its CDI spec)
+        again. None otherwise."""
+        old = self._cached.claims.get(record.uid) if self._cached is not None else None
+        text = self._texts.get(record.uid)
+        if old is None or text is None or old.state == record.state:
+            return None
+        if any(getattr(old, name) is not getattr(record, name) for name in _SAME_FIELDS):
+            return None
+        uid = json.dumps(record.uid, ensure_ascii=False)
+        before = f',"state":"{old.state.value}","uid":{uid}}}'  # the last keys of the canonical text
+        if not text.endswith(before):
+            return None
+        return text[: -len(before)] + f',"state":"{record.state.value}","uid":{uid}}}'
+
+    def drop(self, uid: str, loaded: bool = False) -> None:
+        if not loaded or self._cached is None:
+            self.load()
         if self._cached is not None and uid not in self._cached.claims:
             return
         self._write(_canonical({"op": "drop", "uid": uid}), lambda: self._unset(uid))

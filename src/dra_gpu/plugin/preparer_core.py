@@ -152,7 +152,7 @@ class PreparerCore:
         """Store one claim's record (a new object: stored records are never changed in place)."""
         with self.lock.hold():
             before = self._load().claims.get(record.uid)
-            self.store.put(record)
+            self.store.put(record, loaded=True)
             self.metrics.claim_changed(before, record)
             self._compact_if_overdue()
 
@@ -161,7 +161,7 @@ class PreparerCore:
             before = self._load().claims.get(uid)
             if before is None:
                 return
-            self.store.drop(uid)
+            self.store.drop(uid, loaded=True)
             self.metrics.claim_changed(before, None)
             self._compact_if_overdue()
 

@@ -16,14 +16,19 @@ from dra_gpu.plugin.checkpoint import (
 )
 from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import bounded, describe, filesystem_error
+from dra_gpu.plugin.locking import LockTimeout
 from dra_gpu.plugin.preparer_core import PreparerCore
+from dra_gpu.plugin.sharing.modes import arbitration
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 from dra_gpu.plugin.sharing.steps.directories import claim_temp_files
 
 log = logging.getLogger(__name__)
 
 TEMP_FILE_AGE_S = 600.0
-"""A temporary file this old in a claim's directory or the CDI directory is left by an interrupted write."""
+"""A temporary file this old in a claim's directory, a GPU's arbitration directory or the CDI directory is left
+by an interrupted write."""
+GPU_LOCK_WAIT_S = 1.0
+"""How long the sweep waits for a GPU's lock to remove its idle arbitration directory (busy: next sweep)."""
 
 
 class Sweeps(PreparerCore):
@@ -135,7 +140,26 @@ class Sweeps(PreparerCore):
         self.metrics.stale_uncleaned.set(len(failed))
         if not self.snapshot().rebuildPending:
             self._remove_unrecorded()
+            self._remove_idle_gpu_dirs()
         self._refresh_metrics()
+
+    def _remove_idle_gpu_dirs(self) -> None:
+        """The arbitration directories of GPUs that no claim is on (unprepare keeps a GPU's directory for
+        its next claim), including those of GPUs that left the node; each under its GPU's lock."""
+        for uuid in arbitration.gpu_dirs(self.node):
+            try:
+                with self.gpu_locks.hold([uuid], deadline=time.monotonic() + GPU_LOCK_WAIT_S):
+                    if arbitration.remove_if_empty(arbitration.gpu_dir(self.node, uuid)):
+                        log.info(
+                            "removed the arbitration directory of a GPU no claim is on", extra={"gpu": uuid}
+                        )
+            except LockTimeout:
+                continue  # the GPU is busy with a call: the next sweep
+            except OSError as exc:
+                log.warning(
+                    "could not remove an idle GPU's arbitration directory; the next sweep tries again",
+                    extra={"gpu": uuid, "error": bounded(describe(exc))},
+                )
 
     def _live_claims(self) -> dict[tuple[str, str], dict[str, Any]] | None:
         """The API's ResourceClaims by (namespace, name); None when the API does not answer."""
@@ -169,6 +193,7 @@ class Sweeps(PreparerCore):
         temporary = [
             *self.specs.temp_files(),
             *claim_temp_files(self.node.state_dir / "claims"),
+            *claim_temp_files(arbitration.gpus_root(self.node)),
             *self._mig.temp_files(),
             *self.store.temp_files(),
         ]

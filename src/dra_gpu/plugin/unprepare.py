@@ -39,8 +39,10 @@ class Unprepare(PreparerCore):
         # restore everything (see _prepare), so a crash anywhere below is safe without a third phase.
         with self.lock.hold():
             self.specs.remove(entry.uid)
+            last = self._last_holders(
+                entry
+            )  # (under the same hold: the claim's and GPUs' locks keep it true)
         self._hook("unprepare:cdi-removed")
-        last = self._last_holders(entry)
         for hold in reversed(entry.holds):
             self._handler(hold).release(hold, self.node, last[hold.key])
         self._mig.release(entry.uid, self.inventory.gpus())

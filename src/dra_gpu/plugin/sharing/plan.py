@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from dra_gpu.config import GpuConfig, Strategy
@@ -81,9 +81,9 @@ class Share:
         return to_int(consumed) if consumed is not None else configured
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Another claim's use of a GPU, as the conflict checks see it."""
+class Holder(NamedTuple):
+    """Another claim's use of a GPU, as the conflict checks see it (a tuple: a prepare makes one for every
+    other share on the GPU, 50 of them on a busy one)."""
 
     claim: str
     record: ShareRecord

@@ -10,16 +10,21 @@ For each GPU on which a claim has a limiter compute share below 100 %, the claim
 3. rewrites the board with the claim's entry (floor, ceiling, priority) added or replaced.
 
 Releasing it takes the entry off the board first (the library stops counting the claim before its
-file goes), then removes both names of the activity file, and the directory once no claim is left.
+file goes), then removes both names of the activity file. The GPU's directory and board stay when its
+last claim goes (the next claim on the GPU would make them again): the stale-claim sweep removes the
+directory of a GPU that no claim is on (`remove_if_empty`), whether the GPU is still on the node or not.
 Every step is idempotent, so a repeated prepare or a restore after a crash or a reboot converges, and
 the board always lists exactly the claims whose holds were applied and not released. The board is
-its own record: a claim's entry is read back from it, so the handler needs no other claim's hold.
+its own record: a claim's entry is read back from it (or from what this process last wrote there, while
+the board's inode and seq say nobody wrote since), so the handler needs no other claim's hold.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Set
 from pathlib import Path
 
@@ -50,17 +55,20 @@ def _entry(hold: Hold) -> layout.Entry:
     return layout.Entry(str(p["claim"]), int(p["floor"]), int(p["ceiling"]), str(p["priority"]))
 
 
-_read_boards: dict[Path, tuple[tuple[int, int, int, int, int], list[layout.Entry]]] = {}
+_read_boards: dict[str, tuple[tuple[int, int, int, int, int], list[layout.Entry]]] = {}
 """board -> (its file's stat signature, its entries): the supervisor checks every claim's hold every few
 seconds, and a GPU's 50 claims need not read its board 50 times. Only the agent writes a board, and
 every write of ours drops the entry here."""
+_written: dict[str, layout.Written] = {}
+"""board -> what this process last wrote there: a rewrite reads the entries back only if someone wrote
+since (its seq moved on, or it is another file)."""
 
 
 def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _sound_entries(board: Path) -> list[layout.Entry] | None:
+def _sound_entries(board: str) -> list[layout.Entry] | None:
     """The entries of a sound board (None: missing or not a board), read again only when it changed."""
     try:
         signature = _signature(os.lstat(board))
@@ -69,87 +77,119 @@ def _sound_entries(board: Path) -> list[layout.Entry] | None:
     cached = _read_boards.get(board)
     if cached is not None and cached[0] == signature:
         return cached[1]
-    if not layout.board_is_sound(board):
+    if not layout.board_is_sound(Path(board)):
         return None
     try:
-        entries = layout.read_board(board)
+        entries = layout.read_board(Path(board))
     except (layout.BoardError, OSError, UnicodeDecodeError):
         return None
     _read_boards[board] = (signature, entries)
     return entries
 
 
-def _entries(board: Path) -> list[layout.Entry]:
+def _entries(board: str) -> list[layout.Entry]:
     """The board's entries; a board that cannot be read as one starts empty (only the agent writes
     it, so this is a file a killed agent or someone on the host broke: it is rebuilt from the holds)."""
     try:
-        return layout.read_board(board)
+        return layout.read_board(Path(board))
     except (layout.BoardError, OSError, UnicodeDecodeError):
         return []
 
 
-def _replace_broken_board(board: Path) -> None:
-    if os.path.lexists(board) and not layout.board_is_sound(board):
-        _read_boards.pop(board, None)
-        board.unlink()
-    layout.make_board(board)
+def _make_dir(path: str) -> None:
+    """`path` a directory of mode 0755 (explicit: every UID of every claim reads the board), made if missing."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, DIR_MODE)
+        st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
         return False
 
 
-def _link(target: Path, link: Path) -> None:
+def _link(target: str, link: str) -> None:
     """`link` becomes another name of `target`, replacing whatever was there in one rename."""
-    if _same_file(target, link):
+    try:
+        os.link(target, link)  # the common case: nothing there yet
         return
-    tmp = link.with_name(f".{link.name}.{os.getpid() % 2**32:08x}")
+    except FileExistsError:
+        if _same_file(target, link):
+            return
+    directory, name = os.path.split(link)
+    tmp = os.path.join(directory, f".{name}.{os.getpid() % 2**32:08x}")
     with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+        os.unlink(tmp)
     os.link(target, tmp)
     os.replace(tmp, link)
 
 
-def _unlink(path: Path) -> None:
-    for leftover in [path, *temp_files(path)]:
+def _unlink(path: str) -> None:
+    for leftover in [path, *map(str, temp_files(Path(path)))]:
         with contextlib.suppress(FileNotFoundError):
-            leftover.unlink()
+            os.unlink(leftover)
 
 
-def update_board(directory: Path, put: layout.Entry | None = None, drop: Set[str] = frozenset()) -> list[str]:
+def update_board(
+    directory: Path | str, put: layout.Entry | None = None, drop: Set[str] = frozenset()
+) -> list[str]:
     """Rewrite the GPU's board with `put` added or replaced and the claims in `drop` taken off; the
-    claim UIDs left on it."""
-    board = directory / layout.BOARD_FILE
-    _replace_broken_board(board)
-    entries = [
-        e
-        for e in _entries(board)
-        if e.claim_uid not in drop and (put is None or e.claim_uid != put.claim_uid)
-    ]
-    if put is not None:
-        entries.append(put)
+    claim UIDs left on it. A board that is missing or no board is made anew first."""
+    board = os.path.join(directory, layout.BOARD_FILE)
+
+    def change(entries: list[layout.Entry]) -> list[layout.Entry]:
+        kept = [
+            e for e in entries if e.claim_uid not in drop and (put is None or e.claim_uid != put.claim_uid)
+        ]
+        return kept if put is None else [*kept, put]
+
     _read_boards.pop(board, None)
-    layout.write_board(board, entries)
-    return [e.claim_uid for e in entries]
+    try:
+        written = layout.rewrite_board(board, change, _written.get(board))
+    except (layout.BoardError, OSError):  # missing, or broken by a killed agent or someone on the host
+        _written.pop(board, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(board)
+        layout.make_board(Path(board))
+        written = layout.rewrite_board(board, change)
+    _written[board] = written
+    return [e.claim_uid for e in written.entries]
 
 
-def remove_if_empty(directory: Path) -> None:
-    """The GPU's directory goes with its last claim: when the board lists nobody and no activity file
-    is left (a board made by a prepare that is still running keeps it)."""
-    board = directory / layout.BOARD_FILE
+def remove_if_empty(directory: Path | str) -> bool:
+    """Remove the GPU's directory if no claim is on it: the board lists nobody and no activity file is
+    left (a board made by a prepare that is still running keeps it). The caller holds the GPU's lock.
+    Whether it is gone."""
+    board = os.path.join(directory, layout.BOARD_FILE)
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
-        return
+        return True
     if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names) or _entries(board):
-        return
+        return False
     _read_boards.pop(board, None)
+    _written.pop(board, None)
     _unlink(board)
     with contextlib.suppress(OSError):
-        directory.rmdir()
+        os.rmdir(directory)
+    return not os.path.lexists(directory)
+
+
+def gpu_dirs(node: NodeContext) -> list[str]:
+    """The GPU UUIDs that have an arbitration directory under the state directory."""
+    try:
+        return sorted(e.name for e in os.scandir(gpus_root(node)) if e.is_dir(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 class ClaimArbitration:
@@ -157,48 +197,47 @@ class ClaimArbitration:
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
         entry = _entry(hold)
-        directory = gpu_dir(node, str(hold.params["gpu"]))
-        activity = directory / layout.activity_name(entry.claim_uid)
-        link = Path(str(hold.params["link"]))
+        root = os.path.join(node.state_dir, layout.GPUS_DIR)
+        directory = os.path.join(root, str(hold.params["gpu"]))
+        activity = os.path.join(directory, layout.activity_name(entry.claim_uid))
         try:
-            for path in (gpus_root(node), directory):
-                path.mkdir(exist_ok=True)
-                os.chmod(path, DIR_MODE)  # explicit: every UID of every claim reads the board
-            layout.make_activity(activity)
-            _link(activity, link)
+            _make_dir(root)
+            _make_dir(directory)
+            layout.make_activity(Path(activity))
+            _link(activity, str(hold.params["link"]))
             update_board(directory, put=entry)
         except OSError as exc:
             raise setup_failed(f"setting up {directory} for claim {entry.claim_uid}", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
         claim = str(hold.params["claim"])
-        directory = gpu_dir(node, str(hold.params["gpu"]))
+        directory = os.path.join(node.state_dir, layout.GPUS_DIR, str(hold.params["gpu"]))
         try:
-            if directory.is_dir():
+            if os.path.isdir(directory):
                 update_board(directory, drop={claim})
-            _unlink(Path(str(hold.params["link"])))
-            _unlink(directory / layout.activity_name(claim))
-            remove_if_empty(directory)
+            # Temporary files of an interrupted link or activity file are not looked for here: the
+            # claim's directory goes whole with its `dir` hold, and the sweep removes old ones in the GPU's.
+            for name in (str(hold.params["link"]), os.path.join(directory, layout.activity_name(claim))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
         except OSError as exc:
             raise setup_failed(f"taking claim {claim} off {directory}", exc) from None
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         entry = _entry(hold)
-        directory = gpu_dir(node, str(hold.params["gpu"]))
-        activity = directory / layout.activity_name(entry.claim_uid)
-        entries = _sound_entries(directory / layout.BOARD_FILE)
-        return (
-            entries is not None and entry in entries and _same_file(activity, Path(str(hold.params["link"])))
-        )
+        directory = os.path.join(node.state_dir, layout.GPUS_DIR, str(hold.params["gpu"]))
+        activity = os.path.join(directory, layout.activity_name(entry.claim_uid))
+        entries = _sound_entries(os.path.join(directory, layout.BOARD_FILE))
+        return entries is not None and entry in entries and _same_file(activity, str(hold.params["link"]))
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         """After the checkpoint was rebuilt: claims on the GPU's board that no record holds come off,
         with their activity files. (Only the GPU's own directory: the caller holds that GPU's lock, not
         its MIG devices'; a MIG device's entries go with their claims' unprepare.)"""
-        directory = gpu_dir(node, gpu.uuid)
-        if not directory.is_dir():
+        directory = str(gpu_dir(node, gpu.uuid))
+        if not os.path.isdir(directory):
             return
-        listed = {e.claim_uid for e in _entries(directory / layout.BOARD_FILE)}
+        listed = {e.claim_uid for e in _entries(os.path.join(directory, layout.BOARD_FILE))}
         files = {
             n[: -len(layout.ACTIVITY_SUFFIX)]
             for n in os.listdir(directory)
@@ -208,7 +247,7 @@ class ClaimArbitration:
         if stale:
             update_board(directory, drop=stale)
             for uid in stale:
-                _unlink(directory / layout.activity_name(uid))
+                _unlink(os.path.join(directory, layout.activity_name(uid)))
         remove_if_empty(directory)
 
 

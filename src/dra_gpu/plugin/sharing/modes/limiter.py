@@ -24,12 +24,13 @@ gpu-check) the same limits through the environment, as the library reads them th
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.config import Priority, Strategy
-from dra_gpu.limiter_abi.board import ACTIVITY_SUFFIX
+from dra_gpu.limiter_abi.board import ACTIVITY_SUFFIX, GPUS_DIR
 from dra_gpu.limiter_abi.limits import (
     CONTAINER_CLAIMS_ROOT,
     CONTAINER_GPUS_ROOT,
@@ -235,12 +236,13 @@ class Limiter:
 
     @staticmethod
     def _files(plan: Plan, node: NodeContext, library: Path) -> None:
-        claim_dir = node.claim_dir(plan.claim.uid)
+        claim_dir = str(node.claim_dir(plan.claim.uid))
         inside = container_claim_dir(plan.claim.uid)
-        state, limits, preload = claim_dir / STATE_DIR, claim_dir / LIMITS_FILE, claim_dir / PRELOAD_FILE
+        state, limits = os.path.join(claim_dir, STATE_DIR), os.path.join(claim_dir, LIMITS_FILE)
+        preload = os.path.join(claim_dir, PRELOAD_FILE)
         # The agent's region (limiter_region.py): the directory is read-only in the container and the file
         # a mount of its own, so a container cannot unlink, replace or add to what the claim accounts in.
-        region = state / REGION_FILE
+        region = os.path.join(state, REGION_FILE)
         plan.hold("dir", f"dir:{state}", path=str(state), mode=0o755)
         plan.hold("region", f"region:{region}", path=str(region), gpus=",".join(plan.limits))
         plan.hold(
@@ -256,7 +258,7 @@ class Limiter:
         Limiter._arbitration(plan, node, state, f"{inside}/{STATE_DIR}")
 
     @staticmethod
-    def _arbitration(plan: Plan, node: NodeContext, state: Path, inside_state: str) -> None:
+    def _arbitration(plan: Plan, node: NodeContext, state: str, inside_state: str) -> None:
         """Elastic compute: each GPU where the claim's compute share is below 100 % has it on its board.
         The GPU's directory is read-only in the container and the claim's own activity file a read-write
         mount of its own, so its processes can write that file and no other claim's, nor the board."""
@@ -264,7 +266,7 @@ class Limiter:
             if limit.cores >= 100:
                 continue
             name = uuid + ACTIVITY_SUFFIX
-            link = state / name
+            link = os.path.join(state, name)
             plan.hold(
                 arbitration.KIND,
                 arbitration.hold_key(uuid, plan.claim.uid),
@@ -277,7 +279,7 @@ class Limiter:
             )
             edits = plan.claim_edits
             edits.add_mount(
-                arbitration.gpu_dir(node, uuid),
+                os.path.join(node.state_dir, GPUS_DIR, uuid),
                 f"{CONTAINER_GPUS_ROOT}/{uuid}",
                 ["ro", "nosuid", "nodev", "bind"],
             )

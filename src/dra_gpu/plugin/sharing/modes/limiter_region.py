@@ -34,7 +34,7 @@ def region_header() -> bytes:
     return layout.header_fields()
 
 
-def make_region(path: Path) -> bool:
+def make_region(path: Path | str) -> bool:
     """Creates the region at path unless a file is there already (True when it made one).
 
     An existing file is kept whatever its state: processes of the claim may hold memory charged in it,
@@ -42,16 +42,16 @@ def make_region(path: Path) -> bool:
     return make_file(path, region_header(), layout.REGION_BYTES, MODE, durable=True)
 
 
-def floor_path(region: Path) -> Path:
+def floor_path(region: Path | str) -> str:
     """The agent's floor beside a claim's region: read-only to the claim (its directory is a read-only mount)."""
-    return region.parent / layout.FLOOR_FILE
+    return os.path.join(os.path.dirname(region), layout.FLOOR_FILE)
 
 
 class ClaimRegion:
     kind = "region"
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
-        path = Path(str(hold.params["path"]))
+        path = str(hold.params["path"])
         gpus = [g for g in str(hold.params.get("gpus", "")).split(",") if g]
         try:
             make_region(path)
@@ -61,13 +61,13 @@ class ClaimRegion:
             raise setup_failed(f"creating {path}", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
-        path = Path(str(hold.params["path"]))
+        path = str(hold.params["path"])
         for done in (floor_path(path), path):
             with contextlib.suppress(FileNotFoundError):
-                done.unlink()
+                os.unlink(done)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
-        path = Path(str(hold.params["path"]))
+        path = str(hold.params["path"])
         gpus = [g for g in str(hold.params.get("gpus", "")).split(",") if g]
         # A damaged region stays (see make_region); a floor that is missing or names other GPUs is made again.
         return os.path.lexists(path) and (not gpus or layout.floor_uuids(floor_path(path)) == gpus)

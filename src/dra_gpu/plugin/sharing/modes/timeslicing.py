@@ -74,24 +74,19 @@ class TimeSlicing:
     def _uncapped_beside_limiter(share: Share, others: Sequence[Holder]) -> str | None:
         """An uncapped time-sliced share could take the memory a limiter share beside it is promised."""
         timeslice, limiter = Strategy.TIME_SLICING.value, Strategy.LIMITER.value
+        mine = share.strategy
+        if mine not in (Strategy.LIMITER, Strategy.TIME_SLICING):
+            return None  # (the checks below are about these two only; a busy GPU has 50 others to look at)
         for other in others:
             record = other.record
-            if (
-                share.strategy == Strategy.LIMITER
-                and record.strategy == timeslice
-                and CAP_DETAIL not in record.detail
-            ):
+            if mine == Strategy.LIMITER and record.strategy == timeslice and CAP_DETAIL not in record.detail:
                 return (
                     f"GPU {share.device} ({share.gpu.uuid}) hosts claim {other.claim}, time-sliced without "
                     f"a memory cap, which could take the memory this limiter claim is promised; use another GPU"
                 )
             # Without the library no limiter claim prepares, so only missing capacity leaves a new
             # time-sliced share uncapped beside one.
-            if (
-                share.strategy == Strategy.TIME_SLICING
-                and record.strategy == limiter
-                and not _has_memory(share)
-            ):
+            if mine == Strategy.TIME_SLICING and record.strategy == limiter and not _has_memory(share):
                 return (
                     f"GPU {share.device} ({share.gpu.uuid}) hosts limiter claim {other.claim}; this "
                     f"time-sliced claim has no consumed memory capacity to be capped to, so it could take "

@@ -142,11 +142,11 @@ class DeviceAccess:
         return None
 
     def _host_node(self, node: NodeContext, container_path: str) -> DeviceNode | None:
-        host = node.dev_root / container_path.lstrip("/")
+        root = str(node.dev_root)
+        host = os.path.join(root, container_path.lstrip("/"))
         if not os.path.exists(host):
             return None
-        same_path = node.dev_root == Path("/")
-        return DeviceNode(path=container_path, host_path=None if same_path else str(host))
+        return DeviceNode(path=container_path, host_path=None if root == "/" else host)
 
     def contribute(self, plan: Plan, node: NodeContext) -> None:
         ctk = self._ctk.setdefault(node.driver, NvidiaCtkSpecs(skip_prefix=f"{node.driver}-"))

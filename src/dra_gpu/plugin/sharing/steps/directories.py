@@ -29,24 +29,40 @@ class ClaimDirectory:
     kind = "dir"
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
-        path = Path(str(hold.params["path"]))
+        path = str(hold.params["path"])
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            _make_dirs(path)
             # Explicit chmod: the umask must not decide whether a pod's non-root user may write here.
             os.chmod(path, int(hold.params.get("mode", 0o700)))
         except OSError as exc:
             raise setup_failed(f"creating {path}", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
-        path = Path(str(hold.params["path"]))
-        remove_tree(path)
+        path = str(hold.params["path"])
+        try:
+            os.rmdir(path)  # the common case: the holds released before it emptied it
+        except FileNotFoundError:
+            pass
+        except OSError:
+            remove_tree(Path(path))
         _remove_empty_parents(path, node)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
-        return Path(str(hold.params["path"])).is_dir()
+        return os.path.isdir(str(hold.params["path"]))
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         return None  # per claim, not GPU-wide
+
+
+def _make_dirs(path: str) -> None:
+    """`path` and its missing parents, made as `Path.mkdir(parents=True, exist_ok=True)` does."""
+    try:
+        os.mkdir(path)
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
 
 
 def remove_tree(path: Path) -> None:
@@ -66,13 +82,19 @@ def remove_tree(path: Path) -> None:
         raise error
 
 
-def _remove_empty_parents(path: Path, node: NodeContext) -> None:
-    claims_root = node.state_dir / "claims"
-    parent = path.parent
-    while parent != claims_root and claims_root in parent.parents:
-        with contextlib.suppress(OSError):
-            parent.rmdir()
-        parent = parent.parent
+def _remove_empty_parents(path: str, node: NodeContext) -> None:
+    """The directories between `path` and the claims' directory that are empty now, bottom up (one that
+    is not empty keeps its parents)."""
+    claims_root = os.path.join(node.state_dir, "claims")
+    parent = os.path.dirname(path)
+    while parent != claims_root and parent.startswith(claims_root + os.sep):
+        try:
+            os.rmdir(parent)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        parent = os.path.dirname(parent)
 
 
 TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")
@@ -81,20 +103,22 @@ TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")
 
 def temp_files(path: Path) -> list[Path]:
     """The temporary files an interrupted write of `path` left beside it."""
-    prefix = f".{path.name}."
+    return [path.parent / n for n in _temp_names(str(path))]
+
+
+def _temp_names(path: str) -> list[str]:
+    directory, name = os.path.split(path)
+    prefix = f".{name}."
     try:
-        names = os.listdir(path.parent)
+        names = os.listdir(directory)
     except OSError:
         return []
-    return [
-        path.parent / n
-        for n in names
-        if n.startswith(prefix) and len(n) == len(prefix) + 8 and TEMP_NAME.fullmatch(n)
-    ]
+    return [n for n in names if n.startswith(prefix) and len(n) == len(prefix) + 8 and TEMP_NAME.fullmatch(n)]
 
 
 def claim_temp_files(claims_root: Path) -> list[Path]:
-    """Temporary files of interrupted writes in every claim's directory (where `ClaimFile`s are)."""
+    """Temporary files of interrupted writes in every directory under `claims_root` (each claim's, where
+    `ClaimFile`s are; each GPU's arbitration directory)."""
     found: list[Path] = []
     try:
         claims = list(os.scandir(claims_root))
@@ -118,16 +142,25 @@ class ClaimFile:
     kind = "file"
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
-        path = Path(str(hold.params["path"]))
-        if self.in_place(hold, node):
+        path = str(hold.params["path"])
+        content = str(hold.params["content"]).encode()
+        if _holds(path, content):
             return
+        directory, name = os.path.split(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(str(hold.params["content"]))
-                    os.fchmod(f.fileno(), int(hold.params.get("mode", 0o444)))
+                fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+            except (FileNotFoundError, NotADirectoryError):  # made here, or failing with the directory's name
+                _make_dirs(directory)
+                fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+            try:
+                try:
+                    view = memoryview(content)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fchmod(fd, int(hold.params.get("mode", 0o444)))
+                finally:
+                    os.close(fd)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
@@ -137,10 +170,11 @@ class ClaimFile:
             raise setup_failed(f"writing {path}", exc) from None
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
-        path = Path(str(hold.params["path"]))
-        for leftover in [path, *temp_files(path)]:
+        path = str(hold.params["path"])
+        directory = os.path.dirname(path)
+        for leftover in [path, *(os.path.join(directory, n) for n in _temp_names(path))]:
             try:
-                leftover.unlink()
+                os.unlink(leftover)
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -148,13 +182,24 @@ class ClaimFile:
         _remove_empty_parents(path, node)
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
-        try:
-            return Path(str(hold.params["path"])).read_text(encoding="utf-8") == str(hold.params["content"])
-        except (OSError, UnicodeDecodeError):
-            return False
+        return _holds(str(hold.params["path"]), str(hold.params["content"]).encode())
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         return None  # per claim, not GPU-wide
+
+
+def _holds(path: str, content: bytes) -> bool:
+    """Whether the file at `path` holds exactly `content`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, len(content) + 1) == content
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 HOLD_HANDLERS = (ClaimDirectory(), ClaimFile())

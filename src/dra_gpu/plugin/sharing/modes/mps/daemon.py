@@ -58,8 +58,9 @@ class Mps:
     order = 30
 
     def conflict(self, share: Share, others: Sequence[Holder]) -> str | None:
+        mine = share.strategy.value
         shared = [o for o in others if not takes_whole_gpu(o.record.strategy)]
-        apart = [o for o in shared if not may_meet(share.strategy.value, o.record.strategy)]
+        apart = [o for o in shared if not may_meet(mine, o.record.strategy)]
         if share.strategy == Strategy.MPS:
             problem = user_conflict(share, shared)
             if problem is not None:
