@@ -9,7 +9,7 @@ from dra_gpu.allocator.capacity import fmt
 from dra_gpu.allocator.pools import Device
 from dra_gpu.allocator.requests import Alt, Request
 from dra_gpu.allocator.search import Pick
-from dra_gpu.kube import objects
+from dra_gpu.kube import builders, objects
 
 
 def _node_selector(devices: list[Device]) -> dict[str, Any] | None:
@@ -78,21 +78,23 @@ def build_allocation(
     results = []
     for pick in picks:
         d = devices[pick.index]
-        entry: dict[str, Any] = {
-            "request": pick.alt.result_name,
-            "driver": d.driver,
-            "pool": d.pool,
-            "device": d.name,
-        }
+        shared = pick.consumed is not None
+        entry = builders.device_result(
+            pick.alt.result_name,
+            d.driver,
+            d.pool,
+            d.name,
+            share_id=new_uid() if shared else None,
+            consumed={s.name: fmt(c) for s, c in zip(d.specs, pick.consumed or (), strict=True)}
+            if shared
+            else None,
+        )
         if pick.alt.tolerations:
             entry["tolerations"] = [dict(t) for t in pick.alt.tolerations]
         if d.binding_conditions:
             entry["bindingConditions"] = list(d.binding_conditions)
         if d.binding_failure_conditions:
             entry["bindingFailureConditions"] = list(d.binding_failure_conditions)
-        if pick.consumed is not None:
-            entry["shareID"] = new_uid()
-            entry["consumedCapacity"] = {s.name: fmt(c) for s, c in zip(d.specs, pick.consumed, strict=True)}
         results.append(entry)
     allocation: dict[str, Any] = {"devices": {"results": results}}
     config = _configs(claim, requests, picks)

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dra_gpu.kube import objects
+from dra_gpu.kube import builders, objects
 from dra_gpu.plugin.calls import Calls, PrepareResult
 from dra_gpu.plugin.checkpoint import (
     ClaimState,
@@ -191,14 +191,13 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
         The kubelet retries a failed prepare for as long as the pod exists, and shows only the pod;
         the claim's event tells whoever looks at the claim, and repeats are folded into one event.
         """
-        meta = {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid}
-        targets: list[dict[str, Any]] = [
-            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta}
-        ]
+        targets = [builders.subject("ResourceClaim", claim.name, claim.namespace, claim.uid)]
         for consumer in objects.reserved_for(obj or {}):
             if consumer.get("resource") == "pods" and not consumer.get("apiGroup"):
-                pod = {"name": consumer.get("name"), "namespace": claim.namespace, "uid": consumer.get("uid")}
-                targets.append({"apiVersion": "v1", "kind": "Pod", "metadata": pod})
+                pod = builders.subject(
+                    "Pod", str(consumer.get("name") or ""), claim.namespace, str(consumer.get("uid") or "")
+                )
+                targets.append(pod)
         for target in targets:
             try:
                 self.events.record(target, "Warning", PREPARE_FAILED_REASON, bounded(exc.message))
