@@ -2,48 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from plugin_harness import Kubelet, PluginDirs
+from plugin_harness import CLI, Kubelet, PluginDirs, env_for, unreachable_kubeconfig
 
 from dra_gpu.manifests import load_values, render
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
-
-CLI = [sys.executable, "-m", "dra_gpu.cli", "--log-format", "json", "kubelet-plugin"]
-
-
-def env_for(dirs: PluginDirs, kubeconfig: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_GPU_")}
-    env.update(
-        DRA_GPU_NODE_NAME="node-1",
-        DRA_GPU_REGISTRATION_DIR=str(dirs.registration_dir),
-        DRA_GPU_PLUGINS_DIR=str(dirs.plugins_dir),
-        DRA_GPU_CDI_DIR=str(dirs.cdi_dir),
-        DRA_GPU_STATE_DIR=str(dirs.state_dir),
-        DRA_GPU_GPU_BACKEND="simulated:2xH100-80GB",
-        DRA_GPU_LIMITER_LIBRARY=str(dirs.limiter_library),
-        DRA_GPU_KUBECONFIG=str(kubeconfig),
-        DRA_GPU_HTTP_ADDRESS="127.0.0.1:0",
-        DRA_GPU_PUBLISH_SLICES="false",
-        **extra,
-    )
-    return env
-
-
-def unreachable_kubeconfig(path: Path) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
-        "current-context: x\n"
-    )
-    return path
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,8 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from http_api_server import ApiServer
 from ports import unused_port
-from test_kube_client import ApiServer
 from waiting import wait_for
 
 from dra_gpu.controller import Controller

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from fakes import fake_pynvml
-from plugin_harness import Kubelet, PluginDirs, gpu_config
-from test_plugin_cli import CLI, env_for, unreachable_kubeconfig
+from plugin_harness import CLI, Kubelet, PluginDirs, env_for, gpu_config, unreachable_kubeconfig
 
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing, parse_gpu_config

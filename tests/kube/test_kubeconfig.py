@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
+from http_api_server import ApiServer
 from ports import unused_port
-from test_kube_client import ApiServer
 
 from dra_gpu.cli import main
 from dra_gpu.kube.kubeconfig import KubeConfigError, choose, merge
