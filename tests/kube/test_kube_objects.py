@@ -176,3 +176,41 @@ def test_a_request_reads_missing_null_and_mistyped_fields_as_absent_and_keeps_co
     assert empty.exactly is None and empty.choices == ()
     assert missing == objects.DeviceRequest("", None, ())
     assert objects.device_requests({"spec": None}) == [] and objects.device_constraints({}) == []
+
+
+def test_pods_as_the_real_server_returned_them_read_their_claims_containers_and_placement() -> None:
+    pods = {
+        objects.name(p): p for p in json.loads((REAL / "pods-after-scheduling.json").read_text())["items"]
+    }
+    templated = pods["pod-t"]
+    assert [s["resourceClaimName"] for s in objects.pod_claim_statuses(templated)] == ["pod-t-gpu-fmmjp"]
+    assert [c["name"] for c in objects.pod_containers(templated)] == ["c"]
+    assert objects.pod_node(templated) == "node-1" and objects.pod_node(pods["pod-c"]) == ""
+    extended = json.loads((REAL / "extended-resource-pod.json").read_text())
+    [made] = json.loads((REAL / "extended-resource-claim.json").read_text())["items"]
+    assert objects.pod_extended_claim(extended) == objects.name(made) == "pod-ext-extended-resources-8r44w"
+    assert objects.pod_extended_claim(templated) is None
+
+
+def test_a_pods_containers_statuses_and_scheduling_fields_read_missing_as_empty() -> None:
+    pod = {
+        "spec": {
+            "initContainers": [{"name": "init"}],
+            "containers": [{"name": "main"}],
+            "ephemeralContainers": [{"name": "debug"}],
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "nodeSelector": {"zone": "a"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"x": 1}}},
+        },
+        "status": {"containerStatuses": [{"name": "main"}], "initContainerStatuses": [{"name": "init"}]},
+    }
+    assert [c["name"] for c in objects.pod_containers(pod)] == ["init", "main", "debug"]
+    assert [c["name"] for c in objects.pod_containers(pod, ("containers",))] == ["main"]
+    assert [c["name"] for c in objects.pod_container_statuses(pod)] == ["init", "main"]
+    assert objects.pod_tolerations(pod) == [{"key": "gpu", "operator": "Exists"}]
+    assert objects.pod_node_selector(pod) == {"zone": "a"}
+    assert objects.pod_required_node_affinity(pod) == {"x": 1}
+    bare: dict[str, Any] = {"spec": {"affinity": None, "containers": None}, "status": None}
+    assert objects.pod_containers(bare) == [] and objects.pod_container_statuses(bare) == []
+    assert objects.pod_tolerations(bare) == [] and objects.pod_node_selector(bare) == {}
+    assert objects.pod_required_node_affinity(bare) is None and objects.pod_extended_claim(bare) is None

@@ -155,18 +155,18 @@ def read_live(args: argparse.Namespace, api: KubeAPI) -> LiveUsage | None:
         return LiveUsage(unreachable={f"pods in {namespace}": _one_line(exc)})
     agents = {}
     for pod in pods:
-        meta = objects.metadata(pod)
         if objects.pod_phase(pod) != "Running":
             continue
         ports = [
             p.get("containerPort")
-            for c in objects.spec(pod).get("containers") or []
+            for c in objects.pod_containers(pod, ("containers",))
             for p in c.get("ports") or []
             if p.get("name") == "http"
         ]
         if ports:
-            agents[f"{namespace}/{meta.get('name')}"] = (
-                f"/api/v1/namespaces/{namespace}/pods/{meta.get('name')}:{ports[0]}/proxy/metrics"
+            name = objects.name(pod)
+            agents[f"{namespace}/{name}"] = (
+                f"/api/v1/namespaces/{namespace}/pods/{name}:{ports[0]}/proxy/metrics"
             )
     with _quiet_retries():
         return read_agents(agents, lambda agent: str(get_text(agents[agent])))

@@ -27,13 +27,10 @@ def claim_key(claim: Mapping[str, Any]) -> ClaimKey:
 def claim_names_of(pod: Mapping[str, Any]) -> set[str]:
     """Names of the ResourceClaims this pod uses (those known so far)."""
     names = {ref["resourceClaimName"] for ref in objects.pod_claim_refs(pod) if ref.get("resourceClaimName")}
-    status = objects.status(pod)
     names.update(
-        s["resourceClaimName"]
-        for s in status.get("resourceClaimStatuses") or []
-        if s.get("resourceClaimName")
+        s["resourceClaimName"] for s in objects.pod_claim_statuses(pod) if s.get("resourceClaimName")
     )
-    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    extended = objects.pod_extended_claim(pod)
     if extended:
         names.add(extended)
     return names

@@ -74,11 +74,11 @@ def node_selector_matches(selector: Mapping[str, Any] | None, node: Mapping[str,
 
 def why_not(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
     """None if the pod can land on the node, else the scheduler filter that would reject it."""
-    spec = objects.spec(pod)
     name = objects.name(node)
-    tolerations = spec.get("tolerations") or []
-    if spec.get("nodeName") and spec["nodeName"] != name:
-        return f"pod is bound to node {spec['nodeName']}"
+    tolerations = objects.pod_tolerations(pod)
+    bound = objects.pod_node(pod)
+    if bound and bound != name:
+        return f"pod is bound to node {bound}"
     if objects.node_unschedulable(node) and not tolerates(
         tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}
     ):
@@ -88,12 +88,10 @@ def why_not(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
             value = f"={taint['value']}" if taint.get("value") else ""
             return f"untolerated taint {taint.get('key')}{value}:{taint.get('effect')}"
     labels = objects.labels(node)
-    for key, value in (spec.get("nodeSelector") or {}).items():
+    for key, value in objects.pod_node_selector(pod).items():
         if labels.get(key) != value:
             return f"node does not match the pod's nodeSelector {key}={value}"
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    )
+    required = objects.pod_required_node_affinity(pod)
     if required and not node_selector_matches(required, node):
         return "node does not match the pod's required node affinity"
     return None

@@ -332,6 +332,54 @@ def pod_claim_refs(pod: Obj) -> list[Json]:
     return _list(spec(pod).get("resourceClaims"))
 
 
+CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
+"""The three lists of a pod's spec that hold containers, in the order the kubelet starts them."""
+
+
+def pod_containers(pod: Obj, kinds: tuple[str, ...] = CONTAINER_KINDS) -> list[Json]:
+    """The containers of `spec` in the given lists (every container of the pod by default)."""
+    found = spec(pod)
+    return [_map(c) for kind in kinds for c in _list(found.get(kind))]
+
+
+def pod_container_statuses(pod: Obj) -> list[Json]:
+    """`status.initContainerStatuses`, `containerStatuses` and `ephemeralContainerStatuses`, in that order."""
+    found = status(pod)
+    kinds = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
+    return [_map(c) for kind in kinds for c in _list(found.get(kind))]
+
+
+def pod_claim_statuses(pod: Obj) -> list[Json]:
+    """`status.resourceClaimStatuses`: the claim each of the pod's entries names (once made from a template)."""
+    return _list(status(pod).get("resourceClaimStatuses"))
+
+
+def pod_extended_claim(pod: Obj) -> str | None:
+    """`status.extendedResourceClaimStatus.resourceClaimName`: the claim the scheduler made for the pod's
+    extended resources; None when it has none."""
+    name = _map(status(pod).get("extendedResourceClaimStatus")).get("resourceClaimName")
+    return str(name) if name else None
+
+
+def pod_tolerations(pod: Obj) -> list[Json]:
+    return _list(spec(pod).get("tolerations"))
+
+
+def pod_node_selector(pod: Obj) -> Json:
+    """`spec.nodeSelector`: label -> value the node must have."""
+    return _map(spec(pod).get("nodeSelector"))
+
+
+def pod_required_node_affinity(pod: Obj) -> Json | None:
+    """`spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution` (a node selector), or None."""
+    required = _map(
+        _map(_map(spec(pod).get("affinity")).get("nodeAffinity")).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+    )
+    return required or None
+
+
 def node_unschedulable(node: Obj) -> bool:
     """Whether the node is cordoned (`spec.unschedulable`)."""
     return bool(spec(node).get("unschedulable"))

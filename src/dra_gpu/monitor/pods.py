@@ -34,44 +34,38 @@ class PodInfo:
 
 
 def pod_info(pod: dict) -> PodInfo:  # type: ignore[type-arg]
-    meta, spec, status = objects.metadata(pod), objects.spec(pod), objects.status(pod)
     containers: dict[str, str] = {}
-    for key in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
-        for c in status.get(key) or []:
-            cid = str(c.get("containerID") or "").rpartition("://")[2]
-            if cid:
-                containers[cid] = str(c.get("name") or "")
-    claims = {
-        str(c["resourceClaimName"]) for c in spec.get("resourceClaims") or [] if c.get("resourceClaimName")
-    }
-    claims |= {
-        str(c["resourceClaimName"])
-        for c in status.get("resourceClaimStatuses") or []
-        if c.get("resourceClaimName")
-    }
+    for c in objects.pod_container_statuses(pod):
+        cid = str(c.get("containerID") or "").rpartition("://")[2]
+        if cid:
+            containers[cid] = str(c.get("name") or "")
     # A container names the pod's claim entries; those name ResourceClaims (directly, or once made from a
     # template, in the status).
     by_entry = {
         str(c.get("name")): str(c["resourceClaimName"])
-        for c in spec.get("resourceClaims") or []
+        for c in objects.pod_claim_refs(pod)
         if c.get("resourceClaimName")
     }
-    for c in status.get("resourceClaimStatuses") or []:
+    for c in objects.pod_claim_statuses(pod):
         if c.get("resourceClaimName"):
             by_entry[str(c.get("name"))] = str(c["resourceClaimName"])
+    claims = {
+        str(c["resourceClaimName"])
+        for c in [*objects.pod_claim_refs(pod), *objects.pod_claim_statuses(pod)]
+        if c.get("resourceClaimName")
+    }
     container_claims = {
         str(c.get("name") or ""): frozenset(
             by_entry[str(r.get("name"))]
             for r in (c.get("resources") or {}).get("claims") or []
             if str(r.get("name")) in by_entry
         )
-        for key in ("initContainers", "containers", "ephemeralContainers")
-        for c in spec.get(key) or []
+        for c in objects.pod_containers(pod)
     }
     return PodInfo(
-        uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
+        uid=objects.uid(pod),
+        namespace=objects.namespace(pod),
+        name=objects.name(pod),
         containers=containers,
         claims=frozenset(claims),
         container_claims=container_claims,
