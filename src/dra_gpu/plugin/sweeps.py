@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from dra_gpu.kube import objects
@@ -193,7 +194,7 @@ class Sweeps(PreparerCore):
         temporary = [
             *self.specs.temp_files(),
             *claim_temp_files(self.node.state_dir / "claims"),
-            *claim_temp_files(arbitration.gpus_root(self.node)),
+            *claim_temp_files(Path(arbitration.gpus_root(self.node))),
             *self._mig.temp_files(),
             *self.store.temp_files(),
         ]

@@ -39,9 +39,8 @@ class Unprepare(PreparerCore):
         # restore everything (see _prepare), so a crash anywhere below is safe without a third phase.
         with self.lock.hold():
             self.specs.remove(entry.uid)
-            last = self._last_holders(
-                entry
-            )  # (under the same hold: the claim's and GPUs' locks keep it true)
+            # Under the same hold as the spec's removal: the claim's and GPUs' locks keep it true after.
+            last = self._last_holders(entry)
         self._hook("unprepare:cdi-removed")
         for hold in reversed(entry.holds):
             self._handler(hold).release(hold, self.node, last[hold.key])

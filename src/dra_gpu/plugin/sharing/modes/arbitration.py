@@ -38,12 +38,13 @@ KIND = "arbitration"
 DIR_MODE = 0o755
 
 
-def gpus_root(node: NodeContext) -> Path:
-    return node.state_dir / layout.GPUS_DIR
+def gpus_root(node: NodeContext) -> str:
+    """The directory of every GPU's arbitration directory (a string: prepare joins paths on it per claim)."""
+    return os.path.join(node.state_dir, layout.GPUS_DIR)
 
 
-def gpu_dir(node: NodeContext, gpu_uuid: str) -> Path:
-    return gpus_root(node) / gpu_uuid
+def gpu_dir(node: NodeContext, gpu_uuid: str) -> str:
+    return os.path.join(node.state_dir, layout.GPUS_DIR, gpu_uuid)
 
 
 def hold_key(gpu_uuid: str, claim_uid: str) -> str:
@@ -197,7 +198,7 @@ class ClaimArbitration:
 
     def apply(self, hold: Hold, node: NodeContext) -> None:
         entry = _entry(hold)
-        root = os.path.join(node.state_dir, layout.GPUS_DIR)
+        root = gpus_root(node)
         directory = os.path.join(root, str(hold.params["gpu"]))
         activity = os.path.join(directory, layout.activity_name(entry.claim_uid))
         try:
@@ -211,7 +212,7 @@ class ClaimArbitration:
 
     def release(self, hold: Hold, node: NodeContext, last: bool) -> None:
         claim = str(hold.params["claim"])
-        directory = os.path.join(node.state_dir, layout.GPUS_DIR, str(hold.params["gpu"]))
+        directory = gpu_dir(node, str(hold.params["gpu"]))
         try:
             if os.path.isdir(directory):
                 update_board(directory, drop={claim})
@@ -225,7 +226,7 @@ class ClaimArbitration:
 
     def in_place(self, hold: Hold, node: NodeContext) -> bool:
         entry = _entry(hold)
-        directory = os.path.join(node.state_dir, layout.GPUS_DIR, str(hold.params["gpu"]))
+        directory = gpu_dir(node, str(hold.params["gpu"]))
         activity = os.path.join(directory, layout.activity_name(entry.claim_uid))
         entries = _sound_entries(os.path.join(directory, layout.BOARD_FILE))
         return entries is not None and entry in entries and _same_file(activity, str(hold.params["link"]))
@@ -234,7 +235,7 @@ class ClaimArbitration:
         """After the checkpoint was rebuilt: claims on the GPU's board that no record holds come off,
         with their activity files. (Only the GPU's own directory: the caller holds that GPU's lock, not
         its MIG devices'; a MIG device's entries go with their claims' unprepare.)"""
-        directory = str(gpu_dir(node, gpu.uuid))
+        directory = gpu_dir(node, gpu.uuid)
         if not os.path.isdir(directory):
             return
         listed = {e.claim_uid for e in _entries(os.path.join(directory, layout.BOARD_FILE))}

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_gpu.config import Priority, Strategy
-from dra_gpu.limiter_abi.board import ACTIVITY_SUFFIX, GPUS_DIR
+from dra_gpu.limiter_abi.board import ACTIVITY_SUFFIX
 from dra_gpu.limiter_abi.limits import (
     CONTAINER_CLAIMS_ROOT,
     CONTAINER_GPUS_ROOT,
@@ -279,7 +279,7 @@ class Limiter:
             )
             edits = plan.claim_edits
             edits.add_mount(
-                os.path.join(node.state_dir, GPUS_DIR, uuid),
+                arbitration.gpu_dir(node, uuid),
                 f"{CONTAINER_GPUS_ROOT}/{uuid}",
                 ["ro", "nosuid", "nodev", "bind"],
             )
