@@ -80,6 +80,7 @@ def test_each_watch_publishes_the_claims_floor_from_nvml(dirs: PluginDirs, tmp_p
             pod_uid, cid = add_pod(api, "p", ["served"])
             fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
             fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
+            monitor_of(plugin).floor_interval_s = 0.0  # every watch publishes (the agent's pace is 1 s)
             # Two processes of the claim, and one of no pod (an MPS server, the host): only the claim's count.
             driver.gpus[0].processes = {a.pid: 3 * GiB, b.pid: 1 * GiB, outsider.pid: 20 * GiB}
             monitor_of(plugin).watch_once()
@@ -104,8 +105,9 @@ def test_a_claim_over_its_cap_by_nvml_loses_its_offender_within_one_watch(
     dirs: PluginDirs, tmp_path: Path
 ) -> None:
     """1 GiB cap, two processes with the limiter: one within its share, one holding 2 GiB (a forged region
-    let it; NVML shows it). The one watch that sees it stops the offender - not its neighbour - though the
-    claim is within the 2 GiB per process that a claim without the limiter is allowed for its contexts."""
+    let it; NVML shows it). The one watch that sees it kills the offender - not its neighbour - though the
+    claim is within the 512 MiB per process that a limiter claim was allowed before: the allowance is the
+    claim's (256 MiB), not each process's."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = _share(api, "capped", "1Gi")
@@ -119,14 +121,13 @@ def test_a_claim_over_its_cap_by_nvml_loses_its_offender_within_one_watch(
             fake_proc(proc_root, modest.pid, pod_uid, cid, limiter=True)
             fake_proc(proc_root, greedy.pid, pod_uid, cid, limiter=True)
             monitor = monitor_of(plugin)
-            monitor.watchdog.memory_grace_s = 0.0
-            # Within the cap and the module code the driver loads unseen: left alone.
-            driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 700 * MiB + 400 * MiB}
+            # Within the cap and the module code two processes load unseen at the cap: left alone.
+            driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 724 * MiB + 2 * 88 * MiB}
             monitor.watch_once()
             assert _events(api, "ResourceClaim", "capped") == []
             driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 2 * GiB}
-            monitor.watch_once()  # SIGTERM
-            assert greedy.wait(timeout=30) == -signal.SIGTERM
+            monitor.watch_once()  # SIGKILL: the memory is another claim's
+            assert greedy.wait(timeout=30) == -signal.SIGKILL
             assert modest.poll() is None
             said = [e["reason"] for e in _events(api, "ResourceClaim", "capped")]
             assert said == ["MemoryOverLimit"]

@@ -76,9 +76,9 @@ def test_innocent_processes_are_left_alone(dirs: PluginDirs, tmp_path: Path) -> 
             fake_proc(proc_root, other_gpu.pid, pod_uid, cid, limiter=True)
             fake_proc(proc_root, second_container.pid, pod_uid, big_cid, limiter=True)
             # (b) at its limit (the limiter charged its context within it) plus module code the driver loaded
-            #     without a call the limiter sees (PyTorch's: about 90 MiB): 2 GiB + 400 MiB;
+            #     without a call the limiter sees (PyTorch's: 88 MiB), twice: 2 GiB + 176 MiB;
             # (c) 7 GiB in the other container, within its own claim's 8 GiB;
-            driver.gpus[0].processes = {compliant.pid: 2 * GiB + 400 * MiB, second_container.pid: 7 * GiB}
+            driver.gpus[0].processes = {compliant.pid: 2 * GiB + 176 * MiB, second_container.pid: 7 * GiB}
             # (a) a GPU this driver never allocated (the device plugin's, say).
             driver.gpus[1].processes = {other_gpu.pid: 10 * GiB}
             monitor_of(plugin).sample_once()
@@ -108,7 +108,7 @@ def test_an_offender_gets_sigterm_then_sigkill_and_a_reused_pid_nothing(
             pod_uid, cid = add_pod(api, "greedy-pod", ["greedy"])
             fake_proc(proc_root, stubborn.pid, pod_uid, cid, limiter=False)
             fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
-            driver.gpus[0].processes = {stubborn.pid: 6 * GiB}
+            driver.gpus[0].processes = {stubborn.pid: 1 * GiB}  # within its cap: LimiterMissing only
             watchdog = monitor_of(plugin).watchdog
             watchdog.grace_s = 0.0
             monitor_of(plugin).sample_once()  # SIGTERM, which it ignores

@@ -7,10 +7,16 @@ limiter's measured launch time), time throttled and allocations refused (the lim
 Processes are mapped to pod, container and claim through their cgroup and the node's pods. The figures
 feed the metrics and the watchdog.
 
-Memory is watched more often than the rest (`watch_interval_s`, 1 s): every watch reads NVML's per-process
-memory, publishes to each limiter claim its floor - what the driver says the claim's processes hold on each
-GPU, which the library never lets the claim's account fall below - and hands the watchdog what is over a cap
-or runs without the limiter, so a claim that forged its region's records gains nothing past one watch.
+Memory is watched more often than the rest (`watch_interval_s`, 1 s, able to run at 250 ms): every watch
+reads NVML's per-process memory and hands the watchdog what is over a cap or runs without the limiter; at most
+every `floor_interval_s` it also publishes to each limiter claim its floor - what the driver says the claim's
+processes hold on each GPU, which the library never lets the claim's account fall below - so a claim that
+forged its region's records gains nothing past one watch.
+
+A claim over its memory cap by the driver's figure loses the processes that took it over, newest growth
+first, until what is left fits (`_memory_offenders`). That is the default for a limiter claim (its policy
+unset, `Held.policy` None): as the kernel's `memory.max` does, the node takes the memory back; a class whose
+watchdog policy is Report only reports, Terminate also stops what `LimiterMissing` and `GpuNotAllocated` find.
 
 Longer than 500 lines: one sampling pass reads the regions, NVML, the processes and the pods in an
 order that keeps their figures consistent (regions before NVML); split, that order would be spread.
@@ -54,7 +60,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_WATCH_INTERVAL_S = 1.0
-"""How often memory is watched (floors published, caps checked): the bound on what a forged record buys."""
+"""How often memory is watched (caps checked): the bound on what a forged record buys."""
+FLOOR_INTERVAL_S = 1.0
+"""At most how often a watch publishes the floors (each a read of the claim's region and a write of its floor
+file): a faster watch checks caps, the floors follow at this pace."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,19 @@ class Held:
     sharing: str
     memory_limit: int | None
     cores: int | None
-    policy: WatchdogPolicy
+    policy: WatchdogPolicy | None
+    """None: the class set none, and the node's default holds (a limiter claim's caps enforced, the rest
+    reported)."""
+
+    def enforced(self) -> bool:
+        """Whether the node takes back memory over this share's cap (and throttles compute over its ceiling)."""
+        if self.policy is None:
+            return self.sharing == Strategy.LIMITER.value
+        return self.policy == WatchdogPolicy.TERMINATE
+
+    def acts(self) -> WatchdogPolicy:
+        """The policy for what is not over a cap (LimiterMissing, GpuNotAllocated): Terminate only if asked."""
+        return WatchdogPolicy.TERMINATE if self.policy == WatchdogPolicy.TERMINATE else WatchdogPolicy.REPORT
 
 
 @dataclass
@@ -124,10 +145,17 @@ class Monitor:
         context_allowance: int = CONTEXT_ALLOWANCE,
         watch_interval_s: float = DEFAULT_WATCH_INTERVAL_S,
         limiter_allowance: int = LIMITER_ALLOWANCE,
+        floor_interval_s: float = FLOOR_INTERVAL_S,
     ) -> None:
         self.context_allowance = context_allowance
         self.limiter_allowance = limiter_allowance
-        """The same for processes of a limiter claim, whose contexts the limiter charged (see LIMITER_ALLOWANCE)."""
+        """What NVML may count for a limiter claim on a GPU beyond its cap, once per claim (LIMITER_ALLOWANCE)."""
+        self.floor_interval_s = floor_interval_s
+        self._floors_at = float("-inf")
+        """When the floors were last published."""
+        self._watches = 0
+        self._growth: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+        """(claim uid, gpu) -> pid -> (bytes NVML counted, the watch in which they last grew)."""
         self.watch_interval_s = watch_interval_s
         """What NVML may count per process beyond what its claim was charged (context memory; see
         `CONTEXT_ALLOWANCE`)."""
@@ -215,11 +243,13 @@ class Monitor:
             snap.claims[key] = ClaimFigures(h)
 
         processes: dict[str, GpuProcesses] = {}
+        self._watches += 1
+        floors_due = full or time.monotonic() >= self._floors_at + self.floor_interval_s
         # The regions' counts before NVML: memory freed in between is then in neither or in the count only.
         counts = {
             h.claim.uid: region_counts(f"{self._claims_dir}/{h.claim.uid}/limiter")
             for h in held.values()
-            if h.sharing == Strategy.LIMITER.value and self._sampler is not None
+            if h.sharing == Strategy.LIMITER.value and self._sampler is not None and floors_due
         }
         if self._sampler is not None:
             gpus = self._gpus()
@@ -253,7 +283,7 @@ class Monitor:
                     policy = (
                         WatchdogPolicy.TERMINATE
                         if any(
-                            h.policy == WatchdogPolicy.TERMINATE for c in claims for h in held_by_claim[c.uid]
+                            h.acts() == WatchdogPolicy.TERMINATE for c in claims for h in held_by_claim[c.uid]
                         )
                         else WatchdogPolicy.REPORT
                     )
@@ -286,7 +316,7 @@ class Monitor:
                             owner.claim,
                             pod,
                             container,
-                            owner.policy,
+                            owner.acts(),
                             "the claim's class enforces its share with the limiter, which this process has not loaded",
                             ref.container_id,
                             start,
@@ -300,7 +330,10 @@ class Monitor:
                 self._busy[key] = self._busy.get(key, 0.0) + busy
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
         self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
-        self._publish_floors(held, nvml_memory, counts, processes)
+        if floors_due:
+            self._publish_floors(held, nvml_memory, counts, processes)
+            self._floors_at = time.monotonic()
+        self._note_growth(nvml_memory, processes)
         if not full:
             for key, h in held.items():
                 procs = nvml_memory.get(key, [])
@@ -436,29 +469,59 @@ class Monitor:
         claims = {uid for uid, _ in held}
         self._floors = {uid: v for uid, v in self._floors.items() if uid in claims}
 
+    def _note_growth(
+        self,
+        nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]],
+        processes: dict[str, GpuProcesses],
+    ) -> None:
+        """Remembers, per claim and GPU, in which watch each process last grew (a new one grew now)."""
+        for key, procs in nvml_memory.items():
+            before = self._growth.get(key, {})
+            now: dict[int, tuple[int, int]] = {}
+            for pid, used, _ in procs:
+                prev = before.get(pid)
+                now[pid] = (used, self._watches if prev is None or used > prev[0] else prev[1])
+            self._growth[key] = now
+        for key in [k for k in self._growth if k not in nvml_memory and k[1] in processes]:
+            del self._growth[key]
+
     def _over_cap(self, h: Held, procs: list[tuple[int, int, bool | None]]) -> list[Violation]:
-        """MemoryOverLimit for the claim's offenders when NVML counts more than its cap and the allowance."""
+        """MemoryOverLimit for the claim's offenders when NVML counts more than its cap and the allowance:
+        once per claim under the limiter (its contexts are charged), per process without it (they are not)."""
         if h.memory_limit is None:
             return []
         used = sum(p[1] for p in procs)
-        per_process = (
-            self.limiter_allowance if h.sharing == Strategy.LIMITER.value else self.context_allowance
+        allowance = (
+            self.limiter_allowance
+            if h.sharing == Strategy.LIMITER.value
+            else self.context_allowance * len(procs)
         )
-        if used <= h.memory_limit + per_process * len(procs):
+        if used <= h.memory_limit + allowance:
             return []
-        return self._memory_offenders(h, procs, used)
+        return self._memory_offenders(h, procs, used, h.memory_limit + allowance)
 
     def _memory_offenders(
-        self, h: Held, procs: list[tuple[int, int, bool | None]], used: int
+        self, h: Held, procs: list[tuple[int, int, bool | None]], used: int, allowed: int
     ) -> list[Violation]:
-        # The processes that bypass the limiter are the culprits; without one, the largest user.
-        culprits = [p for p in procs if p[2] is False] or [max(procs, key=lambda p: p[1])]
+        """The processes that took the claim over its cap: newest growth first (the larger first within one
+        watch), as many as it takes for what is left to fit."""
+        growth = self._growth.get((h.claim.uid, h.gpu), {})
+        order = sorted(procs, key=lambda p: (growth.get(p[0], (0, 0))[1], p[1]), reverse=True)
+        culprits = []
+        left = used
+        for proc in order:
+            if left <= allowed:
+                break
+            culprits.append(proc)
+            left -= proc[1]
         out = []
+        policy = WatchdogPolicy.TERMINATE if h.enforced() else WatchdogPolicy.REPORT
         for pid, mine, _ in culprits:
             pod, ref, start = self._seen_as[pid]
             detail = (
                 f"the claim uses {used} bytes of GPU memory on this GPU, over its limit of {h.memory_limit} "
-                f"bytes; this process holds {mine} bytes"
+                f"bytes and the {allowed - (h.memory_limit or 0)} bytes allowed beyond it; this process holds "
+                f"{mine} bytes and grew last"
             )
             out.append(
                 Violation(
@@ -468,7 +531,7 @@ class Monitor:
                     h.claim,
                     pod,
                     pod.container(ref.container_id),
-                    h.policy,
+                    policy,
                     detail,
                     ref.container_id,
                     start,

@@ -1,10 +1,10 @@
-"""The watchdog: processes that escape their claim's share are reported, and terminated where asked.
+"""The watchdog: processes that escape their claim's share are reported, and stopped where the policy says.
 
 Its truth is the driver's: NVML's per-process memory, mapped to pods and containers through cgroups, never
 the region a tenant can write. It acts only on GPUs this driver allocated. Three ways out of a share:
 
-- `MemoryOverLimit`: the claim's processes on a GPU use more memory than the claim was given (plus an
-  allowance per process for context memory NVML counts and no limit was charged: see CONTEXT_ALLOWANCE);
+- `MemoryOverLimit`: the claim's processes on a GPU use more memory than the claim was given (plus the
+  claim's allowance for what the driver loads unseen: see LIMITER_ALLOWANCE and CONTEXT_ALLOWANCE);
 - `GpuNotAllocated`: a process of a pod with claims of this driver uses a GPU this driver allocated to
   another claim, and none of its container's claims holds;
 - `LimiterMissing`: a process of a Limiter claim runs without the limiter library mapped (a static
@@ -13,10 +13,12 @@ the region a tenant can write. It acts only on GPUs this driver allocated. Three
 A claim whose region says less than NVML by more than that allowance per process is reported as
 `AccountingMismatch` (never terminated: the region is only evidence that someone rewrote it).
 
-Each new violation becomes a Warning event on the claim and on the pod and a metric. Under the
-class's `watchdog.policy: Terminate` the offending process is stopped through a pidfd opened before its
-start time and container are checked once more (a PID reused by another process is never signalled):
-SIGTERM, then SIGKILL if it is still there after the grace period.
+Each new violation becomes a Warning event on the claim and on the pod and a metric. A violation whose
+policy is Terminate stops the offending process through a pidfd opened before its start time and container
+are checked once more (a PID reused by another process is never signalled). Memory over a cap is killed at
+once (SIGKILL, as the kernel's OOM killer does for `memory.max`: the memory is another claim's); anything
+else gets SIGTERM, then SIGKILL if it is still there after the grace period. Which violations are Terminate
+is the monitor's to say (`monitor.Monitor`): by default a limiter claim's memory over its cap is.
 """
 
 from __future__ import annotations
@@ -49,15 +51,26 @@ its charge: module code loaded later (a PyTorch process's context grows well pas
 measured while another process freed memory (then only the context's limits' memory). A claim without the
 limiter (time-sliced, MPS) and a process that skipped it are charged no context at all: this covers a whole
 one. 2 GiB is well above a bare context and a PyTorch one."""
-LIMITER_ALLOWANCE = 512 * 2**20
-"""The same allowance for a process of a limiter claim. The limiter charged its context what the driver took,
-and the floor the monitor publishes holds the claim's account at what NVML counts, so NVML exceeds the cap
-only by what the driver loaded since the last watch without any call the limiter sees: module code (a
-PyTorch process's context grows by about 90 MiB after its first tensor)."""
+LIMITER_ALLOWANCE = 256 * 2**20
+"""What NVML may count for a limiter claim on a GPU beyond its cap: once per claim, not per process. The
+limiter charged each context what the driver took, and the floor the monitor publishes holds the claim's
+account at what NVML counts, so module code a process loads before the claim reaches its cap is charged
+within one watch and only what the driver loads while the claim already sits at its cap shows above it.
+Measured on an H100 (driver 580): a PyTorch process holds 612 MiB after its first tensor against the 524 MiB
+its context was charged, 88 MiB of module code; 256 MiB holds that for two processes loading their first
+kernels at the cap at once, with room to spare, and is half of what one process alone was allowed before."""
 GRACE_S = 10.0
 """Between SIGTERM and SIGKILL."""
-MEMORY_GRACE_S = 1.0
-"""Between SIGTERM and SIGKILL for a process over its claim's memory cap: the memory is another claim's."""
+MEMORY_GRACE_S = 0.0
+"""Between SIGTERM and SIGKILL for a process over its claim's memory cap: none, SIGKILL at once (the memory
+is another claim's, and a process that traps SIGTERM would keep it for the grace period)."""
+
+
+_STOPPED = {
+    True: "the process was killed, as the kernel's OOM killer kills for memory.max: the node holds the claim to its "
+    "memory limit (a DeviceClass with watchdog policy Report only reports)",
+    False: "the process was terminated (watchdog policy Terminate)",
+}
 
 
 class Reason(StrEnum):
@@ -143,7 +156,7 @@ class Watchdog:
         self._seen = {key for key in self._seen if key[0] in live_pids}
         self.active = violations
         killed: set[int] = set()  # one process may break several rules at once: one kill, one count
-        for v in violations:
+        for v in sorted(violations, key=lambda v: v.reason != Reason.MEMORY):  # memory: SIGKILL at once
             key = (v.pid, v.reason, v.gpu)
             if key in self._seen:
                 continue
@@ -154,11 +167,11 @@ class Watchdog:
             message = f"process {v.pid} in {where} on GPU {v.gpu}: {v.detail}"
             if v.policy == WatchdogPolicy.TERMINATE and v.reason != Reason.MISMATCH:
                 if v.pid in killed:
-                    message += "; the process was terminated (watchdog policy Terminate)"
+                    message += f"; {_STOPPED[v.reason == Reason.MEMORY]}"
                 elif self._terminate(v):
                     killed.add(v.pid)
                     self.terminated_total[labels] = self.terminated_total.get(labels, 0) + 1
-                    message += "; the process was terminated (watchdog policy Terminate)"
+                    message += f"; {_STOPPED[v.reason == Reason.MEMORY]}"
                 else:
                     message += "; it could not be terminated"
             log.warning(
@@ -186,8 +199,12 @@ class Watchdog:
         )
         try:
             if same:
-                self._signals.send(pidfd, signal.SIGTERM)
                 grace = min(self.grace_s, self.memory_grace_s) if v.reason == Reason.MEMORY else self.grace_s
+                if v.reason == Reason.MEMORY and grace <= 0:
+                    self._signals.send(pidfd, signal.SIGKILL)
+                    self._signals.close(pidfd)
+                    return True
+                self._signals.send(pidfd, signal.SIGTERM)
                 self._stopping[v.pid] = (pidfd, self._monotonic() + grace)
                 return True
         except OSError as exc:

@@ -25,13 +25,15 @@ def held_of(claim: PreparedClaim) -> ClaimHoldings:
             continue
         memory = int(share.detail[MEMORY]) if MEMORY in share.detail else None
         cores = int(share.detail[CORES]) if CORES in share.detail else None
-        policy = WatchdogPolicy(share.detail.get(WATCHDOG, WatchdogPolicy.REPORT.value))
+        policy = WatchdogPolicy(share.detail[WATCHDOG]) if WATCHDOG in share.detail else None
         prev = merged.get(share.gpu)
         if prev is not None:
             memory = None if memory is None or prev.memory_limit is None else memory + prev.memory_limit
             cores = None if cores is None or prev.cores is None else min(cores + prev.cores, 100)
-            if prev.policy == WatchdogPolicy.TERMINATE:
+            if WatchdogPolicy.TERMINATE in (prev.policy, policy):
                 policy = WatchdogPolicy.TERMINATE
+            elif None in (prev.policy, policy):
+                policy = None
         merged[share.gpu] = Held(ref, share.gpu, share.strategy, memory, cores, policy)
     return ClaimHoldings(ref, tuple(merged.values()))
 

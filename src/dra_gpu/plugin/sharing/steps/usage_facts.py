@@ -28,10 +28,16 @@ def _configured(share: Share) -> tuple[int | None, int | None]:
     return None, None
 
 
-def watchdog_policy(share: Share) -> WatchdogPolicy:
-    """The class's policy; a claim's own config may make it stricter (Terminate), never looser."""
+def watchdog_policy(share: Share) -> WatchdogPolicy | None:
+    """The class's policy; a claim's own config may make it stricter (Terminate), never looser. None where the
+    class sets none: the node's default then holds (a limiter claim's memory cap and compute ceiling enforced,
+    the rest reported), which a claim cannot loosen to Report either."""
     policies = [c.watchdog.policy for c in (share.config, share.class_config) if c is not None and c.watchdog]
-    return WatchdogPolicy.TERMINATE if WatchdogPolicy.TERMINATE in policies else WatchdogPolicy.REPORT
+    if WatchdogPolicy.TERMINATE in policies:
+        return WatchdogPolicy.TERMINATE
+    if share.class_config is not None and share.class_config.watchdog is not None:
+        return share.class_config.watchdog.policy
+    return None
 
 
 class UsageFacts:
@@ -57,7 +63,9 @@ class UsageFacts:
                 plan.detail(share, MEMORY, str(memory))
             if cores is not None:
                 plan.detail(share, CORES, str(cores))
-            plan.detail(share, WATCHDOG, watchdog_policy(share).value)
+            policy = watchdog_policy(share)
+            if policy is not None:
+                plan.detail(share, WATCHDOG, policy.value)
 
 
 BACKEND = UsageFacts()

@@ -1,0 +1,216 @@
+"""The node holds a limiter claim to its memory cap by default, from the driver's per-process figures: the
+processes that took the claim over (newest growth first) are killed, the claim's pods get an Event that says
+why, the metric counts it; an honest claim is never touched, and only the class can turn this to Report."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
+from test_monitor import _events, limiter_config, scrape
+from waiting import wait_for
+
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor.watchdog import LIMITER_ALLOWANCE
+
+MiB = 2**20
+
+
+def _share(
+    api: FakeKube, name: str, memory: str, configs: list[dict[str, Any]], n: int = 1
+) -> dict[str, Any]:
+    return add_claim(
+        api,
+        name,
+        [
+            Alloc(
+                device="gpu-0",
+                share_id=f"00000000-0000-4000-8000-00000000000{n}",
+                consumed={"memory": memory, "cores": "50"},
+            )
+        ],
+        configs,
+    )
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(300)"],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    return child
+
+
+def test_a_limiter_claim_without_a_policy_loses_the_process_that_grew_last(
+    dirs: PluginDirs, tmp_path: Path
+) -> None:
+    """No watchdog policy anywhere: the node enforces. The old large process stays; the one that grew past
+    the cap goes, with SIGKILL; the neighbouring claim, itself at its cap, is untouched."""
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claim = _share(api, "tenant", "4Gi", [opaque(limiter_config())], n=1)
+    neighbour = _share(api, "honest", "4Gi", [opaque(limiter_config())], n=2)
+    old, grower, other = _sleeper(), _sleeper(), _sleeper()
+    try:
+        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not any(r.error for r in kubelet.prepare(claim, neighbour).values())
+            pod_uid, cid = add_pod(api, "tenant-pod", ["tenant"])
+            other_uid, other_cid = add_pod(api, "honest-pod", ["honest"])
+            fake_proc(proc_root, old.pid, pod_uid, cid, limiter=True)
+            fake_proc(proc_root, grower.pid, pod_uid, cid, limiter=True)
+            fake_proc(proc_root, other.pid, other_uid, other_cid, limiter=True)
+            monitor = monitor_of(plugin)
+            driver.gpus[0].processes = {old.pid: 3 * GiB, grower.pid: 512 * MiB, other.pid: 4 * GiB}
+            monitor.watch_once()
+            # The small one grows past the cap (a forged region let it): it is the one that took the claim over.
+            driver.gpus[0].processes = {old.pid: 3 * GiB, grower.pid: 2 * GiB, other.pid: 4 * GiB}
+            monitor.watch_once()
+            assert grower.wait(timeout=30) == -signal.SIGKILL
+            assert old.poll() is None and other.poll() is None
+            (event,) = [e for e in _events(api, "Pod", "tenant-pod") if e["reason"] == "MemoryOverLimit"]
+            assert f"process {grower.pid} in container main of pod default/tenant-pod" in event["message"]
+            assert "over its limit of 4294967296 bytes" in event["message"]
+            assert "the process was killed" in event["message"]
+            assert [e["reason"] for e in _events(api, "ResourceClaim", "tenant")] == ["MemoryOverLimit"]
+            assert not _events(api, "Pod", "honest-pod")
+            metrics = scrape(plugin.http_port)
+            assert [
+                (labels["claim"], labels["reason"], value)
+                for labels, value in metrics["dra_gpu_watchdog_terminations_total"]
+            ] == [("tenant", "MemoryOverLimit", 1.0)]
+            kubelet.close()
+    finally:
+        for c in (old, grower, other):
+            c.kill()
+            c.wait()
+
+
+def test_as_many_processes_go_as_it_takes_and_no_more(dirs: PluginDirs, tmp_path: Path) -> None:
+    """Three processes join at once, 1 GiB each, on a 2 GiB cap: the claim needs two of them gone to fit."""
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claim = _share(api, "crowd", "2Gi", [opaque(limiter_config())])
+    children = [_sleeper() for _ in range(4)]
+    try:
+        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not kubelet.prepare(claim)[uid_of(claim)].error
+            pod_uid, cid = add_pod(api, "crowd-pod", ["crowd"])
+            for c in children:
+                fake_proc(proc_root, c.pid, pod_uid, cid, limiter=True)
+            first, *late = children
+            driver.gpus[0].processes = {first.pid: 1 * GiB}
+            monitor_of(plugin).watch_once()
+            driver.gpus[0].processes = {c.pid: 1 * GiB for c in children}
+            monitor_of(plugin).watch_once()
+            wait_for(
+                lambda: sum(c.poll() is not None for c in late) == 2, what="two of the late three killed"
+            )
+            assert first.poll() is None, "the process that held its memory before is not the one that grew"
+            assert sum(c.poll() is None for c in late) == 1
+            kubelet.close()
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
+def test_an_honest_claim_is_never_killed(dirs: PluginDirs, tmp_path: Path) -> None:
+    """A claim at its cap whose processes come and go, and whose module code (loaded by the driver unseen by
+    the library) lands while it sits at the cap, over many watches: never an event, never a kill."""
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claim = _share(api, "steady", "2Gi", [opaque(limiter_config())])
+    a, b = _sleeper(), _sleeper()
+    try:
+        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not kubelet.prepare(claim)[uid_of(claim)].error
+            pod_uid, cid = add_pod(api, "steady-pod", ["steady"])
+            fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
+            fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
+            module = 88 * MiB  # what a PyTorch process holds past its charged context (H100, driver 580)
+            rounds: list[dict[int, int | None]] = [
+                {a.pid: 2 * GiB},
+                {a.pid: 1 * GiB, b.pid: 1 * GiB},
+                {a.pid: 1 * GiB + module, b.pid: 1 * GiB + module},
+                {b.pid: 2 * GiB + module},
+                {a.pid: 524 * MiB, b.pid: 2 * GiB - 524 * MiB + module},
+            ]
+            for memory in rounds * 3:
+                driver.gpus[0].processes = memory
+                monitor_of(plugin).watch_once()
+            monitor_of(plugin).sample_once()
+            assert 2 * module <= LIMITER_ALLOWANCE
+            assert _events(api, "ResourceClaim", "steady") == [] and _events(api, "Pod", "steady-pod") == []
+            assert a.poll() is None and b.poll() is None
+            kubelet.close()
+    finally:
+        for c in (a, b):
+            c.kill()
+            c.wait()
+
+
+def test_only_the_class_can_make_the_node_only_report(dirs: PluginDirs, tmp_path: Path) -> None:
+    """A claim that asks for Report itself is still held; a class that says Report is only reported."""
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    by_claim = _share(api, "asks", "1Gi", [opaque(limiter_config("Report"), source="FromClaim")], n=1)
+    by_class = _share(api, "reported", "1Gi", [opaque(limiter_config("Report"), source="FromClass")], n=2)
+    asker, reported = _sleeper(), _sleeper()
+    try:
+        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not any(r.error for r in kubelet.prepare(by_claim, by_class).values())
+            (share,) = dirs.checkpoint().claims[uid_of(by_claim)].shares
+            assert "watchdog" not in share.detail, "the node's default, which the claim cannot loosen"
+            for name, child in (("asks", asker), ("reported", reported)):
+                pod_uid, cid = add_pod(api, f"{name}-pod", [name])
+                fake_proc(proc_root, child.pid, pod_uid, cid, limiter=True)
+            driver.gpus[0].processes = {asker.pid: 3 * GiB, reported.pid: 3 * GiB}
+            monitor_of(plugin).watch_once()
+            assert asker.wait(timeout=30) == -signal.SIGKILL
+            assert reported.poll() is None
+            assert [e["reason"] for e in _events(api, "Pod", "reported-pod")] == ["MemoryOverLimit"]
+            kubelet.close()
+    finally:
+        for c in (asker, reported):
+            c.kill()
+            c.wait()
+
+
+def test_the_agents_own_watch_at_250_ms_kills_without_a_test_driving_it(
+    dirs: PluginDirs, tmp_path: Path
+) -> None:
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claim = _share(api, "fast", "1Gi", [opaque(limiter_config())])
+    greedy = _sleeper()
+    try:
+        with plugin_with_nvml(dirs, api, proc_root, interval_s=5.0, watch_interval_s=0.25) as (
+            plugin,
+            driver,
+        ):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not kubelet.prepare(claim)[uid_of(claim)].error
+            assert monitor_of(plugin).watch_interval_s == 0.25
+            pod_uid, cid = add_pod(api, "fast-pod", ["fast"])
+            fake_proc(proc_root, greedy.pid, pod_uid, cid, limiter=True)
+            driver.gpus[0].processes = {greedy.pid: 2 * GiB}
+            assert greedy.wait(timeout=30) == -signal.SIGKILL
+            kubelet.close()
+    finally:
+        greedy.kill()
+        greedy.wait()
