@@ -155,6 +155,11 @@ class Monitor:
         """When the floors were last published."""
         self._watches = 0
         self._growth: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+        self._last_seen: tuple[list[ClaimHoldings], dict[str, dict[int, int | None]]] | None = None
+        """What the last pass judged: the claims held and each GPU's processes with their bytes."""
+        self._last_live: set[int] = set()
+        self._pending = False
+        """The last pass met a process of a pod the pod directory did not list yet."""
         """(claim uid, gpu) -> pid -> (bytes NVML counted, the watch in which they last grew)."""
         self.watch_interval_s = watch_interval_s
         """What NVML may count per process beyond what its claim was charged (context memory; see
@@ -236,12 +241,6 @@ class Monitor:
     def _sample(self, full: bool) -> Snapshot:
         prepared = self._prepared()
         held = {(h.claim.uid, h.gpu): h for c in prepared for h in c.held}
-        held_by_claim = {c.claim.uid: c.held for c in prepared}
-        by_name = {(c.claim.namespace, c.claim.name): c.claim for c in prepared}
-        snap = Snapshot()
-        for key, h in held.items():
-            snap.claims[key] = ClaimFigures(h)
-
         processes: dict[str, GpuProcesses] = {}
         self._watches += 1
         floors_due = full or time.monotonic() >= self._floors_at + self.floor_interval_s
@@ -254,6 +253,19 @@ class Monitor:
         if self._sampler is not None:
             gpus = self._gpus()
             processes = self._sampler.sample(gpus) if full else self._sampler.memory(gpus)
+        seen = (prepared, {gpu: figures.memory for gpu, figures in processes.items()})
+        if not full and not floors_due and not self._pending and seen == self._last_seen:
+            # Nothing the last pass judged has changed: the same claims, the same processes holding the same
+            # bytes, each already mapped to its pod. Only the watchdog's due SIGKILLs are left to send.
+            self.watchdog.handle(self.watchdog.active, self._last_live)
+            return self.snapshot
+        self._last_seen = seen
+        self._pending = False
+        held_by_claim = {c.claim.uid: c.held for c in prepared}
+        by_name = {(c.claim.namespace, c.claim.name): c.claim for c in prepared}
+        snap = Snapshot()
+        for key, h in held.items():
+            snap.claims[key] = ClaimFigures(h)
         violations: list[Violation] = []
         nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]] = {}
         live: set[int] = set()
@@ -328,6 +340,7 @@ class Monitor:
                 busy = figures.busy_seconds.get(pid, 0.0)
                 self._container_busy[ckey] = self._container_busy.get(ckey, 0.0) + busy
                 self._busy[key] = self._busy.get(key, 0.0) + busy
+        self._last_live = live
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
         self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
         if floors_due:
@@ -394,6 +407,7 @@ class Monitor:
             return None  # not in a pod (the host, an MPS server): not ours to judge
         pod = self._pods.lookup(ref.pod_uid, ref.container_id)
         if pod is None:
+            self._pending = True  # a pod not listed yet: the next watch looks again, whatever NVML says
             return None
         claims = [by_name[(pod.namespace, n)] for n in sorted(pod.claims) if (pod.namespace, n) in by_name]
         if not claims:
