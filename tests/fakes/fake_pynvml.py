@@ -17,6 +17,7 @@ from __future__ import annotations
 import string
 import sys
 import threading
+import time
 from collections import deque
 from ctypes import (
     Structure,
@@ -330,6 +331,10 @@ class FakeGpu:
     """Running compute processes: host pid -> used GPU memory in bytes (None: not available)."""
     utilization: list[tuple[int, int, int, int]] = field(default_factory=list)
     """Per-process utilization samples, as the driver keeps them: (pid, timeStamp us, smUtil, memUtil)."""
+    runs_on_cpu: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Real processes whose GPU work is their CPU time: pid -> (CPU ticks, monotonic us) at their last
+    sample. At each utilization query the driver appends a sample per such process, its smUtil what the
+    process really ran since its previous one (a frozen or stopped process runs nothing)."""
 
 
 @dataclass
@@ -879,8 +884,36 @@ def nvmlDeviceGetComputeRunningProcesses(handle: FakeHandle) -> list[nvmlFriendl
     return nvmlDeviceGetComputeRunningProcesses_v3(handle)
 
 
+def _cpu_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _sample_cpu_runners(gpu: FakeGpu) -> None:
+    """The driver samples each process's utilization on its own clock; here, when asked."""
+    now_us = time.monotonic_ns() // 1000
+    hz = _os.sysconf("SC_CLK_TCK")
+    for pid, (ticks, at) in list(gpu.runs_on_cpu.items()):
+        current = _cpu_ticks(pid)
+        if current is None:
+            del gpu.runs_on_cpu[pid]
+            continue
+        if now_us <= at:
+            continue
+        share = (current - ticks) / hz / ((now_us - at) / 1e6) if at else 0.0
+        gpu.runs_on_cpu[pid] = (current, now_us)
+        if at:
+            gpu.utilization.append((pid, now_us, min(100, round(share * 100)), 0))
+    del gpu.utilization[:-1000]  # the driver keeps a ring of recent samples
+
+
 def _samples(function: str, handle: FakeHandle, timeStamp: int) -> list[tuple[int, int, int, int]]:
     gpu = _gpu(function, handle)
+    _sample_cpu_runners(gpu)
     newer = [s for s in list(gpu.utilization) if s[1] > timeStamp]
     if not newer:
         raise NVMLError(NVML_ERROR_NOT_FOUND)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dra_gpu.monitor.monitor import ClaimFigures, Monitor
+from dra_gpu.monitor.compute_hold import ComputeHold
+from dra_gpu.monitor.monitor import ClaimFigures, Monitor, Snapshot
 
 CLAIM_LABELS = ["namespace", "claim", "gpu_uuid", "sharing"]
 CONTAINER_LABELS = ["namespace", "claim", "pod", "container", "gpu_uuid", "sharing"]
@@ -45,6 +46,9 @@ METRICS = {
     "dra_gpu_watchdog_terminations_total": "Processes the watchdog terminated (policy Terminate).",
     "dra_gpu_watchdog_violating_processes": "Processes escaping their claim's share at the last sampling.",
     "dra_gpu_monitor_samples_total": "Samplings the usage monitor has completed.",
+    "dra_gpu_claim_compute_frozen_seconds_total": "Time the node kept the claim's containers frozen because its "
+    "GPU time by NVML was over its ceiling.",
+    "dra_gpu_claim_compute_freezes_total": "Freezes of the claim's containers for GPU time over its ceiling.",
 }
 
 
@@ -153,6 +157,29 @@ class MonitorCollector(Collector):
         )
         samples.add_metric([], self._monitor.samples)
         yield from (violations, terminations, active, samples)
+        yield from hold_families(self._monitor.hold, snap)
+
+
+def hold_families(hold: ComputeHold, snap: Snapshot) -> Iterator[Metric]:
+    """The node's compute hold: how long and how often each claim's containers were frozen."""
+    m = METRICS
+    labels = ["namespace", "claim", "gpu_uuid"]
+    frozen = CounterMetricFamily(
+        _name("dra_gpu_claim_compute_frozen_seconds_total"),
+        m["dra_gpu_claim_compute_frozen_seconds_total"],
+        labels=labels,
+    )
+    freezes = CounterMetricFamily(
+        _name("dra_gpu_claim_compute_freezes_total"), m["dra_gpu_claim_compute_freezes_total"], labels=labels
+    )
+    for key, account in list(hold.accounts.items()):
+        fig = snap.claims.get(key)
+        if fig is None:
+            continue
+        names = [fig.held.claim.namespace, fig.held.claim.name, key[1]]
+        frozen.add_metric(names, account.frozen_seconds)
+        freezes.add_metric(names, account.freezes)
+    yield from (frozen, freezes)
 
 
 def elastic_families(figures: list[ClaimFigures]) -> Iterator[Metric]:

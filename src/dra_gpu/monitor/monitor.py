@@ -43,7 +43,9 @@ from dra_gpu.limiter_abi.region import (
     unlocked_slots,
     write_floor,
 )
+from dra_gpu.monitor.compute_hold import ComputeHold
 from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
+from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
 from dra_gpu.monitor.process_owner import PodRef, ProcReader
@@ -146,11 +148,15 @@ class Monitor:
         watch_interval_s: float = DEFAULT_WATCH_INTERVAL_S,
         limiter_allowance: int = LIMITER_ALLOWANCE,
         floor_interval_s: float = FLOOR_INTERVAL_S,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
     ) -> None:
         self.context_allowance = context_allowance
         self.limiter_allowance = limiter_allowance
         """What NVML may count for a limiter claim on a GPU beyond its cap, once per claim (LIMITER_ALLOWANCE)."""
         self.floor_interval_s = floor_interval_s
+        self.cgroup_root = cgroup_root
+        """The host's cgroup mount, where the claims' containers are frozen (`compute_hold`)."""
+        self.hold = ComputeHold(self._freezer_of)
         self._floors_at = float("-inf")
         """When the floors were last published."""
         self._watches = 0
@@ -203,6 +209,8 @@ class Monitor:
             self._thread = None
         if self._sampler is not None:
             self._sampler.close()
+        with self._lock:
+            self.hold.close(time.monotonic())
         if self.on_stop is not None:
             self.on_stop()
 
@@ -250,11 +258,15 @@ class Monitor:
             for h in held.values()
             if h.sharing == Strategy.LIMITER.value and self._sampler is not None and floors_due
         }
+        # GPU time is read with every full sample and floor, and at every watch while a claim is held back.
+        busy_due = full or floors_due or self.hold.in_debt()
         if self._sampler is not None:
             gpus = self._gpus()
-            processes = self._sampler.sample(gpus) if full else self._sampler.memory(gpus)
+            processes = self._sampler.sample(gpus) if busy_due else self._sampler.memory(gpus)
+        now = time.monotonic()
+        self.hold.tick(now)
         seen = (prepared, {gpu: figures.memory for gpu, figures in processes.items()})
-        if not full and not floors_due and not self._pending and seen == self._last_seen:
+        if not busy_due and not self._pending and seen == self._last_seen:
             # Nothing the last pass judged has changed: the same claims, the same processes holding the same
             # bytes, each already mapped to its pod. Only the watchdog's due SIGKILLs are left to send.
             self.watchdog.handle(self.watchdog.active, self._last_live)
@@ -341,6 +353,8 @@ class Monitor:
                 self._container_busy[ckey] = self._container_busy.get(ckey, 0.0) + busy
                 self._busy[key] = self._busy.get(key, 0.0) + busy
         self._last_live = live
+        if busy_due:
+            violations += self._hold_compute(held, nvml_memory, processes, now)
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
         self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
         if floors_due:
@@ -352,8 +366,9 @@ class Monitor:
                 procs = nvml_memory.get(key, [])
                 if key[1] in processes and procs:
                     violations.extend(self._over_cap(h, procs))
-            # What only a full sample finds stays active in between.
-            violations += [v for v in self.watchdog.active if v.reason == Reason.MISMATCH and v.pid in live]
+            # What only a full sample finds stays active in between, and a claim held back stays so.
+            carried = (Reason.MISMATCH,) if busy_due else (Reason.MISMATCH, Reason.COMPUTE)
+            violations += [v for v in self.watchdog.active if v.reason in carried and v.pid in live]
             self.watchdog.handle(violations, live)
             return self.snapshot
 
@@ -397,6 +412,60 @@ class Monitor:
         self.samples += 1
         self.sampled_at = time.monotonic()
         return snap
+
+    def _freezer_of(self, pid: int) -> CgroupFreezer | None:
+        text = self._proc.cgroup_text(pid)
+        return None if text is None else freezer_of(text, self.cgroup_root)
+
+    def _hold_compute(
+        self,
+        held: dict[tuple[str, str], Held],
+        nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]],
+        processes: dict[str, GpuProcesses],
+        now: float,
+    ) -> list[Violation]:
+        """Feeds each enforced claim's GPU time of this pass to the hold; ComputeOverCeiling for those it
+        holds back (reported: the freeze is the action)."""
+        usage: dict[tuple[str, str], tuple[float, float, list[int]]] = {}
+        for key, h in held.items():
+            figures = processes.get(h.gpu)
+            if not h.enforced() or h.cores is None or figures is None or not figures.utilization_known:
+                continue
+            elastic = self.snapshot.claims[key].elastic if key in self.snapshot.claims else None
+            ceiling = max(h.cores, elastic.ceiling) if elastic is not None else h.cores
+            if ceiling >= 100:
+                continue
+            pids = [p[0] for p in nvml_memory.get(key, [])]
+            busy = sum(figures.busy_seconds.get(pid, 0.0) for pid in pids)
+            usage[key] = (ceiling / 100, busy, pids)
+        self.hold.feed(now, usage)
+        out = []
+        for key, account in self.hold.accounts.items():
+            if account.frozen_until is None and account.balance >= 0:
+                continue
+            h = held[key]
+            for pid in sorted(p[0] for p in nvml_memory.get(key, [])):
+                pod, ref, start = self._seen_as[pid]
+                detail = (
+                    f"the claim's GPU time is over its ceiling of {usage[key][0] * 100:g} % by more than "
+                    f"{self.hold.margin * 100:g} points: its containers are frozen in a duty cycle (at most "
+                    f"{self.hold.max_freeze_s:g} s at a time) until it has repaid what it took"
+                )
+                out.append(
+                    Violation(
+                        Reason.COMPUTE,
+                        pid,
+                        h.gpu,
+                        h.claim,
+                        pod,
+                        pod.container(ref.container_id),
+                        WatchdogPolicy.REPORT,
+                        detail,
+                        ref.container_id,
+                        start,
+                    )
+                )
+        return out
 
     def _attribute(
         self, pid: int, by_name: dict[tuple[str, str], ClaimRef]

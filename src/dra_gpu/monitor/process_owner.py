@@ -94,6 +94,14 @@ class ProcReader:
         finally:
             os.close(fd)
 
+    def cgroup_text(self, pid: int) -> str | None:
+        """The process's `/proc/<pid>/cgroup` as the host sees it; None if it is gone."""
+        try:
+            with open(f"{self._prefix}{pid}/cgroup", "rb") as f:
+                return f.read(65536).decode("utf-8", "replace")
+        except OSError:
+            return None
+
     def start_time(self, pid: int) -> int | None:
         """The process's start time (field 22 of `stat`, clock ticks since boot); None if it is gone."""
         try:

@@ -52,6 +52,8 @@ class MonitorConfig:
     """Bytes NVML may count per process beyond the limiter's charges; None: the watchdog's default."""
     grace_s: float | None = None
     """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """The host's cgroup mount, where a claim over its compute ceiling has its containers frozen."""
 
 
 def start_monitor(
@@ -77,6 +79,7 @@ def start_monitor(
         proc=proc,
         interval_s=config.interval_s,
         watch_interval_s=config.watch_interval_s,
+        cgroup_root=config.cgroup_root,
     )
     if config.context_allowance is not None:
         monitor.context_allowance = config.context_allowance

@@ -78,6 +78,7 @@ class Reason(StrEnum):
     GPU = "GpuNotAllocated"
     LIMITER = "LimiterMissing"
     MISMATCH = "AccountingMismatch"
+    COMPUTE = "ComputeOverCeiling"
 
 
 @dataclass(frozen=True)

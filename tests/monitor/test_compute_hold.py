@@ -1,0 +1,279 @@
+"""The node holds a claim's GPU time to its ceiling with the kernel's freezer: a claim that runs past its
+ceiling (a process that bypasses the library) is frozen in a duty cycle that brings its long-run share back
+and repays what it took; an honest claim is never frozen. One freezer interface for cgroup v2 and v1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes.fake_cgroup import FakeCgroupTree
+from monitor_harness import add_pod, fake_proc, plugin_with_nvml
+from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
+from test_monitor import _events, limiter_config
+from waiting import wait_for
+
+from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor.compute_hold import BURST_S, MARGIN, MAX_FREEZE_S, ComputeHold
+from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+class FakeFreezer(CgroupFreezer):
+    """A freezer whose state is a flag: the simulation's process runs only while it is thawed."""
+
+    states: dict[str, bool] = {}
+
+    def freeze(self) -> None:
+        FakeFreezer.states[self.path] = True
+
+    def thaw(self) -> None:
+        FakeFreezer.states[self.path] = False
+
+    def frozen(self) -> bool:
+        return FakeFreezer.states.get(self.path, False)
+
+
+def _simulate(
+    demand: dict[str, float], ceiling: float, seconds: float, step: float = 0.25
+) -> dict[str, object]:
+    """Claims that each want `demand` of the GPU, fed to the hold every `step` of a simulated clock; busy
+    is what each ran while thawed. Returns each claim's share over the second half, its freezes, and the
+    longest freeze."""
+    FakeFreezer.states = {}
+    freezers = {pid: FakeFreezer(f"/c/{name}", 2) for pid, name in enumerate(demand)}
+    hold = ComputeHold(lambda pid: freezers[pid])
+    busy_total = {name: 0.0 for name in demand}
+    frozen_since: dict[str, float] = {}
+    longest = 0.0
+    now = 0.0
+    usage: dict[tuple[str, str], tuple[float, float, list[int]]] = {
+        (name, "gpu"): (ceiling, 0.0, [pid]) for pid, name in enumerate(demand)
+    }
+    hold.feed(now, usage)
+    while now < seconds:
+        ran = {}
+        for pid, name in enumerate(demand):
+            ran[name] = 0.0 if freezers[pid].frozen() else demand[name] * step
+        now += step
+        hold.tick(now)
+        usage = {(name, "gpu"): (ceiling, ran[name], [pid]) for pid, name in enumerate(demand)}
+        hold.feed(now, usage)
+        for pid, name in enumerate(demand):
+            if now > seconds / 2:
+                busy_total[name] += ran[name]
+            if freezers[pid].frozen():
+                frozen_since.setdefault(name, now)
+            elif name in frozen_since:
+                longest = max(longest, now - frozen_since.pop(name))
+    return {
+        "share": {name: busy / (seconds / 2) for name, busy in busy_total.items()},
+        "freezes": {name: hold.accounts[(name, "gpu")].freezes for name in demand},
+        "longest": longest,
+    }
+
+
+def test_a_claim_past_its_ceiling_is_brought_back_and_an_honest_one_never_frozen() -> None:
+    result = _simulate({"bypass": 1.0, "honest": 0.30, "idle": 0.0}, ceiling=0.30, seconds=120)
+    share, freezes = result["share"], result["freezes"]
+    assert isinstance(share, dict) and isinstance(freezes, dict)
+    assert share["bypass"] <= 0.30 + MARGIN + BURST_S / 60 + 0.01, share
+    assert share["bypass"] >= 0.25, "held back, not starved"
+    assert freezes["honest"] == 0 and freezes["idle"] == 0
+    assert freezes["bypass"] > 0
+    assert isinstance(result["longest"], float) and result["longest"] <= MAX_FREEZE_S + 0.25
+
+
+def test_what_was_taken_is_repaid() -> None:
+    """A claim that ran at 100 % for 10 s before the node saw it (its debt came in one feed) is held below
+    its ceiling until it has paid that back: over the 60 s that follow, its share is its ceiling's."""
+    FakeFreezer.states = {}
+    freezer = FakeFreezer("/c/late", 2)
+    hold = ComputeHold(lambda pid: freezer)
+    hold.feed(0.0, {("late", "gpu"): (0.3, 0.0, [1])})
+    hold.feed(10.0, {("late", "gpu"): (0.3, 10.0, [1])})
+    assert freezer.frozen()
+    now, ran = 10.0, 0.0
+    while now < 70.0:
+        step = 0.0 if freezer.frozen() else 0.25
+        now += 0.25
+        ran += step
+        hold.tick(now)
+        hold.feed(now, {("late", "gpu"): (0.3, step, [1])})
+    assert (10.0 + ran) / 70.0 <= 0.30 + MARGIN + 0.01
+
+
+def test_freezer_of_reads_the_hosts_view_of_each_hierarchy(tmp_path: Path) -> None:
+    tree = FakeCgroupTree(tmp_path, dmem=False)
+    leaf = tree.mkdir("kubepods/podx/c1")
+    (leaf / "cgroup.freeze").write_text("0\n")
+    v2 = freezer_of("0::/kubepods/podx/c1\n", tree.root)
+    assert v2 == CgroupFreezer(str(leaf), 2)
+    v2.freeze()
+    assert (leaf / "cgroup.freeze").read_text().strip() == "1" and v2.frozen()
+    v2.thaw()
+    assert not v2.frozen()
+    assert freezer_of("0::/\n", tree.root) is None, "the root cgroup is never frozen"
+    # v1, and a hybrid host: the freezer controller's line wins, the unified one serves where it is absent.
+    v1_root = tmp_path / "v1"
+    (v1_root / "freezer" / "kubepods" / "c1").mkdir(parents=True)
+    (v1_root / "unified").mkdir()
+    (v1_root / "unified" / "cgroup.controllers").write_text("")
+    text = "7:freezer:/kubepods/c1\n4:memory:/kubepods/c1\n0::/kubepods/c1\n"
+    assert freezer_of(text, v1_root) == CgroupFreezer(f"{v1_root}/freezer/kubepods/c1", 1)
+    assert freezer_of("4:memory:/kubepods/c1\n0::/kubepods/c1\n", v1_root) == CgroupFreezer(
+        f"{v1_root}/unified/kubepods/c1", 2
+    )
+    assert freezer_of("4:memory:/kubepods/c1\n", v1_root) is None
+
+
+def _spinner() -> subprocess.Popen[bytes]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass\n"], stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    return child
+
+
+def _real_cgroup(version: int) -> Iterator[tuple[Path, str]]:
+    """A cgroup of the host's own hierarchy (v1 freezer or the v2 mount) for this test, removed after."""
+    base = (
+        CGROUP / "freezer"
+        if version == 1
+        else (CGROUP if (CGROUP / "cgroup.controllers").exists() else CGROUP / "unified")
+    )
+    probe = "freezer.state" if version == 1 else "cgroup.freeze"
+    if os.geteuid() != 0:
+        pytest.skip("a real cgroup needs root to make and to freeze")
+    if not base.is_dir():
+        pytest.skip(f"this host has no cgroup v{version} {'freezer' if version == 1 else 'mount'} at {base}")
+    name = f"dra-gpu-test-{secrets.token_hex(4)}"
+    path = base / name
+    try:
+        path.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup under {base}: {exc.strerror}")
+    try:
+        if not (path / probe).exists():
+            pytest.skip(f"cgroups under {base} have no {probe}")
+        yield path, name
+    finally:
+        for line in (path / "cgroup.procs").read_text().split() if (path / "cgroup.procs").exists() else []:
+            (base / "cgroup.procs").write_text(line)
+        if version == 1:
+            (path / "freezer.state").write_text("THAWED")
+        else:
+            (path / "cgroup.freeze").write_text("0")
+        with contextlib.suppress(OSError):  # a process of the test still in it: the kernel keeps it
+            path.rmdir()
+
+
+@pytest.fixture(params=[1, 2], ids=["v1-freezer", "v2-cgroup.freeze"])
+def real_cgroup(request: pytest.FixtureRequest) -> Iterator[tuple[int, Path, str]]:
+    for path, name in _real_cgroup(request.param):
+        yield request.param, path, name
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_real_cgroup_freezes_and_thaws_a_real_process(real_cgroup: tuple[int, Path, str]) -> None:
+    version, path, name = real_cgroup
+    child = _spinner()
+    try:
+        (path / "cgroup.procs").write_text(str(child.pid))
+        text = f"7:freezer:/{name}\n" if version == 1 else f"0::/{name}\n"
+        freezer = freezer_of(text, CGROUP)
+        assert freezer is not None and freezer.version == version and freezer.path == str(path)
+        freezer.freeze()
+        if version == 1:
+            wait_for(lambda: (path / "freezer.state").read_text().strip() == "FROZEN", what="v1 FROZEN")
+        else:
+            wait_for(lambda: "frozen 1" in (path / "cgroup.events").read_text(), what="v2 frozen 1")
+        assert freezer.frozen()
+        freezer.thaw()
+        assert not freezer.frozen()
+        wait_for(lambda: _state(child.pid) == "R", what="the spinner running again")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_monitor_holds_a_bypassing_process_to_its_share_and_never_freezes_an_honest_one(
+    dirs: PluginDirs, tmp_path: Path, real_cgroup: tuple[int, Path, str]
+) -> None:
+    """A real process of a 30 % claim that spins (its GPU work, as the fake driver counts it, is its CPU
+    time) in a real cgroup: the agent's own watch freezes it and says so; an idle neighbour is never frozen."""
+    version, path, name = real_cgroup
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claims = [
+        add_claim(
+            api,
+            claim,
+            [
+                Alloc(
+                    device="gpu-0",
+                    share_id=f"00000000-0000-4000-8000-00000000000{n}",
+                    consumed={"memory": "4Gi", "cores": "30"},
+                )
+            ],
+            [opaque(limiter_config())],
+        )
+        for n, claim in ((1, "bypass"), (2, "honest"))
+    ]
+    bypass = _spinner()
+    honest = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        (path / "cgroup.procs").write_text(str(bypass.pid))
+        with plugin_with_nvml(dirs, api, proc_root, interval_s=5.0, watch_interval_s=0.25) as (
+            plugin,
+            driver,
+        ):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not any(r.error for r in kubelet.prepare(*claims).values())
+            for claim, child in (("bypass", bypass), ("honest", honest)):
+                pod_uid, cid = add_pod(api, f"{claim}-pod", [claim])
+                fake_proc(proc_root, child.pid, pod_uid, cid, limiter=claim == "honest")
+                line = f"7:freezer:/{name}" if version == 1 else f"0::/{name}"
+                pod_line = f"1:name=systemd:/kubepods/pod{pod_uid}/{cid}"
+                (proc_root / str(child.pid) / "cgroup").write_text(
+                    f"{line}\n{pod_line}\n" if claim == "bypass" else f"{pod_line}\n"
+                )
+                driver.gpus[0].processes[child.pid] = 1 << 30
+                driver.gpus[0].runs_on_cpu[child.pid] = (0, 0)
+            hold = monitor_of(plugin).hold
+            wait_for(
+                lambda: any(
+                    a.freezes >= 2 for (uid, _), a in hold.accounts.items() if uid == uid_of(claims[0])
+                ),
+                what="the bypassing claim frozen twice",
+                timeout_s=60,
+            )
+            assert all(a.freezes == 0 for (uid, _), a in hold.accounts.items() if uid == uid_of(claims[1]))
+            said = [e for e in _events(api, "Pod", "bypass-pod") if e["reason"] == "ComputeOverCeiling"]
+            assert said and "over its ceiling of 30 %" in said[0]["message"]
+            assert not _events(api, "Pod", "honest-pod")
+            assert bypass.poll() is None, "held back, never killed"
+            assert not kubelet.unprepare(claims[0])[uid_of(claims[0])]
+            wait_for(
+                lambda: not any(uid == uid_of(claims[0]) for uid, _ in hold.accounts),
+                what="the account closed",
+            )
+            kubelet.close()
+        freezer = freezer_of(f"7:freezer:/{name}\n" if version == 1 else f"0::/{name}\n", CGROUP)
+        assert freezer is not None and not freezer.frozen(), "nothing is left frozen"
+    finally:
+        for child in (bypass, honest):
+            child.send_signal(signal.SIGKILL)
+            child.wait()
