@@ -15,6 +15,7 @@ from repo_paths import ROOT
 from dra_gpu.config import WatchdogPolicy
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import METRICS, Monitor, MonitorCollector, PodDirectory, ProcReader, Watchdog
+from dra_gpu.monitor.compute_hold import Account
 from dra_gpu.monitor.elastic import ElasticFigures
 from dra_gpu.monitor.monitor import ClaimFigures, ContainerFigures, Held, Snapshot
 from dra_gpu.monitor.pods import PodInfo
@@ -63,6 +64,7 @@ def _exported(tmp_path: Path) -> set[str]:
     monitor.watchdog.violations_total[("ns", "c", "p", "GPU-1", "MemoryOverLimit")] = 1
     monitor.watchdog.terminated_total[("ns", "c", "p", "GPU-1", "MemoryOverLimit")] = 1
     monitor.slots_reclaimed[("ns", "c")] = 1
+    monitor.hold.accounts[("u", "GPU-1")] = Account(frozen_seconds=1.0, freezes=1)
     registry = CollectorRegistry()
     registry.register(MonitorCollector(monitor))
     text = generate_latest(registry).decode()
