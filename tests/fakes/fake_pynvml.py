@@ -15,6 +15,7 @@ checks these names and codes against the installed pynvml.
 from __future__ import annotations
 
 import string
+import struct
 import sys
 import threading
 import time
@@ -362,6 +363,10 @@ class FakeDriver:
     waiting: threading.Event = field(default_factory=threading.Event)
     """Set while a thread is blocked in nvmlEventSetWait, so a test can act during the wait."""
     handles: list[FakeHandle] = field(default_factory=list)
+    process_dir: str | None = None
+    """The fake CUDA driver's process files (FAKE_CUDA_PROCESS_DIR, native/limiter/tests/fake/fake_processes.h):
+    every live process there holding memory on a GPU is one of its running compute processes, its memory
+    and its kernel time what the fake driver says it holds and ran."""
 
     def __post_init__(self) -> None:
         self.handles = [FakeHandle(i) for i in range(len(self.gpus))]
@@ -862,13 +867,64 @@ class c_nvmlProcessUtilizationInfo_v1_t(Structure):
     ]
 
 
+_PROCESS_HEAD = struct.Struct("=QIIQQ")
+_PROCESS_DEVICE = struct.Struct("=48sQQQQ")
+_PROCESS_MAGIC = 0x31434F5250414446
+
+
+def published(directory: str | None) -> dict[int, dict[str, tuple[int, int, int]]]:
+    """Live processes of the fake driver: pid -> uuid -> (bytes held, kernel ns run, when published, ns)."""
+    out: dict[int, dict[str, tuple[int, int, int]]] = {}
+    if not directory:
+        return out
+    try:
+        names = [n for n in _os.listdir(directory) if n.isdigit()]
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                    continue  # exited: the driver has torn its contexts down
+            with open(f"{directory}/{name}", "rb") as f:
+                data = f.read()
+        except (OSError, IndexError):
+            continue
+        if len(data) < _PROCESS_HEAD.size:
+            continue
+        magic, pid, count, _seq, _ = _PROCESS_HEAD.unpack_from(data)
+        if magic != _PROCESS_MAGIC or pid != int(name):
+            continue
+        devices = {}
+        for i in range(min(count, 8)):
+            uuid, used, busy, at, _ = _PROCESS_DEVICE.unpack_from(
+                data, _PROCESS_HEAD.size + i * _PROCESS_DEVICE.size
+            )
+            devices[uuid.split(b"\0", 1)[0].decode()] = (used, busy, at)
+        out[pid] = devices
+    return out
+
+
+def _published_on(gpu: FakeGpu) -> dict[int, tuple[int, int, int]]:
+    driver = _driver
+    if driver is None or driver.process_dir is None:
+        return {}
+    return {
+        pid: figures[gpu.uuid]
+        for pid, figures in published(driver.process_dir).items()
+        if gpu.uuid in figures and figures[gpu.uuid][0] > 0
+    }
+
+
 def _running(function: str, handle: FakeHandle) -> list[nvmlFriendlyObject]:
     gpu = _gpu(function, handle)
+    processes = dict(gpu.processes)
+    processes.update({pid: figures[0] for pid, figures in _published_on(gpu).items()})
     return [
         nvmlFriendlyObject(
             {"pid": pid, "usedGpuMemory": used, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
         )
-        for pid, used in list(gpu.processes.items())
+        for pid, used in processes.items()
     ]
 
 
@@ -911,9 +967,25 @@ def _sample_cpu_runners(gpu: FakeGpu) -> None:
     del gpu.utilization[:-1000]  # the driver keeps a ring of recent samples
 
 
+_last_published: dict[tuple[str, int], tuple[int, int]] = {}
+"""(gpu uuid, pid) -> (kernel ns, ns) of the fake driver's process at its last sample."""
+
+
+def _sample_published(gpu: FakeGpu) -> None:
+    """A sample per process of the fake driver that published since its last: the share of the time between
+    that it ran kernels, stamped with when the driver published it."""
+    for pid, (_used, busy, at) in _published_on(gpu).items():
+        last = _last_published.get((gpu.uuid, pid))
+        _last_published[(gpu.uuid, pid)] = (busy, at)
+        if last is not None and at > last[1]:
+            share = (busy - last[0]) / (at - last[1])
+            gpu.utilization.append((pid, at // 1000, min(100, round(share * 100)), 0))
+
+
 def _samples(function: str, handle: FakeHandle, timeStamp: int) -> list[tuple[int, int, int, int]]:
     gpu = _gpu(function, handle)
     _sample_cpu_runners(gpu)
+    _sample_published(gpu)
     newer = [s for s in list(gpu.utilization) if s[1] > timeStamp]
     if not newer:
         raise NVMLError(NVML_ERROR_NOT_FOUND)

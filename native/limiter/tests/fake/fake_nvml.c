@@ -3,13 +3,24 @@
  * as the fake driver (fake_common.h) and keeps NVML's return codes and struct layouts (declared in
  * src/nvml_min.h, cross-checked against nvidia-ml-py). Memory in use is what the fake driver has
  * allocated in this process when it is loaded, else zero.
+ *
+ * The per-process calls (running compute processes, process utilization) answer for every process of the
+ * machine that uses the fake driver, from what each publishes (fake_processes.h), with nvml.h's return
+ * codes: a count too small is NVML_ERROR_INSUFFICIENT_SIZE with the count needed; utilization samples are
+ * those newer than lastSeenTimeStamp, none is NVML_ERROR_NOT_FOUND. Sample timestamps are microseconds of
+ * CLOCK_MONOTONIC (the real driver's are the CPU's wall clock; callers use them only to ask for newer ones).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake_common.h"
+#include "fake_processes.h"
 #include "nvml_min.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -167,3 +178,156 @@ EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
 }
 
 EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+/* ---------------------------------------------------------------- per-process figures */
+
+/* nvml.h's layouts (not in nvml_min.h: the limiter never asks them). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} fake_nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} fake_nvmlProcessInfo_v2_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} fake_nvmlProcessUtilizationSample_t;
+
+#define MAX_PROCESSES 256
+struct seen {
+    unsigned pid;
+    uint64_t used, busy_ns, at_ns;
+};
+
+static int alive(unsigned pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *end = strrchr(buf, ')');
+    return end && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X';
+}
+
+/* The live processes of the fake driver holding memory on device i. */
+static int processes_on(int i, struct seen *out, int max) {
+    const char *dir = getenv("FAKE_CUDA_PROCESS_DIR");
+    if (!dir || !*dir) return 0;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    fake_uuid_string(i, uuid, sizeof uuid);
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        char *end;
+        unsigned long pid = strtoul(e->d_name, &end, 10);
+        if (*end || !pid || !alive((unsigned)pid)) continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct fake_process p;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t got = read(fd, &p, sizeof p);
+        close(fd);
+        if (got != (ssize_t)sizeof p || p.magic != FAKE_PROCESS_MAGIC || p.pid != pid) continue;
+        for (unsigned k = 0; k < p.count && k < FAKE_MAX_DEVICES; k++) {
+            if (strncmp(p.device[k].uuid, uuid, sizeof p.device[k].uuid) != 0 || !p.device[k].used) continue;
+            out[n++] = (struct seen){(unsigned)pid, p.device[k].used, p.device[k].busy_ns, p.device[k].at_ns};
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *infos, int version) {
+    int i;
+    nvmlReturn_t r = device_index(device, &i);
+    if (r != NVML_SUCCESS) return r;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    struct seen seen[MAX_PROCESSES];
+    int n = processes_on(i, seen, MAX_PROCESSES);
+    if (*count < (unsigned)n) {
+        *count = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n && !infos) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int k = 0; k < n; k++) {
+        if (version == 1) {
+            ((fake_nvmlProcessInfo_v1_t *)infos)[k] = (fake_nvmlProcessInfo_v1_t){seen[k].pid, seen[k].used};
+        } else {
+            ((fake_nvmlProcessInfo_v2_t *)infos)[k] =
+                (fake_nvmlProcessInfo_v2_t){seen[k].pid, seen[k].used, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        }
+    }
+    *count = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, void *infos) {
+    return running(d, count, infos, 1);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, void *infos) {
+    return running(d, count, infos, 2);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *infos) {
+    return running(d, count, infos, 3);
+}
+
+/* The driver's sample buffer, as this process has seen it: one sample per process and publication. */
+#define RING 1024
+static fake_nvmlProcessUtilizationSample_t ring[FAKE_MAX_DEVICES][RING];
+static unsigned ring_len[FAKE_MAX_DEVICES], ring_pos[FAKE_MAX_DEVICES];
+static struct seen last[FAKE_MAX_DEVICES][MAX_PROCESSES];
+static int last_n[FAKE_MAX_DEVICES];
+
+static void take_samples(int i) {
+    struct seen now[MAX_PROCESSES];
+    int n = processes_on(i, now, MAX_PROCESSES);
+    for (int k = 0; k < n; k++) {
+        for (int j = 0; j < last_n[i]; j++) {
+            struct seen *was = &last[i][j];
+            if (was->pid != now[k].pid || now[k].at_ns <= was->at_ns) continue;
+            uint64_t share = (now[k].busy_ns - was->busy_ns) * 100 / (now[k].at_ns - was->at_ns);
+            ring[i][ring_pos[i]] = (fake_nvmlProcessUtilizationSample_t){
+                now[k].pid, now[k].at_ns / 1000, share > 100 ? 100 : (unsigned)share, 0, 0, 0};
+            ring_pos[i] = (ring_pos[i] + 1) % RING;
+            if (ring_len[i] < RING) ring_len[i]++;
+        }
+    }
+    memcpy(last[i], now, sizeof now[0] * (size_t)n);
+    last_n[i] = n;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, void *utilization, unsigned int *count,
+                                                    unsigned long long lastSeenTimeStamp) {
+    int i;
+    nvmlReturn_t r = device_index(device, &i);
+    if (r != NVML_SUCCESS) return r;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!utilization) take_samples(i); /* the sizing call sees what the next call will */
+    unsigned n = 0;
+    for (unsigned k = 0; k < ring_len[i]; k++)
+        if (ring[i][k].timeStamp > lastSeenTimeStamp) n++;
+    if (!n) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    fake_nvmlProcessUtilizationSample_t *out = utilization;
+    unsigned w = 0;
+    for (unsigned k = 0; k < ring_len[i]; k++) {
+        unsigned at = (ring_pos[i] + RING - ring_len[i] + k) % RING; /* oldest first */
+        if (ring[i][at].timeStamp > lastSeenTimeStamp) out[w++] = ring[i][at];
+    }
+    *count = w;
+    return NVML_SUCCESS;
+}

@@ -52,6 +52,7 @@ static void load_config(void) {
         devices[i].primary = (struct CUctx_st){.magic = MAGIC_CTX, .device = i};
         devices[i].pool = (struct CUmemPoolHandle_st){MAGIC_POOL, i, 0, 0, 0};
     }
+    fake_publish_start(); /* publish.c: what this process holds and runs, for the fake NVML */
 }
 
 void fake_configure(void) { pthread_once(&config_once, load_config); }

@@ -188,6 +188,9 @@ extern pthread_mutex_t mu;
 /* Reads the settings and sets the devices up, once. */
 void fake_configure(void);
 
+/* publish.c: publishes this process's per-device figures for the fake NVML ($FAKE_CUDA_PROCESS_DIR). */
+void fake_publish_start(void);
+
 /* Common checks: initialised, and (if need_ctx) a current context. */
 CUresult check(int need_ctx);
 
