@@ -8,6 +8,7 @@ whether the limiter is loaded). The pids may be real child processes, so the wat
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from plugin_harness import NODE, PROFILE, PluginDirs
 from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY
 from dra_gpu.node_agent import NodeAgent
 
 GiB = 2**30
@@ -49,10 +51,21 @@ def add_pod(api: FakeKube, name: str, claims: list[str], namespace: str = "defau
     return pod["metadata"]["uid"], container_id
 
 
+_library: list[Path] = []
+"""The limiter library of the agent `plugin_with_nvml` runs (the one whose device and inode `maps` names)."""
+
+
+def library_line(library: Path, path: str = CONTAINER_LIBRARY) -> str:
+    """A `maps` line for an executable mapping of `library` (its device and inode), named `path`."""
+    st = library.stat()
+    return f"7f0000002000-7f0000003000 r-xp 00000000 {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino} {path}"
+
+
 def fake_proc(
     proc_root: Path, pid: int, pod_uid: str, container_id: str, *, limiter: bool, systemd: bool = True
 ) -> None:
-    """`/proc/<pid>/cgroup` as the kubelet's cgroup driver names it, and `maps` with or without the limiter."""
+    """`/proc/<pid>/cgroup` as the kubelet's cgroup driver names it, and `maps` with or without the limiter
+    (the agent's library file, by device and inode, as the container's bind mount shows it)."""
     d = proc_root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     if systemd:
@@ -65,9 +78,7 @@ def fake_proc(
     (d / "cgroup").write_text(f"0::{path}\n")
     lines = ["7f0000000000-7f0000001000 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6"]
     if limiter:
-        lines.append(
-            "7f0000002000-7f0000003000 r-xp 00000000 08:01 2 /usr/local/lib/dra-gpu/libdragpu-limiter.so.1"
-        )
+        lines.append(library_line(_library[-1]))
     (d / "maps").write_text("\n".join(lines) + "\n")
     # `stat` as the kernel writes it: a real child's own (its start time is what the watchdog checks).
     real = Path(f"/proc/{pid}/stat")
@@ -110,8 +121,10 @@ def plugin_with_nvml(
         publish_slices=publish_slices,
     )
     plugin.start()
+    _library.append(dirs.limiter_library)
     try:
         yield plugin, driver
     finally:
+        _library.pop()
         plugin.stop(grace_s=0.5)
         fake_pynvml.install(None)

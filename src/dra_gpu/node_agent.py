@@ -75,6 +75,7 @@ class NodeAgentConfig(PluginConfig):
             proc_root=self.proc_root,
             context_allowance=self.watchdog_context_allowance,
             grace_s=self.watchdog_grace_s,
+            limiter_library=self.limiter_library,
         )
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
+from monitor_harness import GiB, add_pod, fake_proc, library_line, plugin_with_nvml
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
 from test_monitor import _events, limiter_config, scrape
 from waiting import wait_for
@@ -214,3 +214,38 @@ def test_the_agents_own_watch_at_250_ms_kills_without_a_test_driving_it(
     finally:
         greedy.kill()
         greedy.wait()
+
+
+def test_the_library_is_known_by_the_file_the_agent_mounted_never_by_its_name(
+    dirs: PluginDirs, tmp_path: Path
+) -> None:
+    """A process that maps a file of its own under the library's name has no limiter (LimiterMissing); one
+    that maps the agent's file under any name has it."""
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claim = _share(api, "named", "4Gi", [opaque(limiter_config())])
+    impostor, renamed = _sleeper(), _sleeper()
+    forged = tmp_path / "libdragpu-limiter.so.1"
+    forged.write_bytes(b"\x7fELF a tenant's own file\n")
+    try:
+        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not kubelet.prepare(claim)[uid_of(claim)].error
+            pod_uid, cid = add_pod(api, "named-pod", ["named"])
+            fake_proc(proc_root, impostor.pid, pod_uid, cid, limiter=False)
+            with open(proc_root / str(impostor.pid) / "maps", "a") as maps:
+                maps.write(library_line(forged) + "\n")
+            fake_proc(proc_root, renamed.pid, pod_uid, cid, limiter=False)
+            with open(proc_root / str(renamed.pid) / "maps", "a") as maps:
+                maps.write(library_line(dirs.limiter_library, "/opt/tenant/anything.so") + "\n")
+            driver.gpus[0].processes = {impostor.pid: 1 * GiB, renamed.pid: 1 * GiB}
+            monitor_of(plugin).watch_once()
+            said = {(e["reason"], e["message"].split(" ")[1]) for e in _events(api, "Pod", "named-pod")}
+            assert said == {("LimiterMissing", str(impostor.pid))}
+            assert impostor.poll() is None and renamed.poll() is None, "the default policy only reports it"
+            kubelet.close()
+    finally:
+        for c in (impostor, renamed):
+            c.kill()
+            c.wait()

@@ -48,7 +48,7 @@ from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
 from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
-from dra_gpu.monitor.process_owner import PodRef, ProcReader
+from dra_gpu.monitor.process_owner import PodRef, ProcReader, file_identity
 from dra_gpu.monitor.watchdog import (
     CONTEXT_ALLOWANCE,
     LIMITER_ALLOWANCE,
@@ -149,6 +149,7 @@ class Monitor:
         limiter_allowance: int = LIMITER_ALLOWANCE,
         floor_interval_s: float = FLOOR_INTERVAL_S,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
+        limiter_library: Path | None = None,
     ) -> None:
         self.context_allowance = context_allowance
         self.limiter_allowance = limiter_allowance
@@ -157,6 +158,10 @@ class Monitor:
         self.cgroup_root = cgroup_root
         """The host's cgroup mount, where the claims' containers are frozen (`compute_hold`)."""
         self.hold = ComputeHold(self._freezer_of)
+        self.limiter_library = limiter_library
+        """The library file the agent mounts into limiter claims' containers: a process has the limiter when it
+        has mapped this file (its device and inode), whatever the file's name in the container."""
+        self._library = None if limiter_library is None else file_identity(limiter_library)
         self._floors_at = float("-inf")
         """When the floors were last published."""
         self._watches = 0
@@ -373,6 +378,8 @@ class Monitor:
             return self.snapshot
 
         self._reclaim_slots(list(held.values()))
+        if self.limiter_library is not None:  # replaced by an upgrade: a new file, new identity
+            self._library = file_identity(self.limiter_library)
         for key, fig in snap.claims.items():
             h = fig.held
             region = self._region(h) if h.sharing == Strategy.LIMITER.value else None
@@ -486,7 +493,7 @@ class Monitor:
     def _has_limiter(self, pid: int, ref: PodRef) -> bool | None:
         key = (pid, ref)
         if key not in self._limiter_cache:
-            self._limiter_cache[key] = self._proc.has_limiter(pid)
+            self._limiter_cache[key] = self._proc.has_limiter(pid, self._library)
         return self._limiter_cache[key]
 
     def _reclaim_slots(self, held: list[Held]) -> None:

@@ -25,7 +25,15 @@ _POD = re.compile(
     r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
 )
 _CONTAINER = re.compile(r"^(?:[a-z-]+-)?([0-9a-f]{64})(?:\.scope)?$")
-LIMITER_MARK = b"libdragpu-limiter"
+
+
+def file_identity(path: Path | str) -> tuple[int, int] | None:
+    """(device, inode) of a file as /proc/<pid>/maps names what a process mapped of it; None if it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @dataclass(frozen=True)
@@ -111,12 +119,25 @@ class ProcReader:
         except (OSError, ValueError, IndexError):
             return None
 
-    def has_limiter(self, pid: int) -> bool | None:
-        """Whether the process has the limiter library mapped; None if its maps cannot be read."""
+    def has_limiter(self, pid: int, library: tuple[int, int] | None) -> bool | None:
+        """Whether the process has mapped, executable, the very file the agent mounted as the limiter (its
+        device and inode, `library`), never judged by a name: a tenant can give any file the library's name.
+        None if its maps cannot be read or the agent's library is not known."""
+        if library is None:
+            return None
+        device, inode = library
+        wanted = f"{os.major(device):02x}:{os.minor(device):02x}".encode()
+        wanted_inode = str(inode).encode()
         try:
             with open(f"{self._prefix}{pid}/maps", "rb") as f:
                 for line in f:
-                    if LIMITER_MARK in line:
+                    fields = line.split(maxsplit=5)
+                    if (
+                        len(fields) >= 5
+                        and fields[3] == wanted
+                        and fields[4] == wanted_inode
+                        and b"x" in fields[1]
+                    ):
                         return True
         except OSError:
             return None

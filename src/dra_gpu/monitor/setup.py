@@ -54,6 +54,8 @@ class MonitorConfig:
     """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
     cgroup_root: Path = Path("/sys/fs/cgroup")
     """The host's cgroup mount, where a claim over its compute ceiling has its containers frozen."""
+    limiter_library: Path | None = None
+    """The limiter library the plugin mounts into containers: a process has the limiter if it mapped this file."""
 
 
 def start_monitor(
@@ -80,6 +82,7 @@ def start_monitor(
         interval_s=config.interval_s,
         watch_interval_s=config.watch_interval_s,
         cgroup_root=config.cgroup_root,
+        limiter_library=config.limiter_library,
     )
     if config.context_allowance is not None:
         monitor.context_allowance = config.context_allowance
