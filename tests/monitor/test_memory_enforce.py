@@ -249,3 +249,46 @@ def test_the_library_is_known_by_the_file_the_agent_mounted_never_by_its_name(
         for c in (impostor, renamed):
             c.kill()
             c.wait()
+
+
+def test_a_process_no_claim_owns_is_reported_and_stopped_and_the_hosts_only_reported(
+    dirs: PluginDirs, tmp_path: Path
+) -> None:
+    """On a GPU shared by a limiter claim: a pod with no claim of this driver that reached the GPU anyway (the
+    toolkit honoured its NVIDIA_VISIBLE_DEVICES) is told so and stopped; a process outside pods is reported,
+    never signalled; an MPS server is the driver's own; the claim's own process is untouched."""
+    api = FakeKube()
+    proc_root = tmp_path / "proc"
+    claim = _share(api, "owner", "4Gi", [opaque(limiter_config())])
+    owned, sneaky, host, mps = _sleeper(), _sleeper(), _sleeper(), _sleeper()
+    try:
+        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not kubelet.prepare(claim)[uid_of(claim)].error
+            pod_uid, cid = add_pod(api, "owner-pod", ["owner"])
+            fake_proc(proc_root, owned.pid, pod_uid, cid, limiter=True)
+            sneaky_uid, sneaky_cid = add_pod(api, "no-claim", [])
+            fake_proc(proc_root, sneaky.pid, sneaky_uid, sneaky_cid, limiter=False)
+            for pid, comm in ((host.pid, "python3"), (mps.pid, "nvidia-cuda-mps")):
+                (proc_root / str(pid)).mkdir(parents=True)
+                (proc_root / str(pid) / "cgroup").write_text("0::/system.slice/app.service\n")
+                (proc_root / str(pid) / "comm").write_text(comm + "\n")
+            driver.gpus[0].processes = {owned.pid: GiB, sneaky.pid: GiB, host.pid: GiB, mps.pid: 64 * MiB}
+            monitor_of(plugin).watch_once()
+            (event,) = _events(api, "Pod", "no-claim")
+            assert event["reason"] == "ProcessWithoutClaim"
+            assert "no claim prepared on this node owns it" in event["message"]
+            assert sneaky.wait(timeout=30) == -signal.SIGTERM
+            assert owned.poll() is None and host.poll() is None and mps.poll() is None
+            reported = {
+                (labels["pod"], labels["reason"])
+                for labels, _ in scrape(plugin.http_port)["dra_gpu_watchdog_violations_total"]
+            }
+            assert reported == {("no-claim", "ProcessWithoutClaim"), ("", "ProcessWithoutClaim")}
+            assert not _events(api, "ResourceClaim", "owner")
+            kubelet.close()
+    finally:
+        for c in (owned, sneaky, host, mps):
+            c.kill()
+            c.wait()

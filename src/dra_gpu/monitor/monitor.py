@@ -294,6 +294,8 @@ class Monitor:
                 live.add(pid)
                 attributed = self._attribute(pid, by_name)
                 if attributed is None:
+                    if gpu in ours:
+                        violations.extend(self._unowned(pid, gpu, [h for h in held.values() if h.gpu == gpu]))
                     continue
                 pod, ref, claims = attributed
                 container = pod.container(ref.container_id)
@@ -419,6 +421,38 @@ class Monitor:
         self.samples += 1
         self.sampled_at = time.monotonic()
         return snap
+
+    def _unowned(self, pid: int, gpu: str, on_gpu: list[Held]) -> list[Violation]:
+        """ProcessWithoutClaim for a process on a GPU this driver holds claims on that none of them owns: in a
+        pod, stopped under the strictest policy of those claims (the node's default enforces: the GPU is
+        theirs); outside pods (the host's, the admin's) only reported. An MPS control daemon's server, which
+        MPS claims share, is the driver's own."""
+        ref = self._proc.pod_of(pid)
+        start = self._proc.start_time(pid)
+        if ref is None:
+            if self._proc.command(pid) == "nvidia-cuda-mps":  # comm is at most 15 characters
+                return []
+            pod = PodInfo("", "", "", {}, frozenset())
+            where, policy = "outside any pod", WatchdogPolicy.REPORT
+        else:
+            pod = self._pods.lookup(ref.pod_uid, ref.container_id) or PodInfo(
+                ref.pod_uid, "", "", {}, frozenset()
+            )
+            where = (
+                f"pod {pod.namespace}/{pod.name}"
+                if pod.name
+                else f"pod {ref.pod_uid} (not on this node's list)"
+            )
+            enforced = any(h.enforced() or h.acts() == WatchdogPolicy.TERMINATE for h in on_gpu)
+            policy = WatchdogPolicy.TERMINATE if enforced else WatchdogPolicy.REPORT
+        detail = (
+            f"a process {where} uses this GPU, which this driver shares among its claims, and no claim prepared "
+            "on this node owns it"
+        )
+        claim = ClaimRef("", pod.namespace, "")
+        container = pod.container(ref.container_id) if ref is not None else ""
+        cid = ref.container_id if ref is not None else ""
+        return [Violation(Reason.UNOWNED, pid, gpu, claim, pod, container, policy, detail, cid, start)]
 
     def _freezer_of(self, pid: int) -> CgroupFreezer | None:
         text = self._proc.cgroup_text(pid)

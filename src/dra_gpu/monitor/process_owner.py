@@ -102,6 +102,14 @@ class ProcReader:
         finally:
             os.close(fd)
 
+    def command(self, pid: int) -> str | None:
+        """The process's `comm` (its executable's name, at most 15 characters); None if it is gone."""
+        try:
+            with open(f"{self._prefix}{pid}/comm", "rb") as f:
+                return f.read(64).decode("utf-8", "replace").strip()
+        except OSError:
+            return None
+
     def cgroup_text(self, pid: int) -> str | None:
         """The process's `/proc/<pid>/cgroup` as the host sees it; None if it is gone."""
         try:

@@ -9,6 +9,9 @@ the region a tenant can write. It acts only on GPUs this driver allocated. Three
   another claim, and none of its container's claims holds;
 - `LimiterMissing`: a process of a Limiter claim runs without the limiter library mapped (a static
   binary, a program that skips the dynamic loader, a container started before the CDI edits).
+- `ProcessWithoutClaim`: a process on a GPU this driver holds claims on that no prepared claim owns (a pod
+  with no claim that reached the GPU through `NVIDIA_VISIBLE_DEVICES`, a process outside any pod). Its
+  claim is none (`ClaimRef.uid` empty); a process outside pods is only reported, never signalled.
 
 A claim whose region says less than NVML by more than that allowance per process is reported as
 `AccountingMismatch` (never terminated: the region is only evidence that someone rewrote it).
@@ -79,6 +82,7 @@ class Reason(StrEnum):
     LIMITER = "LimiterMissing"
     MISMATCH = "AccountingMismatch"
     COMPUTE = "ComputeOverCeiling"
+    UNOWNED = "ProcessWithoutClaim"
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,11 @@ class Watchdog:
             self._seen.add(key)
             labels = (v.claim.namespace, v.claim.name, v.pod.name, v.gpu, v.reason.value)
             self.violations_total[labels] = self.violations_total.get(labels, 0) + 1
-            where = f"container {v.container or '?'} of pod {v.pod.namespace}/{v.pod.name}"
+            where = (
+                f"container {v.container or '?'} of pod {v.pod.namespace}/{v.pod.name}"
+                if v.pod.name
+                else (f"pod {v.pod.uid}" if v.pod.uid else "no pod")
+            )
             message = f"process {v.pid} in {where} on GPU {v.gpu}: {v.detail}"
             if v.policy == WatchdogPolicy.TERMINATE and v.reason != Reason.MISMATCH:
                 if v.pid in killed:
@@ -179,8 +187,10 @@ class Watchdog:
                 "process escapes its share",
                 extra={"reason": v.reason.value, "claim": v.claim.name, "detail": message},
             )
-            self._events.record(_claim_object(v.claim), "Warning", v.reason.value, message)
-            self._events.record(_pod_object(v.pod), "Warning", v.reason.value, message)
+            if v.claim.uid:
+                self._events.record(_claim_object(v.claim), "Warning", v.reason.value, message)
+            if v.pod.name:
+                self._events.record(_pod_object(v.pod), "Warning", v.reason.value, message)
 
     def _terminate(self, v: Violation) -> bool:
         if v.pid in self._stopping:
@@ -227,6 +237,6 @@ class Watchdog:
     def retain(self, claims: dict[tuple[str, str], str]) -> None:
         """Drop the series and event state of claims ((namespace, name) -> uid) no longer prepared."""
         for table in (self.violations_total, self.terminated_total):
-            for key in [k for k in table if (k[0], k[1]) not in claims]:
+            for key in [k for k in table if (k[0], k[1]) not in claims and k[1]]:
                 del table[key]
         self._events.retain(set(claims.values()) | {v.pod.uid for v in self.active})
