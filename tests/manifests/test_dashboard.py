@@ -65,6 +65,7 @@ def _exported(tmp_path: Path) -> set[str]:
     monitor.watchdog.terminated_total[("ns", "c", "p", "GPU-1", "MemoryOverLimit")] = 1
     monitor.slots_reclaimed[("ns", "c")] = 1
     monitor.hold.accounts[("u", "GPU-1")] = Account(frozen_seconds=1.0, freezes=1)
+    monitor.contradicted[("u", "GPU-1")] = 0.0
     registry = CollectorRegistry()
     registry.register(MonitorCollector(monitor))
     text = generate_latest(registry).decode()

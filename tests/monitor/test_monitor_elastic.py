@@ -4,11 +4,14 @@ claim reports using, borrowing and lending, as /metrics serves them and as the l
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from monitor_harness import plugin_with_nvml
+from monitor_harness import add_pod, fake_proc, plugin_with_nvml
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
 from test_monitor import scrape
 
@@ -141,3 +144,41 @@ def test_a_damaged_activity_file_reports_nothing_and_the_board_still_shows_the_s
     train = figures[("train", "GPU-0")]
     assert (train.floor, train.ceiling, train.priority) == (20, 100, "besteffort")
     assert train.used_seconds is None and train.borrowed_seconds is None
+
+
+def test_a_claim_that_says_it_is_busy_while_the_driver_sees_it_idle_is_caught(
+    dirs: PluginDirs, tmp_path: Path
+) -> None:
+    """The claim's activity file says it wants the GPU for the next minute; NVML says its process ran nothing:
+    the node marks it (the arbitration's `idle_by_driver`) and tells the claim, until the driver sees it run."""
+    api = FakeKube()
+    claim = share(api, "loud", 30, 1, {})
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        with plugin_with_nvml(dirs, api, tmp_path / "proc") as (plugin, driver):
+            kubelet = Kubelet(dirs.registration_dir)
+            kubelet.register()
+            assert not kubelet.prepare(claim)[uid_of(claim)].error
+            gpu = driver.gpus[0].uuid
+            pod_uid, cid = add_pod(api, "loud-pod", ["loud"])
+            fake_proc(tmp_path / "proc", child.pid, pod_uid, cid, limiter=True)
+            driver.gpus[0].processes = {child.pid: 2**30}
+            activity = dirs.state_dir / board.GPUS_DIR / gpu / board.activity_name(uid_of(claim))
+            with open(activity, "r+b") as f:
+                f.seek(16)
+                f.write(struct.pack("<q", time.monotonic_ns() + 60 * S))
+            monitor = monitor_of(plugin)
+            driver.gpus[0].utilization = [(child.pid, 1_000_000, 0, 0)]
+            monitor.sample_once()
+            driver.gpus[0].utilization.append((child.pid, 2_000_000, 0, 0))
+            monitor.sample_once()
+            assert monitor.idle_by_driver() == {(uid_of(claim), gpu)}
+            said = [e for e in api.objects("Event") if e["reason"] == "ActivityContradicted"]
+            assert len(said) == 1 and said[0]["involvedObject"]["name"] == "loud"
+            driver.gpus[0].utilization.append((child.pid, 3_000_000, 60, 0))  # it runs: its word stands
+            monitor.sample_once()
+            assert monitor.idle_by_driver() == set()
+            kubelet.close()
+    finally:
+        child.kill()
+        child.wait()

@@ -49,6 +49,8 @@ METRICS = {
     "dra_gpu_claim_compute_frozen_seconds_total": "Time the node kept the claim's containers frozen because its "
     "GPU time by NVML was over its ceiling.",
     "dra_gpu_claim_compute_freezes_total": "Freezes of the claim's containers for GPU time over its ceiling.",
+    "dra_gpu_claim_activity_contradicted": "1 while the claim's activity file says it wants the GPU and the "
+    "driver saw its processes run nothing there.",
 }
 
 
@@ -158,6 +160,7 @@ class MonitorCollector(Collector):
         samples.add_metric([], self._monitor.samples)
         yield from (violations, terminations, active, samples)
         yield from hold_families(self._monitor.hold, snap)
+        yield from activity_families(self._monitor, snap)
 
 
 def hold_families(hold: ComputeHold, snap: Snapshot) -> Iterator[Metric]:
@@ -180,6 +183,20 @@ def hold_families(hold: ComputeHold, snap: Snapshot) -> Iterator[Metric]:
         frozen.add_metric(names, account.frozen_seconds)
         freezes.add_metric(names, account.freezes)
     yield from (frozen, freezes)
+
+
+def activity_families(monitor: Monitor, snap: Snapshot) -> Iterator[Metric]:
+    """The claims whose word about their activity the driver's figures contradict now."""
+    contradicted = GaugeMetricFamily(
+        "dra_gpu_claim_activity_contradicted",
+        METRICS["dra_gpu_claim_activity_contradicted"],
+        labels=["namespace", "claim", "gpu_uuid"],
+    )
+    for key in monitor.idle_by_driver():
+        fig = snap.claims.get(key)
+        if fig is not None:
+            contradicted.add_metric([fig.held.claim.namespace, fig.held.claim.name, key[1]], 1)
+    yield contradicted
 
 
 def elastic_families(figures: list[ClaimFigures]) -> Iterator[Metric]:

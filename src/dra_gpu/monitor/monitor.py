@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_gpu.config import Strategy, WatchdogPolicy
-from dra_gpu.limiter_abi.board import GPUS_DIR
+from dra_gpu.limiter_abi.board import GPUS_DIR, activity_name, read_activity
 from dra_gpu.limiter_abi.region import (
     FLOOR_FILE,
     RegionDevice,
@@ -196,7 +196,10 @@ class Monitor:
         """claim uid -> the floor file's GPUs and what was last published there (written again only on change)."""
         self.slots_reclaimed: dict[tuple[str, str], int] = {}
         """(namespace, claim) -> slots of the claim's region handed back because their process was gone."""
-        self._elastic = ElasticLedger(Path(claims_dir).parent / GPUS_DIR)
+        self._elastic_dir = Path(claims_dir).parent / GPUS_DIR
+        self._elastic = ElasticLedger(self._elastic_dir)
+        self.contradicted: dict[tuple[str, str], float] = {}
+        """(claim uid, gpu) -> since when its activity file says busy while the driver sees it idle."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -362,6 +365,7 @@ class Monitor:
         self._last_live = live
         if busy_due:
             violations += self._hold_compute(held, nvml_memory, processes, now)
+            self._check_activity(held, nvml_memory, processes)
         self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
         self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
         if floors_due:
@@ -453,6 +457,40 @@ class Monitor:
         container = pod.container(ref.container_id) if ref is not None else ""
         cid = ref.container_id if ref is not None else ""
         return [Violation(Reason.UNOWNED, pid, gpu, claim, pod, container, policy, detail, cid, start)]
+
+    def _check_activity(
+        self,
+        held: dict[tuple[str, str], Held],
+        nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]],
+        processes: dict[str, GpuProcesses],
+    ) -> None:
+        """A claim whose activity file says it wants the GPU now while the driver saw its processes run nothing
+        since the last read is `contradicted` (with a Warning event on the claim when it starts): its word holds
+        no one back. The arbitration reads `idle_by_driver()`; the library does not yet (it reads the file)."""
+        now_ns = time.monotonic_ns()
+        found: dict[tuple[str, str], float] = {}
+        for key, h in held.items():
+            figures = processes.get(h.gpu)
+            if h.sharing != Strategy.LIMITER.value or figures is None or not figures.utilization_known:
+                continue
+            activity = read_activity(self._elastic_dir / h.gpu / activity_name(h.claim.uid))
+            if activity is None or activity.demand_until_ns <= now_ns:
+                continue
+            if any(figures.busy_seconds.get(p[0], 0.0) > 0 for p in nvml_memory.get(key, [])):
+                continue
+            found[key] = self.contradicted.get(key, time.monotonic())
+            if key not in self.contradicted:
+                self.watchdog.claim_event(
+                    h.claim,
+                    Reason.ACTIVITY,
+                    f"the claim's activity file says it wants GPU {h.gpu} now, but the driver saw its processes run "
+                    "nothing there since the last look: its word holds no other claim back",
+                )
+        self.contradicted = found
+
+    def idle_by_driver(self) -> set[tuple[str, str]]:
+        """(claim uid, gpu) of the claims whose activity file the driver's figures contradict now."""
+        return set(self.contradicted)
 
     def _freezer_of(self, pid: int) -> CgroupFreezer | None:
         text = self._proc.cgroup_text(pid)

@@ -83,6 +83,7 @@ class Reason(StrEnum):
     MISMATCH = "AccountingMismatch"
     COMPUTE = "ComputeOverCeiling"
     UNOWNED = "ProcessWithoutClaim"
+    ACTIVITY = "ActivityContradicted"
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,11 @@ class Watchdog:
                 self._events.record(_claim_object(v.claim), "Warning", v.reason.value, message)
             if v.pod.name:
                 self._events.record(_pod_object(v.pod), "Warning", v.reason.value, message)
+
+    def claim_event(self, claim: ClaimRef, reason: Reason, message: str) -> None:
+        """A Warning event on the claim alone (what the claim says of itself, not one process's doing)."""
+        log.warning("a claim's word contradicts the driver", extra={"claim": claim.name, "detail": message})
+        self._events.record(_claim_object(claim), "Warning", reason.value, message)
 
     def _terminate(self, v: Violation) -> bool:
         if v.pid in self._stopping:
