@@ -334,8 +334,9 @@ class FakeGpu:
     """Per-process utilization samples, as the driver keeps them: (pid, timeStamp us, smUtil, memUtil)."""
     runs_on_cpu: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Real processes whose GPU work is their CPU time: pid -> (CPU ticks, monotonic us) at their last
-    sample. At each utilization query the driver appends a sample per such process, its smUtil what the
-    process really ran since its previous one (a frozen or stopped process runs nothing)."""
+    sample ((0, 0): since the process started). At each utilization query the driver appends a sample per
+    such process, its smUtil what the process really ran since its previous one (a frozen or stopped
+    process runs nothing)."""
 
 
 @dataclass
@@ -949,6 +950,16 @@ def _cpu_ticks(pid: int) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+def _age_s(pid: int) -> float:
+    """Seconds since the process started (`stat` field 22, clock ticks since boot)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            start = int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start / _os.sysconf("SC_CLK_TCK"))
+
+
 def _sample_cpu_runners(gpu: FakeGpu) -> None:
     """The driver samples each process's utilization on its own clock; here, when asked."""
     now_us = time.monotonic_ns() // 1000
@@ -958,12 +969,13 @@ def _sample_cpu_runners(gpu: FakeGpu) -> None:
         if current is None:
             del gpu.runs_on_cpu[pid]
             continue
+        if not at:  # first seen: the driver has sampled it since it started
+            ticks, at = 0, now_us - int(_age_s(pid) * 1e6)
         if now_us <= at:
             continue
-        share = (current - ticks) / hz / ((now_us - at) / 1e6) if at else 0.0
+        share = (current - ticks) / hz / ((now_us - at) / 1e6)
         gpu.runs_on_cpu[pid] = (current, now_us)
-        if at:
-            gpu.utilization.append((pid, now_us, min(100, round(share * 100)), 0))
+        gpu.utilization.append((pid, now_us, min(100, round(share * 100)), 0))
     del gpu.utilization[:-1000]  # the driver keeps a ring of recent samples
 
 
