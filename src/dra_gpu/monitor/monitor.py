@@ -473,10 +473,10 @@ class Monitor:
             figures = processes.get(h.gpu)
             if h.sharing != Strategy.LIMITER.value or figures is None or not figures.utilization_known:
                 continue
-            activity = read_activity(self._elastic_dir / h.gpu / activity_name(h.claim.uid))
-            if activity is None or activity.demand_until_ns <= now_ns:
-                continue
             if any(figures.busy_seconds.get(p[0], 0.0) > 0 for p in nvml_memory.get(key, [])):
+                continue  # it runs: whatever it says of itself stands
+            activity = read_activity(Path(f"{self._elastic_dir}/{h.gpu}/{activity_name(h.claim.uid)}"))
+            if activity is None or activity.demand_until_ns <= now_ns:
                 continue
             found[key] = self.contradicted.get(key, time.monotonic())
             if key not in self.contradicted:
