@@ -122,6 +122,7 @@ def test_freezer_of_reads_the_hosts_view_of_each_hierarchy(tmp_path: Path) -> No
     v2.thaw()
     assert not v2.frozen()
     assert freezer_of("0::/\n", tree.root) is None, "the root cgroup is never frozen"
+    assert freezer_of("0::/../../kubepods/podx/c1\n", tree.root) is None, "another cgroup namespace's view"
     # v1, and a hybrid host: the freezer controller's line wins, the unified one serves where it is absent.
     v1_root = tmp_path / "v1"
     (v1_root / "freezer" / "kubepods" / "c1").mkdir(parents=True)

@@ -74,6 +74,8 @@ def freezer_of(cgroup_text: str, cgroup_root: Path | str = "/sys/fs/cgroup") -> 
             unified = path
         elif "freezer" in controllers.split(","):
             v1 = path
+    if any(".." in p.split("/") for p in (unified or "", v1 or "")):
+        return None  # a path outside the reader's cgroup namespace: not the host's view, never followed
     if unified is not None and os.path.isfile(f"{root}/cgroup.controllers"):
         return None if unified.strip("/") == "" else CgroupFreezer(f"{root}/{unified.strip('/')}", 2)
     if v1 is not None and v1.strip("/"):
