@@ -217,8 +217,12 @@ class Monitor:
             self._thread = None
         if self._sampler is not None:
             self._sampler.close()
-        with self._lock:
+        locked = self._lock.acquire(timeout=10)  # a hung sampling must not keep a claim frozen
+        try:
             self.hold.close(time.monotonic())
+        finally:
+            if locked:
+                self._lock.release()
         if self.on_stop is not None:
             self.on_stop()
 
