@@ -38,6 +38,8 @@ import json
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.config import Priority
+from dra_gpu.config.grants import RANK
 from dra_gpu.config.modes import mode_named, takes_whole_gpu
 from dra_gpu.manifests.classes import CLASSES
 from dra_gpu.manifests.values import Values
@@ -81,6 +83,19 @@ COMPUTE_FLOOR_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute.limit below the cores its claim "
     f"asks for (sharing.limiter.cores or a request's capacity cores it applies to); cores is the guaranteed "
     f"floor and the limit the ceiling above it: raise compute.limit or ask for fewer cores"
+)
+
+PRIORITY_GRANT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.priority above what its "
+    f"DeviceClass grants (besteffort < standard < latency): ask for less, or use a class that grants more"
+)
+LIMIT_GRANT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.limit above what its DeviceClass "
+    f"grants (its compute.limit, else the cores the request asks for): ask for less, or use a class that grants more"
+)
+MEMORY_GRANT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.memoryLimit above what its DeviceClass "
+    f"grants (its memoryLimit, else the memory the request asks for): ask for less, or use a class that grants more"
 )
 
 
@@ -234,25 +249,196 @@ _VARIABLES = [
 ]
 
 
-def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
-    """The ValidatingAdmissionPolicy on ResourceClaims and ResourceClaimTemplates, and its binding."""
+_RANK = {p.value: rank for p, rank in RANK.items()}
+_LIMITER = "c.opaque.parameters.sharing.limiter"
+
+
+def _grant_variables() -> list[Obj]:
+    """The claim's spec, requests and configs, and what the DeviceClass in `params` grants (config/grants.py)."""
+    configs = "variables.classConfigs"
+    last = f"{configs}[size({configs}) - 1].opaque.parameters.sharing"
+    limiter = "variables.classLimiter"
+    return [
+        *_VARIABLES,
+        {
+            "name": "classConfigs",
+            "expression": (
+                f"has(params.spec.config) ? params.spec.config.filter(g, has(g.opaque) && "
+                f'g.opaque.driver == "{DRIVER_NAME}") : []'
+            ),
+        },
+        {
+            # A class selecting this driver's devices without a config of its own grants the defaults.
+            "name": "classIsOurs",
+            "expression": (
+                f"size({configs}) > 0 || (has(params.spec.selectors) && params.spec.selectors.exists(s, "
+                f"has(s.cel) && s.cel.expression.contains('\"{DRIVER_NAME}\"')))"
+            ),
+        },
+        {
+            "name": "classLimiter",
+            "expression": f"size({configs}) > 0 && has({last}) && has({last}.limiter) ? {last}.limiter : {{}}",
+        },
+        {
+            "name": "classPriority",
+            "expression": (
+                f"has({limiter}.compute) && has({limiter}.compute.priority) && "
+                f"string({limiter}.compute.priority) in {_literal(_RANK)} ? string({limiter}.compute.priority) : "
+                f'"{Priority.STANDARD.value}"'
+            ),
+        },
+        {
+            "name": "classLimit",
+            "expression": (
+                f"has({limiter}.compute) && has({limiter}.compute.limit) && type({limiter}.compute.limit) == int "
+                f"? {limiter}.compute.limit : 0"
+            ),
+        },
+        {
+            "name": "classMemoryLimit",
+            "expression": (
+                f"has({limiter}.memoryLimit) && isQuantity(string({limiter}.memoryLimit)) ? "
+                f'string({limiter}.memoryLimit) : ""'
+            ),
+        },
+    ]
+
+
+def _per_class_request(rule: str) -> str:
+    """`rule` holds for each claim config of this driver with a limiter section, on every request (and
+    alternative) of the class in `params` that it applies to; `x` is the request, `c` the config."""
+    return (
+        f"!variables.classIsOurs || variables.configs.all(c, !({_ours('c')}) || "
+        f"!has({_LIMITER}) || variables.requests.all(r, !({_applies('c', 'r')}) || "
+        f"{_request_classes('r')}.all(x, x.deviceClassName != params.metadata.name || ({rule}))))"
+    )
+
+
+def _named(x: str, capacity: str) -> str:
+    return f'has({x}.capacity) && has({x}.capacity.requests) && "{capacity}" in {x}.capacity.requests'
+
+
+def grant_validations() -> list[Obj]:
+    """The rules of config/grants.py: a claim asks for no more priority, compute ceiling or memory ceiling
+    than its class grants."""
+    compute, step = f"{_LIMITER}.compute", MEMORY_STEP
+    priority = (
+        f"!has({compute}) || !has({compute}.priority) || !({compute}.priority in {_literal(_RANK)}) || "
+        f"{_literal(_RANK)}[{compute}.priority] <= {_literal(_RANK)}[variables.classPriority]"
+    )
+    limit = f"{compute}.limit"
+    floor_ok = (
+        f"({_named('x', 'cores')}) ? !quantity(string({limit})).isGreaterThan(quantity(x.capacity.requests.cores)) "
+        f": (!has({_LIMITER}.cores) || type({_LIMITER}.cores) != int || {limit} <= {_LIMITER}.cores)"
+    )
+    ceiling = (
+        f"!has({compute}) || !has({limit}) || type({limit}) != int || "
+        f"(variables.classLimit > 0 && {limit} <= variables.classLimit) || ({floor_ok})"
+    )
+    asked = f"quantity(string({_LIMITER}.memoryLimit))"
+    charged = (
+        f"quantity(string((quantity(x.capacity.requests.memory).asInteger() + {step - 1}) / {step} * {step}))"
+    )
+    memory = (
+        f"!has({_LIMITER}.memoryLimit) || !isQuantity(string({_LIMITER}.memoryLimit)) || "
+        f"!({_named('x', 'memory')}) || !isQuantity(x.capacity.requests.memory) || "
+        f'(variables.classMemoryLimit != "" && !{asked}.isGreaterThan(quantity(variables.classMemoryLimit))) || '
+        f"!{asked}.isGreaterThan({charged})"
+    )
+    name = '" + params.metadata.name + "'
+    return [
+        {
+            "expression": _per_class_request(priority),
+            "message": PRIORITY_GRANT_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.priority above '
+                f'the " + variables.classPriority + " its DeviceClass {name} grants (besteffort < standard < '
+                f'latency): ask for " + variables.classPriority + " or lower, or use a class that grants more"'
+            ),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": _per_class_request(ceiling),
+            "message": LIMIT_GRANT_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.limit above what its '
+                f'DeviceClass {name} grants (" + (variables.classLimit > 0 ? string(variables.classLimit) + '
+                f'", or the cores the request asks for where higher" : "the cores the request asks for: the class '
+                f'sets no compute.limit") + "): ask for less, or use a class that grants more"'
+            ),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": _per_class_request(memory),
+            "message": MEMORY_GRANT_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.memoryLimit above what its '
+                f'DeviceClass {name} grants (" + (variables.classMemoryLimit != "" ? variables.classMemoryLimit + '
+                f'", or the memory the request asks for where more" : "the memory the request asks for: the class '
+                f'sets no memoryLimit") + "): ask for less, or use a class that grants more"'
+            ),
+            "reason": "Forbidden",
+        },
+    ]
+
+
+def grant_policy(name: str, labels: dict[str, str]) -> list[Obj]:
+    """The policy that holds a claim to what its DeviceClass grants, and its binding.
+
+    A claim's policy cannot read a DeviceClass, so this one takes the classes as its params
+    (`paramKind: DeviceClass`); its binding selects every DeviceClass (`selector: {}`), and the API server
+    evaluates the policy once per class, each evaluation judging the requests of that class. With no class
+    at all nothing can be allocated, so a missing param allows (`parameterNotFoundAction: Allow`).
+    """
     policy: Obj = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "matchPolicy": "Equivalent",
-                "resourceRules": [
-                    {
-                        "apiGroups": ["resource.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["resourceclaims", "resourceclaimtemplates"],
-                    }
-                ],
-            },
+            "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
+            "matchConstraints": _match_claims(),
+            "variables": _grant_variables(),
+            "validations": grant_validations(),
+        },
+    }
+    binding: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "policyName": name,
+            "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
+            "validationActions": ["Deny"],
+        },
+    }
+    return [policy, binding]
+
+
+def _match_claims() -> Obj:
+    return {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["resourceclaims", "resourceclaimtemplates"],
+            }
+        ],
+    }
+
+
+def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
+    """The ValidatingAdmissionPolicy on ResourceClaims and ResourceClaimTemplates, and its binding; then
+    the grant policy (`<name>-grants`) and its binding."""
+    policy: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": _match_claims(),
             "variables": variables(values),
             "validations": validations(values),
         },
@@ -263,4 +449,4 @@ def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
         "metadata": {"name": name, "labels": labels},
         "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
-    return [policy, binding]
+    return [policy, binding, *grant_policy(f"{name}-grants", labels)]
