@@ -100,7 +100,8 @@ def effective(
     request: int | None,
 ) -> GpuConfig:
     """The share's config with what its class grants filled in where the claim's limiter section leaves it
-    out; ConfigError (one line naming the class) where the claim asks for more than the class grants.
+    out; ConfigError (one line naming the class) where the claim asks for more than the class grants, or for
+    a ceiling below its floor (which the limiter would drop; a class's such ceiling is raised to the floor).
 
     `request` is the share's memory request (charged or configured): a class's `memoryLimit` below it is
     not taken (the ceiling is then the request)."""
@@ -108,13 +109,20 @@ def effective(
     if limiter is None:
         return config
     grant = grant_of(class_config)
+    asked = limiter.compute.limit if limiter.compute is not None else None
+    if asked is not None and asked < floor and config != class_config:
+        raise ConfigError(
+            f"sharing.limiter.compute.limit {asked} is below the share's floor {floor} (its cores; a request that "
+            f"names no cores is charged all 100): raise compute.limit, ask for fewer cores, or leave it out"
+        )
     refused = excess(limiter, grant, floor, charged)
     if refused is not None:
         raise ConfigError(f"DeviceClass {class_name}: {refused}, or use a class that grants more")
     priority, limit, memory_limit = _asked(limiter)
-    compute = ComputeConfig(
-        limit=limit if limit is not None else grant.compute_limit,
-        priority=priority if priority is not None else grant.priority,
+    ceiling = limit if limit is not None else grant.compute_limit
+    compute = ComputeConfig.model_validate(
+        {"priority": priority if priority is not None else grant.priority}
+        | ({} if ceiling is None else {"limit": ceiling})
     )
     update: dict[str, object] = {}
     before = limiter.compute or ComputeConfig()

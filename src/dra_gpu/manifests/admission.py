@@ -21,9 +21,14 @@ forever. Each rule is one validation whose message says what to change:
 - a claim's `sharing.limiter.memoryLimit` is at least the memory its request will consume (the request
   rounded up to the capacity's step, as the scheduler rounds it): the limit is the ceiling above the
   guaranteed share;
-- a claim's `sharing.limiter.compute` has a `limit` that is a whole percent 1..100, at least the claim's
-  `cores` (in the config and in each request it applies to: the floor), and a `priority` of
-  `latency`, `standard` or `besteffort`.
+- a claim's `sharing.limiter.compute.limit` is at least the claim's `cores` (in the config and in each
+  request it applies to: the floor; a request naming no cores asks for all 100), or the node would drop it;
+- a claim's config of this driver is a well-formed GpuConfig: one check per object of its JSON Schema,
+  generated from the schema (`config_shape.py`), so that the model, the schema, this policy and the node accept
+  the same shapes; the other rules read only the well-formed configs (`variables.gpuConfigs`), so that no
+  shape (a null, a string where a number goes) makes their CEL fail instead of the shape's own message;
+- a claim asks for no more priority, compute ceiling or memory ceiling than its class grants: a second
+  policy with the DeviceClasses as params (`grant_policy`, config/grants.py).
 
 The policy judges a claim when it is created only: a claim's (and a template's) spec is immutable, and
 judging it again on a metadata update (a finalizer added or removed) would deny that update for a claim
@@ -35,13 +40,15 @@ The expressions avoid CEL's optional syntax so that the tests can run them with 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
-from dra_gpu.config import Priority
+from dra_gpu.config import Priority, Strategy
 from dra_gpu.config.grants import RANK
 from dra_gpu.config.modes import mode_named, takes_whole_gpu
 from dra_gpu.manifests.classes import CLASSES
+from dra_gpu.manifests.config_shape import gpu_configs_variable, shape_validations
 from dra_gpu.manifests.values import Values
 from dra_gpu.vocabulary.device import MEMORY_STEP
 
@@ -75,14 +82,11 @@ LIMIT_MESSAGE = (
     f"limit is the ceiling above the guaranteed share: raise memoryLimit or request less memory"
 )
 
-COMPUTE_MESSAGE = (
-    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute wrongly: limit must be a whole "
-    f"percent 1..100 and priority one of latency, standard, besteffort; fix the value or leave it out"
-)
 COMPUTE_FLOOR_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute.limit below the cores its claim "
     f"asks for (sharing.limiter.cores or a request's capacity cores it applies to); cores is the guaranteed "
-    f"floor and the limit the ceiling above it: raise compute.limit or ask for fewer cores"
+    f"floor (a request that names no cores asks for all 100) and the limit the ceiling above it: raise "
+    f"compute.limit, ask for fewer cores, or leave compute.limit out"
 )
 
 PRIORITY_GRANT_MESSAGE = (
@@ -100,28 +104,20 @@ MEMORY_GRANT_MESSAGE = (
 
 
 def _compute_validations() -> list[Obj]:
-    """The rules on `sharing.limiter.compute` (elastic compute): well-formed, and a ceiling no lower
-    than the floor the claim asks for."""
+    """The rule on `sharing.limiter.compute` (elastic compute; its shape is checked with the rest): a ceiling
+    no lower than the floor the claim asks for, or the node would drop it. A request that names no cores is
+    charged all of them (100), unless the config names its `cores` (API servers without consumable capacity)."""
     limiter = "c.opaque.parameters.sharing.limiter"
-    compute = f"{limiter}.compute"
-    limit = f"{compute}.limit"
-    has_compute = f"{_ours('c')} && has({limiter}) && has({compute})"
-    well_formed = (
-        f"variables.configs.all(c, !({has_compute}) || ("
-        f"(!has({limit}) || (type({limit}) == int && {limit} >= 1 && {limit} <= 100)) && "
-        f'(!has({compute}.priority) || {compute}.priority in ["latency", "standard", "besteffort"])))'
-    )
+    limit = f"int({limiter}.compute.limit)"
+    has_limit = f"{_ours('c')} && has({limiter}) && has({limiter}.compute) && has({limiter}.compute.limit)"
+    cores = f"({_named('x', 'cores')}) ? quantity(x.capacity.requests.cores) : quantity(string(has({limiter}.cores) ? int({limiter}.cores) : 100))"
     above_floor = (
-        f"variables.configs.all(c, !({has_compute}) || !has({limit}) || type({limit}) != int || {limit} < 1 || ("
-        f"(!has({limiter}.cores) || type({limiter}.cores) != int || {limit} >= {limiter}.cores) && "
+        f"variables.gpuConfigs.all(c, !({has_limit}) || ("
+        f"(!has({limiter}.cores) || {limit} >= int({limiter}.cores)) && "
         f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
-        f'!has(x.capacity) || !has(x.capacity.requests) || !("cores" in x.capacity.requests) || '
-        f"!quantity(x.capacity.requests.cores).isGreaterThan(quantity(string({limit})))))))"
+        f"!({cores}).isGreaterThan(quantity(string({limit})))))))"
     )
-    return [
-        {"expression": well_formed, "message": COMPUTE_MESSAGE, "reason": "Invalid"},
-        {"expression": above_floor, "message": COMPUTE_FLOOR_MESSAGE, "reason": "Invalid"},
-    ]
+    return [{"expression": above_floor, "message": COMPUTE_FLOOR_MESSAGE, "reason": "Invalid"}]
 
 
 def _interval_message(interval: str) -> str:
@@ -183,13 +179,14 @@ def validations(values: Values) -> list[Obj]:
         f"variables.requests.all(r, {_request_classes('r')}.all(x, {_unqualified('x', sorted(strategies))}))"
     )
     strategy = (
-        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.strategy) || "
-        f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
-        f"!(x.deviceClassName in variables.classStrategies) || "
-        f"variables.classStrategies[x.deviceClassName] == c.opaque.parameters.sharing.strategy)))"
+        f"variables.gpuConfigs.all(c, variables.requests.all(r, !({_applies('c', 'r')}) || "
+        f"{_request_classes('r')}.all(x, !(x.deviceClassName in variables.classStrategies) || "
+        f"variables.classStrategies[x.deviceClassName] == (has(c.opaque.parameters.sharing) && "
+        f"has(c.opaque.parameters.sharing.strategy) ? c.opaque.parameters.sharing.strategy : "
+        f'"{Strategy.EXCLUSIVE.value}"))))'
     )
     timeslice = (
-        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.timeSlicing) || "
+        f"variables.gpuConfigs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.timeSlicing) || "
         f"!has(c.opaque.parameters.sharing.timeSlicing.interval) || "
         f"c.opaque.parameters.sharing.timeSlicing.interval == {_literal(interval)})"
     )
@@ -205,7 +202,7 @@ def validations(values: Values) -> list[Obj]:
     limit = "c.opaque.parameters.sharing.limiter.memoryLimit"
     step = MEMORY_STEP
     memory_limit = (
-        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
+        f"variables.gpuConfigs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
         f"!has({limit}) || variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
         f'!has(x.capacity) || !has(x.capacity.requests) || !("memory" in x.capacity.requests) || '
         f"quantity(string({limit})).asInteger() >= "
@@ -219,12 +216,17 @@ def validations(values: Values) -> list[Obj]:
         {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
         {"expression": memory_limit, "message": LIMIT_MESSAGE, "reason": "Invalid"},
         *_compute_validations(),
+        *shape_validations(),
     ]
 
 
 def variables(values: Values) -> list[Obj]:
     """The claim's spec (a template's too), its requests and configs, and the classes' strategies."""
-    return [*_VARIABLES, {"name": "classStrategies", "expression": _literal(class_strategies(values))}]
+    return [
+        *_VARIABLES,
+        gpu_configs_variable(),
+        {"name": "classStrategies", "expression": _literal(class_strategies(values))},
+    ]
 
 
 _VARIABLES = [
@@ -260,6 +262,7 @@ def _grant_variables() -> list[Obj]:
     limiter = "variables.classLimiter"
     return [
         *_VARIABLES,
+        gpu_configs_variable(),
         {
             "name": "classConfigs",
             "expression": (
@@ -278,6 +281,13 @@ def _grant_variables() -> list[Obj]:
         {
             "name": "classLimiter",
             "expression": f"size({configs}) > 0 && has({last}) && has({last}.limiter) ? {last}.limiter : {{}}",
+        },
+        {
+            "name": "classStrategy",
+            "expression": (
+                f"size({configs}) > 0 && has({last}) && has({last}.strategy) ? string({last}.strategy) : "
+                f'"{Strategy.EXCLUSIVE.value}"'
+            ),
         },
         {
             "name": "classPriority",
@@ -308,7 +318,7 @@ def _per_class_request(rule: str) -> str:
     """`rule` holds for each claim config of this driver with a limiter section, on every request (and
     alternative) of the class in `params` that it applies to; `x` is the request, `c` the config."""
     return (
-        f"!variables.classIsOurs || variables.configs.all(c, !({_ours('c')}) || "
+        f"!variables.classIsOurs || variables.gpuConfigs.all(c, !({_ours('c')}) || "
         f"!has({_LIMITER}) || variables.requests.all(r, !({_applies('c', 'r')}) || "
         f"{_request_classes('r')}.all(x, x.deviceClassName != params.metadata.name || ({rule}))))"
     )
@@ -318,9 +328,10 @@ def _named(x: str, capacity: str) -> str:
     return f'has({x}.capacity) && has({x}.capacity.requests) && "{capacity}" in {x}.capacity.requests'
 
 
-def grant_validations() -> list[Obj]:
+def grant_validations(known: Iterable[str]) -> list[Obj]:
     """The rules of config/grants.py: a claim asks for no more priority, compute ceiling or memory ceiling
-    than its class grants."""
+    than its class grants; and, for classes the claim policy does not know (`known`: an admin's own), a claim
+    keeps its class's strategy."""
     compute, step = f"{_LIMITER}.compute", MEMORY_STEP
     priority = (
         f"!has({compute}) || !has({compute}.priority) || !({compute}.priority in {_literal(_RANK)}) || "
@@ -328,12 +339,12 @@ def grant_validations() -> list[Obj]:
     )
     limit = f"{compute}.limit"
     floor_ok = (
-        f"({_named('x', 'cores')}) ? !quantity(string({limit})).isGreaterThan(quantity(x.capacity.requests.cores)) "
-        f": (!has({_LIMITER}.cores) || type({_LIMITER}.cores) != int || {limit} <= {_LIMITER}.cores)"
+        f"({_named('x', 'cores')}) ? !quantity(string(int({limit}))).isGreaterThan(quantity(x.capacity.requests.cores)) "
+        f": (!has({_LIMITER}.cores) || int({limit}) <= int({_LIMITER}.cores))"
     )
     ceiling = (
-        f"!has({compute}) || !has({limit}) || type({limit}) != int || "
-        f"(variables.classLimit > 0 && {limit} <= variables.classLimit) || ({floor_ok})"
+        f"!has({compute}) || !has({limit}) || "
+        f"(variables.classLimit > 0 && int({limit}) <= variables.classLimit) || ({floor_ok})"
     )
     asked = f"quantity(string({_LIMITER}.memoryLimit))"
     charged = (
@@ -346,7 +357,25 @@ def grant_validations() -> list[Obj]:
         f"!{asked}.isGreaterThan({charged})"
     )
     name = '" + params.metadata.name + "'
+    sharing = "c.opaque.parameters.sharing"
+    strategy = (
+        f"!variables.classIsOurs || size(variables.classConfigs) == 0 || params.metadata.name in "
+        f"{_literal(sorted(known))} || variables.gpuConfigs.all(c, variables.requests.all(r, "
+        f"!({_applies('c', 'r')}) || {_request_classes('r')}.all(x, x.deviceClassName != params.metadata.name || "
+        f"variables.classStrategy == (has({sharing}) && has({sharing}.strategy) ? {sharing}.strategy : "
+        f'"{Strategy.EXCLUSIVE.value}"))))'
+    )
     return [
+        {
+            "expression": strategy,
+            "message": STRATEGY_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim sets a sharing.strategy (Exclusive where left out) other '
+                f'than " + variables.classStrategy + ", the strategy of its DeviceClass {name}: leave the claim\'s '
+                f"sharing.strategy out or equal to the class's\""
+            ),
+            "reason": "Invalid",
+        },
         {
             "expression": _per_class_request(priority),
             "message": PRIORITY_GRANT_MESSAGE,
@@ -382,7 +411,7 @@ def grant_validations() -> list[Obj]:
     ]
 
 
-def grant_policy(name: str, labels: dict[str, str]) -> list[Obj]:
+def grant_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
     """The policy that holds a claim to what its DeviceClass grants, and its binding.
 
     A claim's policy cannot read a DeviceClass, so this one takes the classes as its params
@@ -399,7 +428,7 @@ def grant_policy(name: str, labels: dict[str, str]) -> list[Obj]:
             "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
             "matchConstraints": _match_claims(),
             "variables": _grant_variables(),
-            "validations": grant_validations(),
+            "validations": grant_validations(class_strategies(values)),
         },
     }
     binding: Obj = {
@@ -449,4 +478,4 @@ def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
         "metadata": {"name": name, "labels": labels},
         "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
-    return [policy, binding, *grant_policy(f"{name}-grants", labels)]
+    return [policy, binding, *grant_policy(values, f"{name}-grants", labels)]

@@ -16,6 +16,7 @@ from typing import Any
 
 from dra_gpu.config import ConfigError, GpuConfig, merge_configs
 from dra_gpu.config.grants import effective
+from dra_gpu.config.modes import takes_whole_gpu
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.kube import ApiError, KubeAPI, NotFound, objects
 from dra_gpu.plugin.checkpoint import ShareRecord
@@ -218,6 +219,13 @@ def shares_of(
             config = _granted(config, class_config, classes.get(request), consumed, driver)
         except ConfigError as exc:
             raise PrepareError(f"ResourceClaim {claim.ref}: {exc}", reason="invalid_config") from None
+        if result.share_id is not None and takes_whole_gpu(config.sharing.strategy.value):
+            raise PrepareError(
+                f"{where}: the scheduler allocated a share of this GPU, and sharing.strategy "
+                f"{config.sharing.strategy.value} (the default where the config leaves it out) takes a whole GPU: leave "
+                f"the claim's sharing.strategy to its class, or use a class of whole GPUs",
+                reason="invalid_config",
+            )
         shares.append(
             Share(
                 position=position,
