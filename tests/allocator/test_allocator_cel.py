@@ -148,6 +148,20 @@ OURS = 'device.attributes["gpu.dra-gpu.io"]'
         ('cidr("10.1.2.3/8").prefixLength() == 8 && cidr("10.1.2.3/8").ip() == ip("10.1.2.3")', True),
         ('isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0/33")', True),
         (f'ip({OURS}.model.find("Z") + "10.0.0.1").family() == 4', True),
+        # url library (the examples of Kubernetes' urls.go).
+        ('url("https://example.com:80/").getHost() == "example.com:80"', True),
+        (
+            'url("https://[::1]:80/").getHost() == "[::1]:80" && url("https://[::1]/").getHostname() == "::1"',
+            True,
+        ),
+        (
+            'url("https://example.com:80/").getPort() == "80" && url("https://example.com/").getPort() == ""',
+            True,
+        ),
+        ('url("https://example.com/path with spaces/").getEscapedPath() == "/path%20with%20spaces/"', True),
+        ('url("https://example.com/?k=a&k=b&kb=c").getQuery() == {"k": ["a", "b"], "kb": ["c"]}', True),
+        ('url("ftp://x.example/").getScheme() == "ftp" && url("/a/b").getHostname() == ""', True),
+        ('isURL("https://example.com/") && isURL("/path") && !isURL("example.com") && !isURL("")', True),
         # semver with normalize; versions compared as versions.
         ('semver("v1.2", true).major() == 1 && semver("v1.2", true).minor() == 2', True),
         ('semver("1.02.3", true) == semver("1.2.3") && isSemver("v1", true) && !isSemver("v1")', True),

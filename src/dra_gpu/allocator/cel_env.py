@@ -35,7 +35,11 @@ strings, lists, sets, math, base64, `min`/`max`/`sum`):
   `.orValue(d)` or `.hasValue()` are rewritten to `has(x.f) ? x.f : d` / `k in x ? x[k] : d` before
   compiling; any other use of it is a compile error that says so, never a different evaluation.
 
-Not supported: the `url` library and cost limits (the API server already rejected over-expensive
+- url: `url(s)` (an absolute URI or an absolute path, as Go's `url.ParseRequestURI`), `isURL(s)`,
+  `.getScheme()`, `.getHost()` (with the port; IPv6 in brackets), `.getHostname()`, `.getPort()`,
+  `.getEscapedPath()`, `.getQuery()` (a map of lists). A URL is a one-key map holding its text.
+
+Not supported: cost limits (the API server already rejected over-expensive
 expressions); an expression using them is refused with "undefined function".
 
 Longer than 500 lines: the Kubernetes CEL libraries, each function small, share the conversions of values and
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -366,6 +371,53 @@ def _masked(network: Any) -> dict[str, str]:
     return {_CIDR: str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))}
 
 
+# --- url (Kubernetes' `k8s.io/apiserver/pkg/cel/library/urls.go`) ------------------------------------
+
+_URL = "url@"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _url(value: Any) -> dict[str, str]:
+    """Go's `url.ParseRequestURI`, as `url()` parses: an absolute URI (with a scheme) or an absolute path."""
+    if isinstance(value, dict) and _URL in value:
+        return value
+    text = str(value)
+    if not (text.startswith("/") or _SCHEME.match(text)) or any(
+        ord(c) < 0x20 or ord(c) == 0x7F for c in text
+    ):
+        raise ValueError(f"URL parse error during conversion from string: {text!r}")
+    return {_URL: text}
+
+
+def _split(value: Any) -> urllib.parse.SplitResult:
+    text = _url(value)[_URL]
+    return urllib.parse.urlsplit(text.split("#", 1)[0])
+
+
+def _host(value: Any) -> str:
+    return _split(value).netloc.rpartition("@")[2]
+
+
+def _hostname(value: Any) -> str:
+    host = _host(value)
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+def _port(value: Any) -> str:
+    host = _host(value)
+    tail = host[host.find("]") + 1 :] if host.startswith("[") else host
+    return tail.rpartition(":")[2] if ":" in tail else ""
+
+
+def _query(value: Any) -> dict[str, list[str]]:
+    query: dict[str, list[str]] = {}
+    for key, item in urllib.parse.parse_qsl(_split(value).query, keep_blank_values=True):
+        query.setdefault(key, []).append(item)
+    return query
+
+
 def _functions() -> dict[str, Callable[..., Any]]:
     return {
         "quantity": _quantity,
@@ -402,6 +454,16 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "containsCIDR": _contains_cidr,
         "prefixLength": lambda n: _network(n)[1],
         "masked": _masked,
+        "url": _url,
+        "isURL": _valid(_url),
+        "getScheme": lambda u: _split(u).scheme,
+        "getHost": _host,
+        "getHostname": _hostname,
+        "getPort": _port,
+        "getEscapedPath": lambda u: urllib.parse.quote(
+            urllib.parse.unquote(_split(u).path), safe="/:@!$&'()*+,;=-._~"
+        ),
+        "getQuery": _query,
     }
 
 
