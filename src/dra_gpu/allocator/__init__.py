@@ -36,7 +36,11 @@ Module map: `cel_env` (CEL), `capacity` (rounding), `pools` (slices to devices),
 held), `index` (cached candidates and usage buckets), `claims` (claim spec), `search` (the search and
 its failure messages), `result` (`status.allocation`), `policies` (placement), `core` (the API).
 
-Not supported, with a clear error or left out: `adminAccess`, and node selectors mixing node-local
+`adminAccess` as the API defines it: such a request gets devices whatever other claims hold of them, its
+results say `adminAccess: true`, and it holds nothing for the next claims (the namespace label it needs is
+the API server's check).
+
+Not supported, with a clear error or left out: node selectors mixing node-local
 devices with `nodeSelector` pools (the allocator does not know node labels).
 """
 
