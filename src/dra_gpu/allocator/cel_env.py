@@ -6,7 +6,7 @@ Kubernetes compiles DeviceClass and request selectors with cel-go; here the `cel
 - `device.driver` (string), `device.allowMultipleAllocations` (bool);
 - `device.attributes[domain].name`: `int`, `bool`, `string` as themselves, `version` as its string
   (so `==` works; ordering needs `semver(...)` functions below), list forms as lists;
-- `device.capacity[domain].name`: the capacity as a number (an int when whole, else a double).
+- `device.capacity[domain].name`: the capacity as a quantity (below).
 
 Unqualified attribute and capacity names belong to the driver's domain, as in Kubernetes. A domain the
 device does not have reads as an empty map (Kubernetes does the same), so `has(...)` guards work;
@@ -17,9 +17,9 @@ strings, lists, sets, math, base64, `min`/`max`/`sum`):
 
 - quantity: `quantity(s)`, `isQuantity(s)`, `q.compareTo(q2)`, `q.isGreaterThan(q2)`,
   `q.isLessThan(q2)`, `q.add(q2|int)`, `q.sub(q2|int)`, `q.sign()`, `q.isInteger()`,
-  `q.asInteger()`, `q.asApproximateFloat()`. A quantity is a plain number here, so `==` compares values
-  (`quantity("1Gi") == quantity("1024Mi")`), and `<`/`>=` also work (Kubernetes would insist on
-  `compareTo`; accepting more is harmless for selectors that are valid there).
+  `q.asInteger()`, `q.asApproximateFloat()`. A quantity is a value of its own type (a one-key map holding
+  its amount), so `==` compares amounts (`quantity("1Gi") == quantity("1024Mi")`) and, as in Kubernetes,
+  `<`, `>=` or `+` on quantities are refused: they compare and add through their methods only.
 - semver: `semver(s)`, `semver(s, normalize)` (`v1.2` -> `1.2.0`), `isSemver(s[, normalize])`,
   `v.major()`, `v.minor()`, `v.patch()`, and `compareTo`, `isGreaterThan`, `isLessThan` between two
   versions (semver 2.0 precedence). A `version` attribute is a Semver in Kubernetes: `==`/`!=` against
@@ -76,12 +76,22 @@ def split_qualified(name: str, driver: str) -> tuple[str, str]:
     return (domain, ident) if sep else (driver, name)
 
 
+_QUANTITY = "quantity@"
+
+
 def quantity_number(value: str | int | Fraction) -> Number:
-    """A quantity as CEL sees it: an int when whole and within int64, else a double."""
+    """A quantity's amount: an int when whole and within int64, else a double."""
     q = parse_quantity(value)
     if q.denominator == 1 and -_I64_MAX <= q.numerator <= _I64_MAX:
         return int(q.numerator)
     return float(q)
+
+
+def quantity_value(value: str | int | Fraction) -> dict[str, Number]:
+    """A quantity as CEL sees it: a value of its own type, a one-key map holding its amount, so that `==`
+    compares amounts (`quantity("1Gi") == quantity("1024Mi")`) and `<` or `+` on it are "no such overload",
+    as in Kubernetes, where only its methods compare and add."""
+    return {_QUANTITY: quantity_number(value)}
 
 
 def _attribute_value(attr: Mapping[str, Any]) -> Any:
@@ -112,7 +122,7 @@ def device_variable(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
     capacity: dict[str, dict[str, Any]] = {}
     for name, cap in objects.device_capacity(device).items():
         domain, ident = split_qualified(name, driver)
-        capacity.setdefault(domain, {})[ident] = quantity_number((cap or {}).get("value", 0))
+        capacity.setdefault(domain, {})[ident] = quantity_value((cap or {}).get("value", 0))
     return {
         "driver": driver,
         "attributes": attributes,
@@ -181,11 +191,11 @@ def _is_semver(text: Any, normalize: bool = False) -> bool:
 # --- quantity -------------------------------------------------------------------------------------
 
 
-def _quantity(text: Any) -> Number:
+def _quantity(text: Any) -> dict[str, Number]:
     if not isinstance(text, str):
         raise ValueError(f"quantity() needs a string, got {text!r}")
     try:
-        return quantity_number(text)
+        return quantity_value(text)
     except QuantityError as exc:
         raise ValueError(str(exc)) from None
 
@@ -199,7 +209,10 @@ def _is_quantity(text: Any) -> bool:
 
 
 def _number(value: Any) -> Number:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A quantity's amount; an `add`/`sub` argument may also be an int, as in Kubernetes."""
+    if isinstance(value, dict) and _QUANTITY in value:
+        return value[_QUANTITY]  # type: ignore[no-any-return]
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected a quantity, got {value!r}")
     return value
 
@@ -425,10 +438,10 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "compareTo": _compare,
         "isGreaterThan": lambda a, b: _compare(a, b) > 0,
         "isLessThan": lambda a, b: _compare(a, b) < 0,
-        "add": lambda a, b: _number(a) + _number(b),
-        "sub": lambda a, b: _number(a) - _number(b),
+        "add": lambda a, b: {_QUANTITY: _number(a) + _number(b)},
+        "sub": lambda a, b: {_QUANTITY: _number(a) - _number(b)},
         "sign": lambda a: (_number(a) > 0) - (_number(a) < 0),
-        "isInteger": lambda a: isinstance(_number(a), int) or float(a).is_integer(),
+        "isInteger": lambda a: isinstance(_number(a), int) or float(_number(a)).is_integer(),
         "asInteger": _as_integer,
         "asApproximateFloat": lambda a: float(_number(a)),
         "semver": _semver,
