@@ -161,6 +161,12 @@ def opaque(
     return builders.opaque_config(driver, parameters, source=source, requests=requests)
 
 
+def class_grant(compute: dict[str, Any]) -> dict[str, Any]:
+    """The `FromClass` config of a limiter class that grants exactly this `compute` section (a claim may ask
+    for no more priority or ceiling than its class grants, and takes from it what it leaves out)."""
+    return opaque(gpu_config("Limiter", limiter={"compute": compute}))
+
+
 @dataclass
 class Alloc:
     """One `status.allocation.devices.results[]` entry."""

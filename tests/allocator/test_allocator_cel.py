@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from dra_gpu.allocator.cel_env import CelEnvironment, SelectorError, device_variable, split_qualified
+from dra_gpu.allocator.cel_env import (
+    CelEnvironment,
+    SelectorError,
+    device_variable,
+    quantity_value,
+    split_qualified,
+)
 
 DEVICE: dict[str, Any] = {
     "name": "gpu-0",
@@ -37,7 +43,11 @@ def test_device_variable_groups_by_domain_and_types_values() -> None:
         ours["index"] == 3 and ours["healthy"] is True and ours["model"] == "H100" and ours["links"] == [1, 2]
     )
     assert var["attributes"]["resource.kubernetes.io"] == {"pciBusID": "0000:18:00.0"}
-    assert var["capacity"]["gpu.dra-gpu.io"] == {"memory": 80 * 2**30, "cores": 100, "power": 700.5}
+    assert var["capacity"]["gpu.dra-gpu.io"] == {
+        "memory": quantity_value("80Gi"),
+        "cores": quantity_value("100"),
+        "power": quantity_value("700500m"),
+    }
     assert split_qualified("example.com/x", "d") == ("example.com", "x")
     assert split_qualified("x", "d") == ("d", "x")
 
@@ -50,7 +60,7 @@ def test_device_variable_groups_by_domain_and_types_values() -> None:
         ('quantity("2Gi").isGreaterThan(quantity("2G"))', True),
         ('quantity("1k").isLessThan(quantity("1Ki"))', True),
         ('quantity("1Gi").add(quantity("1Gi")) == quantity("2Gi")', True),
-        ('quantity("1Gi").sub(1073741823) == 1', True),
+        ('quantity("1Gi").sub(1073741823) == quantity("1")', True),
         ('quantity("-5").sign() == -1', True),
         ('quantity("500m").isInteger()', False),
         ('quantity("2k").asInteger() == 2000', True),
@@ -123,7 +133,11 @@ OURS = 'device.attributes["gpu.dra-gpu.io"]'
         (f'{OURS}.?profile.orValue("none") == "none"', True),
         (f"{OURS}.?profile.hasValue()", False),
         ('device.attributes[?"other.example.com"].?x.orValue(7) == 7', True),
-        (f'{OURS}.?index.orValue(0) + device.capacity["gpu.dra-gpu.io"].?cores.orValue(0) == 103', True),
+        (
+            f'{OURS}.?index.orValue(0) + device.capacity["gpu.dra-gpu.io"].?cores.orValue(quantity("0")).asInteger()'
+            " == 103",
+            True,
+        ),
         ('"x.?y" == "x.?y"', True),  # inside a string literal it is text
         # Regex and strings libraries.
         (f'{OURS}.model.find("[0-9]+") == "100"', True),
@@ -148,6 +162,20 @@ OURS = 'device.attributes["gpu.dra-gpu.io"]'
         ('cidr("10.1.2.3/8").prefixLength() == 8 && cidr("10.1.2.3/8").ip() == ip("10.1.2.3")', True),
         ('isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0/33")', True),
         (f'ip({OURS}.model.find("Z") + "10.0.0.1").family() == 4', True),
+        # url library (the examples of Kubernetes' urls.go).
+        ('url("https://example.com:80/").getHost() == "example.com:80"', True),
+        (
+            'url("https://[::1]:80/").getHost() == "[::1]:80" && url("https://[::1]/").getHostname() == "::1"',
+            True,
+        ),
+        (
+            'url("https://example.com:80/").getPort() == "80" && url("https://example.com/").getPort() == ""',
+            True,
+        ),
+        ('url("https://example.com/path with spaces/").getEscapedPath() == "/path%20with%20spaces/"', True),
+        ('url("https://example.com/?k=a&k=b&kb=c").getQuery() == {"k": ["a", "b"], "kb": ["c"]}', True),
+        ('url("ftp://x.example/").getScheme() == "ftp" && url("/a/b").getHostname() == ""', True),
+        ('isURL("https://example.com/") && isURL("/path") && !isURL("example.com") && !isURL("")', True),
         # semver with normalize; versions compared as versions.
         ('semver("v1.2", true).major() == 1 && semver("v1.2", true).minor() == 2', True),
         ('semver("1.02.3", true) == semver("1.2.3") && isSemver("v1", true) && !isSemver("v1")', True),
@@ -171,6 +199,10 @@ def test_the_kubernetes_cel_libraries(env: CelEnvironment, expression: str, expe
         ('"%d".format(["x"]) == ""', "format(): %d needs an integer, got str"),
         ('ip("10.0.0.1%eth0").family() == 4', "ip(): IP address with zone value is not allowed"),
         ('ip("::ffff:10.0.0.1").family() == 4', "ip(): IPv4-mapped IPv6 address is not allowed"),
+        # Kubernetes: a quantity compares and adds through its methods only.
+        ('quantity("1Gi") < quantity("2Gi")', "No such overload"),
+        ('device.capacity["gpu.dra-gpu.io"].memory > quantity("1Gi")', "No such overload"),
+        ('quantity("1Gi") + quantity("1Gi") == quantity("2Gi")', "Unsupported operation"),
     ],
 )
 def test_type_errors_are_kubernetes_type_errors(env: CelEnvironment, expression: str, message: str) -> None:

@@ -730,12 +730,30 @@ def test_informational_taints_do_not_block() -> None:
     assert devices_of(alloc.allocate(claim("c", request(device_class=WHOLE_CLASS)))) == ["node-1/gpu-0"]
 
 
-def test_admin_access_is_refused_clearly() -> None:
-    alloc = make_allocator(one_node(gpu("gpu-0")))
-    with pytest.raises(
-        AllocationError, match=r'request "gpu": adminAccess is not supported by this allocator'
-    ):
-        alloc.allocate(claim("c", request(device_class=WHOLE_CLASS, adminAccess=True)))
+def test_admin_access_ignores_other_claims_and_holds_nothing() -> None:
+    """The API's definition (kubernetes/kubernetes `staging/src/k8s.io/api/resource/v1/types.go`,
+    `DeviceRequest.AdminAccess`): claims with admin access "ignore all ordinary claims to the device with
+    respect to access modes and any resource allocations"; their results say `adminAccess: true`
+    (`DeviceRequestAllocationResult.AdminAccess`), and the allocator does not count them as allocated."""
+    alloc = make_allocator(one_node(gpu("gpu-0"), gpu("gpu-1", shared=True)))
+    allocate_and_commit(alloc, claim("whole", request(device_class=WHOLE_CLASS)))
+    allocate_and_commit(alloc, claim("share", request(device_class=SHARED_CLASS, memory="80Gi", cores="100")))
+    with pytest.raises(AllocationError):
+        alloc.allocate(claim("more", request(device_class=WHOLE_CLASS)))
+    admin = claim("monitor", request(device_class=WHOLE_CLASS, adminAccess=True, allocationMode="All"))
+    got = allocate_and_commit(alloc, admin)
+    assert devices_of(got) == ["node-1/gpu-0"]
+    (result,) = got["devices"]["results"]
+    assert result["adminAccess"] is True and "shareID" not in result
+    shared = allocate_and_commit(
+        alloc, claim("monitor-shared", request(device_class=SHARED_CLASS, adminAccess=True))
+    )
+    assert devices_of(shared) == ["node-1/gpu-1"], "a share taken in full is still the admin's to see"
+    fresh = make_allocator(one_node(gpu("gpu-0")))
+    allocate_and_commit(fresh, claim("monitor", request(device_class=WHOLE_CLASS, adminAccess=True)))
+    assert devices_of(fresh.allocate(claim("user", request(device_class=WHOLE_CLASS)))) == ["node-1/gpu-0"], (
+        "an admin-access allocation holds nothing"
+    )
 
 
 @pytest.mark.parametrize(

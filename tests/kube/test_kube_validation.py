@@ -201,6 +201,11 @@ SLICE_RULES: list[tuple[str, Callable[[Obj], object], str]] = [
     ("no default", lambda o: policy(o).pop("default"), "requestPolicy.default: Required value"),
     ("no min", lambda o: policy(o)["validRange"].pop("min"), "validRange.min: Required value"),
     (
+        "negative min",
+        lambda o: policy(o)["validRange"].update(min="-1Gi"),
+        'validRange.min: Invalid value: "-1Gi": must be greater than or equal to 0',
+    ),
+    (
         "default above max",
         setter("device.capacity.memory.requestPolicy.default", "100Gi"),
         "default is more than max",

@@ -20,7 +20,6 @@ from dra_gpu.manifests import load_values, render
 from dra_gpu.manifests.admission import (
     CAPACITY_MESSAGE,
     COMPUTE_FLOOR_MESSAGE,
-    COMPUTE_MESSAGE,
     LIMIT_MESSAGE,
     MPS_MESSAGE,
     QUALIFIED_MESSAGE,
@@ -176,10 +175,13 @@ def test_a_compute_ceiling_and_class_a_user_writes_pass() -> None:
 
 
 def test_a_malformed_compute_section_is_refused_saying_what_is_allowed() -> None:
-    assert refusals(elastic("30", {"limit": 150})) == [COMPUTE_MESSAGE]
-    assert refusals(elastic("30", {"limit": 0})) == [COMPUTE_MESSAGE]
-    assert refusals(elastic("30", {"limit": "100"})) == [COMPUTE_MESSAGE]
-    assert refusals(elastic("30", {"priority": "realtime"})) == [COMPUTE_MESSAGE]
+    for compute in ({"limit": 150}, {"limit": 0}, {"limit": "100"}, {"priority": "realtime"}, None):
+        (message,) = refusals(elastic("30", compute))
+        assert (
+            "malformed at sharing.limiter.compute: it takes limit (a whole number 1..100), priority (one of "
+            in (message)
+            or ("malformed at sharing.limiter: " in message and compute is None)
+        )
 
 
 def test_a_compute_ceiling_below_the_floor_the_claim_asks_for_is_refused() -> None:

@@ -12,7 +12,17 @@ from typing import Any
 
 import pytest
 from monitor_harness import add_pod, fake_proc, plugin_with_nvml
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
+from plugin_harness import (
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    class_grant,
+    gpu_config,
+    monitor_of,
+    opaque,
+    uid_of,
+)
 from test_monitor import scrape
 
 from dra_gpu.kube.fake import FakeKube
@@ -38,7 +48,10 @@ def share(api: FakeKube, name: str, cores: int, n: int, compute: dict[str, Any])
                 share_id=f"00000000-0000-4000-8000-{n:012d}", consumed={"memory": "4Gi", "cores": str(cores)}
             )
         ],
-        [opaque(gpu_config("Limiter", limiter={"compute": compute}), source="FromClaim")],
+        [
+            class_grant(compute),
+            opaque(gpu_config("Limiter", limiter={"compute": compute}), source="FromClaim"),
+        ],
     )
 
 

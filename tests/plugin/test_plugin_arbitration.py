@@ -18,6 +18,7 @@ from plugin_harness import (
     PluginDirs,
     add_claim,
     cdi_ids,
+    class_grant,
     gpu_config,
     opaque,
     resolve,
@@ -47,7 +48,10 @@ def share_claim(
                 share_id=f"00000000-0000-4000-8000-{n:012d}", consumed={"memory": "8Gi", "cores": str(cores)}
             )
         ],
-        [opaque(gpu_config("Limiter", limiter=limiter), source="FromClaim")],
+        [
+            *([] if compute is None else [class_grant(compute)]),
+            opaque(gpu_config("Limiter", limiter=limiter), source="FromClaim"),
+        ],
     )
 
 
@@ -131,7 +135,10 @@ def test_a_fixed_share_keeps_todays_limits_line_and_still_takes_part(dirs: Plugi
                 consumed={"memory": "8Gi", "cores": "100"},
             )
         ],
-        [opaque(gpu_config("Limiter", limiter={"compute": {"priority": "latency"}}), source="FromClaim")],
+        [
+            class_grant({"priority": "latency"}),
+            opaque(gpu_config("Limiter", limiter={"compute": {"priority": "latency"}}), source="FromClaim"),
+        ],
     )
     with running_plugin(dirs, api):
         kubelet = Kubelet(dirs.registration_dir)

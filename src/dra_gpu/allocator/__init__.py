@@ -22,7 +22,7 @@ Semantics (Kubernetes 1.36 with every DRA gate on): class and request CEL select
 `exactly` with `ExactCount`/`All`, `firstAvailable`, `matchAttribute`/`distinctAttribute` constraints,
 consumable capacity with policy defaults and rounding (`capacity`; a multi-allocatable device may
 take several of one request's devices, one share each, unless `distinctAttribute` says otherwise),
-taints and tolerations, claims already allocated by anyone counted as in use (`usage`), devices that
+taints (the slices' and DeviceTaintRules') and tolerations, claims already allocated by anyone counted as in use (`usage`), devices that
 consume shared counters (partitionable devices: dynamic MIG placements, counted per pool in
 `holdings`), and only complete pools at their newest generation (`pools`; a pool listing a device or
 a counter set twice is invalid). Placement policies and label rules are in `policies`.
@@ -32,11 +32,15 @@ Read-only views for callers that audit usage: `Allocator.devices` (`pools.Device
 (claim id -> results held), `whole`, `shares`, `used` (summed shares per capacity, or None)). Claim ids are
 `metadata.uid`, else namespace/name.
 
-Module map: `cel_env` (CEL), `capacity` (rounding), `pools` (slices to devices), `usage` (what is
+Module map: `cel_env` (CEL), `capacity` (rounding), `pools` (slices to devices), `taint_rules` (DeviceTaintRules), `usage` (what is
 held), `index` (cached candidates and usage buckets), `claims` (claim spec), `search` (the search and
 its failure messages), `result` (`status.allocation`), `policies` (placement), `core` (the API).
 
-Not supported, with a clear error or left out: `adminAccess`, and node selectors mixing node-local
+`adminAccess` as the API defines it: such a request gets devices whatever other claims hold of them, its
+results say `adminAccess: true`, and it holds nothing for the next claims (the namespace label it needs is
+the API server's check).
+
+Not supported, with a clear error or left out: node selectors mixing node-local
 devices with `nodeSelector` pools (the allocator does not know node labels).
 """
 

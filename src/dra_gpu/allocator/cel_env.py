@@ -6,7 +6,7 @@ Kubernetes compiles DeviceClass and request selectors with cel-go; here the `cel
 - `device.driver` (string), `device.allowMultipleAllocations` (bool);
 - `device.attributes[domain].name`: `int`, `bool`, `string` as themselves, `version` as its string
   (so `==` works; ordering needs `semver(...)` functions below), list forms as lists;
-- `device.capacity[domain].name`: the capacity as a number (an int when whole, else a double).
+- `device.capacity[domain].name`: the capacity as a quantity (below).
 
 Unqualified attribute and capacity names belong to the driver's domain, as in Kubernetes. A domain the
 device does not have reads as an empty map (Kubernetes does the same), so `has(...)` guards work;
@@ -17,9 +17,9 @@ strings, lists, sets, math, base64, `min`/`max`/`sum`):
 
 - quantity: `quantity(s)`, `isQuantity(s)`, `q.compareTo(q2)`, `q.isGreaterThan(q2)`,
   `q.isLessThan(q2)`, `q.add(q2|int)`, `q.sub(q2|int)`, `q.sign()`, `q.isInteger()`,
-  `q.asInteger()`, `q.asApproximateFloat()`. A quantity is a plain number here, so `==` compares values
-  (`quantity("1Gi") == quantity("1024Mi")`), and `<`/`>=` also work (Kubernetes would insist on
-  `compareTo`; accepting more is harmless for selectors that are valid there).
+  `q.asInteger()`, `q.asApproximateFloat()`. A quantity is a value of its own type (a one-key map holding
+  its amount), so `==` compares amounts (`quantity("1Gi") == quantity("1024Mi")`) and, as in Kubernetes,
+  `<`, `>=` or `+` on quantities are refused: they compare and add through their methods only.
 - semver: `semver(s)`, `semver(s, normalize)` (`v1.2` -> `1.2.0`), `isSemver(s[, normalize])`,
   `v.major()`, `v.minor()`, `v.patch()`, and `compareTo`, `isGreaterThan`, `isLessThan` between two
   versions (semver 2.0 precedence). A `version` attribute is a Semver in Kubernetes: `==`/`!=` against
@@ -35,7 +35,11 @@ strings, lists, sets, math, base64, `min`/`max`/`sum`):
   `.orValue(d)` or `.hasValue()` are rewritten to `has(x.f) ? x.f : d` / `k in x ? x[k] : d` before
   compiling; any other use of it is a compile error that says so, never a different evaluation.
 
-Not supported: the `url` library and cost limits (the API server already rejected over-expensive
+- url: `url(s)` (an absolute URI or an absolute path, as Go's `url.ParseRequestURI`), `isURL(s)`,
+  `.getScheme()`, `.getHost()` (with the port; IPv6 in brackets), `.getHostname()`, `.getPort()`,
+  `.getEscapedPath()`, `.getQuery()` (a map of lists). A URL is a one-key map holding its text.
+
+Not supported: cost limits (the API server already rejected over-expensive
 expressions); an expression using them is refused with "undefined function".
 
 Longer than 500 lines: the Kubernetes CEL libraries, each function small, share the conversions of values and
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
@@ -71,12 +76,22 @@ def split_qualified(name: str, driver: str) -> tuple[str, str]:
     return (domain, ident) if sep else (driver, name)
 
 
+_QUANTITY = "quantity@"
+
+
 def quantity_number(value: str | int | Fraction) -> Number:
-    """A quantity as CEL sees it: an int when whole and within int64, else a double."""
+    """A quantity's amount: an int when whole and within int64, else a double."""
     q = parse_quantity(value)
     if q.denominator == 1 and -_I64_MAX <= q.numerator <= _I64_MAX:
         return int(q.numerator)
     return float(q)
+
+
+def quantity_value(value: str | int | Fraction) -> dict[str, Number]:
+    """A quantity as CEL sees it: a value of its own type, a one-key map holding its amount, so that `==`
+    compares amounts (`quantity("1Gi") == quantity("1024Mi")`) and `<` or `+` on it are "no such overload",
+    as in Kubernetes, where only its methods compare and add."""
+    return {_QUANTITY: quantity_number(value)}
 
 
 def _attribute_value(attr: Mapping[str, Any]) -> Any:
@@ -107,7 +122,7 @@ def device_variable(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
     capacity: dict[str, dict[str, Any]] = {}
     for name, cap in objects.device_capacity(device).items():
         domain, ident = split_qualified(name, driver)
-        capacity.setdefault(domain, {})[ident] = quantity_number((cap or {}).get("value", 0))
+        capacity.setdefault(domain, {})[ident] = quantity_value((cap or {}).get("value", 0))
     return {
         "driver": driver,
         "attributes": attributes,
@@ -176,11 +191,11 @@ def _is_semver(text: Any, normalize: bool = False) -> bool:
 # --- quantity -------------------------------------------------------------------------------------
 
 
-def _quantity(text: Any) -> Number:
+def _quantity(text: Any) -> dict[str, Number]:
     if not isinstance(text, str):
         raise ValueError(f"quantity() needs a string, got {text!r}")
     try:
-        return quantity_number(text)
+        return quantity_value(text)
     except QuantityError as exc:
         raise ValueError(str(exc)) from None
 
@@ -194,7 +209,10 @@ def _is_quantity(text: Any) -> bool:
 
 
 def _number(value: Any) -> Number:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A quantity's amount; an `add`/`sub` argument may also be an int, as in Kubernetes."""
+    if isinstance(value, dict) and _QUANTITY in value:
+        return value[_QUANTITY]  # type: ignore[no-any-return]
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected a quantity, got {value!r}")
     return value
 
@@ -366,6 +384,53 @@ def _masked(network: Any) -> dict[str, str]:
     return {_CIDR: str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))}
 
 
+# --- url (Kubernetes' `k8s.io/apiserver/pkg/cel/library/urls.go`) ------------------------------------
+
+_URL = "url@"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _url(value: Any) -> dict[str, str]:
+    """Go's `url.ParseRequestURI`, as `url()` parses: an absolute URI (with a scheme) or an absolute path."""
+    if isinstance(value, dict) and _URL in value:
+        return value
+    text = str(value)
+    if not (text.startswith("/") or _SCHEME.match(text)) or any(
+        ord(c) < 0x20 or ord(c) == 0x7F for c in text
+    ):
+        raise ValueError(f"URL parse error during conversion from string: {text!r}")
+    return {_URL: text}
+
+
+def _split(value: Any) -> urllib.parse.SplitResult:
+    text = _url(value)[_URL]
+    return urllib.parse.urlsplit(text.split("#", 1)[0])
+
+
+def _host(value: Any) -> str:
+    return _split(value).netloc.rpartition("@")[2]
+
+
+def _hostname(value: Any) -> str:
+    host = _host(value)
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+def _port(value: Any) -> str:
+    host = _host(value)
+    tail = host[host.find("]") + 1 :] if host.startswith("[") else host
+    return tail.rpartition(":")[2] if ":" in tail else ""
+
+
+def _query(value: Any) -> dict[str, list[str]]:
+    query: dict[str, list[str]] = {}
+    for key, item in urllib.parse.parse_qsl(_split(value).query, keep_blank_values=True):
+        query.setdefault(key, []).append(item)
+    return query
+
+
 def _functions() -> dict[str, Callable[..., Any]]:
     return {
         "quantity": _quantity,
@@ -373,10 +438,10 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "compareTo": _compare,
         "isGreaterThan": lambda a, b: _compare(a, b) > 0,
         "isLessThan": lambda a, b: _compare(a, b) < 0,
-        "add": lambda a, b: _number(a) + _number(b),
-        "sub": lambda a, b: _number(a) - _number(b),
+        "add": lambda a, b: {_QUANTITY: _number(a) + _number(b)},
+        "sub": lambda a, b: {_QUANTITY: _number(a) - _number(b)},
         "sign": lambda a: (_number(a) > 0) - (_number(a) < 0),
-        "isInteger": lambda a: isinstance(_number(a), int) or float(a).is_integer(),
+        "isInteger": lambda a: isinstance(_number(a), int) or float(_number(a)).is_integer(),
         "asInteger": _as_integer,
         "asApproximateFloat": lambda a: float(_number(a)),
         "semver": _semver,
@@ -402,6 +467,16 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "containsCIDR": _contains_cidr,
         "prefixLength": lambda n: _network(n)[1],
         "masked": _masked,
+        "url": _url,
+        "isURL": _valid(_url),
+        "getScheme": lambda u: _split(u).scheme,
+        "getHost": _host,
+        "getHostname": _hostname,
+        "getPort": _port,
+        "getEscapedPath": lambda u: urllib.parse.quote(
+            urllib.parse.unquote(_split(u).path), safe="/:@!$&'()*+,;=-._~"
+        ),
+        "getQuery": _query,
     }
 
 

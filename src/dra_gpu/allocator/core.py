@@ -16,6 +16,7 @@ from dra_gpu.allocator.pools import Device, gather
 from dra_gpu.allocator.requests import parse_claim
 from dra_gpu.allocator.result import build_allocation
 from dra_gpu.allocator.search import Search
+from dra_gpu.allocator.taint_rules import apply_rules
 from dra_gpu.config import Placement
 from dra_gpu.kube import objects
 
@@ -29,6 +30,7 @@ class AllocationInput:
     slices: list[dict[str, Any]]
     classes: dict[str, dict[str, Any]]
     allocated_claims: list[dict[str, Any]] = field(default_factory=list)
+    taint_rules: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _utc_now() -> str:
@@ -52,6 +54,7 @@ class Allocator:
     changes that, so the caller commits what it actually wrote. Build a new Allocator when slices or
     classes change. Not thread-safe.
 
+    `taint_rules` are the cluster's DeviceTaintRules (`taint_rules`): their taints count as the slices' own.
     `driver_filter` limits the slices (and so the devices) to one driver; `now` and `new_uid` make
     `allocationTimestamp` and `shareID`s deterministic in tests.
     """
@@ -62,6 +65,7 @@ class Allocator:
         classes: Mapping[str, Mapping[str, Any]] | Iterable[Mapping[str, Any]],
         allocated_claims: Iterable[Mapping[str, Any]] = (),
         *,
+        taint_rules: Iterable[Mapping[str, Any]] = (),
         driver_filter: str | None = None,
         now: Callable[[], str] | None = None,
         new_uid: Callable[[], str] | None = None,
@@ -70,7 +74,9 @@ class Allocator:
             self._classes: dict[str, Mapping[str, Any]] = dict(classes)
         else:
             self._classes = {str(objects.name(c)): c for c in classes}
-        self._index = DeviceIndex(gather(slices, driver_filter))
+        inventory = gather(slices, driver_filter)
+        apply_rules(inventory.devices, taint_rules)
+        self._index = DeviceIndex(inventory)
         self._now = now or _utc_now
         self._new_uid = new_uid or _new_uid
         for claim in allocated_claims:
@@ -79,7 +85,7 @@ class Allocator:
 
     @classmethod
     def from_input(cls, data: AllocationInput, **kwargs: Any) -> Allocator:
-        return cls(data.slices, data.classes, data.allocated_claims, **kwargs)
+        return cls(data.slices, data.classes, data.allocated_claims, taint_rules=data.taint_rules, **kwargs)
 
     @property
     def devices(self) -> list[Device]:

@@ -97,7 +97,7 @@ class Usage:
         for result in objects.device_results(allocation):
             key = (result.driver, result.pool, result.device)
             dev = self._inv.by_key.get(key)
-            if dev is None:  # not in our slices (other driver, or a pool we do not see)
+            if dev is None or result.admin_access:  # not ours to count, or admin access: holds nothing
                 continue
             if dev.multi and result.share_id is not None:
                 consumed_map = result.consumed

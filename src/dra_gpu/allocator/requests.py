@@ -34,6 +34,8 @@ class Alt:
     tolerations: list[dict[str, Any]]
     cap: CapKey
     group: Group
+    admin: bool = False
+    """`adminAccess`: the device is the request's whatever other claims hold of it, and it holds nothing."""
 
     @property
     def result_name(self) -> str:
@@ -98,8 +100,6 @@ def _alt(
     choice: objects.DeviceChoice,
     where: str,
 ) -> Alt:
-    if choice.admin_access:
-        raise AllocationError(f"{where}: adminAccess is not supported by this allocator")
     class_name = choice.device_class
     if not class_name:
         raise AllocationError(f"{where}: deviceClassName is missing")
@@ -139,6 +139,7 @@ def _alt(
         tolerations=tolerations,
         cap=tuple(sorted(cap.items())),
         group=group,
+        admin=choice.admin_access,
     )
 
 

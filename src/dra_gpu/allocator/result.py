@@ -88,6 +88,7 @@ def build_allocation(
             consumed={s.name: fmt(c) for s, c in zip(d.specs, pick.consumed or (), strict=True)}
             if shared
             else None,
+            admin_access=pick.alt.admin,
         )
         if pick.alt.tolerations:
             entry["tolerations"] = [dict(t) for t in pick.alt.tolerations]

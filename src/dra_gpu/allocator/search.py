@@ -5,6 +5,9 @@ backtracking, taking the first complete solution; candidates are tried in slice/
 the placement policy's order. A claim's node-local devices all come from one node, so the search runs
 per node (plus devices usable on every node). A claim with one single-device request and no
 constraints, the common case, skips the search and takes the best device from the index's buckets.
+
+Longer than 500 lines: the search and its explanation of a failure read the same tentative state (picks,
+shares, counters), which one class keeps consistent; split, each half would reach into the other's.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class Search:
 
     def fits_now(self, index: int, alt: Alt) -> tuple[Amount, ...] | None:
         """What the request takes from the device (`()` when taken whole) if it fits now, else None."""
+        if alt.admin:  # other claims' allocations do not count; this claim takes a device once
+            return () if index not in self.taken and index not in self.extra else None
         d = self.devices[index]
         cons = self.index.consumed(d, alt.cap)
         u = self.usage
@@ -133,7 +138,8 @@ class Search:
                 if one is not None:
                     cons = self.fits_now(one, alt)
                     assert cons is not None
-                    return [Pick(alt, one, cons if self.devices[one].multi else None, 0)]
+                    shared = self.devices[one].multi and not alt.admin
+                    return [Pick(alt, one, cons if shared else None, 0)]
             return None
         ranked = any(len(r.alts) > 1 for r in self.requests)
         best: tuple[tuple[int, ...], list[Pick]] | None = None
@@ -161,6 +167,8 @@ class Search:
 
     def pick_one(self, alt: Alt) -> int | None:
         group, index, cap = alt.group, self.index, alt.cap
+        if alt.admin:  # the buckets sort by what is in use, which admin access ignores
+            return next((i for i in sorted(group.members) if self.allowed(i)), None)
         if self.rules.affinity is not None:
             near = [
                 i
@@ -192,7 +200,9 @@ class Search:
     def _fitting(self, members: Iterable[int], alt: Alt) -> list[int]:
         """Members of the alternative's group that fit it now (no tentative picks counted)."""
         g, index = alt.group, self.index
-        return [i for i in members if i in g.member_set and index.sig_fits(g.sig_of[i], alt.cap)]
+        return [
+            i for i in members if i in g.member_set and (alt.admin or index.sig_fits(g.sig_of[i], alt.cap))
+        ]
 
     def _enough(self, scope: set[int]) -> bool:
         """Whether each request, counted alone, may have enough devices that fit in `scope` (a
@@ -318,6 +328,8 @@ class Search:
         return False
 
     def _room(self, index: int, alt: Alt) -> bool:
+        if alt.admin:
+            return True
         d = self.devices[index]
         cons = self.index.consumed(d, alt.cap)
         if isinstance(cons, str):
@@ -332,7 +344,7 @@ class Search:
         if cons is None:
             return False
         d = self.devices[index]
-        takes_counters = bool(d.counters) and self._newly_used(index)
+        takes_counters = bool(d.counters) and self._newly_used(index) and not alt.admin
         added = 0
         for c in self.constraints:
             if not c.add(alt, d):
@@ -342,7 +354,7 @@ class Search:
             added += 1
         if takes_counters:
             self._take_counters(index, +1)
-        if d.multi:
+        if d.multi and not alt.admin:
             prev = self.extra.get(index)
             self.extra[index] = (
                 cons if prev is None else tuple(a + b for a, b in zip(prev, cons, strict=True))
@@ -359,7 +371,11 @@ class Search:
             c.remove(pick.alt)
         if pick.consumed is None:
             self.taken.discard(pick.index)
-            if self.devices[pick.index].counters and not self.usage.holders[pick.index]:
+            if (
+                self.devices[pick.index].counters
+                and not self.usage.holders[pick.index]
+                and not pick.alt.admin
+            ):
                 self._take_counters(pick.index, -1)
             return
         rest = tuple(a - b for a, b in zip(self.extra[pick.index], pick.consumed, strict=True))

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
-from dra_gpu.config.base import ConfigError, Percent, Strict, one_of, positive_quantity
+from dra_gpu.config.base import ConfigError, Percent, Quantity, Strict, one_of, positive_quantity, whole
 from dra_gpu.config.placement import Placement
 from dra_gpu.quantity import to_int
 
@@ -44,8 +44,8 @@ class MpsConfig(Strict):
     """
 
     defaultActiveThreadPercentage: Percent | None = None
-    defaultPinnedDeviceMemoryLimit: str | None = None
-    runAsUser: Annotated[int, Field(ge=0, le=4294967294)] | None = None
+    defaultPinnedDeviceMemoryLimit: Quantity | None = None
+    runAsUser: Annotated[int, Field(ge=0, le=4294967294), BeforeValidator(whole)] | None = None
 
     @field_validator("defaultPinnedDeviceMemoryLimit", mode="before")
     @classmethod
@@ -84,8 +84,8 @@ class LimiterConfig(Strict):
     compute floor; `compute` its ceiling and priority class.
     """
 
-    memory: str | None = None
-    memoryLimit: str | None = None
+    memory: Quantity | None = None
+    memoryLimit: Quantity | None = None
     cores: Percent | None = None
     compute: ComputeConfig | None = None
 
@@ -117,6 +117,10 @@ class LimiterConfig(Strict):
         return None if self.memoryLimit is None else to_int(self.memoryLimit)
 
 
+SECTIONS = {"timeSlicing": Strategy.TIME_SLICING, "mps": Strategy.MPS, "limiter": Strategy.LIMITER}
+"""The settings section of each strategy that has one; a section under another strategy is refused."""
+
+
 class Sharing(Strict):
     strategy: Strategy = Strategy.EXCLUSIVE
     timeSlicing: TimeSlicingConfig | None = None
@@ -133,8 +137,7 @@ class Sharing(Strict):
 
     @model_validator(mode="after")
     def _section_matches_strategy(self) -> Sharing:
-        sections = {"timeSlicing": Strategy.TIME_SLICING, "mps": Strategy.MPS, "limiter": Strategy.LIMITER}
-        for name, strategy in sections.items():
+        for name, strategy in SECTIONS.items():
             if getattr(self, name) is not None and self.strategy != strategy:
                 raise ValueError(
                     f"sharing.{name} is set but sharing.strategy is {self.strategy.value}; "
@@ -223,9 +226,34 @@ def parse_gpu_config(data: Any) -> GpuConfig:
         raise ConfigError(f"invalid GpuConfig: {exc}") from None
 
 
+def _without_nulls(node: Any) -> Any:
+    """The models refuse a field set to null (`Strict`): `X | None` is published as X, without a null default."""
+    if isinstance(node, dict):
+        options = node.get("anyOf")
+        if isinstance(options, list) and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            node = {
+                **{k: v for k, v in node.items() if k != "anyOf"},
+                **(rest[0] if len(rest) == 1 else {"anyOf": rest}),
+            }
+        return {k: _without_nulls(v) for k, v in node.items() if not (k == "default" and v is None)}
+    if isinstance(node, list):
+        return [_without_nulls(v) for v in node]
+    return node
+
+
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema published in `api/dra/v1alpha/`, generated from the models above."""
-    schema = GpuConfig.model_json_schema()
+    """The JSON Schema published in `api/dra/v1alpha/`, generated from the models above; what the models check
+    across fields and the schema can say too (a section only under its strategy, Exclusive when left out) is
+    added here."""
+    schema: dict[str, Any] = _without_nulls(GpuConfig.model_json_schema())
+    schema["$defs"]["Sharing"]["allOf"] = [
+        {
+            "if": {"not": {"required": ["strategy"], "properties": {"strategy": {"const": strategy.value}}}},
+            "then": {"not": {"required": [section]}},
+        }
+        for section, strategy in SECTIONS.items()
+    ]
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://{DRIVER_NAME}/v1alpha1/gpuconfig.schema.json"
     return schema

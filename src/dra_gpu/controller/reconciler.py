@@ -43,6 +43,16 @@ FINALIZER = CONTROLLER_FINALIZER
 MAX_ATTEMPTS = 5
 
 
+def read_taint_rules(api: KubeAPI) -> list[Obj]:
+    """The cluster's DeviceTaintRules, read for each pass; none where the server does not serve them (before
+    1.37 without the DRADeviceTaintRules gate it answers 404, as for any resource it lacks). Any other error
+    fails the pass, which is retried: allocating without the rules would ignore an admin's taints."""
+    try:
+        return api.list("DeviceTaintRule")[0]
+    except NotFound:
+        return []
+
+
 @dataclass
 class Snapshot:
     slices: list[Obj]
@@ -50,13 +60,15 @@ class Snapshot:
     claims: list[Obj]
     pods: list[Obj]
     nodes: list[Obj]
+    taint_rules: list[Obj] = field(default_factory=list)
 
     @classmethod
     def read(cls, api: KubeAPI) -> Snapshot:
         """A snapshot straight from the API (tests, the demo, one-shot runs)."""
-        return cls(
-            *(api.list(kind)[0] for kind in ("ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node"))
+        slices, classes, claims, pods, nodes = (
+            api.list(kind)[0] for kind in ("ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node")
         )
+        return cls(slices, classes, claims, pods, nodes, read_taint_rules(api))
 
 
 @dataclass
@@ -129,7 +141,10 @@ class Reconciler:
         pods = PodIndex(snapshot.pods)
         nodes = {objects.name(n): n for n in snapshot.nodes}
         allocator = Allocator(
-            snapshot.slices, classes.for_allocator, [c for c in snapshot.claims if objects.allocation(c)]
+            snapshot.slices,
+            classes.for_allocator,
+            [c for c in snapshot.claims if objects.allocation(c)],
+            taint_rules=snapshot.taint_rules,
         )
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(

@@ -18,7 +18,7 @@ from dra_gpu.controller.cache import Informer, start_all
 from dra_gpu.controller.consumers import claim_names_of
 from dra_gpu.controller.leader import DEFAULT_LEASE_NAME, LeaderElector
 from dra_gpu.controller.metrics import ControllerMetrics
-from dra_gpu.controller.reconciler import PassResult, Reconciler, Snapshot
+from dra_gpu.controller.reconciler import PassResult, Reconciler, Snapshot, read_taint_rules
 from dra_gpu.kube import ApiError, KubeAPI
 from dra_gpu.kube.errors import transport_errors
 from dra_gpu.kube.events import EventRecorder
@@ -127,7 +127,12 @@ class Controller:
     def snapshot(self) -> Snapshot:
         items = {kind: informer.items() for kind, informer in self.informers.items()}
         return Snapshot(
-            items["ResourceSlice"], items["DeviceClass"], items["ResourceClaim"], items["Pod"], items["Node"]
+            items["ResourceSlice"],
+            items["DeviceClass"],
+            items["ResourceClaim"],
+            items["Pod"],
+            items["Node"],
+            taint_rules=read_taint_rules(self.api),
         )
 
     # --- lifecycle --------------------------------------------------------------------------------

@@ -116,6 +116,15 @@ def device_class(
     return {"apiVersion": RESOURCE_API, "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
 
 
+def device_taint_rule(name: str, taint: Mapping[str, Any], selector: Mapping[str, Any] | None = None) -> Obj:
+    """A DeviceTaintRule adding `taint` (`key`, `value`, `effect`) to the devices `selector` (`driver`, `pool`,
+    `device`; {} for all) matches; without a selector it matches none."""
+    spec: Obj = {"taint": dict(taint)}
+    if selector is not None:
+        spec["deviceSelector"] = dict(selector)
+    return {"apiVersion": RESOURCE_API, "kind": "DeviceTaintRule", "metadata": {"name": name}, "spec": spec}
+
+
 def with_selectors(device_class_obj: Mapping[str, Any], selectors: Sequence[Mapping[str, Any]]) -> Obj:
     """The class with these selector entries (`{"cel": {"expression": ...}}`) instead of its own."""
     changed = copy.deepcopy(dict(device_class_obj))

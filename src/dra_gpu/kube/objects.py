@@ -400,6 +400,12 @@ def class_configs(device_class: Obj) -> list[Json]:
     return _list(spec(device_class).get("config"))
 
 
+def taint_rule(rule: Obj) -> tuple[Json | None, Json]:
+    """A DeviceTaintRule's `deviceSelector` (None when it has none) and `taint`."""
+    selector = spec(rule).get("deviceSelector")
+    return (selector if isinstance(selector, dict) else None), _map(spec(rule).get("taint"))
+
+
 def cel_expression(selector: Obj) -> str:
     """A selector's CEL expression, "" when it has none."""
     return str(_map(selector.get("cel")).get("expression") or "")

@@ -39,6 +39,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("ResourceClaim", "resource.k8s.io", "v1", "resourceclaims", True, has_status=True),
         Resource("ResourceClaimTemplate", "resource.k8s.io", "v1", "resourceclaimtemplates", True),
         Resource("DeviceClass", "resource.k8s.io", "v1", "deviceclasses", False),
+        Resource("DeviceTaintRule", "resource.k8s.io", "v1", "devicetaintrules", False),
         Resource("Node", "", "v1", "nodes", False, has_status=True),
         Resource("Pod", "", "v1", "pods", True, has_status=True),
         Resource("Event", "", "v1", "events", True),

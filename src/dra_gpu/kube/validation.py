@@ -457,6 +457,10 @@ def _valid_range_errors(
         return [f"{where}.min: Required value: required when validRange is defined"]
     minimum = parse_quantity(valid_range["min"])
     errors: list[str] = []
+    if minimum < 0:  # upstream validateInt64Range (kubernetes/kubernetes pkg/apis/resource/validation)
+        errors.append(
+            f'{where}.min: Invalid value: "{valid_range["min"]}": must be greater than or equal to 0'
+        )
     if minimum > capacity:
         errors.append(
             f'{where}.min: Invalid value: "{valid_range["min"]}": min is larger than capacity value: {shown}'

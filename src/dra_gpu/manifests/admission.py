@@ -21,9 +21,14 @@ forever. Each rule is one validation whose message says what to change:
 - a claim's `sharing.limiter.memoryLimit` is at least the memory its request will consume (the request
   rounded up to the capacity's step, as the scheduler rounds it): the limit is the ceiling above the
   guaranteed share;
-- a claim's `sharing.limiter.compute` has a `limit` that is a whole percent 1..100, at least the claim's
-  `cores` (in the config and in each request it applies to: the floor), and a `priority` of
-  `latency`, `standard` or `besteffort`.
+- a claim's `sharing.limiter.compute.limit` is at least the claim's `cores` (in the config and in each
+  request it applies to: the floor; a request naming no cores asks for all 100), or the node would drop it;
+- a claim's config of this driver is a well-formed GpuConfig: one check per object of its JSON Schema,
+  generated from the schema (`config_shape.py`), so that the model, the schema, this policy and the node accept
+  the same shapes; the other rules read only the well-formed configs (`variables.gpuConfigs`), so that no
+  shape (a null, a string where a number goes) makes their CEL fail instead of the shape's own message;
+- a claim asks for no more priority, compute ceiling or memory ceiling than its class grants: a second
+  policy with the DeviceClasses as params (`grant_policy`, config/grants.py).
 
 The policy judges a claim when it is created only: a claim's (and a template's) spec is immutable, and
 judging it again on a metadata update (a finalizer added or removed) would deny that update for a claim
@@ -35,11 +40,15 @@ The expressions avoid CEL's optional syntax so that the tests can run them with 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.config import Priority, Strategy
+from dra_gpu.config.grants import RANK
 from dra_gpu.config.modes import mode_named, takes_whole_gpu
 from dra_gpu.manifests.classes import CLASSES
+from dra_gpu.manifests.config_shape import gpu_configs_variable, shape_validations
 from dra_gpu.manifests.values import Values
 from dra_gpu.vocabulary.device import MEMORY_STEP
 
@@ -73,40 +82,42 @@ LIMIT_MESSAGE = (
     f"limit is the ceiling above the guaranteed share: raise memoryLimit or request less memory"
 )
 
-COMPUTE_MESSAGE = (
-    f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute wrongly: limit must be a whole "
-    f"percent 1..100 and priority one of latency, standard, besteffort; fix the value or leave it out"
-)
 COMPUTE_FLOOR_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.compute.limit below the cores its claim "
     f"asks for (sharing.limiter.cores or a request's capacity cores it applies to); cores is the guaranteed "
-    f"floor and the limit the ceiling above it: raise compute.limit or ask for fewer cores"
+    f"floor (a request that names no cores asks for all 100) and the limit the ceiling above it: raise "
+    f"compute.limit, ask for fewer cores, or leave compute.limit out"
+)
+
+PRIORITY_GRANT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.priority above what its "
+    f"DeviceClass grants (besteffort < standard < latency): ask for less, or use a class that grants more"
+)
+LIMIT_GRANT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.limit above what its DeviceClass "
+    f"grants (its compute.limit, else the cores the request asks for): ask for less, or use a class that grants more"
+)
+MEMORY_GRANT_MESSAGE = (
+    f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.memoryLimit above what its DeviceClass "
+    f"grants (its memoryLimit, else the memory the request asks for): ask for less, or use a class that grants more"
 )
 
 
 def _compute_validations() -> list[Obj]:
-    """The rules on `sharing.limiter.compute` (elastic compute): well-formed, and a ceiling no lower
-    than the floor the claim asks for."""
+    """The rule on `sharing.limiter.compute` (elastic compute; its shape is checked with the rest): a ceiling
+    no lower than the floor the claim asks for, or the node would drop it. A request that names no cores is
+    charged all of them (100), unless the config names its `cores` (API servers without consumable capacity)."""
     limiter = "c.opaque.parameters.sharing.limiter"
-    compute = f"{limiter}.compute"
-    limit = f"{compute}.limit"
-    has_compute = f"{_ours('c')} && has({limiter}) && has({compute})"
-    well_formed = (
-        f"variables.configs.all(c, !({has_compute}) || ("
-        f"(!has({limit}) || (type({limit}) == int && {limit} >= 1 && {limit} <= 100)) && "
-        f'(!has({compute}.priority) || {compute}.priority in ["latency", "standard", "besteffort"])))'
-    )
+    limit = f"int({limiter}.compute.limit)"
+    has_limit = f"{_ours('c')} && has({limiter}) && has({limiter}.compute) && has({limiter}.compute.limit)"
+    cores = f"({_named('x', 'cores')}) ? quantity(x.capacity.requests.cores) : quantity(string(has({limiter}.cores) ? int({limiter}.cores) : 100))"
     above_floor = (
-        f"variables.configs.all(c, !({has_compute}) || !has({limit}) || type({limit}) != int || {limit} < 1 || ("
-        f"(!has({limiter}.cores) || type({limiter}.cores) != int || {limit} >= {limiter}.cores) && "
+        f"variables.gpuConfigs.all(c, !({has_limit}) || ("
+        f"(!has({limiter}.cores) || {limit} >= int({limiter}.cores)) && "
         f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
-        f'!has(x.capacity) || !has(x.capacity.requests) || !("cores" in x.capacity.requests) || '
-        f"!quantity(x.capacity.requests.cores).isGreaterThan(quantity(string({limit})))))))"
+        f"!({cores}).isGreaterThan(quantity(string({limit})))))))"
     )
-    return [
-        {"expression": well_formed, "message": COMPUTE_MESSAGE, "reason": "Invalid"},
-        {"expression": above_floor, "message": COMPUTE_FLOOR_MESSAGE, "reason": "Invalid"},
-    ]
+    return [{"expression": above_floor, "message": COMPUTE_FLOOR_MESSAGE, "reason": "Invalid"}]
 
 
 def _interval_message(interval: str) -> str:
@@ -168,13 +179,14 @@ def validations(values: Values) -> list[Obj]:
         f"variables.requests.all(r, {_request_classes('r')}.all(x, {_unqualified('x', sorted(strategies))}))"
     )
     strategy = (
-        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.strategy) || "
-        f"variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
-        f"!(x.deviceClassName in variables.classStrategies) || "
-        f"variables.classStrategies[x.deviceClassName] == c.opaque.parameters.sharing.strategy)))"
+        f"variables.gpuConfigs.all(c, variables.requests.all(r, !({_applies('c', 'r')}) || "
+        f"{_request_classes('r')}.all(x, !(x.deviceClassName in variables.classStrategies) || "
+        f"variables.classStrategies[x.deviceClassName] == (has(c.opaque.parameters.sharing) && "
+        f"has(c.opaque.parameters.sharing.strategy) ? c.opaque.parameters.sharing.strategy : "
+        f'"{Strategy.EXCLUSIVE.value}"))))'
     )
     timeslice = (
-        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.timeSlicing) || "
+        f"variables.gpuConfigs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.timeSlicing) || "
         f"!has(c.opaque.parameters.sharing.timeSlicing.interval) || "
         f"c.opaque.parameters.sharing.timeSlicing.interval == {_literal(interval)})"
     )
@@ -190,7 +202,7 @@ def validations(values: Values) -> list[Obj]:
     limit = "c.opaque.parameters.sharing.limiter.memoryLimit"
     step = MEMORY_STEP
     memory_limit = (
-        f"variables.configs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
+        f"variables.gpuConfigs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
         f"!has({limit}) || variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
         f'!has(x.capacity) || !has(x.capacity.requests) || !("memory" in x.capacity.requests) || '
         f"quantity(string({limit})).asInteger() >= "
@@ -204,12 +216,17 @@ def validations(values: Values) -> list[Obj]:
         {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
         {"expression": memory_limit, "message": LIMIT_MESSAGE, "reason": "Invalid"},
         *_compute_validations(),
+        *shape_validations(),
     ]
 
 
 def variables(values: Values) -> list[Obj]:
     """The claim's spec (a template's too), its requests and configs, and the classes' strategies."""
-    return [*_VARIABLES, {"name": "classStrategies", "expression": _literal(class_strategies(values))}]
+    return [
+        *_VARIABLES,
+        gpu_configs_variable(),
+        {"name": "classStrategies", "expression": _literal(class_strategies(values))},
+    ]
 
 
 _VARIABLES = [
@@ -234,25 +251,223 @@ _VARIABLES = [
 ]
 
 
-def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
-    """The ValidatingAdmissionPolicy on ResourceClaims and ResourceClaimTemplates, and its binding."""
+_RANK = {p.value: rank for p, rank in RANK.items()}
+_LIMITER = "c.opaque.parameters.sharing.limiter"
+
+
+def _grant_variables() -> list[Obj]:
+    """The claim's spec, requests and configs, and what the DeviceClass in `params` grants (config/grants.py)."""
+    configs = "variables.classConfigs"
+    last = f"{configs}[size({configs}) - 1].opaque.parameters.sharing"
+    limiter = "variables.classLimiter"
+    return [
+        *_VARIABLES,
+        gpu_configs_variable(),
+        {
+            "name": "classConfigs",
+            "expression": (
+                f"has(params.spec.config) ? params.spec.config.filter(g, has(g.opaque) && "
+                f'g.opaque.driver == "{DRIVER_NAME}") : []'
+            ),
+        },
+        {
+            # A class selecting this driver's devices without a config of its own grants the defaults.
+            "name": "classIsOurs",
+            "expression": (
+                f"size({configs}) > 0 || (has(params.spec.selectors) && params.spec.selectors.exists(s, "
+                f"has(s.cel) && s.cel.expression.contains('\"{DRIVER_NAME}\"')))"
+            ),
+        },
+        {
+            "name": "classLimiter",
+            "expression": f"size({configs}) > 0 && has({last}) && has({last}.limiter) ? {last}.limiter : {{}}",
+        },
+        {
+            "name": "classStrategy",
+            "expression": (
+                f"size({configs}) > 0 && has({last}) && has({last}.strategy) ? string({last}.strategy) : "
+                f'"{Strategy.EXCLUSIVE.value}"'
+            ),
+        },
+        {
+            "name": "classPriority",
+            "expression": (
+                f"has({limiter}.compute) && has({limiter}.compute.priority) && "
+                f"string({limiter}.compute.priority) in {_literal(_RANK)} ? string({limiter}.compute.priority) : "
+                f'"{Priority.STANDARD.value}"'
+            ),
+        },
+        {
+            "name": "classLimit",
+            "expression": (
+                f"has({limiter}.compute) && has({limiter}.compute.limit) && type({limiter}.compute.limit) == int "
+                f"? {limiter}.compute.limit : 0"
+            ),
+        },
+        {
+            "name": "classMemoryLimit",
+            "expression": (
+                f"has({limiter}.memoryLimit) && isQuantity(string({limiter}.memoryLimit)) ? "
+                f'string({limiter}.memoryLimit) : ""'
+            ),
+        },
+    ]
+
+
+def _per_class_request(rule: str) -> str:
+    """`rule` holds for each claim config of this driver with a limiter section, on every request (and
+    alternative) of the class in `params` that it applies to; `x` is the request, `c` the config."""
+    return (
+        f"!variables.classIsOurs || variables.gpuConfigs.all(c, !({_ours('c')}) || "
+        f"!has({_LIMITER}) || variables.requests.all(r, !({_applies('c', 'r')}) || "
+        f"{_request_classes('r')}.all(x, x.deviceClassName != params.metadata.name || ({rule}))))"
+    )
+
+
+def _named(x: str, capacity: str) -> str:
+    return f'has({x}.capacity) && has({x}.capacity.requests) && "{capacity}" in {x}.capacity.requests'
+
+
+def grant_validations(known: Iterable[str]) -> list[Obj]:
+    """The rules of config/grants.py: a claim asks for no more priority, compute ceiling or memory ceiling
+    than its class grants; and, for classes the claim policy does not know (`known`: an admin's own), a claim
+    keeps its class's strategy."""
+    compute, step = f"{_LIMITER}.compute", MEMORY_STEP
+    priority = (
+        f"!has({compute}) || !has({compute}.priority) || !({compute}.priority in {_literal(_RANK)}) || "
+        f"{_literal(_RANK)}[{compute}.priority] <= {_literal(_RANK)}[variables.classPriority]"
+    )
+    limit = f"{compute}.limit"
+    floor_ok = (
+        f"({_named('x', 'cores')}) ? !quantity(string(int({limit}))).isGreaterThan(quantity(x.capacity.requests.cores)) "
+        f": (!has({_LIMITER}.cores) || int({limit}) <= int({_LIMITER}.cores))"
+    )
+    ceiling = (
+        f"!has({compute}) || !has({limit}) || "
+        f"(variables.classLimit > 0 && int({limit}) <= variables.classLimit) || ({floor_ok})"
+    )
+    asked = f"quantity(string({_LIMITER}.memoryLimit))"
+    charged = (
+        f"quantity(string((quantity(x.capacity.requests.memory).asInteger() + {step - 1}) / {step} * {step}))"
+    )
+    memory = (
+        f"!has({_LIMITER}.memoryLimit) || !isQuantity(string({_LIMITER}.memoryLimit)) || "
+        f"!({_named('x', 'memory')}) || !isQuantity(x.capacity.requests.memory) || "
+        f'(variables.classMemoryLimit != "" && !{asked}.isGreaterThan(quantity(variables.classMemoryLimit))) || '
+        f"!{asked}.isGreaterThan({charged})"
+    )
+    name = '" + params.metadata.name + "'
+    sharing = "c.opaque.parameters.sharing"
+    strategy = (
+        f"!variables.classIsOurs || size(variables.classConfigs) == 0 || params.metadata.name in "
+        f"{_literal(sorted(known))} || variables.gpuConfigs.all(c, variables.requests.all(r, "
+        f"!({_applies('c', 'r')}) || {_request_classes('r')}.all(x, x.deviceClassName != params.metadata.name || "
+        f"variables.classStrategy == (has({sharing}) && has({sharing}.strategy) ? {sharing}.strategy : "
+        f'"{Strategy.EXCLUSIVE.value}"))))'
+    )
+    return [
+        {
+            "expression": strategy,
+            "message": STRATEGY_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim sets a sharing.strategy (Exclusive where left out) other '
+                f'than " + variables.classStrategy + ", the strategy of its DeviceClass {name}: leave the claim\'s '
+                f"sharing.strategy out or equal to the class's\""
+            ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": _per_class_request(priority),
+            "message": PRIORITY_GRANT_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.priority above '
+                f'the " + variables.classPriority + " its DeviceClass {name} grants (besteffort < standard < '
+                f'latency): ask for " + variables.classPriority + " or lower, or use a class that grants more"'
+            ),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": _per_class_request(ceiling),
+            "message": LIMIT_GRANT_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.limit above what its '
+                f'DeviceClass {name} grants (" + (variables.classLimit > 0 ? string(variables.classLimit) + '
+                f'", or the cores the request asks for where higher" : "the cores the request asks for: the class '
+                f'sets no compute.limit") + "): ask for less, or use a class that grants more"'
+            ),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": _per_class_request(memory),
+            "message": MEMORY_GRANT_MESSAGE,
+            "messageExpression": (
+                f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.memoryLimit above what its '
+                f'DeviceClass {name} grants (" + (variables.classMemoryLimit != "" ? variables.classMemoryLimit + '
+                f'", or the memory the request asks for where more" : "the memory the request asks for: the class '
+                f'sets no memoryLimit") + "): ask for less, or use a class that grants more"'
+            ),
+            "reason": "Forbidden",
+        },
+    ]
+
+
+def grant_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
+    """The policy that holds a claim to what its DeviceClass grants, and its binding.
+
+    A claim's policy cannot read a DeviceClass, so this one takes the classes as its params
+    (`paramKind: DeviceClass`); its binding selects every DeviceClass (`selector: {}`), and the API server
+    evaluates the policy once per class, each evaluation judging the requests of that class. With no class
+    at all nothing can be allocated, so a missing param allows (`parameterNotFoundAction: Allow`).
+    """
     policy: Obj = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "matchPolicy": "Equivalent",
-                "resourceRules": [
-                    {
-                        "apiGroups": ["resource.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["resourceclaims", "resourceclaimtemplates"],
-                    }
-                ],
-            },
+            "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
+            "matchConstraints": _match_claims(),
+            "variables": _grant_variables(),
+            "validations": grant_validations(class_strategies(values)),
+        },
+    }
+    binding: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "policyName": name,
+            "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
+            "validationActions": ["Deny"],
+        },
+    }
+    return [policy, binding]
+
+
+def _match_claims() -> Obj:
+    return {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["resourceclaims", "resourceclaimtemplates"],
+            }
+        ],
+    }
+
+
+def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
+    """The ValidatingAdmissionPolicy on ResourceClaims and ResourceClaimTemplates, and its binding; then
+    the grant policy (`<name>-grants`) and its binding."""
+    policy: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": _match_claims(),
             "variables": variables(values),
             "validations": validations(values),
         },
@@ -263,4 +478,4 @@ def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
         "metadata": {"name": name, "labels": labels},
         "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
-    return [policy, binding]
+    return [policy, binding, *grant_policy(values, f"{name}-grants", labels)]

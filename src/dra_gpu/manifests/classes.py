@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
-from dra_gpu.config import GpuConfig, GpuSharingMode, Strategy
+from dra_gpu.config import GpuConfig, GpuSharingMode, Priority, Strategy
 from dra_gpu.config.modes import MODES
 from dra_gpu.controller.owned_classes import MANAGED_SELECTOR
 from dra_gpu.devicekinds.mig import MIG_TYPE
@@ -124,6 +124,44 @@ def device_classes(values: Values) -> list[Obj]:
         )
         for c in CLASSES
     ]
+
+
+PRIORITY_CLASSES = tuple((f"{p.value}.limiter.{DRIVER_NAME}", p) for p in Priority)
+"""One limiter class per priority, each granting that priority and a compute ceiling up to the whole GPU
+(config/grants.py): not installed with the driver, an admin grants them to namespaces by quota
+(docs/elastic-compute.md, "Who grants priority")."""
+LATENCY_QUOTA_NAMESPACE = "inference"
+"""The namespace of the example quota that grants the latency class."""
+
+
+def priority_classes() -> list[Obj]:
+    """The limiter class's selectors with a GpuConfig granting each priority."""
+    limiter = MODE_FOR_STRATEGY[Strategy.LIMITER]
+    classes = []
+    for name, priority in PRIORITY_CLASSES:
+        parameters = GpuConfig.model_validate(
+            {
+                "apiVersion": CONFIG_API_VERSION,
+                "kind": CONFIG_KIND,
+                "sharing": {
+                    "strategy": Strategy.LIMITER.value,
+                    "limiter": {"compute": {"limit": 100, "priority": priority.value}},
+                },
+            }
+        ).to_dict()
+        classes.append(device_class(name, selector_expression(limiter), parameters))
+    return classes
+
+
+def latency_quota() -> Obj:
+    """A ResourceQuota granting one namespace up to 4 devices of the latency class."""
+    name = PRIORITY_CLASSES[0][0]
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "dra-gpu-latency", "namespace": LATENCY_QUOTA_NAMESPACE},
+        "spec": {"hard": {f"{name}.deviceclass.resource.k8s.io/devices": "4"}},
+    }
 
 
 def controller_class(spec: ControllerClass, values: Values) -> Obj:

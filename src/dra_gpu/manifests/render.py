@@ -14,7 +14,13 @@ import yaml
 
 from dra_gpu import DRIVER_NAME, __version__
 from dra_gpu.manifests.admission import claim_policy
-from dra_gpu.manifests.classes import CLASSES, controller_classes, device_classes
+from dra_gpu.manifests.classes import (
+    CLASSES,
+    controller_classes,
+    device_classes,
+    latency_quota,
+    priority_classes,
+)
 from dra_gpu.manifests.dashboard import dashboard_json
 from dra_gpu.manifests.pod_mounts import pod_policy
 from dra_gpu.manifests.values import TEMPLATES, Values, ValuesError, image_reference
@@ -44,6 +50,9 @@ INSTALLED = (
     "controller.yaml",
 )
 """Files the kustomization installs, in apply order."""
+
+PRIORITY_FILES = ("priority-classes.yaml", "latency-quota.yaml")
+"""The limiter classes per priority and an example quota granting one: applied by an admin, not installed."""
 
 CONTROLLER_FILES = ("rbac-controller.yaml", "controller.yaml", "controller-classes.yaml")
 
@@ -92,7 +101,7 @@ def files_for(values: Values) -> list[str]:
     """The files `values` produce: the installed set, controller ones when enabled, the kustomization."""
     wanted = [
         f
-        for f in (*INSTALLED, "controller-classes.yaml", "grafana-dashboard.yaml")
+        for f in (*INSTALLED, "controller-classes.yaml", "grafana-dashboard.yaml", *PRIORITY_FILES)
         if (values.controller.enabled or f not in CONTROLLER_FILES)
         and (values.validatingAdmissionPolicy.enabled or f != "validatingadmissionpolicy.yaml")
     ]
@@ -130,6 +139,8 @@ def _context(values: Values) -> dict[str, Any]:
         "claim_policy": claim_policy(values, NAMES["claim_policy"], _labels("admission")),
         "pod_policy": pod_policy(NAMES["pod_policy"], _labels("admission")),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
+        "priority_classes": priority_classes(),
+        "latency_quota": latency_quota(),
         "resources": [f for f in INSTALLED if f in files],
         "dashboard_json": dashboard_json(),
         "gpu_node_affinity": gpu_node_affinity(values),

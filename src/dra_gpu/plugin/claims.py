@@ -14,13 +14,15 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from dra_gpu.config import ConfigError, merge_configs
+from dra_gpu.config import ConfigError, GpuConfig, merge_configs
+from dra_gpu.config.grants import effective
+from dra_gpu.config.modes import takes_whole_gpu
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.kube import ApiError, KubeAPI, NotFound, objects
 from dra_gpu.plugin.checkpoint import ShareRecord
 from dra_gpu.plugin.errors import PrepareError, quote, short
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Share
-from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity
+from dra_gpu.quantity import QuantityError, format_quantity, parse_quantity, to_int
 from dra_gpu.vocabulary.device import CORES_CAPACITY, FULL_CORES, MEMORY_CAPACITY, published_memory
 
 
@@ -146,6 +148,33 @@ def _consumed(raw: Mapping[str, Any] | None, where: str) -> dict[str, Fraction]:
     return result
 
 
+def _granted(
+    config: GpuConfig,
+    class_config: GpuConfig | None,
+    choice: objects.DeviceChoice | None,
+    consumed: Mapping[str, Fraction],
+    driver: str,
+) -> GpuConfig:
+    """The share's config within what its DeviceClass grants (`config.grants`), its floor and charge read
+    as the scheduler charged them."""
+    limiter = config.sharing.limiter
+    if limiter is None:
+        return config
+
+    def amount(name: str) -> Fraction | None:
+        value = consumed.get(name)
+        return value if value is not None else consumed.get(f"{driver}/{name}")
+
+    cores = amount(CORES_CAPACITY)
+    floor = to_int(cores) if cores is not None else (limiter.cores or FULL_CORES)
+    memory = amount(MEMORY_CAPACITY)
+    named = choice is not None and any(n.rsplit("/", 1)[-1] == MEMORY_CAPACITY for n in choice.capacity)
+    charged = to_int(memory) if memory is not None and named else None
+    request = to_int(memory) if memory is not None else limiter.memory_bytes()
+    name = choice.device_class if choice is not None and choice.device_class else "(unknown)"
+    return effective(config, class_config, name, floor, charged, request)
+
+
 def shares_of(
     obj: Mapping[str, Any], claim: ClaimInfo, driver: str, pool: str, gpus: Mapping[str, GpuInfo]
 ) -> list[Share]:
@@ -166,6 +195,7 @@ def shares_of(
             f"ResourceClaim {claim.ref} has no device allocated by {driver} ({detail})", reason="other_driver"
         )
     configs = objects.allocation_config(allocation)
+    classes = {c.name: c for r in objects.device_requests(obj) for c in r.choices}
     shares: list[Share] = []
     for position, result in enumerate(ours):
         request, device = result.request, result.device
@@ -181,12 +211,21 @@ def shares_of(
             raise PrepareError(
                 f"{where}: this node has no such GPU (it has: {known})", reason="unknown_device"
             )
+        consumed = _consumed(result.consumed, where)
         try:
             config = merge_configs(configs, request, driver)
             from_class = [c for c in configs if c.get("source") == "FromClass"]
             class_config = merge_configs(from_class, request, driver) if from_class else None
+            config = _granted(config, class_config, classes.get(request), consumed, driver)
         except ConfigError as exc:
             raise PrepareError(f"ResourceClaim {claim.ref}: {exc}", reason="invalid_config") from None
+        if result.share_id is not None and takes_whole_gpu(config.sharing.strategy.value):
+            raise PrepareError(
+                f"{where}: the scheduler allocated a share of this GPU, and sharing.strategy "
+                f"{config.sharing.strategy.value} (the default where the config leaves it out) takes a whole GPU: leave "
+                f"the claim's sharing.strategy to its class, or use a class of whole GPUs",
+                reason="invalid_config",
+            )
         shares.append(
             Share(
                 position=position,
@@ -195,7 +234,7 @@ def shares_of(
                 device=device,
                 gpu=gpu,
                 share_id=result.share_id,
-                consumed=_consumed(result.consumed, where),
+                consumed=consumed,
                 admin_access=result.admin_access,
                 config=config,
                 class_config=class_config,
