@@ -372,6 +372,7 @@ def test_disabling_the_controller_drops_its_files_from_the_kustomization(tmp_pat
         "resourceclass.yaml",
         "rbac-kubelet-plugin.yaml",
         "kubelet-plugin.yaml",
+        "networkpolicy.yaml",
     ]
 
 

@@ -32,6 +32,8 @@ NAMES = {
     "policy": "dra-gpu-resourceslices",
     "claim_policy": "dra-gpu-resourceclaims",
     "pod_policy": "dra-gpu-pod-mounts",
+    "metrics_reader": "dra-gpu-metrics-reader",
+    "network_policy": "dra-gpu-http",
 }
 
 INSTALLED = (
@@ -39,6 +41,7 @@ INSTALLED = (
     "resourceclass.yaml",
     "rbac-kubelet-plugin.yaml",
     "kubelet-plugin.yaml",
+    "networkpolicy.yaml",
     "validatingadmissionpolicy.yaml",
     "rbac-controller.yaml",
     "controller.yaml",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -254,6 +254,17 @@ class Dashboard(_Model):
         return _api(value, names.label_value, "label value")
 
 
+class ServiceAccountRef(_Model):
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+
+
+class Metrics(_Model):
+    auth: bool
+    readers: list[ServiceAccountRef]
+    scraperNamespaces: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]]
+
+
 class Values(_Model):
     namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     image: Image
@@ -262,6 +273,7 @@ class Values(_Model):
     kubeletPlugin: KubeletPlugin
     controller: Controller
     deviceClasses: DeviceClasses
+    metrics: Metrics
     validatingAdmissionPolicy: Switch
     grafanaDashboard: Dashboard
 
