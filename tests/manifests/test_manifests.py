@@ -468,15 +468,15 @@ def test_the_image_reference_comes_from_the_values_file(
 
 
 def test_the_readme_says_how_the_daemonset_reaches_the_driver() -> None:
-    """The README once said the toolkit injects NVML; the DaemonSet mounts the host's root instead."""
+    """The README once said the toolkit injects NVML; the DaemonSet mounts the driver root's usr/ instead."""
     readme = Path("README.md").read_text()
     pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
     (plugin,) = pod["containers"]
     env = env_of(plugin)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and "`NVIDIA_VISIBLE_DEVICES=void`" in readme
-    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == env["DRA_GPU_DRIVER_ROOT"])
+    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == env["DRA_GPU_DRIVER_ROOT"] + "/usr")
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    assert volume["hostPath"]["path"] == "/" and f"`/` read-only at `{mount['mountPath']}`" in readme
+    assert volume["hostPath"]["path"] == "/usr" and f"`/usr` read-only at `{mount['mountPath']}`" in readme
     assert "toolkit injects" not in readme
     for label in load_values().kubeletPlugin.gpuNodeLabels:
         assert f"`{label}`" in readme, label

@@ -123,6 +123,7 @@ def _context(values: Values) -> dict[str, Any]:
         "selector_labels": _selector_labels,
         "image": image_reference(values),
         "image_limiter": IMAGE_LIMITER,
+        "driver_usr": f"{plugin.driverRoot.rstrip('/')}/usr",
         "limiter_dir": f"{state_dir}/lib",
         "limiter_library": f"{state_dir}/lib/libdragpu-limiter.so.{__version__}",
         "registration_dir": f"{kubelet_dir}/plugins_registry",
