@@ -11,6 +11,7 @@ import yaml
 from repo_paths import ROOT
 
 from dra_gpu.manifests import load_values, render
+from dra_gpu.usage.live import AGENT_NAMESPACE
 
 DOC = ROOT / "docs" / "security.md"
 Obj = dict[str, Any]
@@ -117,3 +118,22 @@ def test_only_the_scrapers_namespaces_reach_the_http_port() -> None:
 def test_no_scraper_namespace_means_no_pod_reaches_the_port(tmp_path: Path) -> None:
     policy = the(objects("metrics: {scraperNamespaces: []}\n", tmp_path), "NetworkPolicy", "dra-gpu-http")
     assert policy["spec"]["ingress"] == []
+
+
+def test_the_agent_has_a_privileged_namespace_of_its_own_and_the_rest_is_restricted() -> None:
+    docs = objects()
+    values = load_values()
+    levels = {
+        d["metadata"]["name"]: d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        for d in docs
+        if d["kind"] == "Namespace"
+    }
+    assert levels == {values.kubeletPlugin.namespace: "privileged", values.namespace: "restricted"}
+    placed = {d["metadata"].get("namespace") for d in docs if d["kind"] in ("DaemonSet", "ServiceAccount")}
+    assert (
+        the(docs, "DaemonSet", "dra-gpu-kubelet-plugin")["metadata"]["namespace"]
+        == values.kubeletPlugin.namespace
+    )
+    assert the(docs, "Deployment", "dra-gpu-controller")["metadata"]["namespace"] == values.namespace
+    assert placed == {values.kubeletPlugin.namespace, values.namespace}
+    assert values.kubeletPlugin.namespace == AGENT_NAMESPACE  # where `dra-gpu usage` looks for the agents

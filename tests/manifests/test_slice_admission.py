@@ -16,7 +16,7 @@ from dra_gpu.allocator.cel_env import kubernetes_context, rewrite_optionals
 from dra_gpu.manifests import load_values, render
 
 Obj = dict[str, Any]
-AGENT = "system:serviceaccount:dra-gpu:dra-gpu-kubelet-plugin"
+AGENT = f"system:serviceaccount:{load_values().kubeletPlugin.namespace}:dra-gpu-kubelet-plugin"
 
 
 def policy() -> Obj:

@@ -112,6 +112,7 @@ class Image(_Model):
 
 
 class KubeletPlugin(_Model):
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     kubeletDir: str = Field(pattern=r"^/")
     cdiDir: str = Field(pattern=r"^/")
     stateDir: str = Field(pattern=r"^/")
