@@ -132,7 +132,11 @@ def _context(values: Values) -> dict[str, Any]:
         "nvidia_cdi": plugin.gpuBackend == "nvml",
         "device_classes": device_classes(values),
         "claim_policy": claim_policy(values, NAMES["claim_policy"], _labels("admission")),
-        "pod_policy": pod_policy(NAMES["pod_policy"], _labels("admission")),
+        "pod_policy": pod_policy(
+            NAMES["pod_policy"],
+            _labels("admission"),
+            list(values.deviceClasses.extendedResourceNames.values()),
+        ),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "resources": [f for f in INSTALLED if f in files],
         "dashboard_json": dashboard_json(),
