@@ -249,7 +249,8 @@ def test_daemonset_passes_the_node_agent_its_settings() -> None:
     assert script.rstrip().endswith("/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0")
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in init["securityContext"]
-    assert plugin["securityContext"] == {"privileged": True, "runAsUser": 0}  # the nvml backend drives real GPUs
+    # the nvml backend drives real GPUs
+    assert plugin["securityContext"] == {"privileged": True, "runAsUser": 0}
 
 
 def test_the_image_holds_what_the_daemonset_runs() -> None:
