@@ -24,6 +24,7 @@ import yaml
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator.cel_env import kubernetes_context, rewrite_optionals
+from dra_gpu.kube import builders, objects
 
 Obj = dict[str, Any]
 FORGED = "/run/dra-gpu/claims/000-forged/limits"
@@ -51,7 +52,7 @@ def run(expression: str, context: Any) -> Any:
 
 def admitted(policy: Obj, variables_in: Obj) -> bool:
     """Whether the policy lets the request through (a match condition that does not hold: not judged)."""
-    spec = policy["spec"]
+    spec = objects.spec(policy)
     context = kubernetes_context()
     for name, value in variables_in.items():
         context.add_variable(name, value)
@@ -66,31 +67,27 @@ def admitted(policy: Obj, variables_in: Obj) -> bool:
 
 
 def crafted_pods() -> list[tuple[str, Obj]]:
-    def pod(claims: bool = True) -> Obj:
-        spec: Obj = {"containers": [{"name": "app", "image": "app"}]}
-        if claims:
-            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "shared"}]
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "t"}, "spec": spec}
+    """Pods that put a volume or a device over a claim's limits file, each a way the review found."""
+
+    def pod(claims: bool = True) -> tuple[Obj, Obj]:
+        made = builders.pod("p", ["shared"] if claims else [], namespace="t")
+        return made, objects.spec(made)["containers"][0]
 
     pods = []
     for source in VOLUMES:
-        p = pod()
-        p["spec"]["volumes"] = [{"name": "v", **source}]
-        p["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": FORGED, "subPath": "limits"}]
+        p, container = pod()
+        objects.spec(p)["volumes"] = [{"name": "v", **source}]
+        container["volumeMounts"] = [{"name": "v", "mountPath": FORGED, "subPath": "limits"}]
         pods.append((f"volume {next(iter(source))}", p))
-    p = pod()
-    p["spec"]["containers"][0]["volumeMounts"] = [
-        {"name": "v", "mountPath": "/var/run" + FORGED.removeprefix("/run")}
-    ]
+    p, container = pod()
+    container["volumeMounts"] = [{"name": "v", "mountPath": "/var/run" + FORGED.removeprefix("/run")}]
     pods.append(("alias /var/run", p))
-    p = pod()
-    p["spec"]["containers"][0]["volumeDevices"] = [{"name": "v", "devicePath": FORGED}]
+    p, container = pod()
+    container["volumeDevices"] = [{"name": "v", "devicePath": FORGED}]
     pods.append(("volumeDevices", p))
-    p = pod(claims=False)
-    p["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": FORGED}]
-    p["spec"]["containers"][0]["resources"] = {
-        "limits": {f"deviceclass.resource.kubernetes.io/limiter.{DRIVER_NAME}": "1"}
-    }
+    p, container = pod(claims=False)
+    container["volumeMounts"] = [{"name": "v", "mountPath": FORGED}]
+    container["resources"] = {"limits": {f"deviceclass.resource.kubernetes.io/limiter.{DRIVER_NAME}": "1"}}
     pods.append(("extended resource", p))
     return pods
 
@@ -108,7 +105,7 @@ def shadow_admitted(policy: Obj) -> bool:
             "devices": [{"name": "gpu-0"}],
         },
     }
-    condition = policy["spec"]["matchConditions"][0]["expression"]
+    condition = objects.spec(policy)["matchConditions"][0]["expression"]
     username = condition.split('"')[1]
     request = {
         "operation": "CREATE",
@@ -122,7 +119,7 @@ def main() -> None:
     parser.add_argument("--deploy", type=Path, default=Path("deploy"))
     docs = load(parser.parse_args().deploy)
     daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
-    pod = daemonset["spec"]["template"]["spec"]
+    pod = objects.spec(objects.spec(daemonset)["template"])
     volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
     mounts = {
         (volumes[m["name"]], not m.get("readOnly"))
@@ -139,7 +136,7 @@ def main() -> None:
     token = envs.get("DRA_GPU_METRICS_AUTH") == "true"
     policy = any(d["kind"] == "NetworkPolicy" for d in docs)
     print(f"/metrics without a token: {'refused (401)' if token else 'answered'}; NetworkPolicy: {policy}")
-    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    policies = {objects.name(d): d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     mounts_policy = policies.get("dra-gpu-pod-mounts")
     through = [
         n for n, p in crafted_pods() if mounts_policy is None or admitted(mounts_policy, {"object": p})

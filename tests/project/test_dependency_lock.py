@@ -80,6 +80,9 @@ def test_the_image_installs_from_the_lock_by_hash_and_runs_as_a_non_root_user() 
     user = [line for line in final.splitlines() if line.startswith("USER ")]
     assert user == ["USER 65532:65532"]
     assert "sbom.py > /usr/share/dra-gpu/sbom.cdx.json" in final
+    # the build context holds what the Dockerfile copies (everything else is ignored)
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "!requirements.lock" in ignore and "!tools/sbom.py" in ignore
     # whatever asks for root says so itself
     docs = [d for text in render(load_values()).values() for d in yaml.safe_load_all(text) if d]
     for doc in docs:
