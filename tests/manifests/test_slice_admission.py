@@ -121,3 +121,12 @@ def test_an_agent_without_a_node_in_its_token_is_refused() -> None:
     assert refusals("CREATE", None, slice_of("node-a"))[0].startswith(
         "no node association found for the user"
     )
+
+
+def test_a_stray_pool_on_its_own_node_may_be_deleted_but_not_written() -> None:
+    stray = slice_of("node-a", pool="old-name")
+    assert refusals("DELETE", "node-a", None, stray) == []
+    assert refusals("UPDATE", "node-a", slice_of("node-a"), stray) == []  # renamed into its own pool
+    assert refusals("UPDATE", "node-a", stray, slice_of("node-a")) == [
+        "the node agent on node 'node-a' may modify only the pool named after its node, not pool 'old-name'"
+    ]
