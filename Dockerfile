@@ -36,28 +36,28 @@ RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# Dependencies first, in a layer of their own: a change to the sources reinstalls only the project.
-RUN python3 -m venv /opt/dra-gpu
-WORKDIR /src
-COPY pyproject.toml README.md ./
+# Dependencies first, in a layer of their own: a change to the sources reinstalls only the project. They
+# come from requirements.lock, each pinned with the sha256 of its wheels (a changed file on the index
+# fails the build), wheels only (nothing compiles at build time), and `pip check` proves the lock whole.
 # The build secret `pip-ca`, when given, is the certificate bundle the downloads trust (a proxy with its
 # own authority; tools/build-image.sh passes the build machine's); it is not kept in the image.
-# Only the dependencies are installed here; the stand-in package names a version because pyproject.toml
-# reads it from dra_gpu.__version__.
+RUN python3 -m venv /opt/dra-gpu
+WORKDIR /src
+COPY requirements.lock ./
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && mkdir -p src/dra_gpu && echo "__version__ = \"0\"" > src/dra_gpu/__init__.py \
-    && /opt/dra-gpu/bin/pip install --quiet . && /opt/dra-gpu/bin/pip uninstall --quiet -y dra-gpu \
-    && rm -rf src build
+    && /opt/dra-gpu/bin/pip install --quiet --require-hashes --no-deps --only-binary=:all: -r requirements.lock
+COPY pyproject.toml README.md ./
 COPY src/ src/
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && /opt/dra-gpu/bin/pip install --quiet --no-deps . \
+    && /opt/dra-gpu/bin/pip install --quiet --no-deps --no-build-isolation . \
+    && /opt/dra-gpu/bin/pip check \
     && /opt/dra-gpu/bin/dra-gpu --version
 # Out of the image: the installer (nothing installs at run time) and the kubernetes client's asyncio
 # variant (68 MB; only its synchronous transport and configuration are used).
 RUN rm -rf /opt/dra-gpu/lib/python3*/site-packages/kubernetes/aio \
-    && /opt/dra-gpu/bin/python -m pip uninstall --quiet -y pip setuptools \
+    && /opt/dra-gpu/bin/python -m pip uninstall --quiet -y pip setuptools wheel \
     && /opt/dra-gpu/bin/python -c 'import dra_gpu.kube.client, kubernetes.client, kubernetes.config' 
 
 FROM runtime
@@ -68,5 +68,12 @@ ENV PATH=/opt/dra-gpu/bin:$PATH PYTHONUNBUFFERED=1
 RUN for tool in dra-gpu sh cp mv unshare mount; do \
         command -v "$tool" >/dev/null || { echo "the image lacks $tool" >&2; exit 1; }; \
     done
+# The software bill of materials (CycloneDX JSON) of what the image holds: its Debian packages and the
+# Python packages of /opt/dra-gpu, written at build from the installed files themselves.
+COPY tools/sbom.py /usr/share/dra-gpu/sbom.py
+RUN /opt/dra-gpu/bin/python /usr/share/dra-gpu/sbom.py > /usr/share/dra-gpu/sbom.cdx.json
+# Not root unless a pod says so: the controller runs as this user; the node agent and its init container
+# ask for root (runAsUser: 0) because the host directories they write belong to root.
+USER 65532:65532
 ENTRYPOINT ["dra-gpu"]
 CMD ["--help"]

@@ -19,6 +19,12 @@ a loop then cost the agent at most 2 % of its time, however many there are; they
 render time is a metric itself (`dra_gpu_metrics_render_seconds`).
 Every answer closes its connection (`Connection: close`), and an answer a client does not take
 within `write_timeout_s` is dropped.
+
+`/metrics` names every tenant of the node (namespaces, claims, pods, GPUs), so where `authorize` is given it
+is answered only to a request whose `Authorization` header that function allows (200), otherwise with its
+401, 403 or 503; the function runs on the metrics workers, as it may ask the API server
+(`dra_gpu.kube.reviews`). Health checks stay open to the kubelet's probes, which carry no token: they
+say whether the process works, and name no tenant.
 """
 
 from __future__ import annotations
@@ -45,12 +51,17 @@ log = logging.getLogger(__name__)
 
 Check = Callable[[], tuple[bool, str]]
 """A health check: whether it passes, and the line to answer with. It answers from memory, at once."""
+Authorize = Callable[[str | None], tuple[int, str]]
+"""Who may read /metrics: the request's `Authorization` header (None: none) to an HTTP status (200:
+allowed) and the line to answer with otherwise."""
 
 MAX_REQUEST_HEAD = 8192
 TEXT = "text/plain; charset=utf-8"
 REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     503: "Service Unavailable",
@@ -95,18 +106,23 @@ def _response(
         f"HTTP/1.1 {code} {REASONS.get(code, '')}\r\n"
         f"Content-Type: {content_type}\r\n"
         + (f"Content-Encoding: {encoding}\r\n" if encoding else "")
+        + ('WWW-Authenticate: Bearer realm="metrics"\r\n' if code == 401 else "")
         + f"Content-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     ).encode()
     return head if head_only else head + body
 
 
-def _accepts_gzip(head: bytes) -> bool:
+def _header(head: bytes, wanted: bytes) -> bytes | None:
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"accept-encoding":
-            return b"gzip" in value.lower()
-    return False
+        if name.strip().lower() == wanted:
+            return value.strip()
+    return None
+
+
+def _accepts_gzip(head: bytes) -> bool:
+    return b"gzip" in (_header(head, b"accept-encoding") or b"").lower()
 
 
 @dataclass(eq=False)
@@ -134,8 +150,10 @@ class HttpServer:
         max_connections: int = 1024,
         read_timeout_s: float = 5.0,
         write_timeout_s: float = 10.0,
+        authorize: Authorize | None = None,
     ) -> None:
         self._registry = registry
+        self._authorize = authorize
         self._checks = dict(checks)
         self._hint = ", ".join(["/metrics", *self._checks]).encode()
         self._name = name
@@ -171,7 +189,7 @@ class HttpServer:
         self._reading: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         """Connections whose request is not complete yet, oldest first (their deadlines in order)."""
         self._writing: set[_Connection] = set()
-        self._jobs: queue.Queue[tuple[_Connection, bool, bool, float] | None] = queue.Queue(
+        self._jobs: queue.Queue[tuple[_Connection, bool, bool, float, str | None] | None] = queue.Queue(
             maxsize=queue_size
         )
         self._stopping = threading.Event()
@@ -318,7 +336,16 @@ class HttpServer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             try:
-                self._jobs.put_nowait((conn, head_only, _accepts_gzip(head), time.monotonic()))
+                authorization = _header(head, b"authorization")
+                self._jobs.put_nowait(
+                    (
+                        conn,
+                        head_only,
+                        _accepts_gzip(head),
+                        time.monotonic(),
+                        None if authorization is None else authorization.decode("latin-1"),
+                    )
+                )
             except queue.Full:
                 self._answer(
                     conn, _response(503, b"busy: too many /metrics requests at once\n", TEXT, head_only)
@@ -413,9 +440,13 @@ class HttpServer:
             job = self._jobs.get()
             if job is None:
                 return
-            conn, head_only, gzipped, asked_at = job
+            conn, head_only, gzipped, asked_at, authorization = job
             try:
-                data = self._metrics_answer(gzipped, asked_at)
+                code, why = self._authorize(authorization) if self._authorize else (200, "")
+                if code != 200:
+                    data = _response(code, (why + "\n").encode(), TEXT, head_only)
+                else:
+                    data = self._metrics_answer(gzipped, asked_at)
                 if head_only:
                     data = data[: data.index(b"\r\n\r\n") + 4]
             except Exception as exc:

@@ -19,6 +19,7 @@ from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.http_endpoint import HttpServer
 from dra_gpu.inventory import Inventory
 from dra_gpu.kube import KubeAPI
+from dra_gpu.kube.reviews import PathAccess
 from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.health import HealthProbe, StateDirCheck
@@ -55,6 +56,8 @@ class NodeAgentConfig(PluginConfig):
 
     http_address: str | None = None
     """HOST:PORT serving /healthz, /livez, /readyz and /metrics; None: no HTTP endpoint."""
+    metrics_auth: bool = False
+    """Serve /metrics only to bearer tokens the API server allows to get it (`dra_gpu.kube.reviews`)."""
     monitor_interval_s: float = 5.0
     """Usage sampling and watchdog interval (`dra_gpu.monitor`); 0 turns the monitor off."""
     monitor_watch_interval_s: float = 1.0
@@ -125,6 +128,7 @@ class NodeAgent:
                     self.config.http_address,
                     self.plugin.metrics.registry,
                     {"/healthz": self.healthz, "/livez": self.healthz, "/readyz": self.healthz},
+                    authorize=PathAccess(self.api).check if self.config.metrics_auth else None,
                 )
                 self._http.start()
             if self.config.monitor_interval_s > 0:

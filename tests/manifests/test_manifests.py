@@ -249,7 +249,8 @@ def test_daemonset_passes_the_node_agent_its_settings() -> None:
     assert script.rstrip().endswith("/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0")
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in init["securityContext"]
-    assert plugin["securityContext"] == {"privileged": True}  # the nvml backend drives real GPUs
+    # the nvml backend drives real GPUs
+    assert plugin["securityContext"] == {"privileged": True, "runAsUser": 0}
 
 
 def test_the_image_holds_what_the_daemonset_runs() -> None:
@@ -372,6 +373,7 @@ def test_disabling_the_controller_drops_its_files_from_the_kustomization(tmp_pat
         "resourceclass.yaml",
         "rbac-kubelet-plugin.yaml",
         "kubelet-plugin.yaml",
+        "networkpolicy.yaml",
     ]
 
 
@@ -467,15 +469,15 @@ def test_the_image_reference_comes_from_the_values_file(
 
 
 def test_the_readme_says_how_the_daemonset_reaches_the_driver() -> None:
-    """The README once said the toolkit injects NVML; the DaemonSet mounts the host's root instead."""
+    """The README once said the toolkit injects NVML; the DaemonSet mounts the driver root's usr/ instead."""
     readme = Path("README.md").read_text()
     pod = find(rendered_objects(), "DaemonSet", "dra-gpu-kubelet-plugin")["spec"]["template"]["spec"]
     (plugin,) = pod["containers"]
     env = env_of(plugin)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and "`NVIDIA_VISIBLE_DEVICES=void`" in readme
-    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == env["DRA_GPU_DRIVER_ROOT"])
+    mount = next(m for m in plugin["volumeMounts"] if m["mountPath"] == env["DRA_GPU_DRIVER_ROOT"] + "/usr")
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    assert volume["hostPath"]["path"] == "/" and f"`/` read-only at `{mount['mountPath']}`" in readme
+    assert volume["hostPath"]["path"] == "/usr" and f"`/usr` read-only at `{mount['mountPath']}`" in readme
     assert "toolkit injects" not in readme
     for label in load_values().kubeletPlugin.gpuNodeLabels:
         assert f"`{label}`" in readme, label

@@ -59,6 +59,20 @@ def _query(port: int, promql: str) -> list[dict[str, Any]]:
 
 def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, tmp_path: Path) -> None:
     api = FakeKube()
+    # /metrics answers only a token RBAC lets `get /metrics`, as the install grants Prometheus.
+    api.create(
+        "ClusterRole",
+        {"metadata": {"name": "reader"}, "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]},
+    )
+    api.create(
+        "ClusterRoleBinding",
+        {
+            "metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}],
+        },
+    )
+    api.tokens["prometheus-token"] = {"username": "system:serviceaccount:monitoring:prometheus"}
     claim = add_claim(
         api,
         "llm",
@@ -72,7 +86,9 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
         [opaque(gpu_config("Limiter"))],
     )
     with (
-        running_plugin(dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5) as plugin,
+        running_plugin(
+            dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5, metrics_auth=True
+        ) as plugin,
         prepared_container(dirs, claim) as container,
     ):
         env = claim_process_env(built, container)
@@ -88,6 +104,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             "scrape_configs:\n- job_name: dra-gpu-kubelet-plugin\n"
             f"  static_configs:\n  - targets: ['127.0.0.1:{plugin.http_port}']\n"
+            "  authorization:\n    credentials: prometheus-token\n"
         )
         prometheus = subprocess.Popen(
             [

@@ -15,6 +15,7 @@ from dra_gpu.controller.owned_classes import with_marker
 from dra_gpu.quantity import parse_quantity
 from dra_gpu.slices.devices import unhealthy_taint
 from dra_gpu.usage import Gpu, Usage, collect, render_table, to_json
+from dra_gpu.usage.render import MPS_ISOLATION
 
 FIXTURES = TESTS / "fixtures" / "k8s-1.36-real"
 Obj = dict[str, Any]
@@ -383,3 +384,27 @@ def test_collect_does_not_change_its_inputs() -> None:
     before = copy.deepcopy((slices, claims))
     collect(slices, claims)
     assert (slices, claims) == before
+
+
+def test_mps_claims_are_shown_with_what_they_share_with_each_other() -> None:
+    gpu0, gpu1 = device("gpu-0", 0), device("gpu-1", 1)
+    gpu0["attributes"]["sharing"] = {"string": "MPS"}
+    mps = limiter_config(
+        parameters={
+            "apiVersion": "gpu.dra-gpu.io/v1alpha1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS"},
+        }
+    )
+    share = {"memory": "8Gi", "cores": "25"}
+    claims = [
+        claim("infer-a", [result("node-a", "gpu-0", share)], device_class="mps.gpu.dra-gpu.io", config=[mps]),
+        claim("infer-b", [result("node-a", "gpu-0", share)], device_class="mps.gpu.dra-gpu.io", config=[mps]),
+        claim("train", [result("node-a", "gpu-1", share)], config=[limiter_config()]),
+    ]
+    usage = collect([slice_of("node-a", [gpu0, gpu1])], claims)
+    text = render_table(usage)
+    assert f"isolation: 2 claims: {MPS_ISOLATION}" in text
+    assert text.count("isolation:") == 1  # the limiter's GPU shares nothing tenant-writable
+    gpus = to_json(usage)["nodes"][0]["gpus"]
+    assert gpus[0]["isolation"] == f"2 claims: {MPS_ISOLATION}" and gpus[1]["isolation"] is None

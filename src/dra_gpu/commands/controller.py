@@ -15,6 +15,7 @@ from dra_gpu.controller import Controller
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
 from dra_gpu.http_endpoint import HttpServer, bool_check, parse_address
 from dra_gpu.kube.client import KubeClient, KubeConfigError
+from dra_gpu.kube.reviews import PathAccess
 
 NAME = "controller"
 HELP = "run the cluster controller that allocates claims of controller-managed DeviceClasses"
@@ -69,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="address for /metrics, /healthz and /readyz; empty to disable",
         unset="off",
     )
+    add_bool_flag(
+        parser,
+        "--metrics-auth",
+        default=True,
+        help="serve /metrics only to bearer tokens the API server allows to get /metrics (TokenReview and "
+        "SubjectAccessReview, as kube-rbac-proxy does); the health checks stay open",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 controller.metrics.registry,
                 {"/healthz": bool_check(controller.healthy), "/readyz": controller.readiness},
                 name="controller-http",
+                authorize=PathAccess(api).check if args.metrics_auth else None,
             )
         except OSError as exc:
             print(f"error: --http-address {args.http_address}: {exc.strerror or exc}", file=sys.stderr)

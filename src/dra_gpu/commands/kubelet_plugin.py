@@ -70,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--sharing", default="*=Shared", help="per-GPU sharing modes, e.g. '*=Shared,0=MPS'")
     add_kubeconfig_flag(parser)
     add_flag(parser, "--http-address", default=":8080", help="HOST:PORT serving /healthz and /metrics")
+    add_bool_flag(
+        parser,
+        "--metrics-auth",
+        default=True,
+        help="serve /metrics only to bearer tokens the API server allows to get /metrics (TokenReview and "
+        "SubjectAccessReview, as kube-rbac-proxy does); the health checks stay open",
+    )
     add_flag(parser, "--dev-root", default="/", type=Path, help="where the host's /dev is visible, as '/'")
     add_flag(
         parser,
@@ -239,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         limiter_library=args.limiter_library,
         dev_root=args.dev_root,
         http_address=args.http_address or None,
+        metrics_auth=args.metrics_auth,
         monitor_interval_s=args.monitor_interval,
         monitor_watch_interval_s=args.monitor_watch_interval,
         watchdog_context_allowance=context_allowance,

@@ -21,7 +21,7 @@ from dra_gpu.kube import RESOURCES, ApiError, KubeAPI, objects
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.kube.errors import Unreachable, http_problem, transport_reason
 from dra_gpu.usage import collect, render_table
-from dra_gpu.usage.live import AGENT_SELECTOR, LiveUsage, fetch_url, read_agents
+from dra_gpu.usage.live import AGENT_NAMESPACE, AGENT_SELECTOR, LiveUsage, fetch_url, read_agents
 from dra_gpu.usage.render import to_json
 
 NAME = "usage"
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["proxy", "none"],
         help="read the node agents' /metrics through the API server's pod proxy, or not at all",
     )
-    add_flag(parser, "--agent-namespace", default="dra-gpu", help="namespace of the node agents' pods")
+    add_flag(parser, "--agent-namespace", default=AGENT_NAMESPACE, help="namespace of the node agents' pods")
     add_list_flag(
         parser,
         "--metrics-url",
@@ -145,7 +145,7 @@ def read_live(args: argparse.Namespace, api: KubeAPI) -> LiveUsage | None:
     if getattr(args, "agents", "none") != "proxy":
         return None
     get_text = getattr(api, "get_text", None)
-    namespace = getattr(args, "agent_namespace", "dra-gpu")
+    namespace = getattr(args, "agent_namespace", AGENT_NAMESPACE)
     if get_text is None:
         return None  # an API without a proxy (the tests' fake): allocations only
     try:

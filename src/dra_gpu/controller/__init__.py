@@ -7,6 +7,7 @@ while counting every allocation on the same GPUs, the scheduler's included. See 
 - `classes`: the marker selector that keeps the scheduler off a class, and the class index;
 - `consumers`, `eligibility`: which pods use a claim and on which nodes they can land;
 - `reconciler`: one pass of decisions (allocate, release, reserve) with 409 retries;
+- `pool_nodes`: slices that put a pool on a node it does not belong to, left out with an Event;
 - `leader`: Lease-based leader election; `cache`: list-and-watch caches; `runner`: the threads;
 - `events`, `metrics`, `http`: what users and operators see.
 """

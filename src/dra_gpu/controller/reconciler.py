@@ -31,6 +31,8 @@ from dra_gpu.controller.eligibility import NodeEligibility
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.overcommit import overcommitted
 from dra_gpu.controller.owned_classes import ClassIndex
+from dra_gpu.controller.pool_nodes import REASON as POOL_REASON
+from dra_gpu.controller.pool_nodes import refuse_foreign_slices
 from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, builders, objects
 from dra_gpu.kube.events import EventRecorder, timestamp
 
@@ -140,8 +142,17 @@ class Reconciler:
         classes = ClassIndex(snapshot.classes)
         pods = PodIndex(snapshot.pods)
         nodes = {objects.name(n): n for n in snapshot.nodes}
+        slices, refused = refuse_foreign_slices(snapshot.slices)
+        for refusal in refused:
+            for s in refusal.slices:
+                self.recorder.record(
+                    {**s, "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"},
+                    "Warning",
+                    POOL_REASON,
+                    refusal.message,
+                )
         allocator = Allocator(
-            snapshot.slices,
+            slices,
             classes.for_allocator,
             [c for c in snapshot.claims if objects.allocation(c)],
             taint_rules=snapshot.taint_rules,
@@ -163,7 +174,9 @@ class Reconciler:
             if not self._is_leader():
                 return result
             self._allocate(claim, consumers, classes, nodes, allocator, result)
-        self._prune({objects.uid(c) for c in snapshot.claims})
+        self._prune(
+            {objects.uid(c) for c in snapshot.claims} | {objects.uid(s) for p in refused for s in p.slices}
+        )
         return result
 
     def _undo_overcommit(self, claims: list[Obj], allocator: Allocator, result: PassResult) -> list[Obj]:

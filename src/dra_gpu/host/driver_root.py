@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from dra_gpu.host import ldcache_hook
+
 LIBRARIES = (
     "libcuda.so",
     "libnvidia-ml.so",
@@ -30,9 +32,11 @@ and the debugger back end (cuda-gdb). Table in docs/device-access.md."""
 REQUIRED_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")
 """Without these a claim's container cannot use the GPU; the others only some programs need, and an
 older driver lacks some of them."""
-DEV_LINKS = {"libcuda.so": "libcuda.so.1"}
+DEV_LINKS = ldcache_hook.DEV_LINKS
 """Development names a program links with (`-lcuda`, as Triton does) and the soname each points to;
 the `update-ldcache` hook makes them next to the libraries, as the toolkit's symlink hook does."""
+HOST_PYTHON = "usr/bin/python3"
+"""Where the host's python3 is, if it has one: the `update-ldcache` hook is then the Python one."""
 KERNEL_VERSION_FILE = "module/nvidia/version"
 """Under /sys: the loaded kernel module's version, which NVML reports as the driver version."""
 EXECUTABLES = ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
@@ -51,15 +55,33 @@ NVML_SONAME = "libnvidia-ml.so.1"
 LDCACHE_HOOK = "update-ldcache"
 
 
-def install_ldcache_hook(directory: Path) -> Path:
-    """Put the `update-ldcache` OCI hook (a POSIX shell script) into `directory`; its path.
+def host_python(driver_root: Path, host_root: Path | None = None) -> str | None:
+    """The host's python3 as the host sees it, where the driver root is the host's own root and has one;
+    None otherwise (a containerized driver's root holds that container's python, not the host's)."""
+    if (host_root or driver_root) != Path("/"):
+        return None
+    return "/" + HOST_PYTHON if os.access(driver_root / HOST_PYTHON, os.X_OK) else None
 
-    Claims' CDI specs name it as a ``createContainer`` hook. The container runtime runs it on the
-    host, where this package's Python does not run, so it is a script that needs only the host's
-    ``/bin/sh`` and ``ldconfig``. `directory` must be at the same path on the host (the agent's state
-    directory is). Written next to itself and renamed: a runtime never runs a partial file.
+
+def ldcache_hook_text(python: str | None) -> bytes:
+    """The hook: `ldcache_hook` run by `python` (the host's; `-I`: no environment, no user site), or
+    without one the POSIX shell script that needs only /bin/sh and ldconfig."""
+    if python is None:
+        return resources.files("dra_gpu").joinpath("templates", "hooks", LDCACHE_HOOK).read_bytes()
+    source = resources.files("dra_gpu").joinpath("host", "ldcache_hook.py").read_bytes()
+    return f"#!{python} -I\n".encode() + source
+
+
+def install_ldcache_hook(directory: Path, python: str | None = None) -> Path:
+    """Put the `update-ldcache` OCI hook into `directory`; its path.
+
+    Claims' CDI specs name it as a ``createContainer`` hook. The container runtime runs it on the host,
+    where this package is not installed: with the host's python3 (`host_python`) it is `ldcache_hook`
+    (a JSON parser, no check-then-act on a container's paths); without one, a POSIX shell script.
+    `directory` must be at the same path on the host (the agent's state directory is). Written next to
+    itself and renamed: a runtime never runs a partial file.
     """
-    script = resources.files("dra_gpu").joinpath("templates", "hooks", LDCACHE_HOOK).read_bytes()
+    script = ldcache_hook_text(python)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / LDCACHE_HOOK
     if target.is_file() and target.read_bytes() == script and os.access(target, os.X_OK):

@@ -28,6 +28,7 @@ from typing import Any
 from dra_gpu.kube import objects
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
+from dra_gpu.kube.fake_reviews import REVIEW_KINDS, access_review, token_review
 from dra_gpu.kube.resources import RESOURCES, Resource
 from dra_gpu.kube.selectors import field_matches, label_matches
 from dra_gpu.kube.validation import validate_device_class, validate_resource_slice
@@ -95,6 +96,8 @@ class FakeKube:
         self._history: list[tuple[int, str, str, Obj]] = []
         self._watchers: list[_Watcher] = []
         self.calls: list[tuple[str, str]] = []  # (verb, kind): lets tests count API traffic
+        self.tokens: dict[str, Obj] = {}
+        """Bearer token -> the user a TokenReview of it names (`kube.fake_reviews`)."""
 
     # -- helpers ---------------------------------------------------------------------------------
     def _resource(self, kind: str) -> Resource:
@@ -170,6 +173,8 @@ class FakeKube:
 
     def create(self, kind: str, obj: Obj) -> Obj:
         res = self._resource(kind)
+        if kind in REVIEW_KINDS:
+            return self._review(kind, obj)
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         with self._lock:
@@ -197,6 +202,19 @@ class FakeKube:
             self._objects[key] = obj
             self._emit(kind, "ADDED", obj)
             return copy.deepcopy(obj)
+
+    def _review(self, kind: str, review: Obj) -> Obj:
+        """A review is answered and never stored, as kube-apiserver does."""
+        with self._lock:
+            self.calls.append(("create", kind))
+            if kind == "TokenReview":
+                return token_review(review, self.tokens)
+            stored = [
+                o for (k, _, _), o in self._objects.items() if k in ("ClusterRole", "ClusterRoleBinding")
+            ]
+            roles = [o for o in stored if o["kind"] == "ClusterRole"]
+            bindings = [o for o in stored if o["kind"] == "ClusterRoleBinding"]
+            return access_review(review, roles, bindings)
 
     def _current(self, res: Resource, obj: Obj) -> tuple[_Key, Obj]:
         meta = obj.get("metadata") or {}

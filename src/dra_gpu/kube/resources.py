@@ -44,5 +44,10 @@ RESOURCES: dict[str, Resource] = {
         Resource("Pod", "", "v1", "pods", True, has_status=True),
         Resource("Event", "", "v1", "events", True),
         Resource("Lease", "coordination.k8s.io", "v1", "leases", True),
+        # Reviews are created and answered, never stored: who may read the HTTP endpoint's /metrics.
+        Resource("TokenReview", "authentication.k8s.io", "v1", "tokenreviews", False),
+        Resource("SubjectAccessReview", "authorization.k8s.io", "v1", "subjectaccessreviews", False),
+        Resource("ClusterRole", "rbac.authorization.k8s.io", "v1", "clusterroles", False),
+        Resource("ClusterRoleBinding", "rbac.authorization.k8s.io", "v1", "clusterrolebindings", False),
     )
 }

@@ -38,6 +38,8 @@ NAMES = {
     "policy": "dra-gpu-resourceslices",
     "claim_policy": "dra-gpu-resourceclaims",
     "pod_policy": "dra-gpu-pod-mounts",
+    "metrics_reader": "dra-gpu-metrics-reader",
+    "network_policy": "dra-gpu-http",
 }
 
 INSTALLED = (
@@ -45,6 +47,7 @@ INSTALLED = (
     "resourceclass.yaml",
     "rbac-kubelet-plugin.yaml",
     "kubelet-plugin.yaml",
+    "networkpolicy.yaml",
     "validatingadmissionpolicy.yaml",
     "rbac-controller.yaml",
     "controller.yaml",
@@ -129,6 +132,7 @@ def _context(values: Values) -> dict[str, Any]:
         "selector_labels": _selector_labels,
         "image": image_reference(values),
         "image_limiter": IMAGE_LIMITER,
+        "driver_usr": f"{plugin.driverRoot.rstrip('/')}/usr",
         "limiter_dir": f"{state_dir}/lib",
         "limiter_library": f"{state_dir}/lib/libdragpu-limiter.so.{__version__}",
         "registration_dir": f"{kubelet_dir}/plugins_registry",
@@ -137,7 +141,11 @@ def _context(values: Values) -> dict[str, Any]:
         "nvidia_cdi": plugin.gpuBackend == "nvml",
         "device_classes": device_classes(values),
         "claim_policy": claim_policy(values, NAMES["claim_policy"], _labels("admission")),
-        "pod_policy": pod_policy(NAMES["pod_policy"], _labels("admission")),
+        "pod_policy": pod_policy(
+            NAMES["pod_policy"],
+            _labels("admission"),
+            list(values.deviceClasses.extendedResourceNames.values()),
+        ),
         "controller_classes": controller_classes(values) if values.controller.enabled else [],
         "priority_classes": priority_classes(),
         "latency_quota": latency_quota(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -112,6 +112,7 @@ class Image(_Model):
 
 
 class KubeletPlugin(_Model):
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     kubeletDir: str = Field(pattern=r"^/")
     cdiDir: str = Field(pattern=r"^/")
     stateDir: str = Field(pattern=r"^/")
@@ -254,6 +255,17 @@ class Dashboard(_Model):
         return _api(value, names.label_value, "label value")
 
 
+class ServiceAccountRef(_Model):
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+
+
+class Metrics(_Model):
+    auth: bool
+    readers: list[ServiceAccountRef]
+    scraperNamespaces: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]]
+
+
 class Values(_Model):
     namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     image: Image
@@ -262,6 +274,7 @@ class Values(_Model):
     kubeletPlugin: KubeletPlugin
     controller: Controller
     deviceClasses: DeviceClasses
+    metrics: Metrics
     validatingAdmissionPolicy: Switch
     grafanaDashboard: Dashboard
 

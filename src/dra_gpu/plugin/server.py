@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dra_gpu import DRIVER_NAME, __version__
-from dra_gpu.host.driver_root import install_ldcache_hook, tool_env, tool_path
+from dra_gpu.host.driver_root import host_python, install_ldcache_hook, tool_env, tool_path
 from dra_gpu.host.gpu_commands import DEFAULT_MPS_SHM_BYTES, GpuCommands
 from dra_gpu.host.mig_commands import MIG_MINORS
 from dra_gpu.host.nvidia import NvidiaCommands
@@ -217,7 +217,9 @@ class KubeletPlugin:
             _make_private_dir(directory)
         cfg.registration_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.node.ldcache_hook = install_ldcache_hook(self._hooks_dir)
+            self.node.ldcache_hook = install_ldcache_hook(
+                self._hooks_dir, host_python(cfg.driver_root, cfg.driver_root_host_path)
+            )
             self.preparer.start()
             self._started = True
             self._dra_server = self._serve_dra()

@@ -17,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 log = logging.getLogger(__name__)
 
 AGENT_SELECTOR = "app.kubernetes.io/name=dra-gpu,app.kubernetes.io/component=kubelet-plugin"
+AGENT_NAMESPACE = "dra-gpu-node"
+"""Where the install puts the agents (values `kubeletPlugin.namespace`; a manifests test compares them)."""
 
 Key = tuple[str, str, str]
 """(namespace, claim, GPU UUID)."""

@@ -17,6 +17,18 @@ from dra_gpu.usage.collect import Gpu, Holder, Pending, PendingRequest, Usage
 from dra_gpu.usage.live import ClaimUse, LiveUsage
 
 INDENT = "    "
+MPS_ISOLATION = (
+    "the MPS claims on this GPU share its daemon's writable /dev/shm and control socket: each can read and "
+    "write the others' POSIX shared memory and stop their MPS server (docs/mps.md); share an MPS GPU only "
+    "among tenants that trust each other"
+)
+"""What an MPS claim shares with the other MPS claims of its GPU, said wherever such claims are shown."""
+
+
+def isolation(gpu: Gpu) -> str | None:
+    """What the GPU's claims share with one another beyond the GPU itself; None: nothing tenant-writable."""
+    mps = sum(1 for h in gpu.holders if h.strategy == "MPS")
+    return f"{mps} claim{'s' if mps != 1 else ''}: {MPS_ISOLATION}" if mps else None
 
 
 def _order(names: Any) -> list[str]:
@@ -108,6 +120,9 @@ def compute_text(use: ClaimUse) -> str:
 def _gpu_block(gpu: Gpu, live: LiveUsage | None = None) -> str:
     lines = [INDENT[:2] + _gpu_head(gpu)]
     lines += [f"{INDENT}taint {taint}" for taint in gpu.taints]
+    shared = isolation(gpu)
+    if shared:
+        lines.append(f"{INDENT}isolation: {shared}")
     if gpu.holders:
         headers: tuple[str, ...] = ("CLAIM", "REQUEST", "SHARE", "PODS", "ALLOCATED BY", "STRATEGY")
         rows = [_holder_row(h) for h in gpu.holders]
@@ -183,6 +198,7 @@ def _gpu_json(gpu: Gpu) -> dict[str, Any]:
         "free": _quantities(gpu.free()),
         "overcommitted": gpu.overcommitted,
         "claims": [_holder_json(h) for h in gpu.holders],
+        "isolation": isolation(gpu),
     }
 
 
