@@ -7,6 +7,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dra_gpu import __version__
 from dra_gpu.plugin.checkpoint import Checkpoint, ClaimState, PreparedClaim
 
 ShareKey = tuple[str, str, str]
@@ -61,6 +62,13 @@ class PluginMetrics:
             "Records of stale claims the last sweep could not undo (each logged; the next sweep retries).",
             registry=r,
         )
+        self.build_info = Gauge(
+            "dra_gpu_build_info",
+            "Always 1; its label is the release of the agent answering (two during a rolling update).",
+            ["version"],
+            registry=r,
+        )
+        self.build_info.labels(version=__version__).set(1)
         self._lock = threading.Lock()
         self._completed = 0
         self._counts: dict[ShareKey, int] = {}

@@ -232,6 +232,7 @@ class KubeletPlugin:
         log.info(
             "kubelet plugin serving",
             extra={
+                "version": __version__,
                 "driver": cfg.driver_name,
                 "node": cfg.node_name,
                 "registration_socket": str(cfg.registration_socket),
