@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
 from dra_gpu.quantity import parse_quantity, to_int
 
 MIN_MPS_SHM_BYTES = 64 << 20
+POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 
 NAME = "kubelet-plugin"
 HELP = "run the node agent: kubelet registration, DRA prepare/unprepare, ResourceSlice publishing"
@@ -39,14 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--registration-dir",
         default="/var/lib/kubelet/plugins_registry",
         type=Path,
-        help="kubelet plugin registration directory (registration socket <dir>/<driver>-reg.sock)",
+        help="kubelet plugin registration directory (registration socket <dir>/<driver>-reg.sock, or "
+        "<dir>/<driver>-<pod UID>-reg.sock with --pod-uid)",
     )
     add_flag(
         parser,
         "--plugins-dir",
         default="/var/lib/kubelet/plugins",
         type=Path,
-        help="kubelet plugins directory (service socket <dir>/<driver>/dra.sock)",
+        help="kubelet plugins directory (service socket <dir>/<driver>/dra.sock, or <dir>/<driver>/dra-<pod UID>.sock "
+        "with --pod-uid)",
     )
     add_flag(
         parser, "--cdi-dir", default="/var/run/cdi", type=Path, help="directory for the claims' CDI specs"
@@ -139,6 +143,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the agent's container",
         unset="the agent's own cgroup",
     )
+    add_flag(
+        parser,
+        "--pod-uid",
+        default=None,
+        help="this agent's pod UID (the downward API's metadata.uid): the sockets carry it, so that two agents "
+        "serve side by side during a rolling update with surge (kubelet 1.33+) and the kubelet uses the newest",
+        unset="fixed socket names, one agent per node",
+    )
+    add_flag(
+        parser,
+        "--shutdown-grace-period",
+        default=25.0,
+        type=float,
+        help="seconds the kubelet's calls in progress get to finish after SIGTERM (the registration socket is "
+        "gone at once, so the kubelet sends new calls to the other agent of a rolling update)",
+    )
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
     add_bool_flag(
         parser,
@@ -179,6 +199,16 @@ def run(args: argparse.Namespace) -> int:
             "or more (e.g. 2Gi)",
             file=sys.stderr,
         )
+        return 2
+    if args.pod_uid is not None and not POD_UID.fullmatch(args.pod_uid):
+        print(
+            f"error: --pod-uid {args.pod_uid[:80]!r} is not a pod UID (letters, digits and dashes, at most 64; "
+            "set it from the downward API's metadata.uid)",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= args.shutdown_grace_period < float("inf"):
+        print("error: --shutdown-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
         return 2
     if not args.watchdog_grace_period >= 0 or args.watchdog_grace_period == float("inf"):
         print("error: --watchdog-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
@@ -249,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         mps_shm_bytes=mps_shm_bytes,
         mps_cgroup=args.mps_cgroup,
         limit_hook=limit_hook,
+        pod_uid=args.pod_uid or None,
     )
     agent = NodeAgent(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
     # The kubelet can register and call the plugin before start() returns: a SIGTERM from then on
@@ -263,6 +294,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             wait_for_signal(stop)
         finally:
-            agent.stop()
+            agent.stop(grace_s=args.shutdown_grace_period)
             inventory.close()
     return 0

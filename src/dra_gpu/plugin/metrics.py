@@ -69,6 +69,11 @@ class PluginMetrics:
             registry=r,
         )
         self.build_info.labels(version=__version__).set(1)
+        self.publishing = Gauge(
+            "dra_gpu_publishing_slices",
+            "1 while this agent publishes the node's ResourceSlices (one agent of a node at a time).",
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._completed = 0
         self._counts: dict[ShareKey, int] = {}
