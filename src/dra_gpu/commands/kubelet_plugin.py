@@ -20,9 +20,12 @@ from dra_gpu.inventory.capabilities import find_limit_hook
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
+from dra_gpu.plugin.checkpoint import CheckpointTooNew
 from dra_gpu.quantity import parse_quantity, to_int
 
 MIN_MPS_SHM_BYTES = 64 << 20
+EXIT_NEWER_STATE = 3
+"""Exit status when the node's state was written by a newer release (a rollback too far back)."""
 POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 
 NAME = "kubelet-plugin"
@@ -287,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
     with stop_on_signals(threading.Event()) as stop:
         try:
             agent.start()
+        except CheckpointTooNew as exc:
+            print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+            inventory.close()
+            return EXIT_NEWER_STATE
         except (OSError, ValueError) as exc:
             print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
             inventory.close()
