@@ -38,6 +38,7 @@ from plugin_harness import (
     every_mode_claims,
     kubeconfig_for,
     resolve,
+    simulated_gpu_state,
     uid_of,
 )
 from repo_paths import ROOT
@@ -254,6 +255,8 @@ class Step:
     cap_after: int = 0
     specs_unchanged: bool = False
     """The CDI specs of the claims prepared before are the same bytes after (MPS and time-slice settings)."""
+    gpu_settings_unchanged: bool = False
+    """The GPUs' settings (MPS daemons, compute modes, time slices) are as the old agent left them: adopted."""
     new_claims_prepared: int = 0
     longest_gap_s: float = 0.0
     unanswered: list[str] = field(default_factory=list)
@@ -360,6 +363,7 @@ class Upgrade:
         step.tenants_before = sum(t.alive() for t in self.tenants)
         step.cap_before = self.free_beside(answers[uid_of(limiter)], old)
         specs = {p.name: p.read_bytes() for p in self.dirs.cdi_dir.iterdir() if p.suffix == ".json"}
+        settings = simulated_gpu_state(self.dirs)
 
         with Availability(self.kubelet) as availability:
             if self.surge:
@@ -372,6 +376,7 @@ class Upgrade:
         step.longest_gap_s = availability.longest_gap_s
         step.unanswered = availability.failures
 
+        step.gpu_settings_unchanged = simulated_gpu_state(self.dirs) == settings
         step.tenants_after = sum(t.alive() for t in self.tenants)
         step.cap_after = self.free_beside(answers[uid_of(limiter)], old)
         step.specs_unchanged = specs == {
@@ -390,6 +395,8 @@ class Upgrade:
         step.left_behind = self.leftovers(claims + fresh) + [
             f"claim {uid}: {error}" for uid, error in undone.items() if error
         ]
+        gpus = simulated_gpu_state(self.dirs)
+        step.left_behind += [f"{kind} on {gpu}" for kind in ("mps", "timeslice") for gpu in gpus[kind]]
         return step, successor
 
     def run(self) -> Figures:

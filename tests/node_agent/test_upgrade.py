@@ -35,6 +35,7 @@ def test_tenants_keep_running_with_their_caps_and_every_claim_is_undone_by_the_o
     assert step.unanswered == [], "the kubelet's calls went unanswered while the agents changed"
     assert step.cap_after == step.cap_before > 0, "the claim's cap changed under its tenant"
     assert step.specs_unchanged, "the CDI specs of running claims changed"
+    assert step.gpu_settings_unchanged, "the new agent remade or reset what the old one set up on the GPUs"
     assert step.claims_unprepared_after == step.claims_prepared_before == 4
     assert step.new_claims_prepared == 4
     assert step.left_behind == []
