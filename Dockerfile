@@ -19,6 +19,8 @@ RUN apt-get update \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 WORKDIR /src/native/limiter
 COPY native/limiter/ ./
+# The release the library says it belongs to (native/limiter/Makefile reads it from here).
+COPY src/dra_gpu/__init__.py /src/src/dra_gpu/__init__.py
 # Only the library: the fakes and the probe are for tests.
 RUN make build/libdragpu-limiter.so.1 \
     && install -D -m 0755 "$(readlink -f build/libdragpu-limiter.so.1)" /out/libdragpu-limiter.so.1

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from typing import Any
 
 import grpc
 from limiter_env import limiter_env
+from ports import unused_port
+from waiting import wait_for
 
 from cdi.resolver import ContainerConfig, Registry
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
@@ -246,9 +249,14 @@ class Kubelet:
         self.info: Any = None
         self._channel: grpc.Channel | None = None
 
-    def register(self, accept: bool = True, error: str = "", wait_s: float = 20.0) -> Any:
-        """Find the registration socket, GetInfo, check it, and tell the plugin the verdict."""
-        socket = self.registration_dir / f"{self.driver}-reg.sock"
+    def register(
+        self, accept: bool = True, error: str = "", wait_s: float = 20.0, socket: Path | None = None
+    ) -> Any:
+        """Find the registration socket (the fixed name unless `socket` is given), GetInfo, check it, and
+        tell the plugin the verdict; its endpoint is where the calls go from then on (the newest
+        registration, as a kubelet 1.33+ does with two agents of a rolling update)."""
+        socket = socket or self.registration_dir / f"{self.driver}-reg.sock"
+        self.close()
         deadline = time.monotonic() + wait_s
         while not socket.exists():
             if time.monotonic() > deadline:
@@ -584,28 +592,134 @@ CLI = [sys.executable, "-m", "dra_gpu.cli", "--log-format", "json", "kubelet-plu
 
 def env_for(dirs: PluginDirs, kubeconfig: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRA_GPU_")}
-    env.update(
-        DRA_GPU_NODE_NAME="node-1",
-        DRA_GPU_REGISTRATION_DIR=str(dirs.registration_dir),
-        DRA_GPU_PLUGINS_DIR=str(dirs.plugins_dir),
-        DRA_GPU_CDI_DIR=str(dirs.cdi_dir),
-        DRA_GPU_STATE_DIR=str(dirs.state_dir),
-        DRA_GPU_GPU_BACKEND="simulated:2xH100-80GB",
-        DRA_GPU_LIMITER_LIBRARY=str(dirs.limiter_library),
-        DRA_GPU_KUBECONFIG=str(kubeconfig),
-        DRA_GPU_HTTP_ADDRESS="127.0.0.1:0",
-        DRA_GPU_PUBLISH_SLICES="false",
-        **extra,
-    )
+    defaults = {
+        "DRA_GPU_NODE_NAME": "node-1",
+        "DRA_GPU_REGISTRATION_DIR": str(dirs.registration_dir),
+        "DRA_GPU_PLUGINS_DIR": str(dirs.plugins_dir),
+        "DRA_GPU_CDI_DIR": str(dirs.cdi_dir),
+        "DRA_GPU_STATE_DIR": str(dirs.state_dir),
+        "DRA_GPU_GPU_BACKEND": "simulated:2xH100-80GB",
+        "DRA_GPU_LIMITER_LIBRARY": str(dirs.limiter_library),
+        "DRA_GPU_KUBECONFIG": str(kubeconfig),
+        "DRA_GPU_HTTP_ADDRESS": "127.0.0.1:0",
+        "DRA_GPU_PUBLISH_SLICES": "false",
+    }
+    env.update({**defaults, **extra})
     return env
 
 
 def unreachable_kubeconfig(path: Path) -> Path:
+    return kubeconfig_for("http://127.0.0.1:9", path)
+
+
+def kubeconfig_for(server: str, path: Path) -> Path:
+    """A kubeconfig naming the API server at `server` (e.g. `http_api_server.ApiServer.url`)."""
     path.write_text(
         "apiVersion: v1\nkind: Config\n"
-        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
         "current-context: x\n"
     )
     return path
+
+
+@dataclass
+class AgentProcess:
+    """One pod of the DaemonSet: `dra-gpu kubelet-plugin` with the environment the DaemonSet gives it.
+
+    `pod_uid` names its sockets (None: the fixed names); `source` runs another checkout's `src/` (an
+    older release, over the same virtual environment) instead of this one."""
+
+    dirs: PluginDirs
+    kubeconfig: Path
+    pod_uid: str | None = None
+    source: Path | None = None
+    settings: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.dirs.root / f"agent-{time.monotonic_ns()}.log"
+
+    def start(self) -> AgentProcess:
+        self.port = unused_port()
+        extra = {"DRA_GPU_HTTP_ADDRESS": f"127.0.0.1:{self.port}", "DRA_GPU_MONITOR_INTERVAL": "0"}
+        if self.pod_uid is not None:
+            extra["DRA_GPU_POD_UID"] = self.pod_uid
+        env = env_for(self.dirs, self.kubeconfig, **{**extra, **self.settings})
+        if self.source is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.source), *filter(None, [env.get("PYTHONPATH")])])
+        with open(self.log_path, "wb") as log_file:
+            self.process = subprocess.Popen(
+                CLI, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    def registration_socket(self) -> Path:
+        if self.pod_uid is None:
+            return self.dirs.registration_socket
+        return self.dirs.registration_dir / f"{DRIVER}-{self.pod_uid}-reg.sock"
+
+    def wait_serving(self, timeout_s: float = 60.0) -> AgentProcess:
+        """Until its registration socket is there (it serves the kubelet from then on)."""
+        assert self.process is not None
+
+        def serving() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"the agent exited with {self.process.returncode}:\n{self.log()}")
+            return self.registration_socket().exists()
+
+        wait_for(serving, timeout_s, f"the agent {self.pod_uid} to serve")
+        return self
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
+            text: str = answer.read().decode()
+        return text
+
+    def publishing(self) -> bool:
+        return "dra_gpu_publishing_slices 1.0" in self.metrics()
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, as the kubelet sends when the DaemonSet replaces the pod; its exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+EVERY_MODE_PROFILE = "3xH100-80GB"
+"""Enough GPUs for a claim of every mode at once: MPS on gpu-0, limiter and time-slicing on gpu-1, a whole gpu-2."""
+
+
+def every_mode_claims(api: KubeAPI, prefix: str = "mode") -> list[dict[str, Any]]:
+    """One allocated claim of each sharing mode (Exclusive, MPS, Limiter, TimeSlicing) on this node's GPUs."""
+    shares = {
+        "MPS": ("gpu-0", "10Gi", "30"),
+        "Limiter": ("gpu-1", "4Gi", "20"),
+        "TimeSlicing": ("gpu-1", "8Gi", "10"),
+    }
+    claims = [
+        add_claim(api, f"{prefix}-exclusive", [Alloc(device="gpu-2")], [opaque(gpu_config("Exclusive"))])
+    ]
+    for i, (strategy, (device, memory, cores)) in enumerate(shares.items()):
+        section = {"timeSlicing": {"interval": "Medium"}} if strategy == "TimeSlicing" else {}
+        alloc = Alloc(
+            device=device,
+            share_id=f"5e1d0b3a-0000-4000-8000-{i:012d}",
+            consumed={"memory": memory, "cores": cores},
+        )
+        claims.append(
+            add_claim(api, f"{prefix}-{strategy.lower()}", [alloc], [opaque(gpu_config(strategy, **section))])
+        )
+    return claims

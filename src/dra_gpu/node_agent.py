@@ -3,6 +3,10 @@ the slice publisher, built from the node agent's configuration.
 
 `dra-gpu kubelet-plugin` runs it on every GPU node; the local demo and the tests run it in-process
 with any `KubeAPI`.
+
+During a rolling update two agents run on a node (docs/upgrades.md): both answer the kubelet (the
+claims' locks keep them off each other's claims), but only the holder of the node's publisher lock
+publishes the ResourceSlices; the other takes the lock over, and the publishing, when it leaves.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import resource
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -24,11 +29,17 @@ from dra_gpu.monitor import Monitor, MonitorConfig, start_monitor
 from dra_gpu.plugin import KubeletPlugin, PluginConfig
 from dra_gpu.plugin.health import HealthProbe, StateDirCheck
 from dra_gpu.plugin.holdings import prepared_holdings
+from dra_gpu.plugin.locking import LeaderLock
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.preparer_core import FaultHook
 from dra_gpu.slices.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
+
+PUBLISHER_LOCK_NAME = "slice-publisher.lock"
+"""In the state directory: held by the one agent of the node that publishes its ResourceSlices."""
+LEADER_POLL_S = 0.5
+"""How often an agent not publishing tries the publisher lock (the other's leaving frees it)."""
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -117,6 +128,9 @@ class NodeAgent:
         """The sockets' and the state directory's health, probed in the background so that /healthz
         never waits on them, nor on the kubelet's calls."""
         self._publisher: SlicePublisher | None = None
+        self._publisher_lock = LeaderLock(config.state_dir / PUBLISHER_LOCK_NAME)
+        self._leader_stop = threading.Event()
+        self._leader_wait: threading.Thread | None = None
 
     def start(self) -> None:
         raise_open_file_limit()
@@ -140,27 +154,64 @@ class NodeAgent:
                     prepared_holdings(self.plugin.preparer.snapshot),
                     self.nvml,
                 )
-            if self.publish_slices:
-                self._publisher = SlicePublisher(
-                    self.api,
-                    self.config.node_name,
-                    self.inventory,
-                    self.sharing,
-                    driver=self.config.driver_name,
-                    prepared_claims=self.plugin.prepared_claims,
+            if self.publish_slices and not self._lead():
+                log.info(
+                    "another agent on this node publishes its ResourceSlices; taking over when it leaves",
+                    extra={"lock": str(self._publisher_lock.path)},
                 )
-                self._publisher.start()
+                self._leader_stop.clear()
+                self._leader_wait = threading.Thread(
+                    target=self._wait_to_lead, name="slices-leader", daemon=True
+                )
+                self._leader_wait.start()
         except BaseException:
             self.stop(grace_s=0)
             raise
 
+    def _lead(self) -> bool:
+        """Publish the slices if this agent can take the publisher lock; whether it publishes."""
+        if not self._publisher_lock.try_acquire():
+            return False
+        publisher = SlicePublisher(
+            self.api,
+            self.config.node_name,
+            self.inventory,
+            self.sharing,
+            driver=self.config.driver_name,
+            prepared_claims=self.plugin.prepared_claims,
+        )
+        publisher.start()
+        self._publisher = publisher
+        self.plugin.metrics.publishing.set(1)
+        log.info("publishing this node's ResourceSlices", extra={"node": self.config.node_name})
+        return True
+
+    def _wait_to_lead(self) -> None:
+        while not self._leader_stop.wait(LEADER_POLL_S):
+            try:
+                if self._lead():
+                    return
+            except Exception:
+                log.exception("could not take over publishing the ResourceSlices; retrying")
+
+    @property
+    def publishing(self) -> bool:
+        """Whether this agent publishes the node's ResourceSlices (it holds the publisher lock)."""
+        return self._publisher is not None
+
     def stop(self, grace_s: float = 2.0) -> None:
         """Leave the kubelet first (the plugin), then stop the rest. Idempotent, and safe after a failed start."""
         self.plugin.stop(grace_s)
+        self._leader_stop.set()
+        if self._leader_wait is not None:
+            self._leader_wait.join()
+            self._leader_wait = None
         if self._publisher is not None:
             with contextlib.suppress(Exception):
                 self._publisher.stop()
             self._publisher = None
+            self.plugin.metrics.publishing.set(0)
+        self._publisher_lock.release()  # the other agent of a rolling update publishes from now on
         if self._http is not None:
             self._http.stop()
             self._http = None

@@ -22,6 +22,9 @@
 
 extern char **environ;
 
+/* The release of dra-gpu this library belongs to (the Makefile passes it from the Python package's version). */
+static const char release[] = "dragpu-limiter release " DL_RELEASE;
+
 struct dl_config dl_cfg;
 _Atomic int dl_core_ready;
 static _Atomic int init_started;
@@ -50,7 +53,7 @@ static void initialise(void) {
         dl_debug("DRAGPU_LIMITER_STATE_DIR applies only to devices of no claim with a limits file");
     dl_region_open(dl_cfg.state_dir[0] ? dl_cfg.state_dir : NULL);
     dl_throttle_configure(dl_effective_cores());
-    dl_debug("initialised: %d claim(s) with limits files, %s environment region, cores %d%%", dl_claims.n,
+    dl_debug("%s initialised: %d claim(s) with limits files, %s environment region, cores %d%%", release, dl_claims.n,
              dl_region_is_shared() ? "shared" : "private", dl_effective_cores());
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import threading
 from pathlib import Path
@@ -19,9 +20,13 @@ from dra_gpu.inventory.capabilities import find_limit_hook
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.node_agent import NodeAgent, NodeAgentConfig
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
+from dra_gpu.plugin.checkpoint import CheckpointTooNew
 from dra_gpu.quantity import parse_quantity, to_int
 
 MIN_MPS_SHM_BYTES = 64 << 20
+EXIT_NEWER_STATE = 3
+"""Exit status when the node's state was written by a newer release (a rollback too far back)."""
+POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 
 NAME = "kubelet-plugin"
 HELP = "run the node agent: kubelet registration, DRA prepare/unprepare, ResourceSlice publishing"
@@ -39,14 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--registration-dir",
         default="/var/lib/kubelet/plugins_registry",
         type=Path,
-        help="kubelet plugin registration directory (registration socket <dir>/<driver>-reg.sock)",
+        help="kubelet plugin registration directory (registration socket <dir>/<driver>-reg.sock, or "
+        "<dir>/<driver>-<pod UID>-reg.sock with --pod-uid)",
     )
     add_flag(
         parser,
         "--plugins-dir",
         default="/var/lib/kubelet/plugins",
         type=Path,
-        help="kubelet plugins directory (service socket <dir>/<driver>/dra.sock)",
+        help="kubelet plugins directory (service socket <dir>/<driver>/dra.sock, or <dir>/<driver>/dra-<pod UID>.sock "
+        "with --pod-uid)",
     )
     add_flag(
         parser, "--cdi-dir", default="/var/run/cdi", type=Path, help="directory for the claims' CDI specs"
@@ -146,6 +153,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the agent's container",
         unset="the agent's own cgroup",
     )
+    add_flag(
+        parser,
+        "--pod-uid",
+        default=None,
+        help="this agent's pod UID (the downward API's metadata.uid): the sockets carry it, so that two agents "
+        "serve side by side during a rolling update with surge (kubelet 1.33+) and the kubelet uses the newest",
+        unset="fixed socket names, one agent per node",
+    )
+    add_flag(
+        parser,
+        "--shutdown-grace-period",
+        default=25.0,
+        type=float,
+        help="seconds the kubelet's calls in progress get to finish after SIGTERM (the registration socket is "
+        "gone at once, so the kubelet sends new calls to the other agent of a rolling update)",
+    )
     add_bool_flag(parser, "--publish-slices", default=True, help="publish this node's ResourceSlices")
     add_bool_flag(
         parser,
@@ -186,6 +209,16 @@ def run(args: argparse.Namespace) -> int:
             "or more (e.g. 2Gi)",
             file=sys.stderr,
         )
+        return 2
+    if args.pod_uid is not None and not POD_UID.fullmatch(args.pod_uid):
+        print(
+            f"error: --pod-uid {args.pod_uid[:80]!r} is not a pod UID (letters, digits and dashes, at most 64; "
+            "set it from the downward API's metadata.uid)",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= args.shutdown_grace_period < float("inf"):
+        print("error: --shutdown-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
         return 2
     if not args.watchdog_grace_period >= 0 or args.watchdog_grace_period == float("inf"):
         print("error: --watchdog-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
@@ -257,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         mps_shm_bytes=mps_shm_bytes,
         mps_cgroup=args.mps_cgroup,
         limit_hook=limit_hook,
+        pod_uid=args.pod_uid or None,
     )
     agent = NodeAgent(config, api, inventory, sharing=sharing, publish_slices=args.publish_slices)
     # The kubelet can register and call the plugin before start() returns: a SIGTERM from then on
@@ -264,6 +298,10 @@ def run(args: argparse.Namespace) -> int:
     with stop_on_signals(threading.Event()) as stop:
         try:
             agent.start()
+        except CheckpointTooNew as exc:
+            print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+            inventory.close()
+            return EXIT_NEWER_STATE
         except (OSError, ValueError) as exc:
             print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
             inventory.close()
@@ -271,6 +309,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             wait_for_signal(stop)
         finally:
-            agent.stop()
+            agent.stop(grace_s=args.shutdown_grace_period)
             inventory.close()
     return 0

@@ -131,6 +131,7 @@ class KubeletPlugin(_Model):
     gpuNodeLabels: list[str]
     tolerations: list[dict[str, Any]]
     resources: dict[str, Any]
+    seamlessUpgrade: bool
 
     @field_validator("gpuNodeLabels")
     @classmethod

@@ -30,9 +30,14 @@ it left off, anything else is read again in full.
 
 The checksums cover the stored JSON as read, not a re-serialisation, so a newer plugin that adds
 fields does not make an older one reject the files (the peers' "issue 1080"); unknown fields are
-ignored on read. A file that fails its checksum or has an unknown version is never fatal: the
-caller sets it aside and rebuilds the state (``prepare.Preparer``). Version 1 (the snapshot alone)
-is still read; a plugin that reads only version 1 sets a version 2 snapshot aside and rebuilds.
+ignored on read. A file that fails its checksum is never fatal: the caller sets it aside and
+rebuilds the state (``prepare.Preparer``). Version 1 (the snapshot alone) is still read.
+
+A file of a *newer* format version (a rollback past the release that introduced it) is refused,
+never set aside: the newer agent may still be running beside this one, and what the file holds
+(the node-side setup of claims in use) cannot be rebuilt without losing track of it. The agent
+says so in one line and does not start (``CheckpointTooNew``); docs/upgrades.md lists which
+release reads which format.
 
 Records are never changed in place once stored: a change stores a new record, so a caller may
 keep a record it read while the files change.
@@ -56,6 +61,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dra_gpu import __version__
 from dra_gpu.plugin.errors import PrepareError, filesystem_error
 
 CHECKPOINT_KIND = "DraGpuCheckpoint"
@@ -80,6 +86,18 @@ def current_boot_id(path: Path = BOOT_ID_PATH) -> str:
 
 class CheckpointCorrupt(Exception):
     """The file cannot be trusted; the message says why."""
+
+
+class CheckpointTooNew(PrepareError):
+    """The files were written by a newer release, in a format this one does not read."""
+
+    def __init__(self, path: Path, version: object) -> None:
+        super().__init__(
+            f"{path} was written by a newer dra-gpu (checkpoint format {str(version)[:20]}; release "
+            f"{__version__} reads formats {', '.join(map(str, READABLE_VERSIONS))}): nothing was changed; run a "
+            f"release that reads it (docs/upgrades.md)",
+            reason="checkpoint_too_new",
+        )
 
 
 class ClaimState(StrEnum):
@@ -291,12 +309,22 @@ class CheckpointStore:
             except FileNotFoundError:
                 journal = b""
             head, newline, rest = journal.partition(b"\n")
+            self._check_journal_version(head)
             if newline and self._follows_snapshot(head + newline):
                 self._journal_head = head + newline
                 self._journal_end = len(self._journal_head)
                 self._journal_end += self._apply_lines(rest, self._journal_end)
         self.reloads += 1
         return checkpoint
+
+    def _check_journal_version(self, head: bytes) -> None:
+        """CheckpointTooNew if the journal's first line says a newer format (its entries would be misread)."""
+        try:
+            version = json.loads(head).get("version")
+        except (ValueError, AttributeError):
+            return  # not a journal head: ignored as one that follows no snapshot
+        if isinstance(version, int) and version > CHECKPOINT_VERSION:
+            raise CheckpointTooNew(self.journal_path, version)
 
     def _parse(self, raw: bytes) -> Checkpoint:
         if not raw.strip():
@@ -310,6 +338,8 @@ class CheckpointStore:
         if document.get("kind") != CHECKPOINT_KIND:
             raise CheckpointCorrupt(f"kind is {document.get('kind')!r:.80}, expected {CHECKPOINT_KIND!r}")
         version = document.get("version")
+        if isinstance(version, int) and version > CHECKPOINT_VERSION:
+            raise CheckpointTooNew(self.path, version)
         if version not in READABLE_VERSIONS:
             raise CheckpointCorrupt(
                 f"unknown version {version!r:.40} (this plugin reads versions "

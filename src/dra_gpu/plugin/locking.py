@@ -11,6 +11,11 @@ a file lock when its process dies, so a crashed plugin never blocks its successo
 - ``NodeLock`` is held only over read-modify-writes of the checkpoint and CDI spec writes, which
   take milliseconds. It is re-entrant within a thread, so a step that already holds it can call
   another that takes it. Order: key locks first, then the node lock, never the reverse.
+- A claim's key (``claim:<uid>``) is locked across processes too when `KeyLocks` is given a claims
+  directory: one file per claim, made for the hold and removed at its end, so that two plugin
+  processes never prepare or unprepare the same claim at once, whatever its GPUs.
+- ``LeaderLock`` is held for as long as a process does a node-wide duty only one may do at a time
+  (publishing the node's ResourceSlices); the next one takes it when the holder leaves or dies.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from pathlib import Path
 
 LOCK_FILE_NAME = "serialize.lock"
 GPU_LOCK_DIR_NAME = "gpu-locks"
+CLAIM_LOCK_DIR_NAME = "claim-locks"
+"""In the state directory: each claim's lock file while a call works on it (`KeyLocks`)."""
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 KEPT_FILES = 64
 """Lock files kept open per KeyLocks: a node's GPUs (keys of MIG instances come and go beyond)."""
@@ -114,9 +121,13 @@ class KeyLocks:
     `directory`; keys starting with `claim:` serialize calls for one claim within the process only.
     """
 
-    def __init__(self, directory: Path, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, directory: Path, timeout_s: float = 30.0, claims_directory: Path | None = None
+    ) -> None:
         self.directory = directory
         self.timeout_s = timeout_s
+        self.claims_directory = claims_directory
+        """Where claims' lock files are made; None: claims are locked within the process only."""
         self._guard = threading.Lock()
         self._locks: dict[str, tuple[threading.Lock, int]] = {}
         """Key -> its lock and how many callers hold or wait for it; dropped when none does, so that
@@ -154,7 +165,11 @@ class KeyLocks:
                 raise LockTimeout(busy)
             try:
                 if key.startswith("claim:"):
-                    yield
+                    if self.claims_directory is None:
+                        yield
+                    else:
+                        with _claim_file(self.claims_directory, key.removeprefix("claim:"), deadline, busy):
+                            yield
                     return
                 fd, kept = self._file(key)
                 try:
@@ -194,3 +209,68 @@ class KeyLocks:
             for key in sorted(set(keys)):
                 stack.enter_context(self._hold_one(key, limit, by_call))
             yield
+
+
+@contextmanager
+def _claim_file(directory: Path, uid: str, deadline: float, busy: str) -> Iterator[None]:
+    """Hold `<directory>/<uid>.lock`, made for the hold and removed at its end.
+
+    A waiter may lock a file the holder has just removed: it finds the name gone (or another file
+    under it) and starts over, so exactly one process holds the claim's current file. `uid` is a
+    claim UID checked at the gRPC boundary (a path component)."""
+    path = directory / f"{_SAFE_NAME.sub('_', uid)}.lock"
+    while True:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            _flock(fd, deadline, busy)
+            try:
+                current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if current:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)  # still holding it: a waiter on this file starts over on a new one
+        finally:
+            os.close(fd)
+
+
+class LeaderLock:
+    """An exclusive lock on a file, held until `release()` or the process's end (the kernel drops it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; never waits."""
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, b"%d\n" % os.getpid())  # who holds it, for a person looking
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -7,6 +7,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dra_gpu import __version__
 from dra_gpu.plugin.checkpoint import Checkpoint, ClaimState, PreparedClaim
 
 ShareKey = tuple[str, str, str]
@@ -59,6 +60,18 @@ class PluginMetrics:
         self.stale_uncleaned = Gauge(
             "dra_gpu_stale_claims_uncleaned",
             "Records of stale claims the last sweep could not undo (each logged; the next sweep retries).",
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "dra_gpu_build_info",
+            "Always 1; its label is the release of the agent answering (two during a rolling update).",
+            ["version"],
+            registry=r,
+        )
+        self.build_info.labels(version=__version__).set(1)
+        self.publishing = Gauge(
+            "dra_gpu_publishing_slices",
+            "1 while this agent publishes the node's ResourceSlices (one agent of a node at a time).",
             registry=r,
         )
         self._lock = threading.Lock()

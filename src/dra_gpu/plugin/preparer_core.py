@@ -33,7 +33,7 @@ from dra_gpu.plugin.checkpoint import (
 from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.identity import is_path_component
-from dra_gpu.plugin.locking import GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
+from dra_gpu.plugin.locking import CLAIM_LOCK_DIR_NAME, GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.mig_instances import MigInstances
 from dra_gpu.plugin.sharing.plan import ClaimInfo, HoldHandler, NodeContext
@@ -79,7 +79,9 @@ class PreparerCore:
         self.node = node
         self.store = store
         self.lock = lock
-        self.gpu_locks = gpu_locks or KeyLocks(lock.path.parent / GPU_LOCK_DIR_NAME, lock.timeout_s)
+        self.gpu_locks = gpu_locks or KeyLocks(
+            lock.path.parent / GPU_LOCK_DIR_NAME, lock.timeout_s, node.state_dir / CLAIM_LOCK_DIR_NAME
+        )
         self.specs = specs
         self.pool = pool
         self.boot_id = boot_id

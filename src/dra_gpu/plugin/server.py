@@ -7,6 +7,7 @@ node, with the HTTP endpoint, the usage monitor and the slice publisher.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import stat
@@ -95,6 +96,10 @@ class PluginConfig:
     """A cgroup-v2 directory for the MPS daemons, so that they are not charged to the agent."""
     limit_hook: LimitHook | None = None
     """The memory-limit hook found at start, the one the inventory's capabilities were decided with."""
+    pod_uid: str | None = None
+    """This agent's pod UID (the downward API's metadata.uid): its sockets carry it, so that during a
+    rolling update with surge two agents serve side by side and the kubelet (1.33+) uses the newest.
+    None: the fixed names of one agent per node."""
 
     @property
     def plugin_dir(self) -> Path:
@@ -102,11 +107,18 @@ class PluginConfig:
 
     @property
     def service_socket(self) -> Path:
-        return self.plugin_dir / "dra.sock"
+        return self.plugin_dir / ("dra.sock" if self.pod_uid is None else f"dra-{self.pod_uid}.sock")
 
     @property
     def registration_socket(self) -> Path:
-        return self.registration_dir / f"{self.driver_name}-reg.sock"
+        if self.pod_uid is None:
+            return self.registration_dir / f"{self.driver_name}-reg.sock"
+        named = self.registration_dir / f"{self.driver_name}-{self.pod_uid}-reg.sock"
+        if len(str(named)) <= MAX_SOCKET_PATH:
+            return named
+        # The kubelet only needs a unique socket in its directory: a digest keeps it within the limit.
+        digest = hashlib.sha256(f"{self.driver_name}/{self.pod_uid}".encode()).hexdigest()[:32]
+        return self.registration_dir / f"{digest}-reg.sock"
 
     @property
     def checkpoint_file(self) -> Path:
@@ -234,8 +246,10 @@ class KubeletPlugin:
         log.info(
             "kubelet plugin serving",
             extra={
+                "version": __version__,
                 "driver": cfg.driver_name,
                 "node": cfg.node_name,
+                "pod_uid": cfg.pod_uid,
                 "registration_socket": str(cfg.registration_socket),
                 "service_socket": str(cfg.service_socket),
                 "gpus": len(self.inventory.gpus()),
@@ -246,24 +260,23 @@ class KubeletPlugin:
     def stop(self, grace_s: float = 2.0) -> None:
         """Leave the kubelet first (registration socket), then finish in-flight calls and clean up.
 
-        Idempotent, and safe after a failed start.
+        The kubelet takes a vanished registration socket for the plugin's leaving and turns to the
+        newest other registration of the driver (the new agent of a rolling update); the calls this
+        agent is answering meanwhile finish, for at most `grace_s`, before its service socket goes.
+        Only this agent's own sockets are removed. Idempotent, and safe after a failed start.
         """
-        self._stop.set()
-        for path, identity in self._sockets.items():
-            # During a rolling update a newer plugin may have taken the name over: leave its socket alone.
-            with contextlib.suppress(FileNotFoundError):
-                st = os.lstat(path)
-                if (st.st_dev, st.st_ino) == identity:
-                    path.unlink()
-        self._sockets.clear()
+        self._stop.set()  # ends the health streams, which would otherwise hold the server open
+        self._unlink_own(self.config.registration_socket)
         if self._reg_server is not None:
-            self._reg_server.stop(grace_s).wait()
+            self._reg_server.stop(0).wait()
             self._reg_server = None
         if self._grpc_health is not None:
             self._grpc_health.enter_graceful_shutdown()
         if self._dra_server is not None:
             self._dra_server.stop(grace_s).wait()
             self._dra_server = None
+        for path in list(self._sockets):
+            self._unlink_own(path)
         if self._background is not None:
             self._background.join(timeout=grace_s + 5)
             self._background = None
@@ -271,6 +284,17 @@ class KubeletPlugin:
             self.preparer.close()
         self.lock.close()
         log.info("kubelet plugin stopped", extra={"driver": self.config.driver_name})
+
+    def _unlink_own(self, path: Path) -> None:
+        """Remove `path` if it is still the socket this agent bound (with fixed names, a newer agent
+        may have taken the name over: its socket stays)."""
+        identity = self._sockets.pop(path, None)
+        if identity is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == identity:
+                path.unlink()
 
     def __enter__(self) -> KubeletPlugin:
         self.start()
