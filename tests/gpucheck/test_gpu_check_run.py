@@ -6,6 +6,7 @@ limiter's fake CUDA driver and fake NVML, running the driver-API check program f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -96,7 +97,7 @@ def test_an_unknown_check_name_is_a_usage_error() -> None:
     reason="the limiter and its fake driver are not built (make limiter)",
 )
 def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path) -> None:
-    pytest.importorskip("pynvml", reason="the fake GPU is found through NVML (nvidia-ml-py)")
+    assert importlib.util.find_spec("pynvml"), "the fake GPU is found through NVML: install nvidia-ml-py"
     out = tmp_path / "out"
     env = _environment(LD_LIBRARY_PATH=str(FAKE), GPU_CHECK_OUT=str(out), GPU_CHECK_QUICK="1")
     only = ["--only", "limiter.cap", "--only", "limiter.pooled", "--only", "limiter.view.nvml"]
