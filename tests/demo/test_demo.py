@@ -11,15 +11,19 @@ from fake_driver import CONTEXT_CHARGE, usable
 
 from dra_gpu.cli import main
 from dra_gpu.demo.elastic_step import why_not_run
-from dra_gpu.demo.limiter_step import find_limiter_build
 from dra_gpu.demo.run import DemoReport, run_demo
 from dra_gpu.quantity import format_quantity
 
 
 @pytest.fixture(scope="module")
-def demo() -> tuple[DemoReport, str]:
+def demo(request: pytest.FixtureRequest) -> tuple[DemoReport, str]:
+    """The demo as `make demo` runs it: with the limiter built (`built`), unless there is no C toolchain."""
+    try:
+        build: Path | None = request.getfixturevalue("built")
+    except pytest.skip.Exception:
+        build = None  # its limiter steps then say they were skipped; the limiter's tests skip with `built`
     stream = io.StringIO()
-    report = run_demo(stream)
+    report = run_demo(stream, limiter_build=build)
     return report, stream.getvalue()
 
 
@@ -105,9 +109,7 @@ def test_the_demo_cleans_up(demo: tuple[DemoReport, str]) -> None:
     assert report.workdir is not None and not report.workdir.exists()
 
 
-@pytest.mark.skipif(
-    find_limiter_build() is None, reason="the native limiter is not built (make -C native/limiter)"
-)
+@pytest.mark.usefixtures("built")  # builds the limiter; fails if it does not build
 def test_the_limiter_refuses_an_allocation_over_the_cap(demo: tuple[DemoReport, str]) -> None:
     report, text = demo
     assert report.limiter is not None and report.limiter.ran
@@ -122,12 +124,11 @@ def test_the_limiter_refuses_an_allocation_over_the_cap(demo: tuple[DemoReport, 
     assert f"of which its own CUDA context already holds {format_quantity(CONTEXT_CHARGE)}" in text
 
 
-@pytest.mark.skipif(
-    why_not_run(find_limiter_build()) != "", reason="the elastic step cannot run here (the demo says why)"
-)
 def test_the_elastic_step_borrows_idle_time_and_gives_it_back_when_the_other_claim_wakes(
-    demo: tuple[DemoReport, str],
+    demo: tuple[DemoReport, str], built: Path
 ) -> None:
+    if why_not_run(built):
+        pytest.skip(why_not_run(built))  # no user namespaces here; a build that failed fails `built`
     report, text = demo
     elastic = report.elastic
     assert elastic is not None and elastic.ran and not elastic.errors, elastic

@@ -92,10 +92,7 @@ def test_an_unknown_check_name_is_a_usage_error() -> None:
 @pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA programs cannot be built"
 )
-@pytest.mark.skipif(
-    not (FAKE / "libcuda.so.1").is_file(),
-    reason="the limiter and its fake driver are not built (make limiter)",
-)
+@pytest.mark.usefixtures("built")  # builds the limiter and its fake driver; fails if they do not build
 def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path) -> None:
     assert importlib.util.find_spec("pynvml"), "the fake GPU is found through NVML: install nvidia-ml-py"
     out = tmp_path / "out"
@@ -125,10 +122,7 @@ def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path)
 @pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA programs cannot be built"
 )
-@pytest.mark.skipif(
-    not (FAKE / "libcuda.so.1").is_file(),
-    reason="the limiter and its fake driver are not built (make limiter)",
-)
+@pytest.mark.usefixtures("built")  # builds the limiter and its fake driver; fails if they do not build
 def test_the_node_path_prepares_runs_under_the_claims_cdi_environment_and_unprepares() -> None:
     """The node-path program with a simulated inventory: the fake driver takes the claim's GPU UUID."""
     built = build_programs(ROOT / "build/gpu-check")
