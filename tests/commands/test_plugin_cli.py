@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from plugin_harness import CLI, Kubelet, PluginDirs, env_for, unreachable_kubeconfig
+from waiting import wait_for
 
 from dra_gpu.manifests import load_values, render
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
@@ -87,10 +87,10 @@ def test_runs_registers_answers_and_leaves_on_sigterm(dirs: PluginDirs, tmp_path
     assert process.returncode == 0, stderr
     assert "nvidia-smi and nvidia-cuda-mps-control are not run" in stderr
     assert '"msg": "stopping", "signal": "SIGTERM"' in stderr
-    deadline = time.monotonic() + 5
-    while dirs.service_socket.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not dirs.registration_socket.exists() and not dirs.service_socket.exists()
+    wait_for(
+        lambda: not dirs.registration_socket.exists() and not dirs.service_socket.exists(),
+        what="the plugin's sockets removed",
+    )
 
 
 def test_the_default_limiter_library_is_the_one_the_daemonset_installs() -> None:
