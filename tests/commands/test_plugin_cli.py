@@ -17,7 +17,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_help_lists_every_flag_with_its_environment_variable() -> None:
+def test_help_run_as_a_process_names_the_main_flags_with_their_variables() -> None:
+    # Every flag and its variable, for every command: tests/flags/test_flags.py.
     text = run_cli("--help").stdout
     for flag in (
         "--node-name",
