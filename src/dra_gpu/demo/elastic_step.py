@@ -170,6 +170,11 @@ def run_elastic_step(
         line(f"node {ELASTIC_NODE}: {ELASTIC_PROFILE} ({gpu}), sharing {ELASTIC_SHARING}")
         for plan in PLANS:
             line(f"  {plan.claim:<7} (pod {plan.pod}): {_plan_text(plan)}")
+        line(
+            "each claim's process runs under the limiter in a mount namespace holding its CDI mounts; the fake "
+            "CUDA driver\ngives each process a simulated GPU of its own, so a share below is what the "
+            "limiter let that claim run:"
+        )
         activity = {
             plan.claim: config.state_dir / GPUS_DIR / gpu / activity_name(objects.uid(claims[plan.claim]))
             for plan in PLANS
