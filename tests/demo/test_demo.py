@@ -138,7 +138,8 @@ def test_the_elastic_step_borrows_idle_time_and_gives_it_back_when_the_other_cla
     assert (True, False) in states[:woke], states  # before: steady borrowed what bursty left idle
     slept = max(i for i, (_, working) in enumerate(states) if working)
     assert (True, False) in states[slept + 1 :], states  # after: it borrows again
-    assert not any(borrowed and working for borrowed, working in states[woke : slept + 1]), states
+    # While bursty works (the step it stops in may hold some of both), steady borrows nothing.
+    assert not any(borrowed and working for borrowed, working in states[woke:slept]), states
     assert max(s.used["bursty"] for s in elastic.samples) >= 50  # bursty got its floor back (70 %)
     (_, steady_borrowed, _), (_, bursty_borrowed, bursty_lent) = (
         elastic.totals["steady"],
