@@ -34,10 +34,11 @@ def nodes(description: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _mermaid_text(text: str) -> str:
-    """Mermaid reads `<`/`>` as HTML and `"` as the label's end: entity codes for them (`<br/>` stays)."""
-    return (
-        text.replace("<br/>", "\0").replace("<", "#lt;").replace(">", "#gt;").replace('"', "#quot;")
-    ).replace("\0", "<br/>")
+    """Mermaid reads `<`/`>` as HTML, `"` as the label's end and `;` as a statement's: entity codes for
+    them (`<br/>` stays)."""
+    for plain, code in (("<br/>", "\0"), (";", "#59;"), ("<", "#lt;"), (">", "#gt;"), ('"', "#quot;")):
+        text = text.replace(plain, code)
+    return text.replace("\0", "<br/>")
 
 
 def render(description: dict[str, Any]) -> str:
