@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -74,3 +75,24 @@ def _gpu_configs(node: object) -> list[dict[str, object]]:
     if isinstance(node, list):
         return [c for v in node for c in _gpu_configs(v)]
     return []
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    """A path in backticks whose first folder is one of the repository's (`native/limiter/src/arbiter.c`) or a
+    package of `src/dra_gpu` (`plugin/sharing/modes/arbitration.py`) names a file or folder that is there."""
+    tracked = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # .git, .venv
+        here = Path(folder).relative_to(ROOT).as_posix()
+        tracked += [f"{here}/{name}".removeprefix("./") for name in dirs + files]
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir()} | {
+        p.name for p in (ROOT / "src" / "dra_gpu").iterdir() if p.is_dir()
+    }
+    gone = []
+    for page in PAGES:
+        for path in re.findall(r"`([\w.-]+/[\w./-]*[\w-])/?`", page.read_text()):
+            if path.split("/")[0] not in tops or path.startswith(("/", ".")):
+                continue
+            if not any(t == path or t.endswith("/" + path) for t in tracked):
+                gone.append(f"{page.relative_to(ROOT)}: {path}")
+    assert gone == [], "these moved or never existed: name what is there now"
