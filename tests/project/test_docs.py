@@ -13,7 +13,13 @@ from dra_gpu.config import GpuConfig
 
 DOCS = ROOT / "docs"
 INDEX = DOCS / "README.md"
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "native/limiter/README.md",
+    ROOT / "e2e/README.md",
+    *sorted(DOCS.glob("*.md")),
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
