@@ -165,3 +165,11 @@ def test_without_the_limiter_built_the_step_is_skipped_with_the_reason(
 def test_a_missing_limiter_build_directory_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--limiter-build", "/nonexistent/build"]) == 2
     assert "--limiter-build /nonexistent/build: not a directory" in capsys.readouterr().err
+
+
+def test_the_elastic_step_says_why_it_cannot_run_without_unshare(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no unshare on it
+    assert why_not_run(built).startswith("cannot start a process in a mount namespace of its own (unshare: ")
+    assert why_not_run(tmp_path).startswith("the native limiter is not built here")
