@@ -5,11 +5,12 @@ First, as the namespace's root, it makes the mounts the claim's CDI spec gives a
 `/run/dra-gpu` (on a tmpfs over `/run`, seen by this process only), read-only where the spec says so,
 as a container runtime would: the limiter then trusts the limits file and the board as it does in a
 pod. Then it runs itself again with the limiter preloaded and launches kernels on device 0 of the fake
-CUDA driver (through `dlopen`, as frameworks reach the driver) while each of its phases lasts.
+CUDA driver (through `dlopen`, as frameworks reach the driver) while each of its phases lasts. Once its
+driver is set up it prints `ready` and reads the start (CLOCK_MONOTONIC seconds) from its standard input,
+so that the claims' phases start together however long each took to set up.
 
 SPEC is JSON: `library` (host path), `env` (the process's environment), `mounts` ([container path, host
-path, options]), `begin` (CLOCK_MONOTONIC seconds), `phases` ([[from s, to s], ...] after begin),
-`kernel_us` (each kernel's length).
+path, options]), `phases` ([[from s, to s], ...] after the start), `kernel_us` (each kernel's length).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _check(result: int, what: str) -> None:
         raise ClaimProcessError(f"{what} failed with CUDA error {result}")
 
 
-def run_phases(begin: float, phases: list[list[float]], kernel_us: int) -> None:
+def run_phases(phases: list[list[float]], kernel_us: int) -> None:
     """Kernels back to back on one stream while each phase lasts; the device drained between phases."""
     cuda = ctypes.CDLL("libcuda.so.1")
     device, context, module, function, stream = (ctypes.c_void_p() for _ in range(5))
@@ -79,6 +80,11 @@ def run_phases(begin: float, phases: list[list[float]], kernel_us: int) -> None:
     _check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
     grid = ctypes.c_uint(SM_COUNT * max(1, kernel_us // WAVE_US))
     one, threads = ctypes.c_uint(1), ctypes.c_uint(128)
+    print("ready", flush=True)
+    start = sys.stdin.readline()
+    if not start:
+        return  # the demo went away before the start
+    begin = float(start)
     for start, end in phases:
         wait = begin + start - time.monotonic()
         if wait > 0:
@@ -100,8 +106,8 @@ def main(argv: list[str]) -> int:
             make_mounts(spec["mounts"])
             env = dict(spec["env"], LD_PRELOAD=spec["library"])
             os.execve(sys.executable, [sys.executable, "-m", __spec__.name, RUN_FLAG, argv[-1]], env)
-        run_phases(float(spec["begin"]), spec["phases"], int(spec["kernel_us"]))
-    except (ClaimProcessError, OSError) as exc:
+        run_phases(spec["phases"], int(spec["kernel_us"]))
+    except (ClaimProcessError, OSError, ValueError) as exc:
         print(f"claim process: {exc}", file=sys.stderr)
         return 1
     return 0

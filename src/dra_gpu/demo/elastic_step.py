@@ -242,14 +242,12 @@ def _worker_env(view: ContainerView, build: Path) -> dict[str, str]:
 def _run_and_sample(
     views: dict[str, ContainerView], build: Path, activity: dict[str, Path], errors: dict[str, str]
 ) -> list[ElasticSample]:
-    begin = time.monotonic() + 1.0  # both processes set up before the first phase
     processes: dict[str, subprocess.Popen[str]] = {}
     for plan in PLANS:
         spec = {
             "library": str(build / LIBRARY),
             "env": _worker_env(views[plan.claim], build),
             "mounts": [list(m) for m in views[plan.claim].mounts],
-            "begin": begin,
             "phases": [list(p) for p in plan.phases],
             "kernel_us": KERNEL_US,
         }
@@ -265,15 +263,23 @@ def _run_and_sample(
                 claim_process.__name__,
                 json.dumps(spec),
             ],
-            stdout=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
     samples: list[ElasticSample] = []
     try:
+        for process in processes.values():  # each set up (mounts, limiter, driver), or gone
+            assert process.stdout is not None
+            if process.stdout.readline().strip() != "ready":
+                return samples
+        begin = at = time.monotonic()
+        for process in processes.values():
+            assert process.stdin is not None
+            process.stdin.write(f"{begin}\n")
+            process.stdin.flush()
         previous = {c: _counters(p) for c, p in activity.items()}
-        at = begin
-        time.sleep(max(0.0, begin - time.monotonic()))
         for step in range(1, round(RUN_S / SAMPLE_S) + 1):
             # Pacing the chart, not waiting for a process: each row is the step that just ended.
             time.sleep(max(0.0, begin + step * SAMPLE_S - time.monotonic()))
@@ -291,7 +297,7 @@ def _run_and_sample(
     finally:
         for claim, process in processes.items():
             try:
-                _, err = process.communicate(timeout=RUN_S + 30)
+                _, err = process.communicate(timeout=RUN_S + 30)  # closes its stdin: a waiting one ends
             except subprocess.TimeoutExpired:
                 process.kill()
                 _, err = process.communicate()
