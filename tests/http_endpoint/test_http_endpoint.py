@@ -157,7 +157,7 @@ def test_the_listen_backlog_is_a_real_one(server: HttpServer) -> None:
     assert backlog >= 128, out
 
 
-def test_the_agents_healthz_answers_from_its_last_probe_at_once(
+def test_the_agents_healthz_answers_from_its_last_probe_while_a_probe_hangs(
     dirs: PluginDirs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with running_plugin(dirs, FakeKube(), http_address="127.0.0.1:0") as plugin:
