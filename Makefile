@@ -29,6 +29,7 @@ lint: venv
 
 generated-check: venv
 	$(BIN)/python tools/gen_protos.py --check
+	$(BIN)/python tools/architecture.py --check
 	$(BIN)/dra-gpu schema --check
 	$(BIN)/dra-gpu manifests --check
 

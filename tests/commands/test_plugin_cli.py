@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from plugin_harness import CLI, Kubelet, PluginDirs, env_for, unreachable_kubeconfig
+from waiting import wait_for
 
 from dra_gpu.manifests import load_values, render
 from dra_gpu.plugin import DEFAULT_LIMITER_LIBRARY
@@ -17,7 +17,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_help_lists_every_flag_with_its_environment_variable() -> None:
+def test_help_run_as_a_process_names_the_main_flags_with_their_variables() -> None:
+    # Every flag and its variable, for every command: tests/flags/test_flags.py.
     text = run_cli("--help").stdout
     for flag in (
         "--node-name",
@@ -87,10 +88,10 @@ def test_runs_registers_answers_and_leaves_on_sigterm(dirs: PluginDirs, tmp_path
     assert process.returncode == 0, stderr
     assert "nvidia-smi and nvidia-cuda-mps-control are not run" in stderr
     assert '"msg": "stopping", "signal": "SIGTERM"' in stderr
-    deadline = time.monotonic() + 5
-    while dirs.service_socket.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not dirs.registration_socket.exists() and not dirs.service_socket.exists()
+    wait_for(
+        lambda: not dirs.registration_socket.exists() and not dirs.service_socket.exists(),
+        what="the plugin's sockets removed",
+    )
 
 
 def test_the_default_limiter_library_is_the_one_the_daemonset_installs() -> None:

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+import kubernetes
 import pytest
 from http_api_server import ApiServer
 from ports import unused_port
@@ -20,8 +21,6 @@ from waiting import wait_for
 from dra_gpu.controller import Controller
 from dra_gpu.controller.backoff import Backoff
 from dra_gpu.http_endpoint import HttpServer, bool_check
-
-kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 
 
 def probe(port: int, path: str) -> tuple[int, str]:

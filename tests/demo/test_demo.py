@@ -10,15 +10,20 @@ import pytest
 from fake_driver import CONTEXT_CHARGE, usable
 
 from dra_gpu.cli import main
-from dra_gpu.demo.limiter_step import find_limiter_build
+from dra_gpu.demo.elastic_step import why_not_run
 from dra_gpu.demo.run import DemoReport, run_demo
 from dra_gpu.quantity import format_quantity
 
 
 @pytest.fixture(scope="module")
-def demo() -> tuple[DemoReport, str]:
+def demo(request: pytest.FixtureRequest) -> tuple[DemoReport, str]:
+    """The demo as `make demo` runs it: with the limiter built (`built`), unless there is no C toolchain."""
+    try:
+        build: Path | None = request.getfixturevalue("built")
+    except pytest.skip.Exception:
+        build = None  # its limiter steps then say they were skipped; the limiter's tests skip with `built`
     stream = io.StringIO()
-    report = run_demo(stream)
+    report = run_demo(stream, limiter_build=build)
     return report, stream.getvalue()
 
 
@@ -104,9 +109,7 @@ def test_the_demo_cleans_up(demo: tuple[DemoReport, str]) -> None:
     assert report.workdir is not None and not report.workdir.exists()
 
 
-@pytest.mark.skipif(
-    find_limiter_build() is None, reason="the native limiter is not built (make -C native/limiter)"
-)
+@pytest.mark.usefixtures("built")  # builds the limiter; fails if it does not build
 def test_the_limiter_refuses_an_allocation_over_the_cap(demo: tuple[DemoReport, str]) -> None:
     report, text = demo
     assert report.limiter is not None and report.limiter.ran
@@ -121,15 +124,52 @@ def test_the_limiter_refuses_an_allocation_over_the_cap(demo: tuple[DemoReport, 
     assert f"of which its own CUDA context already holds {format_quantity(CONTEXT_CHARGE)}" in text
 
 
+def test_the_elastic_step_borrows_idle_time_and_gives_it_back_when_the_other_claim_wakes(
+    demo: tuple[DemoReport, str], built: Path
+) -> None:
+    if why_not_run(built):
+        pytest.skip(why_not_run(built))  # no user namespaces here; a build that failed fails `built`
+    report, text = demo
+    elastic = report.elastic
+    assert elastic is not None and elastic.ran and not elastic.errors, elastic
+    # Each time step as (steady borrowed, bursty working): the order of what happened, not when.
+    states = [(s.borrowed["steady"] > 10, s.used["bursty"] > 10) for s in elastic.samples]
+    woke = states.index((False, True))  # bursty works and steady borrows nothing: it gave the time back
+    assert (True, False) in states[:woke], states  # before: steady borrowed what bursty left idle
+    slept = max(i for i, (_, working) in enumerate(states) if working)
+    assert (True, False) in states[slept + 1 :], states  # after: it borrows again
+    # While bursty works (the step it stops in may hold some of both), steady borrows nothing.
+    assert not any(borrowed and working for borrowed, working in states[woke:slept]), states
+    assert max(s.used["bursty"] for s in elastic.samples) >= 50  # bursty got its floor back (70 %)
+    (_, steady_borrowed, _), (_, bursty_borrowed, bursty_lent) = (
+        elastic.totals["steady"],
+        elastic.totals["bursty"],
+    )
+    assert steady_borrowed > 0 and bursty_borrowed == 0 and bursty_lent > 0  # what the agent's /metrics say
+    section = text.split("Elastic compute: one limiter claim")[1].split("\n== ")[0]
+    assert re.search(r"\|#+\++ *\|", section)  # a bar with borrowed time
+    assert re.search(
+        r"demo/bursty .*floor 70% ceiling 70% standard: [\d.]+ s used, 0.0 s borrowed, [\d.]+ s lent", section
+    )
+
+
 def test_without_the_limiter_built_the_step_is_skipped_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["demo", "--limiter-build", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "skipped: the native limiter is not built here" in text
+    assert text.count("skipped: the native limiter is not built here") == 2  # the cap and the elastic steps
     assert "pods team-0, team-1, team-2" in text
 
 
 def test_a_missing_limiter_build_directory_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--limiter-build", "/nonexistent/build"]) == 2
     assert "--limiter-build /nonexistent/build: not a directory" in capsys.readouterr().err
+
+
+def test_the_elastic_step_says_why_it_cannot_run_without_unshare(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no unshare on it
+    assert why_not_run(built).startswith("cannot start a process in a mount namespace of its own (unshare: ")
+    assert why_not_run(tmp_path).startswith("the native limiter is not built here")

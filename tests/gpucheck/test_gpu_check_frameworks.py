@@ -316,12 +316,9 @@ FAKE = ROOT / "native/limiter/build/fake"
     shutil.which("nvidia-smi") is not None or shutil.which("nvcc") is None,
     reason="needs nvcc and no real GPU (the fake GPU is found only where nvidia-smi is absent)",
 )
-@pytest.mark.skipif(
-    not (FAKE / "libcuda.so.1").is_file(),
-    reason="the limiter and its fake driver are not built (make limiter)",
-)
+@pytest.mark.usefixtures("built")  # builds the limiter and its fake driver; fails if they do not build
 def test_make_gpu_check_skips_each_framework_that_its_python_lacks(tmp_path: Path) -> None:
-    pytest.importorskip("pynvml", reason="the fake GPU is found through NVML (nvidia-ml-py)")
+    assert importlib.util.find_spec("pynvml"), "the fake GPU is found through NVML: install nvidia-ml-py"
     lacking = [f for f in ("torch", "cupy", "jax") if importlib.util.find_spec(f) is None]
     if not lacking:
         pytest.skip("this Python has PyTorch, CuPy and JAX: nothing is missing")

@@ -6,6 +6,7 @@ limiter's fake CUDA driver and fake NVML, running the driver-API check program f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -91,12 +92,9 @@ def test_an_unknown_check_name_is_a_usage_error() -> None:
 @pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA programs cannot be built"
 )
-@pytest.mark.skipif(
-    not (FAKE / "libcuda.so.1").is_file(),
-    reason="the limiter and its fake driver are not built (make limiter)",
-)
+@pytest.mark.usefixtures("built")  # builds the limiter and its fake driver; fails if they do not build
 def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path) -> None:
-    pytest.importorskip("pynvml", reason="the fake GPU is found through NVML (nvidia-ml-py)")
+    assert importlib.util.find_spec("pynvml"), "the fake GPU is found through NVML: install nvidia-ml-py"
     out = tmp_path / "out"
     env = _environment(LD_LIBRARY_PATH=str(FAKE), GPU_CHECK_OUT=str(out), GPU_CHECK_QUICK="1")
     only = ["--only", "limiter.cap", "--only", "limiter.pooled", "--only", "limiter.view.nvml"]
@@ -124,10 +122,7 @@ def test_the_whole_check_against_the_fake_driver_writes_a_report(tmp_path: Path)
 @pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA programs cannot be built"
 )
-@pytest.mark.skipif(
-    not (FAKE / "libcuda.so.1").is_file(),
-    reason="the limiter and its fake driver are not built (make limiter)",
-)
+@pytest.mark.usefixtures("built")  # builds the limiter and its fake driver; fails if they do not build
 def test_the_node_path_prepares_runs_under_the_claims_cdi_environment_and_unprepares() -> None:
     """The node-path program with a simulated inventory: the fake driver takes the claim's GPU UUID."""
     built = build_programs(ROOT / "build/gpu-check")

@@ -9,10 +9,9 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import pynvml
 import pytest
 from fakes import fake_pynvml
-
-pynvml: Any = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
 
 
 def _public(module: Any, prefix: str) -> dict[str, Any]:

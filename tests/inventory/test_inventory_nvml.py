@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -63,10 +64,22 @@ def test_reads_every_fact_nvml_reports(driver: FakeDriver) -> None:
     assert not second.mig_capable, "MIG mode query answering Not Supported means no MIG"
 
 
-def test_open_inventory_imports_pynvml_lazily(driver: FakeDriver) -> None:
+def test_open_inventory_nvml_lists_the_gpus_nvml_reports(driver: FakeDriver) -> None:
     inv = open_inventory("nvml")
     assert [gpu.uuid for gpu in inv.gpus()] == [H100_UUID, L4_UUID]
     inv.close()
+
+
+def test_pynvml_is_imported_only_when_the_nvml_inventory_is_opened() -> None:
+    # In a fresh interpreter: this one has imported pynvml (or its fake) already.
+    code = (
+        "import sys\n"
+        "from dra_gpu.inventory import open_inventory\n"
+        "open_inventory('simulated:1xH100-80GB', seed='n').close()\n"
+        "print('pynvml' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
 
 
 def test_cuda_version_minor_digits(driver: FakeDriver) -> None:

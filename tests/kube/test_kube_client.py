@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 from http_api_server import ApiServer, Obj, Request, status_body
 from waiting import wait_for
@@ -27,8 +28,6 @@ from dra_gpu.kube import (
     objects,
 )
 from dra_gpu.kube.client import KubeClient
-
-kubernetes = pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ from ports import unused_port
 from dra_gpu.cli import main
 from dra_gpu.kube.kubeconfig import KubeConfigError, choose, merge
 
-pytest.importorskip("kubernetes", reason="the real client is built on the kubernetes package")
-
 
 def kubeconfig(
     path: Path, server: str, *, cluster: str = "c", context: str | None = "c", current: bool = True

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -23,6 +22,7 @@ from plugin_harness import (
     uid_of,
     write_snapshot,
 )
+from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.checkpoint import (
@@ -160,7 +160,7 @@ def test_killed_during_concurrent_prepares_the_agent_starts_again_consistent(dir
     for thread in threads:
         thread.start()
     started.wait(10)
-    time.sleep(0.15)
+    wait_for(lambda: len(dirs.spec_files()) >= 2, what="the first claims prepared")
     doomed.kill_group()  # SIGKILL, mid-flight
     for thread in threads:
         thread.join(30)

@@ -1,12 +1,10 @@
 """A call's work is proportional to its claims, not to the claims the node already has: the checkpoint is
-neither copied nor rewritten as a whole per call, and a prepare costs about the same with 300 claims
-prepared as with none."""
+neither copied nor rewritten as a whole per call. What a prepare costs in time with N claims prepared is
+a benchmark's figure (`bench/prepare.py --prepared N`), not a test's."""
 
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +37,7 @@ def claim(api: FakeKube, name: str, n: int, memory: str = "1Gi", cores: str = "1
 
 
 class Measured:
-    """Per prepare+unprepare of one claim: bytes written to the checkpoint, deep copies, seconds."""
+    """Per prepare+unprepare of one claim: bytes written to the checkpoint, deep copies."""
 
     def __init__(self, plugin: KubeletPlugin, one: ClaimInfo) -> None:
         self.plugin, self.one = plugin, one
@@ -68,14 +66,6 @@ class Measured:
             self.cycle()
         return self.written() - before, copies[0]
 
-    def seconds(self, runs: int = 30) -> float:
-        samples = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            self.cycle()
-            samples.append(time.perf_counter() - started)
-        return statistics.median(samples)
-
 
 @pytest.fixture
 def node() -> Iterator[tuple[PluginDirs, FakeKube]]:
@@ -85,7 +75,7 @@ def node() -> Iterator[tuple[PluginDirs, FakeKube]]:
 
 
 @pytest.mark.slow
-def test_a_prepare_costs_the_same_with_300_claims_prepared(
+def test_a_prepare_writes_and_copies_the_same_with_300_claims_prepared(
     node: tuple[PluginDirs, FakeKube], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dirs, api = node
@@ -98,16 +88,11 @@ def test_a_prepare_costs_the_same_with_300_claims_prepared(
         measured = Measured(plugin.plugin, one)
         measured.cycle()  # warm
         empty_bytes, empty_copies = measured.bytes_and_copies(monkeypatch)
-        empty_s = measured.seconds()
 
         for first in range(0, KEPT, 50):
             results = plugin.plugin.preparer.prepare(kept[first : first + 50])
             assert all(r.error == "" for r in results.values())
         full_bytes, full_copies = measured.bytes_and_copies(monkeypatch)
-        full_s = measured.seconds()
 
     assert full_bytes == empty_bytes, "the checkpoint is appended to, not rewritten"
     assert full_copies == empty_copies, "nothing of the other claims is copied"
-    assert full_s < 2 * empty_s + 0.005, (
-        f"{full_s * 1000:.1f} ms with {KEPT} claims, {empty_s * 1000:.1f} ms without"
-    )

@@ -17,7 +17,7 @@ from pathlib import Path
 from repo_paths import ROOT, TESTS
 
 PROJECT_WIDE = {
-    "project": "the project as a whole: layering, object access, the API schemas, the image build",
+    "project": "the project as a whole: layering, object access, the API schemas, the image build, the docs",
     "gpucheck": "the GPU check (gpucheck/ at the root of the checkout)",
     "native": "the native limiter (native/limiter), through its C test suite",
     "container": "real containers through podman (docs/container-tests.md)",

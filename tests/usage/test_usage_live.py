@@ -127,7 +127,7 @@ def test_agents_are_read_through_the_pod_proxy() -> None:
     assert usage_command.read_live(argparse.Namespace(metrics_url=[], agents="none"), api) is None
 
 
-def test_usage_shows_a_claims_compute_floor_ceiling_and_what_it_reports_using_and_borrowing(
+def test_usage_shows_a_claims_compute_floor_ceiling_and_what_it_used_borrowed_and_lent(
     dirs: PluginDirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api = FakeKube()
@@ -155,7 +155,10 @@ def test_usage_shows_a_claims_compute_floor_ceiling_and_what_it_reports_using_an
 
         assert main(["usage", "--metrics-url", url]) == 0
         out = capsys.readouterr().out
-        assert "compute floor 20% ceiling 100% besteffort: 12.5 s used, 9.5 s borrowed" in out, out
+        # Alone on its GPU, it lent nothing: no other claim borrowed.
+        assert "compute floor 20% ceiling 100% besteffort: 12.5 s used, 9.5 s borrowed, 0.0 s lent" in out, (
+            out
+        )
 
         assert main(["usage", "--metrics-url", url, "-o", "json"]) == 0
         (entry,) = [

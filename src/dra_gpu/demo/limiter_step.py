@@ -54,6 +54,16 @@ def find_limiter_build() -> Path | None:
     return next((c for c in candidates if _is_build(c)), None)
 
 
+def limiter_library(build: Path | None, workdir: Path) -> Path:
+    """The library the node agents hand to limiter claims: the build's, or a placeholder file saying why not."""
+    if build is not None and (build / LIBRARY).is_file():
+        return build / LIBRARY
+    placeholder = workdir / "limiter-not-built" / LIBRARY
+    placeholder.parent.mkdir(parents=True, exist_ok=True)
+    placeholder.write_text("placeholder: the native limiter is not built (make -C native/limiter)\n")
+    return placeholder
+
+
 def probe_environment(view: ContainerView, build: Path) -> dict[str, str]:
     env = {k: v for k, v in view.env.items() if k not in LEFT_OUT}
     for container_path, host_path, _ in sorted(view.mounts, key=lambda m: -len(m[0])):

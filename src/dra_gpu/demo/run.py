@@ -2,7 +2,7 @@
 
 Real: the node agent (`NodeAgent`) with its slice publisher, its gRPC services on unix sockets, its
 CDI spec files and checkpoint; the allocator; the cluster controller's reconcile pass; the CDI resolver;
-and, when built, the native limiter library running a real process.
+and, when built, the native limiter library in real processes (a cap, and elastic compute between two claims).
 Simulated: the API server (`FakeKube`, in process), the GPUs (a simulated inventory), nvidia-smi and the
 MPS control daemon (recorded, not run), the CUDA driver (the limiter's fake `libcuda`), and the
 kube-scheduler and kubelet (stand-ins that make the same API writes and gRPC calls).
@@ -33,8 +33,9 @@ from dra_gpu.controller import Snapshot
 from dra_gpu.controller.metrics import ControllerMetrics
 from dra_gpu.controller.owned_classes import is_controller_managed, with_marker
 from dra_gpu.controller.reconciler import Reconciler
+from dra_gpu.demo.elastic_step import ELASTIC_NODE, ELASTIC_PROFILE, ElasticReport, run_elastic_step
 from dra_gpu.demo.kubelet import KubeletStandIn, Prepared
-from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, run_limiter_probe
+from dra_gpu.demo.limiter_step import LimiterRun, find_limiter_build, limiter_library, run_limiter_probe
 from dra_gpu.demo.mig_step import MIG_NODE, MIG_PROFILE, MigReport, run_mig_step
 from dra_gpu.demo.node_dirs import node_agent_config
 from dra_gpu.demo.report import (
@@ -69,17 +70,21 @@ SIMULATED = (
         "Kubernetes API server",
         "in-process fake with the real one's semantics (resource versions, 409s, finalizers)",
     ),
-    ("GPUs", f"simulated inventory {PROFILE} on node {NODE}, {MIG_PROFILE} on node {MIG_NODE}"),
+    (
+        "GPUs",
+        f"simulated inventory {PROFILE} on node {NODE}, {ELASTIC_PROFILE} on node {ELASTIC_NODE}, "
+        f"{MIG_PROFILE} on node {MIG_NODE}",
+    ),
     ("kube-scheduler", "stand-in: the real allocator and the scheduler's API writes, nothing else"),
     ("kubelet", "stand-in: registration and NodePrepareResources over the plugin's real gRPC sockets"),
     ("nvidia-smi, MPS control daemon", "recorded by the node agent, not run (MIG instances kept in a file)"),
-    ("CUDA driver", "the limiter's fake libcuda (only for the limiter step)"),
+    ("CUDA driver", "the limiter's fake libcuda, a simulated GPU per process (only for the limiter steps)"),
 )
 REAL = (
     "node agent: slice publisher, gRPC services on unix sockets, CDI spec files, checkpoint",
     "allocator and cluster controller (placement policies)",
     "CDI resolution of what each container receives",
-    "the native limiter library in a real process (when built)",
+    "the native limiter library in real processes, arbitrating elastic compute between them (when built)",
 )
 
 
@@ -130,6 +135,7 @@ class DemoReport:
     prepare_errors: dict[str, str] = field(default_factory=dict)
     gpu_commands: list[str] = field(default_factory=list)
     limiter: LimiterRun | None = None
+    elastic: ElasticReport | None = None
     mig: MigReport | None = None
     workdir: Path | None = None
 
@@ -207,7 +213,7 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
 
     api = FakeKube()
     api.create("Node", builders.node(NODE))
-    library = _limiter_library(limiter_build, workdir)
+    library = limiter_library(limiter_build, workdir)
     config = node_agent_config(NODE, workdir, library)
     inventory = open_inventory(f"simulated:{PROFILE}", seed=NODE)
     commands = SimulatedCommands(state_file=config.state_dir / "simulated-gpus.json")
@@ -366,6 +372,9 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         for line in report.limiter.lines:
             out.line(f"  {line}".replace(str(workdir), "<demo dir>"))
 
+        out.section("Elastic compute: one limiter claim borrows the GPU time another leaves idle")
+        report.elastic = run_elastic_step(out.line, api, workdir, limiter_build)
+
         out.section("MIG: a dynamic and a static H100 on a second node, instances made at prepare")
         report.mig = run_mig_step(out.line, api, workdir, library)
     finally:
@@ -380,15 +389,6 @@ def _run(out: _Out, report: DemoReport, workdir: Path, limiter_build: Path | Non
         inventory.close()
         leftover = sorted(p.name for p in config.cdi_dir.iterdir())
         out.line(f"  CDI specs left after unprepare: {len(leftover)}")
-
-
-def _limiter_library(build: Path | None, workdir: Path) -> Path:
-    if build is not None and (build / "libdragpu-limiter.so.1").is_file():
-        return build / "libdragpu-limiter.so.1"
-    placeholder = workdir / "limiter-not-built" / "libdragpu-limiter.so.1"
-    placeholder.parent.mkdir(parents=True, exist_ok=True)
-    placeholder.write_text("placeholder: the native limiter is not built (make -C native/limiter)\n")
-    return placeholder
 
 
 def _wait_for_slices(api: FakeKube, timeout_s: float = 20.0) -> list[Obj]:

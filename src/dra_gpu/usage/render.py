@@ -103,8 +103,9 @@ def use_text(use: ClaimUse | None) -> str:
 
 
 def compute_text(use: ClaimUse) -> str:
-    """`compute floor 30% ceiling 100% latency: 12.5 s used, 0.0 s borrowed`, for a claim on its GPU's
-    arbitration board (used and borrowed are what the claim reports); empty for any other."""
+    """`compute floor 30% ceiling 100% latency: 12.5 s used, 0.0 s borrowed, 2.0 s lent`, for a claim on
+    its GPU's arbitration board (used and borrowed are what the claim reports, lent what the others
+    borrowed of its idle floor); empty for any other."""
     if use.compute_floor is None or use.compute_ceiling is None:
         return ""
     text = f"compute floor {use.compute_floor * 100:.0f}% ceiling {use.compute_ceiling * 100:.0f}%"
@@ -114,6 +115,8 @@ def compute_text(use: ClaimUse) -> str:
         text += f": {use.compute_used_seconds:.1f} s used"
         if use.compute_borrowed_seconds is not None:
             text += f", {use.compute_borrowed_seconds:.1f} s borrowed"
+        if use.compute_lent_seconds is not None:
+            text += f", {use.compute_lent_seconds:.1f} s lent"
     return text
 
 
