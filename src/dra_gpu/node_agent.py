@@ -79,6 +79,8 @@ class NodeAgentConfig(PluginConfig):
     """Seconds between the watchdog's SIGTERM and SIGKILL; None: the watchdog's default."""
     proc_root: Path = Path("/proc")
     """The host's /proc (the agent runs with hostPID), for mapping GPU processes to pods."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """The host's cgroup mount, where a claim over its compute ceiling has its containers frozen."""
 
     def monitor_config(self) -> MonitorConfig:
         return MonitorConfig(
@@ -87,6 +89,7 @@ class NodeAgentConfig(PluginConfig):
             interval_s=self.monitor_interval_s,
             watch_interval_s=min(self.monitor_watch_interval_s, self.monitor_interval_s),
             proc_root=self.proc_root,
+            cgroup_root=self.cgroup_root,
             context_allowance=self.watchdog_context_allowance,
             grace_s=self.watchdog_grace_s,
             limiter_library=self.limiter_library,

@@ -22,7 +22,7 @@ from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor.compute_hold import BURST_S, MARGIN, MAX_FREEZE_S, ComputeHold
-from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of
+from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of, namespace_root
 
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -134,6 +134,29 @@ def test_freezer_of_reads_the_hosts_view_of_each_hierarchy(tmp_path: Path) -> No
         f"{v1_root}/unified/kubepods/c1", 2
     )
     assert freezer_of("4:memory:/kubepods/c1\n", v1_root) is None
+
+
+def test_a_tenant_seen_from_the_agents_own_cgroup_namespace_is_frozen_in_the_hosts_tree(
+    tmp_path: Path,
+) -> None:
+    """On cgroup v2 the runtime gives the agent's container a cgroup namespace of its own, so a tenant's
+    /proc/<pid>/cgroup reads `/../../<its pod>/<its container>`: it is placed from where the agent's own
+    namespace root is in the host's tree (the directory whose cgroup.procs lists the agent)."""
+    tree = FakeCgroupTree(tmp_path, dmem=False)
+    tree.add_process(4242, "kubepods/burstable/agentpod/agent")
+    tenant = tree.mkdir("kubepods/besteffort/tenantpod/c1")
+    (tenant / "cgroup.freeze").write_text("0\n")
+    roots = namespace_root("0::/\n", 4242, tree.root)
+    assert roots == {str(tree.root): f"{tree.root}/kubepods/burstable/agentpod/agent"}
+    text = "0::/../../../besteffort/tenantpod/c1\n"
+    assert freezer_of(text, tree.root, roots) == CgroupFreezer(str(tenant), 2)
+    assert freezer_of(text, tree.root) is None, (
+        "without the agent's place, a path out of its namespace is not followed"
+    )
+    assert freezer_of("0::/../../../../../../etc\n", tree.root, roots) is None, (
+        "never above the hierarchy's root"
+    )
+    assert namespace_root("0::/\n", 999, tree.root) == {}, "an agent not found in the tree places nothing"
 
 
 def _spinner() -> subprocess.Popen[bytes]:

@@ -124,6 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--cgroup-root",
+        default="/sys/fs/cgroup",
+        type=Path,
+        help="the host's cgroup mount, where a claim over its compute ceiling has its containers frozen",
+    )
+    add_flag(
+        parser,
         "--driver-root",
         default="/",
         type=Path,
@@ -285,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         watchdog_context_allowance=context_allowance,
         watchdog_grace_s=args.watchdog_grace_period,
         proc_root=args.proc_root,
+        cgroup_root=args.cgroup_root,
         driver_root=args.driver_root,
         driver_root_host_path=args.driver_root_host_path,
         mps_shm_bytes=mps_shm_bytes,

@@ -8,10 +8,19 @@ cgroup v1 (older nodes, and hosts that still mount it beside v2): the `freezer` 
 Which one a process is under comes from the host's `/proc/<pid>/cgroup`, never from the container: where
 the root of the cgroup mount is v2 (`cgroup.controllers` there), its `0::` line; else the `freezer` line of
 v1; else, on a hybrid host, the `0::` line under `unified/` (a v2 mount beside v1's).
+
+The kernel writes those paths relative to the *reader's* cgroup namespace. The agent's container usually has
+a namespace of its own (containerd and CRI-O give every container one on cgroup v2, and Kubernetes has no
+field to share the host's), so a tenant's path reads `/../../kubepods.slice/...`: up from the agent's own
+namespace root, then down. `namespace_root()` finds that root's place in the host's tree (the mounted
+hierarchy's directory whose `cgroup.procs` lists the agent), and `freezer_of` resolves such a path against
+it; without it, a path that leaves the namespace is never followed.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +70,13 @@ class CgroupFreezer:
             os.close(fd)
 
 
-def freezer_of(cgroup_text: str, cgroup_root: Path | str = "/sys/fs/cgroup") -> CgroupFreezer | None:
-    """The freezer of the cgroup that a `/proc/<pid>/cgroup` text names; None where it names none (a
-    process in the root cgroup, a v1 host without the freezer controller)."""
-    root = str(cgroup_root).rstrip("/")
+NAMESPACE_SEARCH_LIMIT = 50_000
+"""The most cgroup directories `namespace_root` reads looking for the agent (a node with 110 pods has a few
+thousand); past it the agent's namespace is taken as unknown and paths that leave it are not followed."""
+
+
+def _paths(cgroup_text: str) -> tuple[str | None, str | None]:
+    """(the unified hierarchy's path, the v1 freezer's path) of a `/proc/<pid>/cgroup` text."""
     unified: str | None = None
     v1: str | None = None
     for line in cgroup_text.splitlines():
@@ -74,8 +86,82 @@ def freezer_of(cgroup_text: str, cgroup_root: Path | str = "/sys/fs/cgroup") -> 
             unified = path
         elif "freezer" in controllers.split(","):
             v1 = path
+    return unified, v1
+
+
+def _hierarchies(root: str) -> list[tuple[str, int]]:
+    """(directory, index into `_paths`) of the hierarchies a freezer may be in, in `freezer_of`'s order."""
+    if os.path.isfile(f"{root}/cgroup.controllers"):
+        return [(root, 0)]
+    return [(f"{root}/freezer", 1), (f"{root}/unified", 0)]
+
+
+def _find_procs(top: str, pid: int) -> str | None:
+    """The directory under `top` whose `cgroup.procs` lists `pid` (breadth first, bounded)."""
+    wanted = str(pid)
+    queue, seen = collections.deque([top]), 0
+    while queue and seen < NAMESPACE_SEARCH_LIMIT:
+        here = queue.popleft()
+        seen += 1
+        with contextlib.suppress(OSError), open(f"{here}/cgroup.procs") as f:
+            if wanted in f.read().split():
+                return here
+        with contextlib.suppress(OSError), os.scandir(here) as entries:
+            queue.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+    return None
+
+
+def namespace_root(
+    own_cgroup_text: str, pid: int, cgroup_root: Path | str = "/sys/fs/cgroup"
+) -> dict[str, str]:
+    """Where the reader's cgroup namespace root is in the host's tree, per hierarchy directory: the directory
+    that lists `pid` (the reader, as the host numbers it) minus the reader's own path in its namespace
+    (`own_cgroup_text`, its `/proc/self/cgroup`). Empty for a hierarchy where the reader is not found."""
+    roots: dict[str, str] = {}
+    paths = _paths(own_cgroup_text)
+    for top, index in _hierarchies(str(cgroup_root).rstrip("/")):
+        own = paths[index]
+        if own is None or ".." in own.split("/"):
+            continue
+        found = _find_procs(top, pid)
+        if found is None:
+            continue
+        inner = own.strip("/")
+        if inner and not found.endswith(f"/{inner}"):
+            continue
+        roots[top] = found[: len(found) - len(inner)].rstrip("/") if inner else found
+    return roots
+
+
+def _resolve(path: str | None, top: str, roots: dict[str, str]) -> str | None:
+    """`path` (relative to the reader's namespace) as a path under `top`, or None where it cannot be placed."""
+    if path is None or ".." not in path.split("/"):
+        return path
+    base = roots.get(top)
+    if base is None:
+        return None  # outside the reader's namespace, whose place in the host's tree is unknown: not followed
+    joined = os.path.normpath(f"{base}/{path.strip('/')}")
+    if joined != top and not joined.startswith(f"{top}/"):
+        return None  # above the hierarchy's root: never
+    return "/" + joined[len(top) :].strip("/")
+
+
+def freezer_of(
+    cgroup_text: str, cgroup_root: Path | str = "/sys/fs/cgroup", roots: dict[str, str] | None = None
+) -> CgroupFreezer | None:
+    """The freezer of the cgroup that a `/proc/<pid>/cgroup` text names; None where it names none (a
+    process in the root cgroup, a v1 host without the freezer controller). `roots`: the reader's namespace
+    root per hierarchy (`namespace_root`), to place paths that leave the reader's namespace."""
+    root = str(cgroup_root).rstrip("/")
+    unified, v1 = _paths(cgroup_text)
+    places = roots or {}
+    if os.path.isfile(f"{root}/cgroup.controllers"):
+        unified = _resolve(unified, root, places)
+    else:
+        v1 = _resolve(v1, f"{root}/freezer", places)
+        unified = _resolve(unified, f"{root}/unified", places)
     if any(".." in p.split("/") for p in (unified or "", v1 or "")):
-        return None  # a path outside the reader's cgroup namespace: not the host's view, never followed
+        return None  # never followed (`_resolve` placed what it could)
     if unified is not None and os.path.isfile(f"{root}/cgroup.controllers"):
         return None if unified.strip("/") == "" else CgroupFreezer(f"{root}/{unified.strip('/')}", 2)
     if v1 is not None and v1.strip("/"):

@@ -25,6 +25,7 @@ order that keeps their figures consistent (regions before NVML); split, that ord
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from dra_gpu.limiter_abi.region import (
 )
 from dra_gpu.monitor.compute_hold import ComputeHold
 from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
-from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of
+from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of, namespace_root
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
 from dra_gpu.monitor.process_owner import PodRef, ProcReader, file_identity
@@ -158,6 +159,8 @@ class Monitor:
         self.cgroup_root = cgroup_root
         """The host's cgroup mount, where the claims' containers are frozen (`compute_hold`)."""
         self.hold = ComputeHold(self._freezer_of)
+        self._cgroup_roots: dict[str, str] | None = None
+        """Where the agent's cgroup namespace root is in the host's tree (`freezer.namespace_root`), found once."""
         self.limiter_library = limiter_library
         """The library file the agent mounts into limiter claims' containers: a process has the limiter when it
         has mapped this file (its device and inode), whatever the file's name in the container."""
@@ -498,7 +501,12 @@ class Monitor:
 
     def _freezer_of(self, pid: int) -> CgroupFreezer | None:
         text = self._proc.cgroup_text(pid)
-        return None if text is None else freezer_of(text, self.cgroup_root)
+        if text is None:
+            return None
+        if self._cgroup_roots is None and "/.." in text:  # the agent has a cgroup namespace of its own
+            own = self._proc.cgroup_text(os.getpid())
+            self._cgroup_roots = {} if own is None else namespace_root(own, os.getpid(), self.cgroup_root)
+        return freezer_of(text, self.cgroup_root, self._cgroup_roots)
 
     def _hold_compute(
         self,

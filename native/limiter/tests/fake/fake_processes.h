@@ -15,10 +15,10 @@
 #define FAKE_PROCESS_PERIOD_NS 10000000ull       /* the driver publishes every 10 ms */
 
 struct fake_process_device {
-    char uuid[48];       /* as the process's driver names the device (CUDA_VISIBLE_DEVICES) */
-    uint64_t used;       /* bytes the process holds on it (contexts included) */
-    uint64_t busy_ns;    /* kernel time the process has run on it so far */
-    uint64_t at_ns;      /* CLOCK_MONOTONIC when these were published */
+    char uuid[48];    /* as the process's driver names the device (CUDA_VISIBLE_DEVICES) */
+    uint64_t used;    /* bytes the process holds on it (contexts included) */
+    uint64_t busy_ns; /* kernel time the process has run on it so far */
+    uint64_t at_ns;   /* CLOCK_MONOTONIC when these were published */
     uint64_t reserved;
 };
 
