@@ -59,7 +59,7 @@ RUN --mount=type=secret,id=pip-ca \
 # Out of the image: the installer (nothing installs at run time) and the kubernetes client's asyncio
 # variant (68 MB; only its synchronous transport and configuration are used).
 RUN rm -rf /opt/dra-gpu/lib/python3*/site-packages/kubernetes/aio \
-    && /opt/dra-gpu/bin/python -m pip uninstall --quiet -y pip setuptools wheel \
+    && /opt/dra-gpu/bin/python -m pip uninstall --quiet -y pip setuptools wheel packaging \
     && /opt/dra-gpu/bin/python -c 'import dra_gpu.kube.client, kubernetes.client, kubernetes.config' 
 
 FROM runtime

@@ -645,7 +645,13 @@ class AgentProcess:
 
     def start(self) -> AgentProcess:
         self.port = unused_port()
-        extra = {"DRA_GPU_HTTP_ADDRESS": f"127.0.0.1:{self.port}", "DRA_GPU_MONITOR_INTERVAL": "0"}
+        # The harness reads the agent's /metrics without a token (tests/http_endpoint/test_metrics_auth.py
+        # checks the authentication itself); a release without the flag ignores the variable.
+        extra = {
+            "DRA_GPU_HTTP_ADDRESS": f"127.0.0.1:{self.port}",
+            "DRA_GPU_MONITOR_INTERVAL": "0",
+            "DRA_GPU_METRICS_AUTH": "false",
+        }
         if self.pod_uid is not None:
             extra["DRA_GPU_POD_UID"] = self.pod_uid
         env = env_for(self.dirs, self.kubeconfig, **{**extra, **self.settings})

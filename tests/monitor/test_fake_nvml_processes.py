@@ -131,9 +131,14 @@ def test_the_c_fake_lists_what_each_process_holds_with_nvml_return_codes(
             "they run no kernels"
         )
         newest = max(s.timeStamp for s in got)
-        assert (
-            c_nvml.nvmlDeviceGetProcessUtilization(handle, buffer, ctypes.byref(samples), newest) == NOT_FOUND
+        # Nothing at or before the last seen comes again: NOT_FOUND, or only what a process published since.
+        samples.value = len(buffer)
+        again = c_nvml.nvmlDeviceGetProcessUtilization(
+            handle, buffer, ctypes.byref(samples), ctypes.c_ulonglong(newest)
         )
+        assert again == NOT_FOUND or (
+            again == 0 and all(s.timeStamp > newest for s in buffer[: samples.value])
+        ), "a sample no newer than lastSeenTimeStamp was returned"
         a.kill()
         a.wait()
         assert wait_for(lambda: list(listed()) == [b.pid], what="the exited process gone")

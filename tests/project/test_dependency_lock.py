@@ -20,7 +20,8 @@ from repo_paths import ROOT
 from dra_gpu.manifests import load_values, render
 
 LOCK = ROOT / "requirements.lock"
-BUILD_TOOLS = {"setuptools", "wheel"}
+BUILD_TOOLS = {"setuptools", "wheel", "packaging"}
+"""What builds the project in the image (`pip install --no-build-isolation .`): wheel needs packaging."""
 
 
 def normalized(name: str) -> str:

@@ -13,6 +13,7 @@ limiter's admission let it run, not the contention of one real GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -36,8 +37,10 @@ from dra_gpu.demo.scheduler import SchedulerStandIn
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import open_inventory
 from dra_gpu.kube import builders, objects
+from dra_gpu.kube.errors import AlreadyExists
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.limiter_abi.board import GPUS_DIR, activity_name, read_activity
+from dra_gpu.manifests.classes import priority_classes
 from dra_gpu.node_agent import NodeAgent
 from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 from dra_gpu.usage import collect, render_table
@@ -55,6 +58,9 @@ RUN_S = 4.5
 KERNEL_US = 1000
 BAR = 25
 """Characters for 100 % of the GPU."""
+GRANTING_CLASS = f"standard.limiter.{DRIVER_NAME}"
+"""The class of a claim with a ceiling: the admin's limiter class that grants one up to the whole GPU
+(`priority_classes`); a fixed share uses the install's limiter class, which grants none (docs/elastic-compute.md)."""
 LEFT_OUT = ("NVIDIA_VISIBLE_DEVICES",)
 """Read by the NVIDIA container runtime, not by CUDA: the fake exposes the GPUs CUDA_VISIBLE_DEVICES names."""
 
@@ -126,6 +132,10 @@ def run_elastic_step(
         monitor_interval_s=SAMPLE_S,
     )
     api.create("Node", builders.node(ELASTIC_NODE))
+    for device_class in priority_classes():
+        if objects.name(device_class) == GRANTING_CLASS:
+            with contextlib.suppress(AlreadyExists):
+                api.create("DeviceClass", device_class)
     inventory = open_inventory(f"simulated:{ELASTIC_PROFILE}", seed=ELASTIC_NODE)
     agent = NodeAgent(
         config,
@@ -203,7 +213,7 @@ def _claim(plan: ElasticPlan, gpu: str) -> Obj:
     """The plan's limiter claim, on `gpu` (by UUID: the other nodes' shared GPUs would take it too)."""
     request = builders.exact_request(
         "gpu",
-        f"limiter.{DRIVER_NAME}",
+        GRANTING_CLASS if plan.ceiling != plan.floor else f"limiter.{DRIVER_NAME}",
         capacity={"memory": "4Gi", "cores": str(plan.floor)},
         selectors=[f'device.attributes["{DRIVER_NAME}"].uuid == "{gpu}"'],
     )
