@@ -7,28 +7,31 @@ module), so a change of the module's layout fails these tests.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from dra_gpu.limiter_abi import board
+from dra_gpu.plugin.identity import MAX_UID
 
 
 def contract_board(entries: list[tuple[bytes, int, int, int]], seq: int) -> bytes:
-    """16384 bytes: magic, version 1, count, seq, 40 zero bytes, then 96-byte entries."""
+    """16384 bytes: magic, version 2, count, seq, 40 zero bytes, then 160-byte entries."""
     out = bytearray(16384)
     out[0:8] = b"DGPUBRD1"
-    out[8:12] = (1).to_bytes(4, "little")
+    out[8:12] = (2).to_bytes(4, "little")
     out[12:16] = len(entries).to_bytes(4, "little")
     out[16:24] = seq.to_bytes(8, "little")
     for i, (uid, floor, ceiling, priority) in enumerate(entries):
-        at = 64 + 96 * i
-        out[at : at + len(uid)] = uid  # NUL-padded to 64
-        out[at + 64 : at + 68] = floor.to_bytes(4, "little")
-        out[at + 68 : at + 72] = ceiling.to_bytes(4, "little")
-        out[at + 72 : at + 76] = priority.to_bytes(4, "little")
+        at = 64 + 160 * i
+        out[at : at + len(uid)] = uid  # NUL-padded to 128
+        out[at + 128 : at + 132] = floor.to_bytes(4, "little")
+        out[at + 132 : at + 136] = ceiling.to_bytes(4, "little")
+        out[at + 136 : at + 140] = priority.to_bytes(4, "little")
     return bytes(out)
 
 
@@ -145,7 +148,7 @@ def test_an_activity_file_the_claim_damaged_reports_nothing(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("uid", "floor", "ceiling", "priority"),
-    [("a" * 64, 10, 10, "standard"), ("u", 0, 10, "standard"), ("u", 50, 40, "standard"), ("u", 1, 1, "rt")],
+    [("a" * 129, 10, 10, "standard"), ("u", 0, 10, "standard"), ("u", 50, 40, "standard"), ("u", 1, 1, "rt")],
 )
 def test_an_entry_the_library_would_refuse_is_never_written(
     uid: str, floor: int, ceiling: int, priority: str
@@ -162,3 +165,38 @@ def test_a_board_that_is_not_one_is_refused_when_read(tmp_path: Path) -> None:
     path.write_bytes(contract_board([], 0)[:100])
     with pytest.raises(board.BoardError):
         board.read_board(path)
+
+
+def test_a_claim_uid_as_long_as_the_agent_accepts_fills_its_entry(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    board.make_board(path)
+    longest = board.Entry("u" * MAX_UID, 10, 40, "besteffort")
+    board.write_board(path, [longest, FIXED])
+    assert board.read_board(path) == sorted([longest, FIXED])
+    assert path.read_bytes() == contract_board(
+        [(FIXED.claim_uid.encode(), 25, 25, 1), (b"u" * 128, 10, 40, 2)], 2
+    )
+
+
+def test_floors_never_sum_past_the_gpu_so_the_board_never_overflows() -> None:
+    ones = [board.Entry(f"c{i:03d}", 1, 100, "besteffort") for i in range(board.MAX_ENTRIES)]
+    assert board.over_floors(ones[:-1], ones[-1]) is None
+    problem = board.over_floors(ones, board.Entry("c100", 1, 1))
+    assert problem is not None and "100 claims with floors summing to 100%" in problem
+    assert board.over_floors(ones, ones[5]) is None, "a claim already on the board is not counted twice"
+    sixty = board.Entry("a", 60, 60)
+    assert board.over_floors([sixty], board.Entry("b", 41, 41)) is not None
+    assert board.over_floors([sixty], board.Entry("b", 40, 40)) is None
+    assert board.pack_entries(ones)[0] == board.MAX_ENTRIES
+
+
+def test_the_library_reads_the_layouts_the_agent_writes() -> None:
+    """One version per layout, in the module and in the library's source: a layout change bumps both."""
+    source = (ROOT / "native/limiter/src/arbiter.c").read_text()
+    defined = dict(re.findall(r"^#define (\w+) (\d+)", source, re.MULTILINE))
+    assert int(defined["BOARD_VERSION"]) == board.BOARD_VERSION
+    assert int(defined["BOARD_MAX"]) == board.MAX_ENTRIES
+    assert int(defined["UID_BYTES"]) == board.CLAIM_UID_BYTES == MAX_UID
+    assert int(defined["BOARD_BYTES"]) == board.BOARD_BYTES
+    assert int(defined["ACTIVITY_VERSION"]) == board.ACTIVITY_VERSION
+    assert int(defined["ACTIVITY_BYTES"]) == board.ACTIVITY_BYTES

@@ -303,3 +303,70 @@ def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dir
         assert limits_line(dirs, claim) == f"device={GPU} memory={3 * GiB} cores=15 limit=55 priority=latency"
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 15, 55, "latency")]
         kubelet.close()
+
+
+def config_claim(api: FakeKube, name: str, cores: int, n: int) -> dict[str, Any]:
+    """A limiter share of gpu-0 whose floor comes from its config alone (no consumable capacity)."""
+    return add_claim(
+        api,
+        name,
+        [Alloc(share_id=f"00000000-0000-4000-8000-{n:012d}")],
+        [opaque(gpu_config("Limiter", limiter={"cores": cores}), source="FromClaim")],
+    )
+
+
+def test_a_gpu_takes_claims_until_their_floors_fill_it_and_refuses_the_next_in_one_line(
+    dirs: PluginDirs,
+) -> None:
+    """300 claims of 500m cores: each floor is 1 % on the board, so the GPU takes 100 of them and refuses
+    the 101st to the 300th, each with one line naming the GPU and the count; the 100 keep their places."""
+    api = FakeKube()
+    claims = [
+        add_claim(
+            api,
+            f"c{n}",
+            [
+                Alloc(
+                    share_id=f"00000000-0000-4000-8000-{n:012d}",
+                    consumed={"memory": "64Mi", "cores": "500m"},
+                )
+            ],
+            [opaque(gpu_config("Limiter", limiter={"compute": {"limit": 100}}), source="FromClaim")],
+        )
+        for n in range(1, 301)
+    ]
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        first = kubelet.prepare(*claims[:129])
+        assert [first[uid_of(c)].error for c in claims[:100]] == [""] * 100
+        refused = [first[uid_of(c)].error for c in claims[100:129]]
+        refused += [a.error for a in kubelet.prepare(*claims[129:]).values()]
+        assert len(refused) == 200
+        for error in refused:
+            assert "\n" not in error and f"GPU {GPU}: 100 claims with floors summing to 100%" in error, error
+        on_board = board.read_board(gpu_dir(dirs) / "board")
+        assert sorted(e.claim_uid for e in on_board) == sorted(uid_of(c) for c in claims[:100])
+        assert [a.error for a in kubelet.prepare(claims[0]).values()] == [""], (
+            "a repeated prepare still passes"
+        )
+        assert kubelet.unprepare(claims[0]) == {uid_of(claims[0]): ""}
+        assert [a.error for a in kubelet.prepare(claims[150]).values()] == [""], "a freed place is taken"
+        assert len(board.read_board(gpu_dir(dirs) / "board")) == 100
+        kubelet.close()
+
+
+def test_floors_from_config_alone_never_sum_past_the_gpu(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    first, second, third = (config_claim(api, n, 60, i) for i, n in enumerate(("a", "b", "c"), 1))
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(first)[uid_of(first)].error == ""
+        error = kubelet.prepare(second)[uid_of(second)].error
+        assert f"GPU {GPU}: 1 claims with floors summing to 60%" in error and "floor of 60%" in error
+        assert not (dirs.state_dir / "claims" / uid_of(second)).exists(), "nothing of it is left"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(first), 60, 60)]
+        assert kubelet.unprepare(first) == {uid_of(first): ""}
+        assert kubelet.prepare(third)[uid_of(third)].error == ""
+        kubelet.close()

@@ -44,15 +44,18 @@
 #include "arbiter.h"
 
 #define BOARD_BYTES 16384
-#define BOARD_MAX 128
+#define BOARD_VERSION 2 /* dra_gpu.limiter_abi.board.BOARD_VERSION: 160-byte entries, claim UIDs up to 128 bytes */
+#define BOARD_MAX 100   /* floors are whole percents of at least 1, and the agent keeps their sum at most 100 */
+#define UID_BYTES 128   /* the longest claim UID the agent accepts; NUL-padded on the board, not NUL-terminated */
 #define ACTIVITY_BYTES 4096
+#define ACTIVITY_VERSION 1
 #define DEMAND_NS 1000000LL          /* a claim counts as active this long after the work it has admitted */
 #define BESTEFFORT_BURST_NS 200000LL /* how far ahead of wall time a besteffort claim's admitted work may run */
 #define MAPS_MAX 1024 /* activity files mapped by one process over its life (never unmapped: see below) */
 #define DEVS ((DL_MAX_CLAIMS + 2) * DL_MAX_DEVICES) /* region device handles (region.c) */
 
 struct board_entry {
-    char claim_uid[64];
+    char claim_uid[UID_BYTES];
     uint32_t floor, ceiling, priority, reserved;
     uint64_t reserved2[2];
 };
@@ -63,7 +66,7 @@ struct board {
     char zero[40];
     struct board_entry e[BOARD_MAX];
 };
-_Static_assert(sizeof(struct board_entry) == 96, "board entry layout");
+_Static_assert(sizeof(struct board_entry) == 160, "board entry layout");
 _Static_assert(offsetof(struct board, e) == 64 && sizeof(struct board) <= BOARD_BYTES, "board layout");
 
 struct activity {
@@ -81,7 +84,7 @@ struct peer {
     int floor, ceiling, priority;
     dev_t dev;
     ino_t ino;
-    char uid[64];
+    char uid[UID_BYTES + 1];
 };
 
 enum { UNBOUND, BOUND, ELASTIC, FIXED };
@@ -89,7 +92,7 @@ static struct arb {
     _Atomic int state;
     pthread_mutex_t mu; /* setting up and mapping again */
     char uuid[DL_UUID_LEN];
-    char self_uid[64]; /* this claim's UID: its entry on the board */
+    char self_uid[UID_BYTES + 1]; /* this claim's UID: its entry on the board */
     int floor, ceiling, priority;
     const struct board *board;
     struct activity *own;
@@ -130,8 +133,8 @@ void dl_arbiter_reset_after_fork(void) {
 
 /* The file at path, opened read-only or read-write, checked to be a regular file of exactly bytes bytes
  * beginning with magic, mapped shared. NULL with *why set. */
-static void *map_file(const char *path, size_t bytes, const char *magic, int writable, struct stat *st,
-                      const char **why) {
+static void *map_file(const char *path, size_t bytes, const char *magic, uint32_t version, int writable,
+                      struct stat *st, const char **why) {
     int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         *why = errno == ENOENT ? "it is missing" : "it cannot be opened";
@@ -141,7 +144,7 @@ static void *map_file(const char *path, size_t bytes, const char *magic, int wri
     if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || (size_t)st->st_size != bytes) *why = "not a file of its size";
     else if ((p = mmap(NULL, bytes, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0)) == MAP_FAILED)
         p = NULL, *why = "it cannot be mapped";
-    else if (memcmp(p, magic, 8) != 0 || ((const uint32_t *)p)[2] != 1) {
+    else if (memcmp(p, magic, 8) != 0 || ((const uint32_t *)p)[2] != version) {
         munmap(p, bytes);
         p = NULL;
         *why = "it has another magic or layout version";
@@ -160,8 +163,8 @@ static void *map_file(const char *path, size_t bytes, const char *magic, int wri
 }
 
 static int uid_ok(const char *uid) {
-    size_t n = strnlen(uid, 64);
-    return n > 0 && n < 64 && !strchr(uid, '/') && strcmp(uid, ".") != 0 && strcmp(uid, "..") != 0;
+    size_t n = strnlen(uid, UID_BYTES + 1);
+    return n > 0 && n <= UID_BYTES && !strchr(uid, '/') && strcmp(uid, ".") != 0 && strcmp(uid, "..") != 0;
 }
 
 /* The mapping of a claim's activity file (a mapping already made of the same file is reused). map_mu held. */
@@ -174,7 +177,7 @@ static struct peer *peer_map(const struct arb *a, const char *uid) {
         if (maps[i]->dev == st.st_dev && maps[i]->ino == st.st_ino && strcmp(maps[i]->uid, uid) == 0) return maps[i];
     if (n_maps == MAPS_MAX) return NULL;
     const char *why = NULL;
-    const struct activity *act = map_file(path, ACTIVITY_BYTES, "DGPUACT1", 0, &st, &why);
+    const struct activity *act = map_file(path, ACTIVITY_BYTES, "DGPUACT1", ACTIVITY_VERSION, 0, &st, &why);
     if (!act) return NULL;
     struct peer *p = calloc(1, sizeof *p);
     if (!p) return NULL;
@@ -205,15 +208,17 @@ static int read_board(struct arb *a, const char *self_uid) {
     int found = 0, k = 0;
     pthread_mutex_lock(&map_mu);
     for (uint32_t i = 0; i < n; i++) {
-        e[i].claim_uid[63] = '\0';
-        if (!uid_ok(e[i].claim_uid)) continue;
-        if (strcmp(e[i].claim_uid, self_uid) == 0) {
+        char uid[UID_BYTES + 1];
+        memcpy(uid, e[i].claim_uid, UID_BYTES);
+        uid[UID_BYTES] = '\0';
+        if (!uid_ok(uid)) continue;
+        if (strcmp(uid, self_uid) == 0) {
             found = 1;
             continue;
         }
         if (e[i].floor < 1 || e[i].floor > 100 || e[i].ceiling < e[i].floor || e[i].ceiling > 100 || e[i].priority > 2)
             continue;
-        struct peer *p = peer_map(a, e[i].claim_uid);
+        struct peer *p = peer_map(a, uid);
         if (!p) continue; /* no activity file (yet): it has never been active */
         /* Terms are written once per mapping; a claim prepared again with other terms gets a new file. */
         p->floor = (int)e[i].floor;
@@ -245,10 +250,10 @@ static void set_up(struct arb *a) {
     const char *why = NULL;
     struct stat st;
     snprintf(path, sizeof path, "%s/%s/board", dl_gpus_root(), a->uuid);
-    a->board = map_file(path, BOARD_BYTES, "DGPUBRD1", 0, &st, &why);
+    a->board = map_file(path, BOARD_BYTES, "DGPUBRD1", BOARD_VERSION, 0, &st, &why);
     if (a->board) {
         snprintf(path, sizeof path, "%s/%s.activity", cl->state_dir, a->uuid);
-        a->own = map_file(path, ACTIVITY_BYTES, "DGPUACT1", 1, &st, &why);
+        a->own = map_file(path, ACTIVITY_BYTES, "DGPUACT1", ACTIVITY_VERSION, 1, &st, &why);
     }
     snprintf(a->self_uid, sizeof a->self_uid, "%s", cl->uid);
     int on_board = a->board && a->own ? read_board(a, a->self_uid) : 0;

@@ -33,13 +33,13 @@ fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o444)
 old = os.pread(fd, 24, 0)
 seq = struct.unpack_from("<Q", old, 16)[0] if len(old) == 24 else 0
 os.ftruncate(fd, 16384)
-os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 1, len(entries), seq + 1), 0)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 1), 0)
 body = b""
 for e in entries:
     uid, floor, ceiling, p = e.split(":")
-    body += struct.pack("<64sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
+    body += struct.pack("<128sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
 os.pwrite(fd, body.ljust(16384 - 64, b"\0"), 64)
-os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 1, len(entries), seq + 2), 0)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 2), 0)
 os.fchmod(fd, 0o444)
 EOF
 }
@@ -66,7 +66,7 @@ EOF
     local line="$GPU memory=unlimited cores=$floor"
     [ "$ceiling" != "$floor" ] && line="$line limit=$ceiling"
     [ "$prio" != standard ] && line="$line priority=$prio"
-    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "$uid" "$ROOT/$uid/limiter" "$line" "$extra" >"$dir/limits"
+    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "${uid:0:16}" "$ROOT/$uid/limiter" "$line" "$extra" >"$dir/limits"
     chmod 0444 "$dir/limits"
     mount --bind "$dir/limits" "$dir/limits" && mount -o remount,bind,ro "$dir/limits" || fail "cannot mount $dir/limits"
     claims+=("$uid:$floor:$ceiling:$prio")

@@ -37,11 +37,13 @@ calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 t0() { calc "$("$worker" now) + $1"; }
 activity() { python3 -c 'import struct,sys; print(struct.unpack_from("<5q", open(sys.argv[1], "rb").read(), 16)[int(sys.argv[2])])' "$tmp/gpus/$GPU/$1.activity" "$2"; }
 
-# 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not.
-claim alone 30 100 standard
+# 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not. Its UID
+# is as long as the agent accepts (128 bytes: its board entry has no NUL).
+A=alone-$(printf '%0122d' 0)
+claim "$A" 30 100 standard
 claim fixed 30 30 standard
 s=$(t0 0.3)
-start alone "$tmp/alone" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
+start "$A" "$tmp/alone" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
 finish
 s=$(t0 0.3)
 start fixed "$tmp/fixed" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
@@ -51,15 +53,15 @@ show fixed "$tmp/fixed"
 alone=$(field ran "$tmp/alone")
 at_least "$alone" 85 "a standard claim alone with ceiling 100 (busy % while it ran)"
 at_most "$(field busy "$tmp/fixed")" 33 "a fixed 30 % claim alone"
-[ "$(activity alone 1)" -gt 0 ] || fail "the claim's activity file shows no GPU time used"
-[ "$(activity alone 2)" -gt 0 ] || fail "the claim's activity file shows no GPU time borrowed"
+[ "$(activity "$A" 1)" -gt 0 ] || fail "the claim's activity file shows no GPU time used"
+[ "$(activity "$A" 2)" -gt 0 ] || fail "the claim's activity file shows no GPU time borrowed"
 [ "$(activity fixed 2)" -eq 0 ] || fail "a fixed share borrowed"
 
 # 2. Floors under contention: 30/100 standard, the fixed 30 %, 20/100 standard, all at once: each at least its
 # floor, together no more than the GPU.
 claim third 20 100 standard
 b=$(t0 0.3) s=$(t0 0.7) e=$(t0 1.7)
-start alone "$tmp/c1" run "$b" "$s" "$e" 50
+start "$A" "$tmp/c1" run "$b" "$s" "$e" 50
 start fixed "$tmp/c2" run "$b" "$s" "$e" 5000
 start third "$tmp/c3" run "$b" "$s" "$e" 50 graph
 finish
@@ -75,7 +77,7 @@ at_least "$(field busy "$tmp/c1")" 33 "the 30/100 claim should borrow the 20 poi
 # 3. Reclaim: the 30/100 claim runs alone, then the fixed 30 % and the 20/100 claims wake up. From then on the
 # borrower is back near its share (30 + its part of the 20 left), the others at their floors.
 b=$(t0 0.3) w=$(t0 1.0) e=$(t0 1.8)
-start alone "$tmp/r1" run "$b" "$w" "$e" 50
+start "$A" "$tmp/r1" run "$b" "$w" "$e" 50
 start fixed "$tmp/r2" run "$w" "$(calc "$w + 0.1")" "$e" 50
 start third "$tmp/r3" run "$w" "$(calc "$w + 0.1")" "$e" 50
 finish
@@ -117,12 +119,12 @@ at_least "$(field ran "$tmp/e2")" "$(calc "(100 - $lat) * 0.5")" "the besteffort
 # 5. A board the claim could have written (not owned by root) is not trusted: the fixed floor, one line.
 chown 1 "$tmp/gpus/$GPU/board"
 s=$(t0 0.3)
-start alone "$tmp/u1" run "$s" "$(t0 0.5)" "$(t0 1.0)" 50
+start "$A" "$tmp/u1" run "$s" "$(t0 0.5)" "$(t0 1.0)" 50
 finish
 show untrusted "$tmp/u1"
 chown 0 "$tmp/gpus/$GPU/board"
 at_most "$(field busy "$tmp/u1")" 33 "a claim whose board is not the agent's"
-grep -q "elastic compute on $GPU: .*board: it is not on a read-only mount or not owned by root; claim ns/alone runs its fixed floor of 30%" "$tmp/u1.err" ||
+grep -q "elastic compute on $GPU: .*board: it is not on a read-only mount or not owned by root; claim ns/alone-0000000000 runs its fixed floor of 30%" "$tmp/u1.err" ||
     fail "expected one line saying the board is not trusted: $(cat "$tmp/u1.err")"
 [ "$(grep -c dragpu-limiter "$tmp/u1.err")" -eq 1 ] || fail "expected one line: $(cat "$tmp/u1.err")"
 

@@ -4,7 +4,8 @@ Every limiter claim with a compute share below 100 % on a GPU takes part in that
 (the limiter's arbitration.c reads these files; the layouts are in docs/elastic-compute.md):
 
 - ``board`` (16 KiB, root, 0444, mounted read-only): what the agent decided, one entry per claim
-  (its floor, ceiling and priority class). Only the agent writes it, in place through its own fd, under
+  (its floor, ceiling and priority class), at most ``MAX_ENTRIES``: floors are whole percents of at
+  least 1 and the agent never lets a GPU's floors sum past 100 (``over_floors``). Only the agent writes it, in place through its own fd, under
   a seqlock (``seq`` odd while it writes), because the library keeps it mapped: a reader copies the
   entries and retries while ``seq`` is odd or changed.
 - ``<claim-uid>.activity`` (4 KiB, root, 0666): what the claim's processes say about themselves
@@ -32,12 +33,17 @@ GPUS_DIR = "gpus"
 BOARD_FILE = "board"
 BOARD_BYTES = 16384
 BOARD_MAGIC = b"DGPUBRD1"
-BOARD_VERSION = 1
+BOARD_VERSION = 2
+"""Version 2: 160-byte entries with room for a claim UID of 128 bytes, at most 100 of them."""
 BOARD_MODE = 0o444
-MAX_ENTRIES = 128
+FLOOR_TOTAL = 100
+"""What the floors of a GPU's claims may sum to, in percent of the GPU."""
+MAX_ENTRIES = FLOOR_TOTAL
+"""Claims one GPU's board holds: every floor is at least 1 % and the floors sum to at most 100 %."""
 HEADER_BYTES = 64
-ENTRY_BYTES = 96
-CLAIM_UID_BYTES = 64
+ENTRY_BYTES = 160
+CLAIM_UID_BYTES = 128
+"""The longest claim UID the agent accepts (`plugin.identity.MAX_UID`), NUL-padded, not NUL-terminated."""
 SEQ_OFFSET = 16
 ACTIVITY_SUFFIX = ".activity"
 ACTIVITY_BYTES = 4096
@@ -49,7 +55,7 @@ PRIORITIES = ("latency", "standard", "besteffort")
 
 _HEADER = struct.Struct("<8sII")  # magic, version, entry count
 _SEQ = struct.Struct("<Q")
-_ENTRY = struct.Struct("<64sIIII16x")  # claim uid, floor, ceiling, priority, reserved
+_ENTRY = struct.Struct("<128sIIII16x")  # claim uid, floor, ceiling, priority, reserved
 _ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
 _ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
 READ_TRIES = 1000
@@ -70,8 +76,8 @@ class Entry:
 
     def __post_init__(self) -> None:
         uid = self.claim_uid.encode()
-        if not uid or len(uid) >= CLAIM_UID_BYTES or b"\0" in uid or "/" in self.claim_uid:
-            raise BoardError(f"claim UID {self.claim_uid[:70]!r} cannot name an activity file on the board")
+        if not uid or len(uid) > CLAIM_UID_BYTES or b"\0" in uid or "/" in self.claim_uid:
+            raise BoardError(f"claim UID {self.claim_uid[:140]!r} cannot name an activity file on the board")
         if not 1 <= self.floor <= self.ceiling <= 100:
             raise BoardError(
                 f"floor {self.floor} and ceiling {self.ceiling} are not 1 <= floor <= ceiling <= 100"
@@ -81,7 +87,7 @@ class Entry:
 
 
 _ORDER = operator.attrgetter("claim_uid", "floor", "ceiling", "priority")
-"""Entries' order on the board (their dataclass order, compared in C: a GPU holds up to 128 of them)."""
+"""Entries' order on the board (their dataclass order, compared in C: a GPU holds up to 100 of them)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,19 @@ class Activity:
 
 def activity_name(claim_uid: str) -> str:
     return claim_uid + ACTIVITY_SUFFIX
+
+
+def over_floors(entries: Iterable[Entry], put: Entry) -> str | None:
+    """Why `put` may not join a board with `entries` (its own earlier entry aside): the floors would sum
+    past FLOOR_TOTAL; None when it may."""
+    others = [e for e in entries if e.claim_uid != put.claim_uid]
+    taken = sum(e.floor for e in others)
+    if taken + put.floor <= FLOOR_TOTAL:
+        return None
+    return (
+        f"{len(others)} claims with floors summing to {taken}% are on it, and this claim's floor of "
+        f"{put.floor}% would take it past {FLOOR_TOTAL}% (a GPU takes at most {MAX_ENTRIES} claims of 1%)"
+    )
 
 
 def board_header(count: int, seq: int) -> bytes:

@@ -97,6 +97,13 @@ def _entries(board: str) -> list[layout.Entry]:
         return []
 
 
+def over_floors(node: NodeContext, gpu_uuid: str, claim_uid: str, floor: int) -> str | None:
+    """Why a claim with `floor` may not join the GPU's board (the floors there would sum past 100 %,
+    or it would hold more claims than it can); None when it may. The caller holds the GPU's lock."""
+    board = os.path.join(gpu_dir(node, gpu_uuid), layout.BOARD_FILE)
+    return layout.over_floors(_entries(board), layout.Entry(claim_uid, floor, floor))
+
+
 def _make_dir(path: str) -> None:
     """`path` a directory of mode 0755 (explicit: every UID of every claim reads the board), made if missing."""
     try:
