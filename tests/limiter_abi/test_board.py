@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -120,8 +121,10 @@ def test_an_activity_file_is_made_with_its_header_and_the_claim_may_write_it(tmp
     path = tmp_path / f"{INFERENCE.claim_uid}.activity"
     assert board.make_activity(path)
     data = path.read_bytes()
-    assert len(data) == 4096 and data[:16] == b"DGPUACT1" + (1).to_bytes(4, "little") + bytes(4)
-    assert data[16:] == bytes(4080)
+    assert len(data) == 4096 and data[:16] == b"DGPUACT1" + (2).to_bytes(4, "little") + bytes(4)
+    boot = uuid.UUID(Path("/proc/sys/kernel/random/boot_id").read_text().strip()).bytes
+    assert data[16:56] == bytes(40) and data[56:72] == boot, "the boot its words belong to, at 56"
+    assert data[72:] == bytes(4096 - 72)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
     with open(path, "r+b") as f:  # the library's fields: demand, used, borrowed, waiting, held
         f.seek(16)

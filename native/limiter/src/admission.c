@@ -108,7 +108,7 @@ void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
             continue;
         }
         if (atomic_compare_exchange_weak(tat, &t, base + wall)) {
-            dl_arbiter_admitted(dev, base + wall);
+            dl_arbiter_admitted(dev, base + wall, now);
             return;
         }
     }

@@ -52,13 +52,14 @@ claim() {
     mkdir -p "$dir" "$state"
     chmod 0755 "$state"
     python3 - "$state/dragpu-limiter.region" "$tmp/gpus/$GPU/$uid.activity" <<'EOF'
-import os, struct, sys
+import os, struct, sys, uuid
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
 os.write(fd, struct.pack("=QIIIIII", 0x314C504741524444, 3, 4096, 1024, 192, 16, 128))
 os.ftruncate(fd, 4096 + 128 * 256 + 1024 * 192)
 os.fchmod(fd, 0o666)
 fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-os.write(fd, struct.pack("<8sII", b"DGPUACT1", 1, 0))
+boot = uuid.UUID(open("/proc/sys/kernel/random/boot_id").read().strip()).bytes
+os.write(fd, struct.pack("<8sII40x16s", b"DGPUACT1", 2, 0, boot))
 os.ftruncate(fd, 4096)
 os.fchmod(fd, 0o666)
 EOF

@@ -35,7 +35,7 @@ at_least() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v >= b) }' || fail "$3: $1 
 at_most() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v <= b) }' || fail "$3: $1 > $2"; }
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 t0() { calc "$("$worker" now) + $1"; }
-activity() { python3 -c 'import struct,sys; print(struct.unpack_from("<5q", open(sys.argv[1], "rb").read(), 16)[int(sys.argv[2])])' "$tmp/gpus/$GPU/$1.activity" "$2"; }
+activity() { od -An -t d8 -j $((16 + 8 * $2)) -N 8 "$tmp/gpus/$GPU/$1.activity" | tr -d ' '; }
 
 # 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not. Its UID
 # is as long as the agent accepts (128 bytes: its board entry has no NUL).
@@ -138,5 +138,82 @@ unshare --mount --propagation private sh -c 'mount --rbind "$1" "$2" && shift 2 
     "$ROOT" env LD_PRELOAD="$LIB" "$B/limiter-probe" alloc 1048576 >"$tmp/bad" 2>"$tmp/bad.err"
 grep -q "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/bad" || fail "a bad limit= should refuse memory: $(cat "$tmp/bad")"
 grep -q "limit= is below cores=" "$tmp/bad.err" || fail "expected the reason: $(cat "$tmp/bad.err")"
+
+# 7. A claim's file is its own problem: whatever a neighbour does to its own activity file (truncate it while
+# others read it, fill it with garbage, write another boot's demand or demand an hour ahead), the claim beside it
+# neither faults nor is held: it borrows the idle GPU. A neighbour's word of this boot, ahead by less than the
+# bound, does hold it, in a file of 4 KiB or grown to 1 GiB alike.
+claim nb 30 30 standard
+nb_file=$tmp/gpus/$GPU/nb.activity
+# tamper <how> [<demand until, s>]: the neighbour's file, as its own processes could leave it.
+tamper() {
+    python3 - "$nb_file" "$@" <<'EOF2'
+import os, struct, sys, uuid
+path, how = sys.argv[1], sys.argv[2]
+until = int(float(sys.argv[3]) * 1e9) if len(sys.argv) > 3 else 0
+boot = uuid.UUID(open("/proc/sys/kernel/random/boot_id").read().strip()).bytes
+if how == "garbage":
+    data = os.urandom(4096)
+elif how == "otherboot":
+    data = struct.pack("<8sIIq32x16s", b"DGPUACT1", 2, 0, until, bytes(16))
+else:
+    data = struct.pack("<8sIIq32x16s", b"DGPUACT1", 2, 0, until, boot)
+fd = os.open(path, os.O_RDWR)
+os.pwrite(fd, data, 0)
+os.ftruncate(fd, {"grow": 1 << 30, "truncate": 0}.get(how, 4096))
+EOF2
+}
+hostile() { # <case> <expected: borrows|held>
+    local b s e
+    b=$(t0 2.0) s=$(t0 2.2) e=$(t0 2.9) # a late start: worker start-up under a sanitizer on a loaded machine
+    [ "$1" = truncate ] && e=$(t0 4.5)
+    tamper reset 0
+    case $1 in
+    truncate) tamper valid "$e" ;;
+    grow | otherboot | valid) tamper "$1" "$e" ;;
+    garbage) tamper garbage ;;
+    forever) tamper valid "$(calc "$e + 3600")" ;;
+    esac
+    local demand
+    demand=$(activity "$A" 0)
+    start "$A" "$tmp/h-$1" run "$b" "$s" "$e" 50
+    if [ "$1" = truncate ]; then # while the claim beside it reads the file (it has launched)
+        deadline=$(t0 20)
+        until [ "$(activity "$A" 0)" != "$demand" ]; do
+            awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+        done
+        tamper truncate
+    fi
+    finish
+    show "h-$1" "$tmp/h-$1"
+    if [ "$1" = truncate ]; then # held until the file went, when the machine let it run: that it lived is the point
+        :
+    elif [ "$2" = borrows ]; then
+        at_least "$(field ran "$tmp/h-$1")" 78 "a claim beside a neighbour whose file is: $1 (held: 70)"
+    else
+        at_most "$(field busy "$tmp/h-$1")" 75 "a claim beside a neighbour whose demand of this boot is valid"
+    fi
+}
+hostile valid held
+hostile grow held
+for how in truncate garbage otherboot forever; do hostile "$how" borrows; done
+[ -s "$tmp/h-truncate" ] || fail "the claim beside a truncated file died: $(cat "$tmp/h-truncate.err")"
+
+# 8. A board caught mid-write (seq odd, a writer killed or slow) at the claim's first launch: its fixed floor
+# until the agent's next write, then its share again, not the floor for the life of the process.
+tamper reset 0
+python3 -c 'import os, struct, sys; fd = os.open(sys.argv[1], os.O_RDWR); seq = struct.unpack("<Q", os.pread(fd, 8, 16))[0]; os.pwrite(fd, struct.pack("<Q", seq + 1), 16)' "$tmp/gpus/$GPU/board"
+demand=$(activity "$A" 0)
+b=$(t0 2.0) e=$(t0 5.0)
+start "$A" "$tmp/midwrite" run "$b" "$b" "$e" 50
+deadline=$(t0 20)
+until [ "$(activity "$A" 0)" != "$demand" ]; do
+    awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+done
+board # the agent's next write
+finish
+show midwrite "$tmp/midwrite"
+at_least "$(sed -n 's/.*bins=//p' "$tmp/midwrite" | tr ',' ' ' | awk '{ s = 0; for (i = NF - 15; i < NF; i++) s += $i; print s / 15 }')" \
+    78 "a claim whose board was mid-write at its first launch, after the agent's next write (the last 300 ms)"
 
 echo "t_elastic: ok (alone $alone %, floors held by 3 claims ($(printf %.2f "$total") % in all), reclaim ${reclaim} ms, besteffort held and in the latency claim's idle time)"

@@ -24,6 +24,7 @@ import operator
 import os
 import struct
 import tempfile
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,9 @@ SEQ_OFFSET = 16
 ACTIVITY_SUFFIX = ".activity"
 ACTIVITY_BYTES = 4096
 ACTIVITY_MAGIC = b"DGPUACT1"
-ACTIVITY_VERSION = 1
+ACTIVITY_VERSION = 2
+"""Version 2: the boot the claim's words belong to, at offset 56 (a word of another boot never counts)."""
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ACTIVITY_MODE = 0o666
 PRIORITIES = ("latency", "standard", "besteffort")
 """Priority classes by their code on the board (0 latency, 1 standard, 2 besteffort)."""
@@ -58,6 +61,7 @@ _SEQ = struct.Struct("<Q")
 _ENTRY = struct.Struct("<128sIIII16x")  # claim uid, floor, ceiling, priority, reserved
 _ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
 _ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
+_BOOT_OFFSET = 56  # 16 bytes: the kernel's boot_id, as uuid.UUID(text).bytes
 READ_TRIES = 1000
 
 
@@ -280,13 +284,26 @@ def rewrite_board(
     return Written(st.st_ino, odd + 1, tuple(new))
 
 
-def activity_header() -> bytes:
-    return _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)
+def boot_id() -> bytes:
+    """This boot's id as the library reads it (16 bytes; zero where the kernel does not say)."""
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return uuid.UUID(f.read().strip()).bytes
+    except (OSError, ValueError):
+        return bytes(16)
+
+
+def activity_header(boot: bytes | None = None) -> bytes:
+    """The agent's part of an activity file: magic, version and the boot (this one unless given)."""
+    head = _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)
+    return head.ljust(_BOOT_OFFSET, b"\0") + (boot_id() if boot is None else boot)
 
 
 def make_activity(path: Path) -> bool:
     """A claim's activity file, header filled and the rest zero, unless one is there (True when made).
-    An existing one is kept: the claim's processes may be reporting in it."""
+    An existing one is kept: the claim's processes may be reporting in it (a file kept over a reboot
+    carries the boot it was written in, and the library counts none of its words until the claim's
+    processes write it again in this one)."""
     return make_file(path, activity_header(), ACTIVITY_BYTES, ACTIVITY_MODE)
 
 
