@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -203,3 +206,45 @@ def test_the_library_reads_the_layouts_the_agent_writes() -> None:
     assert int(defined["BOARD_BYTES"]) == board.BOARD_BYTES
     assert int(defined["ACTIVITY_VERSION"]) == board.ACTIVITY_VERSION
     assert int(defined["ACTIVITY_BYTES"]) == board.ACTIVITY_BYTES
+
+
+FULL_DISK = """
+import errno, os, subprocess, sys
+from pathlib import Path
+from dra_gpu.limiter_abi import board
+disk = Path(sys.argv[1])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+try:
+    board.make_file(disk / "region", b"head", 1 << 20, 0o666)
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno], sorted(os.listdir(disk)))
+else:
+    print("made", os.stat(disk / "region").st_blocks * 512)
+assert board.make_activity(disk / "a.activity")
+print("activity", os.stat(disk / "a.activity").st_blocks * 512)
+"""
+
+
+def test_a_file_the_library_maps_is_never_sparse_so_a_full_disk_fails_in_the_agent(tmp_path: Path) -> None:
+    """A write through a shared mapping to a block the disk cannot give is SIGBUS in the tenant: the agent
+    allocates every block when it makes the file, and a full disk fails there, with nothing left behind."""
+    made = tmp_path / "made"
+    assert board.make_file(made, b"x", 1 << 20, 0o666)
+    assert os.stat(made).st_blocks * 512 >= 1 << 20, "every block allocated"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("a full disk needs a small tmpfs, mounted in a user namespace with unshare(1)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run = subprocess.run(
+        [unshare, "--map-root-user", "--mount", sys.executable, "-c", FULL_DISK, str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if "Operation not permitted" in run.stderr:
+        pytest.skip(f"no user namespace for the small tmpfs here: {run.stderr.strip()[:200]}")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "refused ENOSPC []", "the 1 MiB file on a 64 KiB disk is refused, no file left"
+    assert lines[1] == "activity 4096"

@@ -181,7 +181,9 @@ def read_board(path: Path) -> list[Entry]:
 
 def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
     """Create path with content, size and mode unless something is there (True when it made it); the
-    file appears whole (a temporary file linked into place) and never replaces another. `durable`
+    file appears whole (a temporary file linked into place) and never replaces another, with every
+    block allocated (the library maps these files: a write to a hole of a shared mapping on a full
+    disk is SIGBUS in the tenant, so a full disk fails here, in the agent, with ENOSPC). `durable`
     syncs it before it appears, for a file that must not come back empty after a power loss (the
     claim's region: one the library finds zeroed is refused, never made again). Every file the agent
     makes for the limiter is made here."""
@@ -192,6 +194,7 @@ def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: b
     try:
         os.write(fd, content)
         os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
         os.fchmod(fd, mode)  # explicit: the umask must not decide who may read or write it
         if durable:
             os.fsync(fd)
