@@ -21,7 +21,8 @@
  * Cost on the throttled path: one load of the board's sequence number, one load per other claim of its demand as
  * this process last read it, and, when the set of active claims changed since this thread last looked, the
  * water-filling (a few hundred nanoseconds for tens of claims). The other claims' activity files are read with
- * pread() of a bounded size, at most every REFRESH_NS, by one thread of the process at a time (the others keep
+ * pread() of a bounded size, at most every REFRESH_NS (and when a demand read then runs out: a claim is taken
+ * as idle only from a read made after its demand ended), by one thread of the process at a time (the others keep
  * going on what it last read): never mapped, since a claim can truncate its own file, and a mapping of a
  * truncated file faults in every reader. A changed sequence number opens the activity files again (under a lock).
  * A thread caches the last answer for one device.
@@ -118,6 +119,8 @@ static struct arb {
     _Atomic int n;           /* other claims in the view */
     _Atomic int listed;      /* this claim is on the board it was read from (else: its fixed floor) */
     _Atomic int64_t read_at; /* when the others' demand was last read (0: read it at the next launch) */
+    _Atomic int64_t expiry;  /* the first demand read then to run out: a claim going idle is read again, never
+                              * taken from an old read (which may miss that it asked for more since) */
     _Atomic int share_milli; /* the last share worked out, for borrowed_ns */
 } arbs[DEVS];
 
@@ -246,8 +249,13 @@ static int64_t demand_of(int fd, int64_t now) {
 /* Reads every other claim's demand into the view. mu held. */
 static void read_demand(struct arb *a, int64_t now) {
     int n = atomic_load_explicit(&a->n, memory_order_relaxed);
-    for (int i = 0; i < n; i++)
-        atomic_store_explicit(&a->view->demand[i], demand_of(a->view->peers[i].fd, now), memory_order_relaxed);
+    int64_t expiry = INT64_MAX;
+    for (int i = 0; i < n; i++) {
+        int64_t d = demand_of(a->view->peers[i].fd, now);
+        if (d && d < expiry) expiry = d;
+        atomic_store_explicit(&a->view->demand[i], d, memory_order_relaxed);
+    }
+    atomic_store_explicit(&a->expiry, expiry, memory_order_relaxed);
     atomic_store_explicit(&a->read_at, now, memory_order_release);
 }
 
@@ -429,11 +437,13 @@ void dl_arbiter_share(int dev, int64_t now, double fixed, int64_t burst, struct 
     if (DL_UNLIKELY(state == BOUND) && !set_up_once(a)) return;
     uint64_t seq = atomic_load_explicit(&a->board->seq, memory_order_acquire);
     int64_t read_at = atomic_load_explicit(&a->read_at, memory_order_acquire);
-    if (DL_UNLIKELY(seq != atomic_load_explicit(&a->seq, memory_order_acquire) || now - read_at >= REFRESH_NS)) {
+    if (DL_UNLIKELY(seq != atomic_load_explicit(&a->seq, memory_order_acquire) || now - read_at >= REFRESH_NS ||
+                    now >= atomic_load_explicit(&a->expiry, memory_order_relaxed))) {
         /* One thread reads the files; the others go on with what it read last. */
         if (pthread_mutex_trylock(&a->mu) == 0) {
             if (!(seq & 1) && seq != atomic_load(&a->seq)) read_board(a, now);
-            else if (now - atomic_load(&a->read_at) >= REFRESH_NS) read_demand(a, now);
+            else if (now - atomic_load(&a->read_at) >= REFRESH_NS || now >= atomic_load(&a->expiry))
+                read_demand(a, now);
             pthread_mutex_unlock(&a->mu);
         }
     }

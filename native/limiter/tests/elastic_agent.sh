@@ -32,14 +32,15 @@ prio = {"latency": 0, "standard": 1, "besteffort": 2}
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o444)
 old = os.pread(fd, 24, 0)
 seq = struct.unpack_from("<Q", old, 16)[0] if len(old) == 24 else 0
+seq += 1 if seq % 2 == 0 else 2  # odd while it writes; an odd seq a killed writer left is passed
 os.ftruncate(fd, 16384)
-os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 1), 0)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq), 0)
 body = b""
 for e in entries:
     uid, floor, ceiling, p = e.split(":")
     body += struct.pack("<128sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
 os.pwrite(fd, body.ljust(16384 - 64, b"\0"), 64)
-os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 2), 0)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 1), 0)
 os.fchmod(fd, 0o444)
 EOF
 }
