@@ -370,3 +370,28 @@ def test_floors_from_config_alone_never_sum_past_the_gpu(dirs: PluginDirs) -> No
         assert kubelet.unprepare(first) == {uid_of(first): ""}
         assert kubelet.prepare(third)[uid_of(third)].error == ""
         kubelet.close()
+
+
+def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(dirs: PluginDirs) -> None:
+    """A claim prepared by an agent of activity layout 1 keeps its file (its processes map it): the
+    supervisor writes this layout's version and the boot into it, the words where they were."""
+    api = FakeKube()
+    claim = share_claim(api, "old", 30, 1, {"limit": 100})
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        path = activity(dirs, claim)
+        inode = os.stat(path).st_ino
+        old = b"DGPUACT1" + (1).to_bytes(4, "little") + bytes(4) + (7).to_bytes(8, "little") * 5
+        with open(path, "r+b") as f:
+            f.write(old.ljust(4096, b"\0"))
+        assert board.read_activity(path) is None, "layout 1 is not read as this one"
+        agent.plugin.preparer.supervise()
+        assert os.stat(path).st_ino == inode, "the same file, upgraded in place"
+        assert board.read_activity(path) == board.Activity(7, 7, 7, 7, 7)
+        assert (
+            path.read_bytes()[:72]
+            == board.activity_header()[:16] + (7).to_bytes(8, "little") * 5 + board.boot_id()
+        )
+        kubelet.close()

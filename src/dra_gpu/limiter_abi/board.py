@@ -310,6 +310,37 @@ def make_activity(path: Path) -> bool:
     return make_file(path, activity_header(), ACTIVITY_BYTES, ACTIVITY_MODE)
 
 
+def activity_is_current(path: Path | str) -> bool:
+    """Whether path is an activity file of this layout version (one of an older layout is upgraded)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            head = f.read(_ACTIVITY_HEADER.size)
+    except OSError:
+        return False
+    return head[:12] == _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)[:12]
+
+
+def upgrade_activity(path: Path | str) -> bool:
+    """Bring an activity file of layout version 1 to this one in place (its words keep their offsets;
+    version 2 adds the boot they belong to), so that a claim prepared before an upgrade keeps its file
+    and its processes' mappings. Whether the file is of this layout now (False: missing or no activity
+    file, which the caller makes or leaves)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        magic, version, _ = _ACTIVITY_HEADER.unpack(os.pread(fd, _ACTIVITY_HEADER.size, 0).ljust(16, b"\0"))
+        if magic != ACTIVITY_MAGIC or version not in (1, ACTIVITY_VERSION):
+            return False
+        if version == 1:
+            os.pwrite(fd, boot_id(), _BOOT_OFFSET)
+            os.pwrite(fd, struct.pack("<I", ACTIVITY_VERSION), len(ACTIVITY_MAGIC))
+        return True
+    finally:
+        os.close(fd)
+
+
 def read_activity(path: Path) -> Activity | None:
     """What the claim reports, or None for a file that is missing or not an activity file (a claim
     that damaged its own file reports nothing)."""

@@ -211,7 +211,8 @@ class ClaimArbitration:
         try:
             _make_dir(root)
             _make_dir(directory)
-            layout.make_activity(Path(activity))
+            if not layout.make_activity(Path(activity)):
+                layout.upgrade_activity(activity)  # kept: one made before an upgrade gets this layout
             _link(activity, str(hold.params["link"]))
             update_board(directory, put=entry)
         except OSError as exc:
@@ -236,7 +237,12 @@ class ClaimArbitration:
         directory = gpu_dir(node, str(hold.params["gpu"]))
         activity = os.path.join(directory, layout.activity_name(entry.claim_uid))
         entries = _sound_entries(os.path.join(directory, layout.BOARD_FILE))
-        return entries is not None and entry in entries and _same_file(activity, str(hold.params["link"]))
+        return (
+            entries is not None
+            and entry in entries
+            and _same_file(activity, str(hold.params["link"]))
+            and layout.activity_is_current(activity)
+        )
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         """After the checkpoint was rebuilt: claims on the GPU's board that no record holds come off,
