@@ -118,6 +118,7 @@ static struct arb {
     _Atomic uint64_t seq;    /* of the board the view was read from; odd: none read yet (retried) */
     _Atomic int n;           /* other claims in the view */
     _Atomic int listed;      /* this claim is on the board it was read from (else: its fixed floor) */
+    _Atomic int bad_layout;  /* the board was seen in another layout version (said once) */
     _Atomic int64_t read_at; /* when the others' demand was last read (0: read it at the next launch) */
     _Atomic int64_t expiry;  /* the first demand read then to run out: a claim going idle is read again, never
                               * taken from an old read (which may miss that it asked for more since) */
@@ -266,10 +267,11 @@ static int read_board(struct arb *a, int64_t now) {
     struct view *v = a->view;
     struct board_entry *e = v->e;
     struct peer *old = v->old;
-    uint32_t n = 0;
+    uint32_t n = 0, version = 0;
     uint64_t seq = 0;
     for (int tries = 0;; tries++) {
         seq = atomic_load_explicit(&a->board->seq, memory_order_acquire);
+        version = __atomic_load_n(&a->board->version, __ATOMIC_RELAXED);
         n = __atomic_load_n(&a->board->n, __ATOMIC_RELAXED);
         if (n > BOARD_MAX) n = BOARD_MAX;
         memcpy(e, (const void *)a->board->e, n * sizeof e[0]);
@@ -277,6 +279,15 @@ static int read_board(struct arb *a, int64_t now) {
         if (!(seq & 1) && atomic_load_explicit(&a->board->seq, memory_order_relaxed) == seq) break;
         if (tries > 100) return -1;
         sched_yield();
+    }
+    if (version != BOARD_VERSION) {
+        /* An agent of another release rewrote the board in its own layout (a rollback): its entries are not
+         * these, so none is read, and the claim is off the board for good (a later agent moves that file aside). */
+        if (!atomic_exchange(&a->bad_layout, 1))
+            dl_warn("elastic compute on %s: the board is now of layout version %u, not %d; this claim runs its fixed "
+                    "floor of %d%% until its processes restart",
+                    a->uuid, version, BOARD_VERSION, a->floor);
+        n = 0;
     }
     int n_old = atomic_load_explicit(&a->n, memory_order_relaxed);
     memcpy(old, v->peers, (size_t)n_old * sizeof old[0]);
@@ -303,7 +314,7 @@ static int read_board(struct arb *a, int64_t now) {
         if (old[i].fd >= 0) close(old[i].fd); /* a claim that left: only this thread reads through it (mu) */
     atomic_store_explicit(&a->n, k, memory_order_relaxed);
     read_demand(a, now);
-    if (!found && atomic_load(&a->listed))
+    if (!found && atomic_load(&a->listed) && !atomic_load(&a->bad_layout))
         dl_warn("elastic compute on %s: this claim is no longer on the board; it runs its fixed floor of %d%% until "
                 "it is again", a->uuid, a->floor);
     atomic_store_explicit(&a->listed, found, memory_order_relaxed);
@@ -361,7 +372,7 @@ static void set_up(struct arb *a) {
     own_boot(a->own);
     /* A board caught mid-write is read at a later launch (seq stays odd: no board read yet), never given up on. */
     atomic_store(&a->seq, 1);
-    if (read_board(a, (int64_t)dl_now_ns()) == 0 && !atomic_load(&a->listed))
+    if (read_board(a, (int64_t)dl_now_ns()) == 0 && !atomic_load(&a->listed) && !atomic_load(&a->bad_layout))
         dl_warn("elastic compute on %s: this claim is not on the board; claim %s runs its fixed floor of %d%% until "
                 "it is",
                 a->uuid, cl->name, a->floor);

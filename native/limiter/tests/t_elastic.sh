@@ -216,4 +216,31 @@ show midwrite "$tmp/midwrite"
 at_least "$(sed -n 's/.*bins=//p' "$tmp/midwrite" | tr ',' ' ' | awk '{ s = 0; for (i = NF - 15; i < NF; i++) s += $i; print s / 15 }')" \
     78 "a claim whose board was mid-write at its first launch, after the agent's next write (the last 300 ms)"
 
+# 9. A board rewritten in place in layout version 1 while the claim runs (the previous release's agent after a
+# rollback): its entries are not read as this layout's, the claim runs its fixed floor, one line says why.
+claim old 30 100 standard
+demand=$(activity old 0)
+b=$(t0 2.0) e=$(t0 4.0)
+start old "$tmp/v1" run "$b" "$b" "$e" 50
+deadline=$(t0 20)
+until [ "$(activity old 0)" != "$demand" ]; do
+    awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+done
+python3 - "$tmp/gpus/$GPU/board" <<'EOF2'
+import os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+seq = struct.unpack("<Q", os.pread(fd, 8, 16))[0]
+os.pwrite(fd, struct.pack("<Q", seq + 1), 16)
+os.pwrite(fd, struct.pack("<64sIIII16x", b"old", 30, 100, 1, 0).ljust(16384 - 64, b"\0"), 64)
+os.pwrite(fd, struct.pack("<8sII", b"DGPUBRD1", 1, 1), 0)
+os.pwrite(fd, struct.pack("<Q", seq + 2), 16)
+EOF2
+finish
+show v1 "$tmp/v1"
+at_most "$(sed -n 's/.*bins=//p' "$tmp/v1" | tr ',' ' ' | awk '{ s = 0; for (i = NF - 15; i < NF; i++) s += $i; print s / 15 }')" \
+    40 "a claim whose board was rewritten in layout version 1 (the last 300 ms)"
+grep -q "elastic compute on $GPU: the board is now of layout version 1, not 2; this claim runs its fixed floor of 30%" \
+    "$tmp/v1.err" || fail "expected one line saying the board changed its layout: $(cat "$tmp/v1.err")"
+[ "$(grep -c dragpu-limiter "$tmp/v1.err")" -eq 1 ] || fail "expected one line: $(cat "$tmp/v1.err")"
+
 echo "t_elastic: ok (alone $alone %, floors held by 3 claims ($(printf %.2f "$total") % in all), reclaim ${reclaim} ms, besteffort held and in the latency claim's idle time)"
