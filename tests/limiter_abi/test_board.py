@@ -39,6 +39,23 @@ def contract_board(entries: list[tuple[bytes, int, int, int]], seq: int) -> byte
     return bytes(out)
 
 
+def contract_board_v1(entries: list[tuple[bytes, int, int, int]], seq: int) -> bytes:
+    """The previous release's layout (version 1): the same header with version 1, then 96-byte entries
+    (claim UID NUL-terminated in 64 bytes, floor, ceiling, priority at 64, 68, 72)."""
+    out = bytearray(16384)
+    out[0:8] = b"DGPUBRD1"
+    out[8:12] = (1).to_bytes(4, "little")
+    out[12:16] = len(entries).to_bytes(4, "little")
+    out[16:24] = seq.to_bytes(8, "little")
+    for i, (uid, floor, ceiling, priority) in enumerate(entries):
+        at = 64 + 96 * i
+        out[at : at + len(uid)] = uid
+        out[at + 64 : at + 68] = floor.to_bytes(4, "little")
+        out[at + 68 : at + 72] = ceiling.to_bytes(4, "little")
+        out[at + 72 : at + 76] = priority.to_bytes(4, "little")
+    return bytes(out)
+
+
 INFERENCE = board.Entry("4f0d7a52-3f0e-4b8e-9a8e-0c4b1d2e3f40", 30, 100, "latency")
 TRAINING = board.Entry("9a1c2b3d-4e5f-4a6b-8c7d-0e1f2a3b4c5d", 20, 100, "besteffort")
 FIXED = board.Entry("1b2c3d4e-5f60-4718-9a0b-1c2d3e4f5a6b", 25, 25, "standard")
@@ -118,6 +135,31 @@ def test_a_reader_never_sees_a_torn_board_while_the_agent_rewrites_it(tmp_path: 
     writer.join()
     valid = [[], sorted(sets[0]), sets[1]]
     assert all(s in valid for s in seen)
+
+
+def test_a_board_of_layout_1_is_never_rewritten_in_this_layout_and_is_kept_in_its_own(tmp_path: Path) -> None:
+    """The previous release's library checked the layout only when it mapped the board: the agent leaves
+    a version-1 board as it is (OldBoard) and writes one it moved aside in version 1, under the same
+    seqlock, every claim whose UID fits that layout on it."""
+    path = tmp_path / "board.v1"
+    path.write_bytes(contract_board_v1([(INFERENCE.claim_uid.encode(), 30, 100, 0)], 6))
+    with pytest.raises(board.OldBoard):
+        board.rewrite_board(path, lambda entries: [FIXED])
+    assert board.read_board_v1(path) == [INFERENCE], "left as it was"
+    long = board.Entry("x" * 64, 5, 5)
+    board.write_board_v1(path, [TRAINING, long, FIXED, INFERENCE])
+    expected = [
+        (FIXED.claim_uid.encode(), 25, 25, 1),
+        (INFERENCE.claim_uid.encode(), 30, 100, 0),
+        (TRAINING.claim_uid.encode(), 20, 100, 2),
+    ]
+    assert path.read_bytes() == contract_board_v1(expected, 8), "a UID of 64 bytes does not fit: left off"
+    board.write_board_v1(path, [])
+    assert path.read_bytes() == contract_board_v1([], 10)
+    path.write_bytes(contract_board([], 0))
+    with pytest.raises(board.BoardError):
+        board.write_board_v1(path, [FIXED])
+    assert path.read_bytes() == contract_board([], 0), "a board of this layout is not written as version 1"
 
 
 def test_an_activity_file_is_made_with_its_header_and_the_claim_may_write_it(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ mounted read-write and the GPU's directory read-only; unprepare takes it all awa
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import stat
@@ -394,4 +395,74 @@ def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(di
             path.read_bytes()[:72]
             == board.activity_header()[:16] + (7).to_bytes(8, "little") * 5 + board.boot_id()
         )
+        kubelet.close()
+
+
+def board_v1(entries: list[tuple[str, int, int, int]], seq: int) -> bytes:
+    """A board as the previous release's agent wrote it (layout version 1: 96-byte entries, the claim UID
+    NUL-terminated in 64 bytes, then floor, ceiling and priority)."""
+    head = (
+        b"DGPUBRD1"
+        + (1).to_bytes(4, "little")
+        + len(entries).to_bytes(4, "little")
+        + seq.to_bytes(8, "little")
+    )
+    body = b"".join(
+        uid.encode().ljust(64, b"\0")
+        + b"".join(v.to_bytes(4, "little") for v in (floor, ceiling, prio, 0))
+        + bytes(16)
+        for uid, floor, ceiling, prio in entries
+    )
+    return head.ljust(64, b"\0") + body.ljust(16384 - 64, b"\0")
+
+
+def parse_v1(mapped: mmap.mmap) -> list[tuple[str, int, int, int]]:
+    """What the previous release's library reads of the board it mapped (seq even and unchanged)."""
+    while True:
+        seq = int.from_bytes(mapped[16:24], "little")
+        version, count = int.from_bytes(mapped[8:12], "little"), int.from_bytes(mapped[12:16], "little")
+        raw = [mapped[64 + 96 * i : 64 + 96 * (i + 1)] for i in range(count)]
+        if seq % 2 == 0 and int.from_bytes(mapped[16:24], "little") == seq:
+            break
+    assert version == 1
+
+    def word(e: bytes, at: int) -> int:
+        return int.from_bytes(e[at : at + 4], "little")
+
+    return [(e[:64].rstrip(b"\0").decode(), word(e, 64), word(e, 68), word(e, 72)) for e in raw]
+
+
+def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_readers(
+    dirs: PluginDirs,
+) -> None:
+    """A process of the previous release mapped the version-1 board and checked its layout then only: the
+    agent moves that file aside (the same inode) and keeps it current in version 1, while a new board
+    takes the path; the sweep removes both once no claim is on the GPU."""
+    api = FakeKube()
+    old = share_claim(api, "old", 30, 1, {"limit": 100})
+    new = share_claim(api, "new", 20, 2, {"limit": 60, "priority": "latency"})
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(old)[uid_of(old)].error == ""
+        path = gpu_dir(dirs) / "board"
+        path.unlink()  # as the previous release left it: its own file, in its own layout
+        path.write_bytes(board_v1([(uid_of(old), 30, 100, 1)], 4))
+        path.chmod(0o444)
+        inode = path.stat().st_ino
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 16384, prot=mmap.PROT_READ) as mapped:
+            assert kubelet.prepare(new)[uid_of(new)].error == ""
+            aside = gpu_dir(dirs) / board.BOARD_V1_FILE
+            assert aside.stat().st_ino == inode, "moved aside, the file the old process maps"
+            assert path.stat().st_ino != inode
+            both = [board.Entry(uid_of(old), 30, 100), board.Entry(uid_of(new), 20, 60, "latency")]
+            assert board.read_board(path) == sorted(both), "the new board carries the old one's claims"
+            assert parse_v1(mapped) == sorted([(uid_of(old), 30, 100, 1), (uid_of(new), 20, 60, 0)])
+            assert kubelet.unprepare(old) == {uid_of(old): ""}
+            assert parse_v1(mapped) == [(uid_of(new), 20, 60, 0)], "every rewrite reaches the old mapping"
+            assert board.read_board(path) == [both[1]]
+            assert kubelet.unprepare(new) == {uid_of(new): ""}
+            assert parse_v1(mapped) == []
+            agent.plugin.preparer.collect_stale()
+            assert not gpu_dir(dirs).exists(), "the sweep removes the board and the one moved aside"
         kubelet.close()

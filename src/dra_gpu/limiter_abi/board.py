@@ -46,6 +46,14 @@ ENTRY_BYTES = 160
 CLAIM_UID_BYTES = 128
 """The longest claim UID the agent accepts (`plugin.identity.MAX_UID`), NUL-padded, not NUL-terminated."""
 SEQ_OFFSET = 16
+BOARD_V1_FILE = "board.v1"
+"""A board of layout version 1 the agent found at ``board`` after an upgrade, moved aside (same inode) so
+the previous release's library in processes that mapped it keeps reading version 1 there; the agent
+keeps it current (``write_board_v1``) until the GPU's directory goes."""
+V1_MAX_ENTRIES = 128
+V1_ENTRY_BYTES = 96
+V1_CLAIM_UID_BYTES = 64
+"""Version 1 holds a claim UID of at most 63 bytes (NUL-terminated): a longer one is left off it."""
 ACTIVITY_SUFFIX = ".activity"
 ACTIVITY_BYTES = 4096
 ACTIVITY_MAGIC = b"DGPUACT1"
@@ -59,6 +67,7 @@ PRIORITIES = ("latency", "standard", "besteffort")
 _HEADER = struct.Struct("<8sII")  # magic, version, entry count
 _SEQ = struct.Struct("<Q")
 _ENTRY = struct.Struct("<128sIIII16x")  # claim uid, floor, ceiling, priority, reserved
+_V1_ENTRY = struct.Struct("<64sIIII16x")  # version 1: claim uid, floor, ceiling, priority, reserved
 _ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
 _ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
 _BOOT_OFFSET = 56  # 16 bytes: the kernel's boot_id, as uuid.UUID(text).bytes
@@ -67,6 +76,11 @@ READ_TRIES = 1000
 
 class BoardError(ValueError):
     """A board that is not one the agent wrote (wrong size, magic or version, or a bad entry)."""
+
+
+class OldBoard(BoardError):
+    """A board of layout version 1: the previous release's library may have it mapped, so it is moved
+    aside (``BOARD_V1_FILE``), never rewritten in this layout."""
 
 
 @dataclass(frozen=True, order=True)
@@ -259,7 +273,8 @@ def rewrite_board(
     """Rewrite the board's entries with `change(entries)`, in place as `write_board` does, through one
     descriptor; what it wrote. The entries are read from the file unless `last` still describes it; a
     board left mid-write (seq odd) or with an entry that is no entry gives []. BoardError when the file
-    is no board (wrong size or magic), OSError when it cannot be opened (missing, a symlink)."""
+    is no board (wrong size or magic), OldBoard when it is one of layout version 1 (left as it is),
+    OSError when it cannot be opened (missing, a symlink)."""
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -269,6 +284,8 @@ def rewrite_board(
         if header[: len(BOARD_MAGIC)] != BOARD_MAGIC:
             raise BoardError(f"{path} is no board (magic {header[: len(BOARD_MAGIC)]!r})")
         (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+        if _HEADER.unpack_from(header)[1] == 1:
+            raise OldBoard(f"{path} is a board of layout version 1")
         entries: list[Entry] = []
         if last is not None and (last.inode, last.seq) == (st.st_ino, seq):
             entries = list(last.entries)
@@ -285,6 +302,70 @@ def rewrite_board(
     finally:
         os.close(fd)
     return Written(st.st_ino, odd + 1, tuple(new))
+
+
+def _v1_area(entries: Iterable[Entry]) -> tuple[int, bytes]:
+    """(count, entry area) in layout version 1: the entries whose claim UID fits it, in board order."""
+    fitting = [e for e in sorted(entries, key=_ORDER) if len(e.claim_uid.encode()) < V1_CLAIM_UID_BYTES]
+    packed = b"".join(
+        _V1_ENTRY.pack(e.claim_uid.encode(), e.floor, e.ceiling, PRIORITIES.index(e.priority), 0)
+        for e in fitting[:V1_MAX_ENTRIES]
+    )
+    return min(len(fitting), V1_MAX_ENTRIES), packed.ljust(BOARD_BYTES - HEADER_BYTES, b"\0")
+
+
+def read_board_v1(path: Path | str) -> list[Entry]:
+    """The entries of a board of layout version 1 (seqlock, as `read_board`) that are entries of this
+    one; BoardError if it is no such board, OSError if unreadable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size != BOARD_BYTES:
+            raise BoardError(f"{path} is {os.fstat(fd).st_size} bytes, not {BOARD_BYTES}")
+        for _ in range(READ_TRIES):
+            header = os.pread(fd, HEADER_BYTES, 0)
+            (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+            area = os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES)
+            (again,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
+            if seq % 2 == 0 and seq == again:
+                break
+        else:
+            raise BoardError(f"{path} kept changing while read (seq {seq})")
+    finally:
+        os.close(fd)
+    magic, version, count = _HEADER.unpack_from(header)
+    if magic != BOARD_MAGIC or version != 1 or count > V1_MAX_ENTRIES:
+        raise BoardError(f"not a board of layout version 1 (magic {magic!r}, version {version})")
+    entries = []
+    for i in range(count):
+        raw, floor, ceiling, priority, _ = _V1_ENTRY.unpack_from(area, i * V1_ENTRY_BYTES)
+        with contextlib.suppress(BoardError, UnicodeDecodeError, IndexError):
+            entries.append(Entry(raw.rstrip(b"\0").decode(), floor, ceiling, PRIORITIES[priority]))
+    return entries
+
+
+def write_board_v1(path: Path | str, entries: Iterable[Entry]) -> None:
+    """Rewrite a board of layout version 1 in place with `entries` as the previous release did (seq
+    odd, entries, header, seq even), for the processes that still map it; an entry whose claim UID does
+    not fit version 1 is left off. OSError when it cannot be opened (FileNotFoundError: there is none),
+    BoardError when it is no board of version 1 (left as it is)."""
+    count, area = _v1_area(entries)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        header = os.pread(fd, HEADER_BYTES, 0)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_size != BOARD_BYTES or len(header) < 24:
+            raise BoardError(f"{path} is no board ({st.st_size} bytes, mode {st.st_mode:o})")
+        magic, version, _ = _HEADER.unpack_from(header)
+        if magic != BOARD_MAGIC or version != 1:
+            raise BoardError(f"{path} is no board of layout version 1 (magic {magic!r}, version {version})")
+        (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
+        os.pwrite(fd, area, HEADER_BYTES)
+        os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, 1, count), 0)
+        os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+    finally:
+        os.close(fd)
 
 
 def boot_id() -> bytes:
