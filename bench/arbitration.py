@@ -138,6 +138,8 @@ def main() -> int:
             registry = CollectorRegistry()
             registry.register(_Elastic(claims))
             scrapes.append(_cpu(partial(generate_latest, registry)))
+        page = generate_latest(registry)
+        series = sum(1 for line in page.splitlines() if line and not line.startswith(b"#"))
         assert len(figures) == len(holds), "every claim's board entry and activity file was read"
         lent = sum(e.lent_seconds for e in figures.values())
 
@@ -166,6 +168,7 @@ def main() -> int:
     print(
         f"scrape (elastic series):                      {scrape * 1e3:.1f} ms CPU median every {SCRAPE_INTERVAL_S:g} s"
     )
+    print(f"elastic series on the page: {series} series, {len(page) / 1e3:.0f} kB")
     print(
         f"supervisor's check of {claims_total} holds: {supervise * 1e3:.1f} ms CPU every {SUPERVISE_INTERVAL_S:g} s"
     )

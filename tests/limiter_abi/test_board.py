@@ -7,17 +7,41 @@ module), so a change of the module's layout fails these tests.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
+import subprocess
+import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from dra_gpu.limiter_abi import board
+from dra_gpu.plugin.identity import MAX_UID
 
 
 def contract_board(entries: list[tuple[bytes, int, int, int]], seq: int) -> bytes:
-    """16384 bytes: magic, version 1, count, seq, 40 zero bytes, then 96-byte entries."""
+    """16384 bytes: magic, version 2, count, seq, 40 zero bytes, then 160-byte entries."""
+    out = bytearray(16384)
+    out[0:8] = b"DGPUBRD1"
+    out[8:12] = (2).to_bytes(4, "little")
+    out[12:16] = len(entries).to_bytes(4, "little")
+    out[16:24] = seq.to_bytes(8, "little")
+    for i, (uid, floor, ceiling, priority) in enumerate(entries):
+        at = 64 + 160 * i
+        out[at : at + len(uid)] = uid  # NUL-padded to 128
+        out[at + 128 : at + 132] = floor.to_bytes(4, "little")
+        out[at + 132 : at + 136] = ceiling.to_bytes(4, "little")
+        out[at + 136 : at + 140] = priority.to_bytes(4, "little")
+    return bytes(out)
+
+
+def contract_board_v1(entries: list[tuple[bytes, int, int, int]], seq: int) -> bytes:
+    """The previous release's layout (version 1): the same header with version 1, then 96-byte entries
+    (claim UID NUL-terminated in 64 bytes, floor, ceiling, priority at 64, 68, 72)."""
     out = bytearray(16384)
     out[0:8] = b"DGPUBRD1"
     out[8:12] = (1).to_bytes(4, "little")
@@ -25,7 +49,7 @@ def contract_board(entries: list[tuple[bytes, int, int, int]], seq: int) -> byte
     out[16:24] = seq.to_bytes(8, "little")
     for i, (uid, floor, ceiling, priority) in enumerate(entries):
         at = 64 + 96 * i
-        out[at : at + len(uid)] = uid  # NUL-padded to 64
+        out[at : at + len(uid)] = uid
         out[at + 64 : at + 68] = floor.to_bytes(4, "little")
         out[at + 68 : at + 72] = ceiling.to_bytes(4, "little")
         out[at + 72 : at + 76] = priority.to_bytes(4, "little")
@@ -113,12 +137,39 @@ def test_a_reader_never_sees_a_torn_board_while_the_agent_rewrites_it(tmp_path: 
     assert all(s in valid for s in seen)
 
 
+def test_a_board_of_layout_1_is_never_rewritten_in_this_layout_and_is_kept_in_its_own(tmp_path: Path) -> None:
+    """The previous release's library checked the layout only when it mapped the board: the agent leaves
+    a version-1 board as it is (OldBoard) and writes one it moved aside in version 1, under the same
+    seqlock, every claim whose UID fits that layout on it."""
+    path = tmp_path / "board.v1"
+    path.write_bytes(contract_board_v1([(INFERENCE.claim_uid.encode(), 30, 100, 0)], 6))
+    with pytest.raises(board.OldBoard):
+        board.rewrite_board(path, lambda entries: [FIXED])
+    assert board.read_board_v1(path) == [INFERENCE], "left as it was"
+    long = board.Entry("x" * 64, 5, 5)
+    board.write_board_v1(path, [TRAINING, long, FIXED, INFERENCE])
+    expected = [
+        (FIXED.claim_uid.encode(), 25, 25, 1),
+        (INFERENCE.claim_uid.encode(), 30, 100, 0),
+        (TRAINING.claim_uid.encode(), 20, 100, 2),
+    ]
+    assert path.read_bytes() == contract_board_v1(expected, 8), "a UID of 64 bytes does not fit: left off"
+    board.write_board_v1(path, [])
+    assert path.read_bytes() == contract_board_v1([], 10)
+    path.write_bytes(contract_board([], 0))
+    with pytest.raises(board.BoardError):
+        board.write_board_v1(path, [FIXED])
+    assert path.read_bytes() == contract_board([], 0), "a board of this layout is not written as version 1"
+
+
 def test_an_activity_file_is_made_with_its_header_and_the_claim_may_write_it(tmp_path: Path) -> None:
     path = tmp_path / f"{INFERENCE.claim_uid}.activity"
     assert board.make_activity(path)
     data = path.read_bytes()
-    assert len(data) == 4096 and data[:16] == b"DGPUACT1" + (1).to_bytes(4, "little") + bytes(4)
-    assert data[16:] == bytes(4080)
+    assert len(data) == 4096 and data[:16] == b"DGPUACT1" + (2).to_bytes(4, "little") + bytes(4)
+    boot = uuid.UUID(Path("/proc/sys/kernel/random/boot_id").read_text().strip()).bytes
+    assert data[16:56] == bytes(40) and data[56:72] == boot, "the boot its words belong to, at 56"
+    assert data[72:] == bytes(4096 - 72)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
     with open(path, "r+b") as f:  # the library's fields: demand, used, borrowed, waiting, held
         f.seek(16)
@@ -145,7 +196,7 @@ def test_an_activity_file_the_claim_damaged_reports_nothing(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("uid", "floor", "ceiling", "priority"),
-    [("a" * 64, 10, 10, "standard"), ("u", 0, 10, "standard"), ("u", 50, 40, "standard"), ("u", 1, 1, "rt")],
+    [("a" * 129, 10, 10, "standard"), ("u", 0, 10, "standard"), ("u", 50, 40, "standard"), ("u", 1, 1, "rt")],
 )
 def test_an_entry_the_library_would_refuse_is_never_written(
     uid: str, floor: int, ceiling: int, priority: str
@@ -162,3 +213,80 @@ def test_a_board_that_is_not_one_is_refused_when_read(tmp_path: Path) -> None:
     path.write_bytes(contract_board([], 0)[:100])
     with pytest.raises(board.BoardError):
         board.read_board(path)
+
+
+def test_a_claim_uid_as_long_as_the_agent_accepts_fills_its_entry(tmp_path: Path) -> None:
+    path = tmp_path / "board"
+    board.make_board(path)
+    longest = board.Entry("u" * MAX_UID, 10, 40, "besteffort")
+    board.write_board(path, [longest, FIXED])
+    assert board.read_board(path) == sorted([longest, FIXED])
+    assert path.read_bytes() == contract_board(
+        [(FIXED.claim_uid.encode(), 25, 25, 1), (b"u" * 128, 10, 40, 2)], 2
+    )
+
+
+def test_floors_never_sum_past_the_gpu_so_the_board_never_overflows() -> None:
+    ones = [board.Entry(f"c{i:03d}", 1, 100, "besteffort") for i in range(board.MAX_ENTRIES)]
+    assert board.over_floors(ones[:-1], ones[-1]) is None
+    problem = board.over_floors(ones, board.Entry("c100", 1, 1))
+    assert problem is not None and "100 claims with floors summing to 100%" in problem
+    assert board.over_floors(ones, ones[5]) is None, "a claim already on the board is not counted twice"
+    sixty = board.Entry("a", 60, 60)
+    assert board.over_floors([sixty], board.Entry("b", 41, 41)) is not None
+    assert board.over_floors([sixty], board.Entry("b", 40, 40)) is None
+    assert board.pack_entries(ones)[0] == board.MAX_ENTRIES
+
+
+def test_the_library_reads_the_layouts_the_agent_writes() -> None:
+    """One version per layout, in the module and in the library's source: a layout change bumps both."""
+    source = (ROOT / "native/limiter/src/arbiter.c").read_text()
+    defined = dict(re.findall(r"^#define (\w+) (\d+)", source, re.MULTILINE))
+    assert int(defined["BOARD_VERSION"]) == board.BOARD_VERSION
+    assert int(defined["BOARD_MAX"]) == board.MAX_ENTRIES
+    assert int(defined["UID_BYTES"]) == board.CLAIM_UID_BYTES == MAX_UID
+    assert int(defined["BOARD_BYTES"]) == board.BOARD_BYTES
+    assert int(defined["ACTIVITY_VERSION"]) == board.ACTIVITY_VERSION
+    assert int(defined["ACTIVITY_BYTES"]) == board.ACTIVITY_BYTES
+
+
+FULL_DISK = """
+import errno, os, subprocess, sys
+from pathlib import Path
+from dra_gpu.limiter_abi import board
+disk = Path(sys.argv[1])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+try:
+    board.make_file(disk / "region", b"head", 1 << 20, 0o666)
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno], sorted(os.listdir(disk)))
+else:
+    print("made", os.stat(disk / "region").st_blocks * 512)
+assert board.make_activity(disk / "a.activity")
+print("activity", os.stat(disk / "a.activity").st_blocks * 512)
+"""
+
+
+def test_a_file_the_library_maps_is_never_sparse_so_a_full_disk_fails_in_the_agent(tmp_path: Path) -> None:
+    """A write through a shared mapping to a block the disk cannot give is SIGBUS in the tenant: the agent
+    allocates every block when it makes the file, and a full disk fails there, with nothing left behind."""
+    made = tmp_path / "made"
+    assert board.make_file(made, b"x", 1 << 20, 0o666)
+    assert os.stat(made).st_blocks * 512 >= 1 << 20, "every block allocated"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("a full disk needs a small tmpfs, mounted in a user namespace with unshare(1)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run = subprocess.run(
+        [unshare, "--map-root-user", "--mount", sys.executable, "-c", FULL_DISK, str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if "Operation not permitted" in run.stderr:
+        pytest.skip(f"no user namespace for the small tmpfs here: {run.stderr.strip()[:200]}")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "refused ENOSPC []", "the 1 MiB file on a 64 KiB disk is refused, no file left"
+    assert lines[1] == "activity 4096"

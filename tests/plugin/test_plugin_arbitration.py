@@ -4,6 +4,7 @@ mounted read-write and the GPU's directory read-only; unprepare takes it all awa
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import stat
@@ -309,4 +310,166 @@ def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dir
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         assert limits_line(dirs, claim) == f"device={GPU} memory={3 * GiB} cores=15 limit=55 priority=latency"
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 15, 55, "latency")]
+        kubelet.close()
+
+
+def config_claim(api: FakeKube, name: str, cores: int, n: int) -> dict[str, Any]:
+    """A limiter share of gpu-0 whose floor comes from its config alone (no consumable capacity)."""
+    return add_claim(
+        api,
+        name,
+        [Alloc(share_id=f"00000000-0000-4000-8000-{n:012d}")],
+        [opaque(gpu_config("Limiter", limiter={"cores": cores}), source="FromClaim")],
+    )
+
+
+def test_a_gpu_takes_claims_until_their_floors_fill_it_and_refuses_the_next_in_one_line(
+    dirs: PluginDirs,
+) -> None:
+    """300 claims of 500m cores: each floor is 1 % on the board, so the GPU takes 100 of them and refuses
+    the 101st to the 300th, each with one line naming the GPU and the count; the 100 keep their places."""
+    api = FakeKube()
+    claims = [
+        add_claim(
+            api,
+            f"c{n}",
+            [
+                Alloc(
+                    share_id=f"00000000-0000-4000-8000-{n:012d}",
+                    consumed={"memory": "64Mi", "cores": "500m"},
+                )
+            ],
+            [opaque(gpu_config("Limiter", limiter={"compute": {"limit": 100}}), source="FromClaim")],
+        )
+        for n in range(1, 301)
+    ]
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        first = kubelet.prepare(*claims[:129])
+        assert [first[uid_of(c)].error for c in claims[:100]] == [""] * 100
+        refused = [first[uid_of(c)].error for c in claims[100:129]]
+        refused += [a.error for a in kubelet.prepare(*claims[129:]).values()]
+        assert len(refused) == 200
+        for error in refused:
+            assert "\n" not in error and f"GPU {GPU}: 100 claims with floors summing to 100%" in error, error
+        on_board = board.read_board(gpu_dir(dirs) / "board")
+        assert sorted(e.claim_uid for e in on_board) == sorted(uid_of(c) for c in claims[:100])
+        assert [a.error for a in kubelet.prepare(claims[0]).values()] == [""], (
+            "a repeated prepare still passes"
+        )
+        assert kubelet.unprepare(claims[0]) == {uid_of(claims[0]): ""}
+        assert [a.error for a in kubelet.prepare(claims[150]).values()] == [""], "a freed place is taken"
+        assert len(board.read_board(gpu_dir(dirs) / "board")) == 100
+        kubelet.close()
+
+
+def test_floors_from_config_alone_never_sum_past_the_gpu(dirs: PluginDirs) -> None:
+    api = FakeKube()
+    first, second, third = (config_claim(api, n, 60, i) for i, n in enumerate(("a", "b", "c"), 1))
+    with running_plugin(dirs, api):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(first)[uid_of(first)].error == ""
+        error = kubelet.prepare(second)[uid_of(second)].error
+        assert f"GPU {GPU}: 1 claims with floors summing to 60%" in error and "floor of 60%" in error
+        assert not (dirs.state_dir / "claims" / uid_of(second)).exists(), "nothing of it is left"
+        assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(first), 60, 60)]
+        assert kubelet.unprepare(first) == {uid_of(first): ""}
+        assert kubelet.prepare(third)[uid_of(third)].error == ""
+        kubelet.close()
+
+
+def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(dirs: PluginDirs) -> None:
+    """A claim prepared by an agent of activity layout 1 keeps its file (its processes map it): the
+    supervisor writes this layout's version and the boot into it, the words where they were."""
+    api = FakeKube()
+    claim = share_claim(api, "old", 30, 1, {"limit": 100})
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
+        path = activity(dirs, claim)
+        inode = os.stat(path).st_ino
+        old = b"DGPUACT1" + (1).to_bytes(4, "little") + bytes(4) + (7).to_bytes(8, "little") * 5
+        with open(path, "r+b") as f:
+            f.write(old.ljust(4096, b"\0"))
+        assert board.read_activity(path) is None, "layout 1 is not read as this one"
+        agent.plugin.preparer.supervise()
+        assert os.stat(path).st_ino == inode, "the same file, upgraded in place"
+        assert board.read_activity(path) == board.Activity(7, 7, 7, 7, 7)
+        assert (
+            path.read_bytes()[:72]
+            == board.activity_header()[:16] + (7).to_bytes(8, "little") * 5 + board.boot_id()
+        )
+        kubelet.close()
+
+
+def board_v1(entries: list[tuple[str, int, int, int]], seq: int) -> bytes:
+    """A board as the previous release's agent wrote it (layout version 1: 96-byte entries, the claim UID
+    NUL-terminated in 64 bytes, then floor, ceiling and priority)."""
+    head = (
+        b"DGPUBRD1"
+        + (1).to_bytes(4, "little")
+        + len(entries).to_bytes(4, "little")
+        + seq.to_bytes(8, "little")
+    )
+    body = b"".join(
+        uid.encode().ljust(64, b"\0")
+        + b"".join(v.to_bytes(4, "little") for v in (floor, ceiling, prio, 0))
+        + bytes(16)
+        for uid, floor, ceiling, prio in entries
+    )
+    return head.ljust(64, b"\0") + body.ljust(16384 - 64, b"\0")
+
+
+def parse_v1(mapped: mmap.mmap) -> list[tuple[str, int, int, int]]:
+    """What the previous release's library reads of the board it mapped (seq even and unchanged)."""
+    while True:
+        seq = int.from_bytes(mapped[16:24], "little")
+        version, count = int.from_bytes(mapped[8:12], "little"), int.from_bytes(mapped[12:16], "little")
+        raw = [mapped[64 + 96 * i : 64 + 96 * (i + 1)] for i in range(count)]
+        if seq % 2 == 0 and int.from_bytes(mapped[16:24], "little") == seq:
+            break
+    assert version == 1
+
+    def word(e: bytes, at: int) -> int:
+        return int.from_bytes(e[at : at + 4], "little")
+
+    return [(e[:64].rstrip(b"\0").decode(), word(e, 64), word(e, 68), word(e, 72)) for e in raw]
+
+
+def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_readers(
+    dirs: PluginDirs,
+) -> None:
+    """A process of the previous release mapped the version-1 board and checked its layout then only: the
+    agent moves that file aside (the same inode) and keeps it current in version 1, while a new board
+    takes the path; the sweep removes both once no claim is on the GPU."""
+    api = FakeKube()
+    old = share_claim(api, "old", 30, 1, {"limit": 100})
+    new = share_claim(api, "new", 20, 2, {"limit": 60, "priority": "latency"})
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(old)[uid_of(old)].error == ""
+        path = gpu_dir(dirs) / "board"
+        path.unlink()  # as the previous release left it: its own file, in its own layout
+        path.write_bytes(board_v1([(uid_of(old), 30, 100, 1)], 4))
+        path.chmod(0o444)
+        inode = path.stat().st_ino
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 16384, prot=mmap.PROT_READ) as mapped:
+            assert kubelet.prepare(new)[uid_of(new)].error == ""
+            aside = gpu_dir(dirs) / board.BOARD_V1_FILE
+            assert aside.stat().st_ino == inode, "moved aside, the file the old process maps"
+            assert path.stat().st_ino != inode
+            both = [board.Entry(uid_of(old), 30, 100), board.Entry(uid_of(new), 20, 60, "latency")]
+            assert board.read_board(path) == sorted(both), "the new board carries the old one's claims"
+            assert parse_v1(mapped) == sorted([(uid_of(old), 30, 100, 1), (uid_of(new), 20, 60, 0)])
+            assert kubelet.unprepare(old) == {uid_of(old): ""}
+            assert parse_v1(mapped) == [(uid_of(new), 20, 60, 0)], "every rewrite reaches the old mapping"
+            assert board.read_board(path) == [both[1]]
+            assert kubelet.unprepare(new) == {uid_of(new): ""}
+            assert parse_v1(mapped) == []
+            agent.plugin.preparer.collect_stale()
+            assert not gpu_dir(dirs).exists(), "the sweep removes the board and the one moved aside"
         kubelet.close()

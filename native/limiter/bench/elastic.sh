@@ -8,7 +8,8 @@
 # own: a figure is the share each claim's admission allowed; one claim's queue does not delay another's kernels
 # there (on a real GPU it does: the GPU check measures that). Figures only; nothing asserted.
 #
-#   bench/elastic.sh <build dir>      (make bench-elastic; as root, or where user namespaces are allowed)
+#   bench/elastic.sh <build dir> [short]   (make bench-elastic; as root, or where user namespaces are allowed;
+#                                          short: only the short kernels' figures)
 set -u
 if [ -z "${ELASTIC_BENCH_NS:-}" ]; then
     export ELASTIC_BENCH_NS=1
@@ -43,6 +44,27 @@ for c in "a2 30 100 standard" "b2 50 50 standard" "a3 20 100 standard" "b3 30 30
     # shellcheck disable=SC2086
     claim $c
 done
+
+echo "== short kernels: a 30/100 claim alone, 2 us kernels (busy % of the window; goal: the no-library figure - 1)"
+for run in library none; do
+    b=$(t0 0.4) s=$(t0 0.8) e=$(t0 2.0)
+    if [ "$run" = library ]; then
+        FAKE_CUDA_WAVE_NS=2000 start alone "$tmp/short" run "$b" "$s" "$e" 10
+    else
+        FAKE_CUDA_WAVE_NS=2000 "$worker" run "$b" "$s" "$e" 10 >"$tmp/short" 2>"$tmp/short.err" & pids+=($!)
+    fi
+    finish
+    printf '  %-8s: busy %s %% (while it ran %s %%)\n' "$run" "$(field busy "$tmp/short")" "$(field ran "$tmp/short")"
+done
+echo "== a throttled launch's bookkeeping while borrowing (a 30/100 claim alone; goal < 200 ns over a fixed share's)"
+(
+    worker=$B/bench/limiter-bench
+    unset FAKE_CUDA_REAL_TIMING
+    FAKE_CUDA_WAVE_NS=0 start alone "$tmp/bb" 2000000 throttled
+    finish
+    sed -n 's/^/  /; /compute limit on/p' "$tmp/bb"
+)
+[ "${2:-}" = short ] && exit 0
 
 echo "== floors under contention: each claim's busy % of the window (its floor; ceiling), every claim busy"
 for kind in "50 kernels" "5000 kernels" "50 graph"; do

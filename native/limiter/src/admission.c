@@ -29,6 +29,7 @@
 
 #define BURST_NS 4000000LL /* how far ahead of wall time admitted work may run */
 #define SLICE_NS 2000000LL /* longest sleep between two looks at completed measurements */
+#define BORROW_QUEUE_NS 2000000LL /* how much work a borrowing process may have queued on the device */
 
 bool dl_throttle_on;
 static double wall_per_gpu_ns = 1.0; /* 100 / cores: a multiplication on every launch, not a division */
@@ -82,10 +83,11 @@ void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
         }
         /* A borrowed share may reach the whole GPU, where the clock alone would let this process queue far more
          * than the device runs (the gaps between kernels are not charged): while it borrows, its queue is held to
-         * the burst too, so that a claim waking up waits for no deep queue of a borrower's. */
+         * BORROW_QUEUE_NS (at most the burst), so that a claim waking up waits for no deep queue of a borrower's. */
         int64_t queued = sh.borrowing ? dl_measure_queued_ahead(dev, now) : 0;
-        if (DL_UNLIKELY(queued > sh.burst_ns)) {
-            int64_t wait = queued - sh.burst_ns;
+        int64_t deep = sh.burst_ns < BORROW_QUEUE_NS ? sh.burst_ns : BORROW_QUEUE_NS;
+        if (DL_UNLIKELY(queued > deep)) {
+            int64_t wait = queued - deep;
             wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);
             continue;
         }
@@ -108,7 +110,7 @@ void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
             continue;
         }
         if (atomic_compare_exchange_weak(tat, &t, base + wall)) {
-            dl_arbiter_admitted(dev, base + wall);
+            dl_arbiter_admitted(dev, base + wall, now);
             return;
         }
     }

@@ -21,8 +21,9 @@ void dl_arbiter_share(int dev, int64_t now, double fixed, int64_t burst, struct 
 /* The last answer of dl_arbiter_wall_per_gpu for dev (fixed when it takes no part, or may not run): what a
  * measurement's difference from its charge is settled at. */
 double dl_arbiter_last_wall_per_gpu(int dev, double fixed);
-/* A launch was admitted and the claim's clock now reaches until (ns): the claim wants the GPU until then. */
-void dl_arbiter_admitted(int dev, int64_t until);
+/* A launch was admitted at now and the claim's clock reaches until (ns): the claim wants the GPU until then (no
+ * further ahead than the others count). */
+void dl_arbiter_admitted(int dev, int64_t until, int64_t now);
 /* A launch waits for admission (waiting +1 at start, -1 at its end; slept ns, held: by a latency claim). */
 void dl_arbiter_waiting(int dev, int delta, int64_t now);
 void dl_arbiter_slept(int dev, int64_t ns, int held);

@@ -126,7 +126,7 @@ enum { DL_PRIORITY_LATENCY = 0, DL_PRIORITY_STANDARD = 1, DL_PRIORITY_BESTEFFORT
 struct dl_claim {
     char name[320];       /* <namespace>/<name>: up to 63 + 1 + 253 (the directory name when the file is broken) */
     char state_dir[4096]; /* the claim's shared accounting directory, as the container sees it */
-    char uid[64];         /* the claim's UID: its directory's name under CLAIMS_ROOT */
+    char uid[129];        /* the claim's UID (up to 128 bytes): its directory's name under CLAIMS_ROOT */
     int n_devices;
     struct dl_claim_device devices[DL_MAX_DEVICES];
     bool broken; /* malformed or unreadable: its devices get no memory */

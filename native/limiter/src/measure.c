@@ -73,6 +73,7 @@ struct pending {
     int64_t started_ns;  /* when the reaper first saw its start event reached (0: not yet) */
     int64_t accrued_ns;  /* what the reaper charged it while it ran past its charge */
     int64_t recorded_ns; /* when its start event was recorded (host clock) */
+    int64_t queued_sum;  /* the device's queued_sum once it was launched */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -94,6 +95,11 @@ static _Atomic int64_t oldest_recorded;
  * what was launched, each GAP_PENDING_NS apart): a launch made before then is queued and its bracket holds no
  * host time. A guess that errs long (several streams at once, other processes) only deducts less. */
 static _Atomic int64_t queued_until[DL_MAX_DEVICES];
+/* What queued_until was ever moved on by (the estimates and gaps of every launch, cumulative): when a measured
+ * launch is seen done, the queue can hold no more than what was launched after it, from then on. Without that,
+ * an estimate that errs long (kernels of 2 us a GAP_PENDING_NS apart, launched slower than that by the host)
+ * builds up a queue that is not there, and a borrower is held back by it. */
+static _Atomic int64_t queued_sum[DL_MAX_DEVICES];
 
 static struct {
     uint64_t key;
@@ -215,7 +221,7 @@ void dl_measure_reset_after_fork(void) {
     memset(probes, 0, sizeof probes);
     memset(&probing, 0, sizeof probing);
     atomic_store(&polling, 0);
-    for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0);
+    for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&queued_until[i], 0), atomic_store(&queued_sum[i], 0);
     atomic_store(&reaping, 0); /* the parent's reaper thread is not the child's */
     atomic_store(&reaper_polling, 0);
     atomic_store(&oldest_recorded, 0);
@@ -336,6 +342,16 @@ static CUresult elapsed_ms(float *ms, CUevent a, CUevent b) {
  * pending entries are copied out, their events queried without the lock, then what completed is learnt,
  * its events pooled and the head advanced in one more look at the tables. */
 #define POLL_BATCH 32
+/* A launch of the device was seen done at now, when the device's queued_sum had reached sum at its launch: what
+ * is queued now ends no later than what was launched since, from now. */
+static void done_by(int dev, int64_t sum, int64_t now) {
+    _Atomic int64_t *q = &queued_until[dev % DL_MAX_DEVICES];
+    int64_t most = now + atomic_load_explicit(&queued_sum[dev % DL_MAX_DEVICES], memory_order_relaxed) - sum;
+    int64_t until = atomic_load_explicit(q, memory_order_relaxed);
+    while (until > most &&
+           !atomic_compare_exchange_weak_explicit(q, &until, most, memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
 static __thread int in_reaper; /* this thread is the reaper: it also charges the oldest launch as it runs */
 static void poll_completed(void) {
     int expected = 0;
@@ -355,6 +371,7 @@ static void poll_completed(void) {
             CUresult q = dl_cuda.cuEventQuery(p->end);
             if (q == CUDA_ERROR_NOT_READY) break;
             float ms;
+            if (q == CUDA_SUCCESS) done_by(p->dev, p->queued_sum, (int64_t)dl_now_ns());
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
                 actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
                 atomic_fetch_add(dl_region_tat(p->dev),
@@ -767,6 +784,9 @@ static int64_t launched(struct dl_ticket *t) {
     int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
     do next = (until > now ? until : now) + GAP_PENDING_NS + t->charged_ns;
     while (!atomic_compare_exchange_weak_explicit(q, &until, next, memory_order_relaxed, memory_order_relaxed));
+    t->queued_sum = atomic_fetch_add_explicit(&queued_sum[t->dev % DL_MAX_DEVICES], GAP_PENDING_NS + t->charged_ns,
+                                              memory_order_relaxed) +
+                    GAP_PENDING_NS + t->charged_ns;
     return now;
 }
 
@@ -807,7 +827,8 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
     int queued = ring_count < RING;
     if (queued) {
         ring[(ring_head + ring_count) % RING] =
-            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra, 0, 0, t->recorded};
+            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra, 0, 0, t->recorded,
+                             t->queued_sum};
         if (ring_count++ == 0) atomic_store_explicit(&oldest_recorded, t->recorded, memory_order_relaxed);
     }
     if (!queued) probe_dropped(t->key);

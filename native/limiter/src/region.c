@@ -617,8 +617,10 @@ static int open_shared(struct region *g, const char *dir, int log_level, bool ag
         problem = "a process of the claim still uses it with another version of the library (another layout)";
     } else if (old != 0 && ftruncate(g->fd, 0) != 0) {
         problem = strerror(errno);
-    } else if ((old != 0 || st.st_size == 0) && ftruncate(g->fd, (off_t)REGION_BYTES) != 0) {
+    } else if ((old != 0 || st.st_size == 0) && (errno = posix_fallocate(g->fd, 0, (off_t)REGION_BYTES)) != 0) {
+        /* Every block allocated, not a sparse file: a write to a hole of the mapping on a full disk is SIGBUS. */
         problem = strerror(errno);
+        if (ftruncate(g->fd, 0) != 0) problem = "it could not be allocated, nor emptied again";
     } else if (old == 0 && st.st_size != 0 && st.st_size != (off_t)REGION_BYTES) {
         problem = "the file has an unknown layout (its size differs)";
     } else {

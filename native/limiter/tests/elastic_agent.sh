@@ -32,14 +32,15 @@ prio = {"latency": 0, "standard": 1, "besteffort": 2}
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o444)
 old = os.pread(fd, 24, 0)
 seq = struct.unpack_from("<Q", old, 16)[0] if len(old) == 24 else 0
+seq += 1 if seq % 2 == 0 else 2  # odd while it writes; an odd seq a killed writer left is passed
 os.ftruncate(fd, 16384)
-os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 1, len(entries), seq + 1), 0)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq), 0)
 body = b""
 for e in entries:
     uid, floor, ceiling, p = e.split(":")
-    body += struct.pack("<64sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
+    body += struct.pack("<128sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
 os.pwrite(fd, body.ljust(16384 - 64, b"\0"), 64)
-os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 1, len(entries), seq + 2), 0)
+os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 1), 0)
 os.fchmod(fd, 0o444)
 EOF
 }
@@ -52,13 +53,14 @@ claim() {
     mkdir -p "$dir" "$state"
     chmod 0755 "$state"
     python3 - "$state/dragpu-limiter.region" "$tmp/gpus/$GPU/$uid.activity" <<'EOF'
-import os, struct, sys
+import os, struct, sys, uuid
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
 os.write(fd, struct.pack("=QIIIIII", 0x314C504741524444, 3, 4096, 1024, 192, 16, 128))
 os.ftruncate(fd, 4096 + 128 * 256 + 1024 * 192)
 os.fchmod(fd, 0o666)
 fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-os.write(fd, struct.pack("<8sII", b"DGPUACT1", 1, 0))
+boot = uuid.UUID(open("/proc/sys/kernel/random/boot_id").read().strip()).bytes
+os.write(fd, struct.pack("<8sII40x16s", b"DGPUACT1", 2, 0, boot))
 os.ftruncate(fd, 4096)
 os.fchmod(fd, 0o666)
 EOF
@@ -66,7 +68,7 @@ EOF
     local line="$GPU memory=unlimited cores=$floor"
     [ "$ceiling" != "$floor" ] && line="$line limit=$ceiling"
     [ "$prio" != standard ] && line="$line priority=$prio"
-    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "$uid" "$ROOT/$uid/limiter" "$line" "$extra" >"$dir/limits"
+    printf 'version=1\nclaim=ns/%s\nstate=%s\ndevice=%s%s\n' "${uid:0:16}" "$ROOT/$uid/limiter" "$line" "$extra" >"$dir/limits"
     chmod 0444 "$dir/limits"
     mount --bind "$dir/limits" "$dir/limits" && mount -o remount,bind,ro "$dir/limits" || fail "cannot mount $dir/limits"
     claims+=("$uid:$floor:$ceiling:$prio")

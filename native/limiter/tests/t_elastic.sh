@@ -35,13 +35,15 @@ at_least() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v >= b) }' || fail "$3: $1 
 at_most() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v <= b) }' || fail "$3: $1 > $2"; }
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
 t0() { calc "$("$worker" now) + $1"; }
-activity() { python3 -c 'import struct,sys; print(struct.unpack_from("<5q", open(sys.argv[1], "rb").read(), 16)[int(sys.argv[2])])' "$tmp/gpus/$GPU/$1.activity" "$2"; }
+activity() { od -An -t d8 -j $((16 + 8 * $2)) -N 8 "$tmp/gpus/$GPU/$1.activity" | tr -d ' '; }
 
-# 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not.
-claim alone 30 100 standard
+# 1. A standard claim alone, floor 30 and ceiling 100, takes the idle GPU; a fixed 30 % claim does not. Its UID
+# is as long as the agent accepts (128 bytes: its board entry has no NUL).
+A=alone-$(printf '%0122d' 0)
+claim "$A" 30 100 standard
 claim fixed 30 30 standard
 s=$(t0 0.3)
-start alone "$tmp/alone" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
+start "$A" "$tmp/alone" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
 finish
 s=$(t0 0.3)
 start fixed "$tmp/fixed" run "$s" "$(t0 0.6)" "$(t0 1.4)" 50
@@ -51,15 +53,15 @@ show fixed "$tmp/fixed"
 alone=$(field ran "$tmp/alone")
 at_least "$alone" 85 "a standard claim alone with ceiling 100 (busy % while it ran)"
 at_most "$(field busy "$tmp/fixed")" 33 "a fixed 30 % claim alone"
-[ "$(activity alone 1)" -gt 0 ] || fail "the claim's activity file shows no GPU time used"
-[ "$(activity alone 2)" -gt 0 ] || fail "the claim's activity file shows no GPU time borrowed"
+[ "$(activity "$A" 1)" -gt 0 ] || fail "the claim's activity file shows no GPU time used"
+[ "$(activity "$A" 2)" -gt 0 ] || fail "the claim's activity file shows no GPU time borrowed"
 [ "$(activity fixed 2)" -eq 0 ] || fail "a fixed share borrowed"
 
 # 2. Floors under contention: 30/100 standard, the fixed 30 %, 20/100 standard, all at once: each at least its
 # floor, together no more than the GPU.
 claim third 20 100 standard
 b=$(t0 0.3) s=$(t0 0.7) e=$(t0 1.7)
-start alone "$tmp/c1" run "$b" "$s" "$e" 50
+start "$A" "$tmp/c1" run "$b" "$s" "$e" 50
 start fixed "$tmp/c2" run "$b" "$s" "$e" 5000
 start third "$tmp/c3" run "$b" "$s" "$e" 50 graph
 finish
@@ -75,7 +77,7 @@ at_least "$(field busy "$tmp/c1")" 33 "the 30/100 claim should borrow the 20 poi
 # 3. Reclaim: the 30/100 claim runs alone, then the fixed 30 % and the 20/100 claims wake up. From then on the
 # borrower is back near its share (30 + its part of the 20 left), the others at their floors.
 b=$(t0 0.3) w=$(t0 1.0) e=$(t0 1.8)
-start alone "$tmp/r1" run "$b" "$w" "$e" 50
+start "$A" "$tmp/r1" run "$b" "$w" "$e" 50
 start fixed "$tmp/r2" run "$w" "$(calc "$w + 0.1")" "$e" 50
 start third "$tmp/r3" run "$w" "$(calc "$w + 0.1")" "$e" 50
 finish
@@ -117,12 +119,12 @@ at_least "$(field ran "$tmp/e2")" "$(calc "(100 - $lat) * 0.5")" "the besteffort
 # 5. A board the claim could have written (not owned by root) is not trusted: the fixed floor, one line.
 chown 1 "$tmp/gpus/$GPU/board"
 s=$(t0 0.3)
-start alone "$tmp/u1" run "$s" "$(t0 0.5)" "$(t0 1.0)" 50
+start "$A" "$tmp/u1" run "$s" "$(t0 0.5)" "$(t0 1.0)" 50
 finish
 show untrusted "$tmp/u1"
 chown 0 "$tmp/gpus/$GPU/board"
 at_most "$(field busy "$tmp/u1")" 33 "a claim whose board is not the agent's"
-grep -q "elastic compute on $GPU: .*board: it is not on a read-only mount or not owned by root; claim ns/alone runs its fixed floor of 30%" "$tmp/u1.err" ||
+grep -q "elastic compute on $GPU: .*board: it is not on a read-only mount or not owned by root; claim ns/alone-0000000000 runs its fixed floor of 30%" "$tmp/u1.err" ||
     fail "expected one line saying the board is not trusted: $(cat "$tmp/u1.err")"
 [ "$(grep -c dragpu-limiter "$tmp/u1.err")" -eq 1 ] || fail "expected one line: $(cat "$tmp/u1.err")"
 
@@ -136,5 +138,109 @@ unshare --mount --propagation private sh -c 'mount --rbind "$1" "$2" && shift 2 
     "$ROOT" env LD_PRELOAD="$LIB" "$B/limiter-probe" alloc 1048576 >"$tmp/bad" 2>"$tmp/bad.err"
 grep -q "allocated=0 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/bad" || fail "a bad limit= should refuse memory: $(cat "$tmp/bad")"
 grep -q "limit= is below cores=" "$tmp/bad.err" || fail "expected the reason: $(cat "$tmp/bad.err")"
+
+# 7. A claim's file is its own problem: whatever a neighbour does to its own activity file (truncate it while
+# others read it, fill it with garbage, write another boot's demand or demand an hour ahead), the claim beside it
+# neither faults nor is held: it borrows the idle GPU. A neighbour's word of this boot, ahead by less than the
+# bound, does hold it, in a file of 4 KiB or grown to 1 GiB alike.
+claim nb 30 30 standard
+nb_file=$tmp/gpus/$GPU/nb.activity
+# tamper <how> [<demand until, s>]: the neighbour's file, as its own processes could leave it.
+tamper() {
+    python3 - "$nb_file" "$@" <<'EOF2'
+import os, struct, sys, uuid
+path, how = sys.argv[1], sys.argv[2]
+until = int(float(sys.argv[3]) * 1e9) if len(sys.argv) > 3 else 0
+boot = uuid.UUID(open("/proc/sys/kernel/random/boot_id").read().strip()).bytes
+if how == "garbage":
+    data = os.urandom(4096)
+elif how == "otherboot":
+    data = struct.pack("<8sIIq32x16s", b"DGPUACT1", 2, 0, until, bytes(16))
+else:
+    data = struct.pack("<8sIIq32x16s", b"DGPUACT1", 2, 0, until, boot)
+fd = os.open(path, os.O_RDWR)
+os.pwrite(fd, data, 0)
+os.ftruncate(fd, {"grow": 1 << 30, "truncate": 0}.get(how, 4096))
+EOF2
+}
+hostile() { # <case> <expected: borrows|held>
+    local b s e
+    b=$(t0 2.0) s=$(t0 2.2) e=$(t0 2.9) # a late start: worker start-up under a sanitizer on a loaded machine
+    [ "$1" = truncate ] && e=$(t0 4.5)
+    tamper reset 0
+    case $1 in
+    truncate) tamper valid "$e" ;;
+    grow | otherboot | valid) tamper "$1" "$e" ;;
+    garbage) tamper garbage ;;
+    forever) tamper valid "$(calc "$e + 3600")" ;;
+    esac
+    local demand
+    demand=$(activity "$A" 0)
+    start "$A" "$tmp/h-$1" run "$b" "$s" "$e" 50
+    if [ "$1" = truncate ]; then # while the claim beside it reads the file (it has launched)
+        deadline=$(t0 20)
+        until [ "$(activity "$A" 0)" != "$demand" ]; do
+            awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+        done
+        tamper truncate
+    fi
+    finish
+    show "h-$1" "$tmp/h-$1"
+    if [ "$1" = truncate ]; then # held until the file went, when the machine let it run: that it lived is the point
+        :
+    elif [ "$2" = borrows ]; then
+        at_least "$(field ran "$tmp/h-$1")" 78 "a claim beside a neighbour whose file is: $1 (held: 70)"
+    else
+        at_most "$(field busy "$tmp/h-$1")" 75 "a claim beside a neighbour whose demand of this boot is valid"
+    fi
+}
+hostile valid held
+hostile grow held
+for how in truncate garbage otherboot forever; do hostile "$how" borrows; done
+[ -s "$tmp/h-truncate" ] || fail "the claim beside a truncated file died: $(cat "$tmp/h-truncate.err")"
+
+# 8. A board caught mid-write (seq odd, a writer killed or slow) at the claim's first launch: its fixed floor
+# until the agent's next write, then its share again, not the floor for the life of the process.
+tamper reset 0
+python3 -c 'import os, struct, sys; fd = os.open(sys.argv[1], os.O_RDWR); seq = struct.unpack("<Q", os.pread(fd, 8, 16))[0]; os.pwrite(fd, struct.pack("<Q", seq + 1), 16)' "$tmp/gpus/$GPU/board"
+demand=$(activity "$A" 0)
+b=$(t0 2.0) e=$(t0 5.0)
+start "$A" "$tmp/midwrite" run "$b" "$b" "$e" 50
+deadline=$(t0 20)
+until [ "$(activity "$A" 0)" != "$demand" ]; do
+    awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+done
+board # the agent's next write
+finish
+show midwrite "$tmp/midwrite"
+at_least "$(sed -n 's/.*bins=//p' "$tmp/midwrite" | tr ',' ' ' | awk '{ s = 0; for (i = NF - 15; i < NF; i++) s += $i; print s / 15 }')" \
+    78 "a claim whose board was mid-write at its first launch, after the agent's next write (the last 300 ms)"
+
+# 9. A board rewritten in place in layout version 1 while the claim runs (the previous release's agent after a
+# rollback): its entries are not read as this layout's, the claim runs its fixed floor, one line says why.
+claim old 30 100 standard
+demand=$(activity old 0)
+b=$(t0 2.0) e=$(t0 4.0)
+start old "$tmp/v1" run "$b" "$b" "$e" 50
+deadline=$(t0 20)
+until [ "$(activity old 0)" != "$demand" ]; do
+    awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+done
+python3 - "$tmp/gpus/$GPU/board" <<'EOF2'
+import os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+seq = struct.unpack("<Q", os.pread(fd, 8, 16))[0]
+os.pwrite(fd, struct.pack("<Q", seq + 1), 16)
+os.pwrite(fd, struct.pack("<64sIIII16x", b"old", 30, 100, 1, 0).ljust(16384 - 64, b"\0"), 64)
+os.pwrite(fd, struct.pack("<8sII", b"DGPUBRD1", 1, 1), 0)
+os.pwrite(fd, struct.pack("<Q", seq + 2), 16)
+EOF2
+finish
+show v1 "$tmp/v1"
+at_most "$(sed -n 's/.*bins=//p' "$tmp/v1" | tr ',' ' ' | awk '{ s = 0; for (i = NF - 15; i < NF; i++) s += $i; print s / 15 }')" \
+    40 "a claim whose board was rewritten in layout version 1 (the last 300 ms)"
+grep -q "elastic compute on $GPU: the board is now of layout version 1, not 2; this claim runs its fixed floor of 30%" \
+    "$tmp/v1.err" || fail "expected one line saying the board changed its layout: $(cat "$tmp/v1.err")"
+[ "$(grep -c dragpu-limiter "$tmp/v1.err")" -eq 1 ] || fail "expected one line: $(cat "$tmp/v1.err")"
 
 echo "t_elastic: ok (alone $alone %, floors held by 3 claims ($(printf %.2f "$total") % in all), reclaim ${reclaim} ms, besteffort held and in the latency claim's idle time)"

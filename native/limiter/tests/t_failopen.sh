@@ -32,6 +32,19 @@ LD_PRELOAD=$PRELOAD DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_LIMITER_STATE_DIR="$tmp/missi
 expect_in "cannot open the shared region $tmp/missing/dragpu-limiter.region (the environment's state directory): No such file or directory; limits apply to this process only" "$tmp/err"
 expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/out"
 
+# 2b. A state directory on a full disk (a 64 KiB tmpfs, in a user namespace of its own): the region is never a
+# sparse file that faults when the process first writes a page of it, but refused when made, the same degradation.
+mkdir "$tmp/full"
+if unshare --map-root-user --mount true 2>/dev/null; then
+    unshare --map-root-user --mount sh -c 'mount -t tmpfs -o size=64k tmpfs "$1" && shift && exec "$@"' sh "$tmp/full" \
+        env LD_PRELOAD="$PRELOAD" DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_LIMITER_STATE_DIR="$tmp/full" \
+        "$probe" alloc 268435456 >"$tmp/out" 2>"$tmp/err" || fail "probe failed on a full disk: $(cat "$tmp/err")"
+    expect_in "cannot use the shared region $tmp/full/dragpu-limiter.region (the environment's state directory): No space left on device; limits apply to this process only" "$tmp/err"
+    expect_in "allocated=1073741824 last=CUDA_ERROR_OUT_OF_MEMORY" "$tmp/out"
+else
+    echo "t_failopen: the full disk is not tried: no user namespace for a small tmpfs here" >&2
+fi
+
 # 3. A region file of another layout (say, another version of the library): same degradation.
 mkdir "$tmp/foreign" && head -c 4096 /dev/urandom >"$tmp/foreign/dragpu-limiter.region"
 LD_PRELOAD=$PRELOAD DRAGPU_MEMORY_LIMIT=1Gi DRAGPU_LIMITER_STATE_DIR="$tmp/foreign" \

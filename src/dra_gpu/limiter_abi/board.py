@@ -4,7 +4,8 @@ Every limiter claim with a compute share below 100 % on a GPU takes part in that
 (the limiter's arbitration.c reads these files; the layouts are in docs/elastic-compute.md):
 
 - ``board`` (16 KiB, root, 0444, mounted read-only): what the agent decided, one entry per claim
-  (its floor, ceiling and priority class). Only the agent writes it, in place through its own fd, under
+  (its floor, ceiling and priority class), at most ``MAX_ENTRIES``: floors are whole percents of at
+  least 1 and the agent never lets a GPU's floors sum past 100 (``over_floors``). Only the agent writes it, in place through its own fd, under
   a seqlock (``seq`` odd while it writes), because the library keeps it mapped: a reader copies the
   entries and retries while ``seq`` is odd or changed.
 - ``<claim-uid>.activity`` (4 KiB, root, 0666): what the claim's processes say about themselves
@@ -23,6 +24,7 @@ import operator
 import os
 import struct
 import tempfile
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,31 +34,53 @@ GPUS_DIR = "gpus"
 BOARD_FILE = "board"
 BOARD_BYTES = 16384
 BOARD_MAGIC = b"DGPUBRD1"
-BOARD_VERSION = 1
+BOARD_VERSION = 2
+"""Version 2: 160-byte entries with room for a claim UID of 128 bytes, at most 100 of them."""
 BOARD_MODE = 0o444
-MAX_ENTRIES = 128
+FLOOR_TOTAL = 100
+"""What the floors of a GPU's claims may sum to, in percent of the GPU."""
+MAX_ENTRIES = FLOOR_TOTAL
+"""Claims one GPU's board holds: every floor is at least 1 % and the floors sum to at most 100 %."""
 HEADER_BYTES = 64
-ENTRY_BYTES = 96
-CLAIM_UID_BYTES = 64
+ENTRY_BYTES = 160
+CLAIM_UID_BYTES = 128
+"""The longest claim UID the agent accepts (`plugin.identity.MAX_UID`), NUL-padded, not NUL-terminated."""
 SEQ_OFFSET = 16
+BOARD_V1_FILE = "board.v1"
+"""A board of layout version 1 the agent found at ``board`` after an upgrade, moved aside (same inode) so
+the previous release's library in processes that mapped it keeps reading version 1 there; the agent
+keeps it current (``write_board_v1``) until the GPU's directory goes."""
+V1_MAX_ENTRIES = 128
+V1_ENTRY_BYTES = 96
+V1_CLAIM_UID_BYTES = 64
+"""Version 1 holds a claim UID of at most 63 bytes (NUL-terminated): a longer one is left off it."""
 ACTIVITY_SUFFIX = ".activity"
 ACTIVITY_BYTES = 4096
 ACTIVITY_MAGIC = b"DGPUACT1"
-ACTIVITY_VERSION = 1
+ACTIVITY_VERSION = 2
+"""Version 2: the boot the claim's words belong to, at offset 56 (a word of another boot never counts)."""
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ACTIVITY_MODE = 0o666
 PRIORITIES = ("latency", "standard", "besteffort")
 """Priority classes by their code on the board (0 latency, 1 standard, 2 besteffort)."""
 
 _HEADER = struct.Struct("<8sII")  # magic, version, entry count
 _SEQ = struct.Struct("<Q")
-_ENTRY = struct.Struct("<64sIIII16x")  # claim uid, floor, ceiling, priority, reserved
+_ENTRY = struct.Struct("<128sIIII16x")  # claim uid, floor, ceiling, priority, reserved
+_V1_ENTRY = struct.Struct("<64sIIII16x")  # version 1: claim uid, floor, ceiling, priority, reserved
 _ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
 _ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
+_BOOT_OFFSET = 56  # 16 bytes: the kernel's boot_id, as uuid.UUID(text).bytes
 READ_TRIES = 1000
 
 
 class BoardError(ValueError):
     """A board that is not one the agent wrote (wrong size, magic or version, or a bad entry)."""
+
+
+class OldBoard(BoardError):
+    """A board of layout version 1: the previous release's library may have it mapped, so it is moved
+    aside (``BOARD_V1_FILE``), never rewritten in this layout."""
 
 
 @dataclass(frozen=True, order=True)
@@ -70,8 +94,8 @@ class Entry:
 
     def __post_init__(self) -> None:
         uid = self.claim_uid.encode()
-        if not uid or len(uid) >= CLAIM_UID_BYTES or b"\0" in uid or "/" in self.claim_uid:
-            raise BoardError(f"claim UID {self.claim_uid[:70]!r} cannot name an activity file on the board")
+        if not uid or len(uid) > CLAIM_UID_BYTES or b"\0" in uid or "/" in self.claim_uid:
+            raise BoardError(f"claim UID {self.claim_uid[:140]!r} cannot name an activity file on the board")
         if not 1 <= self.floor <= self.ceiling <= 100:
             raise BoardError(
                 f"floor {self.floor} and ceiling {self.ceiling} are not 1 <= floor <= ceiling <= 100"
@@ -81,7 +105,7 @@ class Entry:
 
 
 _ORDER = operator.attrgetter("claim_uid", "floor", "ceiling", "priority")
-"""Entries' order on the board (their dataclass order, compared in C: a GPU holds up to 128 of them)."""
+"""Entries' order on the board (their dataclass order, compared in C: a GPU holds up to 100 of them)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,19 @@ class Activity:
 
 def activity_name(claim_uid: str) -> str:
     return claim_uid + ACTIVITY_SUFFIX
+
+
+def over_floors(entries: Iterable[Entry], put: Entry) -> str | None:
+    """Why `put` may not join a board with `entries` (its own earlier entry aside): the floors would sum
+    past FLOOR_TOTAL; None when it may."""
+    others = [e for e in entries if e.claim_uid != put.claim_uid]
+    taken = sum(e.floor for e in others)
+    if taken + put.floor <= FLOOR_TOTAL:
+        return None
+    return (
+        f"{len(others)} claims with floors summing to {taken}% are on it, and this claim's floor of "
+        f"{put.floor}% would take it past {FLOOR_TOTAL}% (a GPU takes at most {MAX_ENTRIES} claims of 1%)"
+    )
 
 
 def board_header(count: int, seq: int) -> bytes:
@@ -158,7 +195,9 @@ def read_board(path: Path) -> list[Entry]:
 
 def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
     """Create path with content, size and mode unless something is there (True when it made it); the
-    file appears whole (a temporary file linked into place) and never replaces another. `durable`
+    file appears whole (a temporary file linked into place) and never replaces another, with every
+    block allocated (the library maps these files: a write to a hole of a shared mapping on a full
+    disk is SIGBUS in the tenant, so a full disk fails here, in the agent, with ENOSPC). `durable`
     syncs it before it appears, for a file that must not come back empty after a power loss (the
     claim's region: one the library finds zeroed is refused, never made again). Every file the agent
     makes for the limiter is made here."""
@@ -169,6 +208,7 @@ def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: b
     try:
         os.write(fd, content)
         os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
         os.fchmod(fd, mode)  # explicit: the umask must not decide who may read or write it
         if durable:
             os.fsync(fd)
@@ -233,7 +273,8 @@ def rewrite_board(
     """Rewrite the board's entries with `change(entries)`, in place as `write_board` does, through one
     descriptor; what it wrote. The entries are read from the file unless `last` still describes it; a
     board left mid-write (seq odd) or with an entry that is no entry gives []. BoardError when the file
-    is no board (wrong size or magic), OSError when it cannot be opened (missing, a symlink)."""
+    is no board (wrong size or magic), OldBoard when it is one of layout version 1 (left as it is),
+    OSError when it cannot be opened (missing, a symlink)."""
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -243,6 +284,8 @@ def rewrite_board(
         if header[: len(BOARD_MAGIC)] != BOARD_MAGIC:
             raise BoardError(f"{path} is no board (magic {header[: len(BOARD_MAGIC)]!r})")
         (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+        if _HEADER.unpack_from(header)[1] == 1:
+            raise OldBoard(f"{path} is a board of layout version 1")
         entries: list[Entry] = []
         if last is not None and (last.inode, last.seq) == (st.st_ino, seq):
             entries = list(last.entries)
@@ -261,14 +304,122 @@ def rewrite_board(
     return Written(st.st_ino, odd + 1, tuple(new))
 
 
-def activity_header() -> bytes:
-    return _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)
+def _v1_area(entries: Iterable[Entry]) -> tuple[int, bytes]:
+    """(count, entry area) in layout version 1: the entries whose claim UID fits it, in board order."""
+    fitting = [e for e in sorted(entries, key=_ORDER) if len(e.claim_uid.encode()) < V1_CLAIM_UID_BYTES]
+    packed = b"".join(
+        _V1_ENTRY.pack(e.claim_uid.encode(), e.floor, e.ceiling, PRIORITIES.index(e.priority), 0)
+        for e in fitting[:V1_MAX_ENTRIES]
+    )
+    return min(len(fitting), V1_MAX_ENTRIES), packed.ljust(BOARD_BYTES - HEADER_BYTES, b"\0")
+
+
+def read_board_v1(path: Path | str) -> list[Entry]:
+    """The entries of a board of layout version 1 (seqlock, as `read_board`) that are entries of this
+    one; BoardError if it is no such board, OSError if unreadable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size != BOARD_BYTES:
+            raise BoardError(f"{path} is {os.fstat(fd).st_size} bytes, not {BOARD_BYTES}")
+        for _ in range(READ_TRIES):
+            header = os.pread(fd, HEADER_BYTES, 0)
+            (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+            area = os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES)
+            (again,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
+            if seq % 2 == 0 and seq == again:
+                break
+        else:
+            raise BoardError(f"{path} kept changing while read (seq {seq})")
+    finally:
+        os.close(fd)
+    magic, version, count = _HEADER.unpack_from(header)
+    if magic != BOARD_MAGIC or version != 1 or count > V1_MAX_ENTRIES:
+        raise BoardError(f"not a board of layout version 1 (magic {magic!r}, version {version})")
+    entries = []
+    for i in range(count):
+        raw, floor, ceiling, priority, _ = _V1_ENTRY.unpack_from(area, i * V1_ENTRY_BYTES)
+        with contextlib.suppress(BoardError, UnicodeDecodeError, IndexError):
+            entries.append(Entry(raw.rstrip(b"\0").decode(), floor, ceiling, PRIORITIES[priority]))
+    return entries
+
+
+def write_board_v1(path: Path | str, entries: Iterable[Entry]) -> None:
+    """Rewrite a board of layout version 1 in place with `entries` as the previous release did (seq
+    odd, entries, header, seq even), for the processes that still map it; an entry whose claim UID does
+    not fit version 1 is left off. OSError when it cannot be opened (FileNotFoundError: there is none),
+    BoardError when it is no board of version 1 (left as it is)."""
+    count, area = _v1_area(entries)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        header = os.pread(fd, HEADER_BYTES, 0)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_size != BOARD_BYTES or len(header) < 24:
+            raise BoardError(f"{path} is no board ({st.st_size} bytes, mode {st.st_mode:o})")
+        magic, version, _ = _HEADER.unpack_from(header)
+        if magic != BOARD_MAGIC or version != 1:
+            raise BoardError(f"{path} is no board of layout version 1 (magic {magic!r}, version {version})")
+        (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
+        os.pwrite(fd, area, HEADER_BYTES)
+        os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, 1, count), 0)
+        os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+    finally:
+        os.close(fd)
+
+
+def boot_id() -> bytes:
+    """This boot's id as the library reads it (16 bytes; zero where the kernel does not say)."""
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return uuid.UUID(f.read().strip()).bytes
+    except (OSError, ValueError):
+        return bytes(16)
+
+
+def activity_header(boot: bytes | None = None) -> bytes:
+    """The agent's part of an activity file: magic, version and the boot (this one unless given)."""
+    head = _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)
+    return head.ljust(_BOOT_OFFSET, b"\0") + (boot_id() if boot is None else boot)
 
 
 def make_activity(path: Path) -> bool:
     """A claim's activity file, header filled and the rest zero, unless one is there (True when made).
-    An existing one is kept: the claim's processes may be reporting in it."""
+    An existing one is kept: the claim's processes may be reporting in it (a file kept over a reboot
+    carries the boot it was written in, and the library counts none of its words until the claim's
+    processes write it again in this one)."""
     return make_file(path, activity_header(), ACTIVITY_BYTES, ACTIVITY_MODE)
+
+
+def activity_is_current(path: Path | str) -> bool:
+    """Whether path is an activity file of this layout version (one of an older layout is upgraded)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            head = f.read(_ACTIVITY_HEADER.size)
+    except OSError:
+        return False
+    return head[:12] == _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, ACTIVITY_VERSION, 0)[:12]
+
+
+def upgrade_activity(path: Path | str) -> bool:
+    """Bring an activity file of layout version 1 to this one in place (its words keep their offsets;
+    version 2 adds the boot they belong to), so that a claim prepared before an upgrade keeps its file
+    and its processes' mappings. Whether the file is of this layout now (False: missing or no activity
+    file, which the caller makes or leaves)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        magic, version, _ = _ACTIVITY_HEADER.unpack(os.pread(fd, _ACTIVITY_HEADER.size, 0).ljust(16, b"\0"))
+        if magic != ACTIVITY_MAGIC or version not in (1, ACTIVITY_VERSION):
+            return False
+        if version == 1:
+            os.pwrite(fd, boot_id(), _BOOT_OFFSET)
+            os.pwrite(fd, struct.pack("<I", ACTIVITY_VERSION), len(ACTIVITY_MAGIC))
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_activity(path: Path) -> Activity | None:

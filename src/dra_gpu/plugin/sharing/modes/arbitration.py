@@ -9,6 +9,11 @@ For each GPU on which a claim has a limiter compute share below 100 %, the claim
    read-write file mount;
 3. rewrites the board with the claim's entry (floor, ceiling, priority) added or replaced.
 
+A board of layout version 1 (the previous release's) is never rewritten in this layout: its library
+checked the version only when it mapped the board. The first rewrite moves it aside to ``board.v1``
+(the same inode, so those mappings keep it), makes a new board with its entries, and every rewrite
+after that writes the v1 board too, in its own layout (a claim UID too long for it left off).
+
 Releasing it takes the entry off the board first (the library stops counting the claim before its
 file goes), then removes both names of the activity file. The GPU's directory and board stay when its
 last claim goes (the next claim on the GPU would make them again): the stale-claim sweep removes the
@@ -89,12 +94,24 @@ def _sound_entries(board: str) -> list[layout.Entry] | None:
 
 
 def _entries(board: str) -> list[layout.Entry]:
-    """The board's entries; a board that cannot be read as one starts empty (only the agent writes
-    it, so this is a file a killed agent or someone on the host broke: it is rebuilt from the holds)."""
+    """The board's entries (those of a board of layout version 1 the next rewrite moves aside too); a
+    board that cannot be read as one starts empty (only the agent writes it, so this is a file a
+    killed agent or someone on the host broke: it is rebuilt from the holds)."""
     try:
         return layout.read_board(Path(board))
     except (layout.BoardError, OSError, UnicodeDecodeError):
+        pass
+    try:
+        return layout.read_board_v1(board)
+    except (layout.BoardError, OSError):
         return []
+
+
+def over_floors(node: NodeContext, gpu_uuid: str, claim_uid: str, floor: int) -> str | None:
+    """Why a claim with `floor` may not join the GPU's board (the floors there would sum past 100 %,
+    or it would hold more claims than it can); None when it may. The caller holds the GPU's lock."""
+    board = os.path.join(gpu_dir(node, gpu_uuid), layout.BOARD_FILE)
+    return layout.over_floors(_entries(board), layout.Entry(claim_uid, floor, floor))
 
 
 def _make_dir(path: str) -> None:
@@ -153,9 +170,22 @@ def update_board(
         ]
         return kept if put is None else [*kept, put]
 
+    v1 = os.path.join(directory, layout.BOARD_V1_FILE)
     _read_boards.pop(board, None)
     try:
         written = layout.rewrite_board(board, change, _written.get(board))
+    except layout.OldBoard:  # the previous release's: its library may have it mapped, so it moves aside
+        _written.pop(board, None)
+        carried = _entries(board)[: layout.MAX_ENTRIES - 1]
+        fresh = os.path.join(directory, f".{layout.BOARD_FILE}.{os.getpid() % 2**32:08x}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fresh)
+        layout.make_board(Path(fresh))
+        written = layout.rewrite_board(fresh, lambda _: change(carried))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(v1)  # one an earlier rollback left: what is at the path now is newer
+        os.link(board, v1)
+        os.replace(fresh, board)  # the path is never without a board
     except (layout.BoardError, OSError):  # missing, or broken by a killed agent or someone on the host
         _written.pop(board, None)
         with contextlib.suppress(FileNotFoundError):
@@ -163,6 +193,8 @@ def update_board(
         layout.make_board(Path(board))
         written = layout.rewrite_board(board, change)
     _written[board] = written
+    with contextlib.suppress(FileNotFoundError, layout.BoardError):
+        layout.write_board_v1(v1, written.entries)
     return [e.claim_uid for e in written.entries]
 
 
@@ -180,6 +212,7 @@ def remove_if_empty(directory: Path | str) -> bool:
     _read_boards.pop(board, None)
     _written.pop(board, None)
     _unlink(board)
+    _unlink(os.path.join(directory, layout.BOARD_V1_FILE))
     with contextlib.suppress(OSError):
         os.rmdir(directory)
     return not os.path.lexists(directory)
@@ -204,7 +237,8 @@ class ClaimArbitration:
         try:
             _make_dir(root)
             _make_dir(directory)
-            layout.make_activity(Path(activity))
+            if not layout.make_activity(Path(activity)):
+                layout.upgrade_activity(activity)  # kept: one made before an upgrade gets this layout
             _link(activity, str(hold.params["link"]))
             update_board(directory, put=entry)
         except OSError as exc:
@@ -229,7 +263,12 @@ class ClaimArbitration:
         directory = gpu_dir(node, str(hold.params["gpu"]))
         activity = os.path.join(directory, layout.activity_name(entry.claim_uid))
         entries = _sound_entries(os.path.join(directory, layout.BOARD_FILE))
-        return entries is not None and entry in entries and _same_file(activity, str(hold.params["link"]))
+        return (
+            entries is not None
+            and entry in entries
+            and _same_file(activity, str(hold.params["link"]))
+            and layout.activity_is_current(activity)
+        )
 
     def reset_unheld(self, gpu: GpuInfo, node: NodeContext, held: Set[str]) -> None:
         """After the checkpoint was rebuilt: claims on the GPU's board that no record holds come off,

@@ -265,6 +265,14 @@ class Limiter:
         for uuid, limit in plan.limits.items():
             if limit.cores >= 100:
                 continue
+            # Under the GPU's lock: the board lists every claim on the GPU with the floor it was given.
+            problem = arbitration.over_floors(node, uuid, plan.claim.uid, limit.cores)
+            if problem is not None:
+                raise PrepareError(
+                    f"ResourceClaim {plan.claim.ref}: GPU {uuid}: {problem}; free a claim on it or lower "
+                    f"this claim's cores",
+                    reason="over_capacity",
+                )
             name = uuid + ACTIVITY_SUFFIX
             link = os.path.join(state, name)
             plan.hold(
