@@ -12,4 +12,4 @@ CONTROLLER_FINALIZER = "gpu.dra-gpu.io/allocation"
 SCHEDULER_FINALIZER = "resource.kubernetes.io/delete-protection"
 """The finalizer Kubernetes puts on claims it allocated; reserved for Kubernetes itself."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

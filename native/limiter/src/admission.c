@@ -27,8 +27,8 @@
 #include "capture.h"
 #include "measure.h"
 
-#define BURST_NS 4000000LL /* how far ahead of wall time admitted work may run */
-#define SLICE_NS 2000000LL /* longest sleep between two looks at completed measurements */
+#define BURST_NS 4000000LL        /* how far ahead of wall time admitted work may run */
+#define SLICE_NS 2000000LL        /* longest sleep between two looks at completed measurements */
 #define BORROW_QUEUE_NS 2000000LL /* how much work a borrowing process may have queued on the device */
 
 bool dl_throttle_on;

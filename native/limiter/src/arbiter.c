@@ -55,7 +55,7 @@
 #define BOARD_MAX 100   /* floors are whole percents of at least 1, and the agent keeps their sum at most 100 */
 #define UID_BYTES 128   /* the longest claim UID the agent accepts; NUL-padded on the board, not NUL-terminated */
 #define ACTIVITY_BYTES 4096
-#define ACTIVITY_VERSION 2 /* dra_gpu.limiter_abi.board.ACTIVITY_VERSION: with the boot its words belong to */
+#define ACTIVITY_VERSION 2           /* dra_gpu.limiter_abi.board.ACTIVITY_VERSION: with the boot its words belong to */
 #define DEMAND_NS 1000000LL          /* a claim counts as active this long after the work it has admitted */
 #define DEMAND_MAX_NS 1000000000LL   /* how far ahead a claim's demand is ever written (and read: twice that) */
 #define REFRESH_NS 500000LL          /* how old the other claims' demand as this process read it may be */
@@ -148,7 +148,10 @@ static void read_boot(void) {
     int k = 0;
     for (ssize_t i = 0; i < r && k < 32; i++) {
         char c = text[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int v = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (c == '-') continue;
         if (v < 0) break;
         if (k % 2 == 0) b[k / 2] = (unsigned char)(v << 4);
@@ -316,7 +319,8 @@ static int read_board(struct arb *a, int64_t now) {
     read_demand(a, now);
     if (!found && atomic_load(&a->listed) && !atomic_load(&a->bad_layout))
         dl_warn("elastic compute on %s: this claim is no longer on the board; it runs its fixed floor of %d%% until "
-                "it is again", a->uuid, a->floor);
+                "it is again",
+                a->uuid, a->floor);
     atomic_store_explicit(&a->listed, found, memory_order_relaxed);
     atomic_store_explicit(&a->seq, seq, memory_order_release);
     return 0;

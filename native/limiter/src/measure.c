@@ -349,8 +349,7 @@ static void done_by(int dev, int64_t sum, int64_t now) {
     int64_t most = now + atomic_load_explicit(&queued_sum[dev % DL_MAX_DEVICES], memory_order_relaxed) - sum;
     int64_t until = atomic_load_explicit(q, memory_order_relaxed);
     while (until > most &&
-           !atomic_compare_exchange_weak_explicit(q, &until, most, memory_order_relaxed, memory_order_relaxed)) {
-    }
+           !atomic_compare_exchange_weak_explicit(q, &until, most, memory_order_relaxed, memory_order_relaxed)) {}
 }
 static __thread int in_reaper; /* this thread is the reaper: it also charges the oldest launch as it runs */
 static void poll_completed(void) {
@@ -826,9 +825,8 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
     pthread_mutex_lock(&mu);
     int queued = ring_count < RING;
     if (queued) {
-        ring[(ring_head + ring_count) % RING] =
-            (struct pending){t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra, 0, 0, t->recorded,
-                             t->queued_sum};
+        ring[(ring_head + ring_count) % RING] = (struct pending){
+            t->ctx, t->start, t->end, t->key, t->dev, t->charged_ns, extra, 0, 0, t->recorded, t->queued_sum};
         if (ring_count++ == 0) atomic_store_explicit(&oldest_recorded, t->recorded, memory_order_relaxed);
     }
     if (!queued) probe_dropped(t->key);
