@@ -13,6 +13,7 @@ import pytest
 import yaml
 from waiting import wait_for
 
+import dra_gpu
 from dra_gpu.cli import main
 from dra_gpu.config import NodeSharing
 from dra_gpu.flags import add_bool_flag
@@ -232,7 +233,9 @@ def test_daemonset_passes_the_node_agent_its_settings() -> None:
     assert env["DRA_GPU_GPU_BACKEND"] == "nvml"
     assert env["DRA_GPU_SHARING"] == "*=Shared"
     assert env["DRA_GPU_MIG_DYNAMIC"] == "false"
-    assert env["DRA_GPU_LIMITER_LIBRARY"] == "/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0"
+    assert (
+        env["DRA_GPU_LIMITER_LIBRARY"] == f"/var/lib/dra-gpu/lib/libdragpu-limiter.so.{dra_gpu.__version__}"
+    )
     assert env["DRA_GPU_HTTP_ADDRESS"] == ":8080"
     assert env["DRA_GPU_LOG_FORMAT"] == "json"
     mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
@@ -246,7 +249,7 @@ def test_daemonset_passes_the_node_agent_its_settings() -> None:
     (init,) = pod["initContainers"]
     script = init["command"][-1]
     assert "/usr/lib/dra-gpu/libdragpu-limiter.so.1" in script
-    assert script.rstrip().endswith("/var/lib/dra-gpu/lib/libdragpu-limiter.so.0.1.0")
+    assert script.rstrip().endswith(f"/var/lib/dra-gpu/lib/libdragpu-limiter.so.{dra_gpu.__version__}")
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in init["securityContext"]
     # the nvml backend drives real GPUs
