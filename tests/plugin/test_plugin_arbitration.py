@@ -339,7 +339,10 @@ def test_a_gpu_takes_claims_until_their_floors_fill_it_and_refuses_the_next_in_o
                     consumed={"memory": "64Mi", "cores": "500m"},
                 )
             ],
-            [opaque(gpu_config("Limiter", limiter={"compute": {"limit": 100}}), source="FromClaim")],
+            [
+                class_grant({"limit": 100}),
+                opaque(gpu_config("Limiter", limiter={"compute": {"limit": 100}}), source="FromClaim"),
+            ],
         )
         for n in range(1, 301)
     ]
