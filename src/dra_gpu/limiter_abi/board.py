@@ -175,22 +175,30 @@ def _unpack(header: bytes, area: bytes) -> list[Entry]:
     return entries
 
 
-def read_board(path: Path) -> list[Entry]:
-    """The board's entries, read consistently (seqlock); BoardError if it is no board, OSError if unreadable."""
+def _read_consistent(path: Path | str) -> tuple[bytes, bytes]:
+    """A board file's header and entry area as one write left them (seqlock: seq even and unchanged across
+    the read), whatever its layout version; BoardError if it is not a board's size or keeps changing,
+    OSError if unreadable."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if os.fstat(fd).st_size != BOARD_BYTES:
             raise BoardError(f"{path} is {os.fstat(fd).st_size} bytes, not {BOARD_BYTES}")
+        seq = 0
         for _ in range(READ_TRIES):
             header = os.pread(fd, HEADER_BYTES, 0)
             (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
             area = os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES)
             (again,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
             if seq % 2 == 0 and seq == again:
-                return _unpack(header, area)
+                return header, area
         raise BoardError(f"{path} kept changing while read (seq {seq})")
     finally:
         os.close(fd)
+
+
+def read_board(path: Path) -> list[Entry]:
+    """The board's entries, read consistently (seqlock); BoardError if it is no board, OSError if unreadable."""
+    return _unpack(*_read_consistent(path))
 
 
 def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
@@ -317,21 +325,7 @@ def _v1_area(entries: Iterable[Entry]) -> tuple[int, bytes]:
 def read_board_v1(path: Path | str) -> list[Entry]:
     """The entries of a board of layout version 1 (seqlock, as `read_board`) that are entries of this
     one; BoardError if it is no such board, OSError if unreadable."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if os.fstat(fd).st_size != BOARD_BYTES:
-            raise BoardError(f"{path} is {os.fstat(fd).st_size} bytes, not {BOARD_BYTES}")
-        for _ in range(READ_TRIES):
-            header = os.pread(fd, HEADER_BYTES, 0)
-            (seq,) = _SEQ.unpack_from(header, SEQ_OFFSET)
-            area = os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES)
-            (again,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
-            if seq % 2 == 0 and seq == again:
-                break
-        else:
-            raise BoardError(f"{path} kept changing while read (seq {seq})")
-    finally:
-        os.close(fd)
+    header, area = _read_consistent(path)
     magic, version, count = _HEADER.unpack_from(header)
     if magic != BOARD_MAGIC or version != 1 or count > V1_MAX_ENTRIES:
         raise BoardError(f"not a board of layout version 1 (magic {magic!r}, version {version})")
