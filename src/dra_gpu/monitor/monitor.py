@@ -536,26 +536,12 @@ class Monitor:
                 continue
             h = held[key]
             for pid in sorted(p[0] for p in nvml_memory.get(key, [])):
-                pod, ref, start = self._seen_as[pid]
                 detail = (
                     f"the claim's GPU time is over its ceiling of {usage[key][0] * 100:g} % by more than "
                     f"{self.hold.margin * 100:g} points: its containers are frozen in a duty cycle (at most "
                     f"{self.hold.max_freeze_s:g} s at a time) until it has repaid what it took"
                 )
-                out.append(
-                    Violation(
-                        Reason.COMPUTE,
-                        pid,
-                        h.gpu,
-                        h.claim,
-                        pod,
-                        pod.container(ref.container_id),
-                        WatchdogPolicy.REPORT,
-                        detail,
-                        ref.container_id,
-                        start,
-                    )
-                )
+                out.append(self._violation(Reason.COMPUTE, pid, h, WatchdogPolicy.REPORT, detail))
         return out
 
     def _attribute(
@@ -691,26 +677,12 @@ class Monitor:
         out = []
         policy = WatchdogPolicy.TERMINATE if h.enforced() else WatchdogPolicy.REPORT
         for pid, mine, _ in culprits:
-            pod, ref, start = self._seen_as[pid]
             detail = (
                 f"the claim uses {used} bytes of GPU memory on this GPU, over its limit of {h.memory_limit} "
                 f"bytes and the {allowed - (h.memory_limit or 0)} bytes allowed beyond it; this process holds "
                 f"{mine} bytes and grew last"
             )
-            out.append(
-                Violation(
-                    Reason.MEMORY,
-                    pid,
-                    h.gpu,
-                    h.claim,
-                    pod,
-                    pod.container(ref.container_id),
-                    policy,
-                    detail,
-                    ref.container_id,
-                    start,
-                )
-            )
+            out.append(self._violation(Reason.MEMORY, pid, h, policy, detail))
         return out
 
     def _mismatch(
@@ -719,20 +691,24 @@ class Monitor:
         """The claim's region (which holds its processes' contexts) says less than NVML by more than the
         allowance per process: reported on its largest process, never acted on."""
         pid = max(procs, key=lambda p: p[1])[0]
-        pod, ref, start = self._seen_as[pid]
         detail = (
             f"the claim's limiter region accounts {region} bytes on this GPU but NVML counts {used} bytes for its "
             f"{len(procs)} processes, more than what their contexts may hold beyond their charge "
             f"({self.context_allowance} bytes each) explains"
         )
+        return self._violation(Reason.MISMATCH, pid, h, WatchdogPolicy.REPORT, detail)
+
+    def _violation(self, reason: Reason, pid: int, h: Held, policy: WatchdogPolicy, detail: str) -> Violation:
+        """A violation of claim share `h` by `pid`, in the pod and container this pass saw it in."""
+        pod, ref, start = self._seen_as[pid]
         return Violation(
-            Reason.MISMATCH,
+            reason,
             pid,
             h.gpu,
             h.claim,
             pod,
             pod.container(ref.container_id),
-            WatchdogPolicy.REPORT,
+            policy,
             detail,
             ref.container_id,
             start,
