@@ -159,3 +159,14 @@ def add_kubeconfig_flag(parser: argparse.ArgumentParser | argparse._ArgumentGrou
         help="kubeconfig file",
         unset="$KUBECONFIG, then ~/.kube/config, then the in-cluster service account",
     )
+
+
+def add_metrics_auth_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--metrics-auth`, for every command that serves /metrics (`http_endpoint`)."""
+    add_bool_flag(
+        parser,
+        "--metrics-auth",
+        default=True,
+        help="serve /metrics only to bearer tokens the API server allows to get /metrics (TokenReview and "
+        "SubjectAccessReview, as kube-rbac-proxy does); the health checks stay open",
+    )

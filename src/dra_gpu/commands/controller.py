@@ -12,7 +12,7 @@ import sys
 
 from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.controller import Controller
-from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
+from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag, add_metrics_auth_flag
 from dra_gpu.http_endpoint import HttpServer, bool_check, parse_address
 from dra_gpu.kube.client import KubeClient, KubeConfigError
 from dra_gpu.kube.reviews import PathAccess
@@ -70,13 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="address for /metrics, /healthz and /readyz; empty to disable",
         unset="off",
     )
-    add_bool_flag(
-        parser,
-        "--metrics-auth",
-        default=True,
-        help="serve /metrics only to bearer tokens the API server allows to get /metrics (TokenReview and "
-        "SubjectAccessReview, as kube-rbac-proxy does); the health checks stay open",
-    )
+    add_metrics_auth_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:

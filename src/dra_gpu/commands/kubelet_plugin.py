@@ -12,7 +12,7 @@ from pathlib import Path
 from dra_gpu import DRIVER_NAME
 from dra_gpu.commands._process import stop_on_signals, wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
-from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag
+from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag, add_metrics_auth_flag
 from dra_gpu.host.driver_root import load_nvml
 from dra_gpu.host.gpu_commands import DEFAULT_MPS_SHM_BYTES
 from dra_gpu.inventory import GpuInfo, InventoryError, open_inventory
@@ -77,13 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--sharing", default="*=Shared", help="per-GPU sharing modes, e.g. '*=Shared,0=MPS'")
     add_kubeconfig_flag(parser)
     add_flag(parser, "--http-address", default=":8080", help="HOST:PORT serving /healthz and /metrics")
-    add_bool_flag(
-        parser,
-        "--metrics-auth",
-        default=True,
-        help="serve /metrics only to bearer tokens the API server allows to get /metrics (TokenReview and "
-        "SubjectAccessReview, as kube-rbac-proxy does); the health checks stay open",
-    )
+    add_metrics_auth_flag(parser)
     add_flag(parser, "--dev-root", default="/", type=Path, help="where the host's /dev is visible, as '/'")
     add_flag(
         parser,
