@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-import sys
 
+from dra_gpu.commands._exit import fail
 from dra_gpu.commands._process import wait_for_signal
 from dra_gpu.controller import Controller
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag, add_metrics_auth_flag
@@ -75,19 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.leader_elect and not args.renew_deadline < args.lease_duration:
-        print("error: --renew-deadline must be shorter than --lease-duration", file=sys.stderr)
-        return 2
+        return fail("--renew-deadline must be shorter than --lease-duration")
     if args.http_address:
         try:
             parse_address(args.http_address)
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return fail(str(exc))
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
     except KubeConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
     controller = Controller(
         api,
         identity=args.identity,
@@ -110,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 authorize=PathAccess(api).check if args.metrics_auth else None,
             )
         except OSError as exc:
-            print(f"error: --http-address {args.http_address}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            return fail(f"--http-address {args.http_address}: {exc.strerror or exc}")
     # urllib3 logs every retry of every call; the controller says once that the API server is down.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     controller.start()

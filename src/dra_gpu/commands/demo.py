@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dra_gpu.commands._exit import fail
 from dra_gpu.demo.run import DemoError, run_demo
 from dra_gpu.flags import add_bool_flag, add_flag
 
@@ -33,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.limiter_build is not None and not args.limiter_build.is_dir():
-        print(f"error: --limiter-build {args.limiter_build}: not a directory", file=sys.stderr)
-        return 2
+        return fail(f"--limiter-build {args.limiter_build}: not a directory")
     try:
         report = run_demo(sys.stdout, limiter_build=args.limiter_build, keep=args.keep, verbose=args.verbose)
     except DemoError as exc:

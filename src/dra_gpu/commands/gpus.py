@@ -7,14 +7,14 @@ simulated UUIDs for a given --node-name) is what the node's ResourceSlice will c
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from dra_gpu.commands._exit import fail
+from dra_gpu.commands._simulate import add_simulate_flag, open_gpus
 from dra_gpu.commands.output import OUTPUTS, dump
 from dra_gpu.flags import add_flag
-from dra_gpu.inventory import GpuInfo, InventoryError, NvmlUnavailableError, open_inventory
+from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import find_limit_hook
-from dra_gpu.inventory.models import KNOWN_MODELS
 from dra_gpu.quantity import format_quantity
 
 NAME = "gpus"
@@ -35,14 +35,8 @@ _COLUMNS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(
-        parser,
-        "--simulate",
-        env="DRA_GPU_SIMULATE",
-        default=None,
-        help="show simulated GPUs from a profile such as 2xH100-80GB,1xL4-24GB instead of asking NVML; "
-        f"models: {', '.join(KNOWN_MODELS)}",
-        unset="NVML",
+    add_simulate_flag(
+        parser, "show simulated GPUs from a profile such as 2xH100-80GB,1xL4-24GB instead of asking NVML"
     )
     add_flag(
         parser,
@@ -72,26 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.simulate is not None and not args.simulate.strip():
-        print(
-            "error: --simulate needs a profile such as 2xH100-80GB (leave it out for NVML)", file=sys.stderr
-        )
-        return 2
+        return fail("--simulate needs a profile such as 2xH100-80GB (leave it out for NVML)")
     if not args.driver_root.is_dir():
-        print(f"error: --driver-root {args.driver_root} is not a directory", file=sys.stderr)
-        return 2
-    spec = f"simulated:{args.simulate}" if args.simulate is not None else "nvml"
+        return fail(f"--driver-root {args.driver_root} is not a directory")
     hook = find_limit_hook(args.driver_root, args.driver_root_host_path)
-    try:
-        inventory = open_inventory(spec, seed=args.node_name or "", hook_problem=hook.problem)
-    except NvmlUnavailableError as err:
-        print(
-            f"{err}; use --simulate PROFILE to show simulated GPUs instead (e.g. --simulate 2xH100-80GB)",
-            file=sys.stderr,
-        )
-        return 1
-    except InventoryError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2 if args.simulate is not None else 1
+    inventory = open_gpus(
+        args,
+        "show simulated GPUs instead (e.g. --simulate 2xH100-80GB)",
+        seed=args.node_name or "",
+        hook_problem=hook.problem,
+    )
+    if isinstance(inventory, int):
+        return inventory
     try:
         gpus = inventory.gpus()
     finally:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import sys
 import threading
 from pathlib import Path
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.commands._exit import BAD_INPUT, fail
 from dra_gpu.commands._process import stop_on_signals, wait_for_signal
 from dra_gpu.config import ConfigError, NodeSharing
 from dra_gpu.flags import add_bool_flag, add_flag, add_kubeconfig_flag, add_metrics_auth_flag
@@ -190,64 +190,50 @@ def unknown_sharing_keys(sharing: NodeSharing, gpus: list[GpuInfo]) -> str:
     return f"no GPU {', '.join(missing)} on this node; its GPUs: {present}"
 
 
+def _bytes(quantity: str) -> int:
+    """A quantity flag's bytes (`2Gi`); -1 for what is not a quantity."""
+    try:
+        return to_int(parse_quantity(quantity))
+    except (ValueError, ArithmeticError):
+        return -1
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
-        print("error: --node-name (or DRA_GPU_NODE_NAME) is required", file=sys.stderr)
-        return 2
+        return fail("--node-name (or DRA_GPU_NODE_NAME) is required")
     if args.monitor_interval < 0:
-        print("error: --monitor-interval must be 0 (off) or a positive number of seconds", file=sys.stderr)
-        return 2
+        return fail("--monitor-interval must be 0 (off) or a positive number of seconds")
     if not args.monitor_watch_interval > 0:
-        print("error: --monitor-watch-interval must be a positive number of seconds", file=sys.stderr)
-        return 2
-    try:
-        context_allowance = to_int(parse_quantity(args.watchdog_context_allowance))
-    except (ValueError, ArithmeticError):
-        context_allowance = -1
+        return fail("--monitor-watch-interval must be a positive number of seconds")
+    context_allowance = _bytes(args.watchdog_context_allowance)
     if context_allowance < 0:
-        print(
-            f"error: --watchdog-context-allowance {args.watchdog_context_allowance!r} must be a quantity of 0 "
-            "or more (e.g. 2Gi)",
-            file=sys.stderr,
+        return fail(
+            f"--watchdog-context-allowance {args.watchdog_context_allowance!r} must be a quantity of 0 "
+            "or more (e.g. 2Gi)"
         )
-        return 2
     if args.pod_uid is not None and not POD_UID.fullmatch(args.pod_uid):
-        print(
-            f"error: --pod-uid {args.pod_uid[:80]!r} is not a pod UID (letters, digits and dashes, at most 64; "
-            "set it from the downward API's metadata.uid)",
-            file=sys.stderr,
+        return fail(
+            f"--pod-uid {args.pod_uid[:80]!r} is not a pod UID (letters, digits and dashes, at most 64; "
+            "set it from the downward API's metadata.uid)"
         )
-        return 2
     if not 0 <= args.shutdown_grace_period < float("inf"):
-        print("error: --shutdown-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
-        return 2
+        return fail("--shutdown-grace-period must be 0 or a positive number of seconds")
     if not args.watchdog_grace_period >= 0 or args.watchdog_grace_period == float("inf"):
-        print("error: --watchdog-grace-period must be 0 or a positive number of seconds", file=sys.stderr)
-        return 2
+        return fail("--watchdog-grace-period must be 0 or a positive number of seconds")
     try:
         sharing = NodeSharing.parse(args.sharing)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        mps_shm_bytes = to_int(parse_quantity(args.mps_shm_size))
-    except (ValueError, ArithmeticError):
-        mps_shm_bytes = 0
+        return fail(str(exc))
+    mps_shm_bytes = _bytes(args.mps_shm_size)
     if mps_shm_bytes < MIN_MPS_SHM_BYTES:
-        print(
-            f"error: --mps-shm-size {args.mps_shm_size!r} must be a quantity of at least 64Mi (e.g. 1Gi)",
-            file=sys.stderr,
-        )
-        return 2
+        return fail(f"--mps-shm-size {args.mps_shm_size!r} must be a quantity of at least 64Mi (e.g. 1Gi)")
     if not args.driver_root.is_dir():
-        print(f"error: --driver-root {args.driver_root} is not a directory", file=sys.stderr)
-        return 2
+        return fail(f"--driver-root {args.driver_root} is not a directory")
     if args.gpu_backend == "nvml":
         try:
             load_nvml(args.driver_root)
         except (OSError, ImportError) as exc:
-            print(f"error: cannot load NVML from the driver root {args.driver_root}: {exc}", file=sys.stderr)
-            return 1
+            return fail(f"cannot load NVML from the driver root {args.driver_root}: {exc}", 1)
     # The memory-limit hook runs on the host: a node where the host has none publishes `limiter`.
     limit_hook = find_limit_hook(args.driver_root, args.driver_root_host_path)
     try:
@@ -258,18 +244,17 @@ def run(args: argparse.Namespace) -> int:
             mig_dynamic=args.mig_dynamic,
         )
     except InventoryError as exc:
-        print(f"error: --gpu-backend {args.gpu_backend}: {exc}", file=sys.stderr)
         # Anything but NVML failed on what was given (an unknown backend, a bad profile): bad input.
-        return 1 if args.gpu_backend == "nvml" else 2
+        return fail(
+            f"--gpu-backend {args.gpu_backend}: {exc}", 1 if args.gpu_backend == "nvml" else BAD_INPUT
+        )
     if unknown := unknown_sharing_keys(sharing, inventory.gpus()):
-        print(f"error: --sharing {args.sharing!r}: {unknown}", file=sys.stderr)
         inventory.close()
-        return 2
+        return fail(f"--sharing {args.sharing!r}: {unknown}")
     try:
         api = KubeClient.from_kubeconfig(args.kubeconfig)
     except KubeConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
     config = NodeAgentConfig(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -300,14 +285,10 @@ def run(args: argparse.Namespace) -> int:
     with stop_on_signals(threading.Event()) as stop:
         try:
             agent.start()
-        except CheckpointTooNew as exc:
-            print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
+        except (CheckpointTooNew, OSError, ValueError) as exc:
             inventory.close()
-            return EXIT_NEWER_STATE
-        except (OSError, ValueError) as exc:
-            print(f"error: cannot start the kubelet plugin: {exc}", file=sys.stderr)
-            inventory.close()
-            return 1
+            status = EXIT_NEWER_STATE if isinstance(exc, CheckpointTooNew) else 1
+            return fail(f"cannot start the kubelet plugin: {exc}", status)
         try:
             wait_for_signal(stop)
         finally:

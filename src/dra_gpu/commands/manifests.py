@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dra_gpu.commands._exit import fail
 from dra_gpu.flags import add_flag, add_mode_flag
 from dra_gpu.manifests import ManifestError, ValuesError, image_reference, install_stream, load_values, render
 from dra_gpu.manifests.render import HEADER
@@ -66,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         rendered = render(values)
     except (ValuesError, ManifestError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     directory: Path = args.dir
     if args.check:
         problems = _stale(directory, rendered)

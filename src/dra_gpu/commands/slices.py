@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
+from dra_gpu.commands._exit import fail
+from dra_gpu.commands._simulate import add_simulate_flag, open_gpus
 from dra_gpu.commands.output import dump
 from dra_gpu.config import ConfigError
 from dra_gpu.config.node import NodeSharing
 from dra_gpu.flags import add_flag
-from dra_gpu.inventory import InventoryError, NvmlUnavailableError, open_inventory
-from dra_gpu.inventory.models import KNOWN_MODELS
 from dra_gpu.kube import builders, objects
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.slices.publisher import SliceError, SlicePublisher
@@ -26,14 +25,10 @@ HELP = "print the ResourceSlices the node agent would publish (real GPUs, or sim
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(
+    add_simulate_flag(
         parser,
-        "--simulate",
-        env="DRA_GPU_SIMULATE",
-        default=None,
-        help="simulated GPUs from a profile such as 2xH100-80GB or 1xH100-80GB:mig (dynamic MIG) or "
-        f"1xH100-80GB:mig=1g.10gb*7 (static MIG); models: {', '.join(KNOWN_MODELS)}",
-        unset="NVML",
+        "simulated GPUs from a profile such as 2xH100-80GB or 1xH100-80GB:mig (dynamic MIG) or "
+        "1xH100-80GB:mig=1g.10gb*7 (static MIG)",
     )
     add_flag(
         parser, "--node-name", env="DRA_GPU_NODE_NAME", default="node-1", help="the node (and pool) name"
@@ -44,33 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.simulate is not None and not args.simulate.strip():
-        print(
-            "error: --simulate needs a profile such as 1xH100-80GB:mig (leave it out for NVML)",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("--simulate needs a profile such as 1xH100-80GB:mig (leave it out for NVML)")
     try:
         sharing = NodeSharing.parse(args.sharing)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    spec = f"simulated:{args.simulate}" if args.simulate is not None else "nvml"
-    try:
-        inventory = open_inventory(spec, seed=args.node_name)
-    except NvmlUnavailableError as err:
-        print(f"{err}; use --simulate PROFILE to preview simulated GPUs instead", file=sys.stderr)
-        return 1
-    except InventoryError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2 if args.simulate is not None else 1
+        return fail(str(err))
+    inventory = open_gpus(args, "preview simulated GPUs instead", seed=args.node_name)
+    if isinstance(inventory, int):
+        return inventory
     api = FakeKube()
     api.create("Node", builders.node(args.node_name))
     logging.getLogger("dra_gpu.slices.publisher").setLevel(logging.WARNING)  # no "published" line
     try:
         slices = SlicePublisher(api, args.node_name, inventory, sharing).sync()
     except SliceError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        return fail(str(err), 1)
     finally:
         inventory.close()
     shown = [{"apiVersion": s["apiVersion"], "kind": s["kind"], "spec": objects.spec(s)} for s in slices]

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 
 from dra_gpu import DRIVER_NAME
+from dra_gpu.commands._exit import fail
 from dra_gpu.commands.output import OUTPUTS, dump
 from dra_gpu.flags import add_flag, add_kubeconfig_flag, add_list_flag
 from dra_gpu.kube import RESOURCES, ApiError, KubeAPI, objects
@@ -123,8 +124,7 @@ def run_with_api(args: argparse.Namespace, api: KubeAPI) -> int:
             claims = _list(api, "ResourceClaim")
             classes = _list(api, "DeviceClass")
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
     usage = collect(slices, claims, classes, node=args.node or None)
     live = read_live(args, api)
     if live is not None and live.unreachable:
@@ -176,6 +176,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         api = build_api(args)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
     return run_with_api(args, api)
