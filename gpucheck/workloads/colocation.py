@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from workload import torch_or_skip  # type: ignore[import-not-found]  # beside this script
+
 SERVE = {"vocab": 32000, "d_model": 768, "heads": 12, "layers": 6, "seq": 128}
 TRAIN = {"vocab": 8192, "d_model": 512, "heads": 8, "layers": 4, "seq": 256, "batch": 16}
 MAX_BATCH = 512
@@ -177,13 +179,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("serve", "train") or (argv[0] == "serve" and len(argv) != 3):
         print("usage: colocation.py serve REQUEST_MS DUTY | colocation.py train", file=sys.stderr)
         return 2
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        print(f"skip=PyTorch is not importable ({exc})")
-        return 0
-    if not torch.cuda.is_available():
-        print("skip=torch.cuda.is_available() is False")
+    torch = torch_or_skip()
+    if torch is None:
         return 0
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True

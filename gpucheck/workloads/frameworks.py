@@ -24,21 +24,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from workload import first_line, say, torch_or_skip  # type: ignore[import-not-found]  # beside this script
+
 GRAPH_BYTES = 256 << 20
 """What the captured graph allocates, as in the capture that failed under the preload on a real H100."""
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
 def wait() -> None:
     sys.stdin.readline()
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
 def fill(allocate: Callable[[int], Any], chunk: int, most: int, held: list[Any]) -> tuple[int, str]:
@@ -54,13 +47,8 @@ def fill(allocate: Callable[[int], Any], chunk: int, most: int, held: list[Any])
 
 
 def torch_run(chunk: int, most: int, graph: bool, do_fill: bool) -> int:
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        say(f"skip=PyTorch is not importable ({exc})")
-        return 0
-    if not torch.cuda.is_available():
-        say("skip=torch.cuda.is_available() is False")
+    torch = torch_or_skip()
+    if torch is None:
         return 0
     say(f"version={torch.__version__}")
     a = torch.ones(1024, device="cuda")

@@ -24,31 +24,11 @@ import sys
 import tempfile
 from typing import Any
 
+from workload import first_line, say, torch_or_skip  # type: ignore[import-not-found]  # beside this script
+
 SERVE_STEPS = 8
 BLOCK_TOKENS = 256
 HIDDEN, HEADS, LAYERS = 1024, 16, 4
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
-
-
-def torch_or_skip() -> Any:
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        say(f"skip=PyTorch is not importable ({exc})")
-        return None
-    if not torch.cuda.is_available():
-        say("skip=torch.cuda.is_available() is False")
-        return None
-    say(f"version={torch.__version__}")
-    return torch
 
 
 def nccl(torch: Any) -> None:
@@ -159,6 +139,7 @@ def main() -> int:
     torch = torch_or_skip()
     if torch is None:
         return 0
+    say(f"version={torch.__version__}")
     {"nccl": nccl, "decode": decode, "profile": profile}[sys.argv[1]](torch)
     say("finished=1")
     return 0

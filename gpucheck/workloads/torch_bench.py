@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from workload import torch_or_skip  # type: ignore[import-not-found]  # beside this script
+
 Step = Callable[[], None]
 
 
@@ -89,13 +91,8 @@ def main(argv: list[str]) -> int:
     if not wanted or any(name not in WORKLOADS or not count.isdigit() for name, _, count in wanted):
         print(f"usage: torch_bench.py NAME=ITERATIONS ... (names: {', '.join(WORKLOADS)})", file=sys.stderr)
         return 2
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        print(f"skip=PyTorch is not importable ({exc})")
-        return 0
-    if not torch.cuda.is_available():
-        print("skip=torch.cuda.is_available() is False")
+    torch = torch_or_skip()
+    if torch is None:
         return 0
     torch.manual_seed(0)
     dev = torch.device("cuda")

@@ -10,15 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
+from workload import torch_or_skip  # type: ignore[import-not-found]  # beside this script
+
 
 def torch_view(chunk: int, most: int) -> int:
-    try:
-        import torch  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        print(f"skip=PyTorch is not importable ({exc})")
-        return 0
-    if not torch.cuda.is_available():
-        print("skip=torch.cuda.is_available() is False")
+    torch = torch_or_skip()
+    if torch is None:
         return 0
     free, total = torch.cuda.mem_get_info()
     print(f"total={total}\nfree={free}", flush=True)
