@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -174,6 +175,15 @@ class Result:
 def sections(**commands: str) -> str:
     """A shell script printing each command's output under a ``== name ==`` marker."""
     return "; ".join(f"echo '== {name} =='; {cmd}" for name, cmd in commands.items())
+
+
+def probe_allocated(lines: list[str]) -> tuple[int, str]:
+    """(bytes, last result) from the allocation probe's ``allocated=<bytes> last=<code>`` line."""
+    for line in lines:
+        match = re.fullmatch(r"allocated=(\d+) last=(\S+)", line)
+        if match:
+            return int(match[1]), match[2]
+    raise AssertionError(f"no 'allocated=' line in the probe's output: {lines}")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from container_node import Node
-from container_support import Podman, Volume, sections
+from container_support import Podman, Volume, probe_allocated, sections
 from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
@@ -25,15 +25,6 @@ pytestmark = pytest.mark.container
 
 MIB = 1024 * 1024
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"
-
-
-def _allocated(lines: list[str]) -> tuple[int, str]:
-    """(bytes, last result) from the probe's ``allocated=<bytes> last=<code>`` line."""
-    for line in lines:
-        match = re.fullmatch(r"allocated=(\d+) last=(\S+)", line)
-        if match:
-            return int(match[1]), match[2]
-    raise AssertionError(f"no 'allocated=' line in the probe's output: {lines}")
 
 
 def _info(lines: list[str]) -> dict[str, int]:
@@ -72,7 +63,7 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
     with contextlib.ExitStack() as pods:
         pod_a = pods.enter_context(podman.background(probe_a, ids, driver_stand_in, driver_env))
         a_out = pod_a.read_until("holding")
-        a_held, a_last = _allocated(a_out)
+        a_held, a_last = probe_allocated(a_out)
         assert (a_held, a_last) == (a_chunks * chunk, "CUDA_SUCCESS")
         assert _info(a_out)["total"] == cap, "cuMemGetInfo reports the claim's cap, not the GPU's memory"
         assert _info(a_out)["free"] == cap - CONTEXT_CHARGE, (
@@ -85,7 +76,7 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
         # B starts once A holds its memory, and allocates until refused.
         pod_b = pods.enter_context(podman.background(probe_b, ids, driver_stand_in, driver_env))
         b_out = pod_b.read_until("holding")
-        b_held, b_last = _allocated(b_out)
+        b_held, b_last = probe_allocated(b_out)
         b_info = _info(b_out)
         free = cap - a_held - 2 * CONTEXT_CHARGE  # less A's memory and both pods' contexts
         assert (b_info["total"], b_info["device_total"], b_info["free"]) == (cap, cap, free)
@@ -108,7 +99,7 @@ def test_containers_of_one_claim_share_its_memory_cap_and_a_killed_ones_memory_r
         ).check()
         left = usable(cap, 2) - b_held  # B's context and the new pod's are charged
         assert _info(after.section("info"))["free"] == left
-        c_held, c_last = _allocated(after.section("alloc"))
+        c_held, c_last = probe_allocated(after.section("alloc"))
         assert c_last == OOM
         assert c_held == (left // chunk) * chunk
         assert c_held >= a_held, "the killed pod's memory went back to the claim"

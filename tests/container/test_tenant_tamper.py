@@ -12,7 +12,6 @@ non-root UID, as a pod's `runAsUser` does:
 
 from __future__ import annotations
 
-import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 from container_node import Node
-from container_support import Podman, Result, Volume, sections
+from container_support import Podman, Result, Volume, probe_allocated, sections
 from fake_driver import CONTEXT_CHARGE, usable
 from plugin_harness import Alloc, gpu_config
 
@@ -34,14 +33,6 @@ MIB = 1024 * 1024
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"
 TENANT = "1000:1000"
 REGION = "dragpu-limiter.region"
-
-
-def _allocated(lines: list[str]) -> tuple[int, str]:
-    for line in lines:
-        match = re.fullmatch(r"allocated=(\d+) last=(\S+)", line)
-        if match:
-            return int(match[1]), match[2]
-    raise AssertionError(f"no 'allocated=' line in the probe's output: {lines}")
 
 
 def _run_as(
@@ -106,7 +97,7 @@ def test_a_tenant_cannot_delete_replace_or_reset_the_region(
     assert tries.section("beside")[-1] == "refused", "nothing can be added beside the region"
     # Still the agent's file, and the claim's account: the cap holds.
     assert (host_region.stat().st_ino, host_region.stat().st_size) == (made.st_ino, made.st_size)
-    assert _allocated(tries.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
+    assert probe_allocated(tries.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
 
     # Truncating it works (the file is every UID's to write); the next process refuses everything
     # rather than starting a fresh account, and says why in one line.
@@ -153,7 +144,7 @@ def test_a_forged_limits_file_never_raises_the_limit(
         env,
     ).check()
     assert tenant.section("forge")[-1] == "refused"
-    assert _allocated(tenant.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
+    assert probe_allocated(tenant.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
 
     # As the container's root, which can write it: the library does not trust a file it did not get from
     # the agent's read-only mount - it says so in one line and never allocates past the claim's cap.
@@ -166,7 +157,7 @@ def test_a_forged_limits_file_never_raises_the_limit(
         env,
     ).check()
     assert root.section("forge") == ["written"]
-    held, last = _allocated(root.section("alloc"))
+    held, last = probe_allocated(root.section("alloc"))
     # The claim's own file still limits its GPU (or the GPU is refused outright): never more than the cap.
     assert held <= cap and last == OOM, (held, last)
     assert f"{forged_dir}/limits: not a read-only mount of the node agent's" in root.stderr, root.stderr
@@ -194,7 +185,7 @@ def test_a_pod_specs_own_read_only_mount_under_the_claims_root_is_no_claim(
     result = _run_as(
         podman, TENANT, sections(alloc=f"limiter-probe alloc {chunk}"), ids, volumes, env
     ).check()
-    assert _allocated(result.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
+    assert probe_allocated(result.section("alloc")) == (usable(cap) // chunk * chunk, OOM)
     assert f"{forged}: state={state} is not the claim's own state directory" in result.stderr, result.stderr
 
 
@@ -242,7 +233,7 @@ def test_zeroed_counters_are_held_by_the_agents_floor(
             env,
         ).check()
         assert result.section("zero") == ["zeroed"]
-        assert _allocated(result.section("alloc")) == (0, OOM)
+        assert probe_allocated(result.section("alloc")) == (0, OOM)
     finally:
         holder.kill()
         holder.wait()
