@@ -14,7 +14,12 @@ import random
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from allocator_support import gpu, standard_classes
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator import AllocationError, Allocator
@@ -28,54 +33,13 @@ def make_slices(nodes: int) -> list[dict[str, Any]]:
     slices = []
     for n in range(nodes):
         node = f"node-{n:04d}"
-        devices = []
-        for g in range(8):
-            shared = g < 4
-            device: dict[str, Any] = {
-                "name": f"gpu-{g}",
-                "attributes": {
-                    "uuid": {"string": f"GPU-{n:04d}-{g}"},
-                    "index": {"int": g},
-                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                    "sharing": {"string": "Limiter" if shared else "Exclusive"},
-                },
-                "capacity": {"memory": {"value": "80Gi"}, "cores": {"value": "100"}},
-            }
-            if shared:
-                device["allowMultipleAllocations"] = True
-                device["capacity"] = {
-                    "memory": {
-                        "value": "80Gi",
-                        "requestPolicy": {
-                            "default": "80Gi",
-                            "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"},
-                        },
-                    },
-                    "cores": {
-                        "value": "100",
-                        "requestPolicy": {
-                            "default": "100",
-                            "validRange": {"min": "1", "max": "100", "step": "1"},
-                        },
-                    },
-                }
-            devices.append(device)
+        devices = [
+            gpu(f"gpu-{g}", shared=g < 4, attrs={"uuid": {"string": f"GPU-{n:04d}-{g}"}, "index": {"int": g}})
+            for g in range(8)
+        ]
         spec = builders.slice_spec(DRIVER_NAME, node, node, devices=devices, generation=1, slice_count=1)
         slices.append(builders.resource_slice(spec, name=f"{node}-{DRIVER_NAME}"))
     return slices
-
-
-def make_classes() -> dict[str, dict[str, Any]]:
-    def cls(name: str, sharing: str) -> dict[str, Any]:
-        expr = (
-            f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].sharing == "{sharing}"'
-        )
-        return builders.device_class(name, [expr])
-
-    return {
-        f"limiter.{DRIVER_NAME}": cls(f"limiter.{DRIVER_NAME}", "Limiter"),
-        DRIVER_NAME: cls(DRIVER_NAME, "Exclusive"),
-    }
 
 
 def make_claims(count: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -130,7 +94,7 @@ def main() -> int:
     parser.add_argument("--claims", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    slices, classes = make_slices(args.nodes), make_classes()
+    slices, classes = make_slices(args.nodes), standard_classes()
     claims = make_claims(args.claims, random.Random(args.seed))
     print(f"{args.nodes} nodes x 8 GPUs, {len(claims)} claims; goal {GOAL:.0f} claims/s")
     rates = [

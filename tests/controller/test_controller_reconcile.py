@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocator_support import gpu, node_slice
 
 from dra_gpu import DRIVER_NAME, SCHEDULER_FINALIZER
 from dra_gpu.allocator import AllocationError, Allocator
@@ -30,38 +31,10 @@ APART = "apart.limiter.gpu.dra-gpu.io"
 
 
 def gpu_slice(node: str, gpus: int = 2) -> Obj:
-    def device(i: int) -> Obj:
-        return {
-            "name": f"gpu-{i}",
-            "allowMultipleAllocations": True,
-            "attributes": {"index": {"int": i}, "sharing": {"string": "Shared"}},
-            "capacity": {
-                "memory": {
-                    "value": "80Gi",
-                    "requestPolicy": {
-                        "default": "80Gi",
-                        "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"},
-                    },
-                },
-                "cores": {
-                    "value": "100",
-                    "requestPolicy": {
-                        "default": "100",
-                        "validRange": {"min": "1", "max": "100", "step": "1"},
-                    },
-                },
-            },
-        }
-
-    return {
-        "metadata": {"name": f"{node}-{DRIVER_NAME}"},
-        "spec": {
-            "driver": DRIVER_NAME,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [device(i) for i in range(gpus)],
-        },
-    }
+    """The node's slice of `gpus` shareable H100s (sharing `Shared`, the attribute SHARED selects)."""
+    shared = {"sharing": {"string": "Shared"}}
+    devices = [gpu(f"gpu-{i}", shared=True, attrs={"index": {"int": i}, **shared}) for i in range(gpus)]
+    return node_slice(node, devices, name=f"{node}-{DRIVER_NAME}")
 
 
 def device_class(name: str, *, placement: Obj | None = None, managed: bool = True) -> Obj:
