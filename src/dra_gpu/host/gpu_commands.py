@@ -36,6 +36,19 @@ class CommandError(Exception):
     """A GPU command failed; the message names the command and what it printed."""
 
 
+def mps_control_env(
+    pipe_dir: Path, log_dir: Path, gpu: str | None = None, protocol: str | None = None
+) -> dict[str, str]:
+    """The environment `run_mps_control` gives the MPS control program: the daemon's pipe and log
+    directories, and the GPU and protocol version where given."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    if protocol is not None:
+        env["CUDA_MPS_PROTOCOL_VERSION"] = protocol
+    return env
+
+
 class GpuCommands(Protocol):
     simulated: bool
     """True when nothing real is run (the log says so once at start)."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from dra_gpu.host.gpu_commands import DEFAULT_MPS_SHM_BYTES, CommandError, ComputeMode
+from dra_gpu.host.gpu_commands import DEFAULT_MPS_SHM_BYTES, CommandError, ComputeMode, mps_control_env
 from dra_gpu.host.mig_commands import (
     MIG_MINORS,
     MigCommandError,
@@ -219,11 +219,7 @@ class NvidiaCommands:
         protocol: str | None = None,
         launcher: Sequence[str] = (),
     ) -> str:
-        env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        if protocol is not None:
-            env["CUDA_MPS_PROTOCOL_VERSION"] = protocol
+        env = mps_control_env(pipe_dir, log_dir, gpu, protocol)
         argv = [*launcher, self.mps_control, *args]
         if "-d" in args:  # leaves a daemon behind: no pipes, a session of its own
             return self._check(argv, env, output=log_dir / "control-start.out")

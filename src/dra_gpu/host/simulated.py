@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.host.gpu_commands import CommandError, ComputeMode
+from dra_gpu.host.gpu_commands import CommandError, ComputeMode, mps_control_env
 from dra_gpu.host.mig_commands import (
     MigCommandError,
     instance_from_json,
@@ -187,11 +187,7 @@ class SimulatedCommands:
         self.calls.append(("run_mps_control", str(pipe_dir), *args))
         if self.control_program is None:
             raise CommandError("simulated GPUs have no MPS control daemon (no control program given)")
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        if protocol is not None:
-            env["CUDA_MPS_PROTOCOL_VERSION"] = protocol
+        env = {**os.environ, **mps_control_env(pipe_dir, log_dir, gpu, protocol)}
         argv = [self.control_program, *args]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
         if done.returncode != 0:
