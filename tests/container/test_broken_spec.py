@@ -116,41 +116,23 @@ def test_a_spec_file_that_does_not_parse_is_named(tmp_path: Path, host: Path) ->
     assert "envs" in second
 
 
+def _share(device: str, memory: str, cores: str, n: int) -> list[Alloc]:
+    """One share of `device` with this memory and these cores; `n` tells the modes' share ids apart."""
+    share_id = f"00000000-0000-4000-8000-0000000000a{n}"
+    return [Alloc(device=device, share_id=share_id, consumed={"memory": memory, "cores": cores})]
+
+
 MODES: dict[str, tuple[list[Alloc], dict[str, Any]]] = {
     "exclusive": (
         [Alloc(device="gpu-0", request="a"), Alloc(device="gpu-1", request="b")],
         gpu_config("Exclusive"),
     ),
     "time-slicing": (
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-0000000000a1",
-                consumed={"memory": "8Gi", "cores": "10"},
-            )
-        ],
+        _share("gpu-0", "8Gi", "10", 1),
         gpu_config("TimeSlicing", timeSlicing={"interval": "Medium"}),
     ),
-    "mps": (
-        [
-            Alloc(
-                device="gpu-1",
-                share_id="00000000-0000-4000-8000-0000000000a2",
-                consumed={"memory": "4Gi", "cores": "20"},
-            )
-        ],
-        gpu_config("MPS"),
-    ),
-    "limiter": (
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-0000000000a3",
-                consumed={"memory": "2Gi", "cores": "30"},
-            )
-        ],
-        gpu_config("Limiter"),
-    ),
+    "mps": (_share("gpu-1", "4Gi", "20", 2), gpu_config("MPS")),
+    "limiter": (_share("gpu-0", "2Gi", "30", 3), gpu_config("Limiter")),
 }
 
 
