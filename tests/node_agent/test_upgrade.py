@@ -14,12 +14,16 @@ from upgrade_harness import COMPUTE, Figures, Unavailable, Upgrade, previous_rel
 
 pytestmark = [pytest.mark.limiter, pytest.mark.slow]
 
-OVER = 8.0
-"""Percentage points a tenant's busy share over one window may run past what it may take (the fake driver's
-figures, on a loaded 2-core machine: a burst the library admitted at the window's edge)."""
 UNDER = 0.6
-"""The part of its floor a launching tenant is sure to get over one window there (it launches only when it gets
-a CPU)."""
+"""The part of its floor a launching tenant is sure to get over one window on a loaded 2-core machine (it launches
+only when it gets a CPU)."""
+
+
+def at_most(bound: float) -> float:
+    """What a tenant held to `bound` percent of its GPU may show over one window: the fake driver's busy time runs
+    about 5 % above the GPU time the library holds a claim to (bench/upgrade.py: 20.9 for 20, 41.7 for 40, 85 for
+    80), and a burst admitted at the window's edge adds a little."""
+    return bound * 1.1 + 2
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +68,10 @@ def test_compute_shares_of_tenants_launching_under_the_old_library_hold_and_a_ne
     for moment, busy in step.compute.items():
         for name, share in busy.items():
             assert share >= UNDER * floor[name], f"{moment}: {name} got {share}% of its GPU, below its floor"
-            assert share <= ceiling[name] + OVER, (
+            assert share <= at_most(ceiling[name]), (
                 f"{moment}: {name} got {share}% of its GPU, past its ceiling"
             )
-        assert sum(busy.values()) <= 100 + OVER, (
+        assert sum(busy.values()) <= at_most(100), (
             f"{moment}: the claims of one GPU took {busy}, more than all of it"
         )
     # Alone with the fixed claim, the elastic one may take all the fixed one leaves: it is seen borrowing when it
@@ -83,6 +87,6 @@ def test_compute_shares_of_tenants_launching_under_the_old_library_hold_and_a_ne
     # for the new claim on board.v1. Rollback: the old agent rewrites the board in its layout, and this release's
     # library runs its fixed floor.
     left = 100 - floor["fixed"] - floor["new"]
-    assert step.compute["beside new"]["elastic"] <= left + OVER, (
+    assert step.compute["beside new"]["elastic"] <= at_most(left), (
         f"the old library's claim borrowed the new claim's floor: {step.compute['beside new']}"
     )
