@@ -484,3 +484,26 @@ def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_
             agent.plugin.preparer.collect_stale()
             assert not gpu_dir(dirs).exists(), "the sweep removes the board and the one moved aside"
         kubelet.close()
+
+
+def test_a_stand_in_whose_claim_an_older_agent_unprepared_goes_with_the_gpus_directory(
+    dirs: PluginDirs,
+) -> None:
+    """After a rollback the older agent unprepares a claim this release prepared and leaves its stand-in (it
+    knows nothing of stand-ins): once no claim is on the GPU, this release's sweep removes it with the rest."""
+    api = FakeKube()
+    new = share_claim(api, "new", 20, 2, {"limit": 60})
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(new)[uid_of(new)].error == ""
+        aside = gpu_dir(dirs) / board.BOARD_V1_FILE
+        aside.write_bytes(board_v1([], 2))
+        orphan = gpu_dir(dirs) / board.activity_name(board.v1_stand_in("a-claim-of-this-release"))
+        board.make_v1_stand_in(orphan)
+        agent.plugin.preparer.collect_stale()
+        assert gpu_dir(dirs).exists(), "a claim is on the GPU"
+        assert kubelet.unprepare(new) == {uid_of(new): ""}
+        agent.plugin.preparer.collect_stale()
+        assert not gpu_dir(dirs).exists(), "the orphan stand-in went with the GPU's directory"
+        kubelet.close()

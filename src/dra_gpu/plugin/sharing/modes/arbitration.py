@@ -222,18 +222,22 @@ def _v1_entry(directory: Path | str, entry: layout.Entry) -> layout.Entry:
 
 
 def remove_if_empty(directory: Path | str) -> bool:
-    """Remove the GPU's directory if no claim is on it: the board lists nobody and no activity file is
-    left (a board made by a prepare that is still running keeps it). The caller holds the GPU's lock.
-    Whether it is gone."""
+    """Remove the GPU's directory if no claim is on it: the board lists nobody and no claim's activity
+    file is left (a board made by a prepare that is still running keeps it). A stand-in left then is
+    one whose claim an agent that knows nothing of stand-ins unprepared (a rollback): it goes too. The
+    caller holds the GPU's lock. Whether it is gone."""
     board = os.path.join(directory, layout.BOARD_FILE)
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return True
-    if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names) or _entries(board):
+    stand_ins = [n for n in names if n.endswith(layout.V1_STAND_IN_SUFFIX + layout.ACTIVITY_SUFFIX)]
+    if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names if n not in stand_ins) or _entries(board):
         return False
     _read_boards.pop(board, None)
     _written.pop(board, None)
+    for name in stand_ins:
+        _unlink(os.path.join(directory, name))
     _unlink(board)
     _unlink(os.path.join(directory, layout.BOARD_V1_FILE))
     with contextlib.suppress(OSError):
