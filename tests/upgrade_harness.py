@@ -304,6 +304,14 @@ def containers_here() -> str | None:
         return "the tenants see their claim's files as a container does: that needs root"
     if shutil.which("unshare") is None or shutil.which("cc") is None:
         return "needs unshare and cc"
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /run"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return f"no mount namespace of its own here: {probe.stderr.strip()[:200]}"
     return None
 
 
