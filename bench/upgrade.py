@@ -1,6 +1,9 @@
 """An upgrade of the node agent from the previous release to this one and a rollback, under a running tenant:
 the issue's table (pods restarted, time with no agent answering the kubelet, claims of every mode prepared by
-one release and unprepared by the other, caps after), measured on simulated GPUs and the fake CUDA driver.
+one release and unprepared by the other, caps after), measured on simulated GPUs and the fake CUDA driver; then
+the compute shares of the tenants launching kernels (the fake driver's busy time over a window): two claims
+prepared by the old agent with their tenants under its library, before the change and after it, and beside them a
+claim the new agent prepared (medians of the rounds; needs root, as the test does).
 
 The scenario is tests/upgrade_harness.py's (the one tests/node_agent/test_upgrade.py asserts on); here it runs
 `--rounds` times and the figures are printed. Needs a full clone (the previous release is built from the
@@ -12,6 +15,7 @@ repository's history) and the native limiter (make limiter).
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from upgrade_harness import Release, Unavailable, Upgrade, previous_release, this_release  # noqa: E402
+from upgrade_harness import (  # noqa: E402
+    COMPUTE,
+    Release,
+    Unavailable,
+    Upgrade,
+    containers_here,
+    previous_release,
+    this_release,
+)
 
 
 def main() -> int:
@@ -54,6 +66,7 @@ def main() -> int:
 def table(previous: Release, built: Path, rounds: int, surge: bool) -> None:
     """The issue's table for one update strategy, worst of `rounds`."""
     rows: dict[str, list[tuple[int, float, int, str, str, int]]] = {"upgrade": [], "rollback": []}
+    compute: dict[tuple[str, str, str], list[float]] = {}
     for _ in range(rounds):
         upgrade = Upgrade(previous, this_release(built), built, surge=surge)
         try:
@@ -61,6 +74,10 @@ def table(previous: Release, built: Path, rounds: int, surge: bool) -> None:
         finally:
             upgrade.close()
         for step in figures.steps:
+            for moment, busy in step.compute.items():
+                for name, share in busy.items():
+                    compute.setdefault((step.name, moment, name), []).append(share)
+                compute.setdefault((step.name, moment, "together"), []).append(sum(busy.values()))
             rows[step.name].append(
                 (
                     step.tenants_before - step.tenants_after,
@@ -87,6 +104,32 @@ def table(previous: Release, built: Path, rounds: int, surge: bool) -> None:
             f"| {direction} | {restarted} | {gap_ms:.0f} ms (asked every 5 ms) | {unanswered} | {counts} | {caps} "
             f"| {left} |"
         )
+    shares_table(compute)
+
+
+def shares_table(compute: dict[tuple[str, str, str], list[float]]) -> None:
+    """Each launching tenant's busy share of its GPU, median of the rounds."""
+    reason = containers_here()
+    if reason is not None:
+        print(f"\ncompute shares not measured: {reason}")
+        return
+    names = list(COMPUTE)
+    terms = ", ".join(
+        f"{n} {COMPUTE[n][0]} %" + (f" up to {COMPUTE[n][1]} %" if COMPUTE[n][1] != COMPUTE[n][0] else "")
+        for n in names
+    )
+    print(f"\ncompute shares, % of the GPU (median of the rounds; {terms}):")
+    print("| direction | moment | " + " | ".join(names) + " | together |")
+    print("|---|---|" + "---|" * (len(names) + 1))
+    for direction in ("upgrade", "rollback"):
+        for moment in ("before", "after", "beside new"):
+            cells = [
+                f"{statistics.median(compute[key]):.1f}"
+                if (key := (direction, moment, n)) in compute
+                else "-"
+                for n in [*names, "together"]
+            ]
+            print(f"| {direction} | {moment} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@ previous release (built from the repository's history) and this checkout.
 
 Real processes throughout: both agents are `dra-gpu kubelet-plugin` (the previous one from `git archive` of
 `PREVIOUS_RELEASE`, run over the same virtual environment), against one HTTP API server, on simulated GPUs; the
-tenants are `limiter-probe` processes under the limiter library of the release that prepared their claim,
-against the fake CUDA driver; the kubelet is modelled as 1.33+ is: it registers every agent's socket and calls
-the newest registration whose socket is still there. A probe of the kubelet's asks the current agent every few
-milliseconds, so a moment without an answer is seen.
+tenants are processes under the limiter library of the release that prepared their claim, against the fake CUDA
+driver: a `limiter-probe` holding memory, and (as root, `containers_here`) processes launching kernels that see
+their claim's files where a container would (its CDI mounts in a mount namespace of their own), so that the
+library reads the agent's limits file, board and activity files; their compute shares are the fake driver's
+busy time over a window (`shares`). The kubelet is modelled as 1.33+ is: it registers every agent's socket and
+calls the newest registration whose socket is still there. A probe of the kubelet's asks the current agent every
+few milliseconds, so a moment without an answer is seen.
 
 `Upgrade.run()` does the whole of it and returns the figures of the issue's table (`Figures`);
 tests/node_agent/test_upgrade.py asserts on them, bench/upgrade.py prints them.
@@ -16,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -32,11 +37,15 @@ from plugin_harness import (
     EVERY_MODE_PROFILE,
     NODE,
     AgentProcess,
+    Alloc,
     PluginDirs,
+    add_claim,
     cdi_ids,
     claim_process_env,
     every_mode_claims,
+    gpu_config,
     kubeconfig_for,
+    opaque,
     resolve,
     simulated_gpu_state,
     uid_of,
@@ -44,7 +53,10 @@ from plugin_harness import (
 from repo_paths import ROOT
 from waiting import wait_for
 
-from dra_gpu.kube import builders
+from cdi.resolver import ContainerConfig
+from dra_gpu.kube import KubeAPI, builders
+from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT
+from dra_gpu.plugin.sharing.steps.device_access import device_uuids
 from dra_gpu.proto import dra_v1, dra_v1_grpc, registration, registration_grpc
 
 PREVIOUS_RELEASE = "966e884c55e1d8c2764442906b8443b812bf734f"
@@ -240,6 +252,174 @@ class Tenant:
         self.process.wait(30)
 
 
+LAUNCHER = r"""
+#include "cuda_min.h"
+#include <stdio.h>
+/* upgrade-launcher: launches kernels of 5 waves (50 us on the fake driver) on device 0 for as long as it runs,
+ * waiting for every 20 of them; says "launching" once the first 20 ran. */
+int main(void) {
+    CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction fn; CUstream s;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
+        cuModuleLoadData(&mod, "image") || cuModuleGetFunction(&fn, mod, "small") || cuStreamCreate(&s, 0))
+        return 3;
+    for (unsigned long i = 1;; i++) {
+        if (cuLaunchKernel(fn, 132 * 5, 1, 1, 128, 1, 1, 0, s, NULL, NULL)) return 4;
+        if (i % 20 == 0 && cuStreamSynchronize(s)) return 5;
+        if (i == 20) printf("launching\n"), fflush(stdout);
+    }
+}
+"""
+COMPUTE = {"fixed": (20, 20), "elastic": (30, 100), "new": (40, 40)}
+"""The claims whose tenants launch, on one GPU (gpu-1, beside the time-sliced claim): name -> (floor, ceiling)
+in percent. `fixed` is the every-mode Limiter claim; `elastic` borrows what the others leave idle; both are
+prepared by the old agent, their tenants run under its library. `new` is prepared by the new agent after the
+change, its tenant under the new library."""
+WINDOW_S = 0.6
+"""How long each compute share is measured over (the fake driver's busy time of each tenant)."""
+
+
+def launcher(built: Path) -> Path:
+    """The launching tenant's program, built once against the fake driver."""
+    program = RELEASES / "upgrade-launcher"
+    source = RELEASES / "upgrade-launcher.c"
+    if not program.is_file() or not source.is_file() or source.read_text() != LAUNCHER:
+        RELEASES.mkdir(parents=True, exist_ok=True)
+        source.write_text(LAUNCHER)
+        include, fake = ROOT / "native" / "limiter" / "src", built / "fake"
+        made = subprocess.run(
+            ["cc", "-O2", f"-I{include}", "-o", str(program), str(source), f"-L{fake}", "-lcuda"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if made.returncode != 0:
+            raise AssertionError(f"building the launching tenant failed:\n{made.stderr}")
+    return program
+
+
+def containers_here() -> str | None:
+    """Why a tenant cannot run as in a container here (None: it can): its claim's files must be mounted at
+    the paths the library reads, read-only where the CDI spec says, by root (the board must be root's)."""
+    if os.geteuid() != 0:
+        return "the tenants see their claim's files as a container does: that needs root"
+    if shutil.which("unshare") is None or shutil.which("cc") is None:
+        return "needs unshare and cc"
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /run"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return f"no mount namespace of its own here: {probe.stderr.strip()[:200]}"
+    return None
+
+
+def compute_claim(api: KubeAPI, name: str, floor: int, ceiling: int, n: int) -> dict[str, Any]:
+    """A limiter claim on gpu-1 with this floor and ceiling (its class grants the ceiling)."""
+    alloc = Alloc(
+        device="gpu-1",
+        share_id=f"5e1d0b3a-0000-4000-8000-00000000010{n}",
+        consumed={"memory": "1Gi", "cores": str(floor)},
+    )
+    limiter = {"compute": {"limit": ceiling}} if ceiling != floor else {}
+    config = gpu_config("Limiter", **({"limiter": limiter} if limiter else {}))
+    return add_claim(api, name, [alloc], [opaque(config)])
+
+
+def busy_ns(process_dir: Path, pid: int) -> tuple[int, int]:
+    """(kernel time the process has run on its first device, when the fake driver said so), from the fake
+    driver's file of the process (native/limiter/tests/fake/fake_processes.h)."""
+    header = struct.Struct("<QIIQQ")  # magic, pid, count, seq, reserved
+    device = struct.Struct("<48sQQQQ")  # uuid, used, busy_ns, at_ns, reserved
+    path = process_dir / str(pid)
+    for _ in range(1000):
+        data = path.read_bytes()
+        if len(data) < header.size + device.size:
+            continue
+        _, _, _, seq, _ = header.unpack_from(data)
+        _, _, busy, at, _ = device.unpack_from(data, header.size)
+        (again,) = struct.unpack_from("<Q", path.read_bytes(), 16)
+        if seq % 2 == 0 and seq == again:
+            return busy, at
+    raise AssertionError(f"the fake driver's file of process {pid} kept changing")
+
+
+@dataclass
+class Launcher:
+    """A process of a limiter claim launching kernels as fast as its share lets it, seeing its claim's files
+    where a container of it would (its CDI mounts, in a mount namespace of its own), under the library of the
+    release that prepared the claim."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+    process_dir: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def busy(self) -> tuple[int, int]:
+        return busy_ns(self.process_dir, self.process.pid)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.process.wait(30)
+
+
+def start_launcher(
+    program: Path, built: Path, container: ContainerConfig, library: Path, process_dir: Path, out: Path
+) -> Launcher:
+    script = ["set -e", "mount -t tmpfs tmpfs /run"]
+    for mount in container.mounts:
+        target, source = mount.container_path, mount.host_path
+        if not target.startswith(str(Path(CONTAINER_CLAIMS_ROOT).parent) + "/"):
+            continue
+        if Path(source).is_dir():
+            script.append(f"mkdir -p {shlex.quote(target)}")
+        else:  # a file already there (inside a directory mounted before it) is its own mount point
+            parent = shlex.quote(str(Path(target).parent))
+            script.append(
+                f"test -e {shlex.quote(target)} || {{ mkdir -p {parent} && touch {shlex.quote(target)}; }}"
+            )
+        script.append(f"mount --bind {shlex.quote(source)} {shlex.quote(target)}")
+        if "ro" in (mount.options or []):
+            script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+    script.append(f"exec {shlex.quote(str(program))}")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LD_LIBRARY_PATH": str(built / "fake"),
+        "LD_PRELOAD": str(library),
+        "CUDA_VISIBLE_DEVICES": ",".join(device_uuids(container.env)),
+        "FAKE_CUDA_PROCESS_DIR": str(process_dir),
+        "FAKE_CUDA_CTX_BYTES": "0",
+    }
+    with open(out, "wb") as sink:
+        process = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    tenant = Launcher(process, out, process_dir)
+    wait_for(
+        lambda: "launching" in out.read_text() or not tenant.alive(), 30, "the tenant to launch its kernels"
+    )
+    assert tenant.alive(), out.read_text()
+    return tenant
+
+
+def shares(tenants: dict[str, Launcher], window_s: float = WINDOW_S) -> dict[str, float]:
+    """Each tenant's busy share of its GPU, in percent, over one window of `window_s` (all measured at once)."""
+    first = {name: t.busy() for name, t in tenants.items()}
+    threading.Event().wait(window_s)  # the measuring window itself, not a wait for anything to happen
+    last = {name: t.busy() for name, t in tenants.items()}
+    return {
+        name: round(100 * (last[name][0] - first[name][0]) / max(1, last[name][1] - first[name][1]), 1)
+        for name in tenants
+    }
+
+
 @dataclass
 class Step:
     """One direction (an upgrade, or a rollback) between two releases."""
@@ -260,12 +440,18 @@ class Step:
     new_claims_prepared: int = 0
     longest_gap_s: float = 0.0
     unanswered: list[str] = field(default_factory=list)
+    compute: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Busy share of each launching tenant (COMPUTE), in percent, per moment: "before" the change, "after" it
+    (the other release's agent alone), "beside new" (the new agent's claim launching too). Empty where the
+    tenants cannot run as in a container (`containers_here`)."""
 
 
 @dataclass
 class Figures:
     steps: list[Step]
     seconds: float
+    no_compute: str | None = None
+    """Why the compute shares were not measured (None: they were)."""
 
 
 class Upgrade:
@@ -283,11 +469,19 @@ class Upgrade:
         self.kubelet = NodeKubelet(self.dirs.registration_dir)
         self.agents: list[AgentProcess] = []
         self.tenants: list[Tenant] = []
+        self.launchers: list[Launcher] = []
+        self.no_compute = containers_here()
+        """Why the compute shares are not measured here (None: they are)."""
+        self.program = launcher(built) if self.no_compute is None else None
+        self.process_dir = self.dirs.root / "driver-processes"
+        self.process_dir.mkdir()
         self._pods = 0
 
     def close(self) -> None:
         for tenant in self.tenants:
             tenant.stop()
+        for launching in self.launchers:
+            launching.stop()
         for agent in self.agents:
             agent.kill()
         self.kubelet.close()
@@ -326,6 +520,16 @@ class Upgrade:
         assert "allocated=2147483648" in out.read_text(), out.read_text()
         return tenant
 
+    def launch(self, name: str, answer: Any, release: Release) -> Launcher:
+        assert self.program is not None
+        container = resolve(self.dirs, cdi_ids(answer))
+        out = self.dirs.root / f"launcher-{len(self.launchers)}-{name}.out"
+        launching = start_launcher(
+            self.program, self.built, container, release.library, self.process_dir, out
+        )
+        self.launchers.append(launching)
+        return launching
+
     def free_beside(self, answer: Any, release: Release) -> int:
         """What one more process of the claim may allocate now (1 GiB at a time): the claim's cap less its
         tenants' memory, as the claim's region holds it."""
@@ -360,8 +564,21 @@ class Upgrade:
         step.claims_prepared_before = len(claims)
         limiter = next(c for c in claims if c["metadata"]["name"].endswith("-limiter"))
         tenant = self.start_tenant(limiter, answers[uid_of(limiter)], old)
-        step.tenants_before = sum(t.alive() for t in self.tenants)
         step.cap_before = self.free_beside(answers[uid_of(limiter)], old)
+        launching: dict[str, Launcher] = {}
+        compute_claims: list[dict[str, Any]] = []
+        if self.no_compute is None:
+            floor, ceiling = COMPUTE["elastic"]
+            elastic = compute_claim(self.server.fake, f"{name}-elastic", floor, ceiling, 1)
+            compute_claims.append(elastic)
+            answer = self.kubelet.prepare(elastic)[uid_of(elastic)]
+            assert not answer.error, answer.error
+            launching["fixed"] = self.launch("fixed", answers[uid_of(limiter)], old)
+            launching["elastic"] = self.launch("elastic", answer, old)
+            step.compute["before"] = shares(launching)
+        step.tenants_before = sum(t.alive() for t in self.tenants) + sum(
+            t.alive() for t in launching.values()
+        )
         specs = {p.name: p.read_bytes() for p in self.dirs.cdi_dir.iterdir() if p.suffix == ".json"}
         settings = simulated_gpu_state(self.dirs)
 
@@ -377,11 +594,29 @@ class Upgrade:
         step.unanswered = availability.failures
 
         step.gpu_settings_unchanged = simulated_gpu_state(self.dirs) == settings
-        step.tenants_after = sum(t.alive() for t in self.tenants)
+        step.tenants_after = sum(t.alive() for t in self.tenants) + sum(t.alive() for t in launching.values())
         step.cap_after = self.free_beside(answers[uid_of(limiter)], old)
         step.specs_unchanged = specs == {
             p.name: p.read_bytes() for p in self.dirs.cdi_dir.iterdir() if p.name in specs
         }
+        if launching:
+            step.compute["after"] = shares(launching)
+            floor, ceiling = COMPUTE["new"]
+            beside = compute_claim(self.server.fake, f"{name}-beside", floor, ceiling, 2)
+            compute_claims.append(beside)
+            answer = self.kubelet.prepare(beside)[uid_of(beside)]
+            assert not answer.error, answer.error
+            launching["new"] = self.launch("new", answer, new)
+            step.compute["beside new"] = shares(launching)
+            old_tenants = [t for n, t in launching.items() if n != "new"]
+            step.tenants_after = min(
+                step.tenants_after, sum(t.alive() for t in self.tenants) + sum(t.alive() for t in old_tenants)
+            )
+            for launched in launching.values():
+                launched.stop()
+                self.launchers.remove(launched)
+            undone_compute = self.kubelet.unprepare(*compute_claims)
+            assert all(not e for e in undone_compute.values()), undone_compute
         # The tenant's pod ends; the kubelet asks the new agent to undo what the old one prepared...
         tenant.stop()
         self.tenants.remove(tenant)
@@ -392,7 +627,7 @@ class Upgrade:
         fresh_answers = self.kubelet.prepare(*fresh)
         step.new_claims_prepared = sum(not a.error for a in fresh_answers.values())
         undone = self.kubelet.unprepare(*fresh)
-        step.left_behind = self.leftovers(claims + fresh) + [
+        step.left_behind = self.leftovers(claims + fresh + compute_claims) + [
             f"claim {uid}: {error}" for uid, error in undone.items() if error
         ]
         gpus = simulated_gpu_state(self.dirs)
@@ -405,4 +640,4 @@ class Upgrade:
         first = self.start_agent(previous)
         upgrade, second = self.step("upgrade", previous, current, first)
         rollback, _ = self.step("rollback", current, previous, second)
-        return Figures([upgrade, rollback], time.monotonic() - started)
+        return Figures([upgrade, rollback], time.monotonic() - started, self.no_compute)

@@ -467,12 +467,43 @@ def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_
             assert path.stat().st_ino != inode
             both = [board.Entry(uid_of(old), 30, 100), board.Entry(uid_of(new), 20, 60, "latency")]
             assert board.read_board(path) == sorted(both), "the new board carries the old one's claims"
-            assert parse_v1(mapped) == sorted([(uid_of(old), 30, 100, 1), (uid_of(new), 20, 60, 0)])
+            # A claim this release prepared is there by its stand-in: an activity file the old library maps
+            # (version 1), always active, and standard (an always-active latency claim would hold the others).
+            stand_in = (uid_of(new) + board.V1_STAND_IN_SUFFIX, 20, 60, 1)
+            assert parse_v1(mapped) == sorted([(uid_of(old), 30, 100, 1), stand_in])
+            stand_in_file = gpu_dir(dirs) / board.activity_name(stand_in[0])
+            assert stand_in_file.read_bytes()[:24] == b"DGPUACT1" + (1).to_bytes(4, "little") + bytes(4) + (
+                2**63 - 1
+            ).to_bytes(8, "little")
             assert kubelet.unprepare(old) == {uid_of(old): ""}
-            assert parse_v1(mapped) == [(uid_of(new), 20, 60, 0)], "every rewrite reaches the old mapping"
+            assert parse_v1(mapped) == [stand_in], "every rewrite reaches the old mapping"
             assert board.read_board(path) == [both[1]]
             assert kubelet.unprepare(new) == {uid_of(new): ""}
             assert parse_v1(mapped) == []
+            assert not stand_in_file.exists(), "the stand-in goes with its claim"
             agent.plugin.preparer.collect_stale()
             assert not gpu_dir(dirs).exists(), "the sweep removes the board and the one moved aside"
+        kubelet.close()
+
+
+def test_a_stand_in_whose_claim_an_older_agent_unprepared_goes_with_the_gpus_directory(
+    dirs: PluginDirs,
+) -> None:
+    """After a rollback the older agent unprepares a claim this release prepared and leaves its stand-in (it
+    knows nothing of stand-ins): once no claim is on the GPU, this release's sweep removes it with the rest."""
+    api = FakeKube()
+    new = share_claim(api, "new", 20, 2, {"limit": 60})
+    with running_plugin(dirs, api) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        assert kubelet.prepare(new)[uid_of(new)].error == ""
+        aside = gpu_dir(dirs) / board.BOARD_V1_FILE
+        aside.write_bytes(board_v1([], 2))
+        orphan = gpu_dir(dirs) / board.activity_name(board.v1_stand_in("a-claim-of-this-release"))
+        board.make_v1_stand_in(orphan)
+        agent.plugin.preparer.collect_stale()
+        assert gpu_dir(dirs).exists(), "a claim is on the GPU"
+        assert kubelet.unprepare(new) == {uid_of(new): ""}
+        agent.plugin.preparer.collect_stale()
+        assert not gpu_dir(dirs).exists(), "the orphan stand-in went with the GPU's directory"
         kubelet.close()

@@ -50,6 +50,14 @@ BOARD_V1_FILE = "board.v1"
 """A board of layout version 1 the agent found at ``board`` after an upgrade, moved aside (same inode) so
 the previous release's library in processes that mapped it keeps reading version 1 there; the agent
 keeps it current (``write_board_v1``) until the GPU's directory goes."""
+V1_STAND_IN_SUFFIX = "~v1"
+"""``<claim-uid>~v1.activity``: an activity file of layout version 1 for a claim prepared by this release on a
+GPU whose ``board.v1`` is still kept, named on ``board.v1`` in the claim's place (``v1_stand_in``). The previous
+release's library maps another claim's activity file only of version 1, so without it a process of that library
+would count the claim as idle and could borrow its floor. The stand-in is the agent's (root, 0444) and says the
+claim is active, always: those processes never take its floor, and never borrow its idle time either, until they
+restart."""
+V1_STAND_IN_MODE = 0o444
 V1_MAX_ENTRIES = 128
 V1_ENTRY_BYTES = 96
 V1_CLAIM_UID_BYTES = 64
@@ -360,6 +368,32 @@ def write_board_v1(path: Path | str, entries: Iterable[Entry]) -> None:
         os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
     finally:
         os.close(fd)
+
+
+def v1_stand_in(claim_uid: str) -> str:
+    """The name on ``board.v1`` of a claim whose activity file the previous release's library cannot map."""
+    return claim_uid + V1_STAND_IN_SUFFIX
+
+
+def claim_of(name: str) -> str:
+    """The claim UID an activity file's name (less its suffix) belongs to: its own, or the one it stands in for."""
+    return name.removesuffix(V1_STAND_IN_SUFFIX)
+
+
+def v1_entry(entry: Entry) -> Entry:
+    """A claim's entry on ``board.v1`` under its stand-in. A latency claim is written as a standard one: its
+    stand-in is always active, and an always-active latency claim would hold every claim of the previous
+    release's library to its floor (a besteffort one to nothing) for as long as it is on the GPU."""
+    priority = "standard" if entry.priority == "latency" else entry.priority
+    return Entry(v1_stand_in(entry.claim_uid), entry.floor, entry.ceiling, priority)
+
+
+def make_v1_stand_in(path: Path | str) -> bool:
+    """A stand-in activity file of layout version 1 (``V1_STAND_IN_SUFFIX``) unless one is there (True when
+    made): the header of version 1 and a demand that never runs out (the library of version 1 counts a claim
+    active while its ``demand_until_ns`` lies ahead)."""
+    content = _ACTIVITY_HEADER.pack(ACTIVITY_MAGIC, 1, 0) + _ACTIVITY_FIELDS.pack(2**63 - 1, 0, 0, 0, 0)
+    return make_file(path, content, ACTIVITY_BYTES, V1_STAND_IN_MODE)
 
 
 def boot_id() -> bytes:

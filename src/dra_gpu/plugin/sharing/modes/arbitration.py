@@ -12,7 +12,11 @@ For each GPU on which a claim has a limiter compute share below 100 %, the claim
 A board of layout version 1 (the previous release's) is never rewritten in this layout: its library
 checked the version only when it mapped the board. The first rewrite moves it aside to ``board.v1``
 (the same inode, so those mappings keep it), makes a new board with its entries, and every rewrite
-after that writes the v1 board too, in its own layout (a claim UID too long for it left off).
+after that writes the v1 board too, in its own layout (a claim UID too long for it left off). A claim
+whose activity file this release made while ``board.v1`` is kept is named there by its stand-in
+(``layout.V1_STAND_IN_SUFFIX``), an activity file of version 1 that says it is always active: the
+previous release's library maps no activity file of version 2, and would otherwise take the claim for
+idle and borrow its floor.
 
 Releasing it takes the entry off the board first (the library stops counting the claim before its
 file goes), then removes both names of the activity file. The GPU's directory and board stay when its
@@ -158,10 +162,14 @@ def _unlink(path: str) -> None:
 
 
 def update_board(
-    directory: Path | str, put: layout.Entry | None = None, drop: Set[str] = frozenset()
+    directory: Path | str,
+    put: layout.Entry | None = None,
+    drop: Set[str] = frozenset(),
+    made: bool = False,
 ) -> list[str]:
     """Rewrite the GPU's board with `put` added or replaced and the claims in `drop` taken off; the
-    claim UIDs left on it. A board that is missing or no board is made anew first."""
+    claim UIDs left on it. A board that is missing or no board is made anew first. `made`: `put`'s
+    activity file was made by this release, so where a ``board.v1`` is kept it gets a stand-in there."""
     board = os.path.join(directory, layout.BOARD_FILE)
 
     def change(entries: list[layout.Entry]) -> list[layout.Entry]:
@@ -193,24 +201,43 @@ def update_board(
         layout.make_board(Path(board))
         written = layout.rewrite_board(board, change)
     _written[board] = written
-    with contextlib.suppress(FileNotFoundError, layout.BoardError):
-        layout.write_board_v1(v1, written.entries)
+    if os.path.lexists(v1):
+        if (
+            put is not None
+            and made
+            and len(layout.v1_stand_in(put.claim_uid).encode()) < layout.V1_CLAIM_UID_BYTES
+        ):
+            layout.make_v1_stand_in(
+                os.path.join(directory, layout.activity_name(layout.v1_stand_in(put.claim_uid)))
+            )
+        with contextlib.suppress(FileNotFoundError, layout.BoardError):
+            layout.write_board_v1(v1, [_v1_entry(directory, e) for e in written.entries])
     return [e.claim_uid for e in written.entries]
 
 
+def _v1_entry(directory: Path | str, entry: layout.Entry) -> layout.Entry:
+    """A claim's entry on ``board.v1``: under its stand-in where it has one."""
+    stand_in = os.path.join(directory, layout.activity_name(layout.v1_stand_in(entry.claim_uid)))
+    return layout.v1_entry(entry) if os.path.lexists(stand_in) else entry
+
+
 def remove_if_empty(directory: Path | str) -> bool:
-    """Remove the GPU's directory if no claim is on it: the board lists nobody and no activity file is
-    left (a board made by a prepare that is still running keeps it). The caller holds the GPU's lock.
-    Whether it is gone."""
+    """Remove the GPU's directory if no claim is on it: the board lists nobody and no claim's activity
+    file is left (a board made by a prepare that is still running keeps it). A stand-in left then is
+    one whose claim an agent that knows nothing of stand-ins unprepared (a rollback): it goes too. The
+    caller holds the GPU's lock. Whether it is gone."""
     board = os.path.join(directory, layout.BOARD_FILE)
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return True
-    if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names) or _entries(board):
+    stand_ins = [n for n in names if n.endswith(layout.V1_STAND_IN_SUFFIX + layout.ACTIVITY_SUFFIX)]
+    if any(n.endswith(layout.ACTIVITY_SUFFIX) for n in names if n not in stand_ins) or _entries(board):
         return False
     _read_boards.pop(board, None)
     _written.pop(board, None)
+    for name in stand_ins:
+        _unlink(os.path.join(directory, name))
     _unlink(board)
     _unlink(os.path.join(directory, layout.BOARD_V1_FILE))
     with contextlib.suppress(OSError):
@@ -237,10 +264,11 @@ class ClaimArbitration:
         try:
             _make_dir(root)
             _make_dir(directory)
-            if not layout.make_activity(Path(activity)):
+            made = layout.make_activity(Path(activity))
+            if not made:
                 layout.upgrade_activity(activity)  # kept: one made before an upgrade gets this layout
             _link(activity, str(hold.params["link"]))
-            update_board(directory, put=entry)
+            update_board(directory, put=entry, made=made)
         except OSError as exc:
             raise setup_failed(f"setting up {directory} for claim {entry.claim_uid}", exc) from None
 
@@ -252,7 +280,11 @@ class ClaimArbitration:
                 update_board(directory, drop={claim})
             # Temporary files of an interrupted link or activity file are not looked for here: the
             # claim's directory goes whole with its `dir` hold, and the sweep removes old ones in the GPU's.
-            for name in (str(hold.params["link"]), os.path.join(directory, layout.activity_name(claim))):
+            for name in (
+                str(hold.params["link"]),
+                os.path.join(directory, layout.activity_name(claim)),
+                os.path.join(directory, layout.activity_name(layout.v1_stand_in(claim))),
+            ):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name)
         except OSError as exc:
@@ -279,7 +311,7 @@ class ClaimArbitration:
             return
         listed = {e.claim_uid for e in _entries(os.path.join(directory, layout.BOARD_FILE))}
         files = {
-            n[: -len(layout.ACTIVITY_SUFFIX)]
+            layout.claim_of(n[: -len(layout.ACTIVITY_SUFFIX)])
             for n in os.listdir(directory)
             if n.endswith(layout.ACTIVITY_SUFFIX)
         }
@@ -288,6 +320,7 @@ class ClaimArbitration:
             update_board(directory, drop=stale)
             for uid in stale:
                 _unlink(os.path.join(directory, layout.activity_name(uid)))
+                _unlink(os.path.join(directory, layout.activity_name(layout.v1_stand_in(uid))))
         remove_if_empty(directory)
 
 
