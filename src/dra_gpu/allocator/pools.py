@@ -38,7 +38,7 @@ class Device:
     node_selector: dict[str, Any] | None  # devices of slices with a nodeSelector
     multi: bool  # allowMultipleAllocations
     specs: tuple[CapacitySpec, ...]
-    spec_key: int  # same for devices with identical capacities and policies
+    spec_key: int  # same for devices of one driver with identical capacities and policies
     attributes: dict[str, Any]
     cel: dict[str, Any]
     taints: tuple[dict[str, Any], ...]
@@ -97,7 +97,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         pools.setdefault((driver, objects.pool_name(s)), []).append(s)
 
     inv = Inventory()
-    spec_keys: dict[tuple[CapacitySpec, ...], int] = {}
+    spec_keys: dict[tuple[str, tuple[CapacitySpec, ...]], int] = {}  # per driver: names resolve per driver
     for (driver, pool), members in sorted(pools.items()):
         generation = max(objects.pool_generation(m) for m in members)
         current = [m for m in members if objects.pool_generation(m) == generation]
@@ -160,7 +160,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                         node_selector=selector,
                         multi=bool(raw.get("allowMultipleAllocations", False)),
                         specs=specs,
-                        spec_key=spec_keys.setdefault(specs, len(spec_keys)),
+                        spec_key=spec_keys.setdefault((driver, specs), len(spec_keys)),
                         attributes=dict(raw.get("attributes") or {}),
                         cel=cel_var,
                         taints=tuple(raw.get("taints") or ()),
