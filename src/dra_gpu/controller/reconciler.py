@@ -33,7 +33,7 @@ from dra_gpu.controller.overcommit import overcommitted
 from dra_gpu.controller.owned_classes import ClassIndex
 from dra_gpu.controller.pool_nodes import REASON as POOL_REASON
 from dra_gpu.controller.pool_nodes import refuse_foreign_slices
-from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, builders, objects
+from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, builders, objects, versions
 from dra_gpu.kube.events import EventRecorder, timestamp
 
 Obj = dict[str, Any]
@@ -134,6 +134,19 @@ class Reconciler:
         self._placed: dict[str, str] = {}  # claim uid -> node we allocated it on
         self._avoid: dict[str, dict[str, float]] = {}  # claim uid -> node -> when the scheduler cleared it
         self._first_seen: dict[str, float] = {}  # claim uid -> when it first waited with a consumer
+        self._resolves_names: bool | None = None  # the server resolves <driver>/<name> capacities (1.38+)
+
+    def _resolves_qualified_names(self) -> bool:
+        """Whether the server's release resolves `<driver>/<name>` capacity requests as its scheduler does
+        (`kube.versions`); read once, and again next pass while the version cannot be read (verbatim then)."""
+        if self._resolves_names is None:
+            try:
+                version = self.api.server_version()
+            except ApiError as exc:
+                log.warning("cannot read the API server's version", extra={"error": str(exc)})
+                return False
+            self._resolves_names = versions.resolves_qualified_capacity_names(version)
+        return self._resolves_names
 
     # --- the pass ---------------------------------------------------------------------------------
 
@@ -156,6 +169,7 @@ class Reconciler:
             classes.for_allocator,
             [c for c in snapshot.claims if objects.allocation(c)],
             taint_rules=snapshot.taint_rules,
+            resolve_qualified_names=self._resolves_qualified_names(),
         )
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(
