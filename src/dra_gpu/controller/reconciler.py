@@ -136,22 +136,12 @@ class Reconciler:
         self._first_seen: dict[str, float] = {}  # claim uid -> when it first waited with a consumer
         self._resolves_names: bool | None = None  # the server resolves <driver>/<name> capacities (1.38+)
 
-    def _resolves_qualified_names(self) -> bool:
-        """Whether the server's release resolves `<driver>/<name>` capacity requests as its scheduler does
-        (`kube.versions`); read once, and again next pass while the version cannot be read (verbatim then)."""
-        if self._resolves_names is None:
-            try:
-                version = self.api.server_version()
-            except ApiError as exc:
-                log.warning("cannot read the API server's version", extra={"error": str(exc)})
-                return False
-            self._resolves_names = versions.resolves_qualified_capacity_names(version)
-        return self._resolves_names
-
     # --- the pass ---------------------------------------------------------------------------------
 
     def reconcile(self, snapshot: Snapshot) -> PassResult:
         result = PassResult()
+        if self._resolves_names is None:  # read once (again next pass while it cannot be read)
+            self._resolves_names = versions.server_resolves_qualified_names(self.api)
         classes = ClassIndex(snapshot.classes)
         pods = PodIndex(snapshot.pods)
         nodes = {objects.name(n): n for n in snapshot.nodes}
@@ -169,7 +159,7 @@ class Reconciler:
             classes.for_allocator,
             [c for c in snapshot.claims if objects.allocation(c)],
             taint_rules=snapshot.taint_rules,
-            resolve_qualified_names=self._resolves_qualified_names(),
+            resolve_qualified_names=self._resolves_names is True,
         )
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(

@@ -24,7 +24,13 @@ Sources, by feature:
 
 from __future__ import annotations
 
+import logging
 import re
+
+from dra_gpu.kube.api import KubeAPI
+from dra_gpu.kube.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 Version = tuple[int, int]
 
@@ -64,6 +70,16 @@ def from_version_info(info: dict[str, object]) -> Version:
 def resolves_qualified_capacity_names(version: Version) -> bool:
     """Whether the scheduler of this release looks `<driver>/<name>` up as the device's `<name>`."""
     return version >= QUALIFIED_CAPACITY_NAMES
+
+
+def server_resolves_qualified_names(api: KubeAPI) -> bool | None:
+    """Whether the API server's release resolves `<driver>/<name>` capacities; None (logged) if its
+    version cannot be read, for the caller to treat as "no" and ask again later."""
+    try:
+        return resolves_qualified_capacity_names(api.server_version())
+    except ApiError as exc:
+        log.warning("cannot read the API server's version", extra={"error": str(exc)})
+        return None
 
 
 def gate_default(gate: str, version: Version) -> bool:

@@ -50,11 +50,18 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import Priority, Strategy
 from dra_gpu.config.grants import RANK
 from dra_gpu.config.modes import mode_named, takes_whole_gpu
-from dra_gpu.kube import versions
+from dra_gpu.manifests.capacity_names import (
+    QUALIFIED_138_MESSAGE,
+    QUALIFIED_MESSAGE,
+    amount,
+    in_requests,
+    resolves_qualified_names,
+    unqualified,
+)
 from dra_gpu.manifests.classes import CLASSES
 from dra_gpu.manifests.config_shape import gpu_configs_variable, shape_validations
 from dra_gpu.manifests.values import Values
-from dra_gpu.vocabulary.device import CORES_CAPACITY, MEMORY_CAPACITY, MEMORY_STEP
+from dra_gpu.vocabulary.device import MEMORY_STEP
 
 Obj = dict[str, Any]
 
@@ -73,21 +80,6 @@ MPS_MESSAGE = (
     "a claim with a request of an MPS class must have only that request, for one GPU (count 1): a CUDA "
     "process connects to one MPS control daemon, which serves one GPU; put other GPUs in claims of their own"
 )
-
-QUALIFIED_MESSAGE = (
-    f'a request of a {DRIVER_NAME} device class names a capacity with a domain (e.g. "{DRIVER_NAME}/memory"); '
-    f"name it as the devices publish it, without the domain: capacity: {{requests: {{memory: 10Gi, cores: 25}}}} "
-    f"(the scheduler of Kubernetes 1.34-1.37 looks the name up as written and would never allocate the claim)"
-)
-
-QUALIFIED_138_MESSAGE = (
-    f'a request of a {DRIVER_NAME} device class names a capacity with a domain other than "{DRIVER_NAME}" '
-    f"(which the scheduler never resolves to this driver's devices) or names one capacity twice, with and "
-    f'without the domain: name it "memory" or "{DRIVER_NAME}/memory", once'
-)
-
-CAPACITY_NAMES = (MEMORY_CAPACITY, CORES_CAPACITY)
-"""The capacities the driver's devices publish (`devicekinds/gpu.py`)."""
 
 LIMIT_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim sets sharing.limiter.memoryLimit below the memory a request it "
@@ -116,25 +108,6 @@ MEMORY_GRANT_MESSAGE = (
 )
 
 
-def resolves_qualified_names(values: Values) -> bool:
-    """Whether every cluster of the install resolves `gpu.dra-gpu.io/<name>` (its `kubernetesMinVersion`)."""
-    return versions.resolves_qualified_capacity_names(versions.parse_version(values.kubernetesMinVersion))
-
-
-def _in(x: str, capacity: str, qualified: bool) -> str:
-    """Request `x`'s capacity requests name `capacity` (also as `<driver>/<capacity>` where resolved)."""
-    plain = f'"{capacity}" in {x}.capacity.requests'
-    return f'({plain} || "{DRIVER_NAME}/{capacity}" in {x}.capacity.requests)' if qualified else f"({plain})"
-
-
-def _amount(x: str, capacity: str, qualified: bool) -> str:
-    """The amount request `x` asks for of `capacity` (after `_named`), under either name where resolved."""
-    plain = f"{x}.capacity.requests.{capacity}"
-    if not qualified:
-        return plain
-    return f'("{capacity}" in {x}.capacity.requests ? {plain} : {x}.capacity.requests["{DRIVER_NAME}/{capacity}"])'
-
-
 def _compute_validations(qualified: bool = False) -> list[Obj]:
     """The rule on `sharing.limiter.compute` (elastic compute; its shape is checked with the rest): a ceiling
     no lower than the floor the claim asks for, or the node would drop it. A request that names no cores is
@@ -143,7 +116,7 @@ def _compute_validations(qualified: bool = False) -> list[Obj]:
     limit = f"int({limiter}.compute.limit)"
     has_limit = f"{_ours('c')} && has({limiter}) && has({limiter}.compute) && has({limiter}.compute.limit)"
     cores = (
-        f"({_named('x', 'cores', qualified)}) ? quantity({_amount('x', 'cores', qualified)}) : "
+        f"({_named('x', 'cores', qualified)}) ? quantity({amount('x', 'cores', qualified)}) : "
         f"quantity(string(has({limiter}.cores) ? int({limiter}.cores) : 100))"
     )
     above_floor = (
@@ -183,22 +156,7 @@ def _request_classes(r: str) -> str:
 def _capacity_ok(x: str, shared: list[str], qualified: bool) -> str:
     return (
         f"!({x}.deviceClassName in {_literal(shared)}) || !has({x}.capacity) || "
-        f"!has({x}.capacity.requests) || {_in(x, 'memory', qualified)} == {_in(x, 'cores', qualified)}"
-    )
-
-
-def _unqualified(x: str, ours: list[str], qualified: bool) -> str:
-    guard = f"!({x}.deviceClassName in {_literal(ours)}) || !has({x}.capacity) || !has({x}.capacity.requests)"
-    if not qualified:
-        return f'{guard} || !{x}.capacity.requests.exists(n, n.contains("/"))'
-    ours_qualified = [f"{DRIVER_NAME}/{c}" for c in CAPACITY_NAMES]
-    once = " && ".join(
-        f'!("{c}" in {x}.capacity.requests && "{DRIVER_NAME}/{c}" in {x}.capacity.requests)'
-        for c in CAPACITY_NAMES
-    )
-    return (
-        f'{guard} || (!{x}.capacity.requests.exists(n, n.contains("/") && !(n in {_literal(ours_qualified)})) '
-        f"&& {once})"
+        f"!has({x}.capacity.requests) || {in_requests(x, 'memory', qualified)} == {in_requests(x, 'cores', qualified)}"
     )
 
 
@@ -221,9 +179,9 @@ def validations(values: Values) -> list[Obj]:
     capacity = (
         f"variables.requests.all(r, {_request_classes('r')}.all(x, {_capacity_ok('x', shared, qualified)}))"
     )
-    unqualified = (
+    names = (
         f"variables.requests.all(r, {_request_classes('r')}.all(x, "
-        f"{_unqualified('x', sorted(strategies), qualified)}))"
+        f"{unqualified('x', sorted(strategies), qualified)}))"
     )
     strategy = (
         f"variables.gpuConfigs.all(c, variables.requests.all(r, !({_applies('c', 'r')}) || "
@@ -251,14 +209,14 @@ def validations(values: Values) -> list[Obj]:
     memory_limit = (
         f"variables.gpuConfigs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
         f"!has({limit}) || variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
-        f"!has(x.capacity) || !has(x.capacity.requests) || !{_in('x', 'memory', qualified)} || "
+        f"!has(x.capacity) || !has(x.capacity.requests) || !{in_requests('x', 'memory', qualified)} || "
         f"quantity(string({limit})).asInteger() >= "
-        f"(quantity({_amount('x', 'memory', qualified)}).asInteger() + {step - 1}) / {step} * {step})))"
+        f"(quantity({amount('x', 'memory', qualified)}).asInteger() + {step - 1}) / {step} * {step})))"
     )
     return [
         {"expression": capacity, "message": CAPACITY_MESSAGE, "reason": "Invalid"},
         {
-            "expression": unqualified,
+            "expression": names,
             "message": QUALIFIED_138_MESSAGE if qualified else QUALIFIED_MESSAGE,
             "reason": "Invalid",
         },
@@ -376,7 +334,7 @@ def _per_class_request(rule: str) -> str:
 
 
 def _named(x: str, capacity: str, qualified: bool = False) -> str:
-    return f"has({x}.capacity) && has({x}.capacity.requests) && {_in(x, capacity, qualified)}"
+    return f"has({x}.capacity) && has({x}.capacity.requests) && {in_requests(x, capacity, qualified)}"
 
 
 def grant_validations(known: Iterable[str], qualified: bool = False) -> list[Obj]:
@@ -391,7 +349,7 @@ def grant_validations(known: Iterable[str], qualified: bool = False) -> list[Obj
     limit = f"{compute}.limit"
     floor_ok = (
         f"({_named('x', 'cores', qualified)}) ? "
-        f"!quantity(string(int({limit}))).isGreaterThan(quantity({_amount('x', 'cores', qualified)})) "
+        f"!quantity(string(int({limit}))).isGreaterThan(quantity({amount('x', 'cores', qualified)})) "
         f": (!has({_LIMITER}.cores) || int({limit}) <= int({_LIMITER}.cores))"
     )
     ceiling = (
@@ -399,10 +357,10 @@ def grant_validations(known: Iterable[str], qualified: bool = False) -> list[Obj
         f"(variables.classLimit > 0 && int({limit}) <= variables.classLimit) || ({floor_ok})"
     )
     asked = f"quantity(string({_LIMITER}.memoryLimit))"
-    charged = f"quantity(string((quantity({_amount('x', 'memory', qualified)}).asInteger() + {step - 1}) / {step} * {step}))"
+    charged = f"quantity(string((quantity({amount('x', 'memory', qualified)}).asInteger() + {step - 1}) / {step} * {step}))"
     memory = (
         f"!has({_LIMITER}.memoryLimit) || !isQuantity(string({_LIMITER}.memoryLimit)) || "
-        f"!({_named('x', 'memory', qualified)}) || !isQuantity({_amount('x', 'memory', qualified)}) || "
+        f"!({_named('x', 'memory', qualified)}) || !isQuantity({amount('x', 'memory', qualified)}) || "
         f'(variables.classMemoryLimit != "" && !{asked}.isGreaterThan(quantity(variables.classMemoryLimit))) || '
         f"!{asked}.isGreaterThan({charged})"
     )
