@@ -28,12 +28,8 @@ from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.allocator import AllocationError
 from dra_gpu.allocator.cel_env import kubernetes_context
 from dra_gpu.manifests import load_values, render
-from dra_gpu.manifests.admission import (
-    CAPACITY_MESSAGE,
-    LIMIT_MESSAGE,
-    QUALIFIED_138_MESSAGE,
-    QUALIFIED_MESSAGE,
-)
+from dra_gpu.manifests.admission import CAPACITY_MESSAGE, LIMIT_MESSAGE
+from dra_gpu.manifests.capacity_names import QUALIFIED_138_MESSAGE, QUALIFIED_MESSAGE
 from dra_gpu.manifests.values import ValuesError
 
 Obj = dict[str, Any]
