@@ -131,6 +131,17 @@ def test_status_bodies_become_the_matching_errors(
     assert message in err.value.message
 
 
+def test_server_version_reads_the_version_endpoint(server: ApiServer, client: KubeClient) -> None:
+    """A managed cluster's minor carries a `+` ("37+"); the version decides what the driver publishes."""
+    answers = {"/version": {"major": "1", "minor": "37+", "gitVersion": "v1.37.3-gke.100"}}
+    plain = server.route
+    server.route = lambda method, path, query, body: (  # type: ignore[method-assign]
+        (200, answers[path]) if path in answers else plain(method, path, query, body)
+    )
+    assert client.server_version() == (1, 37)
+    assert last(server, "GET").path == "/version"
+
+
 # --- watch ----------------------------------------------------------------------------------------
 
 

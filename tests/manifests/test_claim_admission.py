@@ -22,9 +22,9 @@ from dra_gpu.manifests.admission import (
     COMPUTE_FLOOR_MESSAGE,
     LIMIT_MESSAGE,
     MPS_MESSAGE,
-    QUALIFIED_MESSAGE,
     STRATEGY_MESSAGE,
 )
+from dra_gpu.manifests.capacity_names import QUALIFIED_MESSAGE
 
 Obj = dict[str, Any]
 

@@ -24,7 +24,9 @@ consumable capacity with policy defaults and rounding (`capacity`; a multi-alloc
 take several of one request's devices, one share each, unless `distinctAttribute` says otherwise),
 taints (the slices' and DeviceTaintRules') and tolerations, claims already allocated by anyone counted as in use (`usage`), devices that
 consume shared counters (partitionable devices: dynamic MIG placements, counted per pool in
-`holdings`), and only complete pools at their newest generation (`pools`; a pool listing a device or
+`holdings`) with their KEP-5963 compatibility groups (two devices on one counter set only where neither
+names groups or their groups meet, `pools.compatible`), capacity names with the driver's domain resolved
+as 1.38 does where the caller says the server does (`resolve_qualified_names`), and only complete pools at their newest generation (`pools`; a pool listing a device or
 a counter set twice is invalid). Placement policies and label rules are in `policies`.
 
 Read-only views for callers that audit usage: `Allocator.devices` (`pools.Device`: `index`, `key`,

@@ -7,7 +7,11 @@ Same rules as the Kubernetes structured allocator, so our allocations agree with
   first of `validValues` that is not smaller;
 - the result must then satisfy the policy (at most `max`, on a step, one of `validValues`; the
   `default` is always allowed) and fit in the capacity's total value;
-- a request naming a capacity the device does not have cannot use that device.
+- a request naming a capacity the device does not have cannot use that device;
+- where the scheduler resolves qualified names (Kubernetes 1.38+, kubernetes/kubernetes PR #142202;
+  `resolve_names`), a request's `<driver>/<name>` is the device's `<name>` and a request's `<name>` its
+  `<driver>/<name>`, the fully qualified name winning where a device publishes both; a request naming
+  one capacity both ways cannot use the device (which amount counts is not defined).
 
 Amounts are exact (`int` when whole, else `Fraction`), never floats.
 """
@@ -110,13 +114,41 @@ def _norm(v: Amount) -> Amount:
     return v
 
 
-def consumption(specs: tuple[CapacitySpec, ...], requests: Mapping[str, Amount]) -> tuple[Amount, ...] | str:
+def resolved(names: set[str], requests: Mapping[str, Amount], driver: str) -> dict[str, Amount] | str:
+    """`requests` under the names the device (of `driver`, publishing `names`) has, or why not (PR #142202)."""
+    out: dict[str, Amount] = {}
+    prefix = f"{driver}/"
+    for name, value in requests.items():
+        rest = name.removeprefix(prefix)
+        if "/" not in name and prefix + name in names:
+            target = prefix + name  # the fully qualified name wins
+        elif name in names:
+            target = name
+        elif name.startswith(prefix) and rest in names:
+            target = rest
+        else:
+            return f'has no capacity "{name}"'
+        if target in out:
+            return f'is asked for capacity "{rest}" twice, with and without the domain "{driver}"'
+        out[target] = value
+    return out
+
+
+def consumption(
+    specs: tuple[CapacitySpec, ...], requests: Mapping[str, Amount], resolve_names: str | None = None
+) -> tuple[Amount, ...] | str:
     """Per-capacity amounts (in `specs` order) one share consumes, or why this device cannot serve.
 
+    `resolve_names`: the device's driver, where requests may name its capacities with its domain.
     The totals check against what is already in use happens elsewhere; this only rejects what no
     amount of free capacity could fix.
     """
     names = {s.name for s in specs}
+    if resolve_names is not None:
+        mapped = resolved(names, requests, resolve_names)
+        if isinstance(mapped, str):
+            return mapped
+        requests = mapped
     for name in requests:
         if name not in names:
             return f'has no capacity "{name}"'

@@ -55,6 +55,9 @@ class Allocator:
     classes change. Not thread-safe.
 
     `taint_rules` are the cluster's DeviceTaintRules (`taint_rules`): their taints count as the slices' own.
+    `resolve_qualified_names`: the cluster's scheduler resolves a request's `<driver>/<name>` capacity to the
+    device's `<name>` (Kubernetes 1.38+, `kube.versions.resolves_qualified_capacity_names`); False looks
+    names up verbatim, as 1.34-1.37 do.
     `driver_filter` limits the slices (and so the devices) to one driver; `now` and `new_uid` make
     `allocationTimestamp` and `shareID`s deterministic in tests.
     """
@@ -67,6 +70,7 @@ class Allocator:
         *,
         taint_rules: Iterable[Mapping[str, Any]] = (),
         driver_filter: str | None = None,
+        resolve_qualified_names: bool = False,
         now: Callable[[], str] | None = None,
         new_uid: Callable[[], str] | None = None,
     ) -> None:
@@ -76,7 +80,7 @@ class Allocator:
             self._classes = {str(objects.name(c)): c for c in classes}
         inventory = gather(slices, driver_filter)
         apply_rules(inventory.devices, taint_rules)
-        self._index = DeviceIndex(inventory)
+        self._index = DeviceIndex(inventory, resolve_qualified_names)
         self._now = now or _utc_now
         self._new_uid = new_uid or _new_uid
         for claim in allocated_claims:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gpu.allocator.capacity import Amount, amount
-from dra_gpu.allocator.pools import CounterKey, DeviceKey, Inventory
+from dra_gpu.allocator.pools import CounterKey, DeviceKey, Groups, Inventory, SetKey, compatible
 from dra_gpu.kube import objects
 
 UNLABELLED = None
@@ -51,6 +51,10 @@ def _recorded(value: Any, total: Amount) -> Amount:
     return parsed if parsed >= 0 else total
 
 
+def _show(groups: Groups) -> str:
+    return "(none)" if groups is None else "[" + ", ".join(sorted(groups)) + "]"
+
+
 class Usage:
     """Per-device holders and consumed totals of committed claims.
 
@@ -69,16 +73,35 @@ class Usage:
         self.label_devices: dict[tuple[str, str], Counter[int]] = {}
         self.counters_used: dict[CounterKey, Amount] = {}
         """Shared counters taken by allocated partitionable devices, across every slice of a pool."""
+        self.groups_used: dict[SetKey, Counter[Groups]] = {}
+        """Per counter set, the compatibility groups of the allocated devices consuming from it."""
 
     # --- queries ----------------------------------------------------------------------------------
 
-    def counters_short(self, index: int, extra: Mapping[CounterKey, Amount] | None = None) -> str:
-        """Why the device's counters do not fit now ('' when they do): `set/counter needs n, m left`."""
-        for key, needed in self._inv.devices[index].counters:
+    def counters_short(
+        self,
+        index: int,
+        extra: Mapping[CounterKey, Amount] | None = None,
+        extra_groups: Mapping[tuple[SetKey, Groups], int] | None = None,
+    ) -> str:
+        """Why the device's counters do not fit now ('' when they do): `set/counter needs n, m left`, or
+        compatibility groups that do not meet those of a device in use on the same counter set (KEP-5963).
+        `extra`/`extra_groups`: what a search has tentatively taken besides the committed claims."""
+        device = self._inv.devices[index]
+        for key, needed in device.counters:
             used = self.counters_used.get(key, 0) + (extra.get(key, 0) if extra else 0)
             total = self._inv.counters[key]
             if used + needed > total:
                 return f'counter "{key[3]}" of set "{key[2]}": needs {needed}, {total - used} of {total} left'
+        for set_key, mine in device.groups:
+            theirs = [g for g, n in (self.groups_used.get(set_key) or {}).items() if n > 0]
+            theirs += [g for (s, g), n in (extra_groups or {}).items() if s == set_key and n > 0]
+            for other in theirs:
+                if not compatible(mine, other):
+                    return (
+                        f'counter set "{set_key[2]}": compatibility groups {_show(mine)} do not meet '
+                        f"{_show(other)} of a device allocated from it"
+                    )
         return ""
 
     def idle(self, index: int) -> bool:
@@ -145,6 +168,11 @@ class Usage:
         if device.counters and was_idle != (not holders):  # taken or given back: once per device
             for key, amount in device.counters:
                 self.counters_used[key] = self.counters_used.get(key, 0) + sign * amount
+            for set_key, groups in device.groups:
+                held = self.groups_used.setdefault(set_key, Counter())
+                held[groups] += sign
+                if held[groups] <= 0:
+                    del held[groups]
         if self._listener is not None:
             self._listener(index)
             if device.counters:  # every placement sharing these counters may fit or not now

@@ -77,7 +77,7 @@ def blocking_taint(device: Device, tolerations: list[dict[str, Any]]) -> str | N
 class DeviceIndex:
     """The devices, what is in use, and the caches over both."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, resolve_qualified_names: bool = False) -> None:
         self.inventory = inventory
         self.devices = inventory.devices
         self._cel = CelEnvironment()
@@ -85,6 +85,10 @@ class DeviceIndex:
         self._groups: dict[tuple[str, tuple[str, ...], str], Group | AllocationError] = {}
         self._device_groups: list[list[Group]] = [[] for _ in self.devices]
         self._specs: dict[int, tuple[CapacitySpec, ...]] = {d.spec_key: d.specs for d in self.devices}
+        self._resolve: dict[int, str | None] = {
+            d.spec_key: d.driver if resolve_qualified_names else None for d in self.devices
+        }
+        """Per spec key, the driver whose domain a request may name its capacities with (None: verbatim)."""
         self._consumption: dict[tuple[int, CapKey], tuple[Amount, ...] | str] = {}
         self._fit: dict[tuple[Sig, CapKey], bool] = {}
         self._score: dict[tuple[Sig, CapKey, PlacementPolicy | None], Score] = {}
@@ -225,7 +229,9 @@ class DeviceIndex:
         key = (spec_key, cap)
         hit = self._consumption.get(key)
         if hit is None:
-            hit = self._consumption[key] = consumption(self._specs[spec_key], dict(cap))
+            hit = self._consumption[key] = consumption(
+                self._specs[spec_key], dict(cap), self._resolve[spec_key]
+            )
         return hit
 
     def sig_fits(self, sig: Sig, cap: CapKey) -> bool:

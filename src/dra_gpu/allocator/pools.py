@@ -26,6 +26,12 @@ CounterKey = tuple[str, str, str, str]
 DeviceKey = tuple[str, str, str]
 """(driver, pool, device): how results and the usage index name a GPU."""
 
+SetKey = tuple[str, str, str]
+"""(driver, pool, counter set): a pool's counter set."""
+
+Groups = frozenset[str] | None
+"""KEP-5963 compatibility groups of one counter consumption; None where the entry names none."""
+
 
 @dataclass(slots=True, eq=False)
 class Device:
@@ -38,7 +44,7 @@ class Device:
     node_selector: dict[str, Any] | None  # devices of slices with a nodeSelector
     multi: bool  # allowMultipleAllocations
     specs: tuple[CapacitySpec, ...]
-    spec_key: int  # same for devices with identical capacities and policies
+    spec_key: int  # same for devices of one driver with identical capacities and policies
     attributes: dict[str, Any]
     cel: dict[str, Any]
     taints: tuple[dict[str, Any], ...]
@@ -47,6 +53,8 @@ class Device:
     binding_failure_conditions: tuple[str, ...]
     counters: tuple[tuple[CounterKey, Amount], ...] = ()
     """What the device takes from its pool's shared counters while allocated."""
+    groups: tuple[tuple[SetKey, Groups], ...] = ()
+    """Per counter set it consumes from, its compatibility groups (KEP-5963, `compatibilityGroups`)."""
 
     @property
     def key(self) -> DeviceKey:
@@ -97,7 +105,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
         pools.setdefault((driver, objects.pool_name(s)), []).append(s)
 
     inv = Inventory()
-    spec_keys: dict[tuple[CapacitySpec, ...], int] = {}
+    spec_keys: dict[tuple[str, tuple[CapacitySpec, ...]], int] = {}  # per driver: names resolve per driver
     for (driver, pool), members in sorted(pools.items()):
         generation = max(objects.pool_generation(m) for m in members)
         current = [m for m in members if objects.pool_generation(m) == generation]
@@ -146,6 +154,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                     )
                     cel_var = device_variable(driver, raw)
                     counters = _consumption(driver, pool, raw, pool_counters)
+                    groups = _groups(driver, pool, raw)
                 except (QuantityError, ValueError) as exc:
                     problem = f'invalid: device "{name}": {exc}'
                     break
@@ -160,7 +169,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                         node_selector=selector,
                         multi=bool(raw.get("allowMultipleAllocations", False)),
                         specs=specs,
-                        spec_key=spec_keys.setdefault(specs, len(spec_keys)),
+                        spec_key=spec_keys.setdefault((driver, specs), len(spec_keys)),
                         attributes=dict(raw.get("attributes") or {}),
                         cel=cel_var,
                         taints=tuple(raw.get("taints") or ()),
@@ -168,6 +177,7 @@ def gather(slices: Iterable[Mapping[str, Any]], driver_filter: str | None = None
                         binding_conditions=tuple(raw.get("bindingConditions") or ()),
                         binding_failure_conditions=tuple(raw.get("bindingFailureConditions") or ()),
                         counters=counters,
+                        groups=groups,
                     )
                 )
             if problem:
@@ -205,6 +215,25 @@ def _consumption(
                 )
             taken.append((key, _amount((counter or {}).get("value", 0))))
     return tuple(taken)
+
+
+def _groups(driver: str, pool: str, raw: Mapping[str, Any]) -> tuple[tuple[SetKey, Groups], ...]:
+    """The compatibility groups of each counter consumption (a server without DRADeviceCompatibilityGroups
+    drops the field, so a device whose entries name none is what such a server stores)."""
+    out: list[tuple[SetKey, Groups]] = []
+    for entry in raw.get("consumesCounters") or []:
+        named = entry.get("compatibilityGroups")
+        groups = frozenset(str(g) for g in named) if isinstance(named, list) else None
+        out.append(((driver, pool, str(entry.get("counterSet", ""))), groups))
+    return tuple(out)
+
+
+def compatible(mine: Groups, theirs: Groups) -> bool:
+    """KEP-5963: two devices consuming one counter set are allocated together only where neither names
+    groups or their groups intersect (one naming groups never goes beside one naming none)."""
+    if mine is None or theirs is None:
+        return mine is None and theirs is None
+    return bool(mine & theirs)
 
 
 def lookup_attribute(device: Device, name: str) -> Any:

@@ -12,6 +12,7 @@ shares, counters), which one class keeps consistent; split, each half would reac
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from dra_gpu.allocator.capacity import Amount, fmt
 from dra_gpu.allocator.errors import AllocationError, Refusal, reason_of
 from dra_gpu.allocator.index import DeviceIndex
 from dra_gpu.allocator.policies import LabelRules, Score, score
-from dra_gpu.allocator.pools import CounterKey, Device
+from dra_gpu.allocator.pools import CounterKey, Device, Groups, SetKey
 from dra_gpu.allocator.requests import MAX_RESULTS, Alt, Constraint, Request
 from dra_gpu.config import PlacementPolicy
 
@@ -67,6 +68,7 @@ class Search:
         self.scope: set[int] = set()
         self.refusals: set[Refusal] = set()
         self.counters_extra: dict[CounterKey, Amount] = {}  # tentatively taken shared counters
+        self.groups_extra: Counter[tuple[SetKey, Groups]] = Counter()  # and their compatibility groups
 
     # --- per-device checks ------------------------------------------------------------------------
 
@@ -93,7 +95,11 @@ class Search:
         u = self.usage
         if isinstance(cons, str) or u.whole[index]:
             return None
-        if d.counters and self._newly_used(index) and u.counters_short(index, self.counters_extra):
+        if (
+            d.counters
+            and self._newly_used(index)
+            and u.counters_short(index, self.counters_extra, self.groups_extra)
+        ):
             return None
         if not d.multi:
             return () if (not u.holders[index] and index not in self.taken) else None
@@ -112,6 +118,8 @@ class Search:
     def _take_counters(self, index: int, sign: int) -> None:
         for key, amount in self.devices[index].counters:
             self.counters_extra[key] = self.counters_extra.get(key, 0) + sign * amount
+        for entry in self.devices[index].groups:
+            self.groups_extra[entry] += sign
 
     def device_score(self, index: int, cons: tuple[Amount, ...] | None) -> tuple[Any, ...]:
         """Affinity first, then the policy, counting this search's tentative picks."""

@@ -33,7 +33,7 @@ from dra_gpu.controller.overcommit import overcommitted
 from dra_gpu.controller.owned_classes import ClassIndex
 from dra_gpu.controller.pool_nodes import REASON as POOL_REASON
 from dra_gpu.controller.pool_nodes import refuse_foreign_slices
-from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, builders, objects
+from dra_gpu.kube import ApiError, Conflict, KubeAPI, NotFound, builders, objects, versions
 from dra_gpu.kube.events import EventRecorder, timestamp
 
 Obj = dict[str, Any]
@@ -134,11 +134,14 @@ class Reconciler:
         self._placed: dict[str, str] = {}  # claim uid -> node we allocated it on
         self._avoid: dict[str, dict[str, float]] = {}  # claim uid -> node -> when the scheduler cleared it
         self._first_seen: dict[str, float] = {}  # claim uid -> when it first waited with a consumer
+        self._resolves_names: bool | None = None  # the server resolves <driver>/<name> capacities (1.38+)
 
     # --- the pass ---------------------------------------------------------------------------------
 
     def reconcile(self, snapshot: Snapshot) -> PassResult:
         result = PassResult()
+        if self._resolves_names is None:  # read once (again next pass while it cannot be read)
+            self._resolves_names = versions.server_resolves_qualified_names(self.api)
         classes = ClassIndex(snapshot.classes)
         pods = PodIndex(snapshot.pods)
         nodes = {objects.name(n): n for n in snapshot.nodes}
@@ -156,6 +159,7 @@ class Reconciler:
             classes.for_allocator,
             [c for c in snapshot.claims if objects.allocation(c)],
             taint_rules=snapshot.taint_rules,
+            resolve_qualified_names=self._resolves_names is True,
         )
         claims = self._undo_overcommit(snapshot.claims, allocator, result)
         relevant = sorted(

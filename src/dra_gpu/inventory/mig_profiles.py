@@ -106,7 +106,10 @@ def _with_memory(profiles: tuple[MigProfile, ...], mib: dict[int, int]) -> tuple
 
 
 H100_80GB_MIB = {19: 9984, 20: 9984, 15: 20096, 14: 20096, 9: 40448, 5: 40448, 0: 81152}
-"""`nvidia-smi mig -lgip` on an H100 80GB HBM3: 9.75, 19.62, 39.50 and 79.25 GiB."""
+"""`nvidia-smi mig -lgip` on an H100 80GB HBM3: 9.75, 19.62, 39.50 and 79.25 GiB. The two-slice profiles'
+20096 MiB (19.62 GiB is 20086-20096 MiB) is also what `nvidia-smi` lists as a `2g.20gb` MIG device's memory on
+an H100 80GB HBM3 (driver 535.104.12), beside `1g.10gb`'s 9984 MiB; `1g.20gb` has the same two memory slices.
+Not a multiple of 256 MiB: a device published with its memory rounded down to 256 MiB shows 19968Mi."""
 H200_141GB_MIB = {19: 16384, 20: 16384, 15: 33280, 14: 33280, 9: 71424, 5: 71424, 0: 143360}
 """NVML's profile info on an H200 (tests/fixtures/mig/h200-nvml-profiles.txt)."""
 
@@ -129,6 +132,12 @@ MIG_TABLES: dict[str, MigTable] = {
         MigTable("A100-80GB", _ampere((10, 20, 20, 40, 80))),
         MigTable("H100-80GB", _with_memory(_hopper((10, 20, 20, 40, 80)), H100_80GB_MIB)),
         MigTable("H200-141GB", _with_memory(_hopper((18, 35, 35, 71, 141)), H200_141GB_MIB)),
+        # B200: the names, memory and SM fractions and instance counts are those of the guide's B200 table.
+        # Unconfirmed, taken from Hopper: the profile ids (no stored `nvidia-smi mig -lgip` of a B200 lists
+        # them) and the engines; the guide's B200 table lists 2, 2, 2, 3, 6, 8 and 16 copy engines for
+        # 1g.23gb, 1g.23gb+me, 1g.45gb, 2g.45gb, 3g.90gb, 4g.90gb and 7g.180gb (Hopper's here: 1, 1, 1, 2,
+        # 3, 4, 8), and its NVDEC/JPEG/OFA columns are not read the same way as Hopper's. A real node reads
+        # each profile's memory from NVML; its ids and engines should be checked against NVML before use.
         MigTable("B200-180GB", _hopper((23, 45, 45, 90, 180))),
         MigTable("A30-24GB", _a30(), memory_slices=4),
     )

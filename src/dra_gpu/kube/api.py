@@ -70,3 +70,7 @@ class KubeAPI(Protocol):
     ) -> Iterator[WatchEvent]:
         """Events after `resource_version` until the timeout or `stop`; Gone when it is too old."""
         ...
+
+    def server_version(self) -> tuple[int, int]:
+        """The server's Kubernetes (major, minor), from `GET /version` (`kube.versions`)."""
+        ...

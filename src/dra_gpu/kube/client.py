@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from dra_gpu.kube import objects
+from dra_gpu.kube import objects, versions
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import (
     ApiError,
@@ -79,6 +79,10 @@ class KubeClient:
         if response.status >= 400:
             raise self._error(response.status, data, url)
         return objects.loads(data) if data else {}
+
+    def server_version(self) -> tuple[int, int]:
+        """`GET /version`: the server's (major, minor), read once per call (a cluster upgrade changes it)."""
+        return versions.from_version_info(self._call("GET", "/version"))
 
     def get_text(self, path: str, timeout: float = 10.0) -> str:
         """GET a non-JSON path (a pod's /metrics through the API server's proxy); ApiError on failure."""

@@ -8,6 +8,13 @@ specs and write-once `status.allocation`, finalizers and `deletionTimestamp`, De
 streams from a resource version (410 Gone when too old), the ResourceSlice and DeviceClass validation, and,
 when `consumable_capacity=False`, the silent dropping of gated fields that an API server with
 DRAConsumableCapacity off performs. It does not do authentication, RBAC or admission.
+
+It answers as a server of one Kubernetes release (`version`, `server_version()`; 1.37 unless told) with
+that release's default feature gates for the fields newer than 1.36 (`kube.versions`): a server whose
+gate is off (or that has no such gate) drops `consumesCounters[].compatibilityGroups`
+(DRADeviceCompatibilityGroups) and the shared-consumable-capacity fields (DRASharedConsumableCapacity)
+on write, as the real one does; one whose gate is on keeps and validates them. `gates` overrides a
+release's defaults, as `--feature-gates` does.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_gpu.kube import objects
+from dra_gpu.kube import objects, versions
 from dra_gpu.kube.api import WatchEvent
 from dra_gpu.kube.errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
 from dra_gpu.kube.fake_reviews import REVIEW_KINDS, access_review, token_review
@@ -54,6 +61,26 @@ def _drop_consumable_capacity(kind: str, obj: Obj) -> None:
             (request.get("exactly") or {}).pop("capacity", None)
             for sub in request.get("firstAvailable") or []:
                 sub.pop("capacity", None)
+
+
+def _drop_gated_counter_fields(obj: Obj, gates: dict[str, bool]) -> None:
+    """What a server without DRADeviceCompatibilityGroups or DRASharedConsumableCapacity does, silently,
+    with a ResourceSlice's fields of those gates (per `+featureGate` in `k8s.io/api/resource/v1`)."""
+    groups = gates.get(versions.COMPATIBILITY_GROUPS, False)
+    shared = gates.get(versions.SHARED_CONSUMABLE_CAPACITY, False)
+    if not shared:
+        for counter_set in objects.spec(obj).get("sharedCounters") or []:
+            for counter in (counter_set.get("counters") or {}).values():
+                if isinstance(counter, dict):
+                    counter.pop("requestPolicy", None)
+    for device in objects.slice_devices(obj):
+        for entry in device.get("consumesCounters") or []:
+            if not groups:
+                entry.pop("compatibilityGroups", None)
+            if not shared:
+                for counter in (entry.get("counters") or {}).values():
+                    if isinstance(counter, dict):
+                        counter.pop("valueFrom", None)
 
 
 class _Watcher:
@@ -88,8 +115,18 @@ def _own_copy(obj: Any) -> Any:
 class FakeKube:
     """Implements `dra_gpu.kube.api.KubeAPI` in memory; thread-safe."""
 
-    def __init__(self, *, consumable_capacity: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        consumable_capacity: bool = True,
+        version: versions.Version = (1, 37),
+        gates: dict[str, bool] | None = None,
+    ) -> None:
         self.consumable_capacity = consumable_capacity
+        self.version = version
+        self.gates = {gate: versions.gate_default(gate, version) for gate in versions.GATE_SINCE}
+        """The release's defaults for the gates `kube.versions` knows, with `gates` over them."""
+        self.gates.update(gates or {})
         self._lock = threading.RLock()
         self._objects: dict[_Key, Obj] = {}
         self._rv = 0
@@ -136,11 +173,15 @@ class FakeKube:
         if not self.consumable_capacity:
             _drop_consumable_capacity(res.kind, obj)
         if res.kind == "ResourceSlice":
+            _drop_gated_counter_fields(obj, self.gates)
             validate_resource_slice(obj)
         elif res.kind == "DeviceClass":
             validate_device_class(obj)
 
     # -- KubeAPI ---------------------------------------------------------------------------------
+    def server_version(self) -> tuple[int, int]:
+        return self.version
+
     def get(self, kind: str, name: str, namespace: str | None = None) -> Obj:
         res = self._resource(kind)
         with self._lock:

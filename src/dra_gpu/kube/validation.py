@@ -37,6 +37,9 @@ MAX_VALID_VALUES = 10
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMES_COUNTERS_PER_DEVICE = 2
+MAX_COMPATIBILITY_GROUPS = 2
+"""KEP-5963 (DRADeviceCompatibilityGroups, alpha 1.37, beta planned 1.38): `maxItems` of
+`consumesCounters[].compatibilityGroups`, 2 since the review of kubernetes/kubernetes PR #139795 (8 before)."""
 MAX_SELECTORS = 32
 MAX_CONFIGS = 32
 MAX_OPAQUE_PARAMETERS = 10 * 1024
@@ -371,11 +374,36 @@ def _named_counters_errors(entries: list[Obj], where: str, key: str, limit: int)
         if name in seen:
             errors.append(f'{at}: Duplicate value: "{name}"')
         seen.add(name)
-        errors += _counters_errors(at, entry.get("counters") or {})
+        errors += _counters_errors(at, entry.get("counters") or {}, consumed=key == "counterSet")
+        if "compatibilityGroups" in entry:
+            errors += _compatibility_groups_errors(entry["compatibilityGroups"], f"{at}.compatibilityGroups")
     return errors
 
 
-def _counters_errors(where: str, counters: Obj) -> list[str]:
+def _compatibility_groups_errors(groups: Any, where: str) -> list[str]:
+    """KEP-5963's groups of one counter consumption, as kubernetes/kubernetes PR #139795 declares them
+    (`+listType=atomic`, `+k8s:maxItems`, unique names): at most two, each named once. That a name is a
+    DNS label is this fake's reading of the KEP (opaque names "meaningful only within the publishing
+    driver's pool"); the release's validation code could not be read to confirm it."""
+    if not isinstance(groups, list):
+        return [f"{where}: Invalid value: {json.dumps(groups)}: must be a list of group names"]
+    if len(groups) > MAX_COMPATIBILITY_GROUPS:
+        return [f"{where}: Too many: {len(groups)}: must have at most {MAX_COMPATIBILITY_GROUPS} items"]
+    errors: list[str] = []
+    seen: set[str] = set()
+    for i, group in enumerate(groups):
+        name = group if isinstance(group, str) else ""
+        if not name:
+            errors.append(f"{where}[{i}]: Required value")
+            continue
+        errors += _invalid(f"{where}[{i}]", name, names.dns1123_label(name))
+        if name in seen:
+            errors.append(f'{where}[{i}]: Duplicate value: "{name}"')
+        seen.add(name)
+    return errors
+
+
+def _counters_errors(where: str, counters: Obj, consumed: bool = False) -> list[str]:
     if not counters:
         return [f"{where}.counters: Required value"]
     if len(counters) > MAX_COUNTERS_PER_SET:
@@ -385,11 +413,29 @@ def _counters_errors(where: str, counters: Obj) -> list[str]:
     errors: list[str] = []
     for name, counter in counters.items():
         errors += _invalid(f"{where}.counters[{name}]", name, names.dns1123_label(name))
+        value_from = (counter or {}).get("valueFrom") if consumed else None
+        if value_from is not None:
+            errors += _value_from_errors(f"{where}.counters[{name}]", counter or {}, value_from)
+            continue
         try:
             parse_quantity((counter or {}).get("value", ""))
         except QuantityError:
             errors.append(f"{where}.counters[{name}].value: Required value")
     return errors
+
+
+def _value_from_errors(where: str, counter: Obj, value_from: Any) -> list[str]:
+    """KEP-5941 (DRASharedConsumableCapacity, alpha planned 1.38; kubernetes/kubernetes PR #140084, open when
+    last seen): a consumed counter has exactly one of `value` and `valueFrom`, whose `capacityName` names a
+    capacity of the claim's request (a qualified name)."""
+    if counter.get("value") not in (None, ""):
+        return [
+            f'{where}: Invalid value: "value, valueFrom": exactly one of `value` or `valueFrom` is required'
+        ]
+    capacity = (value_from or {}).get("capacityName") if isinstance(value_from, dict) else None
+    if not capacity:
+        return [f"{where}.valueFrom.capacityName: Required value"]
+    return _qualified_name_errors(str(capacity), f"{where}.valueFrom.capacityName")
 
 
 def _capacity_errors(where: str, cap: Obj, shared: bool) -> list[str]:

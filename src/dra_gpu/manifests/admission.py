@@ -8,9 +8,12 @@ forever. Each rule is one validation whose message says what to change:
   left out is charged in full (the request policy's default is the whole GPU), so the GPU would
   have no room left for other shares;
 - a request of one of the driver's classes names capacities as the devices publish them, unqualified
-  (`memory`, not `gpu.dra-gpu.io/memory`): the 1.34-1.37 scheduler (and the in-tree allocator) look a
-  requested name up verbatim in the device's capacity, so a qualified name is never allocated; 1.38
-  resolves it, but the other rules here read the unqualified names only;
+  (`memory`, not `gpu.dra-gpu.io/memory`): the 1.34-1.37 scheduler (and the in-tree allocator there) look
+  a requested name up verbatim in the device's capacity, so a qualified name is never allocated. Where the
+  install's `kubernetesMinVersion` is 1.38 or newer, whose scheduler resolves `<driver>/<name>` to the
+  device's `<name>` (kubernetes/kubernetes PR #142202), the driver's own domain is accepted and every
+  rule here reads `gpu.dra-gpu.io/memory` as `memory`; another domain (never resolved to our devices) and
+  both forms of one name in a request (which one the scheduler charges is not defined) stay refused;
 - a claim's GpuConfig keeps its class's sharing strategy: the class selects GPUs of the mode that
   strategy needs, and another strategy on them (MPS beside Limiter shares, Exclusive beside shares)
   is refused by the node;
@@ -47,6 +50,14 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import Priority, Strategy
 from dra_gpu.config.grants import RANK
 from dra_gpu.config.modes import mode_named, takes_whole_gpu
+from dra_gpu.manifests.capacity_names import (
+    QUALIFIED_138_MESSAGE,
+    QUALIFIED_MESSAGE,
+    amount,
+    in_requests,
+    resolves_qualified_names,
+    unqualified,
+)
 from dra_gpu.manifests.classes import CLASSES
 from dra_gpu.manifests.config_shape import gpu_configs_variable, shape_validations
 from dra_gpu.manifests.values import Values
@@ -68,12 +79,6 @@ STRATEGY_MESSAGE = (
 MPS_MESSAGE = (
     "a claim with a request of an MPS class must have only that request, for one GPU (count 1): a CUDA "
     "process connects to one MPS control daemon, which serves one GPU; put other GPUs in claims of their own"
-)
-
-QUALIFIED_MESSAGE = (
-    f'a request of a {DRIVER_NAME} device class names a capacity with a domain (e.g. "{DRIVER_NAME}/memory"); '
-    f"name it as the devices publish it, without the domain: capacity: {{requests: {{memory: 10Gi, cores: 25}}}} "
-    f"(the scheduler of Kubernetes 1.34-1.37 looks the name up as written and would never allocate the claim)"
 )
 
 LIMIT_MESSAGE = (
@@ -103,14 +108,17 @@ MEMORY_GRANT_MESSAGE = (
 )
 
 
-def _compute_validations() -> list[Obj]:
+def _compute_validations(qualified: bool = False) -> list[Obj]:
     """The rule on `sharing.limiter.compute` (elastic compute; its shape is checked with the rest): a ceiling
     no lower than the floor the claim asks for, or the node would drop it. A request that names no cores is
     charged all of them (100), unless the config names its `cores` (API servers without consumable capacity)."""
     limiter = "c.opaque.parameters.sharing.limiter"
     limit = f"int({limiter}.compute.limit)"
     has_limit = f"{_ours('c')} && has({limiter}) && has({limiter}.compute) && has({limiter}.compute.limit)"
-    cores = f"({_named('x', 'cores')}) ? quantity(x.capacity.requests.cores) : quantity(string(has({limiter}.cores) ? int({limiter}.cores) : 100))"
+    cores = (
+        f"({_named('x', 'cores', qualified)}) ? quantity({amount('x', 'cores', qualified)}) : "
+        f"quantity(string(has({limiter}.cores) ? int({limiter}.cores) : 100))"
+    )
     above_floor = (
         f"variables.gpuConfigs.all(c, !({has_limit}) || ("
         f"(!has({limiter}.cores) || {limit} >= int({limiter}.cores)) && "
@@ -145,17 +153,10 @@ def _request_classes(r: str) -> str:
     return f"(has({r}.exactly) ? [{r}.exactly] : (has({r}.firstAvailable) ? {r}.firstAvailable : []))"
 
 
-def _capacity_ok(x: str, shared: list[str]) -> str:
+def _capacity_ok(x: str, shared: list[str], qualified: bool) -> str:
     return (
         f"!({x}.deviceClassName in {_literal(shared)}) || !has({x}.capacity) || "
-        f'!has({x}.capacity.requests) || ("memory" in {x}.capacity.requests) == ("cores" in {x}.capacity.requests)'
-    )
-
-
-def _unqualified(x: str, ours: list[str]) -> str:
-    return (
-        f"!({x}.deviceClassName in {_literal(ours)}) || !has({x}.capacity) || "
-        f'!has({x}.capacity.requests) || !{x}.capacity.requests.exists(n, n.contains("/"))'
+        f"!has({x}.capacity.requests) || {in_requests(x, 'memory', qualified)} == {in_requests(x, 'cores', qualified)}"
     )
 
 
@@ -171,12 +172,16 @@ def _applies(c: str, r: str) -> str:
 
 
 def validations(values: Values) -> list[Obj]:
+    qualified = resolves_qualified_names(values)
     strategies = class_strategies(values)
     shared = sorted(n for n, s in strategies.items() if not takes_whole_gpu(s))
     interval = values.deviceClasses.timeSlicingInterval
-    capacity = f"variables.requests.all(r, {_request_classes('r')}.all(x, {_capacity_ok('x', shared)}))"
-    unqualified = (
-        f"variables.requests.all(r, {_request_classes('r')}.all(x, {_unqualified('x', sorted(strategies))}))"
+    capacity = (
+        f"variables.requests.all(r, {_request_classes('r')}.all(x, {_capacity_ok('x', shared, qualified)}))"
+    )
+    names = (
+        f"variables.requests.all(r, {_request_classes('r')}.all(x, "
+        f"{unqualified('x', sorted(strategies), qualified)}))"
     )
     strategy = (
         f"variables.gpuConfigs.all(c, variables.requests.all(r, !({_applies('c', 'r')}) || "
@@ -204,18 +209,22 @@ def validations(values: Values) -> list[Obj]:
     memory_limit = (
         f"variables.gpuConfigs.all(c, !({_ours('c')}) || !has(c.opaque.parameters.sharing.limiter) || "
         f"!has({limit}) || variables.requests.all(r, !({_applies('c', 'r')}) || {_request_classes('r')}.all(x, "
-        f'!has(x.capacity) || !has(x.capacity.requests) || !("memory" in x.capacity.requests) || '
+        f"!has(x.capacity) || !has(x.capacity.requests) || !{in_requests('x', 'memory', qualified)} || "
         f"quantity(string({limit})).asInteger() >= "
-        f"(quantity(x.capacity.requests.memory).asInteger() + {step - 1}) / {step} * {step})))"
+        f"(quantity({amount('x', 'memory', qualified)}).asInteger() + {step - 1}) / {step} * {step})))"
     )
     return [
         {"expression": capacity, "message": CAPACITY_MESSAGE, "reason": "Invalid"},
-        {"expression": unqualified, "message": QUALIFIED_MESSAGE, "reason": "Invalid"},
+        {
+            "expression": names,
+            "message": QUALIFIED_138_MESSAGE if qualified else QUALIFIED_MESSAGE,
+            "reason": "Invalid",
+        },
         {"expression": strategy, "message": STRATEGY_MESSAGE, "reason": "Invalid"},
         {"expression": timeslice, "message": _interval_message(interval), "reason": "Invalid"},
         {"expression": mps, "message": MPS_MESSAGE, "reason": "Invalid"},
         {"expression": memory_limit, "message": LIMIT_MESSAGE, "reason": "Invalid"},
-        *_compute_validations(),
+        *_compute_validations(qualified),
         *shape_validations(),
     ]
 
@@ -324,14 +333,14 @@ def _per_class_request(rule: str) -> str:
     )
 
 
-def _named(x: str, capacity: str) -> str:
-    return f'has({x}.capacity) && has({x}.capacity.requests) && "{capacity}" in {x}.capacity.requests'
+def _named(x: str, capacity: str, qualified: bool = False) -> str:
+    return f"has({x}.capacity) && has({x}.capacity.requests) && {in_requests(x, capacity, qualified)}"
 
 
-def grant_validations(known: Iterable[str]) -> list[Obj]:
+def grant_validations(known: Iterable[str], qualified: bool = False) -> list[Obj]:
     """The rules of config/grants.py: a claim asks for no more priority, compute ceiling or memory ceiling
     than its class grants; and, for classes the claim policy does not know (`known`: an admin's own), a claim
-    keeps its class's strategy."""
+    keeps its class's strategy. `qualified`: capacities may be named with the driver's domain (1.38+)."""
     compute, step = f"{_LIMITER}.compute", MEMORY_STEP
     priority = (
         f"!has({compute}) || !has({compute}.priority) || !({compute}.priority in {_literal(_RANK)}) || "
@@ -339,7 +348,8 @@ def grant_validations(known: Iterable[str]) -> list[Obj]:
     )
     limit = f"{compute}.limit"
     floor_ok = (
-        f"({_named('x', 'cores')}) ? !quantity(string(int({limit}))).isGreaterThan(quantity(x.capacity.requests.cores)) "
+        f"({_named('x', 'cores', qualified)}) ? "
+        f"!quantity(string(int({limit}))).isGreaterThan(quantity({amount('x', 'cores', qualified)})) "
         f": (!has({_LIMITER}.cores) || int({limit}) <= int({_LIMITER}.cores))"
     )
     ceiling = (
@@ -347,12 +357,10 @@ def grant_validations(known: Iterable[str]) -> list[Obj]:
         f"(variables.classLimit > 0 && int({limit}) <= variables.classLimit) || ({floor_ok})"
     )
     asked = f"quantity(string({_LIMITER}.memoryLimit))"
-    charged = (
-        f"quantity(string((quantity(x.capacity.requests.memory).asInteger() + {step - 1}) / {step} * {step}))"
-    )
+    charged = f"quantity(string((quantity({amount('x', 'memory', qualified)}).asInteger() + {step - 1}) / {step} * {step}))"
     memory = (
         f"!has({_LIMITER}.memoryLimit) || !isQuantity(string({_LIMITER}.memoryLimit)) || "
-        f"!({_named('x', 'memory')}) || !isQuantity(x.capacity.requests.memory) || "
+        f"!({_named('x', 'memory', qualified)}) || !isQuantity({amount('x', 'memory', qualified)}) || "
         f'(variables.classMemoryLimit != "" && !{asked}.isGreaterThan(quantity(variables.classMemoryLimit))) || '
         f"!{asked}.isGreaterThan({charged})"
     )
@@ -428,7 +436,7 @@ def grant_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
             "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
             "matchConstraints": _match_claims(),
             "variables": _grant_variables(),
-            "validations": grant_validations(class_strategies(values)),
+            "validations": grant_validations(class_strategies(values), resolves_qualified_names(values)),
         },
     }
     binding: Obj = {

@@ -19,7 +19,7 @@ from dra_gpu import __version__
 from dra_gpu.config import ConfigError, NodeSharing, Placement, Strategy
 from dra_gpu.inventory.simulated import parse_profile, split_options
 from dra_gpu.inventory.types import InventoryError
-from dra_gpu.kube import names
+from dra_gpu.kube import names, versions
 from dra_gpu.quantity import QuantityError, parse_quantity
 
 TEMPLATES = "templates/manifests"
@@ -272,6 +272,20 @@ class Values(_Model):
     image: Image
     logLevel: Literal["debug", "info", "warning", "error"]
     logFormat: Literal["json", "text"]
+    kubernetesMinVersion: str
+
+    @field_validator("kubernetesMinVersion", mode="before")
+    @classmethod
+    def _min_version(cls, value: Any) -> str:
+        """`1.38` as written (a YAML float like 1.38 is taken as its text); at least the supported floor."""
+        text = str(value)
+        version = versions.parse_version(text)
+        if version < versions.FLOOR:
+            raise ValueError(
+                f"{text!r} is older than the oldest supported Kubernetes, {versions.show(versions.FLOOR)}"
+            )
+        return versions.show(version)
+
     kubeletPlugin: KubeletPlugin
     controller: Controller
     deviceClasses: DeviceClasses

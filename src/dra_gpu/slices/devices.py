@@ -12,9 +12,9 @@ from fractions import Fraction
 from typing import Any
 
 from dra_gpu.config.modes import SHAREABLE_NODE_MODES
-from dra_gpu.kube import objects
+from dra_gpu.kube import names, objects
 from dra_gpu.quantity import QuantityError, parse_quantity
-from dra_gpu.vocabulary.device import MAX_STRING, UNHEALTHY_TAINT_EFFECT, UNHEALTHY_TAINT_KEY
+from dra_gpu.vocabulary.device import MAX_STRING, TYPE_ATTRIBUTE, UNHEALTHY_TAINT_EFFECT, UNHEALTHY_TAINT_KEY
 
 Obj = dict[str, Any]
 
@@ -42,6 +42,27 @@ def unhealthy_taint(reason: str, since: str) -> Obj:
         "effect": UNHEALTHY_TAINT_EFFECT,
         "timeAdded": since,
     }
+
+
+def with_compatibility_groups(devices: list[Obj]) -> list[Obj]:
+    """`devices` with KEP-5963 compatibility groups on each counter consumption: the device's `type`
+    (`mig` for a dynamic MIG placement), so that only devices of one kind share a GPU's counter set.
+
+    DRADeviceCompatibilityGroups (alpha 1.37, beta planned 1.38; field `consumesCounters[].compatibilityGroups`
+    from kubernetes/kubernetes PR #139795): the scheduler co-allocates two devices consuming one counter set
+    only where neither names groups or their groups intersect. Today every device that consumes counters is a
+    MIG placement, so the groups change no allocation: a server that drops them (gate off) allocates the
+    same, and the groups are in place for a whole-GPU or shared device consuming the same set later (which
+    would carry a group of its own and so never be co-allocated with an instance)."""
+    out = []
+    for device in devices:
+        group = ((device.get("attributes") or {}).get(TYPE_ATTRIBUTE) or {}).get("string")
+        entries = device.get("consumesCounters")
+        if not entries or not isinstance(group, str) or names.dns1123_label(group):
+            out.append(device)
+            continue
+        out.append({**device, "consumesCounters": [{**e, "compatibilityGroups": [group]} for e in entries]})
+    return out
 
 
 def _q(value: Any) -> Fraction | None:

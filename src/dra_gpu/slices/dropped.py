@@ -11,13 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_gpu.kube import objects
+from dra_gpu.kube import objects, versions
 
 Obj = dict[str, Any]
 
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 DEVICE_TAINTS = "DRADeviceTaints"
 PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
+COMPATIBILITY_GROUPS = versions.COMPATIBILITY_GROUPS
+"""KEP-5963: `consumesCounters[].compatibilityGroups` (alpha 1.37, beta planned 1.38)."""
+SHARED_CONSUMABLE_CAPACITY = versions.SHARED_CONSUMABLE_CAPACITY
+"""KEP-5941: `sharedCounters[].counters[].requestPolicy`, `consumesCounters[].counters[].valueFrom` (alpha
+planned 1.38)."""
 
 
 @dataclass
@@ -62,7 +67,13 @@ def dropped_fields(sent: Obj, returned: Obj) -> DroppedFields:
     result = DroppedFields()
     _missing(objects.spec(sent), objects.spec(returned), "spec", result.paths)
     for path in result.paths:
-        if path.endswith(".allowMultipleAllocations") or path.endswith(".requestPolicy"):
+        if path.endswith(".compatibilityGroups"):
+            result.features.add(COMPATIBILITY_GROUPS)
+        elif path.endswith(".valueFrom") or (
+            path.startswith("spec.sharedCounters") and path.endswith(".requestPolicy")
+        ):
+            result.features.add(SHARED_CONSUMABLE_CAPACITY)
+        elif path.endswith(".allowMultipleAllocations") or path.endswith(".requestPolicy"):
             result.features.add(CONSUMABLE_CAPACITY)
         elif path.endswith(".taints") or ".taints[" in path:
             result.features.add(DEVICE_TAINTS)

@@ -25,7 +25,10 @@ GPU unshared; when it dropped taints (DRADeviceTaints off), it leaves unhealthy 
 until they recover, since it cannot keep new claims away from them any other way. When it dropped
 shared counters (DRAPartitionableDevices off), or refused the counter layout (1.34's counter rules
 differ), each dynamic MIG GPU offers its full profile only, so that no two overlapping instances can be
-allocated; the reason is logged, kept in `fallbacks` and posted as a Warning event on the Node.
+allocated; the reason is logged, kept in `fallbacks` and posted as a Warning event on the Node. On a
+server whose release has DRADeviceCompatibilityGroups on by default (1.38+, from `GET /version`), counter
+consumptions carry KEP-5963 compatibility groups (`slices.devices.with_compatibility_groups`); a server
+that drops them (the gate switched off) gets today's slices again, said once in the log and `fallbacks`.
 
 Longer than 500 lines: three threads around one state (the pool, its fallbacks, the mode changes waiting for
 claims to go) under one lock; split, the locking would be spread over modules.
@@ -54,12 +57,14 @@ from dra_gpu.kube import (
     WatchEvent,
     builders,
     objects,
+    versions,
 )
-from dra_gpu.kube.errors import Invalid
+from dra_gpu.kube.errors import ApiError, Invalid
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
-from dra_gpu.slices.devices import SHAREABLE_MODES, device_errors, unhealthy_taint
+from dra_gpu.slices.devices import SHAREABLE_MODES, device_errors, unhealthy_taint, with_compatibility_groups
 from dra_gpu.slices.dropped import (
+    COMPATIBILITY_GROUPS,
     CONSUMABLE_CAPACITY,
     DEVICE_TAINTS,
     PARTITIONABLE_DEVICES,
@@ -155,6 +160,10 @@ class SlicePublisher:
         """False once the API server was seen dropping device taints."""
         self.partitionable_devices = True
         """False once the API server was seen dropping shared counters, or refusing their layout."""
+        self.compatibility_groups: bool | None = None
+        """Whether counter consumptions carry KEP-5963 compatibility groups: decided on the first reconcile
+        from the server's version (on where DRADeviceCompatibilityGroups is on by default, 1.38+), False
+        once the server was seen dropping them."""
         self.fallbacks: dict[str, str] = {}
         """Feature gate -> why the publisher stopped using it (what `/status` and the events say)."""
         self._events = EventRecorder(api, node_name, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
@@ -214,7 +223,10 @@ class SlicePublisher:
         ours = [s for s in listed if objects.pool_name(s) == self.node_name]
         foreign_pools = [s for s in listed if s not in ours]
         published = {**self._published_modes, **_published_shareability(ours)}
-        chunks = split_devices(self._devices(published), self.devices_per_slice)
+        devices = self._devices(published)
+        if self._use_compatibility_groups():
+            devices = with_compatibility_groups(devices)
+        chunks = split_devices(devices, self.devices_per_slice)
         specs = [builders.slice_spec(self.driver, self.node_name, self.node_name, devices=c) for c in chunks]
         specs += [  # dynamic MIG GPUs' counters, each chunk in a slice of its own (1.35+)
             builders.slice_spec(self.driver, self.node_name, self.node_name, shared_counters=c)
@@ -289,6 +301,19 @@ class SlicePublisher:
             )
         return [stored[i] for i in sorted(stored)], dropped
 
+    def _use_compatibility_groups(self) -> bool:
+        if self.compatibility_groups is None:
+            try:
+                version = self.api.server_version()
+            except ApiError as exc:
+                log.info(
+                    "cannot read the API server's version: publishing without compatibility groups",
+                    extra={"node": self.node_name, "error": str(exc)},
+                )
+                version = versions.FLOOR
+            self.compatibility_groups = versions.gate_default(COMPATIBILITY_GROUPS, version)
+        return self.compatibility_groups and self.partitionable_devices
+
     def _check(self, body: Obj, index: int) -> None:
         errors = slice_errors(body)
         for i, device in enumerate(objects.slice_devices(body)):
@@ -318,6 +343,16 @@ class SlicePublisher:
                 "of the pool until they recover",
                 extra={"node": self.node_name, "dropped": dropped.describe()},
             )
+        if COMPATIBILITY_GROUPS in dropped.features and self.compatibility_groups:
+            self.compatibility_groups = False
+            changed = True
+            reason = (
+                "the API server dropped the counter consumptions' compatibilityGroups "
+                "(DRADeviceCompatibilityGroups is off): publishing without them, as on Kubernetes 1.37 and "
+                "older (MIG placements are allocated the same)"
+            )
+            self.fallbacks[COMPATIBILITY_GROUPS] = reason
+            log.warning(reason, extra={"node": self.node_name, "dropped": dropped.describe()})
         if PARTITIONABLE_DEVICES in dropped.features and self.partitionable_devices:
             changed = True
             self._no_counters(
