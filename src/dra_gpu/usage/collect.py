@@ -284,7 +284,7 @@ def compute_of(
         class_config = merge_configs(from_class, request, driver) if from_class else None
         config = granted(config, class_config, choices.get(request), amounts, driver)
     except ConfigError:
-        return None  # the STRATEGY column says why
+        return None  # the agent refuses to prepare it: it has no place on a board
     limiter = config.sharing.limiter
     cores = amounts.get(CORES_CAPACITY, amounts.get(f"{driver}/{CORES_CAPACITY}"))
     floor = to_int(cores) if cores is not None else None
