@@ -65,7 +65,7 @@ def _exported(tmp_path: Path) -> set[str]:
     snap = Snapshot()
     elastic = ElasticFigures(50, 100, "latency", 1.0, 0.5, 0.1, 0, 0.2)
     snap.claims[("u", "GPU-1")] = ClaimFigures(
-        held, memory_used=1, throttled_seconds=0.5, refused=2, elastic=elastic
+        held, memory_used=1, busy_seconds=2.0, throttled_seconds=0.5, refused=2, elastic=elastic
     )
     snap.containers[("u", "p", "main", "GPU-1")] = (held, ContainerFigures(1, 1.0))
     monitor.snapshot = snap

@@ -5,12 +5,11 @@ sampling, which bounds the label cardinality by what the node holds. `METRICS` i
 names (the dashboard test checks every query against it).
 
 A claim has a series only where it carries a figure someone acts on (docs/monitoring.md, "Per-claim
-series"): what the node measured of it (memory in use, GPU time busy, time throttled) and its memory
-limit, the one setting alerts compare a figure with; counters of what happens to some claims only
-(allocations refused, elastic time used, borrowed, lent and held, freezes) appear once they count, as
-the watchdog's do. A claim's compute share, floor, ceiling and priority are its configuration: the claim
-says them (`dra-gpu usage` shows them), and 2,000 claims would spend 1.2 MB of every scrape repeating
-them.
+series"): its memory limit (the one setting alerts compare a figure with) and memory in use, and each
+of its counters (GPU time busy, time throttled, allocations refused, elastic time used, borrowed, lent
+and held, freezes) once it counts, as the watchdog's do: an idle claim's zeros say nothing. A claim's
+compute share, floor, ceiling and priority are its configuration: the claim says them (`dra-gpu usage`
+shows them), and 2,000 claims would spend 1.2 MB of every scrape repeating them.
 """
 
 from __future__ import annotations
@@ -30,8 +29,10 @@ WATCHDOG_LABELS = ["namespace", "claim", "pod", "gpu_uuid", "reason"]
 METRICS = {
     "dra_gpu_claim_memory_used_bytes": "GPU memory in use by the claim's processes on the GPU.",
     "dra_gpu_claim_memory_limit_bytes": "GPU memory the claim holds on the GPU (its share, or the whole GPU).",
-    "dra_gpu_claim_compute_busy_seconds_total": "GPU time the claim's processes kept the GPU busy.",
-    "dra_gpu_claim_throttled_seconds_total": "Time the claim's launching threads waited in the limiter.",
+    "dra_gpu_claim_compute_busy_seconds_total": "GPU time the claim's processes kept the GPU busy (from the "
+    "first busy time on).",
+    "dra_gpu_claim_throttled_seconds_total": "Time the claim's launching threads waited in the limiter (from "
+    "the first wait on).",
     "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit "
     "(from the first refusal on).",
     "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML.",
@@ -99,10 +100,12 @@ class MonitorCollector(Collector):
                 used.add_metric(labels, fig.memory_used)
             if h.memory_limit is not None:
                 limit.add_metric(labels, h.memory_limit)
-            busy.add_metric(labels, fig.busy_seconds)
-            if fig.throttled_seconds is not None:
+            # A claim's counters appear once they count: an idle claim's zeros carry no figure.
+            if fig.busy_seconds:
+                busy.add_metric(labels, fig.busy_seconds)
+            if fig.throttled_seconds:
                 throttled.add_metric(labels, fig.throttled_seconds)
-            if fig.refused:  # from the first refusal on
+            if fig.refused:
                 refused.add_metric(labels, fig.refused)
         c_used = GaugeMetricFamily(
             "dra_gpu_container_memory_used_bytes",
