@@ -29,7 +29,7 @@ def _panel(
         "id": pid,
         "type": "timeseries",
         "title": title,
-        "description": description,
+        **({"description": description} if description else {}),
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
