@@ -20,6 +20,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -183,6 +184,14 @@ def main() -> int:
             f"watch:    {per_watch * 1000:.1f} ms CPU every {DEFAULT_WATCH_INTERVAL_S:g} s between samplings"
         )
         print(f"scrape:   {per_scrape * 1000:.1f} ms CPU every {SCRAPE_INTERVAL_S:g} s ({len(body)} bytes)")
+        families = Counter(
+            line.split(b"{", 1)[0].split(b" ", 1)[0].decode()
+            for line in body.splitlines()
+            if line and not line.startswith(b"#")
+        )
+        print(f"          {sum(families.values())} series, by family:")
+        for name, count in sorted(families.items(), key=lambda item: (-item[1], item[0])):
+            print(f"            {name}: {count}")
         print(f"agent CPU for usage monitoring: {percent:.2f} % of one core (goal < {GOAL_PERCENT:g} %)")
         return 0 if percent < GOAL_PERCENT else 1
 

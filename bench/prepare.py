@@ -9,8 +9,13 @@ preparing and unpreparing its own limiter claim (calls are serialised per node, 
 lock's overhead and fairness, not parallelism). With `--prepared N` the agent first prepares N other
 limiter claims (50 per GPU; `--gpus` GPUs) and keeps them while it measures: the goal is the same as
 with none, because a call's work must not grow with the claims the node already has. With
-`--scrapers K`, K clients scrape the agent's /metrics in a loop all along (the usage monitor is on,
-so every claim has its series), and the size and render time of /metrics are printed too.
+`--scrapers K` the usage monitor is on (so every claim has its series) and the agent's /metrics page is
+measured: its size, its series (and those per claim, by family) and the median time to render it, as
+the agent renders it for a scrape (20 renders, nothing else asking); then the latency is measured twice,
+first with nobody scraping and then with K clients scraping /metrics in a loop all along, whose
+renders are printed too: the goal is the same p99 with and without them. `--ceiling C` gives the
+claims of `--prepared` a class that grants a compute ceiling of C (elastic claims that may borrow idle
+time up to C %, instead of fixed 1 % shares): the page with every claim elastic.
 
 The CDI directory is put on a tmpfs (`/dev/shm`) where there is one, as `/var/run/cdi` is on a
 node; the state directory (checkpoint, per-claim directories) stays on the disk, as on a node
@@ -22,7 +27,9 @@ second on a journalled file system, where the search is off; `--state-parent /de
 agent without it.
 
     .venv/bin/python bench/prepare.py [--runs 500] [--callers 16] [--seconds 5] [--prepared 0]
-        [--gpus 8] [--scrapers 0] [--state-parent /tmp]
+        [--gpus 8] [--scrapers 0] [--ceiling 0] [--state-parent /tmp]
+
+At 2,000 claims: `--prepared 2000 --gpus 40 --scrapers 2` (and `--ceiling 100` for elastic claims).
 """
 
 from __future__ import annotations
@@ -40,10 +47,13 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.host.simulated import SimulatedCommands
@@ -65,13 +75,27 @@ KEPT = {"memory": "1Gi", "cores": "1"}
 """What each claim of `--prepared` consumes: 50 per GPU take half of each."""
 BATCH = 25
 """Claims per call while preparing `--prepared` (a pod's worth is a few; this only saves time)."""
+GOAL_PAGE_BYTES = 1_000_000
+GOAL_RENDER_MS = 50.0
+RENDERS = 20
+"""Renders of /metrics timed for the page's median render time."""
 
 
 def limiter_claim(
-    api: FakeKube, name: str, device: str, share: int, consumed: dict[str, str] = MEASURED
+    api: FakeKube,
+    name: str,
+    device: str,
+    share: int,
+    consumed: dict[str, str] = MEASURED,
+    ceiling: int = 0,
 ) -> Any:
+    """A limiter claim allocated `consumed` of `device`; `ceiling` (0: none) the compute ceiling its class
+    grants."""
     created = api.create("ResourceClaim", builders.claim(name, "limiter"))
-    params = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "sharing": {"strategy": "Limiter"}}
+    sharing: dict[str, Any] = {"strategy": "Limiter"}
+    if ceiling:
+        sharing["limiter"] = {"compute": {"limit": ceiling}}
+    params = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "sharing": sharing}
     result = builders.device_result(
         "gpu", DRIVER_NAME, NODE, device, share_id=f"00000000-0000-4000-8000-{share:012d}", consumed=consumed
     )
@@ -117,9 +141,38 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-def serve(root: Path, cdi_dir: Path, claims: int, kept: int, gpus: int, monitor: bool) -> int:
+def page_figures(registry: CollectorRegistry, renders: int) -> dict[str, Any]:
+    """The /metrics page of `registry` as a scrape gets it: its size, its series (those with a claim label
+    by family) and how long each of `renders` renders took (wall clock: the render holds the interpreter's
+    lock all along; and the rendering thread's CPU time, which a loaded machine inflates less)."""
+    took, cpu = [], []
+    page = b""
+    for _ in range(renders):
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        page = generate_latest(registry)
+        took.append(time.perf_counter() - started)
+        cpu.append(time.thread_time() - cpu_started)
+    series, per_claim = 0, Counter[str]()
+    for family in text_string_to_metric_families(page.decode()):
+        for sample in family.samples:
+            series += 1
+            if "claim" in sample.labels:
+                per_claim[sample.name] += 1
+    return {
+        "bytes": len(page),
+        "series": series,
+        "per_claim": dict(per_claim),
+        "render_s": took,
+        "cpu_s": cpu,
+    }
+
+
+def serve(
+    root: Path, cdi_dir: Path, claims: int, kept: int, gpus: int, monitor: bool, ceiling: int = 0
+) -> int:
     """The agent's process: the agent, its API fake with `claims` limiter claims to measure with and
-    `kept` more to prepare first, until stdin closes."""
+    `kept` more to prepare first, until stdin closes. A line `render` on stdin has it time the renders
+    of its /metrics page into `page.json`."""
     logging.disable(logging.INFO)
     library = root / "lib" / "libdragpu-limiter.so.0.1.0"
     library.parent.mkdir(parents=True)
@@ -143,7 +196,9 @@ def serve(root: Path, cdi_dir: Path, claims: int, kept: int, gpus: int, monitor:
     )
     agent.start()
     refs = [limiter_claim(api, f"bench-{i}", f"gpu-{i % gpus}", i) for i in range(claims)]
-    others = [limiter_claim(api, f"kept-{i}", f"gpu-{i % gpus}", claims + i, KEPT) for i in range(kept)]
+    others = [
+        limiter_claim(api, f"kept-{i}", f"gpu-{i % gpus}", claims + i, KEPT, ceiling) for i in range(kept)
+    ]
     ready = root / "claims.json"
     ready.with_suffix(".tmp").write_text(
         json.dumps(
@@ -158,7 +213,13 @@ def serve(root: Path, cdi_dir: Path, claims: int, kept: int, gpus: int, monitor:
     )
     ready.with_suffix(".tmp").rename(ready)
     try:
-        sys.stdin.read()  # until the benchmark closes our stdin
+        for line in sys.stdin:  # until the benchmark closes our stdin
+            if line.strip() == "render":
+                page = root / "page.json"
+                page.with_suffix(".tmp").write_text(
+                    json.dumps(page_figures(agent.plugin.metrics.registry, RENDERS))
+                )
+                page.with_suffix(".tmp").rename(page)
     finally:
         agent.stop(grace_s=0)
     return 0
@@ -173,20 +234,28 @@ def main(argv: list[str] | None = None) -> int:
         "--prepared", type=int, default=0, help="other claims to prepare first and keep while measuring"
     )
     parser.add_argument("--gpus", type=int, default=GPUS, help="simulated GPUs of the node")
-    parser.add_argument("--scrapers", type=int, default=0, help="clients scraping /metrics in a loop")
+    parser.add_argument(
+        "--scrapers",
+        type=int,
+        default=0,
+        help="clients scraping /metrics in a loop (the latency is also measured without them first)",
+    )
+    parser.add_argument(
+        "--ceiling", type=int, default=0, help="the compute ceiling the claims of --prepared may borrow up to"
+    )
     parser.add_argument(
         "--state-parent",
         type=Path,
         default=Path("/tmp"),
         help="directory to make the agent's state directory in (default /tmp: on the disk)",
     )
-    parser.add_argument("--serve", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.state_parent.is_dir():
         parser.error(f"--state-parent {args.state_parent}: no such directory; give an existing one")
     if args.serve:
-        root, cdi, claims, kept, gpus, monitor = args.serve
-        return serve(Path(root), Path(cdi), int(claims), int(kept), int(gpus), monitor == "1")
+        root, cdi, claims, kept, gpus, monitor, ceiling = args.serve
+        return serve(Path(root), Path(cdi), int(claims), int(kept), int(gpus), monitor == "1", int(ceiling))
     if args.prepared > PER_GPU * args.gpus:
         parser.error(
             f"--prepared: at most {PER_GPU * args.gpus} ({PER_GPU} claims of 1 % on each of {args.gpus} GPUs); "
@@ -207,8 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             str(args.prepared),
             str(args.gpus),
             "1" if args.scrapers else "0",
+            str(args.ceiling),
         ],
         stdin=subprocess.PIPE,
+        text=True,
     )
     try:
         ready = root / "claims.json"
@@ -231,8 +302,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  the agent's memory grew by {grown / 1024:.1f} MiB, {grown / len(kept):.1f} KiB a claim"
                 )
+            goals = True
+            if args.scrapers:
+                assert server.stdin is not None
+                goals = report_page(root / "page.json", server.stdin, len(kept)) and goals
+                goals = measure(stub, info["pid"], claims[0], claims[1:], args, 0) and goals
             with Scrapers(info["http_port"], args.scrapers) as scrapers:
-                goals = measure(stub, info["pid"], claims[0], claims[1:], args)
+                goals = measure(stub, info["pid"], claims[0], claims[1:], args, args.scrapers) and goals
             scrapers.report()
     finally:
         assert server.stdin is not None
@@ -255,6 +331,30 @@ def prepare_kept(stub: Any, kept: list[Any]) -> None:
         if errors:
             raise RuntimeError(f"preparing the claims to keep: {errors[0]}")
     print(f"{len(kept)} other claims prepared first, in {time.perf_counter() - started:.1f} s")
+
+
+def report_page(path: Path, server: IO[str], claims: int) -> bool:
+    """Have the agent's process time the renders of its /metrics page, and print its figures."""
+    server.write("render\n")
+    server.flush()
+    deadline = time.monotonic() + 600
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the agent's process did not render its /metrics page")
+        time.sleep(0.05)
+    page = json.loads(path.read_text())
+    per_claim = page["per_claim"]
+    render_ms = 1000 * statistics.median(page["render_s"])
+    print(
+        f"/metrics at {claims} claims: {page['bytes'] / 1000:.0f} kB, {page['series']} series, "
+        f"{sum(per_claim.values()) / max(claims, 1):.2f} per claim; render median {render_ms:.1f} ms "
+        f"(min {1000 * min(page['render_s']):.1f}, max {1000 * max(page['render_s']):.1f}), CPU median "
+        f"{1000 * statistics.median(page['cpu_s']):.1f} ms (goal: <= {GOAL_PAGE_BYTES / 1e6:g} MB, "
+        f"<= {GOAL_RENDER_MS:g} ms)"
+    )
+    for name, count in sorted(per_claim.items(), key=lambda item: (-item[1], item[0])):
+        print(f"  {name}: {count}")
+    return int(page["bytes"]) <= GOAL_PAGE_BYTES and render_ms <= GOAL_RENDER_MS
 
 
 class Scrapers:
@@ -303,7 +403,9 @@ class Scrapers:
         )
 
 
-def measure(stub: Any, pid: int, single: Any, claims: list[Any], args: argparse.Namespace) -> bool:
+def measure(
+    stub: Any, pid: int, single: Any, claims: list[Any], args: argparse.Namespace, scrapers: int
+) -> bool:
     for _ in range(min(50, args.runs)):
         cycle(stub, single)  # warm up caches and connections
     samples, cpu = [], []
@@ -317,7 +419,7 @@ def measure(stub: Any, pid: int, single: Any, claims: list[Any], args: argparse.
     cpu_median, cpu_p99 = statistics.median(cpu), percentile(cpu, 0.99)
     print(
         f"prepare+unprepare of one limiter claim over gRPC ({args.runs} runs, "
-        f"{args.prepared} other claims prepared, {args.scrapers} scrapers):"
+        f"{args.prepared} other claims prepared, {scrapers} scrapers):"
     )
     print(f"  latency median {median:.2f} ms, p99 {p99:.2f} ms (goal: p99 < {GOAL_P99_MS:.0f} ms)")
     print(

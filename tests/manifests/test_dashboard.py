@@ -39,10 +39,9 @@ def _queries(dashboard: dict[str, Any]) -> list[str]:
     return queries
 
 
-def _exported(tmp_path: Path) -> set[str]:
-    """The metric names a monitor with one claim, one container and one violation puts on /metrics."""
+def _monitor(tmp_path: Path) -> Monitor:
     proc = ProcReader(tmp_path)
-    monitor = Monitor(
+    return Monitor(
         prepared_holdings(CheckpointStore(tmp_path / "checkpoint.json").load),
         tmp_path,
         lambda: [],
@@ -50,11 +49,23 @@ def _exported(tmp_path: Path) -> set[str]:
         Watchdog(FakeKube(), "node", proc),
         proc=proc,
     )
+
+
+def _names(monitor: Monitor) -> set[str]:
+    registry = CollectorRegistry()
+    registry.register(MonitorCollector(monitor))
+    text = generate_latest(registry).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _exported(tmp_path: Path) -> set[str]:
+    """The metric names a monitor with one claim, one container and one violation puts on /metrics."""
+    monitor = _monitor(tmp_path)
     held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
     snap = Snapshot()
     elastic = ElasticFigures(50, 100, "latency", 1.0, 0.5, 0.1, 0, 0.2)
     snap.claims[("u", "GPU-1")] = ClaimFigures(
-        held, memory_used=1, throttled_seconds=0.5, refused=2, elastic=elastic
+        held, memory_used=1, busy_seconds=2.0, throttled_seconds=0.5, refused=2, elastic=elastic
     )
     snap.containers[("u", "p", "main", "GPU-1")] = (held, ContainerFigures(1, 1.0))
     monitor.snapshot = snap
@@ -66,10 +77,7 @@ def _exported(tmp_path: Path) -> set[str]:
     monitor.slots_reclaimed[("ns", "c")] = 1
     monitor.hold.accounts[("u", "GPU-1")] = Account(frozen_seconds=1.0, freezes=1)
     monitor.contradicted[("u", "GPU-1")] = 0.0
-    registry = CollectorRegistry()
-    registry.register(MonitorCollector(monitor))
-    text = generate_latest(registry).decode()
-    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    return _names(monitor)
 
 
 def test_the_exported_names_are_the_documented_ones(tmp_path: Path) -> None:
@@ -96,8 +104,6 @@ def test_every_dashboard_query_names_an_exported_metric(tmp_path: Path) -> None:
         "dra_gpu_claim_compute_used_seconds_total",
         "dra_gpu_claim_compute_borrowed_seconds_total",
         "dra_gpu_claim_compute_lent_seconds_total",
-        "dra_gpu_claim_compute_floor_ratio",
-        "dra_gpu_claim_compute_ceiling_ratio",
     }
     assert wanted <= used, (
         "usage against share, throttling, refusals, watchdog events and elastic compute are shown"
@@ -108,3 +114,21 @@ def test_panels_have_unique_ids_and_positions() -> None:
     panels = _dashboard()["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     assert len({(p["gridPos"]["x"], p["gridPos"]["y"]) for p in panels}) == len(panels)
+
+
+def test_the_claim_selectors_list_a_claim_from_its_prepare_on(tmp_path: Path) -> None:
+    """A claim's series that count events appear once they count: the namespace and claim variables read a
+    series every prepared claim has, so a claim nothing has happened to yet can be picked too."""
+    monitor = _monitor(tmp_path)
+    held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
+    snap = Snapshot()
+    snap.claims[("u", "GPU-1")] = ClaimFigures(
+        held, elastic=ElasticFigures(50, 100, "latency", 0, 0, 0, 0, 0)
+    )
+    monitor.snapshot = snap
+    idle = _names(monitor)
+    variables = [v for v in _dashboard()["templating"]["list"] if v["type"] == "query"]
+    assert {v["name"] for v in variables} == {"namespace", "claim"}
+    for variable in variables:
+        for name in METRIC.findall(variable["definition"]):
+            assert name in idle, f"{name} of variable {variable['name']} is not on the page of an idle claim"

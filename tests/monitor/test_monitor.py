@@ -144,7 +144,9 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         whole_gpu = plugin.inventory.gpus()[1].memory_bytes
         assert (b, whole_gpu) in metrics["dra_gpu_claim_memory_limit_bytes"], "a whole GPU's limit is the GPU"
 
-        assert (a, 0.3) in metrics["dra_gpu_claim_compute_share_ratio"]
+        assert "dra_gpu_claim_compute_share_ratio" not in metrics, (
+            "a share is the claim's config, not a series"
+        )
         busy = dict(
             (labels["claim"], value) for labels, value in metrics["dra_gpu_claim_compute_busy_seconds_total"]
         )

@@ -1,5 +1,6 @@
-"""Elastic compute, seen: the agent's floor, ceiling and class of each limiter claim beside the GPU time the
-claim reports using, borrowing and lending, as /metrics serves them and as the ledger works lent time out."""
+"""Elastic compute, seen: the GPU time each limiter claim reports using, borrowing and being held, and what it
+lent, as /metrics serves them (each once it counts) and as the ledger works lent time out; the agent's
+floor, ceiling and class of each claim as the ledger reads them from the board."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def share(api: FakeKube, name: str, cores: int, n: int, compute: dict[str, Any])
     )
 
 
-def test_metrics_show_floor_ceiling_class_and_what_each_claim_reports(
+def test_metrics_show_what_each_claim_reports_once_it_counts_and_not_its_configuration(
     dirs: PluginDirs, tmp_path: Path
 ) -> None:
     api = FakeKube()
@@ -78,23 +79,25 @@ def test_metrics_show_floor_ceiling_class_and_what_each_claim_reports(
             name: {"namespace": "default", "claim": name, "gpu_uuid": gpu, "sharing": "Limiter"}
             for name in ("inference", "training")
         }
-        assert sorted(metrics["dra_gpu_claim_compute_floor_ratio"], key=str) == sorted(
-            [(labels["inference"], 0.3), (labels["training"], 0.2)], key=str
+        for configuration in ("floor_ratio", "ceiling_ratio", "priority"):
+            assert f"dra_gpu_claim_compute_{configuration}" not in metrics, (
+                "the claim's config is not a series"
+            )
+        assert sorted(metrics["dra_gpu_claim_compute_used_seconds_total"], key=str) == sorted(
+            [(labels["inference"], 12.5), (labels["training"], 40.0)], key=str
         )
-        assert (labels["inference"], 1.0) in metrics["dra_gpu_claim_compute_ceiling_ratio"]
-        assert ({**labels["inference"], "priority": "latency"}, 1.0) in metrics[
-            "dra_gpu_claim_compute_priority"
-        ]
-        assert ({**labels["training"], "priority": "besteffort"}, 1.0) in metrics[
-            "dra_gpu_claim_compute_priority"
-        ]
-        assert (labels["inference"], 12.5) in metrics["dra_gpu_claim_compute_used_seconds_total"]
-        assert (labels["training"], 31.0) in metrics["dra_gpu_claim_compute_borrowed_seconds_total"]
-        assert (labels["training"], 2.0) in metrics["dra_gpu_claim_compute_held_seconds_total"]
-        assert {lab["claim"] for lab, _ in metrics["dra_gpu_claim_compute_lent_seconds_total"]} == {
-            "inference",
-            "training",
-        }
+        # Inference borrowed nothing and was never held: it has no such series (0 s) until it does.
+        assert metrics["dra_gpu_claim_compute_borrowed_seconds_total"] == [(labels["training"], 31.0)]
+        assert metrics["dra_gpu_claim_compute_held_seconds_total"] == [(labels["training"], 2.0)]
+        assert "dra_gpu_claim_compute_lent_seconds_total" not in metrics, "nothing lent before an interval"
+
+        # Over the next interval training keeps borrowing and inference runs nothing: inference lends.
+        report(
+            directory / f"{uid_of(training)}.activity", used_s=50.0, borrowed_s=41.0, waiting=3, held_s=2.0
+        )
+        monitor_of(plugin).sample_once()
+        lent = scrape(plugin.http_port)["dra_gpu_claim_compute_lent_seconds_total"]
+        assert [lab["claim"] for lab, value in lent if value > 0] == ["inference"]
 
         assert kubelet.unprepare(training)[uid_of(training)] == ""
         monitor_of(plugin).sample_once()

@@ -1,5 +1,5 @@
 """`dra-gpu usage` shows use beside allocation from a running agent's /metrics, and allocations alone
-where no agent answers."""
+where no agent answers; a claim's compute floor, ceiling and priority from the claim itself."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
 from plugin_harness import NODE, Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
+from test_usage_collect import claim, device, limiter_config, result, slice_of
 from waiting import wait_for
 
-from dra_gpu import DRIVER_NAME
+from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.cli import main
 from dra_gpu.commands import usage as usage_command
 from dra_gpu.kube import KubeAPI
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.usage import collect, render_table, to_json
+from dra_gpu.usage.live import parse_metrics
 
 
 def test_use_beside_allocation_and_allocations_alone_without_agents(
@@ -172,3 +175,51 @@ def test_usage_shows_a_claims_compute_floor_ceiling_and_what_it_used_borrowed_an
         )
         assert (use["computeUsedSeconds"], use["computeBorrowedSeconds"]) == (12.5, 9.5)
         kubelet.close()
+
+
+def test_a_claims_floor_ceiling_and_priority_come_from_the_claim_not_from_an_agents_series() -> None:
+    """Floor, ceiling and priority are the claim's configuration: an agent that still served them as series
+    (the previous release) with other values is not believed; used, borrowed and lent are its figures."""
+    grants = {"compute": {"limit": 80, "priority": "latency"}}
+    parameters = {
+        "apiVersion": CONFIG_API_VERSION,
+        "kind": CONFIG_KIND,
+        "sharing": {"strategy": "Limiter", "limiter": grants},
+    }
+    serve = claim(
+        "serve",
+        [result("node-a", "gpu-0", {"memory": "10Gi", "cores": "30"})],
+        config=[limiter_config(parameters=parameters)],
+    )
+    fixed = claim(
+        "fixed", [result("node-a", "gpu-0", {"memory": "10Gi", "cores": "20"})], config=[limiter_config()]
+    )
+    usage = collect([slice_of("node-a", [device("gpu-0", 0)])], [serve, fixed])
+    labels = 'namespace="team",claim="serve",gpu_uuid="GPU-gpu-0",sharing="Limiter"'
+    live = parse_metrics(
+        f"dra_gpu_claim_compute_floor_ratio{{{labels}}} 0.9\n"
+        f"dra_gpu_claim_compute_ceiling_ratio{{{labels}}} 0.95\n"
+        f'dra_gpu_claim_compute_priority{{{labels},priority="besteffort"}} 1\n'
+        "# TYPE dra_gpu_claim_compute_used_seconds counter\n"
+        f"dra_gpu_claim_compute_used_seconds_total{{{labels}}} 12.5\n"
+        "# TYPE dra_gpu_claim_compute_borrowed_seconds counter\n"
+        f"dra_gpu_claim_compute_borrowed_seconds_total{{{labels}}} 2.5\n"
+        "# TYPE dra_gpu_claim_compute_lent_seconds counter\n"
+        f"dra_gpu_claim_compute_lent_seconds_total{{{labels}}} 1.0\n"
+        "# TYPE dra_gpu_claim_memory_limit_bytes gauge\n"
+        'dra_gpu_claim_memory_limit_bytes{namespace="team",claim="fixed",gpu_uuid="GPU-gpu-0",sharing="Limiter"} 1\n'
+    )
+    live.reached = ["agent"]
+
+    table = render_table(usage, live)
+    assert "compute floor 30% ceiling 80% latency: 12.5 s used, 2.5 s borrowed, 1.0 s lent" in table, table
+    # A fixed share is on the board too; it has counted nothing yet, so the agent has none of its counters.
+    assert "compute floor 20% ceiling 20% standard: 0.0 s used, 0.0 s borrowed, 0.0 s lent" in table, table
+
+    entries = {c["name"]: c for n in to_json(usage, live)["nodes"] for g in n["gpus"] for c in g["claims"]}
+    assert entries["serve"]["compute"] == {"floor": 30, "ceiling": 80, "priority": "latency"}
+    use = entries["serve"]["use"]
+    assert (use["computeFloor"], use["computeCeiling"], use["computePriority"]) == (0.3, 0.8, "latency")
+    # Without any agent the claim still says what it was promised.
+    alone = {c["name"]: c for n in to_json(usage)["nodes"] for g in n["gpus"] for c in g["claims"]}
+    assert alone["fixed"]["compute"] == {"floor": 20, "ceiling": 20, "priority": "standard"}

@@ -2,7 +2,9 @@
 
 Rendered into `deploy/grafana-dashboard.yaml` (a ConfigMap labelled for Grafana's dashboard sidecar;
 its `dra-gpu.json` key is the dashboard to import by hand elsewhere). Every query names metrics from
-`dra_gpu.monitor.metrics.METRICS`, which a test checks.
+`dra_gpu.monitor.metrics.METRICS`, which a test checks. A claim's compute share, floor, ceiling and
+priority are its configuration, not series (docs/monitoring.md): the panels show what the claims did,
+and `dra-gpu usage` beside them what each was promised.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ CLAIM = 'namespace=~"$namespace", claim=~"$claim"'
 
 
 def _panel(
-    pid: int, title: str, targets: list[tuple[str, str]], unit: str, pos: tuple[int, int, int, int]
+    pid: int,
+    title: str,
+    targets: list[tuple[str, str]],
+    unit: str,
+    pos: tuple[int, int, int, int],
+    description: str = "",
 ) -> dict[str, Any]:
     x, y, w, h = pos
     return {
         "id": pid,
         "type": "timeseries",
         "title": title,
+        **({"description": description} if description else {}),
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
@@ -67,19 +75,17 @@ def dashboard() -> dict[str, Any]:
         ),
         _panel(
             2,
-            "Compute per claim: busy fraction against share",
+            "Compute per claim: busy fraction of the GPU",
             [
                 (
                     f"sum by (namespace, claim, gpu_uuid) (rate(dra_gpu_claim_compute_busy_seconds_total{{{CLAIM}}}[$__rate_interval]))",
                     "{{namespace}}/{{claim}} busy",
                 ),
-                (
-                    f"sum by (namespace, claim, gpu_uuid) (dra_gpu_claim_compute_share_ratio{{{CLAIM}}})",
-                    "{{namespace}}/{{claim}} share",
-                ),
             ],
             "percentunit",
             (12, 0, 12, 8),
+            "GPU time the node measured (NVML). A claim's compute share is its configuration: "
+            "dra-gpu usage shows it.",
         ),
         _panel(
             3,
@@ -165,7 +171,7 @@ def dashboard() -> dict[str, Any]:
         ),
         _panel(
             9,
-            "Elastic compute per claim: used and borrowed (as the claim reports) against floor and ceiling",
+            "Elastic compute per claim: used, borrowed and lent (as the claims report)",
             [
                 (
                     f"sum by (namespace, claim, gpu_uuid) (rate(dra_gpu_claim_compute_used_seconds_total{{{CLAIM}}}[$__rate_interval]))",
@@ -179,17 +185,12 @@ def dashboard() -> dict[str, Any]:
                     f"sum by (namespace, claim, gpu_uuid) (rate(dra_gpu_claim_compute_lent_seconds_total{{{CLAIM}}}[$__rate_interval]))",
                     "{{namespace}}/{{claim}} lent",
                 ),
-                (
-                    f"sum by (namespace, claim, gpu_uuid) (dra_gpu_claim_compute_floor_ratio{{{CLAIM}}})",
-                    "{{namespace}}/{{claim}} floor",
-                ),
-                (
-                    f"sum by (namespace, claim, gpu_uuid) (dra_gpu_claim_compute_ceiling_ratio{{{CLAIM}}})",
-                    "{{namespace}}/{{claim}} ceiling",
-                ),
             ],
             "percentunit",
             (0, 32, 24, 8),
+            "Fractions of the GPU. A claim's series appear once they count (a claim that never borrowed "
+            "has no borrowed line). Its floor, ceiling and priority are its configuration: dra-gpu usage "
+            "shows them beside these figures.",
         ),
     ]
     return {

@@ -3,6 +3,13 @@
 Series exist only for prepared claims: when a claim is unprepared its series are gone at the next
 sampling, which bounds the label cardinality by what the node holds. `METRICS` is the one list of
 names (the dashboard test checks every query against it).
+
+A claim has a series only where it carries a figure someone acts on (docs/monitoring.md, "Per-claim
+series"): its memory limit (the one setting alerts compare a figure with) and memory in use, and each
+of its counters (GPU time busy, time throttled, allocations refused, elastic time used, borrowed, lent
+and held, freezes) once it counts, as the watchdog's do: an idle claim's zeros say nothing. A claim's
+compute share, floor, ceiling and priority are its configuration: the claim says them (`dra-gpu usage`
+shows them), and 2,000 claims would spend 1.2 MB of every scrape repeating them.
 """
 
 from __future__ import annotations
@@ -22,24 +29,22 @@ WATCHDOG_LABELS = ["namespace", "claim", "pod", "gpu_uuid", "reason"]
 METRICS = {
     "dra_gpu_claim_memory_used_bytes": "GPU memory in use by the claim's processes on the GPU.",
     "dra_gpu_claim_memory_limit_bytes": "GPU memory the claim holds on the GPU (its share, or the whole GPU).",
-    "dra_gpu_claim_compute_share_ratio": "Compute share the claim holds on the GPU (1 = the whole GPU).",
-    "dra_gpu_claim_compute_busy_seconds_total": "GPU time the claim's processes kept the GPU busy.",
-    "dra_gpu_claim_throttled_seconds_total": "Time the claim's launching threads waited in the limiter.",
-    "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit.",
+    "dra_gpu_claim_compute_busy_seconds_total": "GPU time the claim's processes kept the GPU busy (from the "
+    "first busy time on).",
+    "dra_gpu_claim_throttled_seconds_total": "Time the claim's launching threads waited in the limiter (from "
+    "the first wait on).",
+    "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit "
+    "(from the first refusal on).",
     "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML.",
     "dra_gpu_container_compute_busy_seconds_total": "GPU time one container of a claim kept the GPU busy.",
-    "dra_gpu_claim_compute_floor_ratio": "Compute the claim is guaranteed on the GPU under contention (elastic "
-    "compute; 1 = the whole GPU).",
-    "dra_gpu_claim_compute_ceiling_ratio": "Compute the claim may borrow idle time up to on the GPU (elastic compute).",
-    "dra_gpu_claim_compute_priority": "The claim's priority class on the GPU (label priority; value 1).",
     "dra_gpu_claim_compute_used_seconds_total": "GPU time the claim's processes report charged to it on the GPU "
-    "(the claim's own word).",
+    "(the claim's own word; from its first report of use on).",
     "dra_gpu_claim_compute_borrowed_seconds_total": "Part of the used time the claim reports admitted above its "
-    "floor (the claim's own word).",
+    "floor (the claim's own word; from the first time it borrowed on).",
     "dra_gpu_claim_compute_lent_seconds_total": "Floor time the claim left idle while other claims on the GPU "
-    "borrowed (from the claims' reports).",
+    "borrowed (from the claims' reports; from the first time it lent on).",
     "dra_gpu_claim_compute_held_seconds_total": "Time the claim reports its launches waited because a latency "
-    "claim was active (the claim's own word).",
+    "claim was active (the claim's own word; from the first time it was held on).",
     "dra_gpu_claim_slots_reclaimed_total": "Limiter region slots of the claim the agent handed back because "
     "their process was gone (a process of another PID namespace, which the claim's own processes cannot see).",
     "dra_gpu_watchdog_violations_total": "Processes found escaping their claim's share, by reason.",
@@ -47,8 +52,9 @@ METRICS = {
     "dra_gpu_watchdog_violating_processes": "Processes escaping their claim's share at the last sampling.",
     "dra_gpu_monitor_samples_total": "Samplings the usage monitor has completed.",
     "dra_gpu_claim_compute_frozen_seconds_total": "Time the node kept the claim's containers frozen because its "
-    "GPU time by NVML was over its ceiling.",
-    "dra_gpu_claim_compute_freezes_total": "Freezes of the claim's containers for GPU time over its ceiling.",
+    "GPU time by NVML was over its ceiling (from the first freeze on).",
+    "dra_gpu_claim_compute_freezes_total": "Freezes of the claim's containers for GPU time over its ceiling "
+    "(from the first freeze on).",
     "dra_gpu_claim_activity_contradicted": "1 while the claim's activity file says it wants the GPU and the "
     "driver saw its processes run nothing there.",
 }
@@ -72,9 +78,6 @@ class MonitorCollector(Collector):
         limit = GaugeMetricFamily(
             "dra_gpu_claim_memory_limit_bytes", m["dra_gpu_claim_memory_limit_bytes"], labels=CLAIM_LABELS
         )
-        share = GaugeMetricFamily(
-            "dra_gpu_claim_compute_share_ratio", m["dra_gpu_claim_compute_share_ratio"], labels=CLAIM_LABELS
-        )
         busy = CounterMetricFamily(
             _name("dra_gpu_claim_compute_busy_seconds_total"),
             m["dra_gpu_claim_compute_busy_seconds_total"],
@@ -97,12 +100,12 @@ class MonitorCollector(Collector):
                 used.add_metric(labels, fig.memory_used)
             if h.memory_limit is not None:
                 limit.add_metric(labels, h.memory_limit)
-            if h.cores is not None:
-                share.add_metric(labels, h.cores / 100)
-            busy.add_metric(labels, fig.busy_seconds)
-            if fig.throttled_seconds is not None:
+            # A claim's counters appear once they count: an idle claim's zeros carry no figure.
+            if fig.busy_seconds:
+                busy.add_metric(labels, fig.busy_seconds)
+            if fig.throttled_seconds:
                 throttled.add_metric(labels, fig.throttled_seconds)
-            if fig.refused is not None:
+            if fig.refused:
                 refused.add_metric(labels, fig.refused)
         c_used = GaugeMetricFamily(
             "dra_gpu_container_memory_used_bytes",
@@ -125,7 +128,7 @@ class MonitorCollector(Collector):
         )
         for (namespace, claim), count in list(self._monitor.slots_reclaimed.items()):
             reclaimed.add_metric([namespace, claim], count)
-        yield from (used, limit, share, busy, throttled, refused, c_used, c_busy, reclaimed)
+        yield from (used, limit, busy, throttled, refused, c_used, c_busy, reclaimed)
         yield from elastic_families(list(snap.claims.values()))
 
         wd = self._monitor.watchdog
@@ -164,7 +167,8 @@ class MonitorCollector(Collector):
 
 
 def hold_families(hold: ComputeHold, snap: Snapshot) -> Iterator[Metric]:
-    """The node's compute hold: how long and how often each claim's containers were frozen."""
+    """The node's compute hold: how long and how often each claim's containers were frozen, for the claims
+    it froze at least once."""
     m = METRICS
     labels = ["namespace", "claim", "gpu_uuid"]
     frozen = CounterMetricFamily(
@@ -177,7 +181,7 @@ def hold_families(hold: ComputeHold, snap: Snapshot) -> Iterator[Metric]:
     )
     for key, account in list(hold.accounts.items()):
         fig = snap.claims.get(key)
-        if fig is None:
+        if fig is None or not account.freezes:  # from the first freeze on: an honest claim has none
             continue
         names = [fig.held.claim.namespace, fig.held.claim.name, key[1]]
         frozen.add_metric(names, account.frozen_seconds)
@@ -199,46 +203,35 @@ def activity_families(monitor: Monitor, snap: Snapshot) -> Iterator[Metric]:
     yield contradicted
 
 
+ELASTIC_COUNTERS = (
+    "dra_gpu_claim_compute_used_seconds_total",
+    "dra_gpu_claim_compute_borrowed_seconds_total",
+    "dra_gpu_claim_compute_lent_seconds_total",
+    "dra_gpu_claim_compute_held_seconds_total",
+)
+
+
 def elastic_families(figures: list[ClaimFigures]) -> Iterator[Metric]:
-    """Elastic compute: the agent's floor, ceiling and class beside what the claim reports."""
-    m = METRICS
-    floor = GaugeMetricFamily(
-        "dra_gpu_claim_compute_floor_ratio", m["dra_gpu_claim_compute_floor_ratio"], labels=CLAIM_LABELS
-    )
-    ceiling = GaugeMetricFamily(
-        "dra_gpu_claim_compute_ceiling_ratio",
-        m["dra_gpu_claim_compute_ceiling_ratio"],
-        labels=CLAIM_LABELS,
-    )
-    priority = GaugeMetricFamily(
-        "dra_gpu_claim_compute_priority",
-        m["dra_gpu_claim_compute_priority"],
-        labels=[*CLAIM_LABELS, "priority"],
-    )
+    """Elastic compute: the GPU time each claim on a board reports used, borrowed and held, and what it lent.
+
+    Each appears once it counts (a claim that never borrowed has no borrowed series: it borrowed 0 s). The
+    floor, ceiling and priority are the claim's configuration, not series."""
     counters = {
-        name: CounterMetricFamily(_name(name), m[name], labels=CLAIM_LABELS)
-        for name in (
-            "dra_gpu_claim_compute_used_seconds_total",
-            "dra_gpu_claim_compute_borrowed_seconds_total",
-            "dra_gpu_claim_compute_lent_seconds_total",
-            "dra_gpu_claim_compute_held_seconds_total",
-        )
+        name: CounterMetricFamily(_name(name), METRICS[name], labels=CLAIM_LABELS)
+        for name in ELASTIC_COUNTERS
     }
+    used, borrowed, lent, held = counters.values()
     for fig in figures:
         e, h = fig.elastic, fig.held
         if e is None:
             continue
         labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
-        floor.add_metric(labels, e.floor / 100)
-        ceiling.add_metric(labels, e.ceiling / 100)
-        priority.add_metric([*labels, e.priority], 1)
-        reported = {
-            "dra_gpu_claim_compute_used_seconds_total": e.used_seconds,
-            "dra_gpu_claim_compute_borrowed_seconds_total": e.borrowed_seconds,
-            "dra_gpu_claim_compute_lent_seconds_total": e.lent_seconds,
-            "dra_gpu_claim_compute_held_seconds_total": e.held_seconds,
-        }
-        for name, value in reported.items():
-            if value is not None:
-                counters[name].add_metric(labels, value)
-    yield from (floor, ceiling, priority, *counters.values())
+        if e.used_seconds:
+            used.add_metric(labels, e.used_seconds)
+        if e.borrowed_seconds:
+            borrowed.add_metric(labels, e.borrowed_seconds)
+        if e.lent_seconds:
+            lent.add_metric(labels, e.lent_seconds)
+        if e.held_seconds:
+            held.add_metric(labels, e.held_seconds)
+    yield from counters.values()

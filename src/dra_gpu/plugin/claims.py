@@ -148,7 +148,7 @@ def _consumed(raw: Mapping[str, Any] | None, where: str) -> dict[str, Fraction]:
     return result
 
 
-def _granted(
+def granted(
     config: GpuConfig,
     class_config: GpuConfig | None,
     choice: objects.DeviceChoice | None,
@@ -216,7 +216,7 @@ def shares_of(
             config = merge_configs(configs, request, driver)
             from_class = [c for c in configs if c.get("source") == "FromClass"]
             class_config = merge_configs(from_class, request, driver) if from_class else None
-            config = _granted(config, class_config, classes.get(request), consumed, driver)
+            config = granted(config, class_config, classes.get(request), consumed, driver)
         except ConfigError as exc:
             raise PrepareError(f"ResourceClaim {claim.ref}: {exc}", reason="invalid_config") from None
         if result.share_id is not None and takes_whole_gpu(config.sharing.strategy.value):

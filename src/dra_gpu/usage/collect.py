@@ -13,6 +13,9 @@ that a user would notice:
   without it) is still shown, on the node of the allocation, so that no holder goes missing.
 - A claim whose opaque config is invalid is shown with the reason: it is exactly the claim the
   kubelet plugin refuses to prepare, so this is where an admin should see why.
+- A limiter share's compute floor, ceiling and priority are read from the claim, as the node agent works
+  them out at prepare (`plugin.claims.granted`: the claim's config within what its class grants, the floor
+  its consumed `cores`), not from the agents' metrics: they are the claim's configuration.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from fractions import Fraction
 from typing import Any
 
 from dra_gpu import CONTROLLER_FINALIZER, DRIVER_NAME, SCHEDULER_FINALIZER
-from dra_gpu.config import ConfigError, merge_configs
+from dra_gpu.config import ConfigError, GpuConfig, Priority, Strategy, merge_configs
 from dra_gpu.controller.owned_classes import is_controller_managed
 from dra_gpu.kube import objects
-from dra_gpu.quantity import QuantityError, parse_quantity
-from dra_gpu.vocabulary.device import SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
+from dra_gpu.plugin.claims import granted
+from dra_gpu.quantity import QuantityError, parse_quantity, to_int
+from dra_gpu.vocabulary.device import CORES_CAPACITY, FULL_CORES, SHARING_ATTRIBUTE, UNHEALTHY_TAINT_KEY
 
 Obj = Mapping[str, Any]
 
@@ -51,6 +55,17 @@ class Taint:
         return f"{self.key}{value}:{self.effect}"
 
 
+@dataclass(frozen=True)
+class Compute:
+    """A limiter share's place in its GPU's compute arbitration, in percent of the GPU, as the node agent
+    puts it on the GPU's board: `floor` guaranteed under contention, idle time borrowed up to `ceiling`,
+    and the priority class."""
+
+    floor: int
+    ceiling: int
+    priority: str
+
+
 @dataclass
 class Holder:
     """One allocation result of one claim on one GPU."""
@@ -67,6 +82,8 @@ class Holder:
     pods: list[str]
     allocated_by: str
     """`controller` (our finalizer), `scheduler` (its delete-protection finalizer) or `other`."""
+    compute: Compute | None = None
+    """Its floor, ceiling and priority: a limiter share below the whole GPU's compute; None for any other."""
 
     @property
     def claim(self) -> str:
@@ -250,6 +267,37 @@ def _strategy(configs: Sequence[Obj], request: str, driver: str) -> tuple[str | 
         return None, str(exc)
 
 
+def compute_of(
+    claim: Obj, configs: Sequence[Obj], request: str, consumed: Mapping[str, str], driver: str
+) -> Compute | None:
+    """The share's floor, ceiling and priority as the node agent gives them (None: not a limiter share on
+    its GPU's board, or a config the agent refuses): the merged config within its class's grant, the floor
+    its consumed `cores` rounded up (else the config's `cores`), the ceiling at least the floor and at most
+    the whole GPU."""
+    amounts = {name: _amount(value) for name, value in consumed.items()}
+    choices = {c.name: c for r in objects.device_requests(claim) for c in r.choices}
+    try:
+        config: GpuConfig = merge_configs(configs, request, driver)
+        if config.sharing.strategy != Strategy.LIMITER:
+            return None
+        from_class = [c for c in configs if c.get("source") == "FromClass"]
+        class_config = merge_configs(from_class, request, driver) if from_class else None
+        config = granted(config, class_config, choices.get(request), amounts, driver)
+    except ConfigError:
+        return None  # the agent refuses to prepare it: it has no place on a board
+    limiter = config.sharing.limiter
+    cores = amounts.get(CORES_CAPACITY, amounts.get(f"{driver}/{CORES_CAPACITY}"))
+    floor = to_int(cores) if cores is not None else None
+    if floor is None:
+        floor = limiter.cores if limiter is not None and limiter.cores is not None else FULL_CORES
+    if floor >= FULL_CORES:
+        return None  # the whole GPU's compute: no board, nothing to borrow
+    compute = limiter.compute if limiter is not None else None
+    limit = compute.limit if compute is not None else None
+    ceiling = floor if limit is None else min(max(limit, floor), FULL_CORES)
+    return Compute(floor, ceiling, compute.priority.value if compute is not None else Priority.STANDARD.value)
+
+
 class _ClassIndex:
     """Which DeviceClasses belong to our driver; by content when listed, else by our naming scheme."""
 
@@ -316,17 +364,19 @@ def _place_holders(claim: Obj, allocation: Obj, gpus: dict[tuple[str, str], Gpu]
             gpu = gpus[(pool, device)] = Gpu(node=node, pool=pool, device=device, published=False)
         request = result.request
         strategy, error = _strategy(configs, request, driver)
+        consumed = dict(result.consumed or {})
         gpu.holders.append(
             Holder(
                 namespace=str(meta.get("namespace", "")),
                 name=str(meta.get("name", "")),
                 request=request,
-                consumed=dict(result.consumed or {}),
+                consumed=consumed,
                 share_id=result.share_id,
                 strategy=strategy,
                 config_error=error,
                 pods=list(pods),
                 allocated_by=allocated_by,
+                compute=compute_of(claim, configs, request, consumed, driver) if error is None else None,
             )
         )
 

@@ -32,12 +32,10 @@ class ClaimUse:
     throttled_seconds: float | None = None
     refused: float | None = None
     violations: float = 0.0
-    compute_floor: float | None = None
-    """Elastic compute (ratios of the GPU): the guaranteed floor and the ceiling, from the agent's board."""
-    compute_ceiling: float | None = None
-    compute_priority: str | None = None
     compute_used_seconds: float | None = None
-    """GPU time used and borrowed above the floor: what the claim's own processes report."""
+    """Elastic compute: GPU time used and borrowed above the floor (what the claim's own processes report)
+    and lent; None where the agent has no series, which it has only once they count (None is 0 s for a
+    claim on a board). The floor, ceiling and priority are the claim's configuration (`Holder.compute`)."""
     compute_borrowed_seconds: float | None = None
     compute_lent_seconds: float | None = None
 
@@ -59,8 +57,6 @@ _FIELDS = {
     "dra_gpu_claim_compute_busy_seconds_total": "busy_seconds",
     "dra_gpu_claim_throttled_seconds_total": "throttled_seconds",
     "dra_gpu_claim_allocations_refused_total": "refused",
-    "dra_gpu_claim_compute_floor_ratio": "compute_floor",
-    "dra_gpu_claim_compute_ceiling_ratio": "compute_ceiling",
     "dra_gpu_claim_compute_used_seconds_total": "compute_used_seconds",
     "dra_gpu_claim_compute_borrowed_seconds_total": "compute_borrowed_seconds",
     "dra_gpu_claim_compute_lent_seconds_total": "compute_lent_seconds",
@@ -76,8 +72,6 @@ def parse_metrics(text: str, into: LiveUsage | None = None) -> LiveUsage:
             key = (labels.get("namespace", ""), labels.get("claim", ""), labels.get("gpu_uuid", ""))
             if sample.name in _FIELDS:
                 setattr(live.claims.setdefault(key, ClaimUse()), _FIELDS[sample.name], sample.value)
-            elif sample.name == "dra_gpu_claim_compute_priority":
-                live.claims.setdefault(key, ClaimUse()).compute_priority = labels.get("priority")
             elif sample.name == "dra_gpu_watchdog_violations_total":
                 use = live.claims.setdefault(key, ClaimUse())
                 use.violations += sample.value

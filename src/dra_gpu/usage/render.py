@@ -13,7 +13,7 @@ from typing import Any
 from dra_gpu.quantity import format_quantity
 from dra_gpu.text import gib, share_text
 from dra_gpu.text import render_table as _table
-from dra_gpu.usage.collect import Gpu, Holder, Pending, PendingRequest, Usage
+from dra_gpu.usage.collect import Compute, Gpu, Holder, Pending, PendingRequest, Usage
 from dra_gpu.usage.live import ClaimUse, LiveUsage
 
 INDENT = "    "
@@ -85,38 +85,34 @@ def _asks(request: PendingRequest) -> str:
     return share if request.count == 1 else f"{request.count} x {share}"
 
 
-def use_text(use: ClaimUse | None) -> str:
-    """`1.0 GiB in use, 3 refused, 1 violation`, from the agent's figures; `-` where it has none."""
-    if use is None:
-        return "-"
+def use_text(use: ClaimUse | None, compute: Compute | None = None) -> str:
+    """`1.0 GiB in use, 3 refused, 1 violation, compute floor 30% ...`: the agent's figures beside the
+    claim's compute terms (`compute_text`); `-` where there is nothing to say."""
     parts = []
-    if use.memory_used is not None:
-        parts.append(f"{gib(Fraction(int(use.memory_used)))} in use")
-    if use.refused:
-        parts.append(f"{int(use.refused)} refused")
-    if use.violations:
-        parts.append(f"{int(use.violations)} violation{'s' if use.violations != 1 else ''}")
-    compute = compute_text(use)
-    if compute:
-        parts.append(compute)
+    if use is not None:
+        if use.memory_used is not None:
+            parts.append(f"{gib(Fraction(int(use.memory_used)))} in use")
+        if use.refused:
+            parts.append(f"{int(use.refused)} refused")
+        if use.violations:
+            parts.append(f"{int(use.violations)} violation{'s' if use.violations != 1 else ''}")
+    if compute is not None:
+        parts.append(compute_text(compute, use))
     return ", ".join(parts) or "-"
 
 
-def compute_text(use: ClaimUse) -> str:
-    """`compute floor 30% ceiling 100% latency: 12.5 s used, 0.0 s borrowed, 2.0 s lent`, for a claim on
-    its GPU's arbitration board (used and borrowed are what the claim reports, lent what the others
-    borrowed of its idle floor); empty for any other."""
-    if use.compute_floor is None or use.compute_ceiling is None:
-        return ""
-    text = f"compute floor {use.compute_floor * 100:.0f}% ceiling {use.compute_ceiling * 100:.0f}%"
-    if use.compute_priority:
-        text += f" {use.compute_priority}"
-    if use.compute_used_seconds is not None:
-        text += f": {use.compute_used_seconds:.1f} s used"
-        if use.compute_borrowed_seconds is not None:
-            text += f", {use.compute_borrowed_seconds:.1f} s borrowed"
-        if use.compute_lent_seconds is not None:
-            text += f", {use.compute_lent_seconds:.1f} s lent"
+def compute_text(compute: Compute, use: ClaimUse | None) -> str:
+    """`compute floor 30% ceiling 100% latency: 12.5 s used, 0.0 s borrowed, 2.0 s lent`, for a claim on its
+    GPU's arbitration board: floor, ceiling and priority from the claim's config, used and borrowed what the
+    claim reports and lent what the others borrowed of its idle floor, from its agent (a counter the agent
+    has no series of has not counted yet: 0 s). Where the agent has no figures of the claim, the terms alone."""
+    text = f"compute floor {compute.floor}% ceiling {compute.ceiling}% {compute.priority}"
+    if use is not None:
+        used, borrowed, lent = (
+            value or 0.0
+            for value in (use.compute_used_seconds, use.compute_borrowed_seconds, use.compute_lent_seconds)
+        )
+        text += f": {used:.1f} s used, {borrowed:.1f} s borrowed, {lent:.1f} s lent"
     return text
 
 
@@ -132,7 +128,7 @@ def _gpu_block(gpu: Gpu, live: LiveUsage | None = None) -> str:
         if live is not None:
             headers += ("USE",)
             rows = [
-                (*row, use_text(live.get(h.namespace, h.name, gpu.uuid or "")))
+                (*row, use_text(live.get(h.namespace, h.name, gpu.uuid or ""), h.compute))
                 for row, h in zip(rows, gpu.holders, strict=True)
             ]
         lines.append(_table(headers, rows, indent=INDENT))
@@ -182,7 +178,15 @@ def _holder_json(holder: Holder) -> dict[str, Any]:
         "configError": holder.config_error,
         "pods": holder.pods,
         "allocatedBy": holder.allocated_by,
+        "compute": _compute_json(holder.compute),
     }
+
+
+def _compute_json(compute: Compute | None) -> dict[str, Any] | None:
+    """Percent of the GPU; null for a share not on its GPU's arbitration board."""
+    if compute is None:
+        return None
+    return {"floor": compute.floor, "ceiling": compute.ceiling, "priority": compute.priority}
 
 
 def _gpu_json(gpu: Gpu) -> dict[str, Any]:
@@ -223,9 +227,12 @@ def _pending_json(pending: Pending) -> dict[str, Any]:
     }
 
 
-def _use_json(use: ClaimUse | None) -> dict[str, Any] | None:
+def _use_json(use: ClaimUse | None, compute: Compute | None) -> dict[str, Any] | None:
+    """The agent's figures; `computeFloor`, `computeCeiling` (ratios of the GPU) and `computePriority` are the
+    claim's own (`compute`), kept here for the scripts that read them here."""
     if use is None:
         return None
+    on_board = compute is not None
     return {
         "memoryUsedBytes": use.memory_used,
         "memoryLimitBytes": use.memory_limit,
@@ -233,12 +240,12 @@ def _use_json(use: ClaimUse | None) -> dict[str, Any] | None:
         "throttledSeconds": use.throttled_seconds,
         "allocationsRefused": use.refused,
         "watchdogViolations": use.violations,
-        "computeFloor": use.compute_floor,
-        "computeCeiling": use.compute_ceiling,
-        "computePriority": use.compute_priority,
-        "computeUsedSeconds": use.compute_used_seconds,
-        "computeBorrowedSeconds": use.compute_borrowed_seconds,
-        "computeLentSeconds": use.compute_lent_seconds,
+        "computeFloor": compute.floor / 100 if compute is not None else None,
+        "computeCeiling": compute.ceiling / 100 if compute is not None else None,
+        "computePriority": compute.priority if compute is not None else None,
+        "computeUsedSeconds": use.compute_used_seconds or (0.0 if on_board else None),
+        "computeBorrowedSeconds": use.compute_borrowed_seconds or (0.0 if on_board else None),
+        "computeLentSeconds": use.compute_lent_seconds or (0.0 if on_board else None),
     }
 
 
@@ -255,7 +262,7 @@ def to_json(usage: Usage, live: LiveUsage | None = None) -> dict[str, Any]:
         for node_json, node in zip(out["nodes"], usage.nodes, strict=True):
             for gpu_json, gpu in zip(node_json["gpus"], node.gpus, strict=True):
                 for claim_json, h in zip(gpu_json["claims"], gpu.holders, strict=True):
-                    claim_json["use"] = _use_json(live.get(h.namespace, h.name, gpu.uuid or ""))
+                    claim_json["use"] = _use_json(live.get(h.namespace, h.name, gpu.uuid or ""), h.compute)
         out["agents"] = {"reached": live.reached, "unreachable": live.unreachable}
     return out
 
