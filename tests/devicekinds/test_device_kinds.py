@@ -23,7 +23,7 @@ from waiting import wait_for
 
 from dra_gpu import devicekinds
 from dra_gpu.config import GpuSharingMode, NodeSharing
-from dra_gpu.devicekinds import DeviceKind, Publish
+from dra_gpu.devicekinds import DeviceKind, DeviceMaker, MakerHost, Publish
 from dra_gpu.devicekinds.gpu import build_device
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.host.simulated import SimulatedCommands
@@ -149,6 +149,9 @@ class Accelerator:
 
     def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
         return [f"/dev/accel{view.minor}"]
+
+    def maker(self, host: MakerHost) -> DeviceMaker | None:
+        return None
 
     def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
         return ()

@@ -22,12 +22,12 @@ from plugin_harness import (
     uid_of,
 )
 
+from dra_gpu.devicekinds.mig_instances import STORE_NAME
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.inventory.mig_profiles import MIG_TABLES
 from dra_gpu.kube import ApiError
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.mig_instances import STORE_NAME
 from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 

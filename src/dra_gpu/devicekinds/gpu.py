@@ -30,7 +30,7 @@ import re
 
 from dra_gpu.config import GpuSharingMode
 from dra_gpu.config.modes import SHAREABLE_NODE_MODES
-from dra_gpu.devicekinds.kind import Obj, Publish
+from dra_gpu.devicekinds.kind import DeviceMaker, MakerHost, Obj, Publish
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.quantity import format_quantity
@@ -146,6 +146,9 @@ class WholeGpu:
 
     def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
         return [f"/dev/nvidia{view.minor}"]
+
+    def maker(self, host: MakerHost) -> DeviceMaker | None:
+        return None  # a GPU is there whether or not it is prepared
 
     def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
         return (view.uuid, str(view.index))  # the UUID first: indexes can change

@@ -38,7 +38,7 @@ from dra_gpu.plugin.health import (
 )
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.prepare import Preparer
+from dra_gpu.plugin.preparer import Preparer
 from dra_gpu.plugin.preparer_core import FaultHook, device_name
 from dra_gpu.plugin.registration import RegistrationServicer
 from dra_gpu.plugin.service import DraV1Servicer
