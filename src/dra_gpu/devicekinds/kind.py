@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from dra_gpu.config import GpuSharingMode
+from dra_gpu.host.driver_root import DriverFiles
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.kube import KubeAPI
 
 Obj = dict[str, Any]
+DriverFilesLookup = Callable[[str | None], DriverFiles]
+"""The NVIDIA driver's user-space files under the node's driver root, of exactly that version (None: any)."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,18 @@ class DeviceKind(Protocol):
         """The device nodes (paths in the container) a prepared device needs besides the driver's
         common ones; those missing on the host are left out by the caller. DeviceNodeError when the
         node cannot say which they are."""
+        ...
+
+    def driver_nodes(self) -> tuple[str, ...]:
+        """The driver's device nodes (paths in the container) every container with a device of this kind
+        needs beside each device's own (`device_nodes`): control, memory manager; those missing on the host
+        are left out by the caller. Not asked for a device the toolkit's spec brings."""
+        ...
+
+    def driver_files(self, views: Sequence[GpuInfo], lookup: DriverFilesLookup) -> DriverFiles:
+        """The driver's user-space files (libraries, tools) a container with these devices of this kind
+        needs, found through `lookup` for an NVIDIA device; none for a device whose runtime brings them.
+        Not asked for a device the toolkit's spec brings."""
         ...
 
     def maker(self, host: MakerHost) -> DeviceMaker | None:

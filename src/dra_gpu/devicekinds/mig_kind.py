@@ -3,8 +3,11 @@ behind the `DeviceKind` interface."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dra_gpu.config import GpuSharingMode
-from dra_gpu.devicekinds.kind import DeviceMaker, MakerHost, Obj, Publish
+from dra_gpu.devicekinds.gpu import NVIDIA_DRIVER_NODES, nvidia_driver_files
+from dra_gpu.devicekinds.kind import DeviceMaker, DriverFilesLookup, MakerHost, Obj, Publish
 from dra_gpu.devicekinds.mig import (
     MIG_TYPE,
     capability_nodes,
@@ -15,6 +18,7 @@ from dra_gpu.devicekinds.mig import (
     unpublished_instances,
 )
 from dra_gpu.devicekinds.mig_instances import MigInstances
+from dra_gpu.host.driver_root import DriverFiles
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory.types import GpuInfo
 
@@ -54,6 +58,12 @@ class MigInstanceKind:
     def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
         """The parent's node and the instance's capability nodes (never the `config` or `monitor` ones)."""
         return [f"/dev/nvidia{view.minor}", *capability_nodes(view, str(commands.mig_minors_file()))]
+
+    def driver_nodes(self) -> tuple[str, ...]:
+        return NVIDIA_DRIVER_NODES
+
+    def driver_files(self, views: Sequence[GpuInfo], lookup: DriverFilesLookup) -> DriverFiles:
+        return nvidia_driver_files(views, lookup)
 
     def maker(self, host: MakerHost) -> DeviceMaker | None:
         """The dynamic instances: made at prepare on their placement, destroyed at unprepare."""
