@@ -41,8 +41,10 @@ from dra_gpu.limiter_abi.limits import (
     STATE_DIR,
     DeviceLine,
     LimitsError,
-    container_claim_dir,
     render,
+)
+from dra_gpu.limiter_abi.limits import (
+    container_claim_dir as container_claim_dir,
 )
 from dra_gpu.limiter_abi.region import REGION_FILE
 from dra_gpu.plugin.errors import PrepareError
