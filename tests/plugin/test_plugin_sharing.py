@@ -46,7 +46,9 @@ def share(position: int, strategy: str, **section: object) -> Share:
 
 
 @pytest.mark.parametrize("strategy", ["Exclusive", "TimeSlicing", "MPS", "Limiter"])
-def test_every_hold_a_backend_asks_for_can_be_undone(tmp_path: Path, strategy: str) -> None:
+def test_every_hold_a_backend_asks_for_has_a_handler_to_undo_it_and_each_device_has_edits(
+    tmp_path: Path, strategy: str
+) -> None:
     library = tmp_path / "lib.so"
     library.write_text("")
     node = NodeContext("gpu.dra-gpu.io", tmp_path, library, tmp_path, SimulatedCommands())
