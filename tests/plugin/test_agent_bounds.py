@@ -478,7 +478,7 @@ def test_memory_per_claim_is_not_kept_once_the_claim_is_gone(dirs: PluginDirs) -
     failing = [add_claim(api, f"nowhere-{i}", [Alloc(device="gpu-7")]) for i in range(150)]
     with running_plugin(dirs, api, monitor_interval_s=60) as agent:
         preparer = agent.plugin.preparer
-        preparer.events._max_remembered = 50  # the bound, small enough to reach here
+        preparer.core.events._max_remembered = 50  # the bound, small enough to reach here
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
         for claim in claims:
@@ -495,5 +495,5 @@ def test_memory_per_claim_is_not_kept_once_the_claim_is_gone(dirs: PluginDirs) -
             assert all("gpu-7" in a.error for a in answers.values()), answers
         assert len(api.objects("Event")) >= 2 * len(failing)
         kubelet.close()
-        assert preparer.gpu_locks._locks == {}, "no lock entry for a claim nobody is working on"
-        assert len(preparer.events._last) <= 50
+        assert preparer.core.gpu_locks._locks == {}, "no lock entry for a claim nobody is working on"
+        assert len(preparer.core.events._last) <= 50

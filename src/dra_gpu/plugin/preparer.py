@@ -1,4 +1,5 @@
-"""The preparer, wired once: its parts built around one `PreparerCore` and the calls the server makes.
+"""The preparer, wired once: its parts built around one `PreparerCore` (`Preparer(core)`), and the calls the
+server makes.
 
 Each part is an object with its own state, given the parts it uses when it is built (`Preparer.__init__`,
 in the only order that works: nothing calls a part built after it):
@@ -22,20 +23,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from dra_gpu.inventory import Inventory
-from dra_gpu.kube import KubeAPI
-from dra_gpu.kube.events import EventRecorder
 from dra_gpu.plugin.calls import Calls, PrepareResult
-from dra_gpu.plugin.cdi_specs import ClaimSpecs
-from dra_gpu.plugin.checkpoint import Checkpoint, CheckpointStore
+from dra_gpu.plugin.checkpoint import Checkpoint
 from dra_gpu.plugin.errors import PrepareError, bounded, describe
-from dra_gpu.plugin.locking import KeyLocks, NodeLock
 from dra_gpu.plugin.made_devices import MadeDevices
-from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.prepare import Prepare
-from dra_gpu.plugin.preparer_core import FaultHook, PreparerCore
+from dra_gpu.plugin.preparer_core import PreparerCore
 from dra_gpu.plugin.rebuild import Rebuild
-from dra_gpu.plugin.sharing.plan import ClaimInfo, NodeContext
+from dra_gpu.plugin.sharing.plan import ClaimInfo
 from dra_gpu.plugin.sweeps import Sweeps
 from dra_gpu.plugin.unprepare import Unprepare
 
@@ -45,60 +40,14 @@ log = logging.getLogger(__name__)
 class Preparer:
     """Prepares and unprepares claims for the kubelet, and keeps the node's state true in the background."""
 
-    def __init__(
-        self,
-        *,
-        api: KubeAPI,
-        inventory: Inventory,
-        node: NodeContext,
-        store: CheckpointStore,
-        lock: NodeLock,
-        specs: ClaimSpecs,
-        gpu_locks: KeyLocks | None = None,
-        pool: str,
-        boot_id: str,
-        metrics: PluginMetrics | None = None,
-        fault_hook: FaultHook | None = None,
-        events: EventRecorder | None = None,
-    ) -> None:
-        core = PreparerCore(
-            api=api,
-            inventory=inventory,
-            node=node,
-            store=store,
-            lock=lock,
-            specs=specs,
-            gpu_locks=gpu_locks,
-            pool=pool,
-            boot_id=boot_id,
-            metrics=metrics,
-            fault_hook=fault_hook,
-            events=events,
-        )
+    def __init__(self, core: PreparerCore) -> None:
         self.core = core
-        self.made = MadeDevices(node, inventory, lock, core.step, api)
+        self.made = MadeDevices(core.node, core.inventory, core.lock, core.step, core.api)
         self.unprepare_part = Unprepare(core, self.made)
         self.prepare_part = Prepare(core, self.unprepare_part, self.made)
         self.rebuild = Rebuild(core, self.prepare_part)
         self.sweeps = Sweeps(core, self.unprepare_part, self.rebuild, self.made)
-        self.calls = Calls(metrics=core.metrics, lock_timeout_s=lock.timeout_s, driver=node.driver)
-
-    # -- what the tests and the server look at -------------------------------------------------------
-    @property
-    def store(self) -> CheckpointStore:
-        return self.core.store
-
-    @property
-    def gpu_locks(self) -> KeyLocks:
-        return self.core.gpu_locks
-
-    @property
-    def events(self) -> EventRecorder:
-        return self.core.events
-
-    @property
-    def metrics(self) -> PluginMetrics:
-        return self.core.metrics
+        self.calls = Calls(metrics=core.metrics, lock_timeout_s=core.lock.timeout_s, driver=core.node.driver)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
