@@ -30,9 +30,8 @@ from plugin_harness import (
     PluginDirs,
     PluginProcess,
     add_claim,
-    gpu_config,
-    opaque,
     running_plugin,
+    share_claim,
     uid_of,
     write_snapshot,
 )
@@ -208,21 +207,13 @@ def slow_tools(dirs: PluginDirs, seconds: float = 0.5) -> tuple[str, ...]:
     return ("--mps-control", "true", "--nvidia-smi", str(smi))
 
 
+LONG = {"interval": "Long"}
+
+
 def timeslice_claims(api: FakeKube, count: int, gpus: int = 2) -> list[dict[str, Any]]:
     """Time-sliced claims: each prepare runs `nvidia-smi compute-policy` once, one at a time per GPU."""
     return [
-        add_claim(
-            api,
-            f"ts-{i}",
-            [
-                Alloc(
-                    device=f"gpu-{i % gpus}",
-                    share_id=f"5e1d0b3a-0000-4000-8000-{i:012d}",
-                    consumed={"memory": "1Gi", "cores": "1"},
-                )
-            ],
-            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
-        )
+        share_claim(api, f"ts-{i}", "TimeSlicing", device=f"gpu-{i % gpus}", share=i, timeSlicing=LONG)
         for i in range(count)
     ]
 
@@ -232,17 +223,8 @@ def test_health_is_never_queued_behind_a_burst_of_prepares_with_a_slow_nvidia_sm
     one call at a time per GPU: 12 s for all). Liveness must hold all along."""
     api = FakeKube()
     claims = [
-        add_claim(
-            api,
-            f"ts-{i}",
-            [
-                Alloc(
-                    device=f"gpu-{i % 2}",
-                    share_id=f"5e1d0b3a-0000-4000-8000-{i:012d}",
-                    consumed={"memory": "1Gi", "cores": "2"},
-                )
-            ],
-            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
+        share_claim(
+            api, f"ts-{i}", "TimeSlicing", device=f"gpu-{i % 2}", share=i, cores="2", timeSlicing=LONG
         )
         for i in range(48)
     ]
@@ -325,18 +307,7 @@ class HangingTimeslice(SimulatedCommands):
 
 def test_healthz_fails_while_the_kubelets_calls_make_no_progress_and_recovers(dirs: PluginDirs) -> None:
     api = FakeKube()
-    claim = add_claim(
-        api,
-        "ts",
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="5e1d0b3a-0000-4000-8000-000000000001",
-                consumed={"memory": "1Gi", "cores": "2"},
-            )
-        ],
-        [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
-    )
+    claim = share_claim(api, "ts", "TimeSlicing", cores="2", timeSlicing=LONG)
     commands = HangingTimeslice(dirs.simulated_state)
     with running_plugin(
         dirs, api, commands=commands, http_address="127.0.0.1:0", lock_timeout_s=0.25
@@ -418,21 +389,7 @@ def test_a_cancelled_call_stops_starting_claims(dirs: PluginDirs) -> None:
 
 
 def limiter_claims(api: FakeKube, count: int) -> list[dict[str, Any]]:
-    return [
-        add_claim(
-            api,
-            f"lim-{i}",
-            [
-                Alloc(
-                    device=f"gpu-{i % 2}",
-                    share_id=f"7d000000-0000-4000-8000-{i:012d}",
-                    consumed={"memory": "1Gi", "cores": "1"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        )
-        for i in range(count)
-    ]
+    return [share_claim(api, f"lim-{i}", device=f"gpu-{i % 2}", share=i) for i in range(count)]
 
 
 def test_the_agent_starts_on_a_full_state_disk_with_a_journal_pending_and_unprepares_to_free_it(
