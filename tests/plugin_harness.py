@@ -245,6 +245,22 @@ def share_claim(
     return add_claim(api, name, [alloc], [opaque(gpu_config(strategy, **sections))])
 
 
+def two_shares() -> list[Alloc]:
+    """Two shares of gpu-0 for one claim, of requests `a` (1 GiB, 10 cores) and `b` (2 GiB, 5 cores)."""
+    return [
+        Alloc(
+            request="a",
+            share_id="00000000-0000-4000-8000-00000000000a",
+            consumed={"memory": "1Gi", "cores": "10"},
+        ),
+        Alloc(
+            request="b",
+            share_id="00000000-0000-4000-8000-00000000000b",
+            consumed={"memory": "2Gi", "cores": "5"},
+        ),
+    ]
+
+
 ClaimLike = dict[str, Any] | tuple[str, str, str]
 
 

@@ -18,6 +18,7 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
+    two_shares,
     uid_of,
 )
 
@@ -66,18 +67,7 @@ def test_two_shares_of_one_gpu_in_one_claim_get_distinct_cdi_devices(dirs: Plugi
     claim = add_claim(
         api,
         "two-shares",
-        [
-            Alloc(
-                request="a",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "1Gi", "cores": "10"},
-            ),
-            Alloc(
-                request="b",
-                share_id="00000000-0000-4000-8000-00000000000b",
-                consumed={"memory": "2Gi", "cores": "5"},
-            ),
-        ],
+        two_shares(),
         [opaque(gpu_config("Limiter"))],
     )
     with running_plugin(dirs, api):
