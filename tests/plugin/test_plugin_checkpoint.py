@@ -205,19 +205,10 @@ class BrokenList(FakeKube):
         raise ApiError("connection refused")
 
 
-class Unreachable(FakeKube):
+class Unreachable(BrokenList):
     """An API server that does not answer at all."""
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-        raise ApiError("connection refused")
-
-    def list(
-        self,
-        kind: str,
-        namespace: str | None = None,
-        field_selector: str | None = None,
-        label_selector: str | None = None,
-    ) -> tuple[list[dict[str, Any]], str]:
         raise ApiError("connection refused")
 
 
