@@ -4,8 +4,9 @@ finds it under, and a kind added to the table is published and prepared without 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,12 +124,41 @@ def test_every_published_device_resolves_to_one_kind_that_prepare_finds_it_under
 
 
 # -- a made-up third kind ---------------------------------------------------------------------------------
+class MadeAccelerators:
+    """The made-up kind's `DeviceMaker`: its devices are "made" at prepare (recorded by claim UID) and
+    "unmade" at unprepare, as dynamic MIG instances are."""
+
+    def __init__(self) -> None:
+        self.made: set[str] = set()
+        self.unmade: set[str] = set()
+
+    def materialize(self, claim: Any, shares: list[Any], gpus: Sequence[GpuInfo]) -> list[Any]:
+        self.made |= {claim.uid for share in shares if share.device.startswith("accel-")}
+        return shares
+
+    def lost(self, uid: str, gpus: Sequence[GpuInfo]) -> list[str]:
+        return []
+
+    def release(self, uid: str, gpus: Sequence[GpuInfo]) -> None:
+        if uid in self.made:
+            self.unmade.add(uid)
+
+    def reconcile(self, claims: Set[str], gpus: Sequence[GpuInfo]) -> None:
+        return None
+
+    def temp_files(self) -> list[Path]:
+        return []
+
+
 class Accelerator:
     """A device kind the driver does not have, of another vendor: an L4 handed out as `accel-<index>` with
     `/dev/accel<minor>` and the vendor's `/dev/accelctl`, none of NVIDIA's nodes or files."""
 
     name: str = "accel"
     published_type: str | None = "accel"
+
+    def __init__(self) -> None:
+        self.made = MadeAccelerators()
 
     def published_mode(self, gpu: GpuInfo, configured: GpuSharingMode) -> GpuSharingMode:
         return GpuSharingMode.EXCLUSIVE
@@ -161,7 +191,7 @@ class Accelerator:
         return DriverFiles(libraries=(), executables=())  # its runtime brings them
 
     def maker(self, host: MakerHost) -> DeviceMaker | None:
-        return None
+        return self.made
 
     def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
         return ()
@@ -195,5 +225,7 @@ def test_a_kind_added_to_the_table_is_published_and_prepared_through_the_interfa
         assert {f"/dev/accel{l4.minor}", "/dev/accelctl"} <= nodes
         assert not [n for n in nodes if n.startswith("/dev/nvidia")], "NVIDIA's nodes are NVIDIA's kinds' own"
         assert container.env["DRAGPU_DEVICE_ACCEL_0"] == l4.uuid
+        assert accel.made.made == {uid_of(claim)}, "its maker made its device at prepare"
         assert kubelet.unprepare(claim) == {uid_of(claim): ""}
+        assert accel.made.unmade == {uid_of(claim)}, "and unmade it at unprepare"
         assert dirs.spec_files() == []
