@@ -224,6 +224,43 @@ def add_claim(
     return api.update_status("ResourceClaim", builders.allocated_claim(created, allocation, pod))
 
 
+def share_claim(
+    api: KubeAPI,
+    name: str,
+    strategy: str = "Limiter",
+    *,
+    device: str = "gpu-0",
+    share: int = 1,
+    memory: str = "1Gi",
+    cores: str = "1",
+    **sections: Any,
+) -> dict[str, Any]:
+    """A claim the scheduler gave a share of `device` (numbered `share`: its share ID), consuming `memory`
+    and `cores`, of class config `strategy` with its `sections` (`timeSlicing={...}`)."""
+    alloc = Alloc(
+        device=device,
+        share_id=f"5e1d0b3a-0000-4000-8000-{share:012x}",
+        consumed={"memory": memory, "cores": cores},
+    )
+    return add_claim(api, name, [alloc], [opaque(gpu_config(strategy, **sections))])
+
+
+def two_shares() -> list[Alloc]:
+    """Two shares of gpu-0 for one claim, of requests `a` (1 GiB, 10 cores) and `b` (2 GiB, 5 cores)."""
+    return [
+        Alloc(
+            request="a",
+            share_id="00000000-0000-4000-8000-00000000000a",
+            consumed={"memory": "1Gi", "cores": "10"},
+        ),
+        Alloc(
+            request="b",
+            share_id="00000000-0000-4000-8000-00000000000b",
+            consumed={"memory": "2Gi", "cores": "5"},
+        ),
+    ]
+
+
 ClaimLike = dict[str, Any] | tuple[str, str, str]
 
 
@@ -720,12 +757,8 @@ def every_mode_claims(api: KubeAPI, prefix: str = "mode") -> list[dict[str, Any]
     ]
     for i, (strategy, (device, memory, cores)) in enumerate(shares.items()):
         section = {"timeSlicing": {"interval": "Medium"}} if strategy == "TimeSlicing" else {}
-        alloc = Alloc(
-            device=device,
-            share_id=f"5e1d0b3a-0000-4000-8000-{i:012d}",
-            consumed={"memory": memory, "cores": cores},
-        )
+        name = f"{prefix}-{strategy.lower()}"
         claims.append(
-            add_claim(api, f"{prefix}-{strategy.lower()}", [alloc], [opaque(gpu_config(strategy, **section))])
+            share_claim(api, name, strategy, device=device, share=i, memory=memory, cores=cores, **section)
         )
     return claims

@@ -31,12 +31,13 @@ SKIP = ("dra_gpu._proto",)  # generated code
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the driver's name and version; the CDI library; helpers that import nothing of the project
     ("dra_gpu", "cdi", "quantity", "text", "logs"),
+    # the limiter's files, as the native library reads them (the configuration takes its names from there)
+    ("limiter_abi",),
     # shared vocabulary and file formats; the Kubernetes API, configuration, GPUs
     (
         "flags",
         "proto",
         "vocabulary",
-        "limiter_abi",
         "http_endpoint",
         "kube",
         "config",

@@ -4,7 +4,9 @@ finds it under, and a kind added to the table is published and prepared without 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence, Set
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +25,10 @@ from waiting import wait_for
 
 from dra_gpu import devicekinds
 from dra_gpu.config import GpuSharingMode, NodeSharing
-from dra_gpu.devicekinds import DeviceKind, Publish
+from dra_gpu.devicekinds import DeviceKind, DeviceMaker, MakerHost, Publish
 from dra_gpu.devicekinds.gpu import build_device
+from dra_gpu.devicekinds.kind import DriverFilesLookup
+from dra_gpu.host.driver_root import DriverFiles
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
@@ -120,11 +124,41 @@ def test_every_published_device_resolves_to_one_kind_that_prepare_finds_it_under
 
 
 # -- a made-up third kind ---------------------------------------------------------------------------------
+class MadeAccelerators:
+    """The made-up kind's `DeviceMaker`: its devices are "made" at prepare (recorded by claim UID) and
+    "unmade" at unprepare, as dynamic MIG instances are."""
+
+    def __init__(self) -> None:
+        self.made: set[str] = set()
+        self.unmade: set[str] = set()
+
+    def materialize(self, claim: Any, shares: list[Any], gpus: Sequence[GpuInfo]) -> list[Any]:
+        self.made |= {claim.uid for share in shares if share.device.startswith("accel-")}
+        return shares
+
+    def lost(self, uid: str, gpus: Sequence[GpuInfo]) -> list[str]:
+        return []
+
+    def release(self, uid: str, gpus: Sequence[GpuInfo]) -> None:
+        if uid in self.made:
+            self.unmade.add(uid)
+
+    def reconcile(self, claims: Set[str], gpus: Sequence[GpuInfo]) -> None:
+        return None
+
+    def temp_files(self) -> list[Path]:
+        return []
+
+
 class Accelerator:
-    """A device kind the driver does not have: an L4 handed out as `accel-<index>` with `/dev/accel<minor>`."""
+    """A device kind the driver does not have, of another vendor: an L4 handed out as `accel-<index>` with
+    `/dev/accel<minor>` and the vendor's `/dev/accelctl`, none of NVIDIA's nodes or files."""
 
     name: str = "accel"
     published_type: str | None = "accel"
+
+    def __init__(self) -> None:
+        self.made = MadeAccelerators()
 
     def published_mode(self, gpu: GpuInfo, configured: GpuSharingMode) -> GpuSharingMode:
         return GpuSharingMode.EXCLUSIVE
@@ -150,6 +184,15 @@ class Accelerator:
     def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
         return [f"/dev/accel{view.minor}"]
 
+    def driver_nodes(self) -> tuple[str, ...]:
+        return ("/dev/accelctl",)
+
+    def driver_files(self, views: Sequence[GpuInfo], lookup: DriverFilesLookup) -> DriverFiles:
+        return DriverFiles(libraries=(), executables=())  # its runtime brings them
+
+    def maker(self, host: MakerHost) -> DeviceMaker | None:
+        return self.made
+
     def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
         return ()
 
@@ -165,6 +208,7 @@ def test_a_kind_added_to_the_table_is_published_and_prepared_through_the_interfa
     l4 = inventory.gpus()[0]
     dirs.make_device_nodes((0, 1))
     (dirs.dev_root / "dev" / f"accel{l4.minor}").write_text("")
+    (dirs.dev_root / "dev" / "accelctl").write_text("")
     claim = add_claim(api, "accel", [Alloc(device="accel-0")], [opaque(gpu_config("Exclusive"))])
     commands = SimulatedCommands(state_file=dirs.simulated_state)
     with running_plugin(dirs, api, inventory=inventory, commands=commands, publish_slices=True):
@@ -178,7 +222,10 @@ def test_a_kind_added_to_the_table_is_published_and_prepared_through_the_interfa
         assert response.error == ""
         container = resolve(dirs, cdi_ids(response))
         nodes = {n.path for n in container.device_nodes}
-        assert f"/dev/accel{l4.minor}" in nodes and f"/dev/nvidia{l4.minor}" not in nodes
+        assert {f"/dev/accel{l4.minor}", "/dev/accelctl"} <= nodes
+        assert not [n for n in nodes if n.startswith("/dev/nvidia")], "NVIDIA's nodes are NVIDIA's kinds' own"
         assert container.env["DRAGPU_DEVICE_ACCEL_0"] == l4.uuid
+        assert accel.made.made == {uid_of(claim)}, "its maker made its device at prepare"
         assert kubelet.unprepare(claim) == {uid_of(claim): ""}
+        assert accel.made.unmade == {uid_of(claim)}, "and unmade it at unprepare"
         assert dirs.spec_files() == []

@@ -149,6 +149,6 @@ def test_unprepare_clears_the_limits_a_poststop_hook_did_not(
     assert not Path(str(hold.params["dir"])).exists()
 
 
-def test_sharing_plan_keeps_every_hold_undoable_on_a_driver_node(node: NodeContext) -> None:
+def test_every_hold_of_a_plan_on_a_driver_node_has_a_handler_to_undo_it(node: NodeContext) -> None:
     plan = plan_for(node, replace(share(NEW, GIB), position=0))
     assert {h.kind for h in plan.holds} <= set(sharing.hold_handlers())

@@ -12,6 +12,7 @@ import pytest
 from plugin_harness import (
     NODE,
     Alloc,
+    Kubelet,
     PluginDirs,
     add_claim,
     cdi_ids,
@@ -22,12 +23,13 @@ from plugin_harness import (
     uid_of,
 )
 
+from dra_gpu.devicekinds.mig_instances import STORE_NAME
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
+from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MIG_TABLES
 from dra_gpu.kube import ApiError
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.mig_instances import STORE_NAME
 from dra_gpu.plugin.sharing.modes.limiter import container_claim_dir
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 
@@ -304,9 +306,14 @@ def power_cycle(dirs: PluginDirs) -> None:
     dirs.simulated_state.write_text(json.dumps(state))
 
 
-def test_after_a_reboot_the_kubelets_re_prepare_makes_the_dynamic_instance_again(
-    dirs, api, kubelet, dynamic
-) -> None:
+def prepared_then_power_cycled(
+    dirs: PluginDirs,
+    api: FakeKube,
+    kubelet: Kubelet,
+    dynamic: tuple[SimulatedInventory, SimulatedCommands, GpuInfo],
+) -> tuple[dict[str, Any], MigInstance]:
+    """A dynamic MIG claim prepared, then the node power-cycled (its instance gone): the claim, and the
+    instance it had."""
     inventory, commands, gpu = dynamic
     claim = mig_claim(api)
     with running_plugin(dirs, api, inventory=inventory, commands=commands):
@@ -315,6 +322,14 @@ def test_after_a_reboot_the_kubelets_re_prepare_makes_the_dynamic_instance_again
         (before,) = commands.mig_instances(gpu)
     kubelet.close()
     power_cycle(dirs)
+    return claim, before
+
+
+def test_after_a_reboot_the_kubelets_re_prepare_makes_the_dynamic_instance_again(
+    dirs, api, kubelet, dynamic
+) -> None:
+    inventory, commands, gpu = dynamic
+    claim, before = prepared_then_power_cycled(dirs, api, kubelet, dynamic)
     with running_plugin(dirs, api, inventory=inventory, commands=commands, boot_id="boot-2"):
         kubelet.register()
         response = kubelet.prepare(claim)[uid_of(claim)]
@@ -344,12 +359,7 @@ def test_after_a_reboot_without_the_api_the_re_prepare_refuses_with_the_reason(
     dirs, api, kubelet, dynamic
 ) -> None:
     inventory, commands, gpu = dynamic
-    claim = mig_claim(api)
-    with running_plugin(dirs, api, inventory=inventory, commands=commands):
-        kubelet.register()
-        assert kubelet.prepare(claim)[uid_of(claim)].error == ""
-    kubelet.close()
-    power_cycle(dirs)
+    claim, _ = prepared_then_power_cycled(dirs, api, kubelet, dynamic)
     with running_plugin(dirs, NoApi(), inventory=inventory, commands=commands, boot_id="boot-2"):
         kubelet.register()
         error = kubelet.prepare(claim)[uid_of(claim)].error

@@ -24,6 +24,7 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
+    two_shares,
     uid_of,
 )
 
@@ -284,18 +285,7 @@ def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dir
     claim = add_claim(
         api,
         "two",
-        [
-            Alloc(
-                request="a",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "1Gi", "cores": "10"},
-            ),
-            Alloc(
-                request="b",
-                share_id="00000000-0000-4000-8000-00000000000b",
-                consumed={"memory": "2Gi", "cores": "5"},
-            ),
-        ],
+        two_shares(),
         [
             opaque(
                 gpu_config("Limiter", limiter={"compute": {"limit": 50, "priority": "latency"}}),

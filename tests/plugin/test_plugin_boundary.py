@@ -23,6 +23,7 @@ from plugin_harness import (
     gpu_config,
     opaque,
     running_plugin,
+    share_claim,
     uid_of,
     write_snapshot,
 )
@@ -39,18 +40,7 @@ HOSTILE_UIDS = [".", "..", "../..", "../../..", "a/../..", "/etc", "x" * 5000, "
 
 
 def limiter_claim(api: FakeKube, name: str, device: str = "gpu-0", n: int = 1) -> dict[str, Any]:
-    return add_claim(
-        api,
-        name,
-        [
-            Alloc(
-                device=device,
-                share_id=f"9b000000-0000-4000-8000-{n:012d}",
-                consumed={"memory": "1Gi", "cores": "1"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-    )
+    return share_claim(api, name, device=device, share=n)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
+    share_claim,
     simulated_gpu_state,
     uid_of,
 )
@@ -131,29 +132,9 @@ def test_untrusted_files_are_reported(tmp_path: Path, content: bytes | str, reas
 def prepare_three(dirs: PluginDirs, api: FakeKube) -> list[dict]:
     claims = [
         add_claim(api, "mps", [Alloc(device="gpu-0")], [opaque(gpu_config("MPS"))]),
-        add_claim(
-            api,
-            "lim",
-            [
-                Alloc(
-                    device="gpu-1",
-                    share_id="a0000000-0000-4000-8000-000000000001",
-                    consumed={"memory": "1Gi", "cores": "10"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        ),
-        add_claim(
-            api,
-            "ts",
-            [
-                Alloc(
-                    device="gpu-1",
-                    share_id="a0000000-0000-4000-8000-000000000002",
-                    consumed={"memory": "1Gi", "cores": "10"},
-                )
-            ],
-            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Short"}))],
+        share_claim(api, "lim", device="gpu-1", share=1, cores="10"),
+        share_claim(
+            api, "ts", "TimeSlicing", device="gpu-1", share=2, cores="10", timeSlicing={"interval": "Short"}
         ),
     ]
     with running_plugin(dirs, api):
@@ -224,19 +205,10 @@ class BrokenList(FakeKube):
         raise ApiError("connection refused")
 
 
-class Unreachable(FakeKube):
+class Unreachable(BrokenList):
     """An API server that does not answer at all."""
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-        raise ApiError("connection refused")
-
-    def list(
-        self,
-        kind: str,
-        namespace: str | None = None,
-        field_selector: str | None = None,
-        label_selector: str | None = None,
-    ) -> tuple[list[dict[str, Any]], str]:
         raise ApiError("connection refused")
 
 

@@ -11,25 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, running_plugin, uid_of
+from plugin_harness import (
+    Kubelet,
+    PluginDirs,
+    running_plugin,
+    share_claim,
+    uid_of,
+)
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.plugin.checkpoint import ClaimState
 
 
 def limiter_claim(api: FakeKube, name: str, n: int, device: str = "gpu-0") -> dict[str, Any]:
-    return add_claim(
-        api,
-        name,
-        [
-            Alloc(
-                device=device,
-                share_id=f"5c000000-0000-4000-8000-{n:012d}",
-                consumed={"memory": "1Gi", "cores": "5"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-    )
+    return share_claim(api, name, device=device, share=n, cores="5")
 
 
 def spec_path(dirs: PluginDirs, claim: dict[str, Any]) -> Path:

@@ -18,16 +18,13 @@ from plugin_harness import (
     CRASH_EXIT_CODE,
     NODE,
     PROFILE,
-    Alloc,
     Kubelet,
     PluginDirs,
     PluginProcess,
-    add_claim,
     cdi_ids,
-    gpu_config,
-    opaque,
     resolve,
     running_plugin,
+    share_claim,
     simulated_gpu_state,
     uid_of,
     write_snapshot,
@@ -63,41 +60,17 @@ def cluster() -> Iterator[Cluster]:
     dirs = PluginDirs.create()
     api = FakeKube()
     claims = [
-        add_claim(
-            api,
-            "mps",
-            [
-                Alloc(
-                    device="gpu-0",
-                    share_id="5e1d0b3a-0000-4000-8000-00000000000a",
-                    consumed={"memory": "10Gi", "cores": "30"},
-                )
-            ],
-            [opaque(gpu_config("MPS"))],
-        ),
-        add_claim(
-            api,
-            "lim",
-            [
-                Alloc(
-                    device="gpu-1",
-                    share_id="5e1d0b3a-0000-4000-8000-00000000000b",
-                    consumed={"memory": "4Gi", "cores": "20"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        ),
-        add_claim(
+        share_claim(api, "mps", "MPS", device="gpu-0", share=10, memory="10Gi", cores="30"),
+        share_claim(api, "lim", "Limiter", device="gpu-1", share=11, memory="4Gi", cores="20"),
+        share_claim(
             api,
             "ts",
-            [
-                Alloc(
-                    device="gpu-1",
-                    share_id="5e1d0b3a-0000-4000-8000-00000000000c",
-                    consumed={"memory": "8Gi", "cores": "10"},
-                )
-            ],
-            [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Medium"}))],
+            "TimeSlicing",
+            device="gpu-1",
+            share=12,
+            memory="8Gi",
+            cores="10",
+            timeSlicing={"interval": "Medium"},
         ),
     ]
     yield Cluster(dirs, api, claims)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, running_plugin, uid_of
+from waiting import wait_for
 
 from dra_gpu.host.nvidia import NvidiaCommands
 from dra_gpu.kube.fake import FakeKube
@@ -25,14 +25,10 @@ exit 0
 """
 
 
-def _wait_for(path: Path, timeout_s: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = path.read_text().strip() if path.exists() else ""
-        if text:
-            return int(text)
-        time.sleep(0.02)
-    raise AssertionError(f"{path} was not written: the hanging command never ran")
+def _written_pid(path: Path) -> int:
+    """The PID the hanging command wrote; 0 until it has."""
+    text = path.read_text().strip() if path.exists() else ""
+    return int(text) if text else 0
 
 
 def test_a_hung_gpu_command_does_not_fail_a_prepare_on_another_gpu(
@@ -58,7 +54,7 @@ def test_a_hung_gpu_command_does_not_fail_a_prepare_on_another_gpu(
         kubelet.register()
         thread = threading.Thread(target=lambda: first.update(hung_kubelet.prepare(stuck)))
         thread.start()
-        pid = _wait_for(pid_file)
+        pid = wait_for(lambda: _written_pid(pid_file), what="the hanging command to run")
         try:
             response = kubelet.prepare(other)[uid_of(other)]
             assert response.error == ""

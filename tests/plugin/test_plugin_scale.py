@@ -43,7 +43,7 @@ class Measured:
         self.plugin, self.one = plugin, one
 
     def written(self) -> int:
-        store = self.plugin.preparer.store
+        store = self.plugin.preparer.core.store
         return sum(p.stat().st_size for p in (store.path, store.journal_path) if p.exists())
 
     def cycle(self) -> None:

@@ -18,6 +18,7 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
+    two_shares,
     uid_of,
 )
 
@@ -46,7 +47,9 @@ def share(position: int, strategy: str, **section: object) -> Share:
 
 
 @pytest.mark.parametrize("strategy", ["Exclusive", "TimeSlicing", "MPS", "Limiter"])
-def test_every_hold_a_backend_asks_for_can_be_undone(tmp_path: Path, strategy: str) -> None:
+def test_every_hold_a_backend_asks_for_has_a_handler_to_undo_it_and_each_device_has_edits(
+    tmp_path: Path, strategy: str
+) -> None:
     library = tmp_path / "lib.so"
     library.write_text("")
     node = NodeContext("gpu.dra-gpu.io", tmp_path, library, tmp_path, SimulatedCommands())
@@ -64,18 +67,7 @@ def test_two_shares_of_one_gpu_in_one_claim_get_distinct_cdi_devices(dirs: Plugi
     claim = add_claim(
         api,
         "two-shares",
-        [
-            Alloc(
-                request="a",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "1Gi", "cores": "10"},
-            ),
-            Alloc(
-                request="b",
-                share_id="00000000-0000-4000-8000-00000000000b",
-                consumed={"memory": "2Gi", "cores": "5"},
-            ),
-        ],
+        two_shares(),
         [opaque(gpu_config("Limiter"))],
     )
     with running_plugin(dirs, api):

@@ -7,7 +7,6 @@ from dra_gpu.config.claim import (
     GpuConfig,
     LimiterConfig,
     MpsConfig,
-    Priority,
     Sharing,
     Strategy,
     TimeSlicingConfig,
@@ -19,6 +18,7 @@ from dra_gpu.config.claim import (
 )
 from dra_gpu.config.node import GpuSharingMode, NodeSharing
 from dra_gpu.config.placement import Placement, PlacementPolicy
+from dra_gpu.limiter_abi.limits import Priority
 
 __all__ = [
     "ComputeConfig",

@@ -18,6 +18,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.config.base import ConfigError, Percent, Quantity, Strict, one_of, positive_quantity, whole
 from dra_gpu.config.placement import Placement
+from dra_gpu.limiter_abi.limits import DEFAULT_PRIORITY, Priority
 from dra_gpu.quantity import to_int
 
 
@@ -53,21 +54,13 @@ class MpsConfig(Strict):
         return None if v is None else positive_quantity(v, "defaultPinnedDeviceMemoryLimit")
 
 
-class Priority(StrEnum):
-    """How a limiter share takes part in its GPU's arbitration (docs/configuration.md)."""
-
-    LATENCY = "latency"
-    STANDARD = "standard"
-    BESTEFFORT = "besteffort"
-
-
 class ComputeConfig(Strict):
     """Elastic compute of a limiter share: `cores` is the floor, guaranteed under contention;
     `limit` the ceiling it may borrow idle time up to (unset: the floor, a fixed share); `priority`
     its class in the GPU's arbitration."""
 
     limit: Percent | None = None
-    priority: Priority = Priority.STANDARD
+    priority: Priority = DEFAULT_PRIORITY
 
     @field_validator("priority", mode="before")
     @classmethod

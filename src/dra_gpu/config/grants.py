@@ -21,18 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dra_gpu.config.base import ConfigError
-from dra_gpu.config.claim import ComputeConfig, GpuConfig, LimiterConfig, Priority
+from dra_gpu.config.claim import ComputeConfig, GpuConfig, LimiterConfig
+from dra_gpu.limiter_abi.limits import DEFAULT_PRIORITY, PRIORITY_ORDER, Priority
 from dra_gpu.quantity import format_quantity
 
-RANK = {Priority.BESTEFFORT: 0, Priority.STANDARD: 1, Priority.LATENCY: 2}
-"""Priorities from the lowest; a claim may have its class's or a lower one."""
+RANK = {p: rank for rank, p in enumerate(reversed(Priority))}
+"""Priorities from the lowest (`PRIORITY_ORDER`); a claim may have its class's or a lower one."""
 
 
 @dataclass(frozen=True)
 class Grant:
     """The most a class gives a claim's limiter share; None where the class sets nothing (see above)."""
 
-    priority: Priority = Priority.STANDARD
+    priority: Priority = DEFAULT_PRIORITY
     compute_limit: int | None = None
     memory_limit: int | None = None
 
@@ -44,7 +45,7 @@ def grant_of(class_config: GpuConfig | None) -> Grant:
         return Grant()
     compute = limiter.compute
     return Grant(
-        priority=compute.priority if compute is not None else Priority.STANDARD,
+        priority=compute.priority if compute is not None else DEFAULT_PRIORITY,
         compute_limit=compute.limit if compute is not None else None,
         memory_limit=limiter.memory_limit_bytes(),
     )
@@ -66,7 +67,7 @@ def excess(limiter: LimiterConfig, grant: Grant, floor: int, charged: int | None
     if priority is not None and RANK[priority] > RANK[grant.priority]:
         return (
             f"sharing.limiter.compute.priority {priority.value} is above what its class grants "
-            f"({grant.priority.value}; besteffort < standard < latency): ask for {grant.priority.value} or lower"
+            f"({grant.priority.value}; {PRIORITY_ORDER}): ask for {grant.priority.value} or lower"
         )
     granted = grant.compute_limit is not None and grant.compute_limit >= floor
     top = grant.compute_limit if granted and grant.compute_limit is not None else floor

@@ -62,23 +62,50 @@ SHAREABLE_NODE_MODES = frozenset(m.node_mode for m in MODES.values() if shares_g
 """The `--sharing` settings whose GPUs are published shareable."""
 
 
-_BY_VALUE = {m.strategy.value: m for m in reversed(list(MODES.values()))}  # (the first mode of a value wins)
-_BESIDE_VALUES = {value: frozenset(s.value for s in mode.beside) for value, mode in _BY_VALUE.items()}
-_WHOLE_GPU = frozenset(value for value, mode in _BY_VALUE.items() if not shares_gpu(mode))
-"""Each mode by its `Strategy` value, and the values it may meet: a prepare checks them against every
-other share on the GPU (50 of them on a busy one), so they are looked up, not searched for."""
+@dataclass(frozen=True)
+class _Index:
+    """Each mode of a `MODES` table by its `Strategy` value, and the values it may meet: a prepare checks
+    them against every other share on the GPU (50 of them on a busy one), so they are looked up, not
+    searched for."""
+
+    table: Mapping[Strategy, SharingMode]
+    by_value: Mapping[str, SharingMode]
+    beside: Mapping[str, frozenset[str]]
+    whole_gpu: frozenset[str]
+
+
+def _indexed(table: Mapping[Strategy, SharingMode]) -> _Index:
+    by_value = {m.strategy.value: m for m in reversed(list(table.values()))}  # (the first of a value wins)
+    return _Index(
+        table=table,
+        by_value=by_value,
+        beside={value: frozenset(s.value for s in mode.beside) for value, mode in by_value.items()},
+        whole_gpu=frozenset(value for value, mode in by_value.items() if not shares_gpu(mode)),
+    )
+
+
+_index = _indexed(MODES)
+
+
+def _current() -> _Index:
+    """The index of the table as it is now (made again when `MODES` was replaced, as a test adding a
+    made-up mode does)."""
+    global _index
+    if _index.table is not MODES:
+        _index = _indexed(MODES)
+    return _index
 
 
 def mode_named(strategy: str) -> SharingMode | None:
     """The mode of a `Strategy` value as a checkpoint record stores it; None for a value of no mode."""
-    return _BY_VALUE.get(strategy)
+    return _current().by_value.get(strategy)
 
 
 def takes_whole_gpu(strategy: str) -> bool:
     """Whether a claim of this mode (its `Strategy` value) holds its GPU alone."""
-    return strategy in _WHOLE_GPU
+    return strategy in _current().whole_gpu
 
 
 def may_meet(strategy: str, other: str) -> bool:
     """Whether shares of the two modes (their `Strategy` values) may be on one GPU at once."""
-    return other in _BESIDE_VALUES.get(strategy, frozenset())
+    return other in _current().beside.get(strategy, frozenset())

@@ -3,15 +3,24 @@
 `KINDS` is asked in order: the first kind with devices for an inventory GPU publishes them (MIG before the
 whole GPU, which takes every GPU no other kind took). The slice publisher enumerates through
 `published_devices` and `counter_sets`; prepare finds a claim's device among `views` and asks `kind_of`
-the view for its device nodes and toolkit names. A new kind is a module here and a line in `KINDS`
+the view for its device nodes and toolkit names; a kind whose devices exist only while prepared (dynamic
+MIG) has a `maker` that prepare and unprepare reach through this table. A new kind is a module here and a line in `KINDS`
 (CONTRIBUTING, "Add a device kind").
 """
 
 from __future__ import annotations
 
 from dra_gpu.devicekinds.gpu import GPU
-from dra_gpu.devicekinds.kind import DeviceKind, DeviceNodeError, Obj, Publish
-from dra_gpu.devicekinds.mig import MIG
+from dra_gpu.devicekinds.kind import (
+    DeviceKind,
+    DeviceMaker,
+    DeviceNodeError,
+    MakerHost,
+    Obj,
+    Publish,
+    SetupFailed,
+)
+from dra_gpu.devicekinds.mig_kind import MIG
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.vocabulary.device import TYPE_ATTRIBUTE
 
@@ -70,8 +79,11 @@ __all__ = [
     "KINDS",
     "MIG",
     "DeviceKind",
+    "DeviceMaker",
     "DeviceNodeError",
+    "MakerHost",
     "Publish",
+    "SetupFailed",
     "counter_sets",
     "kind_named",
     "kind_of",

@@ -27,10 +27,12 @@ A prepared GPU gets its `/dev/nvidia<minor>`; the toolkit's spec names it by UUI
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from dra_gpu.config import GpuSharingMode
 from dra_gpu.config.modes import SHAREABLE_NODE_MODES
-from dra_gpu.devicekinds.kind import Obj, Publish
+from dra_gpu.devicekinds.kind import DeviceMaker, DriverFilesLookup, MakerHost, Obj, Publish
+from dra_gpu.host.driver_root import DriverFiles
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory.types import GpuInfo
 from dra_gpu.quantity import format_quantity
@@ -119,6 +121,16 @@ def build_device(
     return device
 
 
+NVIDIA_DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+"""The NVIDIA driver's nodes a container of an NVIDIA device needs, as in the toolkit's spec."""
+
+
+def nvidia_driver_files(views: Sequence[GpuInfo], lookup: DriverFilesLookup) -> DriverFiles:
+    """Exactly the driver NVML reports (an older driver's leftover library would not match the kernel)."""
+    versions = {view.driver_version for view in views if view.driver_version}
+    return lookup(versions.pop() if len(versions) == 1 else None)
+
+
 class WholeGpu:
     """The GPU as one device; the last kind asked, it publishes every GPU no other kind took."""
 
@@ -146,6 +158,15 @@ class WholeGpu:
 
     def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
         return [f"/dev/nvidia{view.minor}"]
+
+    def driver_nodes(self) -> tuple[str, ...]:
+        return NVIDIA_DRIVER_NODES
+
+    def driver_files(self, views: Sequence[GpuInfo], lookup: DriverFilesLookup) -> DriverFiles:
+        return nvidia_driver_files(views, lookup)
+
+    def maker(self, host: MakerHost) -> DeviceMaker | None:
+        return None  # a GPU is there whether or not it is prepared
 
     def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
         return (view.uuid, str(view.index))  # the UUID first: indexes can change

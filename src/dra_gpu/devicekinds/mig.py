@@ -20,7 +20,7 @@
 At prepare, a claim's MIG device is a view of the parent GPU standing for the instance: the instance's
 UUID and memory (so limits, records and visibility are the instance's) and the parent's minor (its
 `/dev/nvidia<minor>` is what the container opens, with the instance's `/dev/nvidia-caps` nodes). A
-dynamic placement has no instance until prepare makes one (`plugin/mig_instances.py`): its view keeps
+dynamic placement has no instance until prepare makes one (`mig_instances.py`, asked through the kind in `mig_kind.py`): its view keeps
 the parent's UUID (so its claim locks the GPU whose table changes) and `mig_instance` None.
 """
 
@@ -31,8 +31,7 @@ from dataclasses import dataclass, replace
 
 from dra_gpu.config import GpuSharingMode
 from dra_gpu.devicekinds.gpu import build_device, fit
-from dra_gpu.devicekinds.kind import DeviceNodeError, Obj, Publish
-from dra_gpu.host.gpu_commands import GpuCommands
+from dra_gpu.devicekinds.kind import DeviceNodeError, Obj
 from dra_gpu.host.mig_commands import capability_keys, parse_mig_minors
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MigProfile, MigTable, profile_memory, table_for
@@ -59,7 +58,7 @@ ENGINE_COUNTERS = {
 """Counter name -> MigProfile field: the engines a placement takes besides its memory slices."""
 
 
-def _table(gpu: GpuInfo) -> MigTable | None:
+def table_of(gpu: GpuInfo) -> MigTable | None:
     return table_for(gpu.product_name, gpu.memory_bytes) if gpu.mig_enabled else None
 
 
@@ -137,7 +136,7 @@ def mig_devices(
     not in MIG mode, a model without a profile table, or a static GPU with no instances yet.
     `counters`: the API server keeps shared counters; without them a dynamic GPU offers its full
     profile only (see the module docstring)."""
-    table = _table(gpu)
+    table = table_of(gpu)
     if table is None or not (gpu.mig_dynamic or gpu.mig_instances):
         return None
     if gpu.mig_dynamic and not counters:
@@ -164,7 +163,7 @@ def unpublished_instances(gpu: GpuInfo) -> list[tuple[MigInstance, str]]:
     A GPU instance split into several compute instances (`1c.3g.40gb`, made with `nvidia-smi mig -cci`)
     is left out: its compute instances share one GPU instance's memory, which this driver cannot
     give to one claim and limit for another; and a profile the model's table does not list."""
-    table = _table(gpu)
+    table = table_of(gpu)
     if table is None or gpu.mig_dynamic:
         return []
     left_out = []
@@ -209,7 +208,7 @@ def mig_views(gpus: list[GpuInfo]) -> tuple[dict[str, GpuInfo], dict[str, MigPla
     views: dict[str, GpuInfo] = {}
     placements: dict[str, MigPlacement] = {}
     for gpu in gpus:
-        table = _table(gpu)
+        table = table_of(gpu)
         if table is None:
             continue
         if gpu.mig_dynamic:
@@ -245,47 +244,3 @@ def capability_nodes(gpu: GpuInfo, minors_file: str) -> list[str]:
             )
         nodes.append(f"/dev/nvidia-caps/nvidia-cap{minors[key]}")
     return nodes
-
-
-class MigInstanceKind:
-    """A MIG instance of a GPU in MIG mode: existing ones (static) or every placement (dynamic)."""
-
-    name: str = MIG_TYPE
-    published_type: str | None = MIG_TYPE
-
-    def published_mode(self, gpu: GpuInfo, configured: GpuSharingMode) -> GpuSharingMode:
-        """A static instance takes the GPU's setting; a dynamic one exists for one claim only."""
-        return GpuSharingMode.EXCLUSIVE if gpu.mig_dynamic else configured
-
-    def devices(self, gpu: GpuInfo, publish: Publish) -> list[Obj] | None:
-        return mig_devices(
-            gpu,
-            self.published_mode(gpu, publish.configured),
-            consumable_capacity=publish.consumable_capacity,
-            taints=publish.taints,
-            counters=publish.counters,
-        )
-
-    def counter_sets(self, gpu: GpuInfo) -> list[Obj]:
-        table = _table(gpu) if gpu.mig_dynamic else None
-        return [counter_set(gpu, table)] if table is not None else []
-
-    def unpublished(self, gpu: GpuInfo) -> list[tuple[str, str]]:
-        return [
-            (f"mig:{instance.uuid}", f"MIG device {instance.uuid} is not published: {why}")
-            for instance, why in unpublished_instances(gpu)
-        ]
-
-    def views(self, gpu: GpuInfo) -> dict[str, GpuInfo]:
-        return mig_views([gpu])[0]
-
-    def device_nodes(self, view: GpuInfo, commands: GpuCommands) -> list[str]:
-        """The parent's node and the instance's capability nodes (never the `config` or `monitor` ones)."""
-        return [f"/dev/nvidia{view.minor}", *capability_nodes(view, str(commands.mig_minors_file()))]
-
-    def toolkit_names(self, view: GpuInfo) -> tuple[str, ...]:
-        """Its MIG UUID only: the parent's index names the whole GPU."""
-        return (view.uuid,)
-
-
-MIG = MigInstanceKind()

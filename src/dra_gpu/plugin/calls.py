@@ -6,6 +6,7 @@ kubelet cancelled the call; and how long calls have gone without finishing a cla
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from dra_gpu.plugin.checkpoint import (
 )
 from dra_gpu.plugin.errors import PrepareError, bounded, describe
 from dra_gpu.plugin.locking import LockTimeout
-from dra_gpu.plugin.preparer_core import PreparerCore
+from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,30 @@ class PrepareResult:
     error: str = ""
 
 
-class Calls(PreparerCore):
-    """Serving a call of the kubelet claim by claim (see the module docstring)."""
+Work = Callable[[ClaimInfo, float | None], list[PreparedDevice]]
+"""One claim's prepare or unprepare, to be done by `deadline` (time.monotonic, None: none)."""
 
-    def _each(
+
+class Calls:
+    """Serving a call of the kubelet claim by claim (see the module docstring); it knows nothing of what
+    a claim's work is, only whether calls are in progress and make progress."""
+
+    def __init__(self, *, metrics: PluginMetrics, lock_timeout_s: float, driver: str) -> None:
+        self.metrics = metrics
+        self.lock_timeout_s = lock_timeout_s
+        """The longest any step waits on a lock (liveness allows calls a few of them per claim)."""
+        self.driver = driver
+        self._calls_lock = threading.Lock()
+        self._calls = 0
+        """The kubelet's calls in progress."""
+        self._progressed_at = time.monotonic()
+        """When a call last finished a claim (or started, when none was running)."""
+
+    def each(
         self,
         operation: str,
         claims: Sequence[ClaimInfo],
-        work: Callable[[ClaimInfo, float | None], list[PreparedDevice]],
+        work: Work,
         deadline: float | None,
         cancelled: Callable[[], bool] | None = None,
     ) -> dict[str, PrepareResult]:
@@ -102,10 +119,10 @@ class Calls(PreparerCore):
 
     def stalled(self) -> str | None:
         """Why liveness should fail: calls are in progress and none finished a claim for longer than
-        any step may take (each waits on a lock at most `lock.timeout_s`, and a GPU command has its own
+        any step may take (each waits on a lock at most `lock_timeout_s`, and a GPU command has its own
         timeout); None otherwise."""
         late = time.monotonic() - self._progressed_at
-        if self._calls == 0 or late <= STALLED_FACTOR * self.lock.timeout_s:
+        if self._calls == 0 or late <= STALLED_FACTOR * self.lock_timeout_s:
             return None
         return (
             f"{self._calls} of the kubelet's calls are in progress and none has finished a claim for "
@@ -131,7 +148,7 @@ class Calls(PreparerCore):
             )
         except Exception as exc:
             log.exception(f"{operation} failed unexpectedly", extra=fields)
-            text = f"internal error in the {self.node.driver} plugin: {describe(exc)}"
+            text = f"internal error in the {self.driver} plugin: {describe(exc)}"
             return self._failed(operation, claim, "internal", text, logged=True)
         log.info(f"{operation} done", extra={**fields, "devices": [d.device for d in devices]})
         return PrepareResult(devices=devices)

@@ -26,21 +26,22 @@ back, so every claim is either prepared or not. One claim's failure is that clai
 A rollback or sweep that cannot undo something keeps the claim's record, so that a later call, or
 the next sweep, tries again; the sweep goes on to the other records.
 
-`Preparer` is this module's prepare path built on its other rooms: `preparer_core` (the state, the
-checkpoint and the locks), `calls` (serving the kubelet's calls claim by claim), `unprepare`, `sweeps`
-(the background duties) and `rebuild` (a lost checkpoint).
+`Prepare` is the prepare path, one part of the preparer that `preparer.Preparer` wires together: the
+others are `preparer_core.PreparerCore` (the checkpoint and the locks, which every part is given),
+`calls.Calls` (serving the kubelet's calls claim by claim), `unprepare.Unprepare`, `sweeps.Sweeps` (the
+background duties), `rebuild.Rebuild` (a lost checkpoint) and `made_devices.MadeDevices` (devices that
+exist only while prepared, made by their device kind).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_gpu.kube import builders, objects
-from dra_gpu.plugin.calls import Calls, PrepareResult
+from dra_gpu.plugin import sharing
 from dra_gpu.plugin.checkpoint import (
     ClaimState,
     Hold,
@@ -50,9 +51,9 @@ from dra_gpu.plugin.checkpoint import (
 from dra_gpu.plugin.claims import allocation_digest, fetch_claim, over_capacity, shares_of
 from dra_gpu.plugin.errors import PrepareError, bounded, describe
 from dra_gpu.plugin.locking import LockTimeout
-from dra_gpu.plugin.rebuild import Rebuild
+from dra_gpu.plugin.made_devices import MadeDevices
+from dra_gpu.plugin.preparer_core import PreparerCore
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Holder, Plan, Share
-from dra_gpu.plugin.sweeps import Sweeps
 from dra_gpu.plugin.unprepare import Unprepare
 
 log = logging.getLogger(__name__)
@@ -76,106 +77,43 @@ NOT_REPORTED = frozenset({"claim_not_found", "api_error", "uid_mismatch", "ident
 """Failures with no claim to report on, or none the user can fix in it."""
 
 
-class Preparer(Calls, Sweeps, Rebuild, Unprepare):
-    """Prepares and unprepares claims for the kubelet (see the module docstring)."""
+class Prepare:
+    """Preparing a claim (see the module docstring): fresh, repeated, restored after a reboot or remade
+    after its allocation or its made devices changed; and the notices its users must be told."""
 
-    # -- entry points ------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Load (or rebuild) the checkpoint once, before the kubelet can call."""
-        with self.lock.hold():
-            checkpoint = self._load()
-            rebuild = checkpoint.rebuildPending or (
-                not self.store.exists() and bool(self.specs.uids_on_disk())
-            )
-            for path in [*self.store.temp_files(), *self._mig.temp_files()]:
-                # Written only under the node lock, which this holds: each is from an interrupted write.
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-            if not rebuild:
-                for uid in self._uids_on_disk() - set(checkpoint.claims):
-                    # Specs and directories are created after their claim's record: these are from a lost write.
-                    self._remove_leftovers(uid)
-                try:
-                    self.store.compact()
-                except (PrepareError, OSError) as exc:  # a full disk: unprepares must still run, and free it
-                    log.warning(
-                        "could not fold the checkpoint's journal into its snapshot at start; serving with "
-                        "the journal, folded later",
-                        extra={"error": bounded(describe(exc))},
-                    )
-        if rebuild:
-            log.warning("rebuilding the state from the claims in the API and the files on disk")
-            self._rebuild()
-        checkpoint = self.snapshot()
-        if not checkpoint.rebuildPending:  # else the claims in use are not known yet: keep their instances
-            self._mig.reconcile(set(checkpoint.claims), self.inventory.gpus())
-        stale = [c.ref for c in checkpoint.claims.values() if c.bootId != self.boot_id]
-        if stale:
-            log.info(
-                "the node rebooted since these claims were prepared; their CDI specs and GPU settings "
-                "are restored when the kubelet prepares them again",
-                extra={"claims": stale},
-            )
-        self._refresh_metrics(force=True)
+    def __init__(self, core: PreparerCore, unprepare: Unprepare, made: MadeDevices) -> None:
+        self.core = core
+        self.unprepare = unprepare
+        self.made = made
+        self.backends = sharing.backends()
+        self._notices: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        """Claim UID -> (claim, notices) of fresh prepares, posted as events once no lock is held."""
+        self._notices_lock = threading.Lock()
 
-    def close(self) -> None:
-        """Fold the checkpoint's journal into its snapshot (at stop: the next start reads one file)."""
-        try:
-            with self.lock.hold():
-                self._load()
-                self.store.compact()
-        except Exception as exc:  # the next start reads the journal too
-            log.warning("could not write the checkpoint's snapshot at stop", extra={"error": describe(exc)})
-
-    def prepare(
-        self,
-        claims: Sequence[ClaimInfo],
-        deadline: float | None = None,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> dict[str, PrepareResult]:
-        """Prepare each claim; `deadline` (time.monotonic) is the caller's: no claim starts that would
-        end after it, nor once `cancelled()` (see `_each`)."""
-        started = time.perf_counter()
-        self._rebuild_if_lost()
-        results = self._each("prepare", claims, self._prepare, deadline, cancelled)
-        self._rebuild_if_lost()
-        self._refresh_metrics()
-        self._post_notices([claim.uid for claim in claims])
-        self.metrics.prepare_seconds.observe(time.perf_counter() - started)
-        return results
-
-    def _post_notices(self, uids: Sequence[str]) -> None:
+    def post_notices(self, uids: Sequence[str]) -> None:
         """What users of freshly prepared claims must know, as Warning events on the claims."""
         with self._notices_lock:
             pending = [self._notices.pop(uid) for uid in uids if uid in self._notices]
         for obj, texts in pending:
             for text in texts:
                 try:
-                    self.events.record(obj, "Warning", NOTICE_REASON, text)
+                    self.core.events.record(obj, "Warning", NOTICE_REASON, text)
                 except Exception as exc:  # the API unreachable: the prepare's log line stays
                     log.warning("could not post a claim's notice as an event", extra={"error": str(exc)})
 
-    def unprepare(
-        self,
-        claims: Sequence[ClaimInfo],
-        deadline: float | None = None,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> dict[str, str]:
-        started = time.perf_counter()
-        self._rebuild_if_lost()
-        results = self._each("unprepare", claims, self._unprepare, deadline, cancelled)
-        self._rebuild_if_lost()
-        self._refresh_metrics()
-        self.metrics.unprepare_seconds.observe(time.perf_counter() - started)
-        return {uid: result.error for uid, result in results.items()}
+    def forget_notices(self, uid: str) -> None:
+        """Drop the claim's notices unposted (a rebuild re-adopting a claim told when it was first prepared)."""
+        with self._notices_lock:
+            self._notices.pop(uid, None)
 
     # -- prepare ---------------------------------------------------------------------------------------
-    def _prepare(self, claim: ClaimInfo, deadline: float | None = None) -> list[PreparedDevice]:
+    def prepare(self, claim: ClaimInfo, deadline: float | None = None) -> list[PreparedDevice]:
+        """The kubelet's prepare of one claim (`calls.Work`)."""
         # The API read comes first, outside every lock: it can take as long as the API server's timeout.
         fetched: dict[str, Any] | None = None
         fetch_error: PrepareError | None = None
         try:
-            fetched = fetch_claim(self.api, claim)
+            fetched = fetch_claim(self.core.api, claim)
         except PrepareError as exc:
             fetch_error = exc
         try:
@@ -200,7 +138,7 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
                 targets.append(pod)
         for target in targets:
             try:
-                self.events.record(target, "Warning", PREPARE_FAILED_REASON, bounded(exc.message))
+                self.core.events.record(target, "Warning", PREPARE_FAILED_REASON, bounded(exc.message))
             except Exception as error:  # an event is never worth failing or retrying the call for
                 log.warning("could not record a prepare failure event", extra={"error": str(error)})
 
@@ -211,14 +149,14 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
         fetch_error: PrepareError | None,
         deadline: float | None = None,
     ) -> list[PreparedDevice]:
-        with self._claim_locked(claim, fetched, deadline) as entry:
+        with self.core.claim_locked(claim, fetched, deadline) as entry:
             obj: dict[str, Any] | None = None
             if entry is not None and entry.state == ClaimState.PREPARE_COMPLETED:
                 obj = self._reallocated(entry, fetched)
                 if obj is None:
-                    if entry.bootId == self.boot_id and self.specs.exists(claim.uid):
+                    if entry.bootId == self.core.boot_id and self.core.specs.exists(claim.uid):
                         return entry.devices
-                    lost = self._mig.lost(entry.uid, self.inventory.gpus())
+                    lost = self.made.lost(entry.uid)
                     if not lost:
                         return self._restore(entry)
                     obj = self._remake(entry, lost, fetched, fetch_error)
@@ -233,13 +171,13 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
                     extra={"claim": entry.ref, "state": entry.state},
                 )
             if entry is not None:
-                self._undo(entry)
+                self.unprepare.undo(entry)
             if obj is None:
                 if fetched is None:
                     assert fetch_error is not None
                     raise fetch_error
                 obj = fetched
-            return self._prepare_fresh(claim, obj)
+            return self.fresh(claim, obj)
 
     def _remake(
         self,
@@ -251,8 +189,8 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
         """The claim to prepare anew, when dynamic MIG instances it was prepared with are gone (a reboot):
         a new instance has a new UUID, so the recorded spec cannot be restored as it is."""
         if fetched is None:
-            with self.lock.hold():
-                self.specs.remove(entry.uid)  # it names the instance that is gone
+            with self.core.lock.hold():
+                self.core.specs.remove(entry.uid)  # it names the instance that is gone
             why = fetch_error.message if fetch_error is not None else "no answer"
             raise PrepareError(
                 f"ResourceClaim {entry.ref}: its {', '.join(lost)} was lost (a reboot or a GPU reset); it "
@@ -273,23 +211,24 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
         """
         if entry.allocation is None or fetched is None:
             return None
-        digest = allocation_digest(fetched, self.node.driver)
+        digest = allocation_digest(fetched, self.core.node.driver)
         return fetched if digest is not None and digest != entry.allocation else None
 
-    def _prepare_fresh(self, claim: ClaimInfo, obj: dict[str, Any]) -> list[PreparedDevice]:
+    def fresh(self, claim: ClaimInfo, obj: dict[str, Any]) -> list[PreparedDevice]:
         """Prepare an allocation; the caller holds the claim's and its GPUs' locks."""
-        shares = shares_of(obj, claim, self.node.driver, self.pool, self._gpus())
+        core = self.core
+        shares = shares_of(obj, claim, core.node.driver, core.pool, core.gpus())
         for share in shares:
             if not share.gpu.healthy:
                 raise PrepareError(
                     f"GPU {share.device} ({share.gpu.uuid}) is unhealthy: {share.gpu.health_reason}",
                     reason="unhealthy_device",
                 )
-        shares = self._mig.materialize(claim, shares, self.inventory.gpus())
+        shares = self.made.materialize(claim, shares)
         try:
             plan = self._plan(claim, shares)
         except Exception:
-            self._mig.release(claim.uid, self.inventory.gpus())
+            self.made.release(claim.uid)
             raise
         spec = plan.cdi_spec()
         entry = PreparedClaim(
@@ -297,29 +236,29 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
             namespace=claim.namespace,
             name=claim.name,
             state=ClaimState.PREPARE_STARTED,
-            bootId=self.boot_id,
+            bootId=core.boot_id,
             devices=plan.answer(),
             shares=plan.share_records(),
             holds=plan.holds,
             cdiSpec=spec.to_dict(),
-            allocation=allocation_digest(obj, self.node.driver),
+            allocation=allocation_digest(obj, core.node.driver),
         )
-        self._put(entry)
-        self._hook("prepare:checkpoint-started")
+        core.put(entry)
+        core.step("prepare:checkpoint-started")
         applied: list[Hold] = []
         try:
             for hold in entry.holds:
-                self._handler(hold).apply(hold, self.node)
+                core.handler(hold).apply(hold, core.node)
                 applied.append(hold)
-            self._hook("prepare:setup-applied")
-            with self.lock.hold():
-                self.specs.write(claim.uid, spec)
-            self._hook("prepare:cdi-written")
+            core.step("prepare:setup-applied")
+            with core.lock.hold():
+                core.specs.write(claim.uid, spec)
+            core.step("prepare:cdi-written")
         except Exception:
             self._rollback(entry, applied)
             raise
-        self._put(entry.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
-        self._hook("prepare:checkpoint-completed")
+        core.put(entry.model_copy(update={"state": ClaimState.PREPARE_COMPLETED}))
+        core.step("prepare:checkpoint-completed")
         for text in plan.notices:
             log.warning("prepared with a caveat", extra={"claim": claim.ref, "notice": text})
         if plan.notices:
@@ -329,9 +268,9 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
 
     def _others_on(self, claim: ClaimInfo, gpu_uuid: str) -> list[Holder]:
         """The shares other claims prepared on the GPU (not admin access), from the store's index."""
-        with self.lock.hold():
-            self._load()
-            on_gpu = self.store.on_gpu(gpu_uuid)
+        with self.core.lock.hold():
+            self.core.load()
+            on_gpu = self.core.store.on_gpu(gpu_uuid)
         return [
             Holder(other.ref, record)
             for other in on_gpu
@@ -341,9 +280,10 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
         ]
 
     def _plan(self, claim: ClaimInfo, shares: list[Share]) -> Plan:
-        plan = Plan(claim=claim, shares=shares, driver=self.node.driver)
-        for backend in self._backends:
-            backend.contribute(plan, self.node)
+        node = self.core.node
+        plan = Plan(claim=claim, shares=shares, driver=node.driver)
+        for backend in self.backends:
+            backend.contribute(plan, node)
         records = plan.share_records()
         on_gpu: dict[str, list[Holder]] = {}
         for share in shares:
@@ -357,11 +297,11 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
                 for r in shares[: share.position]
                 if r.gpu.uuid == share.gpu.uuid and not r.admin_access
             ]
-            for backend in self._backends:
+            for backend in self.backends:
                 problem = backend.conflict(share, others)
                 if problem is not None:
                     raise PrepareError(f"ResourceClaim {claim.ref}: {problem}", reason="conflict")
-            problem = over_capacity(share, records[share.position], others, self.node.driver)
+            problem = over_capacity(share, records[share.position], others, node.driver)
             if problem is not None:
                 raise PrepareError(f"ResourceClaim {claim.ref}: {problem}", reason="over_capacity")
         return plan
@@ -369,30 +309,32 @@ class Preparer(Calls, Sweeps, Rebuild, Unprepare):
     def _restore(self, entry: PreparedClaim) -> list[PreparedDevice]:
         """A completed claim whose spec or GPU settings are gone (reboot, wiped tmpfs): set up again."""
         log.info("restoring a prepared claim after a reboot or a lost CDI spec", extra={"claim": entry.ref})
+        core = self.core
         for hold in entry.holds:
-            self._handler(hold).apply(hold, self.node)
+            core.handler(hold).apply(hold, core.node)
         if entry.cdiSpec is None:
             raise PrepareError(f"the checkpoint has no CDI spec for claim {entry.ref}", reason="internal")
-        with self.lock.hold():
-            self.specs.write(entry.uid, entry.cdiSpec)
-            current = self._load().claims.get(entry.uid)
+        with core.lock.hold():
+            core.specs.write(entry.uid, entry.cdiSpec)
+            current = core.load().claims.get(entry.uid)
             if current is not None:
-                self._put(current.model_copy(update={"bootId": self.boot_id}))
+                core.put(current.model_copy(update={"bootId": core.boot_id}))
         return entry.devices
 
     def _rollback(self, entry: PreparedClaim, applied: list[Hold]) -> None:
         """Undo what a failed prepare did. What cannot be undone keeps the claim's record, so that the
         kubelet's next call (prepare undoes it first, unprepare undoes it) or the sweep retries it."""
         try:
-            last = self._last_holders(entry)
+            core = self.core
+            last = core.last_holders(entry)
             for hold in reversed(applied):
-                self._handler(hold).release(hold, self.node, last[hold.key])
-            self._mig.release(entry.uid, self.inventory.gpus())
-            with self.lock.hold():
-                self.specs.remove(entry.uid)
-                self._drop(entry.uid)
+                core.handler(hold).release(hold, core.node, last[hold.key])
+            self.made.release(entry.uid)
+            with core.lock.hold():
+                core.specs.remove(entry.uid)
+                core.drop(entry.uid)
         except Exception as exc:
-            self.metrics.errors.labels(operation="rollback", reason=_reason(exc)).inc()
+            self.core.metrics.errors.labels(operation="rollback", reason=_reason(exc)).inc()
             log.error(
                 "rolling back a failed prepare left setup behind; its record stays for a later call to retry",
                 extra={"claim": entry.ref, "error": bounded(describe(exc))},

@@ -1,16 +1,14 @@
-"""The preparer's state and what every part of it uses: the checkpoint read and written under the node
-lock, the claim and GPU locks, the handlers of node-side holds.
+"""What every part of the preparer shares: the checkpoint read and written under the node lock, the claim
+and GPU locks, the handlers of node-side holds, the fault hook.
 
-`Preparer` (`prepare.py`: prepare and unprepare, the kubelet's calls) is built on this with `Sweeps`
-(`sweeps.py`: the background duties) and `Rebuild` (`rebuild.py`: completing a lost checkpoint); the
-locking and crash-safety rules they all follow are in `prepare.py`'s docstring.
+`PreparerCore` is one object that the parts (`prepare.Prepare`, `unprepare.Unprepare`, `calls.Calls`,
+`sweeps.Sweeps`, `rebuild.Rebuild`) are each given; `preparer.Preparer` builds them all once and is what
+the server calls. The locking and crash-safety rules they all follow are in `prepare.py`'s docstring.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -28,14 +26,12 @@ from dra_gpu.plugin.checkpoint import (
     CheckpointStore,
     Hold,
     PreparedClaim,
-    PreparedDevice,
 )
 from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.identity import is_path_component
 from dra_gpu.plugin.locking import CLAIM_LOCK_DIR_NAME, GPU_LOCK_DIR_NAME, KeyLocks, LockTimeout, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.mig_instances import MigInstances
 from dra_gpu.plugin.sharing.plan import ClaimInfo, HoldHandler, NodeContext
 from dra_gpu.plugin.sharing.steps.directories import remove_tree
 from dra_gpu.vocabulary.device import device_name as slice_device_name
@@ -56,7 +52,7 @@ def device_name(gpu: GpuInfo) -> str:
 
 
 class PreparerCore:
-    """The preparer's state, its checkpoint and its locks."""
+    """The preparer's shared state: its checkpoint, its locks and the handlers of node-side holds."""
 
     def __init__(
         self,
@@ -88,28 +84,20 @@ class PreparerCore:
         self.metrics = metrics or PluginMetrics()
         self.events = events or EventRecorder(api, pool, lambda: datetime.now(UTC), component=EVENT_COMPONENT)
         self._hook = fault_hook or (lambda _step: None)
-        self._mig = MigInstances(node.state_dir, node.commands, lock, lambda step: self._hook(step), api)
-        self._backends = sharing.backends()
-        self._handlers = sharing.hold_handlers()
-        self._notices: dict[str, tuple[dict[str, Any], list[str]]] = {}
-        """Claim UID -> (claim, notices) of fresh prepares, posted as events once no lock is held."""
-        self._notices_lock = threading.Lock()
-        self._rebuild_wanted = False
+        self.handlers = sharing.hold_handlers()
+        """Hold kind -> the handler that applies and releases it."""
+        self.rebuild_wanted = False
         """A damaged checkpoint was set aside: the next call rebuilds the state before its own work."""
-        self._rebuild_lock = threading.Lock()
         self._metrics_reloads = -1
         """The store's `reloads` the metrics were last computed for (they follow each write since)."""
         self._loaded: tuple[int, Checkpoint] | None = None
         """(the node lock's hold, the checkpoint loaded under it)."""
-        self._gone_once: set[str] = set()
-        """UIDs of completed records whose claims the last stale-claim sweep found gone."""
-        self._calls_lock = threading.Lock()
-        self._calls = 0
-        """The kubelet's calls in progress."""
-        self._progressed_at = time.monotonic()
-        """When a call last finished a claim (or started, when none was running)."""
 
-    def _refresh_metrics(self, force: bool = False) -> None:
+    def step(self, name: str) -> None:
+        """Passed a point between the steps of prepare or unprepare (`prepare.STEPS`): the fault hook."""
+        self._hook(name)
+
+    def refresh_metrics(self, force: bool = False) -> None:
         """Recount the gauges if the checkpoint was read anew since (each write updates them itself).
 
         Another process's writes are found by the next load (every call loads): a call that ends with
@@ -118,14 +106,14 @@ class PreparerCore:
             return  # the common case: this process's own writes, which the metrics followed
         try:
             with self.lock.hold():
-                checkpoint = self._load()
+                checkpoint = self.load()
                 if force or self.store.reloads != self._metrics_reloads:
                     self.metrics.refresh(checkpoint)
                     self._metrics_reloads = self.store.reloads
         except Exception as exc:  # the next call refreshes them; never this call's failure
             log.debug("metrics not refreshed", extra={"error": str(exc)})
 
-    def _load(self) -> Checkpoint:
+    def load(self) -> Checkpoint:
         """The checkpoint as stored; only under the node lock (the object is the store's own).
 
         A damaged file is set aside and an empty checkpoint marked `rebuildPending` takes its place.
@@ -146,33 +134,33 @@ class PreparerCore:
             # The rebuild reads the API and sets GPUs up: it runs once the node lock is released.
             checkpoint = Checkpoint(rebuildPending=True)
             self.store.save(checkpoint)
-            self._rebuild_wanted = True
+            self.rebuild_wanted = True
             self.metrics.refresh(checkpoint)
             return checkpoint
 
-    def _put(self, record: PreparedClaim) -> None:
+    def put(self, record: PreparedClaim) -> None:
         """Store one claim's record (a new object: stored records are never changed in place)."""
         with self.lock.hold():
-            before = self._load().claims.get(record.uid)
+            before = self.load().claims.get(record.uid)
             self.store.put(record, loaded=True)
             self.metrics.claim_changed(before, record)
-            self._compact_if_overdue()
+            self.compact_if_overdue()
 
-    def _drop(self, uid: str) -> None:
+    def drop(self, uid: str) -> None:
         with self.lock.hold():
-            before = self._load().claims.get(uid)
+            before = self.load().claims.get(uid)
             if before is None:
                 return
             self.store.drop(uid, loaded=True)
             self.metrics.claim_changed(before, None)
-            self._compact_if_overdue()
+            self.compact_if_overdue()
 
-    def _set_pending(self, value: bool) -> None:
+    def set_pending(self, value: bool) -> None:
         with self.lock.hold():
-            if self._load().rebuildPending != value:
+            if self.load().rebuildPending != value:
                 self.store.set_rebuild_pending(value)
 
-    def _compact_if_overdue(self) -> None:
+    def compact_if_overdue(self) -> None:
         """The background folds the journal in; a call does it only if the journal got far too long."""
         if self.store.compact_due(COMPACT_IN_CALL_FACTOR):
             self.store.compact()
@@ -180,22 +168,22 @@ class PreparerCore:
     def compact(self) -> None:
         """Fold the checkpoint's journal into its snapshot once it has outgrown it (background duty)."""
         with self.lock.hold():
-            self._load()
+            self.load()
             if self.store.compact_due():
                 self.store.compact()
 
-    def _entry(self, uid: str) -> PreparedClaim | None:
+    def entry(self, uid: str) -> PreparedClaim | None:
         with self.lock.hold():
-            return self._load().claims.get(uid)
+            return self.load().claims.get(uid)
 
-    def _gpu_uuids(self, entry: PreparedClaim | None, obj: Mapping[str, Any] | None) -> set[str]:
+    def gpu_uuids(self, entry: PreparedClaim | None, obj: Mapping[str, Any] | None) -> set[str]:
         """The GPUs a call on this claim may touch: those of its record and of its allocation here."""
         uuids = {s.gpu for s in entry.shares} if entry is not None else set()
         uuids |= {
             str(h.params["gpu"]) for h in (entry.holds if entry is not None else []) if "gpu" in h.params
         }
         if obj is not None:
-            gpus = self._gpus()
+            gpus = self.gpus()
             for result in results_in_pool(obj, self.node.driver, self.pool):
                 gpu = gpus.get(result.device)
                 if gpu is not None:
@@ -203,7 +191,7 @@ class PreparerCore:
         return uuids
 
     @contextmanager
-    def _claim_locked(
+    def claim_locked(
         self, claim: ClaimInfo, obj: Mapping[str, Any] | None, deadline: float | None = None
     ) -> Iterator[PreparedClaim | None]:
         """Hold the claim's and its GPUs' locks; yields the claim's record as it is under them.
@@ -215,25 +203,32 @@ class PreparerCore:
         GPUs meanwhile (a concurrent call for the same claim in another plugin process), lock again.
         Waiting ends at `deadline` too (LockTimeout): the claim is then left as it was.
         """
-        entry = self._entry(claim.uid)
+        entry = self.entry(claim.uid)
         for _ in range(3):
-            wanted = self._gpu_uuids(entry, obj)
+            wanted = self.gpu_uuids(entry, obj)
             with self.gpu_locks.hold({f"claim:{claim.uid}", *wanted}, deadline=deadline):
-                current = self._entry(claim.uid)
+                current = self.entry(claim.uid)
                 if current is not None and (current.namespace, current.name) != (claim.namespace, claim.name):
                     raise PrepareError(
                         f"the claim UID {claim.uid} was prepared on this node as ResourceClaim {current.ref}, "
                         f"not {claim.ref}: nothing was changed (a UID names one claim)",
                         reason="identity_mismatch",
                     )
-                if self._gpu_uuids(current, obj) <= wanted:
+                if self.gpu_uuids(current, obj) <= wanted:
                     yield current
                     return
                 entry = current
         raise LockTimeout(f"claim {claim.ref}: its record kept changing GPUs while waiting for their locks")
 
-    def _handler(self, hold: Hold) -> HoldHandler:
-        handler = self._handlers.get(hold.kind)
+    def last_holders(self, entry: PreparedClaim) -> dict[str, bool]:
+        """For each hold of `entry`, whether no other claim holds its setting (the claim's and its
+        GPUs' locks, which the caller holds, keep the answers true until it releases them)."""
+        with self.lock.hold():
+            self.load()
+            return {h.key: not (self.store.holders(h.key) - {entry.uid}) for h in entry.holds}
+
+    def handler(self, hold: Hold) -> HoldHandler:
+        handler = self.handlers.get(hold.kind)
         if handler is None:
             raise PrepareError(
                 f"the checkpoint records node-side setup of kind {hold.kind!r} ({hold.key}), which this "
@@ -242,11 +237,11 @@ class PreparerCore:
             )
         return handler
 
-    def _gpus(self) -> dict[str, GpuInfo]:
+    def gpus(self) -> dict[str, GpuInfo]:
         gpus = self.inventory.gpus()
         return devicekinds.views(gpus)
 
-    def _remove_leftovers(self, uid: str) -> None:
+    def remove_leftovers(self, uid: str) -> None:
         """Files of a claim the checkpoint does not know (e.g. after it was rebuilt without the API).
 
         `uid` names one file or directory of ours (validated at the gRPC boundary, or read from the
@@ -267,23 +262,10 @@ class PreparerCore:
     def snapshot(self) -> Checkpoint:
         """The checkpoint as of now: a copy of the mapping of claims, sharing the (unchanging) records."""
         with self.lock.hold():
-            checkpoint = self._load()
+            checkpoint = self.load()
             return Checkpoint(claims=dict(checkpoint.claims), rebuildPending=checkpoint.rebuildPending)
 
-    def _uids_on_disk(self) -> set[str]:
+    def uids_on_disk(self) -> set[str]:
         claims_root = self.node.state_dir / "claims"
         dirs = {p.name for p in claims_root.iterdir()} if claims_root.is_dir() else set()
         return self.specs.uids_on_disk() | dirs
-
-    # -- completed by the classes built on this one ----------------------------------------------------
-    def _prepare_fresh(self, claim: ClaimInfo, obj: dict[str, Any]) -> list[PreparedDevice]:
-        """Prepare a claim that has no record (`prepare.Preparer`)."""
-        raise NotImplementedError
-
-    def _undo(self, entry: PreparedClaim) -> None:
-        """Undo a claim's record and what it holds (`prepare.Preparer`)."""
-        raise NotImplementedError
-
-    def _rebuild(self) -> Checkpoint:
-        """Complete a lost checkpoint from the API and the disk (`rebuild.Rebuild`)."""
-        raise NotImplementedError

@@ -5,6 +5,7 @@ are removed and GPU-wide settings nobody holds are reset.
 from __future__ import annotations
 
 import logging
+import threading
 
 from dra_gpu.host.gpu_commands import CommandError
 from dra_gpu.kube import objects
@@ -15,16 +16,38 @@ from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import bounded, describe
 from dra_gpu.plugin.identity import claim_problem
 from dra_gpu.plugin.locking import LockTimeout
+from dra_gpu.plugin.prepare import Prepare
 from dra_gpu.plugin.preparer_core import PreparerCore
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 
 log = logging.getLogger(__name__)
 
 
-class Rebuild(PreparerCore):
-    """Completing the checkpoint from the API and the disk (see `_rebuild`)."""
+class Rebuild:
+    """Completing the checkpoint from the API and the disk (see `rebuild`)."""
 
-    def _rebuild(self) -> Checkpoint:
+    def __init__(self, core: PreparerCore, prepare: Prepare) -> None:
+        self.core = core
+        self.prepare = prepare
+        self._lock = threading.Lock()
+        """One rebuild at a time (`if_lost`)."""
+
+    def if_lost(self) -> None:
+        """Rebuild now if a damaged checkpoint was set aside (`PreparerCore.load`); one caller at a time.
+
+        Called before and after every prepare and unprepare, and by the supervision loop.
+        """
+        if not self.core.rebuild_wanted or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.core.rebuild_wanted:
+                self.rebuild()
+        except Exception:
+            log.exception("rebuilding the state failed; the stale-claim sweep tries again")
+        finally:
+            self._lock.release()
+
+    def rebuild(self) -> Checkpoint:
         """Complete the checkpoint from the API (claims allocated here and in use) and the disk.
 
         Claims in use are prepared again (idempotently: their settings and daemons are kept); files of
@@ -33,17 +56,18 @@ class Rebuild(PreparerCore):
         tries again, and meanwhile the kubelet's own unprepare calls clean up claim by claim. Takes
         the locks it needs claim by claim and GPU by GPU: call it holding none.
         """
-        self._rebuild_wanted = False
+        core = self.core
+        core.rebuild_wanted = False
         try:
-            items, _ = self.api.list("ResourceClaim")
+            items, _ = core.api.list("ResourceClaim")
         except Exception as exc:  # ApiError or a transport failure: either way, no authoritative list
             log.error(
                 "cannot list ResourceClaims to rebuild the state; will retry", extra={"error": str(exc)}
             )
-            self._set_pending(True)
-            return self.snapshot()
+            core.set_pending(True)
+            return core.snapshot()
         for obj in items:
-            if not objects.reserved_for(obj) or not results_in_pool(obj, self.node.driver, self.pool):
+            if not objects.reserved_for(obj) or not results_in_pool(obj, core.node.driver, core.pool):
                 continue
             claim = ClaimInfo(uid=objects.uid(obj), namespace=objects.namespace(obj), name=objects.name(obj))
             problem = claim_problem(claim.uid, claim.namespace, claim.name)
@@ -53,37 +77,37 @@ class Rebuild(PreparerCore):
                 )
                 continue
             try:
-                with self._claim_locked(claim, obj) as entry:
+                with core.claim_locked(claim, obj) as entry:
                     if entry is not None:
                         continue
-                    self._prepare_fresh(claim, obj)
+                    self.prepare.fresh(claim, obj)
                 log.info("re-adopted a claim in use", extra={"claim": claim.ref})
             except Exception as exc:
                 log.warning(
                     "could not re-adopt a claim", extra={"claim": claim.ref, "error": bounded(describe(exc))}
                 )
-            with self._notices_lock:
-                self._notices.pop(claim.uid, None)  # told when it was first prepared
-        with self.lock.hold():
-            for uid in self._uids_on_disk() - set(self._load().claims):
+            self.prepare.forget_notices(claim.uid)  # told when it was first prepared
+        with core.lock.hold():
+            for uid in core.uids_on_disk() - set(core.load().claims):
                 try:
-                    self._remove_leftovers(uid)
+                    core.remove_leftovers(uid)
                 except Exception as exc:
                     log.warning("could not remove a claim's leftover files", extra={"error": describe(exc)})
         self._reset_unheld_gpus()
-        self._set_pending(False)
-        return self.snapshot()
+        core.set_pending(False)
+        return core.snapshot()
 
     def _reset_unheld_gpus(self) -> None:
-        for gpu in self.inventory.gpus():
+        core = self.core
+        for gpu in core.inventory.gpus():
             try:
-                with self.gpu_locks.hold([gpu.uuid]):
-                    with self.lock.hold():
-                        self._load()
-                        held = self.store.held_keys()
-                    for handler in self._handlers.values():
+                with core.gpu_locks.hold([gpu.uuid]):
+                    with core.lock.hold():
+                        core.load()
+                        held = core.store.held_keys()
+                    for handler in core.handlers.values():
                         try:
-                            handler.reset_unheld(gpu, self.node, held)
+                            handler.reset_unheld(gpu, core.node, held)
                         except CommandError as exc:
                             log.warning(
                                 "could not reset a GPU setting nobody holds",

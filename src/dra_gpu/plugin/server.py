@@ -38,8 +38,8 @@ from dra_gpu.plugin.health import (
 )
 from dra_gpu.plugin.locking import LOCK_FILE_NAME, NodeLock
 from dra_gpu.plugin.metrics import PluginMetrics
-from dra_gpu.plugin.prepare import Preparer
-from dra_gpu.plugin.preparer_core import FaultHook, device_name
+from dra_gpu.plugin.preparer import Preparer
+from dra_gpu.plugin.preparer_core import FaultHook, PreparerCore, device_name
 from dra_gpu.plugin.registration import RegistrationServicer
 from dra_gpu.plugin.service import DraV1Servicer
 from dra_gpu.plugin.sharing.plan import NodeContext
@@ -201,16 +201,18 @@ class KubeletPlugin:
         self._hooks_dir = config.state_dir / "bin"
         self.lock = NodeLock(config.plugin_dir / LOCK_FILE_NAME, timeout_s=config.lock_timeout_s)
         self.preparer = Preparer(
-            api=api,
-            inventory=inventory,
-            node=self.node,
-            store=CheckpointStore(config.checkpoint_file),
-            lock=self.lock,
-            specs=ClaimSpecs(config.cdi_dir, config.driver_name),
-            pool=self.pool,
-            boot_id=config.boot_id if config.boot_id is not None else current_boot_id(),
-            metrics=self.metrics,
-            fault_hook=fault_hook,
+            PreparerCore(
+                api=api,
+                inventory=inventory,
+                node=self.node,
+                store=CheckpointStore(config.checkpoint_file),
+                lock=self.lock,
+                specs=ClaimSpecs(config.cdi_dir, config.driver_name),
+                pool=self.pool,
+                boot_id=config.boot_id if config.boot_id is not None else current_boot_id(),
+                metrics=self.metrics,
+                fault_hook=fault_hook,
+            )
         )
         self.registered = threading.Event()
         self.registration_error = ""

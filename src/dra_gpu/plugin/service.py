@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from dra_gpu.plugin.calls import PrepareResult
 from dra_gpu.plugin.errors import bounded
 from dra_gpu.plugin.identity import claim_problem
-from dra_gpu.plugin.prepare import Preparer
+from dra_gpu.plugin.preparer import Preparer
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 from dra_gpu.proto import dra_v1, dra_v1_grpc
 

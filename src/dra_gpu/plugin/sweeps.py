@@ -18,10 +18,13 @@ from dra_gpu.plugin.checkpoint import (
 from dra_gpu.plugin.claims import results_in_pool
 from dra_gpu.plugin.errors import bounded, describe, filesystem_error
 from dra_gpu.plugin.locking import LockTimeout
+from dra_gpu.plugin.made_devices import MadeDevices
 from dra_gpu.plugin.preparer_core import PreparerCore
+from dra_gpu.plugin.rebuild import Rebuild
 from dra_gpu.plugin.sharing.modes import arbitration
 from dra_gpu.plugin.sharing.plan import ClaimInfo
 from dra_gpu.plugin.sharing.steps.directories import claim_temp_files
+from dra_gpu.plugin.unprepare import Unprepare
 
 log = logging.getLogger(__name__)
 
@@ -32,30 +35,24 @@ GPU_LOCK_WAIT_S = 1.0
 """How long the sweep waits for a GPU's lock to remove its idle arbitration directory (busy: next sweep)."""
 
 
-class Sweeps(PreparerCore):
+class Sweeps:
     """The background duties of the preparer (see the module docstring)."""
 
-    def _rebuild_if_lost(self) -> None:
-        """Rebuild now if a damaged checkpoint was set aside (see `_load`); one caller at a time.
-
-        Called before and after every prepare and unprepare, and by the supervision loop.
-        """
-        if not self._rebuild_wanted or not self._rebuild_lock.acquire(blocking=False):
-            return
-        try:
-            if self._rebuild_wanted:
-                self._rebuild()
-        except Exception:
-            log.exception("rebuilding the state failed; the stale-claim sweep tries again")
-        finally:
-            self._rebuild_lock.release()
+    def __init__(self, core: PreparerCore, unprepare: Unprepare, rebuild: Rebuild, made: MadeDevices) -> None:
+        self.core = core
+        self.unprepare = unprepare
+        self.rebuild = rebuild
+        self.made = made
+        self._gone_once: set[str] = set()
+        """UIDs of completed records whose claims the last stale-claim sweep found gone."""
 
     def supervise(self) -> None:
         """Re-apply node-side setup that vanished behind our back (a crashed MPS control daemon)."""
-        self._rebuild_if_lost()
+        core = self.core
+        self.rebuild.if_lost()
         checked: set[str] = set()
-        for entry in self.snapshot().claims.values():
-            if entry.state != ClaimState.PREPARE_COMPLETED or entry.bootId != self.boot_id:
+        for entry in core.snapshot().claims.values():
+            if entry.state != ClaimState.PREPARE_COMPLETED or entry.bootId != core.boot_id:
                 continue
             for hold in entry.holds:
                 if hold.key in checked:
@@ -63,28 +60,28 @@ class Sweeps(PreparerCore):
                 checked.add(hold.key)
                 gpu = hold.params.get("gpu")
                 try:
-                    handler = self._handler(hold)
-                    if not gpu and handler.in_place(hold, self.node):
+                    handler = core.handler(hold)
+                    if not gpu and handler.in_place(hold, core.node):
                         continue  # a claim's own files: looked at first without its lock, the common case
-                    with self.gpu_locks.hold([str(gpu)] if gpu else [f"claim:{entry.uid}"]):
-                        current = self._entry(entry.uid)
+                    with core.gpu_locks.hold([str(gpu)] if gpu else [f"claim:{entry.uid}"]):
+                        current = core.entry(entry.uid)
                         if current is None or all(h.key != hold.key for h in current.holds):
                             continue  # unprepared meanwhile
-                        if handler.in_place(hold, self.node):
+                        if handler.in_place(hold, core.node):
                             continue
                         log.warning(
                             "node-side setup is gone; re-applying",
                             extra={"hold": hold.key, "claim": entry.ref},
                         )
-                        handler.apply(hold, self.node)
-                        self.metrics.setup_repairs.labels(kind=hold.kind).inc()
+                        handler.apply(hold, core.node)
+                        core.metrics.setup_repairs.labels(kind=hold.kind).inc()
                 except Exception as exc:
                     log.error(
                         "re-applying node-side setup failed",
                         extra={"hold": hold.key, "error": bounded(describe(exc))},
                     )
-        self.compact()
-        self._refresh_metrics()  # another process's writes, read by this round's loads
+        core.compact()
+        core.refresh_metrics()  # another process's writes, read by this round's loads
 
     def collect_stale(self) -> None:
         """Undo records of claims that the API no longer has (or has under another UID, or not allocated).
@@ -101,9 +98,10 @@ class Sweeps(PreparerCore):
         call comes first when there is one. Then files no record accounts for are removed: claims'
         directories and specs, and the temporary files of interrupted writes.
         """
-        checkpoint = self.snapshot()
+        core = self.core
+        checkpoint = core.snapshot()
         if checkpoint.rebuildPending:
-            checkpoint = self._rebuild()
+            checkpoint = self.rebuild.rebuild()
         failed: list[str] = []
         live = self._live_claims() if checkpoint.claims else {}
         suspects, self._gone_once = self._gone_once, set()
@@ -114,13 +112,13 @@ class Sweeps(PreparerCore):
             obj = live.get((entry.namespace, entry.name))
             if obj is not None and objects.uid(obj) == entry.uid and self._allocated_here(obj):
                 continue
-            kubelets = entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == self.boot_id
+            kubelets = entry.state == ClaimState.PREPARE_COMPLETED and entry.bootId == core.boot_id
             if kubelets and entry.uid not in suspects:
                 self._gone_once.add(entry.uid)  # the kubelet's own unprepare may be on its way
                 continue
             claim = ClaimInfo(uid=entry.uid, namespace=entry.namespace, name=entry.name)
             try:
-                with self._claim_locked(claim, None) as current:
+                with core.claim_locked(claim, None) as current:
                     if current is not entry:
                         continue  # prepared again or undone meanwhile
                     log.info(
@@ -128,29 +126,30 @@ class Sweeps(PreparerCore):
                         extra={
                             "claim": entry.ref,
                             "state": entry.state,
-                            "boot": entry.bootId == self.boot_id,
+                            "boot": entry.bootId == core.boot_id,
                         },
                     )
-                    self._undo(current)
+                    self.unprepare.undo(current)
             except Exception as exc:
                 failed.append(entry.ref)
                 log.warning(
                     "undoing a stale claim failed; its record stays and the next sweep tries again",
                     extra={"claim": entry.ref, "error": bounded(describe(exc))},
                 )
-        self.metrics.stale_uncleaned.set(len(failed))
-        if not self.snapshot().rebuildPending:
+        core.metrics.stale_uncleaned.set(len(failed))
+        if not core.snapshot().rebuildPending:
             self._remove_unrecorded()
             self._remove_idle_gpu_dirs()
-        self._refresh_metrics()
+        core.refresh_metrics()
 
     def _remove_idle_gpu_dirs(self) -> None:
         """The arbitration directories of GPUs that no claim is on (unprepare keeps a GPU's directory for
         its next claim), including those of GPUs that left the node; each under its GPU's lock."""
-        for uuid in arbitration.gpu_dirs(self.node):
+        core = self.core
+        for uuid in arbitration.gpu_dirs(core.node):
             try:
-                with self.gpu_locks.hold([uuid], deadline=time.monotonic() + GPU_LOCK_WAIT_S):
-                    if arbitration.remove_if_empty(arbitration.gpu_dir(self.node, uuid)):
+                with core.gpu_locks.hold([uuid], deadline=time.monotonic() + GPU_LOCK_WAIT_S):
+                    if arbitration.remove_if_empty(arbitration.gpu_dir(core.node, uuid)):
                         log.info(
                             "removed the arbitration directory of a GPU no claim is on", extra={"gpu": uuid}
                         )
@@ -164,8 +163,9 @@ class Sweeps(PreparerCore):
 
     def _live_claims(self) -> dict[tuple[str, str], dict[str, Any]] | None:
         """The API's ResourceClaims by (namespace, name); None when the API does not answer."""
+        core = self.core
         try:
-            items, _ = self.api.list("ResourceClaim")
+            items, _ = core.api.list("ResourceClaim")
         except Exception as exc:  # API unreachable: decide next time
             log.warning(
                 "cannot list ResourceClaims for the stale-claim sweep; will retry", extra={"error": str(exc)}
@@ -176,15 +176,17 @@ class Sweeps(PreparerCore):
     def _allocated_here(self, obj: Mapping[str, Any]) -> bool:
         """Whether the claim's allocation has a device of this driver in this node's pool (a claim the
         scheduler deallocated can be in no pod's use)."""
-        return bool(results_in_pool(obj, self.node.driver, self.pool))
+        core = self.core
+        return bool(results_in_pool(obj, core.node.driver, core.pool))
 
     def _remove_unrecorded(self) -> None:
         """Claims' files no record accounts for, and temporary files of interrupted writes."""
-        with self.lock.hold():
-            known = set(self._load().claims)
-            for uid in sorted(self._uids_on_disk() - known):
+        core = self.core
+        with core.lock.hold():
+            known = set(core.load().claims)
+            for uid in sorted(core.uids_on_disk() - known):
                 try:
-                    self._remove_leftovers(uid)
+                    core.remove_leftovers(uid)
                 except Exception as exc:
                     log.warning(
                         "could not remove a claim's leftover files; the next sweep tries again",
@@ -192,11 +194,11 @@ class Sweeps(PreparerCore):
                     )
         cutoff = time.time() - TEMP_FILE_AGE_S
         temporary = [
-            *self.specs.temp_files(),
-            *claim_temp_files(self.node.state_dir / "claims"),
-            *claim_temp_files(Path(arbitration.gpus_root(self.node))),
-            *self._mig.temp_files(),
-            *self.store.temp_files(),
+            *core.specs.temp_files(),
+            *claim_temp_files(core.node.state_dir / "claims"),
+            *claim_temp_files(Path(arbitration.gpus_root(core.node))),
+            *self.made.temp_files(),
+            *core.store.temp_files(),
         ]
         for path in temporary:
             try:

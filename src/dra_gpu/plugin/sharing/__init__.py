@@ -15,7 +15,7 @@ from dra_gpu.plugin.sharing.modes.mps import namespaces as mps_namespaces
 from dra_gpu.plugin.sharing.plan import Backend, HoldHandler
 from dra_gpu.plugin.sharing.steps import device_access, directories, driver_memory, usage_facts
 
-_BACKENDS: tuple[Backend, ...] = tuple(
+BACKENDS: tuple[Backend, ...] = tuple(
     sorted(
         (
             device_access.BACKEND,
@@ -30,6 +30,7 @@ _BACKENDS: tuple[Backend, ...] = tuple(
         key=lambda b: (b.order, b.name),
     )
 )
+"""Every backend, in the order they contribute to a plan."""
 
 
 def _handlers() -> dict[str, HoldHandler]:
@@ -50,15 +51,18 @@ def _handlers() -> dict[str, HoldHandler]:
     return handlers
 
 
-_HOLD_HANDLERS = _handlers()
+HOLD_HANDLERS = _handlers()
+"""Hold kind -> the handler that applies and releases holds of that kind."""
 
 
 def backends() -> tuple[Backend, ...]:
-    return _BACKENDS
+    """The backends as the table is when a preparer is built (`BACKENDS`)."""
+    return BACKENDS
 
 
 def hold_handlers() -> dict[str, HoldHandler]:
-    return dict(_HOLD_HANDLERS)
+    """The handlers as the table is when a preparer is built (`HOLD_HANDLERS`)."""
+    return dict(HOLD_HANDLERS)
 
 
-__all__ = ["backends", "hold_handlers"]
+__all__ = ["BACKENDS", "HOLD_HANDLERS", "backends", "hold_handlers"]

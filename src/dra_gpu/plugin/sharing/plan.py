@@ -24,6 +24,7 @@ from dra_gpu.host.driver_root import EXECUTABLE_DIRS, LIBRARY_DIRS, DriverFiles,
 from dra_gpu.host.gpu_commands import GpuCommands
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.capabilities import LimitHook
+from dra_gpu.limiter_abi.limits import DEFAULT_PRIORITY
 from dra_gpu.plugin.checkpoint import Hold, PreparedDevice, ShareRecord
 from dra_gpu.plugin.errors import PrepareError, describe, os_error_text
 from dra_gpu.plugin.identity import is_path_component
@@ -99,8 +100,8 @@ class DeviceLimit:
     """Percent of the GPU's compute; 100: no compute cap. With elastic compute, the guaranteed floor."""
     ceiling: int | None = None
     """Percent the claim may borrow idle time up to (elastic compute); None: the floor, a fixed share."""
-    priority: str = "standard"
-    """The claim's class in the GPU's arbitration: latency, standard or besteffort."""
+    priority: str = DEFAULT_PRIORITY.value
+    """The claim's class in the GPU's arbitration (`limiter_abi.limits.Priority`)."""
 
     @property
     def top(self) -> int:
@@ -250,7 +251,7 @@ class Plan:
         memory: int | None,
         cores: int = 100,
         ceiling: int | None = None,
-        priority: str = "standard",
+        priority: str = DEFAULT_PRIORITY.value,
     ) -> None:
         """Add a budget on `gpu` to the claim's limits file (several contributions add up: floors and
         ceilings sum, the first contribution's priority stays)."""

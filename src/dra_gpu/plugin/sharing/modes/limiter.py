@@ -25,37 +25,32 @@ gpu-check) the same limits through the environment, as the library reads them th
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from dra_gpu.config import Priority, Strategy
+from dra_gpu.config import Strategy
 from dra_gpu.limiter_abi.board import ACTIVITY_SUFFIX
 from dra_gpu.limiter_abi.limits import (
     CONTAINER_CLAIMS_ROOT,
     CONTAINER_GPUS_ROOT,
     CONTAINER_LIBRARY,
     CONTAINER_PRELOAD,
+    DEFAULT_PRIORITY,
     LIMITS_FILE,
-    LIMITS_VERSION,
-    MAX_CLAIM_REF,
-    MAX_DEVICES,
-    MAX_MEMORY,
     PRELOAD_FILE,
     STATE_DIR,
+    DeviceLine,
+    LimitsError,
+    render,
+)
+from dra_gpu.limiter_abi.limits import (
+    container_claim_dir as container_claim_dir,
 )
 from dra_gpu.limiter_abi.region import REGION_FILE
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing._memory import memory_share
 from dra_gpu.plugin.sharing.modes import arbitration
 from dra_gpu.plugin.sharing.plan import DeviceLimit, Holder, NodeContext, Plan, Share
-
-_LIBRARY_UUID = re.compile(
-    r"(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-)
-"""A device UUID as the library reads it."""
-_PLAIN = re.compile(r"[^\s/=#]+")
-"""A field of the file: no blank or control character, nothing its syntax gives a meaning to."""
 
 
 def memory_limit(share: Share, driver: str) -> int | None:
@@ -73,72 +68,22 @@ def compute_of(share: Share) -> tuple[int | None, str]:
     config = share.config.sharing.limiter
     compute = config.compute if config is not None else None
     if compute is None:
-        return None, Priority.STANDARD.value
+        return None, DEFAULT_PRIORITY.value
     return compute.limit, compute.priority.value
 
 
-def container_claim_dir(claim_uid: str) -> str:
-    return f"{CONTAINER_CLAIMS_ROOT}/{claim_uid}"
-
-
 def limits_text(plan: Plan, limits: dict[str, DeviceLimit]) -> str:
-    """The claim's limits file (format version 1), or PrepareError for what the library would refuse:
-    a claim prepared with a file the library does not load would have every allocation refused."""
+    """The claim's limits file (`limiter_abi.limits.render`), or PrepareError for what the library would
+    refuse: a claim prepared with a file the library does not load would have every allocation refused."""
     claim = plan.claim
-    if not (
-        _PLAIN.fullmatch(claim.namespace) and _PLAIN.fullmatch(claim.name) and len(claim.ref) <= MAX_CLAIM_REF
-    ):
-        raise PrepareError(
-            f"claim {claim.ref[:80]!r} cannot be written into the limiter's limits file "
-            f"(namespace/name of at most {MAX_CLAIM_REF} characters, no blanks)",
-            reason="invalid_claim",
-        )
-    if not _PLAIN.fullmatch(claim.uid):
-        raise PrepareError(
-            f"claim UID {claim.uid[:64]!r} cannot name the limiter's state directory", "invalid_claim"
-        )
-    if len(limits) > MAX_DEVICES:
-        raise PrepareError(
-            f"ResourceClaim {claim.ref} has Limiter budgets on {len(limits)} GPUs; the limiter takes at most "
-            f"{MAX_DEVICES} per claim: split the request into claims of at most {MAX_DEVICES} GPUs",
-            reason="invalid_config",
-        )
-    lines = [
-        f"version={LIMITS_VERSION}",
-        f"claim={claim.ref}",
-        f"state={container_claim_dir(claim.uid)}/{STATE_DIR}",
-    ]
-    for uuid, limit in limits.items():
-        if not _LIBRARY_UUID.fullmatch(uuid):
-            raise PrepareError(
-                f"GPU {uuid[:64]!r} has no UUID the limiter reads (GPU- or MIG- and 8-4-4-4-12 hex digits)",
-                reason="unsupported_device",
-            )
-        if limit.memory is not None and not 0 <= limit.memory <= MAX_MEMORY:
-            raise PrepareError(
-                f"ResourceClaim {claim.ref}: a memory limit of {limit.memory} bytes on {uuid} is more than the "
-                f"limiter can hold ({MAX_MEMORY} bytes, 16 EiB): ask for at most the GPU's memory",
-                reason="invalid_config",
-            )
-        if not 1 <= limit.cores <= 100:
-            raise PrepareError(
-                f"ResourceClaim {claim.ref}: a compute share of {limit.cores}% on {uuid} is not 1..100",
-                reason="invalid_config",
-            )
-        if not limit.cores <= limit.top <= 100 or limit.priority not in [p.value for p in Priority]:
-            raise PrepareError(
-                f"ResourceClaim {claim.ref}: a compute ceiling of {limit.top}% ({limit.priority}) on {uuid} is "
-                f"not between its floor {limit.cores}% and 100%",
-                reason="invalid_config",
-            )
-        memory = "unlimited" if limit.memory is None else str(limit.memory)
-        line = f"device={uuid} memory={memory} cores={limit.cores}"
-        if limit.top != limit.cores:
-            line += f" limit={limit.top}"
-        if limit.priority != Priority.STANDARD.value:
-            line += f" priority={limit.priority}"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+    lines = {
+        uuid: DeviceLine(memory=limit.memory, cores=limit.cores, top=limit.top, priority=limit.priority)
+        for uuid, limit in limits.items()
+    }
+    try:
+        return render(claim.uid, claim.namespace, claim.name, lines)
+    except LimitsError as exc:
+        raise PrepareError(exc.message, reason=exc.reason) from None
 
 
 def host_environment(limits_text: str, library: str, state_dir: str) -> dict[str, str]:

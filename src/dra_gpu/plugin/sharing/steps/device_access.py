@@ -4,8 +4,10 @@ Where the host has the NVIDIA Container Toolkit's generated spec (kind ``nvidia.
 names the GPU, its device carries the device nodes, driver libraries and hooks, so we return its id
 beside ours and add no nodes. Otherwise our spec lists the device nodes that exist on the host (a
 runtime refuses the whole container for a node that does not exist, and simulated GPUs have none)
-and brings the driver's user-space files found under the node's driver root, of exactly the driver
-version NVML reports: ``libcuda``, NVML, the PTX JIT, the GPU compiler, NVVM, the debugger back
+and brings the driver's user-space files. Which nodes and files are the device's kind's to say
+(`DeviceKind.device_nodes`, `driver_nodes`, `driver_files`: for NVIDIA's kinds each device's
+``/dev/nvidia<minor>`` (and a MIG instance's capability nodes), the driver's control and UVM nodes, and
+the files found under the node's driver root, of exactly the driver version NVML reports: ``libcuda``, NVML, the PTX JIT, the GPU compiler, NVVM, the debugger back
 end and ``nvidia-smi``; never the MPS programs (``AGENT_ONLY_TOOLS``). The libraries are mounted into ``DRIVER_LIB_DIR``,
 which an ``/etc/ld.so.conf.d`` entry names and a ``createContainer`` hook adds to the container's
 loader cache (``driver_root.install_ldcache_hook``), so the loader finds them without
@@ -30,7 +32,7 @@ from cdi.errors import CDIError
 from cdi.files import SPEC_EXTENSIONS, read_spec
 from cdi.spec import DeviceNode, Hook
 from dra_gpu import devicekinds
-from dra_gpu.host.driver_root import LDCACHE_HOOK
+from dra_gpu.host.driver_root import LDCACHE_HOOK, DriverFiles
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.plugin.errors import PrepareError
 from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
@@ -38,10 +40,6 @@ from dra_gpu.plugin.sharing.plan import Holder, NodeContext, Plan, Share
 log = logging.getLogger(__name__)
 
 NVIDIA_CTK_KIND = "nvidia.com/gpu"
-COMMON_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-"""As in the toolkit's spec, each where the host has it, for every claim; each device adds its own nodes,
-as its kind says (`devicekinds`: a GPU its `/dev/nvidia<minor>`, a MIG device its instance's capability
-nodes beside)."""
 DRIVER_LIB_DIR = "/usr/local/lib/dra-gpu/driver"
 DRIVER_BIN_DIR = "/usr/bin"
 LDCONFIG_ENTRY = "/etc/ld.so.conf.d/dra-gpu-driver.conf"
@@ -156,7 +154,7 @@ class DeviceAccess:
                 f"the NVIDIA Container Toolkit's CDI spec {path} does not parse ({reason}); this claim's "
                 f"containers get the driver's files from the node's driver root instead"
             )
-        needs_common_nodes = False
+        by_kind: dict[str, devicekinds.DeviceKind] = {}
         for share in plan.shares:
             edits = plan.edits(share)
             repeated = any(s.device == share.device and s.position < share.position for s in plan.shares)
@@ -168,30 +166,36 @@ class DeviceAccess:
             if ctk_name is not None:
                 plan.extra_cdi_ids.setdefault(share.position, []).append(f"{NVIDIA_CTK_KIND}={ctk_name}")
                 continue
-            needs_common_nodes = True
+            kind = devicekinds.kind_of(share.gpu)
+            by_kind.setdefault(kind.name, kind)
             try:
-                paths = devicekinds.kind_of(share.gpu).device_nodes(share.gpu, node.commands)
+                paths = kind.device_nodes(share.gpu, node.commands)
             except devicekinds.DeviceNodeError as exc:
                 raise PrepareError(str(exc), reason="setup_failed") from None
             for path in paths:
                 device_node = self._host_node(node, path)
                 if device_node is not None:
                     edits.add_device_node(device_node)
-        if needs_common_nodes:
-            for path in COMMON_NODES:
-                common = self._host_node(node, path)
-                if common is not None:
-                    plan.claim_edits.add_device_node(common)
-            self._driver_files(plan, node)
+        for path in dict.fromkeys(p for kind in by_kind.values() for p in kind.driver_nodes()):
+            common = self._host_node(node, path)
+            if common is not None:
+                plan.claim_edits.add_device_node(common)
+        if by_kind:
+            self._driver_files(plan, node, list(by_kind.values()))
         # The same value in every spec: no claim or request can overwrite another's visibility.
         plan.claim_edits.env["NVIDIA_VISIBLE_DEVICES"] = "void"
 
     @staticmethod
-    def _driver_files(plan: Plan, node: NodeContext) -> None:
-        """The driver's libraries and tools from the driver root, and the loader told where they are."""
-        # Exactly the driver NVML reports: an older driver's leftover library would not match the kernel.
-        versions = {share.gpu.driver_version for share in plan.shares if share.gpu.driver_version}
-        files = node.driver_files(versions.pop() if len(versions) == 1 else None)
+    def _driver_files(plan: Plan, node: NodeContext, kinds: Sequence[devicekinds.DeviceKind]) -> None:
+        """The driver's libraries and tools its kinds name, and the loader told where they are."""
+        libraries: dict[Path, None] = {}
+        executables: dict[Path, None] = {}
+        for kind in kinds:
+            views = [share.gpu for share in plan.shares if devicekinds.kind_of(share.gpu) is kind]
+            found = kind.driver_files(views, node.driver_files)
+            libraries.update(dict.fromkeys(found.libraries))
+            executables.update(dict.fromkeys(found.executables))
+        files = DriverFiles(libraries=tuple(libraries), executables=tuple(executables))
         if not files.libraries and not files.executables:
             return  # simulated GPUs, or a node whose driver the runtime brings some other way
         host_root = node.driver_root_host_path or node.driver_root

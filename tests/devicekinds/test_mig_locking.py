@@ -18,14 +18,15 @@ import pytest
 from plugin_harness import gpu_config
 
 from dra_gpu.config import parse_gpu_config
+from dra_gpu.devicekinds import MakerHost
 from dra_gpu.devicekinds.mig import mig_views
+from dra_gpu.devicekinds.mig_instances import MigInstances
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
 from dra_gpu.inventory.mig import MigInstance
 from dra_gpu.inventory.mig_profiles import MigProfile
 from dra_gpu.kube.fake import FakeKube
-from dra_gpu.plugin.locking import NodeLock
-from dra_gpu.plugin.mig_instances import MigInstances
+from dra_gpu.plugin.locking import KeyLocks, NodeLock
 from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
 
 
@@ -97,7 +98,15 @@ def setup(tmp_path: Path) -> tuple[MigInstances, SlowRecordingCommands, list[Gpu
     gpus = SimulatedInventory("1xH100-80GB:mig", seed="node").gpus()
     commands = SlowRecordingCommands(SimulatedCommands(state_file=tmp_path / "simulated.json"))
     lock = NodeLock(tmp_path / "serialize.lock")
-    mig = MigInstances(tmp_path, commands, lock, lambda _step: None, FakeKube())
+    host = MakerHost(
+        state_dir=tmp_path,
+        commands=commands,
+        lock=lock,
+        locks=lambda name: KeyLocks(lock.path.parent / name, lock.timeout_s),
+        hook=lambda _step: None,
+        api=FakeKube(),
+    )
+    mig = MigInstances(host)
     return mig, commands, gpus, mig_views(gpus)[0]
 
 

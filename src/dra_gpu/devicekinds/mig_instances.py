@@ -23,20 +23,18 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence, Set
+from collections.abc import Iterator, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dra_gpu.devicekinds.kind import ClaimRef, MakerHost, SetupFailed, ShareT
 from dra_gpu.devicekinds.mig import MigPlacement, instance_view, mig_views
-from dra_gpu.host.gpu_commands import CommandError, GpuCommands
+from dra_gpu.host.gpu_commands import CommandError
 from dra_gpu.inventory import GpuInfo
 from dra_gpu.inventory.mig import MigInstance
-from dra_gpu.kube import KubeAPI, NotFound, objects
-from dra_gpu.plugin.errors import PrepareError
-from dra_gpu.plugin.locking import KeyLocks, NodeLock
-from dra_gpu.plugin.sharing.plan import ClaimInfo, Share
+from dra_gpu.kube import NotFound, objects
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +45,15 @@ Record = dict[str, Any]
 
 
 class MigInstances:
-    def __init__(
-        self,
-        state_dir: Path,
-        commands: GpuCommands,
-        lock: NodeLock,
-        hook: Callable[[str], None],
-        api: KubeAPI,
-    ) -> None:
-        self.api = api
-        self.path = state_dir / STORE_NAME
-        self.commands = commands
-        self.lock = lock
-        self._hook = hook
-        self.table_locks = KeyLocks(lock.path.parent / LOCK_DIR_NAME, lock.timeout_s)
+    """The MIG kind's `DeviceMaker` (see the module docstring); failures are SetupFailed."""
+
+    def __init__(self, host: MakerHost) -> None:
+        self.api = host.api
+        self.path = host.state_dir / STORE_NAME
+        self.commands = host.commands
+        self.lock = host.lock
+        self._hook = host.hook
+        self.table_locks = host.locks(LOCK_DIR_NAME)
         """One per GPU (its UUID): held over reading, creating and destroying the GPU's instances."""
 
     # -- the record file -----------------------------------------------------------------------------
@@ -101,7 +94,7 @@ class MigInstances:
             return self._read()
 
     # -- prepare and unprepare -------------------------------------------------------------------------
-    def materialize(self, claim: ClaimInfo, shares: Sequence[Share], gpus: Sequence[GpuInfo]) -> list[Share]:
+    def materialize(self, claim: ClaimRef, shares: list[ShareT], gpus: Sequence[GpuInfo]) -> list[ShareT]:
         """Shares on dynamic placements get their instance (adopted if recorded and there, else made)."""
         _, placements = mig_views(list(gpus))
         out = []
@@ -111,14 +104,14 @@ class MigInstances:
                 out.append(share)
                 continue
             instance = self._instance_for(claim, placement)
-            out.append(replace(share, gpu=instance_view(placement.parent, instance)))
+            out.append(replace(share, gpu=instance_view(placement.parent, instance)))  # type: ignore[type-var]
         return out
 
-    def _instance_for(self, claim: ClaimInfo, placement: MigPlacement) -> MigInstance:
+    def _instance_for(self, claim: ClaimRef, placement: MigPlacement) -> MigInstance:
         with self.table_locks.hold([placement.parent.uuid]):
             return self._instance_locked(claim, placement)
 
-    def _instance_locked(self, claim: ClaimInfo, placement: MigPlacement) -> MigInstance:
+    def _instance_locked(self, claim: ClaimRef, placement: MigPlacement) -> MigInstance:
         gpu, profile, start = placement.parent, placement.profile, placement.start
         key = {"claim": claim.uid, "gpu": gpu.uuid, "profile": profile.name, "start": start}
         live = self._live(gpu)
@@ -141,11 +134,10 @@ class MigInstances:
         except CommandError as exc:
             with self._records() as records:
                 records[:] = [r for r in records if not all(r.get(k) == v for k, v in key.items())]
-            raise PrepareError(
+            raise SetupFailed(
                 f"ResourceClaim {claim.ref}: creating MIG {profile.name} at memory slice {start} on GPU "
                 f"{gpu.uuid} failed: {exc}; the placement is taken by an instance this driver did not "
                 f"make, or the GPU left MIG mode: delete the instance or the claim",
-                reason="setup_failed",
             ) from None
         with self._records() as records:
             for r in records:
@@ -159,7 +151,7 @@ class MigInstances:
         return instance
 
     def release(self, uid: str, gpus: Sequence[GpuInfo]) -> None:
-        """Destroy the claim's instances and drop their records; PrepareError while one is in use."""
+        """Destroy the claim's instances and drop their records; SetupFailed while one is in use."""
         by_uuid = {g.uuid: g for g in gpus}
         for record in [r for r in self.records() if r.get("claim") == uid]:
             gpu = by_uuid.get(str(record["gpu"]))
@@ -205,7 +197,7 @@ class MigInstances:
             try:
                 self.release(uid, gpus)
                 log.info("destroyed a MIG instance of an interrupted prepare", extra={"uid": uid})
-            except PrepareError as exc:
+            except SetupFailed as exc:
                 log.error(
                     "could not destroy a MIG instance left by an interrupted prepare",
                     extra={"error": exc.message},
@@ -229,18 +221,15 @@ class MigInstances:
         try:
             return self.commands.mig_instances(gpu)
         except CommandError as exc:
-            raise PrepareError(
-                f"listing the MIG instances of GPU {gpu.uuid}: {exc}", reason="setup_failed"
-            ) from None
+            raise SetupFailed(f"listing the MIG instances of GPU {gpu.uuid}: {exc}") from None
 
     def _destroy(self, gpu: GpuInfo, instance: MigInstance, who: str) -> None:
         try:
             self.commands.destroy_mig_instance(gpu, instance)
         except CommandError as exc:
-            raise PrepareError(
+            raise SetupFailed(
                 f"destroying MIG instance {instance.uuid or instance.gi_id} of {who} on GPU {gpu.uuid}: "
                 f"{exc}; stop the processes still using it",
-                reason="setup_failed",
             ) from None
 
 
