@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_gpu.limiter_abi.limits import DEFAULT_PRIORITY, Priority
+
 GPUS_DIR = "gpus"
 """`<agent state dir>/gpus/<gpu-uuid>/`: each GPU's arbitration directory."""
 BOARD_FILE = "board"
@@ -69,7 +71,7 @@ ACTIVITY_VERSION = 2
 """Version 2: the boot the claim's words belong to, at offset 56 (a word of another boot never counts)."""
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ACTIVITY_MODE = 0o666
-PRIORITIES = ("latency", "standard", "besteffort")
+PRIORITIES = tuple(p.value for p in Priority)
 """Priority classes by their code on the board (0 latency, 1 standard, 2 besteffort)."""
 
 _HEADER = struct.Struct("<8sII")  # magic, version, entry count
@@ -98,7 +100,7 @@ class Entry:
     claim_uid: str
     floor: int
     ceiling: int
-    priority: str = "standard"
+    priority: str = DEFAULT_PRIORITY.value
 
     def __post_init__(self) -> None:
         uid = self.claim_uid.encode()
@@ -384,7 +386,7 @@ def v1_entry(entry: Entry) -> Entry:
     """A claim's entry on ``board.v1`` under its stand-in. A latency claim is written as a standard one: its
     stand-in is always active, and an always-active latency claim would hold every claim of the previous
     release's library to its floor (a besteffort one to nothing) for as long as it is on the GPU."""
-    priority = "standard" if entry.priority == "latency" else entry.priority
+    priority = Priority.STANDARD.value if entry.priority == Priority.LATENCY else entry.priority
     return Entry(v1_stand_in(entry.claim_uid), entry.floor, entry.ceiling, priority)
 
 

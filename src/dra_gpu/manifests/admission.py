@@ -50,6 +50,7 @@ from dra_gpu import DRIVER_NAME
 from dra_gpu.config import Priority, Strategy
 from dra_gpu.config.grants import RANK
 from dra_gpu.config.modes import mode_named, takes_whole_gpu
+from dra_gpu.limiter_abi.limits import PRIORITY_ORDER
 from dra_gpu.manifests.capacity_names import (
     QUALIFIED_138_MESSAGE,
     QUALIFIED_MESSAGE,
@@ -96,7 +97,7 @@ COMPUTE_FLOOR_MESSAGE = (
 
 PRIORITY_GRANT_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.priority above what its "
-    f"DeviceClass grants (besteffort < standard < latency): ask for less, or use a class that grants more"
+    f"DeviceClass grants ({PRIORITY_ORDER}): ask for less, or use a class that grants more"
 )
 LIMIT_GRANT_MESSAGE = (
     f"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.limit above what its DeviceClass "
@@ -389,8 +390,8 @@ def grant_validations(known: Iterable[str], qualified: bool = False) -> list[Obj
             "message": PRIORITY_GRANT_MESSAGE,
             "messageExpression": (
                 f'"a {DRIVER_NAME} GpuConfig in the claim asks for a sharing.limiter.compute.priority above '
-                f'the " + variables.classPriority + " its DeviceClass {name} grants (besteffort < standard < '
-                f'latency): ask for " + variables.classPriority + " or lower, or use a class that grants more"'
+                f'the " + variables.classPriority + " its DeviceClass {name} grants ({PRIORITY_ORDER}): ask for '
+                f'" + variables.classPriority + " or lower, or use a class that grants more"'
             ),
             "reason": "Forbidden",
         },
