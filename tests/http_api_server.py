@@ -145,6 +145,9 @@ class ApiServer:
         return kind, namespace, name, sub
 
     def route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Obj]:
+        if method == "GET" and path.rstrip("/") == "/version":  # as every API server answers, to anyone
+            major, minor = self.fake.server_version()
+            return 200, {"major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0"}
         kind, namespace, name, sub = self.parse(path)
         field = _first(query, "fieldSelector")
         label = _first(query, "labelSelector")
