@@ -233,7 +233,7 @@ class Monitor:
         """pid -> its start time, cgroup and pod, for the GPU processes found in a listed pod: a process never
         leaves its container's cgroup, so a watch reads /proc only for a process it has not seen; once a second
         (with the floors) it checks each one's start time, so a reused PID is found within a second (the kill
-        checks pod, container and start time again before it signals), and every full sample reads all anew."""
+        checks pod, container and start time again before it signals)."""
         self._floors: dict[str, tuple[list[str], dict[str, tuple[int, int]]]] = {}
         """claim uid -> the floor file's GPUs and what was last published there (written again only on change)."""
         self.slots_reclaimed: dict[tuple[str, str], int] = {}
@@ -334,8 +334,6 @@ class Monitor:
             return self.snapshot
         self._last_seen = seen
         self._pending = False
-        if full:
-            self._owners.clear()
         held_by_claim, by_name, ours = view.held_by_claim, view.by_name, view.ours
         snap = Snapshot()
         if full:
@@ -345,9 +343,9 @@ class Monitor:
         nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]] = {}
         live: set[int] = set()
         # A pass places a process where the last pass did while the claims are the same: a watch between floors
-        # reads nothing but NVML, a floor checks that each process is still the one placed (its start time), a
-        # full sample places every process anew.
-        reuse = self._placed if not full and view is self._placed_for else {}
+        # reads nothing but NVML, a floor or a sample checks that each process is still the one placed (its
+        # start time: a PID reused is another process, placed anew).
+        reuse = self._placed if view is self._placed_for else {}
         placed: dict[tuple[int, str], _Placed] = {}
         for gpu, figures in processes.items():
             for pid, used in figures.memory.items():
