@@ -10,16 +10,19 @@ what the driver's sampling and the limiter's own pacing put on top of the ceilin
 
 While a claim is frozen, nothing in its containers runs: probes and `kubectl exec` wait for the thaw (at
 most MAX_FREEZE_S), SIGTERM is delivered when it thaws (cgroup v2 lets SIGKILL through at once). A claim
-that goes away (unprepared, its processes gone) and an agent that stops thaw what they froze.
+that goes away (unprepared, its processes gone) and an agent that stops thaw what they froze. Each cgroup is
+recorded in the agent's state directory before it is frozen (`FreezeRecords`): an agent killed mid-freeze
+leaves the record, and the next agent thaws it when it starts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dra_gpu.monitor.freezer import CgroupFreezer, FreezeError
+from dra_gpu.monitor.freezer import CgroupFreezer, FreezeError, FreezeRecords
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +61,10 @@ class ComputeHold:
         burst_s: float = BURST_S,
         max_freeze_s: float = MAX_FREEZE_S,
         min_run_s: float = MIN_RUN_S,
+        records: FreezeRecords | None = None,
     ) -> None:
         self._freezer_of = freezer_of
+        self.records = records or FreezeRecords(None)
         self.margin = margin
         self.burst_s = burst_s
         self.max_freeze_s = max_freeze_s
@@ -104,6 +109,8 @@ class ComputeHold:
         account.frozen_at, account.frozen_until = now, now + seconds
         account.freezes += 1
         for freezer in account.freezers:
+            if not self.records.add(freezer):
+                continue  # unrecorded, a freeze could outlive an agent killed before the thaw
             try:
                 freezer.freeze()
             except FreezeError as exc:
@@ -124,3 +131,6 @@ class ComputeHold:
                 freezer.thaw()
             except FreezeError as exc:
                 log.warning("cannot thaw a claim's container", extra={"claim": key[0], "error": str(exc)})
+                if os.path.isdir(freezer.path):
+                    continue  # still there and perhaps frozen: the record stays for the next agent
+            self.records.remove(freezer)

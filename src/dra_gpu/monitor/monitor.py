@@ -46,7 +46,7 @@ from dra_gpu.limiter_abi.region import (
 )
 from dra_gpu.monitor.compute_hold import ComputeHold
 from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
-from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of, namespace_root
+from dra_gpu.monitor.freezer import RECORDS_DIR, CgroupFreezer, FreezeRecords, freezer_of, namespace_root
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
 from dra_gpu.monitor.process_owner import PodRef, ProcReader, file_identity
@@ -187,7 +187,9 @@ class Monitor:
         self.floor_interval_s = floor_interval_s
         self.cgroup_root = cgroup_root
         """The host's cgroup mount, where the claims' containers are frozen (`compute_hold`)."""
-        self.hold = ComputeHold(self._freezer_of)
+        self.hold = ComputeHold(
+            self._freezer_of, records=FreezeRecords(Path(claims_dir).parent / RECORDS_DIR, cgroup_root)
+        )
         self._cgroup_roots: dict[str, str] | None = None
         """Where the agent's cgroup namespace root is in the host's tree (`freezer.namespace_root`), found once."""
         self.limiter_library = limiter_library
@@ -249,6 +251,7 @@ class Monitor:
 
     # -- lifecycle --
     def start(self) -> None:
+        self.hold.records.thaw_left()  # what an agent killed mid-freeze left frozen: nothing is held yet
         self._thread = threading.Thread(target=self._loop, name="usage-monitor", daemon=True)
         self._thread.start()
 
