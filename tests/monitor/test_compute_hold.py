@@ -114,6 +114,31 @@ def test_what_was_taken_is_repaid() -> None:
     assert (10.0 + ran) / 70.0 <= 0.30 + MARGIN + 0.01
 
 
+def test_a_claim_that_arrives_running_flat_out_is_frozen_at_the_first_look() -> None:
+    """A claim's first second on the GPU counts: a claim whose processes appear between two reads of the
+    driver's figures, running flat out, is frozen at the next read, not one read later."""
+    FakeFreezer.states = {}
+    freezer = FakeFreezer("/c/new", 2)
+    hold = ComputeHold(lambda pid: freezer)
+    hold.feed(0.0, {})  # the node's claims so far: none of this one's
+    hold.feed(1.0, {("new", "gpu"): (0.3, 1.0, [1])})
+    assert freezer.frozen()
+
+
+def test_a_claim_on_its_way_to_debt_is_read_at_every_watch() -> None:
+    """Past its rate by more than half its burst, a claim is watched at every pass (`watching`), so that
+    the freeze comes one watch after its debt; a claim at its ceiling is not."""
+    FakeFreezer.states = {}
+    hold = ComputeHold(lambda pid: FakeFreezer(f"/c/{pid}", 2))
+    hold.feed(0.0, {("honest", "gpu"): (0.3, 0.0, [1]), ("greedy", "gpu"): (0.3, 0.0, [2])})
+    hold.feed(1.0, {("honest", "gpu"): (0.3, 0.3, [1]), ("greedy", "gpu"): (0.3, 0.3, [2])})
+    assert not hold.watching()
+    hold.feed(
+        2.0, {("honest", "gpu"): (0.3, 0.3, [1]), ("greedy", "gpu"): (0.3, 0.3 + MARGIN + BURST_S, [2])}
+    )
+    assert hold.watching() and not any(a.frozen_until for a in hold.accounts.values())
+
+
 def test_freezer_of_reads_the_hosts_view_of_each_hierarchy(tmp_path: Path) -> None:
     tree = FakeCgroupTree(tmp_path, dmem=False)
     leaf = tree.mkdir("kubepods/podx/c1")

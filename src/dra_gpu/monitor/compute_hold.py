@@ -70,10 +70,15 @@ class ComputeHold:
         self.max_freeze_s = max_freeze_s
         self.min_run_s = min_run_s
         self.accounts: dict[Key, Account] = {}
+        self.fed_at: float | None = None
+        """When the last feed was: the busy seconds of a feed are those since then."""
 
-    def in_debt(self) -> bool:
-        """Whether any account is in debt or frozen: the watch then reads utilization at every pass."""
-        return any(a.balance < 0 or a.frozen_until is not None for a in self.accounts.values())
+    def watching(self) -> bool:
+        """Whether any account is frozen, in debt or on its way there (it ran past its rate by more than half
+        its burst since it was last full): the watch then reads utilization at every pass, not once a second,
+        so a claim that starts to run flat out is caught within a watch of its debt."""
+        low = self.burst_s / 2
+        return any(a.balance < low or a.frozen_until is not None for a in self.accounts.values())
 
     def feed(self, now: float, usage: dict[Key, tuple[float, float, list[int]]]) -> None:
         """`usage`: per enforced claim and GPU, (ceiling as a fraction, busy seconds since the last feed,
@@ -82,7 +87,9 @@ class ComputeHold:
             self._thaw(key, now)
             del self.accounts[key]
         for key, (ceiling, busy, pids) in usage.items():
-            account = self.accounts.setdefault(key, Account(balance=self.burst_s))
+            # A new account is charged what its processes ran since the last feed, and earns since then: a
+            # claim's first second on the GPU counts.
+            account = self.accounts.setdefault(key, Account(balance=self.burst_s, fed_at=self.fed_at))
             rate = min(1.0, ceiling + self.margin)
             if account.fed_at is not None:
                 account.balance = min(self.burst_s, account.balance + rate * (now - account.fed_at) - busy)
@@ -91,6 +98,7 @@ class ComputeHold:
                 account.freezers = {f for f in map(self._freezer_of, pids) if f is not None}
             if account.balance < 0 and account.frozen_until is None and now >= account.run_until and rate > 0:
                 self._freeze(key, now, min(-account.balance / rate, self.max_freeze_s))
+        self.fed_at = now
 
     def tick(self, now: float) -> None:
         """Thaws what is due."""

@@ -322,8 +322,9 @@ class Monitor:
             if self._sampler is not None and floors_due
             else {}
         )
-        # GPU time is read with every full sample and floor, and at every watch while a claim is held back.
-        busy_due = full or floors_due or self.hold.in_debt()
+        # GPU time is read with every full sample and floor, and at every watch while a claim is held back or
+        # on its way there.
+        busy_due = full or floors_due or self.hold.watching()
         if self._sampler is not None:
             gpus = self._gpus()
             processes = self._sampler.sample(gpus) if busy_due else self._sampler.memory(gpus)
