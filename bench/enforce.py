@@ -3,9 +3,10 @@
 Prints:
 - memory: time from a process (run without the limiter, against the fake driver) taking its claim over the
   cap to its death by the agent's watch at 250 ms, over several runs;
-- compute: for a process that bypasses the library and runs flat out under a 30 % claim (its GPU work is its
-  CPU time, as the fake NVML counts it), the time until its first freeze and its share over each 10 s
-  window after (needs root and a freezer: cgroup v1 `freezer` or the v2 mount);
+- compute: for a process that bypasses the library and starts to run flat out under a 30 % claim while the
+  agent already watches (its GPU work is its CPU time, as the fake NVML counts it), the time from its start
+  to its first freeze and its share over each 10 s window after, over several runs (needs root and a
+  freezer: cgroup v1 `freezer` or the v2 mount);
 - watch CPU: the agent's CPU for the memory watch at 8 GPUs x 50 claims with the watch at 250 ms (floors
   and utilization once a second, a full sample every 5 s), when nothing changes and when every process's
   memory changes at every watch;
