@@ -21,8 +21,11 @@ from test_monitor import _events, limiter_config
 from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
+from dra_gpu.monitor import Monitor, PodDirectory
 from dra_gpu.monitor.compute_hold import BURST_S, MARGIN, MAX_FREEZE_S, ComputeHold
-from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of, namespace_root
+from dra_gpu.monitor.freezer import RECORDS_DIR, CgroupFreezer, freezer_of, namespace_root
+from dra_gpu.monitor.process_owner import ProcReader
+from dra_gpu.monitor.watchdog import Watchdog
 
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -109,6 +112,31 @@ def test_what_was_taken_is_repaid() -> None:
         hold.tick(now)
         hold.feed(now, {("late", "gpu"): (0.3, step, [1])})
     assert (10.0 + ran) / 70.0 <= 0.30 + MARGIN + 0.01
+
+
+def test_a_claim_that_arrives_running_flat_out_is_frozen_at_the_first_look() -> None:
+    """A claim's first second on the GPU counts: a claim whose processes appear between two reads of the
+    driver's figures, running flat out, is frozen at the next read, not one read later."""
+    FakeFreezer.states = {}
+    freezer = FakeFreezer("/c/new", 2)
+    hold = ComputeHold(lambda pid: freezer)
+    hold.feed(0.0, {})  # the node's claims so far: none of this one's
+    hold.feed(1.0, {("new", "gpu"): (0.3, 1.0, [1])})
+    assert freezer.frozen()
+
+
+def test_a_claim_on_its_way_to_debt_is_read_at_every_watch() -> None:
+    """Past its rate by more than half its burst, a claim is watched at every pass (`watching`), so that
+    the freeze comes one watch after its debt; a claim at its ceiling is not."""
+    FakeFreezer.states = {}
+    hold = ComputeHold(lambda pid: FakeFreezer(f"/c/{pid}", 2))
+    hold.feed(0.0, {("honest", "gpu"): (0.3, 0.0, [1]), ("greedy", "gpu"): (0.3, 0.0, [2])})
+    hold.feed(1.0, {("honest", "gpu"): (0.3, 0.3, [1]), ("greedy", "gpu"): (0.3, 0.3, [2])})
+    assert not hold.watching()
+    hold.feed(
+        2.0, {("honest", "gpu"): (0.3, 0.3, [1]), ("greedy", "gpu"): (0.3, 0.3 + MARGIN + BURST_S, [2])}
+    )
+    assert hold.watching() and not any(a.frozen_until for a in hold.accounts.values())
 
 
 def test_freezer_of_reads_the_hosts_view_of_each_hierarchy(tmp_path: Path) -> None:
@@ -301,3 +329,65 @@ def test_the_monitor_holds_a_bypassing_process_to_its_share_and_never_freezes_an
         for child in (bypass, honest):
             child.send_signal(signal.SIGKILL)
             child.wait()
+
+
+_AGENT = """
+import sys, time
+from pathlib import Path
+from dra_gpu.monitor.compute_hold import ComputeHold
+from dra_gpu.monitor.freezer import RECORDS_DIR, FreezeRecords, freezer_of
+state, text = Path(sys.argv[1]), sys.argv[2]
+hold = ComputeHold(lambda pid: freezer_of(text, "/sys/fs/cgroup"), records=FreezeRecords(state / RECORDS_DIR))
+hold.feed(0.0, {("claim", "gpu"): (0.3, 0.0, [1])})
+hold.feed(1.0, {("claim", "gpu"): (0.3, 1.0, [1])})  # ran all of that second: in debt, frozen
+print("frozen" if any(a.frozen_until for a in hold.accounts.values()) else "not frozen", flush=True)
+time.sleep(300)
+"""
+
+
+def test_an_agent_killed_mid_freeze_leaves_the_claim_frozen_only_until_the_next_agent_starts(
+    tmp_path: Path, real_cgroup: tuple[int, Path, str]
+) -> None:
+    """The agent records each cgroup in its own state directory before it freezes it; killed (SIGKILL) before
+    the thaw, it leaves the tenant's container frozen, and the next agent's monitor thaws it as it starts."""
+    version, path, name = real_cgroup
+    state = tmp_path / "state"
+    tenant = _spinner()
+    agent: subprocess.Popen[str] | None = None
+    try:
+        (path / "cgroup.procs").write_text(str(tenant.pid))
+        text = f"7:freezer:/{name}\n" if version == 1 else f"0::/{name}\n"
+        agent = subprocess.Popen(
+            [sys.executable, "-c", _AGENT, str(state), text], stdout=subprocess.PIPE, text=True
+        )
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "frozen"
+        agent.kill()
+        agent.wait()
+        freezer = freezer_of(text, CGROUP)
+        assert freezer is not None and freezer.frozen(), "the killed agent's freeze outlives it"
+        assert list((state / RECORDS_DIR).iterdir()), "and so does its record"
+        api = FakeKube()
+        monitor = Monitor(
+            prepared=list,
+            claims_dir=state / "claims",
+            gpus=list,
+            pods=PodDirectory(api, "node"),
+            watchdog=Watchdog(api, "node", ProcReader()),
+            cgroup_root=CGROUP,
+        )
+        monitor.start()
+        try:
+            assert not freezer.frozen(), "the next agent thaws it before it holds anything"
+            wait_for(lambda: _state(tenant.pid) == "R", what="the tenant running again")
+            assert not list((state / RECORDS_DIR).iterdir())
+        finally:
+            monitor.stop()
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        left = freezer_of(f"7:freezer:/{name}\n" if version == 1 else f"0::/{name}\n", CGROUP)
+        if left is not None:
+            left.thaw()  # a frozen v1 task takes its SIGKILL only once thawed
+        tenant.kill()
+        tenant.wait()

@@ -10,16 +10,19 @@ what the driver's sampling and the limiter's own pacing put on top of the ceilin
 
 While a claim is frozen, nothing in its containers runs: probes and `kubectl exec` wait for the thaw (at
 most MAX_FREEZE_S), SIGTERM is delivered when it thaws (cgroup v2 lets SIGKILL through at once). A claim
-that goes away (unprepared, its processes gone) and an agent that stops thaw what they froze.
+that goes away (unprepared, its processes gone) and an agent that stops thaw what they froze. Each cgroup is
+recorded in the agent's state directory before it is frozen (`FreezeRecords`): an agent killed mid-freeze
+leaves the record, and the next agent thaws it when it starts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dra_gpu.monitor.freezer import CgroupFreezer, FreezeError
+from dra_gpu.monitor.freezer import CgroupFreezer, FreezeError, FreezeRecords
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +61,24 @@ class ComputeHold:
         burst_s: float = BURST_S,
         max_freeze_s: float = MAX_FREEZE_S,
         min_run_s: float = MIN_RUN_S,
+        records: FreezeRecords | None = None,
     ) -> None:
         self._freezer_of = freezer_of
+        self.records = records or FreezeRecords(None)
         self.margin = margin
         self.burst_s = burst_s
         self.max_freeze_s = max_freeze_s
         self.min_run_s = min_run_s
         self.accounts: dict[Key, Account] = {}
+        self.fed_at: float | None = None
+        """When the last feed was: the busy seconds of a feed are those since then."""
 
-    def in_debt(self) -> bool:
-        """Whether any account is in debt or frozen: the watch then reads utilization at every pass."""
-        return any(a.balance < 0 or a.frozen_until is not None for a in self.accounts.values())
+    def watching(self) -> bool:
+        """Whether any account is frozen, in debt or on its way there (it ran past its rate by more than half
+        its burst since it was last full): the watch then reads utilization at every pass, not once a second,
+        so a claim that starts to run flat out is caught within a watch of its debt."""
+        low = self.burst_s / 2
+        return any(a.balance < low or a.frozen_until is not None for a in self.accounts.values())
 
     def feed(self, now: float, usage: dict[Key, tuple[float, float, list[int]]]) -> None:
         """`usage`: per enforced claim and GPU, (ceiling as a fraction, busy seconds since the last feed,
@@ -77,7 +87,9 @@ class ComputeHold:
             self._thaw(key, now)
             del self.accounts[key]
         for key, (ceiling, busy, pids) in usage.items():
-            account = self.accounts.setdefault(key, Account(balance=self.burst_s))
+            # A new account is charged what its processes ran since the last feed, and earns since then: a
+            # claim's first second on the GPU counts.
+            account = self.accounts.setdefault(key, Account(balance=self.burst_s, fed_at=self.fed_at))
             rate = min(1.0, ceiling + self.margin)
             if account.fed_at is not None:
                 account.balance = min(self.burst_s, account.balance + rate * (now - account.fed_at) - busy)
@@ -86,6 +98,7 @@ class ComputeHold:
                 account.freezers = {f for f in map(self._freezer_of, pids) if f is not None}
             if account.balance < 0 and account.frozen_until is None and now >= account.run_until and rate > 0:
                 self._freeze(key, now, min(-account.balance / rate, self.max_freeze_s))
+        self.fed_at = now
 
     def tick(self, now: float) -> None:
         """Thaws what is due."""
@@ -104,6 +117,8 @@ class ComputeHold:
         account.frozen_at, account.frozen_until = now, now + seconds
         account.freezes += 1
         for freezer in account.freezers:
+            if not self.records.add(freezer):
+                continue  # unrecorded, a freeze could outlive an agent killed before the thaw
             try:
                 freezer.freeze()
             except FreezeError as exc:
@@ -124,3 +139,6 @@ class ComputeHold:
                 freezer.thaw()
             except FreezeError as exc:
                 log.warning("cannot thaw a claim's container", extra={"claim": key[0], "error": str(exc)})
+                if os.path.isdir(freezer.path):
+                    continue  # still there and perhaps frozen: the record stays for the next agent
+            self.records.remove(freezer)

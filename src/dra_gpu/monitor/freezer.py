@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 class FreezeError(Exception):
@@ -169,3 +173,84 @@ def freezer_of(
     if unified is not None and unified.strip("/") and os.path.isfile(f"{root}/unified/cgroup.controllers"):
         return CgroupFreezer(f"{root}/unified/{unified.strip('/')}", 2)
     return None
+
+
+RECORDS_DIR = "frozen-cgroups"
+"""In the agent's state directory: one record per cgroup the agent has frozen and not yet thawed."""
+
+
+class FreezeRecords:
+    """The cgroups this agent froze, one file each in a directory of its own state (never a place a container
+    can write): written before the freeze, removed after the thaw. An agent killed between the two leaves the
+    record, and the next agent thaws every recorded cgroup when it starts (`thaw_left`), before it holds
+    anything: a claim is never left frozen by an agent that is gone. `directory` None: nothing recorded."""
+
+    def __init__(self, directory: Path | None, cgroup_root: Path | str = "/sys/fs/cgroup") -> None:
+        self.directory = directory
+        self._root = str(cgroup_root).rstrip("/")
+
+    def _file(self, freezer: CgroupFreezer) -> Path:
+        assert self.directory is not None
+        name = hashlib.sha256(freezer.path.encode()).hexdigest()[:32]
+        return self.directory / f"{name}.v{freezer.version}"
+
+    def add(self, freezer: CgroupFreezer) -> bool:
+        """Records `freezer` as frozen by this agent (atomically); False when it cannot be written."""
+        if self.directory is None:
+            return True
+        target = self._file(freezer)
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            temp = target.with_suffix(".tmp")
+            temp.write_text(freezer.path)
+            os.replace(temp, target)
+        except OSError as exc:
+            log.warning(
+                "cannot record a cgroup before freezing it",
+                extra={"cgroup": freezer.path, "error": exc.strerror or str(exc)},
+            )
+            return False
+        return True
+
+    def remove(self, freezer: CgroupFreezer) -> None:
+        if self.directory is not None:
+            with contextlib.suppress(OSError):
+                self._file(freezer).unlink()
+
+    def recorded(self) -> list[CgroupFreezer]:
+        """The cgroups recorded as frozen; a record that names no cgroup under the mount is ignored."""
+        if self.directory is None:
+            return []
+        out = []
+        with contextlib.suppress(OSError):
+            for entry in sorted(self.directory.iterdir()):
+                stem, _, version = entry.name.rpartition(".v")
+                if not stem or version not in ("1", "2"):
+                    continue
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    path = entry.read_text()
+                    if path.startswith(f"{self._root}/") and ".." not in path.split("/"):
+                        out.append(CgroupFreezer(path, int(version)))
+        return out
+
+    def thaw_left(self) -> list[str]:
+        """Thaws every recorded cgroup (one gone meanwhile needs nothing) and drops its record: what an agent
+        that stopped without thawing left. Returns the paths thawed."""
+        if self.directory is None:
+            return []
+        thawed = []
+        for freezer in self.recorded():
+            try:
+                freezer.thaw()
+                thawed.append(freezer.path)
+            except FreezeError:
+                pass  # the cgroup is gone with its container: nothing is left frozen
+            self.remove(freezer)
+        with contextlib.suppress(OSError):
+            for entry in self.directory.iterdir():  # a record of no cgroup, a temporary file
+                entry.unlink()
+        if thawed:
+            log.warning(
+                "thawed the cgroups a previous agent left frozen", extra={"cgroups": ", ".join(thawed)}
+            )
+        return thawed

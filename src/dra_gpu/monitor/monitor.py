@@ -46,7 +46,7 @@ from dra_gpu.limiter_abi.region import (
 )
 from dra_gpu.monitor.compute_hold import ComputeHold
 from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
-from dra_gpu.monitor.freezer import CgroupFreezer, freezer_of, namespace_root
+from dra_gpu.monitor.freezer import RECORDS_DIR, CgroupFreezer, FreezeRecords, freezer_of, namespace_root
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
 from dra_gpu.monitor.process_owner import PodRef, ProcReader, file_identity
@@ -60,6 +60,8 @@ from dra_gpu.monitor.watchdog import (
 )
 
 log = logging.getLogger(__name__)
+
+_LIMITER = Strategy.LIMITER.value
 
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_WATCH_INTERVAL_S = 1.0
@@ -85,7 +87,7 @@ class Held:
     def enforced(self) -> bool:
         """Whether the node takes back memory over this share's cap (and throttles compute over its ceiling)."""
         if self.policy is None:
-            return self.sharing == Strategy.LIMITER.value
+            return self.sharing == _LIMITER
         return self.policy == WatchdogPolicy.TERMINATE
 
     def acts(self) -> WatchdogPolicy:
@@ -127,6 +129,33 @@ class ClaimHoldings:
     held: tuple[Held, ...]
 
 
+class _ClaimsView:
+    """The claims prepared, as each pass looks them up (made again only when they change)."""
+
+    def __init__(self, prepared: list[ClaimHoldings]) -> None:
+        self.prepared = prepared
+        self.held = {(h.claim.uid, h.gpu): h for c in prepared for h in c.held}
+        self.held_by_claim = {c.claim.uid: c.held for c in prepared}
+        self.by_name = {(c.claim.namespace, c.claim.name): c.claim for c in prepared}
+        self.ours = {gpu for _, gpu in self.held}
+        """The GPUs this driver holds claims on: a GPU of another allocator (the device plugin, say) is not
+        ours to judge."""
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """Where one process on one GPU stands, as a pass found it."""
+
+    key: tuple[str, str] | None = None
+    """(claim uid, gpu) of the share it counts against; None: none (another allocator's GPU, or it breaks a
+    rule by being there)."""
+    owner: Held | None = None
+    container: tuple[str, str, str, str] = ("", "", "", "")
+    """(claim uid, pod name, container, gpu)."""
+    has_limiter: bool | None = None
+    violations: tuple[Violation, ...] = ()
+
+
 PreparedClaims = Callable[[], list[ClaimHoldings]]
 """What the node agent hands the monitor: the claims prepared on this node now (the plugin's records,
 read through `dra_gpu.plugin.holdings`), so that the monitor needs nothing of the plugin's."""
@@ -158,7 +187,9 @@ class Monitor:
         self.floor_interval_s = floor_interval_s
         self.cgroup_root = cgroup_root
         """The host's cgroup mount, where the claims' containers are frozen (`compute_hold`)."""
-        self.hold = ComputeHold(self._freezer_of)
+        self.hold = ComputeHold(
+            self._freezer_of, records=FreezeRecords(Path(claims_dir).parent / RECORDS_DIR, cgroup_root)
+        )
         self._cgroup_roots: dict[str, str] | None = None
         """Where the agent's cgroup namespace root is in the host's tree (`freezer.namespace_root`), found once."""
         self.limiter_library = limiter_library
@@ -195,6 +226,16 @@ class Monitor:
         self._limiter_cache: dict[tuple[int, PodRef], bool | None] = {}
         self._seen_as: dict[int, tuple[PodInfo, PodRef, int | None]] = {}
         """pid -> its pod, cgroup and start time as this sampling saw them."""
+        self._placed: dict[tuple[int, str], _Placed] = {}
+        """(pid, gpu) -> where the last pass placed the process (`_place`)."""
+        self._view = _ClaimsView([])
+        self._placed_for = self._view
+        """The claims it was placed among."""
+        self._owners: dict[int, tuple[int | None, PodRef, PodInfo]] = {}
+        """pid -> its start time, cgroup and pod, for the GPU processes found in a listed pod: a process never
+        leaves its container's cgroup, so a watch reads /proc only for a process it has not seen; once a second
+        (with the floors) it checks each one's start time, so a reused PID is found within a second (the kill
+        checks pod, container and start time again before it signals)."""
         self._floors: dict[str, tuple[list[str], dict[str, tuple[int, int]]]] = {}
         """claim uid -> the floor file's GPUs and what was last published there (written again only on change)."""
         self.slots_reclaimed: dict[tuple[str, str], int] = {}
@@ -210,6 +251,7 @@ class Monitor:
 
     # -- lifecycle --
     def start(self) -> None:
+        self.hold.records.thaw_left()  # what an agent killed mid-freeze left frozen: nothing is held yet
         self._thread = threading.Thread(target=self._loop, name="usage-monitor", daemon=True)
         self._thread.start()
 
@@ -263,18 +305,26 @@ class Monitor:
 
     def _sample(self, full: bool) -> Snapshot:
         prepared = self._prepared()
-        held = {(h.claim.uid, h.gpu): h for c in prepared for h in c.held}
+        if prepared != self._view.prepared:
+            self._view = _ClaimsView(prepared)
+        view = self._view
+        held = view.held
         processes: dict[str, GpuProcesses] = {}
         self._watches += 1
         floors_due = full or time.monotonic() >= self._floors_at + self.floor_interval_s
         # The regions' counts before NVML: memory freed in between is then in neither or in the count only.
-        counts = {
-            h.claim.uid: region_counts(f"{self._claims_dir}/{h.claim.uid}/limiter")
-            for h in held.values()
-            if h.sharing == Strategy.LIMITER.value and self._sampler is not None and floors_due
-        }
-        # GPU time is read with every full sample and floor, and at every watch while a claim is held back.
-        busy_due = full or floors_due or self.hold.in_debt()
+        counts = (
+            {
+                h.claim.uid: region_counts(f"{self._claims_dir}/{h.claim.uid}/limiter")
+                for h in held.values()
+                if h.sharing == _LIMITER
+            }
+            if self._sampler is not None and floors_due
+            else {}
+        )
+        # GPU time is read with every full sample and floor, and at every watch while a claim is held back or
+        # on its way there.
+        busy_due = full or floors_due or self.hold.watching()
         if self._sampler is not None:
             gpus = self._gpus()
             processes = self._sampler.sample(gpus) if busy_due else self._sampler.memory(gpus)
@@ -288,93 +338,57 @@ class Monitor:
             return self.snapshot
         self._last_seen = seen
         self._pending = False
-        held_by_claim = {c.claim.uid: c.held for c in prepared}
-        by_name = {(c.claim.namespace, c.claim.name): c.claim for c in prepared}
+        held_by_claim, by_name, ours = view.held_by_claim, view.by_name, view.ours
         snap = Snapshot()
-        for key, h in held.items():
-            snap.claims[key] = ClaimFigures(h)
+        if full:
+            for key, h in held.items():
+                snap.claims[key] = ClaimFigures(h)
         violations: list[Violation] = []
         nvml_memory: dict[tuple[str, str], list[tuple[int, int, bool | None]]] = {}
         live: set[int] = set()
-        ours = {
-            gpu for _, gpu in held
-        }  # a GPU of another allocator (the device plugin, say) is not ours to judge
+        # A pass places a process where the last pass did while the claims are the same: a watch between floors
+        # reads nothing but NVML, a floor or a sample checks that each process is still the one placed (its
+        # start time: a PID reused is another process, placed anew).
+        reuse = self._placed if view is self._placed_for else {}
+        placed: dict[tuple[int, str], _Placed] = {}
         for gpu, figures in processes.items():
             for pid, used in figures.memory.items():
                 live.add(pid)
-                attributed = self._attribute(pid, by_name)
-                if attributed is None:
-                    if gpu in ours:
-                        violations.extend(self._unowned(pid, gpu, [h for h in held.values() if h.gpu == gpu]))
+                where = reuse.get((pid, gpu))
+                if where is not None and floors_due and not self._same_process(pid):
+                    where = None
+                if where is None:
+                    pending = self._pending
+                    self._pending = False
+                    where = self._place(pid, gpu, held, held_by_claim, by_name, ours)
+                    if not self._pending:
+                        placed[(pid, gpu)] = where
+                    self._pending = self._pending or pending
+                else:
+                    placed[(pid, gpu)] = where
+                violations.extend(where.violations)
+                if where.key is None:
                     continue
-                pod, ref, claims = attributed
-                container = pod.container(ref.container_id)
-                # The container's own claims: another container of the pod may hold this GPU by another claim.
-                mine = (
-                    [c for c in claims if c.name in pod.container_claims[container]]
-                    if container in pod.container_claims
-                    else claims
-                )
-                owner = next((held[(c.uid, gpu)] for c in mine if (c.uid, gpu) in held), None)
-                start = self._proc.start_time(pid)
-                if owner is None and gpu not in ours:
-                    continue
-                if owner is None:
-                    # The pod's strictest policy: any of its claims may ask to terminate such a process.
-                    policy = (
-                        WatchdogPolicy.TERMINATE
-                        if any(
-                            h.acts() == WatchdogPolicy.TERMINATE for c in claims for h in held_by_claim[c.uid]
-                        )
-                        else WatchdogPolicy.REPORT
-                    )
-                    claim_ref = claims[0]
-                    violations.append(
-                        Violation(
-                            Reason.GPU,
-                            pid,
-                            gpu,
-                            claim_ref,
-                            pod,
-                            container,
-                            policy,
-                            "the container's claims do not hold this GPU",
-                            ref.container_id,
-                            start,
-                        )
-                    )
-                    continue
-                key = (owner.claim.uid, gpu)
-                has_limiter = self._has_limiter(pid, ref) if owner.sharing == Strategy.LIMITER.value else None
-                nvml_memory.setdefault(key, []).append((pid, used or 0, has_limiter))
-                self._seen_as[pid] = (pod, ref, start)
-                if has_limiter is False:
-                    violations.append(
-                        Violation(
-                            Reason.LIMITER,
-                            pid,
-                            gpu,
-                            owner.claim,
-                            pod,
-                            container,
-                            owner.acts(),
-                            "the claim's class enforces its share with the limiter, which this process has not loaded",
-                            ref.container_id,
-                            start,
-                        )
-                    )
-                ckey = (owner.claim.uid, pod.name, container, gpu)
-                cfig = snap.containers.setdefault(ckey, (owner, ContainerFigures()))[1]
-                cfig.memory_used += used or 0
-                busy = figures.busy_seconds.get(pid, 0.0)
-                self._container_busy[ckey] = self._container_busy.get(ckey, 0.0) + busy
-                self._busy[key] = self._busy.get(key, 0.0) + busy
+                nvml_memory.setdefault(where.key, []).append((pid, used or 0, where.has_limiter))
+                if full and where.owner is not None:
+                    cfig = snap.containers.setdefault(where.container, (where.owner, ContainerFigures()))[1]
+                    cfig.memory_used += used or 0
+                if busy_due:
+                    busy = figures.busy_seconds.get(pid, 0.0)
+                    ckey = where.container
+                    self._container_busy[ckey] = self._container_busy.get(ckey, 0.0) + busy
+                    self._busy[where.key] = self._busy.get(where.key, 0.0) + busy
+        self._placed, self._placed_for = placed, view
         self._last_live = live
         if busy_due:
             violations += self._hold_compute(held, nvml_memory, processes, now)
             self._check_activity(held, nvml_memory, processes)
-        self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
-        self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
+        if len(self._limiter_cache) > len(live) or not {k[0] for k in self._limiter_cache} <= live:
+            self._limiter_cache = {k: v for k, v in self._limiter_cache.items() if k[0] in live}
+        if not self._seen_as.keys() <= live:
+            self._seen_as = {k: v for k, v in self._seen_as.items() if k in live}
+        if not self._owners.keys() <= live:
+            self._owners = {k: v for k, v in self._owners.items() if k in live}
         if floors_due:
             self._publish_floors(held, nvml_memory, counts, processes)
             self._floors_at = time.monotonic()
@@ -395,7 +409,7 @@ class Monitor:
             self._library = file_identity(self.limiter_library)
         for key, fig in snap.claims.items():
             h = fig.held
-            region = self._region(h) if h.sharing == Strategy.LIMITER.value else None
+            region = self._region(h) if h.sharing == _LIMITER else None
             procs = nvml_memory.get(key, [])
             nvml_used = sum(p[1] for p in procs) if key[1] in processes else None
             fig.memory_used = region.used_bytes if region is not None else nvml_used
@@ -417,7 +431,7 @@ class Monitor:
             if nvml_used is not None and procs:
                 violations.extend(self._over_cap(h, procs))
 
-        limited = [key for key, h in held.items() if h.sharing == Strategy.LIMITER.value]
+        limited = [key for key, h in held.items() if h.sharing == _LIMITER]
         for key, elastic in self._elastic.sample(limited, time.monotonic()).items():
             snap.claims[key].elastic = elastic
 
@@ -432,6 +446,62 @@ class Monitor:
         self.samples += 1
         self.sampled_at = time.monotonic()
         return snap
+
+    def _place(
+        self,
+        pid: int,
+        gpu: str,
+        held: dict[tuple[str, str], Held],
+        held_by_claim: dict[str, tuple[Held, ...]],
+        by_name: dict[tuple[str, str], ClaimRef],
+        ours: set[str],
+    ) -> _Placed:
+        """Whose share a process on a GPU counts against, and what it breaks by being there at all."""
+        attributed = self._attribute(pid, by_name, verify=True)
+        if attributed is None:
+            if gpu not in ours:
+                return _Placed()
+            return _Placed(
+                violations=tuple(self._unowned(pid, gpu, [h for h in held.values() if h.gpu == gpu]))
+            )
+        pod, ref, claims, start = attributed
+        container = pod.container(ref.container_id)
+        # The container's own claims: another container of the pod may hold this GPU by another claim.
+        mine = (
+            [c for c in claims if c.name in pod.container_claims[container]]
+            if container in pod.container_claims
+            else claims
+        )
+        owner = next((held[(c.uid, gpu)] for c in mine if (c.uid, gpu) in held), None)
+        if owner is None and gpu not in ours:
+            return _Placed()
+        if owner is None:
+            # The pod's strictest policy: any of its claims may ask to terminate such a process.
+            policy = (
+                WatchdogPolicy.TERMINATE
+                if any(h.acts() == WatchdogPolicy.TERMINATE for c in claims for h in held_by_claim[c.uid])
+                else WatchdogPolicy.REPORT
+            )
+            detail = "the container's claims do not hold this GPU"
+            gpu_violation = Violation(
+                Reason.GPU, pid, gpu, claims[0], pod, container, policy, detail, ref.container_id, start
+            )
+            return _Placed(violations=(gpu_violation,))
+        has_limiter = self._has_limiter(pid, ref) if owner.sharing == _LIMITER else None
+        self._seen_as[pid] = (pod, ref, start)
+        violations: tuple[Violation, ...] = ()
+        if has_limiter is False:
+            detail = (
+                "the claim's class enforces its share with the limiter, which this process has not loaded"
+            )
+            violations = (self._violation(Reason.LIMITER, pid, owner, owner.acts(), detail),)
+        return _Placed(
+            (owner.claim.uid, gpu),
+            owner,
+            (owner.claim.uid, pod.name, container, gpu),
+            has_limiter,
+            violations,
+        )
 
     def _unowned(self, pid: int, gpu: str, on_gpu: list[Held]) -> list[Violation]:
         """ProcessWithoutClaim for a process on a GPU this driver holds claims on that none of them owns: in a
@@ -545,20 +615,42 @@ class Monitor:
         return out
 
     def _attribute(
-        self, pid: int, by_name: dict[tuple[str, str], ClaimRef]
-    ) -> tuple[PodInfo, PodRef, list[ClaimRef]] | None:
-        """The process's pod, cgroup reference and the pod's claims prepared here; None if not ours."""
-        ref = self._proc.pod_of(pid)
-        if ref is None:
-            return None  # not in a pod (the host, an MPS server): not ours to judge
-        pod = self._pods.lookup(ref.pod_uid, ref.container_id)
-        if pod is None:
-            self._pending = True  # a pod not listed yet: the next watch looks again, whatever NVML says
-            return None
+        self, pid: int, by_name: dict[tuple[str, str], ClaimRef], verify: bool
+    ) -> tuple[PodInfo, PodRef, list[ClaimRef], int | None] | None:
+        """The process's pod, cgroup reference, the pod's claims prepared here and its start time; None if not
+        ours. `verify`: check that a process seen before is still the one seen (its start time)."""
+        known = self._owners.get(pid)
+        if known is not None and verify and self._proc.start_time(pid) != known[0]:
+            known = None  # the PID was reused: another process
+        if known is None:
+            start = self._proc.start_time(pid)
+            ref = self._proc.pod_of(pid)
+            if ref is None:
+                self._owners.pop(pid, None)
+                return None  # not in a pod (the host, an MPS server): not ours to judge
+            pod = self._pods.lookup(ref.pod_uid, ref.container_id)
+            if pod is None:
+                self._owners.pop(pid, None)
+                self._pending = True  # a pod not listed yet: the next watch looks again, whatever NVML says
+                return None
+            known = (start, ref, pod)
+            if not ref.container_id or ref.container_id in pod.containers:
+                self._owners[pid] = known  # else its container is not listed yet: asked again next time
+            else:
+                self._owners.pop(pid, None)
+        start, ref, pod = known
         claims = [by_name[(pod.namespace, n)] for n in sorted(pod.claims) if (pod.namespace, n) in by_name]
         if not claims:
             return None  # a pod without claims of this driver on this node
-        return pod, ref, claims
+        return pod, ref, claims, start
+
+    def _same_process(self, pid: int) -> bool:
+        """Whether a process placed in a pod is still the one placed (not a reused PID); False for one outside."""
+        known = self._owners.get(pid)
+        if known is None or self._proc.start_time(pid) != known[0]:
+            self._owners.pop(pid, None)
+            return False
+        return True
 
     def _has_limiter(self, pid: int, ref: PodRef) -> bool | None:
         key = (pid, ref)
@@ -574,7 +666,7 @@ class Monitor:
         would leave its memory charged for the claim's lifetime. The agent sees every process of the node
         (its proc root is the host's); /proc is scanned once per sampling, and only when a region has a
         slot whose lock no process holds."""
-        claims = {h.claim.uid: h.claim for h in held if h.sharing == Strategy.LIMITER.value}
+        claims = {h.claim.uid: h.claim for h in held if h.sharing == _LIMITER}
         candidates = {uid: unlocked_slots(f"{self._claims_dir}/{uid}/limiter") for uid in claims}
         if not any(candidates.values()):
             return
@@ -612,7 +704,7 @@ class Monitor:
         whose figure NVML cannot tell adds nothing: a floor is what is known), and the region's count before."""
         floors: dict[str, dict[str, tuple[int, int]]] = {}
         for key, h in held.items():
-            if h.sharing != Strategy.LIMITER.value or h.gpu not in processes:
+            if h.sharing != _LIMITER or h.gpu not in processes:
                 continue
             known = sum(p[1] for p in nvml_memory.get(key, []))
             region = _by_uuid(counts.get(h.claim.uid, {}), h.gpu)
@@ -651,11 +743,7 @@ class Monitor:
         if h.memory_limit is None:
             return []
         used = sum(p[1] for p in procs)
-        allowance = (
-            self.limiter_allowance
-            if h.sharing == Strategy.LIMITER.value
-            else self.context_allowance * len(procs)
-        )
+        allowance = self.limiter_allowance if h.sharing == _LIMITER else self.context_allowance * len(procs)
         if used <= h.memory_limit + allowance:
             return []
         return self._memory_offenders(h, procs, used, h.memory_limit + allowance)
@@ -717,5 +805,7 @@ class Monitor:
 
 def _by_uuid(counts: dict[str, int], gpu: str) -> int:
     """The count of the region's entry for gpu (the library writes UUIDs as the driver reports them)."""
+    if gpu in counts:
+        return counts[gpu]
     wanted = gpu.lower()
     return next((v for u, v in counts.items() if u.lower() == wanted), 0)

@@ -43,11 +43,28 @@ def prepared_holdings(load: Callable[[], Checkpoint]) -> PreparedClaims:
     `snapshot` in the agent, so that each record is held once in the process); none while the
     checkpoint is corrupt."""
 
+    made: dict[str, tuple[PreparedClaim, ClaimHoldings]] = {}
+    """uid -> the record last read and what it holds: a record is replaced, never changed, so a record read
+    again is the same object and its holdings are not worked out again (the monitor asks at every watch)."""
+
     def prepared() -> list[ClaimHoldings]:
         try:
             checkpoint = load()
         except CheckpointCorrupt:
             return []
-        return [held_of(c) for c in checkpoint.claims.values() if c.state == ClaimState.PREPARE_COMPLETED]
+        out = []
+        for uid, claim in checkpoint.claims.items():
+            if claim.state != ClaimState.PREPARE_COMPLETED:
+                continue
+            known = made.get(uid)
+            if known is None or known[0] is not claim:
+                known = made[uid] = (claim, held_of(claim))
+            out.append(known[1])
+        if len(made) > len(out):
+            for uid in [
+                u for u in made if u not in checkpoint.claims or made[u][0] is not checkpoint.claims[u]
+            ]:
+                del made[uid]
+        return out
 
     return prepared
