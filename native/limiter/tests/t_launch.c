@@ -23,7 +23,8 @@
  *                 the launches it expects timed, 1 ms on the others - the share holds only if the tenant cannot
  *                 predict the draws
  *   changed       one function and grid learned at 20 us, then every launch of it 1 ms: the random draws must
- *                 catch the change
+ *                 catch the change (changed-short: learned at 2 us, launched ten times as often before the change
+ *                 shows; bench/elastic.sh prints both from the change on)
  *   new-kinds     every launch a kind never seen (a new grid size), each 2 ms, after the limiter has learned
  *                 20 us kernels, as fast as it can: over the first <seconds> the device may be busy as for
  *                 cold-burst - not for a queue of new kinds each admitted at the estimate of an unknown launch
@@ -34,7 +35,8 @@
  *                 only by what the 1 s kernel took before its measurement came back: the quiet process's debt
  *                 must reach the claim's clock without it calling CUDA again
  *
- * usage: t_launch <scenario> <cores%> <seconds>
+ * usage: t_launch <scenario> <cores%> <seconds>    (T_LAUNCH_WARM_S: the launching before the window, default 0.3 s;
+ * 0 measures changed from the change on)
  */
 #include "device.h"
 #include "schedstat.h"
@@ -239,11 +241,12 @@ int main(int argc, char **argv) {
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         long_kernels = 1;
-    } else if (strcmp(scenario, "predicted") == 0 || strcmp(scenario, "changed") == 0) {
+    } else if (strcmp(scenario, "predicted") == 0 || strcmp(scenario, "changed") == 0 ||
+               strcmp(scenario, "changed-short") == 0) {
         CHECK_CU(cuModuleGetFunction(&fn, mod, "spin"), CUDA_SUCCESS);
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         /* The kind is learned from short kernels first: eight timed launches, all measured by the next launch. */
-        for (int k = 0; k < 8; k++) spin(20000, SMS);
+        for (int k = 0; k < 8; k++) spin(strcmp(scenario, "changed-short") == 0 ? 2000 : 20000, SMS);
         CHECK_CU(cuStreamSynchronize(stream), CUDA_SUCCESS);
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
@@ -258,7 +261,7 @@ int main(int argc, char **argv) {
     }
 
     unsigned i = 0;
-    double warm = now_s() + 0.3;
+    double warm = now_s() + (getenv("T_LAUNCH_WARM_S") ? atof(getenv("T_LAUNCH_WARM_S")) : 0.3);
     while (now_s() < warm) launch(i++);
     uint64_t b0 = fakecuda_busy_ns(device), d0 = run_delay_ns();
     double t0 = now_s();
