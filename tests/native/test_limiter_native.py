@@ -78,6 +78,7 @@ CASES = [
             "changed",
             "new-kinds",
             "quiet",
+            "changed-short",
         )
     ),
     *(f"t_launch periodic {pct}%" for pct in (30, 70)),
@@ -119,6 +120,7 @@ CASES = [
 ]
 BUILDS = ["build", "sanitize", "tsan"]
 PLAIN_ONLY = {
+    "t_launch changed-short",
     *(f"compute {pct}%, {us} us kernels, H100 timing" for us in (50, 5000) for pct in (10, 50, 70)),
 }
 """Cases that measure a share on the same path as others, run in the plain build only (tests/run.sh says why)."""
