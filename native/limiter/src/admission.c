@@ -71,7 +71,7 @@ static void wait_slice(int dev, int64_t ns, int64_t now, int held) {
     dl_measure_poll();
 }
 
-int64_t dl_admit(int dev, int64_t gpu_ns, int64_t now) {
+void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
     _Atomic int64_t *tat = dl_region_tat(dev);
     for (int first = 1;; first = 0) {
         if (!first) now = (int64_t)dl_now_ns();
@@ -111,7 +111,7 @@ int64_t dl_admit(int dev, int64_t gpu_ns, int64_t now) {
         }
         if (atomic_compare_exchange_weak(tat, &t, base + wall)) {
             dl_arbiter_admitted(dev, base + wall, now);
-            return now;
+            return;
         }
     }
 }

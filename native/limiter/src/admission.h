@@ -10,8 +10,8 @@ void dl_throttle_reset_after_fork(void);
 /* The wall time a launch of gpu_ns of GPU time on the region device dev costs the claim at its share. */
 int64_t dl_wall_cost(int dev, int64_t gpu_ns);
 /* Waits until the claim's clock for dev is within its burst of now, then advances it by what gpu_ns of GPU time
- * costs at the claim's share now (arbiter.c). Returns the time it was admitted at (its last look at the clock). */
-int64_t dl_admit(int dev, int64_t gpu_ns, int64_t now);
+ * costs at the claim's share now (arbiter.c). */
+void dl_admit(int dev, int64_t gpu_ns, int64_t now);
 void dl_sleep_ns(int64_t ns);
 
 #endif

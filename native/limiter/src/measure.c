@@ -756,7 +756,7 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
                   "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
-    t->admitted = dl_admit(dev, t->charged_ns, now);
+    dl_admit(dev, t->charged_ns, now);
     if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);
@@ -796,12 +796,9 @@ static int start_pending(CUevent start) {
     return q == CUDA_ERROR_NOT_READY;
 }
 
-/* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. Only a timed launch
- * reads the clock again for when the driver call returned (its bracket's host time is worked out from it); the
- * others take the time they were admitted at, one clock reading less on the throttled path (a queue end that errs
- * short by a launch's host time only lets a borrower queue that much more). */
+/* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
 static int64_t launched(struct dl_ticket *t) {
-    int64_t now = t->measure ? (int64_t)dl_now_ns() : t->admitted;
+    int64_t now = (int64_t)dl_now_ns();
     _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
     int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
     do next = (until > now ? until : now) + GAP_PENDING_NS + t->charged_ns;

@@ -13,7 +13,6 @@ struct dl_ticket {
     int64_t recorded; /* measured: the host time its start event was recorded */
     int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
     int64_t synced;   /* not: the wall time at admission, for timing by synchronising the stream */
-    int64_t admitted; /* when it was admitted (the clock's last reading before the driver call) */
     int64_t charged_ns;
     int64_t queued_sum; /* the device's queued_sum (measure.c) once this launch was added to it */
     uint64_t key;
