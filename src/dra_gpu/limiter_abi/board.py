@@ -21,6 +21,10 @@ agent clears the mark (``mark_board``).
 
 This module owns both layouts: the hold handler that keeps them (``plugin.sharing.arbitration``) and
 the monitor that reads them go through it.
+
+Longer than 500 lines: it is the one place that knows the byte layouts the library reads (both board
+versions, their seqlock writes and the marks, the activity file), and a split would put two halves of
+one layout in two modules.
 """
 
 from __future__ import annotations
