@@ -238,6 +238,37 @@ def test_floors_never_sum_past_the_gpu_so_the_board_never_overflows() -> None:
     assert board.pack_entries(ones)[0] == board.MAX_ENTRIES
 
 
+def test_a_contradicted_claim_is_marked_in_its_entrys_flags_word_and_the_mark_outlives_other_writes(
+    tmp_path: Path,
+) -> None:
+    """The node's mark sits in the entry's word at offset 140 (zero in every board an older agent wrote, never
+    read by an older library); a rewrite for another claim's prepare keeps it, a claim that leaves loses it,
+    and a board mid-write is never rewritten for a mark."""
+    path = tmp_path / "board"
+    board.make_board(path)
+    board.rewrite_board(path, lambda _: [INFERENCE, TRAINING])
+    assert board.mark_board(path, {TRAINING.claim_uid, "not-on-the-board"})
+    data = path.read_bytes()
+    assert [int.from_bytes(data[64 + 160 * i + 140 : 64 + 160 * i + 144], "little") for i in range(2)] == [
+        0,
+        1,
+    ]
+    assert not board.mark_board(path, {TRAINING.claim_uid}), "the same marks: nothing written"
+    written = board.rewrite_board(path, lambda entries: [*entries, FIXED])
+    assert board.read_marks(path) == {TRAINING.claim_uid} and written.marked == {TRAINING.claim_uid}
+    assert board.read_board(path) == sorted([INFERENCE, TRAINING, FIXED])
+    board.rewrite_board(path, lambda entries: [e for e in entries if e != TRAINING], last=written)
+    assert board.read_marks(path) == set()
+    assert board.mark_board(path, {INFERENCE.claim_uid}) and not board.mark_board(tmp_path / "none", {"x"})
+    assert board.mark_board(path, set()) and board.read_marks(path) == set()
+    seq = int.from_bytes(path.read_bytes()[16:24], "little")
+    with open(path, "r+b") as f:
+        f.seek(16)
+        f.write((seq + 1).to_bytes(8, "little"))  # a write a killed agent left
+    assert not board.mark_board(path, {INFERENCE.claim_uid})
+    assert path.read_bytes()[16:24] == (seq + 1).to_bytes(8, "little"), "left as it was"
+
+
 def test_the_library_reads_the_layouts_the_agent_writes() -> None:
     """One version per layout, in the module and in the library's source: a layout change bumps both."""
     source = (ROOT / "native/limiter/src/arbiter.c").read_text()
@@ -248,6 +279,7 @@ def test_the_library_reads_the_layouts_the_agent_writes() -> None:
     assert int(defined["BOARD_BYTES"]) == board.BOARD_BYTES
     assert int(defined["ACTIVITY_VERSION"]) == board.ACTIVITY_VERSION
     assert int(defined["ACTIVITY_BYTES"]) == board.ACTIVITY_BYTES
+    assert re.search(rf"^#define FLAG_CONTRADICTED {board.FLAG_CONTRADICTED}u$", source, re.MULTILINE)
 
 
 FULL_DISK = """

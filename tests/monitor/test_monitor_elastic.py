@@ -166,7 +166,8 @@ def test_a_claim_that_says_it_is_busy_while_the_driver_sees_it_idle_is_caught(
     dirs: PluginDirs, tmp_path: Path
 ) -> None:
     """The claim's activity file says it wants the GPU for the next minute; NVML says its process ran nothing:
-    the node marks it (the arbitration's `idle_by_driver`) and tells the claim, until the driver sees it run."""
+    the node marks it on its GPU's board (a flag the library reads and the claim cannot write) and tells the
+    claim, until the driver sees it run."""
     api = FakeKube()
     claim = share(api, "loud", 30, 1, {})
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -189,11 +190,15 @@ def test_a_claim_that_says_it_is_busy_while_the_driver_sees_it_idle_is_caught(
             driver.gpus[0].utilization.append((child.pid, 2_000_000, 0, 0))
             monitor.sample_once()
             assert monitor.idle_by_driver() == {(uid_of(claim), gpu)}
+            path = dirs.state_dir / board.GPUS_DIR / gpu / board.BOARD_FILE
+            assert board.read_marks(path) == {uid_of(claim)}, "the library reads the mark on the board"
+            assert [e.claim_uid for e in board.read_board(path)] == [uid_of(claim)], "its entry stays"
             said = [e for e in api.objects("Event") if e["reason"] == "ActivityContradicted"]
             assert len(said) == 1 and said[0]["involvedObject"]["name"] == "loud"
             driver.gpus[0].utilization.append((child.pid, 3_000_000, 60, 0))  # it runs: its word stands
             monitor.sample_once()
             assert monitor.idle_by_driver() == set()
+            assert board.read_marks(path) == set(), "the mark goes when the driver sees the claim run"
             kubelet.close()
     finally:
         child.kill()

@@ -33,7 +33,9 @@
  * their floors and takes nothing from them; claiming to be idle only lets others borrow from it. Whatever its
  * file holds (any size, bytes or timing), the others read DEMAND_READ bytes of it without blocking, and count
  * its demand only with their magic, version and boot, and only up to DEMAND_MAX_NS ahead of their clock: a
- * word of another boot, or one claiming demand for longer than any launch leaves, counts as idle.
+ * word of another boot, or one claiming demand for longer than any launch leaves, counts as idle. A claim that
+ * says it is busy while the driver sees it run nothing is marked on the board by the agent (FLAG_CONTRADICTED),
+ * and its word then counts for nothing at all, from the first launch after the agent's write.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -61,10 +63,14 @@
 #define REFRESH_NS 500000LL          /* how old the other claims' demand as this process read it may be */
 #define BESTEFFORT_BURST_NS 200000LL /* how far ahead of wall time a besteffort claim's admitted work may run */
 #define DEVS ((DL_MAX_CLAIMS + 2) * DL_MAX_DEVICES) /* region device handles (region.c) */
+/* A board entry's flag (dra_gpu.limiter_abi.board.FLAG_CONTRADICTED): the driver sees the claim run nothing while
+ * its activity file says it wants the GPU. Its demand is not counted: it holds no one back until the agent clears
+ * the flag (the driver sees it run again). */
+#define FLAG_CONTRADICTED 1u
 
 struct board_entry {
     char claim_uid[UID_BYTES];
-    uint32_t floor, ceiling, priority, reserved;
+    uint32_t floor, ceiling, priority, flags; /* flags: zero in a board of an agent before them */
     uint64_t reserved2[2];
 };
 struct board {
@@ -306,6 +312,7 @@ static int read_board(struct arb *a, int64_t now) {
         }
         if (e[i].floor < 1 || e[i].floor > 100 || e[i].ceiling < e[i].floor || e[i].ceiling > 100 || e[i].priority > 2)
             continue;
+        if (e[i].flags & FLAG_CONTRADICTED) continue; /* its word is not counted: as a claim that never ran */
         peer_open(a, uid, old, n_old, &v->peers[k]);
         if (v->peers[k].fd < 0) continue; /* no activity file (yet): it has never been active */
         atomic_store_explicit(&v->floor[k], (int)e[i].floor, memory_order_relaxed);

@@ -9,6 +9,7 @@ struct dl_ticket {
     int dev;
     int measure;      /* timed by events */
     int first;        /* the first launch of its kind, being measured (probe) */
+    int stands_for;   /* the launches its measurement settles: SAMPLE_EVERY when drawn at random, else 1 */
     int64_t recorded; /* measured: the host time its start event was recorded */
     int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
     int64_t synced;   /* not: the wall time at admission, for timing by synchronising the stream */

@@ -22,7 +22,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 
-claims=() # uid:floor:ceiling:priority of every claim on the board
+claims=() # uid:floor:ceiling:priority[:flags] of every claim on the board
 # board: the agent rewrites the whole board (seq odd, entries, seq even) in place.
 board() {
     python3 - "$tmp/gpus/$GPU/board" "${claims[@]}" <<'EOF'
@@ -37,8 +37,8 @@ os.ftruncate(fd, 16384)
 os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq), 0)
 body = b""
 for e in entries:
-    uid, floor, ceiling, p = e.split(":")
-    body += struct.pack("<128sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], 0)
+    uid, floor, ceiling, p, *flags = e.split(":")
+    body += struct.pack("<128sIIII16x", uid.encode(), int(floor), int(ceiling), prio[p], int(flags[0]) if flags else 0)
 os.pwrite(fd, body.ljust(16384 - 64, b"\0"), 64)
 os.pwrite(fd, struct.pack("<8sIIQ", b"DGPUBRD1", 2, len(entries), seq + 1), 0)
 os.fchmod(fd, 0o444)
@@ -72,6 +72,14 @@ EOF
     chmod 0444 "$dir/limits"
     mount --bind "$dir/limits" "$dir/limits" && mount -o remount,bind,ro "$dir/limits" || fail "cannot mount $dir/limits"
     claims+=("$uid:$floor:$ceiling:$prio")
+    board
+}
+# mark <uid> <flags>: the agent's flags on the claim's board entry (1: the driver contradicts its activity file).
+mark() {
+    local i
+    for i in "${!claims[@]}"; do
+        case ${claims[$i]} in "$1":*) claims[$i]="$(echo "${claims[$i]}" | cut -d: -f1-4):$2" ;; esac
+    done
     board
 }
 # start <uid> <out> <worker args...>: the claim's process, in a mount namespace that sees only its own claim.

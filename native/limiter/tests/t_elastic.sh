@@ -199,6 +199,25 @@ hostile grow held
 for how in truncate garbage otherboot forever; do hostile "$how" borrows; done
 [ -s "$tmp/h-truncate" ] || fail "the claim beside a truncated file died: $(cat "$tmp/h-truncate.err")"
 
+# 7b. A neighbour that says it is busy while the driver sees it run nothing: the agent marks its board entry, and
+# from the library's next launch its word holds no one back (before: held at 70 % for as long as it said so). The
+# mark goes when the driver sees it run: its word holds again (the case "valid" above).
+tamper reset 0
+b=$(t0 1.5) e=$(t0 3.5)
+tamper valid "$e"
+demand=$(activity "$A" 0)
+start "$A" "$tmp/marked" run "$b" "$b" "$e" 50
+deadline=$(t0 20)
+until [ "$(activity "$A" 0)" != "$demand" ]; do
+    awk -v n="$("$worker" now)" -v d="$deadline" 'BEGIN { exit !(n > d) }' && fail "the claim never ran"
+done
+mark nb 1
+finish
+mark nb 0
+show marked "$tmp/marked"
+at_least "$(sed -n 's/.*bins=//p' "$tmp/marked" | tr ',' ' ' | awk '{ s = 0; for (i = NF - 15; i < NF; i++) s += $i; print s / 15 }')" \
+    78 "a claim beside a neighbour the agent marked as contradicted by the driver (the last 300 ms; held: 70)"
+
 # 8. A board caught mid-write (seq odd, a writer killed or slow) at the claim's first launch: its fixed floor
 # until the agent's next write, then its share again, not the floor for the life of the process.
 tamper reset 0

@@ -24,6 +24,10 @@
  *                 predict the draws
  *   changed       one function and grid learned at 20 us, then every launch of it 1 ms: the random draws must
  *                 catch the change
+ *   changed-short the same learned at 2 us (launched ten times as often before the change shows), measured from
+ *                 the change on: at most 30 % (relative) above the share over the window - the launches that ran
+ *                 at the old estimate before a timed one showed the change are charged what they took, as the
+ *                 timed ones complete (before: a 30 % claim 54 % busy over the first 3 s, 100 % over the first)
  *   new-kinds     every launch a kind never seen (a new grid size), each 2 ms, after the limiter has learned
  *                 20 us kernels, as fast as it can: over the first <seconds> the device may be busy as for
  *                 cold-burst - not for a queue of new kinds each admitted at the estimate of an unknown launch
@@ -34,7 +38,8 @@
  *                 only by what the 1 s kernel took before its measurement came back: the quiet process's debt
  *                 must reach the claim's clock without it calling CUDA again
  *
- * usage: t_launch <scenario> <cores%> <seconds>
+ * usage: t_launch <scenario> <cores%> <seconds>    (T_LAUNCH_WARM_S: the launching before the window, default 0.3 s,
+ * changed-short 0)
  */
 #include "device.h"
 #include "schedstat.h"
@@ -239,11 +244,12 @@ int main(int argc, char **argv) {
     } else if (strcmp(scenario, "long-kernels") == 0) {
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         long_kernels = 1;
-    } else if (strcmp(scenario, "predicted") == 0 || strcmp(scenario, "changed") == 0) {
+    } else if (strcmp(scenario, "predicted") == 0 || strcmp(scenario, "changed") == 0 ||
+               strcmp(scenario, "changed-short") == 0) {
         CHECK_CU(cuModuleGetFunction(&fn, mod, "spin"), CUDA_SUCCESS);
         CHECK_CU(cuStreamCreate(&stream, 0), CUDA_SUCCESS);
         /* The kind is learned from short kernels first: eight timed launches, all measured by the next launch. */
-        for (int k = 0; k < 8; k++) spin(20000, SMS);
+        for (int k = 0; k < 8; k++) spin(strcmp(scenario, "changed-short") == 0 ? 2000 : 20000, SMS);
         CHECK_CU(cuStreamSynchronize(stream), CUDA_SUCCESS);
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
@@ -258,7 +264,8 @@ int main(int argc, char **argv) {
     }
 
     unsigned i = 0;
-    double warm = now_s() + 0.3;
+    int from_change = strcmp(scenario, "changed-short") == 0;
+    double warm = now_s() + (getenv("T_LAUNCH_WARM_S") ? atof(getenv("T_LAUNCH_WARM_S")) : from_change ? 0 : 0.3);
     while (now_s() < warm) launch(i++);
     uint64_t b0 = fakecuda_busy_ns(device), d0 = run_delay_ns();
     double t0 = now_s();
@@ -270,8 +277,9 @@ int main(int argc, char **argv) {
     printf("t_launch %s: target %d%%  busy %.2f%%  error %+.2f%%  (while running %.2f%%, %.0f%% waiting for a CPU)\n",
            scenario, cores, busy, error, ran, 100.0 * starved / window);
     CHECK(starved < 0.75 * window, "the launcher waited for a CPU most of the window: too loaded a machine to measure");
-    CHECK(error <= 5.0, "busy %.2f%% is more than 5%% above %d%%", busy, cores);
-    CHECK(predicted || ran >= 0.95 * cores, "busy %.2f%% of the time the launcher ran is more than 5%% below %d%%", ran,
-          cores);
+    double above = from_change ? 30.0 : 5.0;
+    CHECK(error <= above, "busy %.2f%% is more than %.0f%% above %d%%", busy, above, cores);
+    CHECK(predicted || from_change || ran >= 0.95 * cores,
+          "busy %.2f%% of the time the launcher ran is more than 5%% below %d%%", ran, cores);
     return 0;
 }

@@ -13,8 +13,18 @@ Every limiter claim with a compute share below 100 % on a GPU takes part in that
   a claim's processes can write only their own (the directory is mounted read-only, their own file
   read-write over it), so what it says is the claim's own word, never trusted for anyone's share.
 
+A board entry's flags word (layout version 2's reserved word, zero in every board an older agent wrote, and
+never read by an older library: no new layout version) carries the node's marks on a claim, which the
+claim cannot write: ``FLAG_CONTRADICTED``, its activity file says it wants the GPU while the driver sees
+its processes run nothing, so the library counts none of its demand (it holds no one back) until the
+agent clears the mark (``mark_board``).
+
 This module owns both layouts: the hold handler that keeps them (``plugin.sharing.arbitration``) and
 the monitor that reads them go through it.
+
+Longer than 500 lines: it is the one place that knows the byte layouts the library reads (both board
+versions, their seqlock writes and the marks, the activity file), and a split would put two halves of
+one layout in two modules.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ import operator
 import os
 import struct
 import tempfile
+import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,17 +82,22 @@ ACTIVITY_VERSION = 2
 """Version 2: the boot the claim's words belong to, at offset 56 (a word of another boot never counts)."""
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 ACTIVITY_MODE = 0o666
+FLAG_CONTRADICTED = 1
+"""A board entry's flag: the driver contradicts the claim's activity file; its demand is not counted."""
 PRIORITIES = tuple(p.value for p in Priority)
 """Priority classes by their code on the board (0 latency, 1 standard, 2 besteffort)."""
 
 _HEADER = struct.Struct("<8sII")  # magic, version, entry count
 _SEQ = struct.Struct("<Q")
-_ENTRY = struct.Struct("<128sIIII16x")  # claim uid, floor, ceiling, priority, reserved
+_ENTRY = struct.Struct("<128sIIII16x")  # claim uid, floor, ceiling, priority, flags
 _V1_ENTRY = struct.Struct("<64sIIII16x")  # version 1: claim uid, floor, ceiling, priority, reserved
 _ACTIVITY_HEADER = struct.Struct("<8sII")  # magic, version, zero
 _ACTIVITY_FIELDS = struct.Struct("<qqqqq")  # demand_until_ns, used_ns, borrowed_ns, waiting, held_ns (int64)
 _BOOT_OFFSET = 56  # 16 bytes: the kernel's boot_id, as uuid.UUID(text).bytes
 READ_TRIES = 1000
+_WRITING = threading.Lock()
+"""The agent's writers of a board (prepare's hold handler, the monitor's marks) take turns: each write is a
+read, a change and a seqlock write of the whole entry area."""
 
 
 class BoardError(ValueError):
@@ -150,22 +166,40 @@ def board_header(count: int, seq: int) -> bytes:
     return _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count) + _SEQ.pack(seq)
 
 
-def pack_entries(entries: Iterable[Entry]) -> tuple[int, bytes]:
-    """(count, the whole entry area): entries in claim UID order, every unused slot zero."""
+def pack_entries(entries: Iterable[Entry], marked: Set[str] = frozenset()) -> tuple[int, bytes]:
+    """(count, the whole entry area): entries in claim UID order, every unused slot zero; the claims in
+    `marked` flagged FLAG_CONTRADICTED."""
     ordered = sorted(entries, key=_ORDER)
     if len(ordered) > MAX_ENTRIES:
         raise BoardError(f"{len(ordered)} claims on one GPU; the board holds at most {MAX_ENTRIES}")
     packed = b"".join(
-        _ENTRY.pack(e.claim_uid.encode(), e.floor, e.ceiling, PRIORITIES.index(e.priority), 0)
+        _ENTRY.pack(
+            e.claim_uid.encode(),
+            e.floor,
+            e.ceiling,
+            PRIORITIES.index(e.priority),
+            FLAG_CONTRADICTED if e.claim_uid in marked else 0,
+        )
         for e in ordered
     )
     return len(ordered), packed.ljust(BOARD_BYTES - HEADER_BYTES, b"\0")
 
 
-def board_bytes(entries: Iterable[Entry], seq: int = 0) -> bytes:
+def board_bytes(entries: Iterable[Entry], seq: int = 0, marked: Set[str] = frozenset()) -> bytes:
     """A whole board file as the agent writes it (seq even)."""
-    count, area = pack_entries(entries)
+    count, area = pack_entries(entries, marked)
     return board_header(count, seq).ljust(HEADER_BYTES, b"\0") + area
+
+
+def _marks(header: bytes, area: bytes) -> set[str]:
+    """The claim UIDs whose entries carry FLAG_CONTRADICTED (of a board `_unpack` took)."""
+    (count,) = struct.unpack_from("<I", header, 12)
+    marked = set()
+    for i in range(min(count, MAX_ENTRIES)):
+        raw, _, _, _, flags = _ENTRY.unpack_from(area, i * ENTRY_BYTES)
+        if flags & FLAG_CONTRADICTED:
+            marked.add(raw.rstrip(b"\0").decode(errors="replace"))
+    return marked
 
 
 def _unpack(header: bytes, area: bytes) -> list[Entry]:
@@ -209,6 +243,13 @@ def _read_consistent(path: Path | str) -> tuple[bytes, bytes]:
 def read_board(path: Path) -> list[Entry]:
     """The board's entries, read consistently (seqlock); BoardError if it is no board, OSError if unreadable."""
     return _unpack(*_read_consistent(path))
+
+
+def read_marks(path: Path | str) -> set[str]:
+    """The claim UIDs the board marks FLAG_CONTRADICTED (read as `read_board`)."""
+    header, area = _read_consistent(path)
+    _unpack(header, area)
+    return _marks(header, area)
 
 
 def make_file(path: Path | str, content: bytes, size: int, mode: int, durable: bool = False) -> bool:
@@ -263,6 +304,11 @@ def write_board(path: Path, entries: Iterable[Entry]) -> None:
     """Rewrite the board's entries in place under the seqlock: seq made odd, the count and every
     entry slot written, seq made even. Readers that map the file never see a torn entry array."""
     count, area = pack_entries(entries)
+    with _WRITING:
+        _write_area(path, count, area)
+
+
+def _write_area(path: Path | str, count: int, area: bytes) -> None:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         (seq,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
@@ -283,16 +329,31 @@ class Written:
     inode: int
     seq: int
     entries: tuple[Entry, ...]
+    marked: frozenset[str] = frozenset()
 
 
 def rewrite_board(
-    path: Path | str, change: Callable[[list[Entry]], list[Entry]], last: Written | None = None
+    path: Path | str,
+    change: Callable[[list[Entry]], list[Entry]],
+    last: Written | None = None,
+    marks: Callable[[set[str]], Set[str]] | None = None,
 ) -> Written:
     """Rewrite the board's entries with `change(entries)`, in place as `write_board` does, through one
     descriptor; what it wrote. The entries are read from the file unless `last` still describes it; a
-    board left mid-write (seq odd) or with an entry that is no entry gives []. BoardError when the file
-    is no board (wrong size or magic), OldBoard when it is one of layout version 1 (left as it is),
-    OSError when it cannot be opened (missing, a symlink)."""
+    board left mid-write (seq odd) or with an entry that is no entry gives []. The marks
+    (FLAG_CONTRADICTED) of the claims that stay on it are kept, or become `marks(marked)`. BoardError
+    when the file is no board (wrong size or magic), OldBoard when it is one of layout version 1 (left as
+    it is), OSError when it cannot be opened (missing, a symlink)."""
+    with _WRITING:
+        return _rewrite(path, change, last, marks)
+
+
+def _rewrite(
+    path: Path | str,
+    change: Callable[[list[Entry]], list[Entry]],
+    last: Written | None,
+    marks: Callable[[set[str]], Set[str]] | None,
+) -> Written:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -305,13 +366,16 @@ def rewrite_board(
         if _HEADER.unpack_from(header)[1] == 1:
             raise OldBoard(f"{path} is a board of layout version 1")
         entries: list[Entry] = []
+        marked: set[str] = set()
         if last is not None and (last.inode, last.seq) == (st.st_ino, seq):
-            entries = list(last.entries)
+            entries, marked = list(last.entries), set(last.marked)
         elif seq % 2 == 0:
             with contextlib.suppress(BoardError):
-                entries = _unpack(header, os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES))
+                area = os.pread(fd, BOARD_BYTES - HEADER_BYTES, HEADER_BYTES)
+                entries, marked = _unpack(header, area), _marks(header, area)
         new = sorted(change(entries), key=_ORDER)
-        count, area = pack_entries(new)
+        kept = frozenset(set(marked if marks is None else marks(marked)) & {e.claim_uid for e in new})
+        count, area = pack_entries(new, kept)
         odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
         os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
         os.pwrite(fd, area, HEADER_BYTES)
@@ -319,7 +383,25 @@ def rewrite_board(
         os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
     finally:
         os.close(fd)
-    return Written(st.st_ino, odd + 1, tuple(new))
+    return Written(st.st_ino, odd + 1, tuple(new), kept)
+
+
+def mark_board(path: Path | str, marked: Set[str]) -> bool:
+    """Mark exactly the claims of `marked` on the board FLAG_CONTRADICTED (the others' marks cleared),
+    their entries as they are; whether it wrote (nothing is written when the marks are already these). A
+    board that is missing, no board of this layout or mid-write is left alone (False): the marks are
+    never worth a board's entries."""
+    with _WRITING:
+        try:
+            header, area = _read_consistent(path)
+            entries = _unpack(header, area)
+        except (BoardError, OSError, UnicodeDecodeError):
+            return False
+        want = set(marked) & {e.claim_uid for e in entries}
+        if want == _marks(header, area):
+            return False
+        _rewrite(path, lambda _: entries, None, lambda _: want)
+        return True
 
 
 def _v1_area(entries: Iterable[Entry]) -> tuple[int, bytes]:

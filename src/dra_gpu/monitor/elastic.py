@@ -6,11 +6,17 @@ trusted for anyone's share, and bounded here so that one claim's numbers cannot 
 (a claim's use in an interval is at most the interval, its borrowing at most its use). Lent is worked out
 per GPU and sampling interval: the time borrowed on the GPU is charged to the claims that left part of
 their floor idle, in proportion to what each left idle, and never more than that.
+
+What a claim says of itself is checked against the driver (`monitor.Monitor._check_activity`): a claim whose
+activity file says it wants the GPU while the driver sees it run nothing is marked on its GPU's board
+(`publish_marks`), a flag only the agent can write, and the library then counts none of its demand: it holds
+no other claim back. The mark goes when the driver sees the claim run again (or its word stops saying busy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +25,25 @@ from dra_gpu.limiter_abi.board import (
     Activity,
     BoardError,
     activity_name,
+    mark_board,
     read_activity,
     read_board,
 )
 
+log = logging.getLogger(__name__)
+
 NS = 1e9
+
+
+def publish_marks(gpus_dir: Path, marked: Mapping[str, Set[str]]) -> None:
+    """For each GPU (uuid -> the claim UIDs the driver contradicts there), mark exactly those claims on its
+    board; a board already marked so is not written (the library reads a board again only when it changes)."""
+    for gpu, uids in marked.items():
+        try:
+            if mark_board(gpus_dir / gpu / BOARD_FILE, uids):
+                log.info("board marks changed", extra={"gpu": gpu, "contradicted": sorted(uids)})
+        except OSError as exc:  # a board that cannot be written now: the next check tries again
+            log.warning("cannot mark the board", extra={"gpu": gpu, "error": str(exc)})
 
 
 @dataclass(frozen=True)

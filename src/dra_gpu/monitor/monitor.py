@@ -45,7 +45,7 @@ from dra_gpu.limiter_abi.region import (
     write_floor,
 )
 from dra_gpu.monitor.compute_hold import ComputeHold
-from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger
+from dra_gpu.monitor.elastic import ElasticFigures, ElasticLedger, publish_marks
 from dra_gpu.monitor.freezer import RECORDS_DIR, CgroupFreezer, FreezeRecords, freezer_of, namespace_root
 from dra_gpu.monitor.nvml_usage import GpuProcesses, NvmlSampler
 from dra_gpu.monitor.pods import PodDirectory, PodInfo
@@ -543,7 +543,8 @@ class Monitor:
     ) -> None:
         """A claim whose activity file says it wants the GPU now while the driver saw its processes run nothing
         since the last read is `contradicted` (with a Warning event on the claim when it starts): its word holds
-        no one back. The arbitration reads `idle_by_driver()`; the library does not yet (it reads the file)."""
+        no one back. The agent marks it on its GPU's board, where the library reads it (`publish_marks`), until
+        the driver sees it run again; `idle_by_driver()` says the same."""
         now_ns = time.monotonic_ns()
         found: dict[tuple[str, str], float] = {}
         for key, h in held.items():
@@ -564,6 +565,12 @@ class Monitor:
                     "nothing there since the last look: its word holds no other claim back",
                 )
         self.contradicted = found
+        marks: dict[str, set[str]] = {
+            h.gpu: set() for h in held.values() if h.sharing == Strategy.LIMITER.value
+        }
+        for uid, gpu in found:
+            marks.setdefault(gpu, set()).add(uid)
+        publish_marks(self._elastic_dir, marks)
 
     def idle_by_driver(self) -> set[tuple[str, str]]:
         """(claim uid, gpu) of the claims whose activity file the driver's figures contradict now."""
