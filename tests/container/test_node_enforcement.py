@@ -1,8 +1,9 @@
 """The node holds claims to their shares in real container cgroups, whatever their processes do.
 
 Three containers run under podman, each in a cgroup named as the kubelet names a pod's (`--cgroup-parent
-/kubepods/pod<uid>`), each its own claim's: one spins on the GPU without the limiter under a 30 % ceiling,
-one holds 2 GiB under a 1 GiB cap, one runs under the limiter within both. The agent's monitor watches them
+/kubepods/pod<uid>`), each its own claim's: one spins on the GPU without the limiter under a 10 % ceiling
+(low, so that even a spinner a loaded machine slows is over it), one holds 2 GiB under a 1 GiB cap, one
+runs under the limiter within both. The agent's monitor watches them
 from the host's view (host PIDs, `/proc/<pid>/cgroup`, the freezer of each container's cgroup) with the
 fake NVML saying what each process holds and runs. The spinner is frozen back towards its share, the
 process over its cap is killed, the honest neighbour is never touched.
@@ -92,7 +93,7 @@ def test_the_node_freezes_a_bypassing_container_kills_one_over_its_cap_and_never
     api = FakeKube()
     driver = fake_pynvml.FakeDriver(gpus=[fake_pynvml.FakeGpu(uuid=UUID)])
     fake_pynvml.install(driver)
-    caps = {"bypass": (4 * GIB, 30), "hog": (GIB, 100), "honest": (GIB, 30)}
+    caps = {"bypass": (4 * GIB, 10), "hog": (GIB, 100), "honest": (GIB, 30)}
     holdings = []
     for n, (name, (memory, cores)) in enumerate(caps.items()):
         ref = ClaimRef(f"00000000-0000-4000-8000-0000000000e{n}", "tenants", name)
@@ -150,7 +151,7 @@ def test_the_node_freezes_a_bypassing_container_kills_one_over_its_cap_and_never
             start, cpu = time.monotonic(), _cpu_s(pids["bypass"])
             wait_for(lambda: time.monotonic() - start >= 4.0, what="four seconds held", timeout_s=10)
             share = (_cpu_s(pids["bypass"]) - cpu) / (time.monotonic() - start)
-            assert share < 0.6, f"held back towards its 30 % ceiling (it ran {share:.0%} of a core)"
+            assert share < 0.6, f"held back towards its 10 % ceiling (it ran {share:.0%} of a core)"
             assert Path(f"/proc/{pids['bypass']}").exists(), "held, never killed"
             honest_uid = holdings[2].claim.uid
             assert all(a.freezes == 0 for (uid, _), a in hold.accounts.items() if uid == honest_uid)
