@@ -182,10 +182,11 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
                     "namespace": "team-a",
                     "claim": "batch",
                     "gpu_uuid": ",".join(device_uuids(container.env)),
-                    "sharing": "Limiter",
                 }
                 assert values[("dra_gpu_claim_allocations_refused_total", "batch")][1] == 1
-                assert values[("dra_gpu_claim_memory_limit_bytes", "batch")][1] == 2 * GiB
+                limit_labels, limit = values[("dra_gpu_claim_memory_limit_bytes", "batch")]
+                assert limit == 2 * GiB
+                assert limit_labels == {**labels, "sharing": "Limiter"}, "the limit names the sharing mode"
             finally:
                 workload.kill()
                 workload.wait()

@@ -59,7 +59,7 @@ def _names(monitor: Monitor) -> set[str]:
 
 
 def _exported(tmp_path: Path) -> set[str]:
-    """The metric names a monitor with one claim, one container and one violation puts on /metrics."""
+    """The metric names a monitor with one claim, two containers and one violation puts on /metrics."""
     monitor = _monitor(tmp_path)
     held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
     snap = Snapshot()
@@ -68,6 +68,7 @@ def _exported(tmp_path: Path) -> set[str]:
         held, memory_used=1, busy_seconds=2.0, throttled_seconds=0.5, refused=2, elastic=elastic
     )
     snap.containers[("u", "p", "main", "GPU-1")] = (held, ContainerFigures(1, 1.0))
+    snap.containers[("u", "p", "side", "GPU-1")] = (held, ContainerFigures(1, 1.0))
     monitor.snapshot = snap
     pod = PodInfo("pu", "ns", "p", {}, frozenset({"c"}))
     violation = Violation(Reason.MEMORY, 1, "GPU-1", held.claim, pod, "main", WatchdogPolicy.REPORT, "")

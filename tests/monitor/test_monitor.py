@@ -125,24 +125,28 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         assert not kubelet.prepare(shared, whole)[uid_of(shared)].error
         pod_a, cid_a = add_pod(api, "infer", ["shared"])
         pod_b, cid_b = add_pod(api, "train", ["whole"])
+        pod_c, cid_c = add_pod(api, "eval", ["whole"])
         fake_proc(proc_root, 4001, pod_a, cid_a, limiter=True)
         fake_proc(proc_root, 4002, pod_b, cid_b, limiter=False, systemd=False)
+        fake_proc(proc_root, 4003, pod_c, cid_c, limiter=False, systemd=False)
         gpu0, gpu1 = driver.gpus
         gpu0.processes = {4001: GiB}
-        gpu1.processes = {4002: 3 * GiB}
+        gpu1.processes = {4002: 3 * GiB, 4003: GiB}
         gpu1.utilization = [(4002, 1_000_000, 50, 10), (4002, 3_000_000, 50, 10)]
         monitor_of(plugin).sample_once()
         monitor_of(plugin).sample_once()
 
         metrics = scrape(plugin.http_port)
-        a = {"namespace": "default", "claim": "shared", "gpu_uuid": gpu0.uuid, "sharing": "Limiter"}
-        b = {"namespace": "default", "claim": "whole", "gpu_uuid": gpu1.uuid, "sharing": "Exclusive"}
+        a = {"namespace": "default", "claim": "shared", "gpu_uuid": gpu0.uuid}
+        b = {"namespace": "default", "claim": "whole", "gpu_uuid": gpu1.uuid}
         assert sorted(metrics["dra_gpu_claim_memory_used_bytes"], key=str) == sorted(
-            [(a, GiB), (b, 3 * GiB)], key=str
+            [(a, GiB), (b, 4 * GiB)], key=str
         )
-        assert (a, 4 * GiB) in metrics["dra_gpu_claim_memory_limit_bytes"]
+        assert ({**a, "sharing": "Limiter"}, 4 * GiB) in metrics["dra_gpu_claim_memory_limit_bytes"]
         whole_gpu = plugin.inventory.gpus()[1].memory_bytes
-        assert (b, whole_gpu) in metrics["dra_gpu_claim_memory_limit_bytes"], "a whole GPU's limit is the GPU"
+        assert ({**b, "sharing": "Exclusive"}, whole_gpu) in metrics["dra_gpu_claim_memory_limit_bytes"], (
+            "a whole GPU's limit is the GPU"
+        )
 
         assert "dra_gpu_claim_compute_share_ratio" not in metrics, (
             "a share is the claim's config, not a series"
@@ -151,9 +155,14 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
             (labels["claim"], value) for labels, value in metrics["dra_gpu_claim_compute_busy_seconds_total"]
         )
         assert busy["whole"] == pytest.approx(1.0)
-        containers = metrics["dra_gpu_container_memory_used_bytes"]
-        assert ({**a, "pod": "infer", "container": "main"}, GiB) in containers
-        assert ({**b, "pod": "train", "container": "main"}, 3 * GiB) in containers
+        containers = sorted(metrics["dra_gpu_container_memory_used_bytes"], key=str)
+        assert containers == sorted(
+            [
+                ({**b, "pod": "train", "container": "main"}, 3 * GiB),
+                ({**b, "pod": "eval", "container": "main"}, GiB),
+            ],
+            key=str,
+        ), "a claim used by one container has its claim's series alone; one used by two, a series each"
         assert "dra_gpu_watchdog_violations_total" not in metrics, "nothing escaped its share"
         throttled = [
             labels["claim"] for labels, _ in metrics.get("dra_gpu_claim_throttled_seconds_total", [])
@@ -165,10 +174,7 @@ def test_metrics_equal_the_fakes_and_go_away_with_the_claim(dirs: PluginDirs, tm
         metrics = scrape(plugin.http_port)
         claims = {labels["claim"] for labels, _ in metrics["dra_gpu_claim_memory_used_bytes"]}
         assert claims == {"shared"}, "an unprepared claim's series are gone"
-        assert all(
-            labels["claim"] == "shared"
-            for labels, _ in metrics.get("dra_gpu_container_memory_used_bytes", [])
-        )
+        assert "dra_gpu_container_memory_used_bytes" not in metrics, "its containers' too"
         kubelet.close()
 
 

@@ -76,7 +76,7 @@ def test_metrics_show_what_each_claim_reports_once_it_counts_and_not_its_configu
 
         metrics = scrape(plugin.http_port)
         labels = {
-            name: {"namespace": "default", "claim": name, "gpu_uuid": gpu, "sharing": "Limiter"}
+            name: {"namespace": "default", "claim": name, "gpu_uuid": gpu}
             for name in ("inference", "training")
         }
         for configuration in ("floor_ratio", "ceiling_ratio", "priority"):

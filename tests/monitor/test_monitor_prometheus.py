@@ -134,9 +134,9 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
                     f"{exc}; last answer {_query(port, promql)}; prometheus log:\n{log}"
                 ) from None
             assert result[0]["metric"]["gpu_uuid"] == ",".join(device_uuids(container.env))
-            assert result[0]["metric"]["sharing"] == "Limiter"
             limit = _query(port, 'dra_gpu_claim_memory_limit_bytes{claim="llm"}')
             assert limit and float(limit[0]["value"][1]) == 2048 * MiB
+            assert limit[0]["metric"]["sharing"] == "Limiter", "the limit names the claim's sharing mode"
         finally:
             prometheus.terminate()
             try:

@@ -121,6 +121,11 @@ def dashboard() -> dict[str, Any]:
                     f"sum by (namespace, pod, container) (dra_gpu_container_memory_used_bytes{{{CLAIM}}})",
                     "{{namespace}}/{{pod}}/{{container}}",
                 ),
+                (  # a claim used by one container has no container series: its own is that container's
+                    f"sum by (namespace, claim) (dra_gpu_claim_memory_used_bytes{{{CLAIM}}} unless on "
+                    f"(namespace, claim, gpu_uuid) dra_gpu_container_memory_used_bytes)",
+                    "{{namespace}}/{{claim}} (one container)",
+                ),
             ],
             "bytes",
             (0, 16, 12, 8),

@@ -9,21 +9,29 @@ series"): its memory limit (the one setting alerts compare a figure with) and me
 of its counters (GPU time busy, time throttled, allocations refused, elastic time used, borrowed, lent
 and held, freezes) once it counts, as the watchdog's do: an idle claim's zeros say nothing. A claim's
 compute share, floor, ceiling and priority are its configuration: the claim says them (`dra-gpu usage`
-shows them), and 2,000 claims would spend 1.2 MB of every scrape repeating them.
+shows them), and 2,000 claims would spend 1.2 MB of every scrape repeating them. Its sharing mode is a
+label of its memory limit alone (the series every claim has): on every other family it repeated what
+namespace, claim and GPU already name. A claim's container series exist where its processes on a GPU are
+in more than one container: with one, that container's figures are the claim's.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from dra_gpu.monitor.compute_hold import ComputeHold
-from dra_gpu.monitor.monitor import ClaimFigures, Monitor, Snapshot
+from dra_gpu.monitor.monitor import ClaimFigures, Held, Monitor, Snapshot
 
-CLAIM_LABELS = ["namespace", "claim", "gpu_uuid", "sharing"]
-CONTAINER_LABELS = ["namespace", "claim", "pod", "container", "gpu_uuid", "sharing"]
+CLAIM_LABELS = ["namespace", "claim", "gpu_uuid"]
+LIMIT_LABELS = [*CLAIM_LABELS, "sharing"]
+"""The memory limit, every claim's series, also names the claim's sharing mode (join on the claim's
+labels for it)."""
+CONTAINER_LABELS = ["namespace", "claim", "pod", "container", "gpu_uuid"]
 WATCHDOG_LABELS = ["namespace", "claim", "pod", "gpu_uuid", "reason"]
 
 METRICS = {
@@ -35,8 +43,10 @@ METRICS = {
     "the first wait on).",
     "dra_gpu_claim_allocations_refused_total": "Allocations the limiter refused for the claim's memory limit "
     "(from the first refusal on).",
-    "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML.",
-    "dra_gpu_container_compute_busy_seconds_total": "GPU time one container of a claim kept the GPU busy.",
+    "dra_gpu_container_memory_used_bytes": "GPU memory in use by one container of a claim, from NVML (for "
+    "claims whose processes on the GPU are in more than one container).",
+    "dra_gpu_container_compute_busy_seconds_total": "GPU time one container of a claim kept the GPU busy (for "
+    "claims whose processes on the GPU are in more than one container; from the first busy time on).",
     "dra_gpu_claim_compute_used_seconds_total": "GPU time the claim's processes report charged to it on the GPU "
     "(the claim's own word; from its first report of use on).",
     "dra_gpu_claim_compute_borrowed_seconds_total": "Part of the used time the claim reports admitted above its "
@@ -65,48 +75,82 @@ def _name(metric: str) -> str:
     return metric.removesuffix("_total")
 
 
+class _Samples:
+    """A family's samples, each made as the exposition reads it and dropped once written: a scrape of
+    thousands of claims holds two lists, not a tuple per series that the collector of cycles has to walk."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.labels: list[dict[str, str]] = []
+        self.values: list[float] = []
+
+    def __iter__(self) -> Iterator[Sample]:
+        name = self.name
+        for labels, value in zip(self.labels, self.values, strict=True):
+            yield Sample(name, labels, value)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _family(kind: type[GaugeMetricFamily | CounterMetricFamily], metric: str, labels: list[str]) -> Metric:
+    family = kind(_name(metric), METRICS[metric], labels=labels)
+    family.samples = _Samples(metric)  # type: ignore[assignment]
+    return family
+
+
+def _add(family: Metric, labels: dict[str, str], value: float) -> None:
+    """`add_metric` with a label set made once: the series of one claim share it (the exposition only reads
+    it), so a scrape of thousands of claims makes no dict per series."""
+    samples = family.samples
+    assert isinstance(samples, _Samples)
+    samples.labels.append(labels)
+    samples.values.append(value)
+
+
 class MonitorCollector(Collector):
     def __init__(self, monitor: Monitor) -> None:
         self._monitor = monitor
+        self._labels: dict[Held, tuple[dict[str, str], dict[str, str]]] = {}
+        """Each held share's label sets (its claim's, its memory limit's), made once while it is held: every
+        series of a claim shares them, and a scrape of thousands of claims makes none."""
+
+    def _claim_labels(self, figures: list[ClaimFigures]) -> dict[Held, tuple[dict[str, str], dict[str, str]]]:
+        old, new = self._labels, {}
+        for fig in figures:
+            h = fig.held
+            pair = old.get(h)
+            if pair is None:
+                claim = {"namespace": h.claim.namespace, "claim": h.claim.name, "gpu_uuid": h.gpu}
+                pair = (claim, {**claim, "sharing": h.sharing})
+            new[h] = pair
+        self._labels = new
+        return new
 
     def collect(self) -> Iterator[Metric]:
         m = METRICS
         snap = self._monitor.snapshot
-        used = GaugeMetricFamily(
-            "dra_gpu_claim_memory_used_bytes", m["dra_gpu_claim_memory_used_bytes"], labels=CLAIM_LABELS
-        )
-        limit = GaugeMetricFamily(
-            "dra_gpu_claim_memory_limit_bytes", m["dra_gpu_claim_memory_limit_bytes"], labels=CLAIM_LABELS
-        )
-        busy = CounterMetricFamily(
-            _name("dra_gpu_claim_compute_busy_seconds_total"),
-            m["dra_gpu_claim_compute_busy_seconds_total"],
-            labels=CLAIM_LABELS,
-        )
-        throttled = CounterMetricFamily(
-            _name("dra_gpu_claim_throttled_seconds_total"),
-            m["dra_gpu_claim_throttled_seconds_total"],
-            labels=CLAIM_LABELS,
-        )
-        refused = CounterMetricFamily(
-            _name("dra_gpu_claim_allocations_refused_total"),
-            m["dra_gpu_claim_allocations_refused_total"],
-            labels=CLAIM_LABELS,
-        )
-        for fig in list(snap.claims.values()):
+        used = _family(GaugeMetricFamily, "dra_gpu_claim_memory_used_bytes", CLAIM_LABELS)
+        limit = _family(GaugeMetricFamily, "dra_gpu_claim_memory_limit_bytes", LIMIT_LABELS)
+        busy = _family(CounterMetricFamily, "dra_gpu_claim_compute_busy_seconds_total", CLAIM_LABELS)
+        throttled = _family(CounterMetricFamily, "dra_gpu_claim_throttled_seconds_total", CLAIM_LABELS)
+        refused = _family(CounterMetricFamily, "dra_gpu_claim_allocations_refused_total", CLAIM_LABELS)
+        figures = list(snap.claims.values())
+        label_sets = self._claim_labels(figures)
+        for fig in figures:
             h = fig.held
-            labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
+            labels, limit_labels = label_sets[h]
             if fig.memory_used is not None:
-                used.add_metric(labels, fig.memory_used)
+                _add(used, labels, fig.memory_used)
             if h.memory_limit is not None:
-                limit.add_metric(labels, h.memory_limit)
+                _add(limit, limit_labels, h.memory_limit)
             # A claim's counters appear once they count: an idle claim's zeros carry no figure.
             if fig.busy_seconds:
-                busy.add_metric(labels, fig.busy_seconds)
+                _add(busy, labels, fig.busy_seconds)
             if fig.throttled_seconds:
-                throttled.add_metric(labels, fig.throttled_seconds)
+                _add(throttled, labels, fig.throttled_seconds)
             if fig.refused:
-                refused.add_metric(labels, fig.refused)
+                _add(refused, labels, fig.refused)
         c_used = GaugeMetricFamily(
             "dra_gpu_container_memory_used_bytes",
             m["dra_gpu_container_memory_used_bytes"],
@@ -117,10 +161,16 @@ class MonitorCollector(Collector):
             m["dra_gpu_container_compute_busy_seconds_total"],
             labels=CONTAINER_LABELS,
         )
-        for (_, pod, container, gpu), (h, cfig) in list(snap.containers.items()):
-            labels = [h.claim.namespace, h.claim.name, pod, container, gpu, h.sharing]
-            c_used.add_metric(labels, cfig.memory_used)
-            c_busy.add_metric(labels, cfig.busy_seconds)
+        containers = list(snap.containers.items())
+        # A claim's processes on a GPU in one container: that container's figures are the claim's series.
+        seen = Counter((uid, gpu) for (uid, _, _, gpu), _ in containers)
+        for (uid, pod, container, gpu), (h, cfig) in containers:
+            if seen[(uid, gpu)] < 2:
+                continue
+            names = [h.claim.namespace, h.claim.name, pod, container, gpu]
+            c_used.add_metric(names, cfig.memory_used)
+            if cfig.busy_seconds:
+                c_busy.add_metric(names, cfig.busy_seconds)
         reclaimed = CounterMetricFamily(
             _name("dra_gpu_claim_slots_reclaimed_total"),
             m["dra_gpu_claim_slots_reclaimed_total"],
@@ -129,7 +179,7 @@ class MonitorCollector(Collector):
         for (namespace, claim), count in list(self._monitor.slots_reclaimed.items()):
             reclaimed.add_metric([namespace, claim], count)
         yield from (used, limit, busy, throttled, refused, c_used, c_busy, reclaimed)
-        yield from elastic_families(list(snap.claims.values()))
+        yield from elastic_families(figures, {h: pair[0] for h, pair in label_sets.items()})
 
         wd = self._monitor.watchdog
         violations = CounterMetricFamily(
@@ -211,27 +261,28 @@ ELASTIC_COUNTERS = (
 )
 
 
-def elastic_families(figures: list[ClaimFigures]) -> Iterator[Metric]:
+def elastic_families(
+    figures: list[ClaimFigures], label_sets: dict[Held, dict[str, str]] | None = None
+) -> Iterator[Metric]:
     """Elastic compute: the GPU time each claim on a board reports used, borrowed and held, and what it lent.
 
     Each appears once it counts (a claim that never borrowed has no borrowed series: it borrowed 0 s). The
     floor, ceiling and priority are the claim's configuration, not series."""
-    counters = {
-        name: CounterMetricFamily(_name(name), METRICS[name], labels=CLAIM_LABELS)
-        for name in ELASTIC_COUNTERS
-    }
+    counters = {name: _family(CounterMetricFamily, name, CLAIM_LABELS) for name in ELASTIC_COUNTERS}
     used, borrowed, lent, held = counters.values()
     for fig in figures:
         e, h = fig.elastic, fig.held
         if e is None:
             continue
-        labels = [h.claim.namespace, h.claim.name, h.gpu, h.sharing]
+        labels = label_sets.get(h) if label_sets is not None else None
+        if labels is None:
+            labels = {"namespace": h.claim.namespace, "claim": h.claim.name, "gpu_uuid": h.gpu}
         if e.used_seconds:
-            used.add_metric(labels, e.used_seconds)
+            _add(used, labels, e.used_seconds)
         if e.borrowed_seconds:
-            borrowed.add_metric(labels, e.borrowed_seconds)
+            _add(borrowed, labels, e.borrowed_seconds)
         if e.lent_seconds:
-            lent.add_metric(labels, e.lent_seconds)
+            _add(lent, labels, e.lent_seconds)
         if e.held_seconds:
-            held.add_metric(labels, e.held_seconds)
+            _add(held, labels, e.held_seconds)
     yield from counters.values()
