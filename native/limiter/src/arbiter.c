@@ -51,6 +51,10 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "common.h"
+#include "init.h"
+#include "claim_limits.h"
+#include "log.h"
 
 #define BOARD_BYTES 16384
 #define BOARD_VERSION 2 /* dra_gpu.limiter_abi.board.BOARD_VERSION: 160-byte entries, claim UIDs up to 128 bytes */

@@ -17,8 +17,15 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "limiter.h"
+#include "init.h"
 #include "admission.h"
+#include "common.h"
+#include "config.h"
+#include "driver.h"
+#include "ledger.h"
+#include "claim_limits.h"
+#include "log.h"
+#include "region.h"
 
 extern char **environ;
 

@@ -38,10 +38,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "measure.h"
 #include "admission.h"
 #include "arbiter.h"
 #include "capture.h"
-#include "measure.h"
+#include "common.h"
+#include "contexts.h"
+#include "devices.h"
+#include "driver.h"
+#include "init.h"
+#include "log.h"
+#include "region.h"
 
 #define PRIOR_NS 200000LL /* charge of a launch when this process has measured none yet */
 #define RING 256          /* launches being measured */

@@ -70,7 +70,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "limiter.h"
+#include "region.h"
+#include "common.h"
+#include "config.h"
+#include "init.h"
+#include "claim_limits.h"
+#include "log.h"
 
 #ifndef KCMP_FILE
 #define KCMP_FILE 0 /* linux/kcmp.h */
