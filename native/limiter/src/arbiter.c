@@ -51,9 +51,10 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "claim_limits.h"
+#include "clock.h"
 #include "common.h"
 #include "init.h"
-#include "claim_limits.h"
 #include "log.h"
 
 #define BOARD_BYTES 16384

@@ -12,6 +12,5 @@ static inline void dl_core_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_core_ready, memory_order_acquire))) dl_core_init_slow();
 }
 void dl_uuid_format(const unsigned char bytes[16], char out[DL_UUID_LEN]);
-uint64_t dl_now_ns(void);
 
 #endif

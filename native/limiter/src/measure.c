@@ -47,11 +47,11 @@
 #include "admission.h"
 #include "arbiter.h"
 #include "capture.h"
+#include "clock.h"
 #include "common.h"
 #include "contexts.h"
 #include "devices.h"
 #include "driver.h"
-#include "init.h"
 #include "log.h"
 #include "region.h"
 

@@ -72,9 +72,9 @@
 
 #include "region.h"
 #include "claim_limits.h"
+#include "clock.h"
 #include "common.h"
 #include "config.h"
-#include "init.h"
 #include "log.h"
 #include "region_file.h"
 
