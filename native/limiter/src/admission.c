@@ -25,7 +25,11 @@
 #include "admission.h"
 #include "arbiter.h"
 #include "capture.h"
+#include "clock.h"
+#include "common.h"
+#include "log.h"
 #include "measure.h"
+#include "region.h"
 
 #define BURST_NS 4000000LL        /* how far ahead of wall time admitted work may run */
 #define SLICE_NS 2000000LL        /* longest sleep between two looks at completed measurements */

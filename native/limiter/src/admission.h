@@ -2,7 +2,7 @@
 #ifndef DRAGPU_ADMISSION_H
 #define DRAGPU_ADMISSION_H
 
-#include "limiter.h"
+#include "common.h"
 
 extern bool dl_throttle_on; /* set once by init: cores < 100 */
 void dl_throttle_configure(int cores);

@@ -51,6 +51,11 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "claim_limits.h"
+#include "clock.h"
+#include "common.h"
+#include "init.h"
+#include "log.h"
 
 #define BOARD_BYTES 16384
 #define BOARD_VERSION 2 /* dra_gpu.limiter_abi.board.BOARD_VERSION: 160-byte entries, claim UIDs up to 128 bytes */

@@ -2,7 +2,7 @@
 #ifndef DRAGPU_ARBITER_H
 #define DRAGPU_ARBITER_H
 
-#include "limiter.h"
+#include "common.h"
 
 /* Tells the arbiter the GPU UUID of a region device (devices.c, once per process and ordinal). */
 void dl_arbiter_bind(int dev, const char *uuid);

@@ -11,6 +11,9 @@
  */
 #define _GNU_SOURCE
 #include "capture.h"
+#include "common.h"
+#include "driver.h"
+#include "pools.h"
 
 _Atomic int dl_captures;
 

@@ -2,7 +2,7 @@
 #ifndef DRAGPU_CAPTURE_H
 #define DRAGPU_CAPTURE_H
 
-#include "limiter.h"
+#include "common.h"
 
 /* Captures open in the process (every way to begin one is wrapped): 0 means no stream can be capturing. */
 extern _Atomic int dl_captures;

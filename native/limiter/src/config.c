@@ -9,7 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "limiter.h"
+#include "config.h"
+#include "common.h"
+#include "log.h"
 
 #define ENV_PREFIX_LIMIT "DRAGPU_MEMORY_LIMIT"
 #define ENV_BY_UUID "DRAGPU_MEMORY_LIMIT_BY_UUID"

@@ -29,8 +29,16 @@
 #define _GNU_SOURCE
 #include <string.h>
 
-#include "limiter.h"
+#include "contexts.h"
+#include "common.h"
+#include "devices.h"
+#include "driver.h"
+#include "init.h"
+#include "ledger.h"
+#include "log.h"
 #include "measure.h"
+#include "nvml.h"
+#include "region.h"
 
 static struct {
     _Atomic int refs; /* this process's retains of the device's primary context */

@@ -7,9 +7,15 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "limiter.h"
+#include "devices.h"
 #include "arbiter.h"
 #include "capture.h"
+#include "common.h"
+#include "driver.h"
+#include "init.h"
+#include "claim_limits.h"
+#include "log.h"
+#include "region.h"
 
 /* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
 
@@ -65,7 +71,7 @@ int dl_current_ordinal(void) {
 
 int dl_stream_ordinal(CUstream s, int ptsz) {
     if (IS_DEFAULT_STREAM(s)) return dl_current_ordinal();
-    /* Asked first, and only while a capture is open: a capturing stream is not asked about (limiter.h). */
+    /* Asked first, and only while a capture is open: a capturing stream is not asked about (devices.h). */
     if (dl_captures_open() && dl_stream_capture_status(s, ptsz) != 0) return dl_current_ordinal();
     PFN_cuStreamGetDevice_v12080 get = ptsz ? dl_cuda.cuStreamGetDevice_ptsz : dl_cuda.cuStreamGetDevice;
     CUdevice d;

@@ -16,7 +16,8 @@
  * they start up.
  */
 #define _GNU_SOURCE
-#include "limiter.h"
+#include "common.h"
+#include "driver.h"
 
 #define DL_RTLD_NEXT ((void *)-1l)
 #define DL_RTLD_DEFAULT ((void *)0)

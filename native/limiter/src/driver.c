@@ -14,7 +14,11 @@
 #include <sched.h>
 #include <string.h>
 
-#include "limiter.h"
+#include "driver.h"
+#include "common.h"
+#include "init.h"
+#include "libc.h"
+#include "log.h"
 
 struct dl_real_cuda dl_cuda;
 struct dl_real_nvml dl_nvml;

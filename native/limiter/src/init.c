@@ -17,8 +17,15 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "limiter.h"
+#include "init.h"
 #include "admission.h"
+#include "claim_limits.h"
+#include "common.h"
+#include "config.h"
+#include "driver.h"
+#include "ledger.h"
+#include "log.h"
+#include "region.h"
 
 extern char **environ;
 
@@ -77,10 +84,4 @@ void dl_core_init_slow(void) {
 void dl_uuid_format(const unsigned char b[16], char out[DL_UUID_LEN]) {
     snprintf(out, DL_UUID_LEN, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
              b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-}
-
-uint64_t dl_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }

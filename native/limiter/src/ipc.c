@@ -10,7 +10,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "limiter.h"
+#include "common.h"
+#include "devices.h"
+#include "driver.h"
+#include "init.h"
+#include "ledger.h"
+#include "log.h"
+#include "region.h"
 
 #define current_ordinal dl_current_ordinal
 

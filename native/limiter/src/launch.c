@@ -3,7 +3,11 @@
  * admission.c). The unthrottled path (cores unset or 100) is one predictable branch: no lock, no system call.
  */
 #include "admission.h"
+#include "common.h"
+#include "driver.h"
+#include "init.h"
 #include "measure.h"
+#include "pools.h"
 
 #define THROTTLED(name, key, stream, ptsz, ...)                                                                        \
     dl_cuda_init();                                                                                                    \

@@ -12,7 +12,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "limiter.h"
+#include "ledger.h"
+#include "common.h"
+#include "contexts.h"
+#include "devices.h"
+#include "init.h"
+#include "log.h"
+#include "pools.h"
+#include "region.h"
 
 /* ---- what each live allocation charged ---- */
 
@@ -157,7 +164,7 @@ int dl_op_ref(struct entry *e) {
 }
 int dl_op_unref(struct entry *e) { return --e->refs == 0; }
 
-/* Records other modules keep in the same table (see limiter.h). */
+/* Records other modules keep in the same table (see ledger.h). */
 void dl_rec_put(unsigned kind, uint64_t key, int dev, uint64_t bytes, uint64_t aux) {
     struct entry old,
         e = {.key = key, .bytes = bytes, .handle = aux, .refs = 1, .dev = (int16_t)dev, .kind = (uint8_t)kind};

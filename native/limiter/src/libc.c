@@ -10,7 +10,8 @@
 #include <link.h>
 #include <string.h>
 
-#include "limiter.h"
+#include "libc.h"
+#include "common.h"
 
 extern struct r_debug _r_debug;
 

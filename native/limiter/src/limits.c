@@ -26,7 +26,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "limiter.h"
+#include "claim_limits.h"
+#include "common.h"
+#include "config.h"
+#include "init.h"
+#include "log.h"
 
 #ifndef DL_CLAIMS_ROOT
 #define DL_CLAIMS_ROOT "/run/dra-gpu/claims"

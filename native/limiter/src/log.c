@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "limiter.h"
+#include "log.h"
 
 _Atomic int dl_log_level = DL_LOG_WARN;
 void (*dl_log_hook)(int level, const char *line);

@@ -27,6 +27,11 @@
  * was ever measured): where the limiter cannot measure it errs on the side of the limit, with one log line.
  * A launch whose stream may be capturing (cuStreamIsCapturing cannot tell) is charged its estimate on the
  * current context's device, neither timed nor synchronised (capture.c).
+ *
+ * Why one file of more than 600 lines: the ring of launches being measured, the pools of timing events, the
+ * estimates and the first-launch probes are one state under one mutex (mu), changed together by the launch path,
+ * the reaper thread and context destruction; split over files, that lock and all it guards would be shared by
+ * each of them.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -38,10 +43,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "measure.h"
 #include "admission.h"
 #include "arbiter.h"
 #include "capture.h"
-#include "measure.h"
+#include "clock.h"
+#include "common.h"
+#include "contexts.h"
+#include "devices.h"
+#include "driver.h"
+#include "log.h"
+#include "region.h"
 
 #define PRIOR_NS 200000LL /* charge of a launch when this process has measured none yet */
 #define RING 256          /* launches being measured */

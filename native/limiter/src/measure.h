@@ -2,7 +2,7 @@
 #ifndef DRAGPU_MEASURE_H
 #define DRAGPU_MEASURE_H
 
-#include "limiter.h"
+#include "common.h"
 
 /* One throttled launch, from before the driver call to after it. */
 struct dl_ticket {

@@ -19,7 +19,15 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "limiter.h"
+#include "nvml.h"
+#include "common.h"
+#include "config.h"
+#include "devices.h"
+#include "driver.h"
+#include "init.h"
+#include "claim_limits.h"
+#include "log.h"
+#include "region.h"
 
 struct dl_measure_nvml dl_measure;
 static _Atomic int measure_claimed, measure_ready;

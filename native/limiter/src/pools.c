@@ -26,8 +26,14 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "limiter.h"
+#include "pools.h"
 #include "capture.h"
+#include "common.h"
+#include "devices.h"
+#include "driver.h"
+#include "ledger.h"
+#include "log.h"
+#include "region.h"
 
 #define MAX_POOLS 64
 

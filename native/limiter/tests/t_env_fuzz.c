@@ -11,7 +11,10 @@
  */
 #include "check.h"
 
-#include "limiter.h"
+#include "config.h"
+#include "init.h"
+#include "claim_limits.h"
+#include "log.h"
 
 struct dl_config dl_cfg; /* what init.c defines in the library; limits.c reads it */
 
