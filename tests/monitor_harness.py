@@ -28,7 +28,7 @@ from dra_gpu.node_agent import NodeAgent
 GiB = 2**30
 
 
-def share_claim(
+def gpu_share(
     api: FakeKube, name: str, memory: str, configs: list[dict[str, Any]], n: int = 1
 ) -> dict[str, Any]:
     """A claim for share `n` of gpu-0 with `memory` and half its cores, configured by `configs`."""
@@ -175,9 +175,9 @@ def plugin_with_nvml(
 
 
 @contextlib.contextmanager
-def prepared_with_nvml(
+def prepared_agent(
     dirs: PluginDirs, api: FakeKube, proc_root: Path, *claims: dict[str, Any], **options: Any
-) -> Iterator[tuple[NodeAgent, fake_pynvml.FakeDriver]]:
+) -> Iterator[tuple[NodeAgent, fake_pynvml.FakeDriver, Kubelet]]:
     """`plugin_with_nvml` (with `options`) registered with a kubelet that has prepared `claims`, each
     without an error; the kubelet closes when the block ends."""
     with plugin_with_nvml(dirs, api, proc_root, **options) as (plugin, driver):
@@ -185,5 +185,5 @@ def prepared_with_nvml(
         kubelet.register()
         prepared = kubelet.prepare(*claims)
         assert len(prepared) == len(claims) and not any(r.error for r in prepared.values()), prepared
-        yield plugin, driver
+        yield plugin, driver, kubelet
         kubelet.close()

@@ -7,18 +7,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from monitor_harness import (
-    GiB,
-    add_pod,
-    fake_proc,
-    library_line,
-    plugin_with_nvml,
-    prepared_with_nvml,
-    reaped,
-    share_claim,
-    sleeper,
-)
-from plugin_harness import Kubelet, PluginDirs, monitor_of, opaque, uid_of
+from monitor_harness import GiB, add_pod, fake_proc, gpu_share, library_line, prepared_agent, reaped, sleeper
+from plugin_harness import PluginDirs, monitor_of, opaque, uid_of
 from test_monitor import _events, limiter_config, scrape
 from waiting import wait_for
 
@@ -35,12 +25,12 @@ def test_a_limiter_claim_without_a_policy_loses_the_process_that_grew_last(
     the cap goes, with SIGKILL; the neighbouring claim, itself at its cap, is untouched."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    claim = share_claim(api, "tenant", "4Gi", [opaque(limiter_config())], n=1)
-    neighbour = share_claim(api, "honest", "4Gi", [opaque(limiter_config())], n=2)
+    claim = gpu_share(api, "tenant", "4Gi", [opaque(limiter_config())], n=1)
+    neighbour = gpu_share(api, "honest", "4Gi", [opaque(limiter_config())], n=2)
     old, grower, other = sleeper(), sleeper(), sleeper()
     with (
         reaped(old, grower, other),
-        prepared_with_nvml(dirs, api, proc_root, claim, neighbour) as (plugin, driver),
+        prepared_agent(dirs, api, proc_root, claim, neighbour) as (plugin, driver, _),
     ):
         pod_uid, cid = add_pod(api, "tenant-pod", ["tenant"])
         other_uid, other_cid = add_pod(api, "honest-pod", ["honest"])
@@ -72,31 +62,20 @@ def test_as_many_processes_go_as_it_takes_and_no_more(dirs: PluginDirs, tmp_path
     """Three processes join at once, 1 GiB each, on a 2 GiB cap: the claim needs two of them gone to fit."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    claim = share_claim(api, "crowd", "2Gi", [opaque(limiter_config())])
+    claim = gpu_share(api, "crowd", "2Gi", [opaque(limiter_config())])
     children = [sleeper() for _ in range(4)]
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            pod_uid, cid = add_pod(api, "crowd-pod", ["crowd"])
-            for c in children:
-                fake_proc(proc_root, c.pid, pod_uid, cid, limiter=True)
-            first, *late = children
-            driver.gpus[0].processes = {first.pid: 1 * GiB}
-            monitor_of(plugin).watch_once()
-            driver.gpus[0].processes = {c.pid: 1 * GiB for c in children}
-            monitor_of(plugin).watch_once()
-            wait_for(
-                lambda: sum(c.poll() is not None for c in late) == 2, what="two of the late three killed"
-            )
-            assert first.poll() is None, "the process that held its memory before is not the one that grew"
-            assert sum(c.poll() is None for c in late) == 1
-            kubelet.close()
-    finally:
+    with reaped(*children), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
+        pod_uid, cid = add_pod(api, "crowd-pod", ["crowd"])
         for c in children:
-            c.kill()
-            c.wait()
+            fake_proc(proc_root, c.pid, pod_uid, cid, limiter=True)
+        first, *late = children
+        driver.gpus[0].processes = {first.pid: 1 * GiB}
+        monitor_of(plugin).watch_once()
+        driver.gpus[0].processes = {c.pid: 1 * GiB for c in children}
+        monitor_of(plugin).watch_once()
+        wait_for(lambda: sum(c.poll() is not None for c in late) == 2, what="two of the late three killed")
+        assert first.poll() is None, "the process that held its memory before is not the one that grew"
+        assert sum(c.poll() is None for c in late) == 1
 
 
 def test_an_honest_claim_is_never_killed(dirs: PluginDirs, tmp_path: Path) -> None:
@@ -104,9 +83,9 @@ def test_an_honest_claim_is_never_killed(dirs: PluginDirs, tmp_path: Path) -> No
     the library) lands while it sits at the cap, over many watches: never an event, never a kill."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    claim = share_claim(api, "steady", "2Gi", [opaque(limiter_config())])
+    claim = gpu_share(api, "steady", "2Gi", [opaque(limiter_config())])
     a, b = sleeper(), sleeper()
-    with reaped(a, b), prepared_with_nvml(dirs, api, proc_root, claim) as (plugin, driver):
+    with reaped(a, b), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
         pod_uid, cid = add_pod(api, "steady-pod", ["steady"])
         fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
         fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
@@ -131,14 +110,12 @@ def test_only_the_class_can_make_the_node_only_report(dirs: PluginDirs, tmp_path
     """A claim that asks for Report itself is still held; a class that says Report is only reported."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    by_claim = share_claim(api, "asks", "1Gi", [opaque(limiter_config("Report"), source="FromClaim")], n=1)
-    by_class = share_claim(
-        api, "reported", "1Gi", [opaque(limiter_config("Report"), source="FromClass")], n=2
-    )
+    by_claim = gpu_share(api, "asks", "1Gi", [opaque(limiter_config("Report"), source="FromClaim")], n=1)
+    by_class = gpu_share(api, "reported", "1Gi", [opaque(limiter_config("Report"), source="FromClass")], n=2)
     asker, reported = sleeper(), sleeper()
     with (
         reaped(asker, reported),
-        prepared_with_nvml(dirs, api, proc_root, by_claim, by_class) as (plugin, driver),
+        prepared_agent(dirs, api, proc_root, by_claim, by_class) as (plugin, driver, _),
     ):
         (share,) = dirs.checkpoint().claims[uid_of(by_claim)].shares
         assert "watchdog" not in share.detail, "the node's default, which the claim cannot loosen"
@@ -157,15 +134,10 @@ def test_the_agents_own_watch_at_250_ms_kills_without_a_test_driving_it(
 ) -> None:
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    claim = share_claim(api, "fast", "1Gi", [opaque(limiter_config())])
+    claim = gpu_share(api, "fast", "1Gi", [opaque(limiter_config())])
     greedy = sleeper()
-    with (
-        reaped(greedy),
-        prepared_with_nvml(dirs, api, proc_root, claim, interval_s=5.0, watch_interval_s=0.25) as (
-            plugin,
-            driver,
-        ),
-    ):
+    agent = prepared_agent(dirs, api, proc_root, claim, interval_s=5.0, watch_interval_s=0.25)
+    with reaped(greedy), agent as (plugin, driver, _):
         assert monitor_of(plugin).watch_interval_s == 0.25
         pod_uid, cid = add_pod(api, "fast-pod", ["fast"])
         fake_proc(proc_root, greedy.pid, pod_uid, cid, limiter=True)
@@ -180,11 +152,11 @@ def test_the_library_is_known_by_the_file_the_agent_mounted_never_by_its_name(
     that maps the agent's file under any name has it."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    claim = share_claim(api, "named", "4Gi", [opaque(limiter_config())])
+    claim = gpu_share(api, "named", "4Gi", [opaque(limiter_config())])
     impostor, renamed = sleeper(), sleeper()
     forged = tmp_path / "libdragpu-limiter.so.1"
     forged.write_bytes(b"\x7fELF a tenant's own file\n")
-    with reaped(impostor, renamed), prepared_with_nvml(dirs, api, proc_root, claim) as (plugin, driver):
+    with reaped(impostor, renamed), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
         pod_uid, cid = add_pod(api, "named-pod", ["named"])
         fake_proc(proc_root, impostor.pid, pod_uid, cid, limiter=False)
         with open(proc_root / str(impostor.pid) / "maps", "a") as maps:
@@ -207,11 +179,11 @@ def test_a_process_no_claim_owns_is_reported_and_stopped_and_the_hosts_only_repo
     never signalled; an MPS server is the driver's own; the claim's own process is untouched."""
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    claim = share_claim(api, "owner", "4Gi", [opaque(limiter_config())])
+    claim = gpu_share(api, "owner", "4Gi", [opaque(limiter_config())])
     owned, sneaky, host, mps = sleeper(), sleeper(), sleeper(), sleeper()
     with (
         reaped(owned, sneaky, host, mps),
-        prepared_with_nvml(dirs, api, proc_root, claim) as (plugin, driver),
+        prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _),
     ):
         pod_uid, cid = add_pod(api, "owner-pod", ["owner"])
         fake_proc(proc_root, owned.pid, pod_uid, cid, limiter=True)

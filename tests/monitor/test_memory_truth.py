@@ -11,17 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from monitor_harness import (
-    GiB,
-    add_pod,
-    fake_proc,
-    plugin_with_nvml,
-    prepared_with_nvml,
-    reaped,
-    share_claim,
-    sleeper,
-)
-from plugin_harness import Kubelet, PluginDirs, monitor_of, opaque, running_plugin, uid_of
+from monitor_harness import GiB, add_pod, fake_proc, gpu_share, prepared_agent, reaped, sleeper
+from plugin_harness import PluginDirs, monitor_of, opaque, running_plugin, uid_of
 from test_monitor import _events, limiter_config
 
 from dra_gpu.cli import main
@@ -32,7 +23,7 @@ MiB = 2**20
 
 
 def _share(api: FakeKube, name: str, memory: str, policy: str = "Terminate", n: int = 1) -> dict[str, Any]:
-    return share_claim(api, name, memory, [opaque(limiter_config(policy))], n)
+    return gpu_share(api, name, memory, [opaque(limiter_config(policy))], n)
 
 
 def _floor(path: Path) -> dict[str, tuple[int, int, int]]:
@@ -54,38 +45,29 @@ def test_each_watch_publishes_the_claims_floor_from_nvml(dirs: PluginDirs, tmp_p
     proc_root = tmp_path / "proc"
     claim = _share(api, "served", "8Gi", policy="Report")
     a, b, outsider = sleeper(), sleeper(), sleeper()
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            state = dirs.state_dir / "claims" / uid_of(claim) / "limiter"
-            floor = state / FLOOR_FILE
-            gpu = driver.gpus[0].uuid
-            # Made at prepare, beside the region, in the directory the container sees read-only.
-            assert floor_uuids(floor) == [gpu] and _floor(floor)[gpu][:2] == (0, 0)
-            pod_uid, cid = add_pod(api, "p", ["served"])
-            fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
-            fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
-            monitor_of(plugin).floor_interval_s = 0.0  # every watch publishes (the agent's pace is 1 s)
-            # Two processes of the claim, and one of no pod (an MPS server, the host): only the claim's count.
-            driver.gpus[0].processes = {a.pid: 3 * GiB, b.pid: 1 * GiB, outsider.pid: 20 * GiB}
-            monitor_of(plugin).watch_once()
-            first = _floor(floor)[gpu]
-            assert first[:2] == (4 * GiB, 0)  # the region holds nothing the library charged
-            # The claim frees (NVML says so): the floor falls with the next watch, under a new sequence.
-            driver.gpus[0].processes = {a.pid: 3 * GiB}
-            monitor_of(plugin).watch_once()
-            second = _floor(floor)[gpu]
-            assert second[:2] == (3 * GiB, 0) and second[2] > first[2] and second[2] % 2 == 0
-            # Unprepared: the floor goes with the region.
-            assert not kubelet.unprepare(claim)[uid_of(claim)]
-            assert not floor.exists()
-            kubelet.close()
-    finally:
-        for c in (a, b, outsider):
-            c.kill()
-            c.wait()
+    with reaped(a, b, outsider), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, kubelet):
+        state = dirs.state_dir / "claims" / uid_of(claim) / "limiter"
+        floor = state / FLOOR_FILE
+        gpu = driver.gpus[0].uuid
+        # Made at prepare, beside the region, in the directory the container sees read-only.
+        assert floor_uuids(floor) == [gpu] and _floor(floor)[gpu][:2] == (0, 0)
+        pod_uid, cid = add_pod(api, "p", ["served"])
+        fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
+        fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
+        monitor_of(plugin).floor_interval_s = 0.0  # every watch publishes (the agent's pace is 1 s)
+        # Two processes of the claim, and one of no pod (an MPS server, the host): only the claim's count.
+        driver.gpus[0].processes = {a.pid: 3 * GiB, b.pid: 1 * GiB, outsider.pid: 20 * GiB}
+        monitor_of(plugin).watch_once()
+        first = _floor(floor)[gpu]
+        assert first[:2] == (4 * GiB, 0)  # the region holds nothing the library charged
+        # The claim frees (NVML says so): the floor falls with the next watch, under a new sequence.
+        driver.gpus[0].processes = {a.pid: 3 * GiB}
+        monitor_of(plugin).watch_once()
+        second = _floor(floor)[gpu]
+        assert second[:2] == (3 * GiB, 0) and second[2] > first[2] and second[2] % 2 == 0
+        # Unprepared: the floor goes with the region.
+        assert not kubelet.unprepare(claim)[uid_of(claim)]
+        assert not floor.exists()
 
 
 def test_a_claim_over_its_cap_by_nvml_loses_its_offender_within_one_watch(
@@ -99,7 +81,7 @@ def test_a_claim_over_its_cap_by_nvml_loses_its_offender_within_one_watch(
     proc_root = tmp_path / "proc"
     claim = _share(api, "capped", "1Gi")
     modest, greedy = sleeper(), sleeper()
-    with reaped(modest, greedy), prepared_with_nvml(dirs, api, proc_root, claim) as (plugin, driver):
+    with reaped(modest, greedy), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
         pod_uid, cid = add_pod(api, "p", ["capped"])
         fake_proc(proc_root, modest.pid, pod_uid, cid, limiter=True)
         fake_proc(proc_root, greedy.pid, pod_uid, cid, limiter=True)
@@ -124,7 +106,7 @@ def test_a_process_without_the_limiter_is_stopped_within_one_watch(dirs: PluginD
     proc_root = tmp_path / "proc"
     claim = _share(api, "audited", "4Gi")
     bare, kept = sleeper(), sleeper()
-    with reaped(bare, kept), prepared_with_nvml(dirs, api, proc_root, claim) as (plugin, driver):
+    with reaped(bare, kept), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
         pod_uid, cid = add_pod(api, "p", ["audited"])
         fake_proc(proc_root, bare.pid, pod_uid, cid, limiter=False)
         fake_proc(proc_root, kept.pid, pod_uid, cid, limiter=True)

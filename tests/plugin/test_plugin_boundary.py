@@ -23,7 +23,7 @@ from plugin_harness import (
     gpu_config,
     opaque,
     running_plugin,
-    share_claim,
+    gpu_share,
     uid_of,
     write_snapshot,
 )
@@ -40,7 +40,7 @@ HOSTILE_UIDS = [".", "..", "../..", "../../..", "a/../..", "/etc", "x" * 5000, "
 
 
 def limiter_claim(api: FakeKube, name: str, device: str = "gpu-0", n: int = 1) -> dict[str, Any]:
-    return share_claim(api, name, device=device, share=n)
+    return gpu_share(api, name, device=device, share=n)
 
 
 @pytest.fixture
