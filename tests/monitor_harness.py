@@ -23,7 +23,10 @@ from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY
+from dra_gpu.monitor import Monitor, PodDirectory, ProcReader, Watchdog
 from dra_gpu.node_agent import NodeAgent
+from dra_gpu.plugin.checkpoint import CheckpointStore
+from dra_gpu.plugin.holdings import prepared_holdings
 
 GiB = 2**30
 
@@ -130,6 +133,20 @@ def fake_proc(
         (d / "stat").write_bytes(real.read_bytes())
     except OSError:
         (d / "stat").write_text(f"{pid} (app) S 1 {pid} {pid} 0 -1 4194560 " + "0 " * 13 + "1000 0\n")
+
+
+def bare_monitor(state: Path) -> Monitor:
+    """A monitor with nothing prepared, no NVML, no GPUs and no pods, its checkpoint and /proc under `state`:
+    for the tests that hand it figures of their own."""
+    proc = ProcReader(state)
+    return Monitor(
+        prepared_holdings(CheckpointStore(state / "checkpoint.json").load),
+        state,
+        lambda: [],
+        PodDirectory(FakeKube(), "node"),
+        Watchdog(FakeKube(), "node", proc),
+        proc=proc,
+    )
 
 
 def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:
