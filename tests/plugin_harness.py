@@ -224,7 +224,7 @@ def add_claim(
     return api.update_status("ResourceClaim", builders.allocated_claim(created, allocation, pod))
 
 
-def gpu_share(
+def share_claim(
     api: KubeAPI,
     name: str,
     strategy: str = "Limiter",
@@ -759,6 +759,6 @@ def every_mode_claims(api: KubeAPI, prefix: str = "mode") -> list[dict[str, Any]
         section = {"timeSlicing": {"interval": "Medium"}} if strategy == "TimeSlicing" else {}
         name = f"{prefix}-{strategy.lower()}"
         claims.append(
-            gpu_share(api, name, strategy, device=device, share=i, memory=memory, cores=cores, **section)
+            share_claim(api, name, strategy, device=device, share=i, memory=memory, cores=cores, **section)
         )
     return claims

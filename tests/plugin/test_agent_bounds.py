@@ -31,7 +31,7 @@ from plugin_harness import (
     PluginProcess,
     add_claim,
     running_plugin,
-    gpu_share,
+    share_claim,
     uid_of,
     write_snapshot,
 )
@@ -213,7 +213,7 @@ LONG = {"interval": "Long"}
 def timeslice_claims(api: FakeKube, count: int, gpus: int = 2) -> list[dict[str, Any]]:
     """Time-sliced claims: each prepare runs `nvidia-smi compute-policy` once, one at a time per GPU."""
     return [
-        gpu_share(api, f"ts-{i}", "TimeSlicing", device=f"gpu-{i % gpus}", share=i, timeSlicing=LONG)
+        share_claim(api, f"ts-{i}", "TimeSlicing", device=f"gpu-{i % gpus}", share=i, timeSlicing=LONG)
         for i in range(count)
     ]
 
@@ -223,7 +223,7 @@ def test_health_is_never_queued_behind_a_burst_of_prepares_with_a_slow_nvidia_sm
     one call at a time per GPU: 12 s for all). Liveness must hold all along."""
     api = FakeKube()
     claims = [
-        gpu_share(
+        share_claim(
             api, f"ts-{i}", "TimeSlicing", device=f"gpu-{i % 2}", share=i, cores="2", timeSlicing=LONG
         )
         for i in range(48)
@@ -307,7 +307,7 @@ class HangingTimeslice(SimulatedCommands):
 
 def test_healthz_fails_while_the_kubelets_calls_make_no_progress_and_recovers(dirs: PluginDirs) -> None:
     api = FakeKube()
-    claim = gpu_share(api, "ts", "TimeSlicing", cores="2", timeSlicing=LONG)
+    claim = share_claim(api, "ts", "TimeSlicing", cores="2", timeSlicing=LONG)
     commands = HangingTimeslice(dirs.simulated_state)
     with running_plugin(
         dirs, api, commands=commands, http_address="127.0.0.1:0", lock_timeout_s=0.25
@@ -389,7 +389,7 @@ def test_a_cancelled_call_stops_starting_claims(dirs: PluginDirs) -> None:
 
 
 def limiter_claims(api: FakeKube, count: int) -> list[dict[str, Any]]:
-    return [gpu_share(api, f"lim-{i}", device=f"gpu-{i % 2}", share=i) for i in range(count)]
+    return [share_claim(api, f"lim-{i}", device=f"gpu-{i % 2}", share=i) for i in range(count)]
 
 
 def test_the_agent_starts_on_a_full_state_disk_with_a_journal_pending_and_unprepares_to_free_it(

@@ -37,7 +37,7 @@ GPU = SimulatedInventory(PROFILE, seed=NODE).gpus()[0].uuid
 GiB = 2**30
 
 
-def gpu_share(
+def share_claim(
     api: FakeKube, name: str, cores: int, n: int, compute: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A limiter share of gpu-0 as the scheduler allocates it, with the claim's own compute section."""
@@ -71,8 +71,8 @@ def activity(dirs: PluginDirs, claim: dict[str, Any]) -> Path:
 
 def test_an_inference_service_and_a_training_job_share_a_gpu_through_its_board(dirs: PluginDirs) -> None:
     api = FakeKube()
-    inference = gpu_share(api, "inference", 30, 1, {"limit": 100, "priority": "latency"})
-    training = gpu_share(api, "training", 20, 2, {"limit": 100, "priority": "besteffort"})
+    inference = share_claim(api, "inference", 30, 1, {"limit": 100, "priority": "latency"})
+    training = share_claim(api, "training", 20, 2, {"limit": 100, "priority": "besteffort"})
     with running_plugin(dirs, api):
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -126,7 +126,7 @@ def test_an_inference_service_and_a_training_job_share_a_gpu_through_its_board(d
 
 def test_a_fixed_share_keeps_todays_limits_line_and_still_takes_part(dirs: PluginDirs) -> None:
     api = FakeKube()
-    fixed = gpu_share(api, "fixed", 25, 1)
+    fixed = share_claim(api, "fixed", 25, 1)
     whole = add_claim(
         api,
         "whole",
@@ -173,8 +173,8 @@ def test_a_class_ceiling_below_the_floor_a_claim_was_given_is_raised_to_it(dirs:
 
 def test_after_a_reboot_the_repeated_prepares_rebuild_the_board(dirs: PluginDirs) -> None:
     api = FakeKube()
-    a = gpu_share(api, "a", 30, 1, {"limit": 80})
-    b = gpu_share(api, "b", 10, 2, {"priority": "besteffort"})
+    a = share_claim(api, "a", 30, 1, {"limit": 80})
+    b = share_claim(api, "b", 10, 2, {"priority": "besteffort"})
     with running_plugin(dirs, api):
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -199,8 +199,8 @@ def test_after_a_reboot_the_repeated_prepares_rebuild_the_board(dirs: PluginDirs
 
 def test_the_supervisor_puts_back_a_board_entry_and_activity_file_that_went(dirs: PluginDirs) -> None:
     api = FakeKube()
-    a = gpu_share(api, "a", 30, 1, {"limit": 100})
-    b = gpu_share(api, "b", 20, 2)
+    a = share_claim(api, "a", 30, 1, {"limit": 100})
+    b = share_claim(api, "b", 20, 2)
     with running_plugin(dirs, api) as agent:
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -228,8 +228,8 @@ def test_the_supervisor_puts_back_a_board_entry_and_activity_file_that_went(dirs
 
 def test_a_rebuilt_checkpoint_leaves_only_the_claims_it_holds_on_the_board(dirs: PluginDirs) -> None:
     api = FakeKube()
-    kept = gpu_share(api, "kept", 30, 1, {"limit": 100})
-    gone = gpu_share(api, "gone", 20, 2, {"priority": "besteffort"})
+    kept = share_claim(api, "kept", 30, 1, {"limit": 100})
+    gone = share_claim(api, "gone", 20, 2, {"priority": "besteffort"})
     with running_plugin(dirs, api):
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -252,8 +252,8 @@ def test_the_stale_sweep_removes_the_directory_of_a_gpu_no_claim_is_on(dirs: Plu
     """Unprepare keeps a GPU's directory for its next claim; the sweep removes it once no claim is on the
     GPU, and so the directory of a GPU that left the node too, never one with a claim on it."""
     api = FakeKube()
-    first = gpu_share(api, "first", 30, 1)
-    second = gpu_share(api, "second", 20, 2)
+    first = share_claim(api, "first", 30, 1)
+    second = share_claim(api, "second", 20, 2)
     gone = dirs.state_dir / "gpus" / "GPU-00000000-0000-4000-8000-0000000000ff"  # a GPU no longer here
     with running_plugin(dirs, api) as agent:
         kubelet = Kubelet(dirs.registration_dir)
@@ -377,7 +377,7 @@ def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(di
     """A claim prepared by an agent of activity layout 1 keeps its file (its processes map it): the
     supervisor writes this layout's version and the boot into it, the words where they were."""
     api = FakeKube()
-    claim = gpu_share(api, "old", 30, 1, {"limit": 100})
+    claim = share_claim(api, "old", 30, 1, {"limit": 100})
     with running_plugin(dirs, api) as agent:
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -439,8 +439,8 @@ def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_
     agent moves that file aside (the same inode) and keeps it current in version 1, while a new board
     takes the path; the sweep removes both once no claim is on the GPU."""
     api = FakeKube()
-    old = gpu_share(api, "old", 30, 1, {"limit": 100})
-    new = gpu_share(api, "new", 20, 2, {"limit": 60, "priority": "latency"})
+    old = share_claim(api, "old", 30, 1, {"limit": 100})
+    new = share_claim(api, "new", 20, 2, {"limit": 60, "priority": "latency"})
     with running_plugin(dirs, api) as agent:
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()
@@ -482,7 +482,7 @@ def test_a_stand_in_whose_claim_an_older_agent_unprepared_goes_with_the_gpus_dir
     """After a rollback the older agent unprepares a claim this release prepared and leaves its stand-in (it
     knows nothing of stand-ins): once no claim is on the GPU, this release's sweep removes it with the rest."""
     api = FakeKube()
-    new = gpu_share(api, "new", 20, 2, {"limit": 60})
+    new = share_claim(api, "new", 20, 2, {"limit": 60})
     with running_plugin(dirs, api) as agent:
         kubelet = Kubelet(dirs.registration_dir)
         kubelet.register()

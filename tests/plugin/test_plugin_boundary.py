@@ -23,7 +23,7 @@ from plugin_harness import (
     gpu_config,
     opaque,
     running_plugin,
-    gpu_share,
+    share_claim,
     uid_of,
     write_snapshot,
 )
@@ -40,7 +40,7 @@ HOSTILE_UIDS = [".", "..", "../..", "../../..", "a/../..", "/etc", "x" * 5000, "
 
 
 def limiter_claim(api: FakeKube, name: str, device: str = "gpu-0", n: int = 1) -> dict[str, Any]:
-    return gpu_share(api, name, device=device, share=n)
+    return share_claim(api, name, device=device, share=n)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
-    gpu_share,
+    share_claim,
     simulated_gpu_state,
     uid_of,
 )
@@ -132,8 +132,8 @@ def test_untrusted_files_are_reported(tmp_path: Path, content: bytes | str, reas
 def prepare_three(dirs: PluginDirs, api: FakeKube) -> list[dict]:
     claims = [
         add_claim(api, "mps", [Alloc(device="gpu-0")], [opaque(gpu_config("MPS"))]),
-        gpu_share(api, "lim", device="gpu-1", share=1, cores="10"),
-        gpu_share(
+        share_claim(api, "lim", device="gpu-1", share=1, cores="10"),
+        share_claim(
             api, "ts", "TimeSlicing", device="gpu-1", share=2, cores="10", timeSlicing={"interval": "Short"}
         ),
     ]

@@ -15,7 +15,7 @@ from plugin_harness import (
     Kubelet,
     PluginDirs,
     running_plugin,
-    gpu_share,
+    share_claim,
     uid_of,
 )
 
@@ -24,7 +24,7 @@ from dra_gpu.plugin.checkpoint import ClaimState
 
 
 def limiter_claim(api: FakeKube, name: str, n: int, device: str = "gpu-0") -> dict[str, Any]:
-    return gpu_share(api, name, device=device, share=n, cores="5")
+    return share_claim(api, name, device=device, share=n, cores="5")
 
 
 def spec_path(dirs: PluginDirs, claim: dict[str, Any]) -> Path:

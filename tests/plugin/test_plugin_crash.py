@@ -24,7 +24,7 @@ from plugin_harness import (
     cdi_ids,
     resolve,
     running_plugin,
-    gpu_share,
+    share_claim,
     simulated_gpu_state,
     uid_of,
     write_snapshot,
@@ -60,9 +60,9 @@ def cluster() -> Iterator[Cluster]:
     dirs = PluginDirs.create()
     api = FakeKube()
     claims = [
-        gpu_share(api, "mps", "MPS", device="gpu-0", share=10, memory="10Gi", cores="30"),
-        gpu_share(api, "lim", "Limiter", device="gpu-1", share=11, memory="4Gi", cores="20"),
-        gpu_share(
+        share_claim(api, "mps", "MPS", device="gpu-0", share=10, memory="10Gi", cores="30"),
+        share_claim(api, "lim", "Limiter", device="gpu-1", share=11, memory="4Gi", cores="20"),
+        share_claim(
             api,
             "ts",
             "TimeSlicing",
