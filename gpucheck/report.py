@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,14 @@ def skipped(name: str, reason: str, **figures: Any) -> Result:
 
 def verdict(name: str, ok: bool, summary: str, **figures: Any) -> Result:
     return Result(name, PASS if ok else FAIL, summary, figures)
+
+
+def judged(name: str, problems: list[str], summary: Callable[[], str], **figures: Any) -> Result:
+    """Failed with every one of `problems`, or passed with `summary()` (only asked for when nothing failed,
+    so that it may read figures a failure could lack)."""
+    if problems:
+        return failed(name, "; ".join(problems), **figures)
+    return Result(name, PASS, summary(), figures)
 
 
 def counts(results: list[Result]) -> dict[str, int]:

@@ -10,19 +10,66 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fakes import fake_pynvml
-from plugin_harness import NODE, PROFILE, PluginDirs
+from plugin_harness import NODE, PROFILE, Alloc, Kubelet, PluginDirs, add_claim
 
 from dra_gpu.config import NodeSharing
 from dra_gpu.inventory import SimulatedInventory
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.limiter_abi.limits import CONTAINER_LIBRARY
+from dra_gpu.monitor import Monitor, PodDirectory, ProcReader, Watchdog
 from dra_gpu.node_agent import NodeAgent
+from dra_gpu.plugin.checkpoint import CheckpointStore
+from dra_gpu.plugin.holdings import prepared_holdings
 
 GiB = 2**30
+
+
+def gpu_share(
+    api: FakeKube, name: str, memory: str, configs: list[dict[str, Any]], n: int = 1
+) -> dict[str, Any]:
+    """A claim for share `n` of gpu-0 with `memory` and half its cores, configured by `configs`."""
+    return add_claim(
+        api,
+        name,
+        [
+            Alloc(
+                device="gpu-0",
+                share_id=f"00000000-0000-4000-8000-00000000000{n}",
+                consumed={"memory": memory, "cores": "50"},
+            )
+        ],
+        configs,
+    )
+
+
+def sleeper(ignore_term: bool = False) -> subprocess.Popen[bytes]:
+    """A real child process that sleeps, started and ready (a pid the watchdog can signal); with
+    `ignore_term` it ignores SIGTERM, so that only SIGKILL ends it."""
+    code = "import signal, time\n"
+    if ignore_term:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += "print('ready', flush=True)\ntime.sleep(300)\n"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    return child
+
+
+@contextlib.contextmanager
+def reaped(*children: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Kills and waits for `children` when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
 
 
 def add_pod(api: FakeKube, name: str, claims: list[str], namespace: str = "default") -> tuple[str, str]:
@@ -88,6 +135,20 @@ def fake_proc(
         (d / "stat").write_text(f"{pid} (app) S 1 {pid} {pid} 0 -1 4194560 " + "0 " * 13 + "1000 0\n")
 
 
+def bare_monitor(state: Path) -> Monitor:
+    """A monitor with nothing prepared, no NVML, no GPUs and no pods, its checkpoint and /proc under `state`:
+    for the tests that hand it figures of their own."""
+    proc = ProcReader(state)
+    return Monitor(
+        prepared_holdings(CheckpointStore(state / "checkpoint.json").load),
+        state,
+        lambda: [],
+        PodDirectory(FakeKube(), "node"),
+        Watchdog(FakeKube(), "node", proc),
+        proc=proc,
+    )
+
+
 def fake_driver(inventory: SimulatedInventory) -> fake_pynvml.FakeDriver:
     """NVML's view of the simulated GPUs: the same UUIDs."""
     return fake_pynvml.FakeDriver(gpus=[fake_pynvml.FakeGpu(uuid=g.uuid) for g in inventory.gpus()])
@@ -128,3 +189,18 @@ def plugin_with_nvml(
         _library.pop()
         plugin.stop(grace_s=0.5)
         fake_pynvml.install(None)
+
+
+@contextlib.contextmanager
+def prepared_agent(
+    dirs: PluginDirs, api: FakeKube, proc_root: Path, *claims: dict[str, Any], **options: Any
+) -> Iterator[tuple[NodeAgent, fake_pynvml.FakeDriver, Kubelet]]:
+    """`plugin_with_nvml` (with `options`) registered with a kubelet that has prepared `claims`, each
+    without an error; the kubelet closes when the block ends."""
+    with plugin_with_nvml(dirs, api, proc_root, **options) as (plugin, driver):
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        prepared = kubelet.prepare(*claims)
+        assert len(prepared) == len(claims) and not any(r.error for r in prepared.values()), prepared
+        yield plugin, driver, kubelet
+        kubelet.close()

@@ -7,7 +7,7 @@ from typing import Any
 from gpucheck.context import GIB, MIB, Context
 from gpucheck.parse import int_of, key_values, mib_to_bytes, smi_csv
 from gpucheck.proc import Ran, background, run, which
-from gpucheck.report import FAIL, KNOWN, PASS, Result, failed, skipped, verdict
+from gpucheck.report import FAIL, KNOWN, PASS, Result, failed, judged, skipped, verdict
 
 CHUNK = 256 * MIB
 CONTEXT_ALLOWANCE = 600 * MIB
@@ -170,13 +170,13 @@ def judge_cap(
         problems.append(f"allocation stopped {(cap - allocated) / MIB:.0f} MiB below the cap")
     if fill.get("last") not in OOM:
         problems.append(f"last allocation ended with {fill.get('last')}, not out-of-memory")
-    if problems:
-        return failed(name, "; ".join(problems), **figures)
-    return verdict(
+    return judged(
         name,
-        True,
-        f"total = cap {cap / MIB:.0f} MiB exactly; allocated {allocated / MIB if allocated else 0:.0f} MiB, "
-        f"then {fill.get('last')}",
+        problems,
+        lambda: (
+            f"total = cap {cap / MIB:.0f} MiB exactly; allocated {allocated / MIB if allocated else 0:.0f} MiB, "
+            f"then {fill.get('last')}"
+        ),
         **figures,
     )
 

@@ -17,7 +17,7 @@ from gpucheck.checks.frameworks import cap_for, is_oom, workload_python
 from gpucheck.context import MIB, Context
 from gpucheck.parse import int_of, key_values
 from gpucheck.proc import run
-from gpucheck.report import Result, failed, skipped, verdict
+from gpucheck.report import Result, failed, judged, skipped
 
 NCCL_SLACK = 64 * MIB
 """The limiter charges whole 2 MiB granules; NCCL allocates its device buffers in a few dozen of them."""
@@ -82,13 +82,13 @@ def judge_nccl(cap: int, bare: dict[str, str], limited: dict[str, str], error: s
             f"NCCL's set-up is charged {charged / MIB:.0f} MiB but takes {device_cost / MIB:.0f} MiB of the "
             f"device: host memory is charged as GPU memory"
         )
-    if problems:
-        return failed(name, "; ".join(problems), **figures)
-    return verdict(
+    return judged(
         name,
-        True,
-        f"NCCL {limited.get('nccl')}: all-reduce ok under a {cap / MIB:.0f} MiB cap; set-up charged "
-        f"{(charged or 0) / MIB:.0f} MiB, the device's {(device_cost or 0) / MIB:.0f} MiB",
+        problems,
+        lambda: (
+            f"NCCL {limited.get('nccl')}: all-reduce ok under a {cap / MIB:.0f} MiB cap; set-up charged "
+            f"{(charged or 0) / MIB:.0f} MiB, the device's {(device_cost or 0) / MIB:.0f} MiB"
+        ),
         **figures,
     )
 
@@ -110,13 +110,13 @@ def judge_decode(cap: int, values: dict[str, str], error: str = "") -> Result:
         problems.append(f"the cache stopped at {cache / MIB:.0f} MiB, under half the cap")
     if values.get("served") != "ok":
         problems.append(f"it did not serve again after freeing: {values.get('served')}")
-    if problems:
-        return failed(name, "; ".join(problems), **figures)
-    return verdict(
+    return judged(
         name,
-        True,
-        f"KV cache grew to {cache / MIB:.0f} MiB in {steps} steps under a {cap / MIB:.0f} MiB cap, stopped "
-        f"by {stopped[:60]}, then served again",
+        problems,
+        lambda: (
+            f"KV cache grew to {cache / MIB:.0f} MiB in {steps} steps under a {cap / MIB:.0f} MiB cap, stopped "
+            f"by {stopped[:60]}, then served again"
+        ),
         **figures,
     )
 
@@ -144,13 +144,13 @@ def judge_profile(cap: int, values: dict[str, str], error: str = "") -> Result:
         problems.append(
             f"a cache of nine tenths of the free memory could not be allocated: {values.get('cache')}"
         )
-    if problems:
-        return failed(name, "; ".join(problems), **figures)
-    return verdict(
+    return judged(
         name,
-        True,
-        f"free {before / MIB:.0f} -> {warm / MIB:.0f} (warm-up) -> {after / MIB:.0f} MiB (graph) of a "
-        f"{cap / MIB:.0f} MiB cap; a cache of {0.9 * after / MIB:.0f} MiB fits",
+        problems,
+        lambda: (
+            f"free {before / MIB:.0f} -> {warm / MIB:.0f} (warm-up) -> {after / MIB:.0f} MiB (graph) of a "
+            f"{cap / MIB:.0f} MiB cap; a cache of {0.9 * after / MIB:.0f} MiB fits"
+        ),
         **figures,
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ def kubeconfig(
         config["current-context"] = context
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    s = ApiServer()
-    yield s
-    s.close()
 
 
 @pytest.fixture

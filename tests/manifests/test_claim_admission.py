@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import cel
 import pytest
 import yaml
+from policy_cel import refusals_in
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.allocator.cel_env import kubernetes_context
@@ -46,14 +46,7 @@ def refusals(obj: Obj) -> list[str]:
     spec = policy()["spec"]
     context = kubernetes_context()  # CEL with the Kubernetes library (quantity) the API server has
     context.add_variable("object", obj)
-    variables: Obj = {}
-    for variable in spec["variables"]:
-        context.add_variable("variables", variables)
-        variables[variable["name"]] = cel.compile(variable["expression"]).execute(context)
-    context.add_variable("variables", variables)
-    return [
-        v["message"] for v in spec["validations"] if cel.compile(v["expression"]).execute(context) is not True
-    ]
+    return refusals_in(context, spec)
 
 
 def request(device_class: str, capacity: dict[str, str] | None = None, name: str = "gpu") -> Obj:

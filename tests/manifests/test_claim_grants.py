@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import cel
 import pytest
 import yaml
+from policy_cel import refusals_in
 
 from dra_gpu import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME
 from dra_gpu.allocator.cel_env import kubernetes_context
@@ -102,14 +102,7 @@ def policy_refusals(obj: Obj, classes: list[Obj]) -> list[str]:
         context = kubernetes_context()
         context.add_variable("object", obj)
         context.add_variable("params", device_class)
-        variables: Obj = {}
-        for variable in spec["variables"]:
-            context.add_variable("variables", variables)
-            variables[variable["name"]] = cel.compile(variable["expression"]).execute(context)
-        context.add_variable("variables", variables)
-        for v in spec["validations"]:
-            if cel.compile(v["expression"]).execute(context) is not True:
-                messages.append(str(cel.compile(v["messageExpression"]).execute(context)))
+        messages += refusals_in(context, spec)
     return messages
 
 

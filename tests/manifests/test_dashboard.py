@@ -8,20 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from monitor_harness import bare_monitor
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from repo_paths import ROOT
 
 from dra_gpu.config import WatchdogPolicy
-from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor import METRICS, Monitor, MonitorCollector, PodDirectory, ProcReader, Watchdog
+from dra_gpu.monitor import METRICS, Monitor, MonitorCollector
 from dra_gpu.monitor.compute_hold import Account
 from dra_gpu.monitor.elastic import ElasticFigures
 from dra_gpu.monitor.monitor import ClaimFigures, ContainerFigures, Held, Snapshot
 from dra_gpu.monitor.pods import PodInfo
 from dra_gpu.monitor.watchdog import ClaimRef, Reason, Violation
-from dra_gpu.plugin.checkpoint import CheckpointStore
-from dra_gpu.plugin.holdings import prepared_holdings
 
 DEPLOY = ROOT / "deploy"
 METRIC = re.compile(r"\b(dra_gpu_[a-z_]+)\b")
@@ -39,18 +37,6 @@ def _queries(dashboard: dict[str, Any]) -> list[str]:
     return queries
 
 
-def _monitor(tmp_path: Path) -> Monitor:
-    proc = ProcReader(tmp_path)
-    return Monitor(
-        prepared_holdings(CheckpointStore(tmp_path / "checkpoint.json").load),
-        tmp_path,
-        lambda: [],
-        PodDirectory(FakeKube(), "node"),
-        Watchdog(FakeKube(), "node", proc),
-        proc=proc,
-    )
-
-
 def _names(monitor: Monitor) -> set[str]:
     registry = CollectorRegistry()
     registry.register(MonitorCollector(monitor))
@@ -60,7 +46,7 @@ def _names(monitor: Monitor) -> set[str]:
 
 def _exported(tmp_path: Path) -> set[str]:
     """The metric names a monitor with one claim, two containers and one violation puts on /metrics."""
-    monitor = _monitor(tmp_path)
+    monitor = bare_monitor(tmp_path)
     held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
     snap = Snapshot()
     elastic = ElasticFigures(50, 100, "latency", 1.0, 0.5, 0.1, 0, 0.2)
@@ -120,7 +106,7 @@ def test_panels_have_unique_ids_and_positions() -> None:
 def test_the_claim_selectors_list_a_claim_from_its_prepare_on(tmp_path: Path) -> None:
     """A claim's series that count events appear once they count: the namespace and claim variables read a
     series every prepared claim has, so a claim nothing has happened to yet can be picked too."""
-    monitor = _monitor(tmp_path)
+    monitor = bare_monitor(tmp_path)
     held = Held(ClaimRef("u", "ns", "c"), "GPU-1", "Limiter", 1, 50, WatchdogPolicy.REPORT)
     snap = Snapshot()
     snap.claims[("u", "GPU-1")] = ClaimFigures(

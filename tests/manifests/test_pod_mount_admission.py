@@ -11,6 +11,7 @@ from typing import Any
 import cel
 import pytest
 import yaml
+from policy_cel import refusals_in
 
 from dra_gpu.allocator.cel_env import kubernetes_context
 from dra_gpu.manifests import load_values, render
@@ -35,14 +36,7 @@ def refusals(pod: Obj, values: Path | None = None) -> list[str]:
     context.add_variable("object", pod)
     if not all(cel.compile(c["expression"]).execute(context) is True for c in spec["matchConditions"]):
         return []
-    variables: Obj = {}
-    for variable in spec["variables"]:
-        context.add_variable("variables", variables)
-        variables[variable["name"]] = cel.compile(variable["expression"]).execute(context)
-    context.add_variable("variables", variables)
-    return [
-        v["message"] for v in spec["validations"] if cel.compile(v["expression"]).execute(context) is not True
-    ]
+    return refusals_in(context, spec)
 
 
 def pod(*mounts: str, where: str = "containers", claims: bool = True) -> Obj:

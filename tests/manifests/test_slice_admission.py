@@ -10,6 +10,7 @@ from typing import Any
 import cel
 import pytest
 import yaml
+from policy_cel import refusals_in
 
 from dra_gpu import DRIVER_NAME
 from dra_gpu.allocator.cel_env import kubernetes_context, rewrite_optionals
@@ -43,16 +44,7 @@ def refusals(
     context.add_variable("object", new)
     context.add_variable("oldObject", old)
     assert all(run(c["expression"], context) is True for c in spec["matchConditions"])
-    variables: Obj = {}
-    for variable in spec["variables"]:
-        context.add_variable("variables", variables)
-        variables[variable["name"]] = run(variable["expression"], context)
-    context.add_variable("variables", variables)
-    return [
-        v.get("message") or run(v["messageExpression"], context)
-        for v in spec["validations"]
-        if run(v["expression"], context) is not True
-    ]
+    return refusals_in(context, spec, run)
 
 
 def slice_of(node: str, pool: str | None = None, driver: str = DRIVER_NAME, generation: int = 1) -> Obj:

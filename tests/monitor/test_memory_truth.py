@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, running_plugin, uid_of
+from monitor_harness import GiB, add_pod, fake_proc, gpu_share, prepared_agent, reaped, sleeper
+from plugin_harness import PluginDirs, monitor_of, opaque, running_plugin, uid_of
 from test_monitor import _events, limiter_config
 
 from dra_gpu.cli import main
@@ -24,28 +22,8 @@ from dra_gpu.limiter_abi.region import FLOOR_FILE, floor_uuids, make_floor, writ
 MiB = 2**20
 
 
-def _share(api: FakeKube, name: str, memory: str, policy: str = "Terminate") -> dict[str, Any]:
-    return add_claim(
-        api,
-        name,
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-000000000001",
-                consumed={"memory": memory, "cores": "50"},
-            )
-        ],
-        [opaque(limiter_config(policy))],
-    )
-
-
-def _sleeper() -> subprocess.Popen[bytes]:
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(300)"],
-        stdout=subprocess.PIPE,
-    )
-    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
-    return child
+def _share(api: FakeKube, name: str, memory: str, policy: str = "Terminate", n: int = 1) -> dict[str, Any]:
+    return gpu_share(api, name, memory, [opaque(limiter_config(policy))], n)
 
 
 def _floor(path: Path) -> dict[str, tuple[int, int, int]]:
@@ -66,39 +44,30 @@ def test_each_watch_publishes_the_claims_floor_from_nvml(dirs: PluginDirs, tmp_p
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = _share(api, "served", "8Gi", policy="Report")
-    a, b, outsider = _sleeper(), _sleeper(), _sleeper()
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            state = dirs.state_dir / "claims" / uid_of(claim) / "limiter"
-            floor = state / FLOOR_FILE
-            gpu = driver.gpus[0].uuid
-            # Made at prepare, beside the region, in the directory the container sees read-only.
-            assert floor_uuids(floor) == [gpu] and _floor(floor)[gpu][:2] == (0, 0)
-            pod_uid, cid = add_pod(api, "p", ["served"])
-            fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
-            fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
-            monitor_of(plugin).floor_interval_s = 0.0  # every watch publishes (the agent's pace is 1 s)
-            # Two processes of the claim, and one of no pod (an MPS server, the host): only the claim's count.
-            driver.gpus[0].processes = {a.pid: 3 * GiB, b.pid: 1 * GiB, outsider.pid: 20 * GiB}
-            monitor_of(plugin).watch_once()
-            first = _floor(floor)[gpu]
-            assert first[:2] == (4 * GiB, 0)  # the region holds nothing the library charged
-            # The claim frees (NVML says so): the floor falls with the next watch, under a new sequence.
-            driver.gpus[0].processes = {a.pid: 3 * GiB}
-            monitor_of(plugin).watch_once()
-            second = _floor(floor)[gpu]
-            assert second[:2] == (3 * GiB, 0) and second[2] > first[2] and second[2] % 2 == 0
-            # Unprepared: the floor goes with the region.
-            assert not kubelet.unprepare(claim)[uid_of(claim)]
-            assert not floor.exists()
-            kubelet.close()
-    finally:
-        for c in (a, b, outsider):
-            c.kill()
-            c.wait()
+    a, b, outsider = sleeper(), sleeper(), sleeper()
+    with reaped(a, b, outsider), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, kubelet):
+        state = dirs.state_dir / "claims" / uid_of(claim) / "limiter"
+        floor = state / FLOOR_FILE
+        gpu = driver.gpus[0].uuid
+        # Made at prepare, beside the region, in the directory the container sees read-only.
+        assert floor_uuids(floor) == [gpu] and _floor(floor)[gpu][:2] == (0, 0)
+        pod_uid, cid = add_pod(api, "p", ["served"])
+        fake_proc(proc_root, a.pid, pod_uid, cid, limiter=True)
+        fake_proc(proc_root, b.pid, pod_uid, cid, limiter=True)
+        monitor_of(plugin).floor_interval_s = 0.0  # every watch publishes (the agent's pace is 1 s)
+        # Two processes of the claim, and one of no pod (an MPS server, the host): only the claim's count.
+        driver.gpus[0].processes = {a.pid: 3 * GiB, b.pid: 1 * GiB, outsider.pid: 20 * GiB}
+        monitor_of(plugin).watch_once()
+        first = _floor(floor)[gpu]
+        assert first[:2] == (4 * GiB, 0)  # the region holds nothing the library charged
+        # The claim frees (NVML says so): the floor falls with the next watch, under a new sequence.
+        driver.gpus[0].processes = {a.pid: 3 * GiB}
+        monitor_of(plugin).watch_once()
+        second = _floor(floor)[gpu]
+        assert second[:2] == (3 * GiB, 0) and second[2] > first[2] and second[2] % 2 == 0
+        # Unprepared: the floor goes with the region.
+        assert not kubelet.unprepare(claim)[uid_of(claim)]
+        assert not floor.exists()
 
 
 def test_a_claim_over_its_cap_by_nvml_loses_its_offender_within_one_watch(
@@ -111,31 +80,22 @@ def test_a_claim_over_its_cap_by_nvml_loses_its_offender_within_one_watch(
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = _share(api, "capped", "1Gi")
-    modest, greedy = _sleeper(), _sleeper()
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            pod_uid, cid = add_pod(api, "p", ["capped"])
-            fake_proc(proc_root, modest.pid, pod_uid, cid, limiter=True)
-            fake_proc(proc_root, greedy.pid, pod_uid, cid, limiter=True)
-            monitor = monitor_of(plugin)
-            # Within the cap and the module code two processes load unseen at the cap: left alone.
-            driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 724 * MiB + 2 * 88 * MiB}
-            monitor.watch_once()
-            assert _events(api, "ResourceClaim", "capped") == []
-            driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 2 * GiB}
-            monitor.watch_once()  # SIGKILL: the memory is another claim's
-            assert greedy.wait(timeout=30) == -signal.SIGKILL
-            assert modest.poll() is None
-            said = [e["reason"] for e in _events(api, "ResourceClaim", "capped")]
-            assert said == ["MemoryOverLimit"]
-            kubelet.close()
-    finally:
-        for c in (modest, greedy):
-            c.kill()
-            c.wait()
+    modest, greedy = sleeper(), sleeper()
+    with reaped(modest, greedy), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
+        pod_uid, cid = add_pod(api, "p", ["capped"])
+        fake_proc(proc_root, modest.pid, pod_uid, cid, limiter=True)
+        fake_proc(proc_root, greedy.pid, pod_uid, cid, limiter=True)
+        monitor = monitor_of(plugin)
+        # Within the cap and the module code two processes load unseen at the cap: left alone.
+        driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 724 * MiB + 2 * 88 * MiB}
+        monitor.watch_once()
+        assert _events(api, "ResourceClaim", "capped") == []
+        driver.gpus[0].processes = {modest.pid: 300 * MiB, greedy.pid: 2 * GiB}
+        monitor.watch_once()  # SIGKILL: the memory is another claim's
+        assert greedy.wait(timeout=30) == -signal.SIGKILL
+        assert modest.poll() is None
+        said = [e["reason"] for e in _events(api, "ResourceClaim", "capped")]
+        assert said == ["MemoryOverLimit"]
 
 
 def test_a_process_without_the_limiter_is_stopped_within_one_watch(dirs: PluginDirs, tmp_path: Path) -> None:
@@ -145,28 +105,19 @@ def test_a_process_without_the_limiter_is_stopped_within_one_watch(dirs: PluginD
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = _share(api, "audited", "4Gi")
-    bare, kept = _sleeper(), _sleeper()
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            pod_uid, cid = add_pod(api, "p", ["audited"])
-            fake_proc(proc_root, bare.pid, pod_uid, cid, limiter=False)
-            fake_proc(proc_root, kept.pid, pod_uid, cid, limiter=True)
-            driver.gpus[0].processes = {bare.pid: 100 * MiB, kept.pid: 1 * GiB}
-            samples = monitor_of(plugin).samples
-            monitor_of(plugin).watch_once()
-            assert bare.wait(timeout=30) == -signal.SIGTERM
-            assert kept.poll() is None
-            assert monitor_of(plugin).samples == samples, "a watch is not a full sample"
-            said = [e["reason"] for e in _events(api, "Pod", "p")]
-            assert said == ["LimiterMissing"]
-            kubelet.close()
-    finally:
-        for c in (bare, kept):
-            c.kill()
-            c.wait()
+    bare, kept = sleeper(), sleeper()
+    with reaped(bare, kept), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
+        pod_uid, cid = add_pod(api, "p", ["audited"])
+        fake_proc(proc_root, bare.pid, pod_uid, cid, limiter=False)
+        fake_proc(proc_root, kept.pid, pod_uid, cid, limiter=True)
+        driver.gpus[0].processes = {bare.pid: 100 * MiB, kept.pid: 1 * GiB}
+        samples = monitor_of(plugin).samples
+        monitor_of(plugin).watch_once()
+        assert bare.wait(timeout=30) == -signal.SIGTERM
+        assert kept.poll() is None
+        assert monitor_of(plugin).samples == samples, "a watch is not a full sample"
+        said = [e["reason"] for e in _events(api, "Pod", "p")]
+        assert said == ["LimiterMissing"]
 
 
 def test_the_floor_is_written_in_place_and_only_for_its_gpus(tmp_path: Path) -> None:

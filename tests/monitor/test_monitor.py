@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fakes import fake_pynvml
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
+from monitor_harness import GiB, add_pod, fake_proc, gpu_share, plugin_with_nvml
 from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
@@ -197,30 +197,8 @@ def test_process_beyond_its_share_without_the_limiter_is_caught(
 ) -> None:
     api = FakeKube()
     proc_root = tmp_path / "proc"
-    greedy = add_claim(
-        api,
-        "greedy",
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "2Gi", "cores": "50"},
-            )
-        ],
-        [opaque(limiter_config(policy))],
-    )
-    polite = add_claim(
-        api,
-        "polite",
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-00000000000b",
-                consumed={"memory": "8Gi", "cores": "50"},
-            )
-        ],
-        [opaque(limiter_config(policy))],
-    )
+    greedy = gpu_share(api, "greedy", "2Gi", [opaque(limiter_config(policy))], n=1)
+    polite = gpu_share(api, "polite", "8Gi", [opaque(limiter_config(policy))], n=2)
     offender, bystander = _child(), _child()
     try:
         with plugin_with_nvml(dirs, api, proc_root, interval_s=0.2) as (plugin, driver):

@@ -7,19 +7,17 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from monitor_harness import bare_monitor
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from repo_paths import ROOT
 
 from dra_gpu.config import WatchdogPolicy
-from dra_gpu.kube.fake import FakeKube
-from dra_gpu.monitor import Monitor, MonitorCollector, PodDirectory, ProcReader, Watchdog
+from dra_gpu.monitor import Monitor, MonitorCollector
 from dra_gpu.monitor.compute_hold import Account
 from dra_gpu.monitor.elastic import ElasticFigures
 from dra_gpu.monitor.monitor import ClaimFigures, Held, Snapshot
 from dra_gpu.monitor.watchdog import ClaimRef
-from dra_gpu.plugin.checkpoint import CheckpointStore
-from dra_gpu.plugin.holdings import prepared_holdings
 
 CLAIMS = 200
 GiB = 1 << 30
@@ -69,15 +67,7 @@ def test_a_claim_has_the_documented_series_and_more_only_once_they_count(tmp_pat
     always = {name for name, when in docs.items() if when == "always"}
     once_run = {name for name, when in docs.items() if "used the GPU" in when}
     assert always and once_run
-    proc = ProcReader(tmp_path)
-    monitor = Monitor(
-        prepared_holdings(CheckpointStore(tmp_path / "checkpoint.json").load),
-        tmp_path,
-        lambda: [],
-        PodDirectory(FakeKube(), "node"),
-        Watchdog(FakeKube(), "node", proc),
-        proc=proc,
-    )
+    monitor = bare_monitor(tmp_path)
     snap = Snapshot()
     for i in range(CLAIMS):
         fig = idle_claim(i)

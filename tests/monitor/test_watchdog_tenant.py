@@ -7,13 +7,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, monitor_of, opaque, uid_of
+from monitor_harness import GiB, add_pod, fake_proc, gpu_share, prepared_agent, reaped, sleeper
+from plugin_harness import PluginDirs, monitor_of, opaque, uid_of
 from test_monitor import _events, limiter_config
 from waiting import wait_for
 
@@ -25,72 +23,40 @@ MiB = 2**20
 
 
 def _share(api: FakeKube, name: str, memory: str, policy: str = "Terminate", n: int = 1) -> dict[str, Any]:
-    return add_claim(
-        api,
-        name,
-        [
-            Alloc(
-                device="gpu-0",
-                share_id=f"00000000-0000-4000-8000-00000000000{n}",
-                consumed={"memory": memory, "cores": "50"},
-            )
-        ],
-        [opaque(limiter_config(policy))],
-    )
-
-
-def _sleeper(ignore_term: bool = False) -> subprocess.Popen[bytes]:
-    code = "import signal, time\n"
-    if ignore_term:
-        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    code += "print('ready', flush=True)\ntime.sleep(300)\n"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
-    return child
+    return gpu_share(api, name, memory, [opaque(limiter_config(policy))], n)
 
 
 def test_innocent_processes_are_left_alone(dirs: PluginDirs, tmp_path: Path) -> None:
     api = FakeKube()
     proc_root = tmp_path / "proc"
     small, large = _share(api, "a-small", "2Gi", n=1), _share(api, "b-large", "8Gi", n=2)
-    children = [_sleeper() for _ in range(3)]
+    children = [sleeper() for _ in range(3)]
     compliant, other_gpu, second_container = children
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not any(r.error for r in kubelet.prepare(small, large).values())
-            # One pod, two containers: "main" uses the small claim, "big" the large one (same GPU).
-            pod_uid, cid = add_pod(api, "two", ["a-small", "b-large"])
-            pod = api.get("Pod", "two", "default")
-            pod["spec"]["containers"] = [
-                {"name": "main", "image": "app", "resources": {"claims": [{"name": "a-small"}]}},
-                {"name": "big", "image": "app", "resources": {"claims": [{"name": "b-large"}]}},
-            ]
-            big_cid = "b" * 64
-            pod["status"]["containerStatuses"].append(
-                {"name": "big", "containerID": f"containerd://{big_cid}"}
-            )
-            api.update_status("Pod", api.update("Pod", pod) | {"status": pod["status"]})
-            fake_proc(proc_root, compliant.pid, pod_uid, cid, limiter=True)
-            fake_proc(proc_root, other_gpu.pid, pod_uid, cid, limiter=True)
-            fake_proc(proc_root, second_container.pid, pod_uid, big_cid, limiter=True)
-            # (b) at its limit (the limiter charged its context within it) plus module code the driver loaded
-            #     without a call the limiter sees (PyTorch's: 88 MiB), twice: 2 GiB + 176 MiB;
-            # (c) 7 GiB in the other container, within its own claim's 8 GiB;
-            driver.gpus[0].processes = {compliant.pid: 2 * GiB + 176 * MiB, second_container.pid: 7 * GiB}
-            # (a) a GPU this driver never allocated (the device plugin's, say).
-            driver.gpus[1].processes = {other_gpu.pid: 10 * GiB}
-            monitor_of(plugin).sample_once()
-            monitor_of(plugin).sample_once()
-            events = [e for e in api.objects("Event") if e["reason"] != "AccountingMismatch"]
-            assert events == []
-            assert all(c.poll() is None for c in children), "nobody is stopped"
-            kubelet.close()
-    finally:
-        for c in children:
-            c.kill()
-            c.wait()
+    with reaped(*children), prepared_agent(dirs, api, proc_root, small, large) as (plugin, driver, _):
+        # One pod, two containers: "main" uses the small claim, "big" the large one (same GPU).
+        pod_uid, cid = add_pod(api, "two", ["a-small", "b-large"])
+        pod = api.get("Pod", "two", "default")
+        pod["spec"]["containers"] = [
+            {"name": "main", "image": "app", "resources": {"claims": [{"name": "a-small"}]}},
+            {"name": "big", "image": "app", "resources": {"claims": [{"name": "b-large"}]}},
+        ]
+        big_cid = "b" * 64
+        pod["status"]["containerStatuses"].append({"name": "big", "containerID": f"containerd://{big_cid}"})
+        api.update_status("Pod", api.update("Pod", pod) | {"status": pod["status"]})
+        fake_proc(proc_root, compliant.pid, pod_uid, cid, limiter=True)
+        fake_proc(proc_root, other_gpu.pid, pod_uid, cid, limiter=True)
+        fake_proc(proc_root, second_container.pid, pod_uid, big_cid, limiter=True)
+        # (b) at its limit (the limiter charged its context within it) plus module code the driver loaded
+        #     without a call the limiter sees (PyTorch's: 88 MiB), twice: 2 GiB + 176 MiB;
+        # (c) 7 GiB in the other container, within its own claim's 8 GiB;
+        driver.gpus[0].processes = {compliant.pid: 2 * GiB + 176 * MiB, second_container.pid: 7 * GiB}
+        # (a) a GPU this driver never allocated (the device plugin's, say).
+        driver.gpus[1].processes = {other_gpu.pid: 10 * GiB}
+        monitor_of(plugin).sample_once()
+        monitor_of(plugin).sample_once()
+        events = [e for e in api.objects("Event") if e["reason"] != "AccountingMismatch"]
+        assert events == []
+        assert all(c.poll() is None for c in children), "nobody is stopped"
 
 
 def test_an_offender_gets_sigterm_then_sigkill_and_a_reused_pid_nothing(
@@ -99,72 +65,55 @@ def test_an_offender_gets_sigterm_then_sigkill_and_a_reused_pid_nothing(
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = _share(api, "greedy", "2Gi")
-    stubborn, reused = _sleeper(ignore_term=True), _sleeper()
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            pod_uid, cid = add_pod(api, "greedy-pod", ["greedy"])
-            fake_proc(proc_root, stubborn.pid, pod_uid, cid, limiter=False)
-            fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
-            driver.gpus[0].processes = {stubborn.pid: 1 * GiB}  # within its cap: LimiterMissing only
-            watchdog = monitor_of(plugin).watchdog
-            watchdog.grace_s = 0.0
-            monitor_of(plugin).sample_once()  # SIGTERM, which it ignores
-            assert stubborn.poll() is None
-            monitor_of(plugin).sample_once()  # past the grace period: SIGKILL
-            assert stubborn.wait(timeout=30) == -signal.SIGKILL
-            # A violation seen for a process of another start time (the PID was reused since): reported,
-            # never signalled.
-            fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
-            seen = dataclasses.replace(
-                watchdog.active[0],
-                pid=reused.pid,
-                start=(ProcReader(proc_root).start_time(reused.pid) or 0) + 1,
-            )
-            watchdog.handle([seen], {reused.pid})
-            said = [
-                e["message"]
-                for e in _events(api, "Pod", "greedy-pod")
-                if f"process {reused.pid} " in e["message"]
-            ]
-            assert len(said) == 1 and said[0].endswith("it could not be terminated")
-            assert reused.poll() is None
-            kubelet.close()
-    finally:
-        for c in (stubborn, reused):
-            c.kill()
-            c.wait()
+    stubborn, reused = sleeper(ignore_term=True), sleeper()
+    with reaped(stubborn, reused), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
+        pod_uid, cid = add_pod(api, "greedy-pod", ["greedy"])
+        fake_proc(proc_root, stubborn.pid, pod_uid, cid, limiter=False)
+        fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
+        driver.gpus[0].processes = {stubborn.pid: 1 * GiB}  # within its cap: LimiterMissing only
+        watchdog = monitor_of(plugin).watchdog
+        watchdog.grace_s = 0.0
+        monitor_of(plugin).sample_once()  # SIGTERM, which it ignores
+        assert stubborn.poll() is None
+        monitor_of(plugin).sample_once()  # past the grace period: SIGKILL
+        assert stubborn.wait(timeout=30) == -signal.SIGKILL
+        # A violation seen for a process of another start time (the PID was reused since): reported,
+        # never signalled.
+        fake_proc(proc_root, reused.pid, pod_uid, cid, limiter=False)
+        seen = dataclasses.replace(
+            watchdog.active[0],
+            pid=reused.pid,
+            start=(ProcReader(proc_root).start_time(reused.pid) or 0) + 1,
+        )
+        watchdog.handle([seen], {reused.pid})
+        said = [
+            e["message"]
+            for e in _events(api, "Pod", "greedy-pod")
+            if f"process {reused.pid} " in e["message"]
+        ]
+        assert len(said) == 1 and said[0].endswith("it could not be terminated")
+        assert reused.poll() is None
 
 
 def test_a_region_that_nvml_contradicts_is_reported(dirs: PluginDirs, tmp_path: Path) -> None:
     api = FakeKube()
     proc_root = tmp_path / "proc"
     claim = _share(api, "rewritten", "8Gi", policy="Report")
-    child = _sleeper()
-    try:
-        with plugin_with_nvml(dirs, api, proc_root) as (plugin, driver):
-            kubelet = Kubelet(dirs.registration_dir)
-            kubelet.register()
-            assert not kubelet.prepare(claim)[uid_of(claim)].error
-            pod_uid, cid = add_pod(api, "p", ["rewritten"])
-            fake_proc(proc_root, child.pid, pod_uid, cid, limiter=True)
-            state = dirs.state_dir / "claims" / uid_of(claim) / "limiter"
-            region = state / "dragpu-limiter.region"
-            # The device entry as the library makes it, then every counter zeroed by a tenant: 0 bytes.
-            with open(region, "r+b") as f:
-                f.seek(64)
-                f.write(driver.gpus[0].uuid.encode().ljust(48, b"\0") + (1).to_bytes(4, "little"))
-            assert [d.used_bytes for d in read_region(state) or []] == [0]
-            driver.gpus[0].processes = {child.pid: 6 * GiB}
-            monitor_of(plugin).sample_once()
-            assert [e["reason"] for e in _events(api, "ResourceClaim", "rewritten")] == ["AccountingMismatch"]
-            assert child.poll() is None
-            kubelet.close()
-    finally:
-        child.kill()
-        child.wait()
+    child = sleeper()
+    with reaped(child), prepared_agent(dirs, api, proc_root, claim) as (plugin, driver, _):
+        pod_uid, cid = add_pod(api, "p", ["rewritten"])
+        fake_proc(proc_root, child.pid, pod_uid, cid, limiter=True)
+        state = dirs.state_dir / "claims" / uid_of(claim) / "limiter"
+        region = state / "dragpu-limiter.region"
+        # The device entry as the library makes it, then every counter zeroed by a tenant: 0 bytes.
+        with open(region, "r+b") as f:
+            f.seek(64)
+            f.write(driver.gpus[0].uuid.encode().ljust(48, b"\0") + (1).to_bytes(4, "little"))
+        assert [d.used_bytes for d in read_region(state) or []] == [0]
+        driver.gpus[0].processes = {child.pid: 6 * GiB}
+        monitor_of(plugin).sample_once()
+        assert [e["reason"] for e in _events(api, "ResourceClaim", "rewritten")] == ["AccountingMismatch"]
+        assert child.poll() is None
 
 
 def test_a_fifo_for_a_region_does_not_stall_the_monitor_and_a_stall_fails_healthz(
@@ -172,10 +121,7 @@ def test_a_fifo_for_a_region_does_not_stall_the_monitor_and_a_stall_fails_health
 ) -> None:
     api = FakeKube()
     claim = _share(api, "fifo", "2Gi", policy="Report")
-    with plugin_with_nvml(dirs, api, tmp_path / "proc", interval_s=0.1) as (plugin, _):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
-        assert not kubelet.prepare(claim)[uid_of(claim)].error
+    with prepared_agent(dirs, api, tmp_path / "proc", claim, interval_s=0.1) as (plugin, _, _):
         region = dirs.state_dir / "claims" / uid_of(claim) / "limiter" / "dragpu-limiter.region"
         region.unlink()
         os.mkfifo(region)
@@ -185,4 +131,3 @@ def test_a_fifo_for_a_region_does_not_stall_the_monitor_and_a_stall_fails_health
         monitor_of(plugin).sampled_at -= 3600  # as if the last sample never finished
         ok, why = plugin.healthz()
         assert not ok and "usage monitor" in why
-        kubelet.close()

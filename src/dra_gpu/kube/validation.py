@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from dra_gpu.kube import names, objects
@@ -69,6 +70,11 @@ def _q(value: Any) -> Any:
 
 def _invalid(where: str, value: Any, messages: list[str]) -> list[str]:
     return [f"{where}: Invalid value: {_q(value)}: {m}" for m in messages]
+
+
+def _required(where: str, value: str, check: Callable[[str], list[str]]) -> list[str]:
+    """`value` is required at `where`, and must pass `check` (messages as `_invalid` words them)."""
+    return _invalid(where, value, check(value)) if value else [f"{where}: Required value"]
 
 
 def driver_errors(driver: str, where: str) -> list[str]:
@@ -208,10 +214,7 @@ def slice_errors(obj: Obj) -> list[str]:
     for i, device in enumerate(devices):
         where = f"spec.devices[{i}]"
         name = str(device.get("name") or "")
-        if not name:
-            errors.append(f"{where}.name: Required value")
-        else:
-            errors += _invalid(f"{where}.name", name, names.dns1123_label(name))
+        errors += _required(f"{where}.name", name, names.dns1123_label)
         if name in seen:
             errors.append(f'spec.devices[{i}]: Duplicate value: "{name}"')
         seen.add(name)
@@ -308,10 +311,7 @@ def _taint_errors(taints: list[Obj], where: str) -> list[str]:
     for i, taint in enumerate(taints):
         at = f"{where}[{i}]"
         key = str(taint.get("key") or "")
-        if not key:
-            errors.append(f"{at}.key: Required value")
-        else:
-            errors += _invalid(f"{at}.key", key, names.qualified_name(key))
+        errors += _required(f"{at}.key", key, names.qualified_name)
         if taint.get("value"):
             errors += _invalid(f"{at}.value", taint["value"], names.label_value(str(taint["value"])))
         effect = taint.get("effect") or ""
@@ -367,10 +367,7 @@ def _named_counters_errors(entries: list[Obj], where: str, key: str, limit: int)
     for i, entry in enumerate(entries):
         at = f"{where}[{i}]"
         name = str(entry.get(key) or "")
-        if not name:
-            errors.append(f"{at}.{key}: Required value")
-        else:
-            errors += _invalid(f"{at}.{key}", name, names.dns1123_label(name))
+        errors += _required(f"{at}.{key}", name, names.dns1123_label)
         if name in seen:
             errors.append(f'{at}: Duplicate value: "{name}"')
         seen.add(name)

@@ -312,13 +312,20 @@ def _write_area(path: Path | str, count: int, area: bytes) -> None:
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         (seq,) = _SEQ.unpack(os.pread(fd, _SEQ.size, SEQ_OFFSET))
-        odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
-        os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
-        os.pwrite(fd, area, HEADER_BYTES)
-        os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count), 0)
-        os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+        _publish(fd, seq, count, area)
     finally:
         os.close(fd)
+
+
+def _publish(fd: int, seq: int, count: int, area: bytes) -> int:
+    """Write `count` entries' `area` under the sequence lock: an odd sequence while it is written, the next
+    even one after; the sequence it leaves."""
+    odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
+    os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
+    os.pwrite(fd, area, HEADER_BYTES)
+    os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count), 0)
+    os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+    return odd + 1
 
 
 @dataclass(frozen=True)
@@ -376,14 +383,10 @@ def _rewrite(
         new = sorted(change(entries), key=_ORDER)
         kept = frozenset(set(marked if marks is None else marks(marked)) & {e.claim_uid for e in new})
         count, area = pack_entries(new, kept)
-        odd = seq + 1 if seq % 2 == 0 else seq + 2  # an odd seq is a write a killed agent left: past it
-        os.pwrite(fd, _SEQ.pack(odd), SEQ_OFFSET)
-        os.pwrite(fd, area, HEADER_BYTES)
-        os.pwrite(fd, _HEADER.pack(BOARD_MAGIC, BOARD_VERSION, count), 0)
-        os.pwrite(fd, _SEQ.pack(odd + 1), SEQ_OFFSET)
+        written = _publish(fd, seq, count, area)
     finally:
         os.close(fd)
-    return Written(st.st_ino, odd + 1, tuple(new), kept)
+    return Written(st.st_ino, written, tuple(new), kept)
 
 
 def mark_board(path: Path | str, marked: Set[str]) -> bool:

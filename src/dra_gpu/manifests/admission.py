@@ -428,17 +428,29 @@ def grant_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
     evaluates the policy once per class, each evaluation judging the requests of that class. With no class
     at all nothing can be allocated, so a missing param allows (`parameterNotFoundAction: Allow`).
     """
-    policy: Obj = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
+    return policy_and_binding(
+        name,
+        labels,
+        {
             "paramKind": {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"},
             "matchConstraints": _match_claims(),
             "variables": _grant_variables(),
             "validations": grant_validations(class_strategies(values), resolves_qualified_names(values)),
         },
+        param_ref={"selector": {}, "parameterNotFoundAction": "Allow"},
+    )
+
+
+def policy_and_binding(
+    name: str, labels: dict[str, str], spec: Obj, param_ref: Obj | None = None
+) -> list[Obj]:
+    """A ValidatingAdmissionPolicy `name` that fails closed (`failurePolicy: Fail`) with the rest of its
+    `spec`, and the binding that enforces it (`Deny`), with `param_ref` where the policy takes params."""
+    policy: Obj = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"failurePolicy": "Fail", **spec},
     }
     binding: Obj = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -446,7 +458,7 @@ def grant_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "policyName": name,
-            "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
+            **({"paramRef": param_ref} if param_ref is not None else {}),
             "validationActions": ["Deny"],
         },
     }
@@ -470,21 +482,9 @@ def _match_claims() -> Obj:
 def claim_policy(values: Values, name: str, labels: dict[str, str]) -> list[Obj]:
     """The ValidatingAdmissionPolicy on ResourceClaims and ResourceClaimTemplates, and its binding; then
     the grant policy (`<name>-grants`) and its binding."""
-    policy: Obj = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": _match_claims(),
-            "variables": variables(values),
-            "validations": validations(values),
-        },
+    spec: Obj = {
+        "matchConstraints": _match_claims(),
+        "variables": variables(values),
+        "validations": validations(values),
     }
-    binding: Obj = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
-    return [policy, binding, *grant_policy(values, f"{name}-grants", labels)]
+    return [*policy_and_binding(name, labels, spec), *grant_policy(values, f"{name}-grants", labels)]

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dra_gpu.limiter_abi.limits import CONTAINER_CLAIMS_ROOT, CONTAINER_LIBRARY, CONTAINER_PRELOAD
+from dra_gpu.manifests.admission import policy_and_binding
 
 Obj = dict[str, Any]
 
@@ -131,37 +132,23 @@ def _canonical(path: str) -> str:
 def pod_policy(name: str, labels: dict[str, str], extended_names: Sequence[str] = ()) -> list[Obj]:
     """The ValidatingAdmissionPolicy on pods (and their ephemeral containers), and its binding;
     `extended_names`: the extended resource names the driver's classes have."""
-    policy: Obj = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "matchPolicy": "Equivalent",
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["pods", "pods/ephemeralcontainers"],
-                    }
-                ],
-            },
-            "matchConditions": [
-                {"name": "usesResourceClaims", "expression": _reaches_a_class(extended_names)}
-            ],
-            "variables": [{"name": "containers", "expression": _containers()}],
-            "validations": [
-                {"expression": _every_mount(_canonical), "message": CANONICAL_MESSAGE},
-                {"expression": _every_mount(_outside), "message": MOUNT_MESSAGE},
+    spec: Obj = {
+        "matchConstraints": {
+            "matchPolicy": "Equivalent",
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["pods", "pods/ephemeralcontainers"],
+                }
             ],
         },
+        "matchConditions": [{"name": "usesResourceClaims", "expression": _reaches_a_class(extended_names)}],
+        "variables": [{"name": "containers", "expression": _containers()}],
+        "validations": [
+            {"expression": _every_mount(_canonical), "message": CANONICAL_MESSAGE},
+            {"expression": _every_mount(_outside), "message": MOUNT_MESSAGE},
+        ],
     }
-    binding: Obj = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
-    return [policy, binding]
+    return policy_and_binding(name, labels, spec)

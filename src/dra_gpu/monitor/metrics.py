@@ -108,6 +108,13 @@ def _add(family: Metric, labels: dict[str, str], value: float) -> None:
     samples.values.append(value)
 
 
+def _add_counting(labels: dict[str, str], *counters: tuple[Metric, float | None]) -> None:
+    """Each counter under `labels` once it counts: a claim's idle zeros carry no figure."""
+    for family, value in counters:
+        if value:
+            _add(family, labels, value)
+
+
 class MonitorCollector(Collector):
     def __init__(self, monitor: Monitor) -> None:
         self._monitor = monitor
@@ -144,13 +151,9 @@ class MonitorCollector(Collector):
                 _add(used, labels, fig.memory_used)
             if h.memory_limit is not None:
                 _add(limit, limit_labels, h.memory_limit)
-            # A claim's counters appear once they count: an idle claim's zeros carry no figure.
-            if fig.busy_seconds:
-                _add(busy, labels, fig.busy_seconds)
-            if fig.throttled_seconds:
-                _add(throttled, labels, fig.throttled_seconds)
-            if fig.refused:
-                _add(refused, labels, fig.refused)
+            _add_counting(
+                labels, (busy, fig.busy_seconds), (throttled, fig.throttled_seconds), (refused, fig.refused)
+            )
         c_used = GaugeMetricFamily(
             "dra_gpu_container_memory_used_bytes",
             m["dra_gpu_container_memory_used_bytes"],
@@ -277,12 +280,11 @@ def elastic_families(
         labels = label_sets.get(h) if label_sets is not None else None
         if labels is None:
             labels = {"namespace": h.claim.namespace, "claim": h.claim.name, "gpu_uuid": h.gpu}
-        if e.used_seconds:
-            _add(used, labels, e.used_seconds)
-        if e.borrowed_seconds:
-            _add(borrowed, labels, e.borrowed_seconds)
-        if e.lent_seconds:
-            _add(lent, labels, e.lent_seconds)
-        if e.held_seconds:
-            _add(held, labels, e.held_seconds)
+        _add_counting(
+            labels,
+            (used, e.used_seconds),
+            (borrowed, e.borrowed_seconds),
+            (lent, e.lent_seconds),
+            (held, e.held_seconds),
+        )
     yield from counters.values()
