@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes
@@ -28,6 +28,13 @@ from dra_gpu.kube import (
     objects,
 )
 from dra_gpu.kube.client import KubeClient
+
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    s = ApiServer()
+    yield s
+    s.close()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,13 @@ def kubeconfig(
         config["current-context"] = context
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    s = ApiServer()
+    yield s
+    s.close()
 
 
 @pytest.fixture
