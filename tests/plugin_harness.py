@@ -409,6 +409,20 @@ def running_plugin(
         plugin.stop(grace_s=0.5)
 
 
+@contextlib.contextmanager
+def registered_kubelet(
+    dirs: PluginDirs, api: KubeAPI, **plugin_kw: Any
+) -> Iterator[tuple[NodeAgent, Kubelet]]:
+    """`running_plugin` with a kubelet registered with it; the kubelet's channel is closed on the way out."""
+    with running_plugin(dirs, api, **plugin_kw) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        try:
+            yield agent, kubelet
+        finally:
+            kubelet.close()
+
+
 def monitor_of(agent: NodeAgent) -> Monitor:
     """The agent's usage monitor (the test's config turns it on)."""
     assert agent.monitor is not None, "the usage monitor is off"

@@ -10,15 +10,14 @@ from typing import Any
 from fake_driver import usable
 from plugin_harness import (
     Alloc,
-    Kubelet,
     PluginDirs,
     add_claim,
     cdi_ids,
     claim_process_env,
     gpu_config,
     opaque,
+    registered_kubelet,
     resolve,
-    running_plugin,
     uid_of,
 )
 
@@ -58,11 +57,8 @@ def mps(name: str, api: FakeKube, device: str = "gpu-0", **mps_config: object) -
 
 
 def prepare(dirs: PluginDirs, api: FakeKube, *claims: dict, **config: Any) -> dict[str, Any]:
-    with running_plugin(dirs, api, **config):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api, **config) as (_, kubelet):
         responses = {c["metadata"]["name"]: kubelet.prepare(c)[uid_of(c)] for c in claims}
-        kubelet.close()
     return responses
 
 
