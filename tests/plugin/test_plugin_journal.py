@@ -12,13 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 from plugin_harness import (
-    Alloc,
     Kubelet,
     PluginDirs,
     PluginProcess,
-    add_claim,
-    gpu_config,
-    opaque,
+    share_claim,
     uid_of,
     write_snapshot,
 )
@@ -126,19 +123,7 @@ def test_a_reader_follows_anothers_appends_without_reading_everything_again(tmp_
 def test_killed_during_concurrent_prepares_the_agent_starts_again_consistent(dirs: PluginDirs) -> None:
     api = FakeKube()
     claims = [
-        add_claim(
-            api,
-            f"c-{i}",
-            [
-                Alloc(
-                    device=f"gpu-{i % 2}",
-                    share_id=f"4b000000-0000-4000-8000-{i:012d}",
-                    consumed={"memory": "1Gi", "cores": "2"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        )
-        for i in range(24)
+        share_claim(api, f"c-{i}", device=f"gpu-{i % 2}", share=i, memory="1Gi", cores="2") for i in range(24)
     ]
     snapshot = dirs.root / "cluster.json"
     write_snapshot(api, snapshot)
