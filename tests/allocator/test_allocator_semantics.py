@@ -199,16 +199,22 @@ def first_available(*subs: dict[str, Any]) -> dict[str, Any]:
     return {"name": "gpu", "firstAvailable": list(subs)}
 
 
-def test_first_available_takes_the_first_alternative_that_fits() -> None:
+def whole_gpu_taken_whole_or_share(memory: str) -> tuple[Allocator, dict[str, Any]]:
+    """The whole GPU gpu-0 taken by a first claim, and claim `c` for a whole GPU or else `memory` of gpu-1."""
     alloc = make_allocator(one_node(gpu("gpu-0"), gpu("gpu-1", shared=True)))
     allocate_and_commit(alloc, claim("first", request(device_class=WHOLE_CLASS)))
     c = claim(
         "c",
         first_available(
             {"name": "whole", "deviceClassName": WHOLE_CLASS},
-            {"name": "share", "deviceClassName": SHARED_CLASS, "capacity": {"requests": {"memory": "10Gi"}}},
+            {"name": "share", "deviceClassName": SHARED_CLASS, "capacity": {"requests": {"memory": memory}}},
         ),
     )
+    return alloc, c
+
+
+def test_first_available_takes_the_first_alternative_that_fits() -> None:
+    alloc, c = whole_gpu_taken_whole_or_share("10Gi")
     got = alloc.allocate(c)
     result = got["devices"]["results"][0]
     assert result["request"] == "gpu/share" and result["device"] == "gpu-1"
@@ -228,15 +234,7 @@ def test_first_available_prefers_earlier_alternatives() -> None:
 
 
 def test_first_available_fails_with_every_alternatives_reason() -> None:
-    alloc = make_allocator(one_node(gpu("gpu-0"), gpu("gpu-1", shared=True)))
-    allocate_and_commit(alloc, claim("first", request(device_class=WHOLE_CLASS)))
-    c = claim(
-        "c",
-        first_available(
-            {"name": "whole", "deviceClassName": WHOLE_CLASS},
-            {"name": "share", "deviceClassName": SHARED_CLASS, "capacity": {"requests": {"memory": "90Gi"}}},
-        ),
-    )
+    alloc, c = whole_gpu_taken_whole_or_share("90Gi")
     with pytest.raises(AllocationError) as err:
         alloc.allocate(c)
     text = str(err.value)
