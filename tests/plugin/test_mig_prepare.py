@@ -20,6 +20,7 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
+    share_claim,
     uid_of,
 )
 
@@ -139,18 +140,7 @@ def test_a_static_mig_instance_shared_with_the_limiter_is_limited_by_its_mig_uui
             )
             assert cap(0, first.gi_id) in {n.path for n in container.device_nodes}
         # A third share past the instance's memory (not the GPU's) is refused.
-        third = add_claim(
-            api,
-            "c",
-            [
-                Alloc(
-                    device="gpu-0-mig-1g10gb-0",
-                    share_id="11111111-2222-4333-8444-555555555555",
-                    consumed={"memory": "4Gi", "cores": "10"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        )
+        third = share_claim(api, "c", device="gpu-0-mig-1g10gb-0", share=3, memory="4Gi", cores="10")
         error = kubelet.prepare(third)[uid_of(third)].error
         assert "more than the GPU has" in error and first.uuid in error
 

@@ -18,6 +18,7 @@ from plugin_harness import (
     opaque,
     registered_kubelet,
     resolve,
+    share_claim,
     uid_of,
 )
 
@@ -103,18 +104,7 @@ def test_an_mps_claim_that_declares_no_uid_is_told_to(dirs: PluginDirs, api: Fak
 
 # -- time-slicing beside limiter claims --------------------------------------------------------------
 def _limiter(api: FakeKube) -> dict:
-    return add_claim(
-        api,
-        "capped",
-        [
-            Alloc(
-                device="gpu-1",
-                share_id="a0000000-0000-4000-8000-000000000001",
-                consumed={"memory": "1Gi", "cores": "50"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-    )
+    return share_claim(api, "capped", device="gpu-1", memory="1Gi", cores="50")
 
 
 def _timesliced(api: FakeKube, consumed: dict[str, str] | None) -> dict:
