@@ -268,32 +268,25 @@ def test_first_available_prefers_the_node_where_the_first_alternative_fits() -> 
 # --- constraints ------------------------------------------------------------------------------------
 
 
-def test_match_attribute_picks_devices_with_the_same_value() -> None:
-    devices = [
-        gpu("gpu-0", attrs={"pcieRoot": {"string": "a"}}),
-        gpu("gpu-1", attrs={"pcieRoot": {"string": "b"}}),
-        gpu("gpu-2", attrs={"pcieRoot": {"string": "b"}}),
-    ]
+def two_gpus_on_one_pcie_root(*roots: str) -> tuple[Allocator, dict[str, Any]]:
+    """GPUs gpu-0, gpu-1, ... on the PCIe `roots` in turn, and claim `c` for two whole GPUs on one root."""
+    devices = [gpu(f"gpu-{i}", attrs={"pcieRoot": {"string": root}}) for i, root in enumerate(roots)]
     alloc = make_allocator(one_node(*devices))
     c = claim(
         "c",
         request(device_class=WHOLE_CLASS, count=2),
         constraints=[{"matchAttribute": f"{DRIVER}/pcieRoot"}],
     )
+    return alloc, c
+
+
+def test_match_attribute_picks_devices_with_the_same_value() -> None:
+    alloc, c = two_gpus_on_one_pcie_root("a", "b", "b")
     assert devices_of(alloc.allocate(c)) == ["node-1/gpu-1", "node-1/gpu-2"]
 
 
 def test_match_attribute_fails_when_no_two_devices_agree() -> None:
-    devices = [
-        gpu("gpu-0", attrs={"pcieRoot": {"string": "a"}}),
-        gpu("gpu-1", attrs={"pcieRoot": {"string": "b"}}),
-    ]
-    alloc = make_allocator(one_node(*devices))
-    c = claim(
-        "c",
-        request(device_class=WHOLE_CLASS, count=2),
-        constraints=[{"matchAttribute": f"{DRIVER}/pcieRoot"}],
-    )
+    alloc, c = two_gpus_on_one_pcie_root("a", "b")
     with pytest.raises(AllocationError) as err:
         alloc.allocate(c)
     assert "no set of them on one node satisfies matchAttribute gpu.dra-gpu.io/pcieRoot" in str(err.value)
