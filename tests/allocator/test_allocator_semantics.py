@@ -483,12 +483,17 @@ def third_party(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     return c
 
 
-def test_allocated_claims_of_anyone_count_as_in_use() -> None:
-    shares = [
+def two_shares_of_gpu0() -> list[dict[str, Any]]:
+    """Allocation results: two shares of gpu-0 of 30Gi and 30 cores each."""
+    return [
         {"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0", "shareID": f"s{n}",
          "consumedCapacity": {"memory": "30Gi", "cores": "30"}}
         for n in range(2)
     ]  # fmt: skip
+
+
+def test_allocated_claims_of_anyone_count_as_in_use() -> None:
+    shares = two_shares_of_gpu0()
     whole = [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-1"}]
     alloc = make_allocator(
         one_node(gpu("gpu-0", shared=True), gpu("gpu-1"), gpu("gpu-2")),
@@ -500,11 +505,7 @@ def test_allocated_claims_of_anyone_count_as_in_use() -> None:
 
 
 def test_summed_shares_of_allocated_claims_block_an_overcommit() -> None:
-    shares = [
-        {"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0", "shareID": f"s{n}",
-         "consumedCapacity": {"memory": "30Gi", "cores": "30"}}
-        for n in range(2)
-    ]  # fmt: skip
+    shares = two_shares_of_gpu0()
     alloc = make_allocator(one_node(gpu("gpu-0", shared=True)), allocated=[third_party("x", shares)])
     with pytest.raises(AllocationError, match=r'capacity "cores": needs 41, 40 of 100 left'):
         alloc.allocate(claim("c", request(memory="1Gi", cores="41")))
