@@ -76,10 +76,9 @@ class PluginDirs:
     limiter_library: Path
 
     @classmethod
-    def create(cls, with_limiter: bool = True, parent: Path | None = None) -> PluginDirs:
-        """Under `parent` (default /tmp), e.g. a sandbox a test watches for what must not be touched."""
-        root = Path(tempfile.mkdtemp(prefix="dg-", dir=parent or "/tmp"))
-        dirs = cls(
+    def at(cls, root: Path) -> PluginDirs:
+        """The layout under `root`, as `create` makes it (nothing is created here)."""
+        return cls(
             root=root,
             registration_dir=root / "reg",
             plugins_dir=root / "plugins",
@@ -89,6 +88,11 @@ class PluginDirs:
             ctk_dir=root / "etc-cdi",
             limiter_library=root / "lib" / "libdragpu-limiter.so.0.1.0",
         )
+
+    @classmethod
+    def create(cls, with_limiter: bool = True, parent: Path | None = None) -> PluginDirs:
+        """Under `parent` (default /tmp), e.g. a sandbox a test watches for what must not be touched."""
+        dirs = cls.at(Path(tempfile.mkdtemp(prefix="dg-", dir=parent or "/tmp")))
         for d in (dirs.cdi_dir, dirs.dev_root, dirs.ctk_dir, dirs.limiter_library.parent):
             d.mkdir(parents=True)
         if with_limiter:
@@ -409,6 +413,20 @@ def running_plugin(
         plugin.stop(grace_s=0.5)
 
 
+@contextlib.contextmanager
+def registered_kubelet(
+    dirs: PluginDirs, api: KubeAPI, **plugin_kw: Any
+) -> Iterator[tuple[NodeAgent, Kubelet]]:
+    """`running_plugin` with a kubelet registered with it; the kubelet's channel is closed on the way out."""
+    with running_plugin(dirs, api, **plugin_kw) as agent:
+        kubelet = Kubelet(dirs.registration_dir)
+        kubelet.register()
+        try:
+            yield agent, kubelet
+        finally:
+            kubelet.close()
+
+
 def monitor_of(agent: NodeAgent) -> Monitor:
     """The agent's usage monitor (the test's config turns it on)."""
     assert agent.monitor is not None, "the usage monitor is off"
@@ -551,17 +569,7 @@ def _serve(args: argparse.Namespace) -> int:
     from dra_gpu.logs import setup_logging
 
     setup_logging("info", "text")
-    dirs_root = Path(args.root)
-    dirs = PluginDirs(
-        root=dirs_root,
-        registration_dir=dirs_root / "reg",
-        plugins_dir=dirs_root / "plugins",
-        cdi_dir=dirs_root / "cdi",
-        state_dir=dirs_root / "state",
-        dev_root=dirs_root / "host",
-        ctk_dir=dirs_root / "etc-cdi",
-        limiter_library=dirs_root / "lib" / "libdragpu-limiter.so.0.1.0",
-    )
+    dirs = PluginDirs.at(Path(args.root))
     crash_step, _, nth = (args.crash_at or "").partition("#")
     remaining = [int(nth or 1)]
 
@@ -589,8 +597,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     plugin.start()
     if plugin.http_port is not None:
-        (dirs_root / "http-port").write_text(str(plugin.http_port))
-    (dirs_root / "ready").write_text(str(os.getpid()))
+        (dirs.root / "http-port").write_text(str(plugin.http_port))
+    (dirs.root / "ready").write_text(str(os.getpid()))
     stop = threading.Event()
     try:
         wait_for_signal(stop)

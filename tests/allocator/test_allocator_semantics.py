@@ -199,16 +199,22 @@ def first_available(*subs: dict[str, Any]) -> dict[str, Any]:
     return {"name": "gpu", "firstAvailable": list(subs)}
 
 
-def test_first_available_takes_the_first_alternative_that_fits() -> None:
+def whole_gpu_taken_whole_or_share(memory: str) -> tuple[Allocator, dict[str, Any]]:
+    """The whole GPU gpu-0 taken by a first claim, and claim `c` for a whole GPU or else `memory` of gpu-1."""
     alloc = make_allocator(one_node(gpu("gpu-0"), gpu("gpu-1", shared=True)))
     allocate_and_commit(alloc, claim("first", request(device_class=WHOLE_CLASS)))
     c = claim(
         "c",
         first_available(
             {"name": "whole", "deviceClassName": WHOLE_CLASS},
-            {"name": "share", "deviceClassName": SHARED_CLASS, "capacity": {"requests": {"memory": "10Gi"}}},
+            {"name": "share", "deviceClassName": SHARED_CLASS, "capacity": {"requests": {"memory": memory}}},
         ),
     )
+    return alloc, c
+
+
+def test_first_available_takes_the_first_alternative_that_fits() -> None:
+    alloc, c = whole_gpu_taken_whole_or_share("10Gi")
     got = alloc.allocate(c)
     result = got["devices"]["results"][0]
     assert result["request"] == "gpu/share" and result["device"] == "gpu-1"
@@ -228,15 +234,7 @@ def test_first_available_prefers_earlier_alternatives() -> None:
 
 
 def test_first_available_fails_with_every_alternatives_reason() -> None:
-    alloc = make_allocator(one_node(gpu("gpu-0"), gpu("gpu-1", shared=True)))
-    allocate_and_commit(alloc, claim("first", request(device_class=WHOLE_CLASS)))
-    c = claim(
-        "c",
-        first_available(
-            {"name": "whole", "deviceClassName": WHOLE_CLASS},
-            {"name": "share", "deviceClassName": SHARED_CLASS, "capacity": {"requests": {"memory": "90Gi"}}},
-        ),
-    )
+    alloc, c = whole_gpu_taken_whole_or_share("90Gi")
     with pytest.raises(AllocationError) as err:
         alloc.allocate(c)
     text = str(err.value)
@@ -270,32 +268,25 @@ def test_first_available_prefers_the_node_where_the_first_alternative_fits() -> 
 # --- constraints ------------------------------------------------------------------------------------
 
 
-def test_match_attribute_picks_devices_with_the_same_value() -> None:
-    devices = [
-        gpu("gpu-0", attrs={"pcieRoot": {"string": "a"}}),
-        gpu("gpu-1", attrs={"pcieRoot": {"string": "b"}}),
-        gpu("gpu-2", attrs={"pcieRoot": {"string": "b"}}),
-    ]
+def two_gpus_on_one_pcie_root(*roots: str) -> tuple[Allocator, dict[str, Any]]:
+    """GPUs gpu-0, gpu-1, ... on the PCIe `roots` in turn, and claim `c` for two whole GPUs on one root."""
+    devices = [gpu(f"gpu-{i}", attrs={"pcieRoot": {"string": root}}) for i, root in enumerate(roots)]
     alloc = make_allocator(one_node(*devices))
     c = claim(
         "c",
         request(device_class=WHOLE_CLASS, count=2),
         constraints=[{"matchAttribute": f"{DRIVER}/pcieRoot"}],
     )
+    return alloc, c
+
+
+def test_match_attribute_picks_devices_with_the_same_value() -> None:
+    alloc, c = two_gpus_on_one_pcie_root("a", "b", "b")
     assert devices_of(alloc.allocate(c)) == ["node-1/gpu-1", "node-1/gpu-2"]
 
 
 def test_match_attribute_fails_when_no_two_devices_agree() -> None:
-    devices = [
-        gpu("gpu-0", attrs={"pcieRoot": {"string": "a"}}),
-        gpu("gpu-1", attrs={"pcieRoot": {"string": "b"}}),
-    ]
-    alloc = make_allocator(one_node(*devices))
-    c = claim(
-        "c",
-        request(device_class=WHOLE_CLASS, count=2),
-        constraints=[{"matchAttribute": f"{DRIVER}/pcieRoot"}],
-    )
+    alloc, c = two_gpus_on_one_pcie_root("a", "b")
     with pytest.raises(AllocationError) as err:
         alloc.allocate(c)
     assert "no set of them on one node satisfies matchAttribute gpu.dra-gpu.io/pcieRoot" in str(err.value)
@@ -492,12 +483,17 @@ def third_party(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     return c
 
 
-def test_allocated_claims_of_anyone_count_as_in_use() -> None:
-    shares = [
+def two_shares_of_gpu0() -> list[dict[str, Any]]:
+    """Allocation results: two shares of gpu-0 of 30Gi and 30 cores each."""
+    return [
         {"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0", "shareID": f"s{n}",
          "consumedCapacity": {"memory": "30Gi", "cores": "30"}}
         for n in range(2)
     ]  # fmt: skip
+
+
+def test_allocated_claims_of_anyone_count_as_in_use() -> None:
+    shares = two_shares_of_gpu0()
     whole = [{"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-1"}]
     alloc = make_allocator(
         one_node(gpu("gpu-0", shared=True), gpu("gpu-1"), gpu("gpu-2")),
@@ -509,11 +505,7 @@ def test_allocated_claims_of_anyone_count_as_in_use() -> None:
 
 
 def test_summed_shares_of_allocated_claims_block_an_overcommit() -> None:
-    shares = [
-        {"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": "gpu-0", "shareID": f"s{n}",
-         "consumedCapacity": {"memory": "30Gi", "cores": "30"}}
-        for n in range(2)
-    ]  # fmt: skip
+    shares = two_shares_of_gpu0()
     alloc = make_allocator(one_node(gpu("gpu-0", shared=True)), allocated=[third_party("x", shares)])
     with pytest.raises(AllocationError, match=r'capacity "cores": needs 41, 40 of 100 left'):
         alloc.allocate(claim("c", request(memory="1Gi", cores="41")))

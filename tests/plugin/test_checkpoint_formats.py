@@ -11,9 +11,8 @@ from plugin_harness import (
     EVERY_MODE_PROFILE,
     NODE,
     AgentProcess,
-    Kubelet,
     PluginDirs,
-    running_plugin,
+    registered_kubelet,
     unreachable_kubeconfig,
 )
 from repo_paths import TESTS
@@ -41,9 +40,7 @@ def install(dirs: PluginDirs) -> None:
 def test_this_release_reads_the_checkpoint_of_0_1_0_and_unprepares_its_claims(dirs: PluginDirs) -> None:
     install(dirs)
     inventory = SimulatedInventory(EVERY_MODE_PROFILE, seed=NODE)
-    with running_plugin(dirs, FakeKube(), inventory=inventory):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, FakeKube(), inventory=inventory) as (_, kubelet):
         records = dirs.checkpoint().claims
         assert {
             r.name: (r.uid, r.shares[0].strategy if r.shares else "?") for r in records.values()
@@ -52,7 +49,6 @@ def test_this_release_reads_the_checkpoint_of_0_1_0_and_unprepares_its_claims(di
         answer = kubelet.unprepare(*(("default", name, uid) for name, (uid, _) in CLAIMS.items()))
         assert answer == {uid: "" for uid, _ in CLAIMS.values()}
         assert dirs.checkpoint().claims == {}
-        kubelet.close()
 
 
 def newer(path: Path, key: str = "version") -> None:

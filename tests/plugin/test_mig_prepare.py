@@ -20,9 +20,11 @@ from plugin_harness import (
     opaque,
     resolve,
     running_plugin,
+    share_claim,
     uid_of,
 )
 
+from cdi.resolver import ContainerConfig
 from dra_gpu.devicekinds.mig_instances import STORE_NAME
 from dra_gpu.host.simulated import SimulatedCommands
 from dra_gpu.inventory import GpuInfo, SimulatedInventory
@@ -116,6 +118,13 @@ def two_shares(api: FakeKube, strategy: str) -> list[dict[str, Any]]:
     ]
 
 
+def prepared(dirs: PluginDirs, kubelet: Kubelet, claims: list[dict[str, Any]]) -> list[ContainerConfig]:
+    """`claims` prepared in one call, each without an error: what a container of each gets."""
+    answers = kubelet.prepare(*claims)
+    assert [answers[uid_of(c)].error for c in claims] == [""] * len(claims)
+    return [resolve(dirs, cdi_ids(answers[uid_of(c)])) for c in claims]
+
+
 def test_a_static_mig_instance_shared_with_the_limiter_is_limited_by_its_mig_uuid(dirs, api, kubelet) -> None:
     host_nodes(dirs)
     inventory = SimulatedInventory(STATIC, seed=NODE)
@@ -123,11 +132,7 @@ def test_a_static_mig_instance_shared_with_the_limiter_is_limited_by_its_mig_uui
     claims = two_shares(api, "Limiter")
     with running_plugin(dirs, api, inventory=inventory):
         kubelet.register()
-        answers = kubelet.prepare(*claims)
-        for claim in claims:
-            response = answers[uid_of(claim)]
-            assert response.error == ""
-            container = resolve(dirs, cdi_ids(response))
+        for claim, container in zip(claims, prepared(dirs, kubelet, claims), strict=True):
             limits = container.mount_for(f"{container_claim_dir(uid_of(claim))}/limits")
             assert limits is not None
             assert Path(limits.host_path).read_text().splitlines()[-1] == (
@@ -135,18 +140,7 @@ def test_a_static_mig_instance_shared_with_the_limiter_is_limited_by_its_mig_uui
             )
             assert cap(0, first.gi_id) in {n.path for n in container.device_nodes}
         # A third share past the instance's memory (not the GPU's) is refused.
-        third = add_claim(
-            api,
-            "c",
-            [
-                Alloc(
-                    device="gpu-0-mig-1g10gb-0",
-                    share_id="11111111-2222-4333-8444-555555555555",
-                    consumed={"memory": "4Gi", "cores": "10"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        )
+        third = share_claim(api, "c", device="gpu-0-mig-1g10gb-0", share=3, memory="4Gi", cores="10")
         error = kubelet.prepare(third)[uid_of(third)].error
         assert "more than the GPU has" in error and first.uuid in error
 
@@ -281,11 +275,7 @@ def test_a_static_mig_instance_is_shared_by_time_slicing_or_mps(dirs, api, kubel
     claims = two_shares(api, strategy)
     with running_plugin(dirs, api, inventory=inventory, commands=commands):
         kubelet.register()
-        answers = kubelet.prepare(*claims)
-        for claim in claims:
-            response = answers[uid_of(claim)]
-            assert response.error == ""
-            container = resolve(dirs, cdi_ids(response))
+        for container in prepared(dirs, kubelet, claims):
             assert {cap(0, first.gi_id), cap(0, first.gi_id, first.ci_id)} <= {
                 n.path for n in container.device_nodes
             }

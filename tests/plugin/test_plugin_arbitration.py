@@ -22,6 +22,7 @@ from plugin_harness import (
     class_grant,
     gpu_config,
     opaque,
+    registered_kubelet,
     resolve,
     running_plugin,
     two_shares,
@@ -73,9 +74,7 @@ def test_an_inference_service_and_a_training_job_share_a_gpu_through_its_board(d
     api = FakeKube()
     inference = share_claim(api, "inference", 30, 1, {"limit": 100, "priority": "latency"})
     training = share_claim(api, "training", 20, 2, {"limit": 100, "priority": "besteffort"})
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         answers = kubelet.prepare(inference, training)
         assert [a.error for a in answers.values()] == ["", ""]
         assert (
@@ -121,7 +120,6 @@ def test_an_inference_service_and_a_training_job_share_a_gpu_through_its_board(d
         assert kubelet.unprepare(training) == {uid_of(training): ""}
         assert board.read_board(gpu_dir(dirs) / "board") == [], "the GPU's directory stays for its next claim"
         assert [n for n in os.listdir(gpu_dir(dirs)) if n.endswith(".activity")] == []
-        kubelet.close()
 
 
 def test_a_fixed_share_keeps_todays_limits_line_and_still_takes_part(dirs: PluginDirs) -> None:
@@ -142,16 +140,13 @@ def test_a_fixed_share_keeps_todays_limits_line_and_still_takes_part(dirs: Plugi
             opaque(gpu_config("Limiter", limiter={"compute": {"priority": "latency"}}), source="FromClaim"),
         ],
     )
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert [a.error for a in kubelet.prepare(fixed, whole).values()] == ["", ""]
         assert limits_line(dirs, fixed) == f"device={GPU} memory={8 * GiB} cores=25"
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(fixed), 25, 25, "standard")]
         assert sorted(p.name for p in (dirs.state_dir / "gpus").iterdir()) == [GPU], (
             "a claim at 100 % is unthrottled and takes no part"
         )
-        kubelet.close()
 
 
 def test_a_class_ceiling_below_the_floor_a_claim_was_given_is_raised_to_it(dirs: PluginDirs) -> None:
@@ -162,31 +157,23 @@ def test_a_class_ceiling_below_the_floor_a_claim_was_given_is_raised_to_it(dirs:
         [Alloc(share_id="00000000-0000-4000-8000-000000000001", consumed={"memory": "8Gi", "cores": "60"})],
         [opaque(gpu_config("Limiter", limiter={"compute": {"limit": 40, "priority": "besteffort"}}))],
     )
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         assert limits_line(dirs, claim) == f"device={GPU} memory={8 * GiB} cores=60 priority=besteffort"
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 60, 60, "besteffort")]
-        kubelet.close()
 
 
 def test_after_a_reboot_the_repeated_prepares_rebuild_the_board(dirs: PluginDirs) -> None:
     api = FakeKube()
     a = share_claim(api, "a", 30, 1, {"limit": 80})
     b = share_claim(api, "b", 10, 2, {"priority": "besteffort"})
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         kubelet.prepare(a, b)
-        kubelet.close()
     # The node rebooted: the tmpfs with the GPUs' directories and the CDI specs is empty.
     shutil.rmtree(dirs.state_dir / "gpus")
     for claim in (a, b):
         ClaimSpecs(dirs.cdi_dir, "gpu.dra-gpu.io").remove(uid_of(claim))
-    with running_plugin(dirs, api, boot_id="boot-2"):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api, boot_id="boot-2") as (_, kubelet):
         assert [r.error for r in kubelet.prepare(a, b).values()] == ["", ""]
         assert sorted(board.read_board(gpu_dir(dirs) / "board")) == sorted(
             [board.Entry(uid_of(a), 30, 80, "standard"), board.Entry(uid_of(b), 10, 10, "besteffort")]
@@ -194,16 +181,13 @@ def test_after_a_reboot_the_repeated_prepares_rebuild_the_board(dirs: PluginDirs
         for claim in (a, b):
             own = dirs.state_dir / "claims" / uid_of(claim) / "limiter" / f"{GPU}.activity"
             assert os.path.samefile(own, activity(dirs, claim))
-        kubelet.close()
 
 
 def test_the_supervisor_puts_back_a_board_entry_and_activity_file_that_went(dirs: PluginDirs) -> None:
     api = FakeKube()
     a = share_claim(api, "a", 30, 1, {"limit": 100})
     b = share_claim(api, "b", 20, 2)
-    with running_plugin(dirs, api) as agent:
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (agent, kubelet):
         kubelet.prepare(a, b)
         board.write_board(gpu_dir(dirs) / "board", [board.Entry(uid_of(b), 20, 20)])
         activity(dirs, a).unlink()
@@ -223,18 +207,14 @@ def test_the_supervisor_puts_back_a_board_entry_and_activity_file_that_went(dirs
         assert os.path.samefile(
             dirs.state_dir / "claims" / uid_of(b) / "limiter" / f"{GPU}.activity", activity(dirs, b)
         )
-        kubelet.close()
 
 
 def test_a_rebuilt_checkpoint_leaves_only_the_claims_it_holds_on_the_board(dirs: PluginDirs) -> None:
     api = FakeKube()
     kept = share_claim(api, "kept", 30, 1, {"limit": 100})
     gone = share_claim(api, "gone", 20, 2, {"priority": "besteffort"})
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         kubelet.prepare(kept, gone)
-        kubelet.close()
     (dirs.state_dir / "checkpoint.json").write_text("corrupt")
     api.delete("ResourceClaim", "gone", "default")  # its pod went away while the state was lost
     with running_plugin(dirs, api):
@@ -255,9 +235,7 @@ def test_the_stale_sweep_removes_the_directory_of_a_gpu_no_claim_is_on(dirs: Plu
     first = share_claim(api, "first", 30, 1)
     second = share_claim(api, "second", 20, 2)
     gone = dirs.state_dir / "gpus" / "GPU-00000000-0000-4000-8000-0000000000ff"  # a GPU no longer here
-    with running_plugin(dirs, api) as agent:
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (agent, kubelet):
         assert [a.error for a in kubelet.prepare(first, second).values()] == ["", ""]
         gone.mkdir(mode=0o755)
         board.make_board(gone / "board")
@@ -277,7 +255,6 @@ def test_the_stale_sweep_removes_the_directory_of_a_gpu_no_claim_is_on(dirs: Plu
         assert not gpu_dir(dirs).exists(), "the sweep removes it once no claim is on the GPU"
         assert [a.error for a in kubelet.prepare(first).values()] == [""], "and the next claim makes it again"
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(first), 30, 30)]
-        kubelet.close()
 
 
 def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dirs: PluginDirs) -> None:
@@ -294,13 +271,10 @@ def test_two_shares_of_one_gpu_in_one_claim_add_up_their_floors_and_ceilings(dir
             opaque(gpu_config("Limiter"), requests=["b"]),
         ],
     )
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         assert limits_line(dirs, claim) == f"device={GPU} memory={3 * GiB} cores=15 limit=55 priority=latency"
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(claim), 15, 55, "latency")]
-        kubelet.close()
 
 
 def config_claim(api: FakeKube, name: str, cores: int, n: int) -> dict[str, Any]:
@@ -336,9 +310,7 @@ def test_a_gpu_takes_claims_until_their_floors_fill_it_and_refuses_the_next_in_o
         )
         for n in range(1, 301)
     ]
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         first = kubelet.prepare(*claims[:129])
         assert [first[uid_of(c)].error for c in claims[:100]] == [""] * 100
         refused = [first[uid_of(c)].error for c in claims[100:129]]
@@ -354,15 +326,12 @@ def test_a_gpu_takes_claims_until_their_floors_fill_it_and_refuses_the_next_in_o
         assert kubelet.unprepare(claims[0]) == {uid_of(claims[0]): ""}
         assert [a.error for a in kubelet.prepare(claims[150]).values()] == [""], "a freed place is taken"
         assert len(board.read_board(gpu_dir(dirs) / "board")) == 100
-        kubelet.close()
 
 
 def test_floors_from_config_alone_never_sum_past_the_gpu(dirs: PluginDirs) -> None:
     api = FakeKube()
     first, second, third = (config_claim(api, n, 60, i) for i, n in enumerate(("a", "b", "c"), 1))
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert kubelet.prepare(first)[uid_of(first)].error == ""
         error = kubelet.prepare(second)[uid_of(second)].error
         assert f"GPU {GPU}: 1 claims with floors summing to 60%" in error and "floor of 60%" in error
@@ -370,7 +339,6 @@ def test_floors_from_config_alone_never_sum_past_the_gpu(dirs: PluginDirs) -> No
         assert board.read_board(gpu_dir(dirs) / "board") == [board.Entry(uid_of(first), 60, 60)]
         assert kubelet.unprepare(first) == {uid_of(first): ""}
         assert kubelet.prepare(third)[uid_of(third)].error == ""
-        kubelet.close()
 
 
 def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(dirs: PluginDirs) -> None:
@@ -378,9 +346,7 @@ def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(di
     supervisor writes this layout's version and the boot into it, the words where they were."""
     api = FakeKube()
     claim = share_claim(api, "old", 30, 1, {"limit": 100})
-    with running_plugin(dirs, api) as agent:
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (agent, kubelet):
         assert kubelet.prepare(claim)[uid_of(claim)].error == ""
         path = activity(dirs, claim)
         inode = os.stat(path).st_ino
@@ -395,7 +361,6 @@ def test_an_activity_file_made_before_the_boot_was_in_it_is_upgraded_in_place(di
             path.read_bytes()[:72]
             == board.activity_header()[:16] + (7).to_bytes(8, "little") * 5 + board.boot_id()
         )
-        kubelet.close()
 
 
 def board_v1(entries: list[tuple[str, int, int, int]], seq: int) -> bytes:
@@ -441,9 +406,7 @@ def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_
     api = FakeKube()
     old = share_claim(api, "old", 30, 1, {"limit": 100})
     new = share_claim(api, "new", 20, 2, {"limit": 60, "priority": "latency"})
-    with running_plugin(dirs, api) as agent:
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (agent, kubelet):
         assert kubelet.prepare(old)[uid_of(old)].error == ""
         path = gpu_dir(dirs) / "board"
         path.unlink()  # as the previous release left it: its own file, in its own layout
@@ -473,7 +436,6 @@ def test_a_board_of_the_previous_layout_is_moved_aside_and_kept_current_for_its_
             assert not stand_in_file.exists(), "the stand-in goes with its claim"
             agent.plugin.preparer.collect_stale()
             assert not gpu_dir(dirs).exists(), "the sweep removes the board and the one moved aside"
-        kubelet.close()
 
 
 def test_a_stand_in_whose_claim_an_older_agent_unprepared_goes_with_the_gpus_directory(
@@ -483,9 +445,7 @@ def test_a_stand_in_whose_claim_an_older_agent_unprepared_goes_with_the_gpus_dir
     knows nothing of stand-ins): once no claim is on the GPU, this release's sweep removes it with the rest."""
     api = FakeKube()
     new = share_claim(api, "new", 20, 2, {"limit": 60})
-    with running_plugin(dirs, api) as agent:
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (agent, kubelet):
         assert kubelet.prepare(new)[uid_of(new)].error == ""
         aside = gpu_dir(dirs) / board.BOARD_V1_FILE
         aside.write_bytes(board_v1([], 2))
@@ -496,4 +456,3 @@ def test_a_stand_in_whose_claim_an_older_agent_unprepared_goes_with_the_gpus_dir
         assert kubelet.unprepare(new) == {uid_of(new): ""}
         agent.plugin.preparer.collect_stale()
         assert not gpu_dir(dirs).exists(), "the orphan stand-in went with the GPU's directory"
-        kubelet.close()

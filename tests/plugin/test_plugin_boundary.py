@@ -22,6 +22,7 @@ from plugin_harness import (
     add_claim,
     gpu_config,
     opaque,
+    registered_kubelet,
     running_plugin,
     share_claim,
     uid_of,
@@ -236,9 +237,7 @@ def test_a_prepared_claims_uid_under_another_name_gets_neither_its_devices_nor_i
     claim = limiter_claim(api, "owner")
     other = limiter_claim(api, "other", n=2)
     uid = uid_of(claim)
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert kubelet.prepare(claim)[uid].error == ""
         before = dirs.checkpoint().claims[uid]
         for namespace, name in (("default", "other"), ("elsewhere", "owner")):
@@ -255,4 +254,3 @@ def test_a_prepared_claims_uid_under_another_name_gets_neither_its_devices_nor_i
         assert dirs.spec_files() == [f"gpu.dra-gpu.io-claim_{uid}.json"]
         assert kubelet.prepare(other)[uid_of(other)].error == ""
         assert kubelet.unprepare(claim, other) == {uid: "", uid_of(other): ""}
-        kubelet.close()

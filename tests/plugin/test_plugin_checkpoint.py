@@ -18,6 +18,7 @@ from plugin_harness import (
     cdi_ids,
     gpu_config,
     opaque,
+    registered_kubelet,
     resolve,
     running_plugin,
     share_claim,
@@ -137,11 +138,8 @@ def prepare_three(dirs: PluginDirs, api: FakeKube) -> list[dict]:
             api, "ts", "TimeSlicing", device="gpu-1", share=2, cores="10", timeSlicing={"interval": "Short"}
         ),
     ]
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert all(r.error == "" for r in kubelet.prepare(*claims).values())
-        kubelet.close()
     return claims
 
 
@@ -233,9 +231,7 @@ def test_after_a_reboot_a_repeated_prepare_rewrites_specs_and_settings(dirs: Plu
     for spec in dirs.cdi_dir.iterdir():  # /var/run/cdi is a tmpfs
         spec.unlink()
     dirs.simulated_state.unlink()  # GPU settings and daemons do not survive a reboot
-    with running_plugin(dirs, api, boot_id="boot-2"):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api, boot_id="boot-2") as (_, kubelet):
         answers = kubelet.prepare(*claims)
         for claim in claims:
             answer = answers[uid_of(claim)]
@@ -247,20 +243,16 @@ def test_after_a_reboot_a_repeated_prepare_rewrites_specs_and_settings(dirs: Plu
         assert set(state["mps"]) == {GPU0} and state["timeslice"] == {"1": 1}
         assert state["computeMode"] == {GPU0: "EXCLUSIVE_PROCESS"}
         assert {c.bootId for c in dirs.checkpoint().claims.values()} == {"boot-2"}
-        kubelet.close()
 
 
 def test_a_lost_spec_is_rewritten_without_the_api(dirs: PluginDirs) -> None:
     api = FakeKube()
     claims = prepare_three(dirs, api)
     (dirs.cdi_dir / dirs.spec_files()[0]).unlink()
-    with running_plugin(dirs, Unreachable()):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, Unreachable()) as (_, kubelet):
         answers = kubelet.prepare(*claims)
         assert {a.error for a in answers.values()} == {""}
         assert len(dirs.spec_files()) == 3
-        kubelet.close()
 
 
 def test_a_missing_checkpoint_with_specs_on_disk_triggers_a_rebuild(dirs: PluginDirs) -> None:
@@ -316,14 +308,11 @@ def test_setup_this_version_does_not_know_is_reported_not_guessed(dirs: PluginDi
     checkpoint = store.load()
     checkpoint.claims[uid_of(lim)].holds.append(Hold(kind="nvml-memcap", key=f"nvml-memcap:{GPU1}"))
     store.save(checkpoint)  # as a newer plugin would have written it
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert kubelet.unprepare(lim)[uid_of(lim)] == (
             f"the checkpoint records node-side setup of kind 'nvml-memcap' (nvml-memcap:{GPU1}), which this "
             "version of the plugin cannot apply or undo; run the plugin version that prepared the claim"
         )
-        kubelet.close()
 
 
 def reallocate(api: FakeKube, claim: dict[str, Any], results: list[Any], configs: list[Any]) -> None:
@@ -338,9 +327,7 @@ def reallocate(api: FakeKube, claim: dict[str, Any], results: list[Any], configs
 def test_a_repeated_prepare_after_a_new_allocation_prepares_the_new_one(dirs: PluginDirs) -> None:
     api = FakeKube()
     claim = add_claim(api, "again", [Alloc(device="gpu-0")])
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         assert [d.device_name for d in kubelet.prepare(claim)[uid_of(claim)].devices] == ["gpu-0"]
         # The unprepare never reached us; meanwhile the claim was allocated again, on the other GPU.
         ts = [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))]
@@ -353,7 +340,6 @@ def test_a_repeated_prepare_after_a_new_allocation_prepares_the_new_one(dirs: Pl
         assert kubelet.prepare(claim)[uid_of(claim)].devices == answer.devices, "and now it is idempotent"
         assert kubelet.unprepare(claim) == {uid_of(claim): ""}
         assert simulated_gpu_state(dirs)["timeslice"] == {} and dirs.spec_files() == []
-        kubelet.close()
 
 
 def test_a_repeated_prepare_of_the_same_allocation_leaves_the_claims_setup_alone(dirs: PluginDirs) -> None:
@@ -363,16 +349,13 @@ def test_a_repeated_prepare_of_the_same_allocation_leaves_the_claims_setup_alone
     mps = [opaque(gpu_config("MPS"))]
     claim = add_claim(api, "same", [alloc], mps)
     commands = SimulatedCommands(state_file=dirs.simulated_state)
-    with running_plugin(dirs, api, commands=commands):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api, commands=commands) as (_, kubelet):
         first = kubelet.prepare(claim)[uid_of(claim)]
         # The same allocation as a newer API server returns it, with a field this plugin does not know.
         reallocate(api, claim, [{**alloc.result(), "bindingConditions": []}], mps)
         calls = len(commands.calls)
         assert kubelet.prepare(claim)[uid_of(claim)] == first
         assert commands.calls[calls:] == [], "the MPS daemon its clients use is neither stopped nor restarted"
-        kubelet.close()
 
 
 def test_a_checkpoint_damaged_while_running_is_rebuilt_by_the_next_call(dirs: PluginDirs) -> None:
@@ -402,11 +385,8 @@ def test_a_rebuild_that_readopted_an_unprepared_claim_has_its_record_collected_o
     claim fits on the GPU again."""
     api = FakeKube()
     mps, _, _ = prepare_three(dirs, api)
-    with running_plugin(dirs, api, stale_claim_interval_s=3600):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api, stale_claim_interval_s=3600) as (_, kubelet):
         assert kubelet.unprepare(mps) == {uid_of(mps): ""}
-        kubelet.close()
     (dirs.state_dir / "checkpoint.json").write_text("corrupt")
     with running_plugin(dirs, api, stale_claim_interval_s=3600) as plugin:
         assert uid_of(mps) in dirs.checkpoint().claims, "re-adopted: the API says it is reserved"

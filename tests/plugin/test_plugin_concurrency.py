@@ -15,6 +15,7 @@ from plugin_harness import (
     gpu_config,
     opaque,
     running_plugin,
+    share_claim,
     simulated_gpu_state,
     uid_of,
 )
@@ -34,39 +35,15 @@ CALLS_EACH = 6
 def test_concurrent_calls_on_overlapping_claims_end_consistent(dirs: PluginDirs) -> None:
     api = FakeKube()
     gpus = SimulatedInventory(PROFILE3, seed=NODE).gpus()
-    limiter, ts, mps = (
-        [opaque(gpu_config("Limiter"))],
-        [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))],
-        [opaque(gpu_config("MPS"))],
-    )
+    ts = [opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}))]
     claims = {}
     for i in range(3):
-        claims[f"lim-{i}"] = add_claim(
-            api,
-            f"lim-{i}",
-            [
-                Alloc(
-                    device="gpu-0",
-                    share_id=f"00000000-0000-4000-8000-00000000000{i}",
-                    consumed={"memory": "2Gi", "cores": "10"},
-                )
-            ],
-            limiter,
-        )
+        claims[f"lim-{i}"] = share_claim(api, f"lim-{i}", share=i, memory="2Gi", cores="10")
         claims[f"ts-{i}"] = add_claim(
             api, f"ts-{i}", [Alloc(device="gpu-1", share_id=f"00000000-0000-4000-8000-00000000001{i}")], ts
         )
-        claims[f"mps-{i}"] = add_claim(
-            api,
-            f"mps-{i}",
-            [
-                Alloc(
-                    device="gpu-2",
-                    share_id=f"00000000-0000-4000-8000-00000000002{i}",
-                    consumed={"memory": "8Gi", "cores": "20"},
-                )
-            ],
-            mps,
+        claims[f"mps-{i}"] = share_claim(
+            api, f"mps-{i}", "MPS", device="gpu-2", share=0x20 + i, memory="8Gi", cores="20"
         )
     names = sorted(claims)
     errors: list[str] = []

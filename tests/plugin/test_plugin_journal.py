@@ -12,13 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 from plugin_harness import (
-    Alloc,
     Kubelet,
     PluginDirs,
     PluginProcess,
-    add_claim,
-    gpu_config,
-    opaque,
+    share_claim,
     uid_of,
     write_snapshot,
 )
@@ -69,29 +66,31 @@ def test_a_change_appends_one_line_and_a_new_reader_sees_it(tmp_path: Path) -> N
     assert CheckpointStore(path).load() == Checkpoint(claims={"b": record("b")}, rebuildPending=True)
 
 
-def test_a_line_a_kill_cut_short_never_happened_and_the_next_write_cuts_it_off(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path)
+def store_with_a_and_b(tmp_path: Path) -> CheckpointStore:
+    """A checkpoint under `tmp_path` whose journal holds claims `a` and `b`, one appended line each."""
+    store = CheckpointStore(tmp_path / "checkpoint.json")
     store.put(record("a"))
     store.put(record("b"))
+    return store
+
+
+def test_a_line_a_kill_cut_short_never_happened_and_the_next_write_cuts_it_off(tmp_path: Path) -> None:
+    store = store_with_a_and_b(tmp_path)
     journal = store.journal_path.read_bytes()
     store.journal_path.write_bytes(journal[: len(journal) - 40])  # the last write, interrupted
-    survivor = CheckpointStore(path)
+    survivor = CheckpointStore(store.path)
     assert set(survivor.load().claims) == {"a"}
     survivor.put(record("c"))
-    assert set(CheckpointStore(path).load().claims) == {"a", "c"}
+    assert set(CheckpointStore(store.path).load().claims) == {"a", "c"}
     assert all(line.endswith("}") for line in survivor.journal_path.read_text().splitlines())
 
 
 def test_a_damaged_line_is_not_trusted(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path)
-    store.put(record("a"))
-    store.put(record("b"))
+    store = store_with_a_and_b(tmp_path)
     text = store.journal_path.read_text()
     store.journal_path.write_text(text.replace('"c-a"', '"c-x"'))
     with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
-        CheckpointStore(path).load()
+        CheckpointStore(store.path).load()
 
 
 def test_a_journal_that_follows_another_snapshot_is_ignored(tmp_path: Path) -> None:
@@ -126,19 +125,7 @@ def test_a_reader_follows_anothers_appends_without_reading_everything_again(tmp_
 def test_killed_during_concurrent_prepares_the_agent_starts_again_consistent(dirs: PluginDirs) -> None:
     api = FakeKube()
     claims = [
-        add_claim(
-            api,
-            f"c-{i}",
-            [
-                Alloc(
-                    device=f"gpu-{i % 2}",
-                    share_id=f"4b000000-0000-4000-8000-{i:012d}",
-                    consumed={"memory": "1Gi", "cores": "2"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        )
-        for i in range(24)
+        share_claim(api, f"c-{i}", device=f"gpu-{i % 2}", share=i, memory="1Gi", cores="2") for i in range(24)
     ]
     snapshot = dirs.root / "cluster.json"
     write_snapshot(api, snapshot)

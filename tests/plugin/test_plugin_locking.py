@@ -9,7 +9,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from plugin_harness import Alloc, Kubelet, PluginDirs, add_claim, gpu_config, opaque, running_plugin, uid_of
+from plugin_harness import (
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    gpu_config,
+    opaque,
+    running_plugin,
+    share_claim,
+    uid_of,
+)
 from waiting import wait_for
 
 from dra_gpu.host.nvidia import NvidiaCommands
@@ -71,22 +81,7 @@ def test_a_hung_gpu_command_does_not_fail_a_prepare_on_another_gpu(
 def test_prepare_refuses_a_share_that_takes_the_gpu_past_its_capacity(
     dirs: PluginDirs, api: FakeKube, kubelet: Kubelet
 ) -> None:
-    limiter = [opaque(gpu_config("Limiter"))]
-    shares = [
-        add_claim(
-            api,
-            f"share-{i}",
-            [
-                Alloc(
-                    device="gpu-0",
-                    share_id=f"00000000-0000-4000-8000-0000000000b{i}",
-                    consumed={"memory": "30Gi", "cores": "30"},
-                )
-            ],
-            limiter,
-        )
-        for i in range(3)
-    ]
+    shares = [share_claim(api, f"share-{i}", share=0xB0 + i, memory="30Gi", cores="30") for i in range(3)]
     with running_plugin(dirs, api):
         kubelet.register()
         answers = [kubelet.prepare(s)[uid_of(s)] for s in shares]

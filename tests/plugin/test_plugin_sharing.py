@@ -10,14 +10,13 @@ from plugin_harness import (
     NODE,
     PROFILE,
     Alloc,
-    Kubelet,
     PluginDirs,
     add_claim,
     cdi_ids,
     gpu_config,
     opaque,
+    registered_kubelet,
     resolve,
-    running_plugin,
     two_shares,
     uid_of,
 )
@@ -70,9 +69,7 @@ def test_two_shares_of_one_gpu_in_one_claim_get_distinct_cdi_devices(dirs: Plugi
         two_shares(),
         [opaque(gpu_config("Limiter"))],
     )
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         response = kubelet.prepare(claim)[uid_of(claim)]
         ids = cdi_ids(response)
         assert ids == [
@@ -83,7 +80,6 @@ def test_two_shares_of_one_gpu_in_one_claim_get_distinct_cdi_devices(dirs: Plugi
         del container  # both shares count against one limit: one line for the GPU
         limits = dirs.state_dir / "claims" / uid_of(claim) / "limits"
         assert limits.read_text().splitlines()[-1] == f"device={GPUS[0].uuid} memory={3 << 30} cores=15"
-        kubelet.close()
 
 
 def test_conflicting_intervals_within_one_claim_name_the_request(dirs: PluginDirs) -> None:
@@ -100,12 +96,9 @@ def test_conflicting_intervals_within_one_claim_name_the_request(dirs: PluginDir
             opaque(gpu_config("TimeSlicing", timeSlicing={"interval": "Long"}), requests=["b"]),
         ],
     )
-    with running_plugin(dirs, api):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api) as (_, kubelet):
         error = kubelet.prepare(claim)[uid_of(claim)].error
         assert (
             "is time-sliced with interval Short for claim default/mixed (request a); this claim asks for Long"
             in error
         )
-        kubelet.close()

@@ -16,14 +16,11 @@ from http_api_server import ApiServer
 from plugin_harness import (
     NODE,
     AgentProcess,
-    Alloc,
     Kubelet,
     PluginDirs,
-    add_claim,
     cdi_ids,
-    gpu_config,
     kubeconfig_for,
-    opaque,
+    share_claim,
     uid_of,
 )
 from waiting import wait_for
@@ -44,18 +41,7 @@ def server() -> Iterator[ApiServer]:
 
 def limiter_claims(server: ApiServer, count: int) -> list[dict[str, Any]]:
     return [
-        add_claim(
-            server.fake,
-            f"roll-{i}",
-            [
-                Alloc(
-                    device=f"gpu-{i % 2}",
-                    share_id=f"7e000000-0000-4000-8000-{i:012d}",
-                    consumed={"memory": "1Gi", "cores": "5"},
-                )
-            ],
-            [opaque(gpu_config("Limiter"))],
-        )
+        share_claim(server.fake, f"roll-{i}", device=f"gpu-{i % 2}", share=i, memory="1Gi", cores="5")
         for i in range(count)
     ]
 

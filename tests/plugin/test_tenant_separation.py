@@ -10,15 +10,15 @@ from typing import Any
 from fake_driver import usable
 from plugin_harness import (
     Alloc,
-    Kubelet,
     PluginDirs,
     add_claim,
     cdi_ids,
     claim_process_env,
     gpu_config,
     opaque,
+    registered_kubelet,
     resolve,
-    running_plugin,
+    share_claim,
     uid_of,
 )
 
@@ -58,11 +58,8 @@ def mps(name: str, api: FakeKube, device: str = "gpu-0", **mps_config: object) -
 
 
 def prepare(dirs: PluginDirs, api: FakeKube, *claims: dict, **config: Any) -> dict[str, Any]:
-    with running_plugin(dirs, api, **config):
-        kubelet = Kubelet(dirs.registration_dir)
-        kubelet.register()
+    with registered_kubelet(dirs, api, **config) as (_, kubelet):
         responses = {c["metadata"]["name"]: kubelet.prepare(c)[uid_of(c)] for c in claims}
-        kubelet.close()
     return responses
 
 
@@ -107,18 +104,7 @@ def test_an_mps_claim_that_declares_no_uid_is_told_to(dirs: PluginDirs, api: Fak
 
 # -- time-slicing beside limiter claims --------------------------------------------------------------
 def _limiter(api: FakeKube) -> dict:
-    return add_claim(
-        api,
-        "capped",
-        [
-            Alloc(
-                device="gpu-1",
-                share_id="a0000000-0000-4000-8000-000000000001",
-                consumed={"memory": "1Gi", "cores": "50"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-    )
+    return share_claim(api, "capped", device="gpu-1", memory="1Gi", cores="50")
 
 
 def _timesliced(api: FakeKube, consumed: dict[str, str] | None) -> dict:

@@ -44,6 +44,15 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Device 0 current, the image's "small" kernel in `fn` and a new stream in `s`. */
+static void small_kernel(CUfunction *fn, CUstream *s) {
+    CUmodule mod;
+    use_device0();
+    CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
+    CHECK_CU(cuModuleGetFunction(fn, mod, "small"), CUDA_SUCCESS);
+    CHECK_CU(cuStreamCreate(s, 0), CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc >= 2, "usage: t_elastic now | run ... | duty ...");
     if (strcmp(argv[1], "now") == 0) {
@@ -56,13 +65,9 @@ int main(int argc, char **argv) {
         double begin = atof(argv[2]), period = atof(argv[3]), on = atof(argv[4]);
         int count = atoi(argv[5]);
         unsigned waves = (unsigned)atoi(argv[6]) / 10;
-        CUmodule mod;
         CUfunction fn;
         CUstream s;
-        use_device0();
-        CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
-        CHECK_CU(cuModuleGetFunction(&fn, mod, "small"), CUDA_SUCCESS);
-        CHECK_CU(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+        small_kernel(&fn, &s);
         printf("wakes=");
         for (int k = 0; k < count; k++) {
             double w = begin + k * period;
@@ -83,13 +88,9 @@ int main(int argc, char **argv) {
     double period = duty && argc > 6 ? atof(argv[6]) / 1e6 : 0;
     CHECK(waves > 0 && end > start && start >= begin && (!duty || period > 0), "bad arguments");
 
-    CUmodule mod;
     CUfunction fn;
     CUstream s;
-    use_device0();
-    CHECK_CU(cuModuleLoadData(&mod, "image"), CUDA_SUCCESS);
-    CHECK_CU(cuModuleGetFunction(&fn, mod, "small"), CUDA_SUCCESS);
-    CHECK_CU(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    small_kernel(&fn, &s);
     CUgraphExec exec = NULL;
     if (graph) {
         CUgraph g;

@@ -77,23 +77,28 @@ os.pwrite(fd, uuid.encode().ljust(48, b"\0") + struct.pack("=qq", used, region),
 os.pwrite(fd, struct.pack("=Q", 2 * seq), 16)
 EOF
 }
+# limited_probe <env...> -- <probe args...>: sets probe_cmd to the probe under the limiter with those variables,
+# and probe_args to its arguments.
+limited_probe() {
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    probe_args=("$@")
+    probe_cmd=(env LD_PRELOAD="$LIB" "${envs[@]}" "$probe" "$@")
+}
 # run_probe <out> <env...> -- <probe args...>
 run_probe() {
     local out=$1
     shift
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    env LD_PRELOAD="$LIB" "${envs[@]}" "$probe" "$@" >"$out" 2>"$out.err" || fail "probe $* failed: $(cat "$out.err")"
+    limited_probe "$@"
+    "${probe_cmd[@]}" >"$out" 2>"$out.err" || fail "probe ${probe_args[*]} failed: $(cat "$out.err")"
 }
 # hold <out> <env...> -- <probe args>: a background holder; waits for it to hold its memory.
 hold() {
     local out=$1
     shift
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    env LD_PRELOAD="$LIB" "${envs[@]}" "$probe" "$@" --hold >"$out" 2>"$out.err" &
+    limited_probe "$@"
+    "${probe_cmd[@]}" --hold >"$out" 2>"$out.err" &
     pids+=($!)
     for _ in $(seq 200); do grep -q holding "$out" && return 0; sleep 0.05; done
     fail "the holder did not start: $(cat "$out" "$out.err")"

@@ -189,6 +189,16 @@ static CUDA_MEM_ALLOC_NODE_PARAMS alloc_params(size_t bytes) {
     return p;
 }
 
+/* Both executable graphs and both graphs gone, the graph memory pool trimmed: nothing is held any more. */
+static void destroy_two(CUgraphExec e, CUgraphExec e2, CUgraph g, CUgraph g2) {
+    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
+    CHECK_CU(cuGraphExecDestroy(e2), CUDA_SUCCESS);
+    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+    HOLDS(0, 0);
+    CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
+    CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
+}
+
 static CUgraph graph_with_alloc(size_t bytes) {
     CUgraph g;
     CUgraphNode n;
@@ -222,12 +232,7 @@ static void graph_legacy(void) {
         CHECK_CU(cuMemAlloc_v2(&q, 300 * MiB), CUDA_SUCCESS);
         REFUSED(cuGraphLaunch(e2, s0), "cuGraphLaunch");
         CHECK_CU(cuMemFree_v2(q), CUDA_SUCCESS);
-        CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
-        CHECK_CU(cuGraphExecDestroy(e2), CUDA_SUCCESS);
-        CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
-        HOLDS(0, 0);
-        CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
-        CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
+        destroy_two(e, e2, g, g2);
     }
 }
 
@@ -267,12 +272,7 @@ static void graph(void) {
     HOLDS(600 * MiB, 0);
     CHECK_CU(cuGraphLaunch(e, s0), CUDA_SUCCESS); /* already uploaded: nothing more */
     HOLDS(600 * MiB, 0);
-    CHECK_CU(cuGraphExecDestroy(e), CUDA_SUCCESS);
-    CHECK_CU(cuGraphExecDestroy(e2), CUDA_SUCCESS);
-    CHECK_CU(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
-    HOLDS(0, 0);
-    CHECK_CU(cuGraphDestroy(g), CUDA_SUCCESS);
-    CHECK_CU(cuGraphDestroy(g2), CUDA_SUCCESS);
+    destroy_two(e, e2, g, g2);
     CHECK_CU(cuGraphDestroy(g3), CUDA_SUCCESS);
 }
 

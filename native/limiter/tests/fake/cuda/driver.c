@@ -82,7 +82,7 @@ EXPORT CUresult cuDriverGetVersion(int *v) {
     return CUDA_SUCCESS;
 }
 
-static const struct {
+static const struct error_row {
     CUresult code;
     const char *name, *text;
 } errors[] = {
@@ -104,30 +104,27 @@ static const struct {
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
+/* The row of the table for `e`, or NULL for a code the driver does not know. */
+static const struct error_row *error_row(CUresult e) {
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+        if (errors[i].code == e) return &errors[i];
+    return NULL;
+}
+
 EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
     COUNT();
     if (!s) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
-        if (errors[i].code == e) {
-            *s = errors[i].name;
-            return CUDA_SUCCESS;
-        }
-    }
-    *s = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    const struct error_row *row = error_row(e);
+    *s = row ? row->name : NULL;
+    return row ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
     COUNT();
     if (!s) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
-        if (errors[i].code == e) {
-            *s = errors[i].text;
-            return CUDA_SUCCESS;
-        }
-    }
-    *s = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    const struct error_row *row = error_row(e);
+    *s = row ? row->text : NULL;
+    return row ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---------------------------------------------------------------- cuGetProcAddress */

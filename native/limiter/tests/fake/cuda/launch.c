@@ -139,6 +139,15 @@ static CUresult launch(CUfunction f, uint64_t blocks, void **params, CUstream s)
 
 /* ---------------------------------------------------------------- modules and launches */
 
+/* A kernel named `name`: what a module's cuModuleGetFunction and a library's cuLibraryGetKernel give out. */
+static struct CUfunc_st *new_function(const char *name) {
+    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    if (!fn) return NULL;
+    fn->magic = MAGIC_FUNC;
+    snprintf(fn->name, sizeof fn->name, "%s", name);
+    return fn;
+}
+
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     COUNT();
     CHECK(1);
@@ -154,10 +163,8 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     COUNT();
     CHECK(1);
     if (!f || !m || m->magic != MAGIC_MOD || !name) return CUDA_ERROR_INVALID_VALUE;
-    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    struct CUfunc_st *fn = new_function(name);
     if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
-    fn->magic = MAGIC_FUNC;
-    snprintf(fn->name, sizeof fn->name, "%s", name);
     *f = fn;
     return CUDA_SUCCESS;
 }
@@ -184,10 +191,8 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
     COUNT();
     CHECK(0);
     if (!k || !lib || lib->magic != MAGIC_MOD || !name) return CUDA_ERROR_INVALID_VALUE;
-    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    struct CUfunc_st *fn = new_function(name);
     if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
-    fn->magic = MAGIC_FUNC;
-    snprintf(fn->name, sizeof fn->name, "%s", name);
     *k = (CUkernel)fn;
     return CUDA_SUCCESS;
 }

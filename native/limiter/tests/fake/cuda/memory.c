@@ -205,14 +205,19 @@ EXPORT CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned i
     return r;
 }
 
-EXPORT CUresult cuMemFree(unsigned int p) {
-    COUNT();
+/* cuMemFree and cuMemFree_v2 after their own COUNT (each call is counted under its own name). */
+static CUresult mem_free(CUdeviceptr p) {
     CHECK(1);
     if (!p) return CUDA_SUCCESS;
     pthread_mutex_lock(&mu);
     CUresult r = device_free(p, A_DEVICE);
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+EXPORT CUresult cuMemFree(unsigned int p) {
+    COUNT();
+    return mem_free(p);
 }
 
 EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total) {
@@ -246,12 +251,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, 
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     COUNT();
-    CHECK(1);
-    if (!p) return CUDA_SUCCESS;
-    pthread_mutex_lock(&mu);
-    CUresult r = device_free(p, A_DEVICE);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return mem_free(p);
 }
 
 static int addr_device(uint64_t addr) {
