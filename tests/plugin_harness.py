@@ -237,16 +237,17 @@ def share_claim(
     share: int = 1,
     memory: str = "1Gi",
     cores: str = "1",
+    namespace: str = "default",
     **sections: Any,
 ) -> dict[str, Any]:
-    """A claim the scheduler gave a share of `device` (numbered `share`: its share ID), consuming `memory`
-    and `cores`, of class config `strategy` with its `sections` (`timeSlicing={...}`)."""
+    """A claim in `namespace` the scheduler gave a share of `device` (numbered `share`: its share ID),
+    consuming `memory` and `cores`, of class config `strategy` with its `sections` (`timeSlicing={...}`)."""
     alloc = Alloc(
         device=device,
         share_id=f"5e1d0b3a-0000-4000-8000-{share:012x}",
         consumed={"memory": memory, "cores": cores},
     )
-    return add_claim(api, name, [alloc], [opaque(gpu_config(strategy, **sections))])
+    return add_claim(api, name, [alloc], [opaque(gpu_config(strategy, **sections))], namespace=namespace)
 
 
 def two_shares() -> list[Alloc]:
@@ -764,7 +765,7 @@ def every_mode_claims(api: KubeAPI, prefix: str = "mode") -> list[dict[str, Any]
         add_claim(api, f"{prefix}-exclusive", [Alloc(device="gpu-2")], [opaque(gpu_config("Exclusive"))])
     ]
     for i, (strategy, (device, memory, cores)) in enumerate(shares.items()):
-        section = {"timeSlicing": {"interval": "Medium"}} if strategy == "TimeSlicing" else {}
+        section: dict[str, Any] = {"timeSlicing": {"interval": "Medium"}} if strategy == "TimeSlicing" else {}
         name = f"{prefix}-{strategy.lower()}"
         claims.append(
             share_claim(api, name, strategy, device=device, share=i, memory=memory, cores=cores, **section)

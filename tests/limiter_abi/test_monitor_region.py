@@ -126,34 +126,19 @@ def test_metrics_of_a_limiter_claim_equal_its_region(built: Path, tmp_path: Path
     """Simulated GPUs (no NVML): memory in use and refusals on /metrics come from the claim's region."""
 
     from plugin_harness import (
-        Alloc,
         PluginDirs,
-        add_claim,
         claim_process_env,
-        gpu_config,
         monitor_of,
-        opaque,
         prepared_container,
         running_plugin,
+        share_claim,
     )
 
     from dra_gpu.kube.fake import FakeKube
 
     dirs = PluginDirs.create()
     api = FakeKube()
-    claim = add_claim(
-        api,
-        "batch",
-        [
-            Alloc(
-                device="gpu-1",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "2Gi", "cores": "50"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-        namespace="team-a",
-    )
+    claim = share_claim(api, "batch", device="gpu-1", memory="2Gi", cores="50", share=10, namespace="team-a")
     try:
         with (
             running_plugin(dirs, api, http_address="127.0.0.1:0") as plugin,

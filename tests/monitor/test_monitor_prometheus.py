@@ -18,14 +18,11 @@ from typing import Any
 import pytest
 from fake_driver import CONTEXT_CHARGE
 from plugin_harness import (
-    Alloc,
     PluginDirs,
-    add_claim,
     claim_process_env,
-    gpu_config,
-    opaque,
     prepared_container,
     running_plugin,
+    share_claim,
 )
 from ports import unused_port
 from repo_paths import ROOT
@@ -73,18 +70,7 @@ def test_promql_returns_the_claims_memory_in_use(built: Path, dirs: PluginDirs, 
         },
     )
     api.tokens["prometheus-token"] = {"username": "system:serviceaccount:monitoring:prometheus"}
-    claim = add_claim(
-        api,
-        "llm",
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "2Gi", "cores": "50"},  # 768 MiB fit beside the context
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-    )
+    claim = share_claim(api, "llm", memory="2Gi", cores="50", share=10)  # 768 MiB fit beside the context
     with (
         running_plugin(
             dirs, api, http_address="127.0.0.1:0", monitor_interval_s=0.5, metrics_auth=True

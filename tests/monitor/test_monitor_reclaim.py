@@ -95,32 +95,19 @@ def claim_env(built: Path) -> Iterator[tuple[dict[str, str], object]]:
     """A prepared Limiter claim of 1 GiB (simulated GPUs, no NVML): the environment of its processes and
     the running plugin."""
     from plugin_harness import (
-        Alloc,
         PluginDirs,
-        add_claim,
         claim_process_env,
-        gpu_config,
-        opaque,
         prepared_container,
         running_plugin,
+        share_claim,
     )
 
     from dra_gpu.kube.fake import FakeKube
 
     dirs = PluginDirs.create()
     api = FakeKube()
-    claim = add_claim(
-        api,
-        "shared",
-        [
-            Alloc(
-                device="gpu-1",
-                share_id="00000000-0000-4000-8000-00000000000b",
-                consumed={"memory": "1Gi", "cores": "100"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-        namespace="team-a",
+    claim = share_claim(
+        api, "shared", device="gpu-1", memory="1Gi", cores="100", share=11, namespace="team-a"
     )
     try:
         with (

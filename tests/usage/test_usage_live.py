@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 from monitor_harness import GiB, add_pod, fake_proc, plugin_with_nvml
-from plugin_harness import NODE, Alloc, Kubelet, PluginDirs, add_claim, gpu_config, monitor_of, opaque, uid_of
+from plugin_harness import (
+    NODE,
+    Alloc,
+    Kubelet,
+    PluginDirs,
+    add_claim,
+    gpu_config,
+    monitor_of,
+    opaque,
+    share_claim,
+    uid_of,
+)
 from test_usage_collect import claim, device, limiter_config, result, slice_of
 from waiting import wait_for
 
@@ -32,18 +43,7 @@ def test_use_beside_allocation_and_allocations_alone_without_agents(
         return api
 
     monkeypatch.setattr(usage_command, "build_api", build_api)
-    claim = add_claim(
-        api,
-        "inference",
-        [
-            Alloc(
-                device="gpu-0",
-                share_id="00000000-0000-4000-8000-00000000000a",
-                consumed={"memory": "4Gi", "cores": "50"},
-            )
-        ],
-        [opaque(gpu_config("Limiter"))],
-    )
+    claim = share_claim(api, "inference", memory="4Gi", cores="50", share=10)
     proc_root = tmp_path / "proc"
     with plugin_with_nvml(dirs, api, proc_root, publish_slices=True) as (plugin, driver):
         wait_for(
