@@ -34,6 +34,11 @@ show() { [ -n "${T_ELASTIC_VERBOSE:-}" ] && { echo "$1: $(cat "$2")"; cat "$2.er
 at_least() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v >= b) }' || fail "$3: $1 < $2"; }
 at_most() { awk -v v="$1" -v b="$2" 'BEGIN { exit !(v <= b) }' || fail "$3: $1 > $2"; }
 calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+# What "flat out" means: a claim running alone up to its ceiling of 100. Under a sanitizer (a preload prefix given)
+# the library's own path is several times slower and its time counts against "ran" on a loaded machine: those
+# builds are there to find races and memory errors, so their bound only tells a borrowing claim from a fixed 30 %
+# one; the plain build holds the figure.
+if [ -n "$2" ]; then flat=70 borrowing=65; else flat=85 borrowing=80; fi
 t0() { calc "$("$worker" now) + $1"; }
 activity() { od -An -t d8 -j $((16 + 8 * $2)) -N 8 "$tmp/gpus/$GPU/$1.activity" | tr -d ' '; }
 
@@ -51,7 +56,7 @@ finish
 show alone "$tmp/alone"
 show fixed "$tmp/fixed"
 alone=$(field ran "$tmp/alone")
-at_least "$alone" 85 "a standard claim alone with ceiling 100 (busy % while it ran)"
+at_least "$alone" "$flat" "a standard claim alone with ceiling 100 (busy % while it ran)"
 at_most "$(field busy "$tmp/fixed")" 33 "a fixed 30 % claim alone"
 [ "$(activity "$A" 1)" -gt 0 ] || fail "the claim's activity file shows no GPU time used"
 [ "$(activity "$A" 2)" -gt 0 ] || fail "the claim's activity file shows no GPU time borrowed"
@@ -86,7 +91,7 @@ bins=$(sed -n 's/.*bins=//p' "$tmp/r1" | tr ',' ' ')
 set -- $bins
 before=$(echo "$bins" | awk '{ s = 0; for (i = 10; i <= 30; i++) s += $i; print s / 21 }')
 after=$(echo "$bins" | awk '{ s = 0; for (i = 41; i <= 70; i++) s += $i; print s / 30 }')
-at_least "$before" 80 "the borrower alone (20 ms bins before the others woke)"
+at_least "$before" "$borrowing" "the borrower alone (20 ms bins before the others woke)"
 at_most "$after" 50 "the borrower from 100 ms after the others woke"
 at_least "$(field ran "$tmp/r2")" 27 "the fixed claim after waking"
 reclaim=$(echo "$bins" | awk '{ for (i = 36; i <= NF; i++) if ($i <= 45) { print (i - 36) * 20; exit } print "none" }')
@@ -103,7 +108,7 @@ start be "$tmp/e1" run "$(calc "$b + 0.1")" "$s" "$e" 50
 finish
 show lat "$tmp/l1"
 show be "$tmp/e1"
-at_least "$(field ran "$tmp/l1")" 85 "the latency claim beside a besteffort one"
+at_least "$(field ran "$tmp/l1")" "$flat" "the latency claim beside a besteffort one"
 at_most "$(field busy "$tmp/e1")" 8 "the besteffort claim while the latency claim runs flat out"
 [ "$(activity be 4)" -gt 100000000 ] || fail "the besteffort claim's held_ns does not show it was held: $(activity be 4)"
 b=$(t0 0.3) s=$(t0 0.6) e=$(t0 1.6)
