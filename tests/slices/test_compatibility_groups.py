@@ -74,18 +74,29 @@ def test_a_1_38_server_with_the_gate_off_drops_the_groups_and_the_publisher_says
     assert [r.getMessage() for r in caplog.records].count(reason) == 1
 
 
-def test_a_server_whose_version_cannot_be_read_gets_todays_slices(caplog: pytest.LogCaptureFixture) -> None:
-    class NoVersion(FakeKube):
+def test_a_server_whose_version_cannot_be_read_gets_todays_slices_until_it_can(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class VersionLate(FakeKube):
+        refusals = 1
+
         def server_version(self) -> tuple[int, int]:
             from dra_gpu.kube.errors import Forbidden
 
-            raise Forbidden("version is forbidden")
+            if self.refusals:
+                self.refusals -= 1
+                raise Forbidden("version is forbidden")
+            return super().server_version()
 
-    pub = publisher(NoVersion(version=(1, 38)))
-    with caplog.at_level(logging.INFO, logger="dra_gpu.slices.publisher"):
+    api = VersionLate(version=(1, 38))
+    pub = publisher(api)
+    with caplog.at_level(logging.WARNING, logger="dra_gpu.kube.versions"):
         entries = consumptions(pub.sync())
     assert entries and all("compatibilityGroups" not in e for e in entries)
     assert any("version" in r.getMessage() for r in caplog.records)
+    assert all(e.get("compatibilityGroups") == ["mig"] for e in consumptions(pub.sync())), (
+        "once the version can be read, a 1.38 server gets the groups (one error at start must not last)"
+    )
 
 
 def test_each_dropped_1_38_field_names_its_gate() -> None:

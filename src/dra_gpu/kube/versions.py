@@ -72,14 +72,21 @@ def resolves_qualified_capacity_names(version: Version) -> bool:
     return version >= QUALIFIED_CAPACITY_NAMES
 
 
-def server_resolves_qualified_names(api: KubeAPI) -> bool | None:
-    """Whether the API server's release resolves `<driver>/<name>` capacities; None (logged) if its
-    version cannot be read, for the caller to treat as "no" and ask again later."""
+def server_version(api: KubeAPI) -> Version | None:
+    """The API server's release; None (logged) if it cannot be read, for the caller to treat as the oldest
+    supported and ask again on its next pass (never settled on: one error at start must not last)."""
     try:
-        return resolves_qualified_capacity_names(api.server_version())
+        return api.server_version()
     except ApiError as exc:
         log.warning("cannot read the API server's version", extra={"error": str(exc)})
         return None
+
+
+def server_resolves_qualified_names(api: KubeAPI) -> bool | None:
+    """Whether the API server's release resolves `<driver>/<name>` capacities; None if its version cannot
+    be read (`server_version`)."""
+    version = server_version(api)
+    return None if version is None else resolves_qualified_capacity_names(version)
 
 
 def gate_default(gate: str, version: Version) -> bool:

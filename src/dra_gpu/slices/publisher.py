@@ -59,7 +59,7 @@ from dra_gpu.kube import (
     objects,
     versions,
 )
-from dra_gpu.kube.errors import ApiError, Invalid
+from dra_gpu.kube.errors import Invalid
 from dra_gpu.kube.events import EventRecorder
 from dra_gpu.kube.validation import driver_name_errors, slice_errors
 from dra_gpu.slices.devices import SHAREABLE_MODES, device_errors, unhealthy_taint, with_compatibility_groups
@@ -302,15 +302,10 @@ class SlicePublisher:
         return [stored[i] for i in sorted(stored)], dropped
 
     def _use_compatibility_groups(self) -> bool:
-        if self.compatibility_groups is None:
-            try:
-                version = self.api.server_version()
-            except ApiError as exc:
-                log.info(
-                    "cannot read the API server's version: publishing without compatibility groups",
-                    extra={"node": self.node_name, "error": str(exc)},
-                )
-                version = versions.FLOOR
+        if self.compatibility_groups is None:  # read once (again next sync while it cannot be read)
+            version = versions.server_version(self.api)
+            if version is None:
+                return False
             self.compatibility_groups = versions.gate_default(COMPATIBILITY_GROUPS, version)
         return self.compatibility_groups and self.partitionable_devices
 
