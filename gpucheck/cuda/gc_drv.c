@@ -9,8 +9,8 @@
  *       allocate with one allocation family until the driver (or the limiter) refuses or <max>
  *       bytes are held; then, for the plain families, halve the chunk down to 1 MiB to fill the rest.
  *       names: mem pitch managed async pool vmm array graph dlsym-next dlopen getproc
- *       prints allocated= last= count= stopped=(refused|max); with --hold, then `holding` and
- *       keeps the memory until stdin reaches end of file.
+ *       prints allocated= last= count= stopped=(refused|max); with --hold, then held_ns= (CLOCK_MONOTONIC
+ *       once it holds it all) and `holding`, and keeps the memory until stdin reaches end of file.
  *   gc_drv share ipc|vmm <bytes> <chunk>
  *       two processes of one claim sharing memory: this one allocates <bytes> (cuMemAlloc, or cuMemCreate
  *       exported as a POSIX descriptor), exports it and runs `gc_drv open` (same environment, so the same
@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB (1024ULL * 1024ULL)
@@ -217,7 +218,9 @@ static int plain_family(const char *name) {
 
 static void hold(void) {
     char buf[256];
-    printf("holding\n");
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    printf("held_ns=%lld\nholding\n", (long long)now.tv_sec * 1000000000LL + (long long)now.tv_nsec);
     fflush(stdout);
     while (read(0, buf, sizeof buf) > 0) {
     }
