@@ -9,7 +9,8 @@ build/gpu-check), GPU_CHECK_WHEELS (bundled wheels, default .gpu-check-wheels), 
 (index or UUID of the GPU to check, default the first), GPU_CHECK_QUICK=1 (shorter windows),
 GPU_CHECK_KEEP=1 (keep the working files: logs, kernel intervals), GPU_CHECK_FRAMEWORK_PYTHON (the
 Python whose PyTorch, CuPy and JAX the workloads use, default the one running the check), NVCC
-(default nvcc on PATH).
+(default nvcc on PATH), GPU_CHECK_AGENT_INVENTORY (the enforcement checks' agent: `nvml`, the default,
+or `checked`, the checked GPU alone, for an NVML that answers only the per-process queries).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ the API server gave it and the check names the pod's cgroup after) and `ready`, 
 stdin reaches end of file, stops (which thaws whatever it froze) and prints one line of JSON: the Events
 the watchdog wrote, the compute hold's constants and each claim's freezes.
 
-SPEC: {"node", "state_dir", "gpu", "limiter" (the library file, or null), "inventory" ("nvml" unless a test
-says otherwise), "claims": [{"uid", "name", "memory" (bytes or null), "cores" (percent or null), "pod",
+SPEC: {"node", "state_dir", "gpu", "limiter" (the library file, or null), "inventory" ("nvml": the agent's NVML
+inventory; "checked": only the checked GPU, by its UUID, with NVML's per-process figures all the same, for an
+NVML that answers the per-process queries but not all of the inventory's, as the limiter's fake NVML), "claims": [{"uid", "name", "memory" (bytes or null), "cores" (percent or null), "pod",
 "container_id"}]}.
 """
 
@@ -20,10 +21,31 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 NAMESPACE = "gpu-check"
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    uuid: str
+
+
+class CheckedGpu:
+    """An inventory of the checked GPU alone (`"inventory": "checked"`): NVML's, so the monitor samples it."""
+
+    backend = "nvml"
+
+    def __init__(self, uuid: str) -> None:
+        self._gpus = [_Gpu(uuid)]
+
+    def gpus(self) -> list[_Gpu]:
+        return self._gpus
+
+    def close(self) -> None:
+        pass
 
 
 def add_pod(api: Any, node: str, name: str, container_id: str, claim: str) -> str:
@@ -88,11 +110,13 @@ def serve(
         cgroup_root=Path(spec.get("cgroup_root") or defaults["cgroup_root"]),
         limiter_library=Path(spec["limiter"]) if spec.get("limiter") else None,
     )
-    opened = (
-        inventory
-        if inventory is not None
-        else open_inventory(str(spec.get("inventory") or "nvml"), seed=node)
-    )
+    kind = str(spec.get("inventory") or "nvml")
+    if inventory is not None:
+        opened = inventory
+    elif kind == "checked":
+        opened = CheckedGpu(str(spec["gpu"]))
+    else:
+        opened = open_inventory(kind, seed=node)
     monitor = start_monitor(config, api, opened, CollectorRegistry(), lambda: holdings, nvml=nvml)
     accounts: dict[str, dict[str, Any]] = {}
     try:

@@ -136,6 +136,7 @@ class Session:
             "state_dir": str(self.state),
             "gpu": ctx.gpu.uuid,
             "limiter": str(ctx.limiter) if ctx.limiter else None,
+            "inventory": os.environ.get("GPU_CHECK_AGENT_INVENTORY") or "nvml",
             "claims": [
                 {
                     "uid": str(uuid.uuid4()),
