@@ -43,8 +43,9 @@ class Hierarchy:
         return "cgroup.freeze" if self.version == 2 else "freezer.state"
 
 
-def hierarchy(root: Path = CGROUP_ROOT) -> tuple[Hierarchy | None, str]:
+def hierarchy(root: Path | None = None) -> tuple[Hierarchy | None, str]:
     """Where the agent would freeze a container on this host, in `freezer_of`'s order; None and why not."""
+    root = CGROUP_ROOT if root is None else root
     if (root / "cgroup.controllers").is_file():
         return Hierarchy(root, 2), ""
     if (root / "freezer" / "cgroup.procs").is_file():
@@ -132,7 +133,7 @@ def container_id() -> str:
     return secrets.token_hex(32)
 
 
-def why_not(root: Path = CGROUP_ROOT) -> str:
+def why_not(root: Path | None = None) -> str:
     """Why the checks cannot make pods' cgroups here; empty when they can."""
     if os.geteuid() != 0:
         return "making and freezing cgroups needs root"
@@ -143,7 +144,7 @@ def why_not(root: Path = CGROUP_ROOT) -> str:
 
 
 @contextlib.contextmanager
-def pods(prefix: str, root: Path = CGROUP_ROOT) -> Iterator[Pods]:
+def pods(prefix: str, root: Path | None = None) -> Iterator[Pods]:
     """A directory of the check's own for pods' cgroups, removed with them however the block ends."""
     found, why = hierarchy(root)
     if found is None:
@@ -201,9 +202,10 @@ class Watcher:
             self._stop.wait(self.period_s)
 
 
-def toolkit_setting(config: Path = TOOLKIT_CONFIG) -> tuple[bool | None, str]:
+def toolkit_setting(config: Path | None = None) -> tuple[bool | None, str]:
     """Whether the NVIDIA container runtime accepts `NVIDIA_VISIBLE_DEVICES` from unprivileged containers
     (its default: true), read from its config.toml; None and why where there is no such file."""
+    config = TOOLKIT_CONFIG if config is None else config
     try:
         text = config.read_text()
     except OSError as exc:
