@@ -140,7 +140,16 @@ def why_not(root: Path | None = None) -> str:
     if shutil.which("sh") is None:
         return "no sh to start programs inside a cgroup"
     found, why = hierarchy(root)
-    return why if found is None else ""
+    if found is None:
+        return why
+    probe = found.path / f"gpu-check-probe-{secrets.token_hex(4)}"
+    try:
+        probe.mkdir()
+    except OSError as exc:  # a container's read-only cgroup mount, a hierarchy that refuses children
+        return f"cannot make a cgroup under {found.path}: {exc.strerror or exc}"
+    with contextlib.suppress(OSError):
+        probe.rmdir()
+    return ""
 
 
 @contextlib.contextmanager
