@@ -441,3 +441,72 @@ def test_wait_exit_sees_the_exit() -> None:
     finally:
         sleeping.kill()
         sleeping.wait()
+
+
+# -- compute.enforce end to end against the fake NVML -------------------------------------------------------------
+FAKE_BUSY = r"""
+import mmap, os, struct, sys, time
+# `gc_rt busy SECONDS KERNEL_US --ready --out FILE` as a process whose GPU work is its CPU time: it publishes that
+# time where the limiter's fake driver publishes a process's kernel time (FAKE_CUDA_PROCESS_DIR/<pid>), so the
+# fake NVML reports it as the process's utilization, and writes each 10 ms "kernel" as (start, spun, end), its
+# end what it ran (a frozen process runs nothing). Flat out; under the limiter's environment, a quarter of the time.
+args = sys.argv[1:]
+seconds, out = float(args[1]), args[args.index("--out") + 1]
+duty = 0.25 if os.environ.get("DRAGPU_CORES_LIMIT") else 1.0
+size = 32 + 8 * 80
+fd = os.open(os.path.join(os.environ["FAKE_CUDA_PROCESS_DIR"], str(os.getpid())), os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, size)
+page = mmap.mmap(fd, size)
+def publish(busy):
+    struct.pack_into("<48sQQQQ", page, 32, os.environ["CUDA_VISIBLE_DEVICES"].encode(), 1 << 30, busy, time.monotonic_ns(), 0)
+struct.pack_into("<IIQQ", page, 8, os.getpid(), 1, 0, 0)
+publish(0)
+struct.pack_into("<Q", page, 0, 0x31434F5250414446)
+print("ready", flush=True)
+sys.stdin.read(1)
+kernels, started, cpu0 = [], time.monotonic(), time.thread_time_ns()
+while time.monotonic() - started < seconds:
+    t0, c0 = time.monotonic_ns(), time.thread_time_ns()
+    while time.thread_time_ns() - c0 < duty * 10_000_000:
+        pass
+    ran = time.thread_time_ns() - c0
+    kernels.append((t0, t0 + ran, t0 + ran))
+    publish(time.thread_time_ns() - cpu0)
+    time.sleep((1 - duty) * 0.01)
+with open(out, "wb") as f:
+    f.writelines(struct.pack("<QQQ", *k) for k in kernels)
+print(f"launches={len(kernels)}")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.limiter
+@needs_cgroups
+def test_compute_enforce_end_to_end_against_the_fake_nvml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctx: Context, built: Path
+) -> None:
+    """`compute.enforce` as gpu-check runs it: the agent in its own process, NVML the limiter's fake (a process's
+    utilization is what it published), the workloads stand-ins whose GPU time is their CPU time. The one without
+    the library is frozen and held back; the neighbour under the limiter's environment is not."""
+    busy = tmp_path / "gc_rt"
+    busy.write_text(f"#!{sys.executable}\n{FAKE_BUSY}")
+    busy.chmod(0o755)
+    ctx.programs.update({"gc_rt_static": busy, "gc_rt_shared": busy})
+    ctx.limiter = built / "libdragpu-limiter.so"
+    ctx.python = sys.executable
+    ctx.pythonpath = [ROOT, ROOT / "src"]
+    ctx.quick = False  # the fake NVML's first figure for a process needs two reads: the catch comes late
+    (tmp_path / "procs").mkdir()
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(FAKE))
+    monkeypatch.setenv("FAKE_CUDA_PROCESS_DIR", str(tmp_path / "procs"))
+    monkeypatch.setenv("GPU_CHECK_AGENT_INVENTORY", "checked")
+    result = enforce.compute(ctx)
+    figures = result.figures
+    assert figures.get("caught_s") is not None, (result.summary, result.details)
+    assert figures["freezes"] >= 1 and figures["frozen_s"] > 0
+    assert "ComputeOverCeiling" in figures["hog_events"]
+    assert figures["share_mean"] < 60, "held back once caught, from flat out"
+    assert figures["honest_freezes"] == 0 and figures["honest_events"] == [], result.summary
+    hierarchy = cgroups.hierarchy()[0]
+    assert hierarchy is not None
+    assert not [n for n in os.listdir(hierarchy.path) if n.startswith("gpu-check-compute-")]
