@@ -2,16 +2,18 @@
 
 `python3 -m gpucheck.enforce_agent SPEC.json` starts the agent's usage monitor exactly as the node agent
 starts it (`dra_gpu.monitor.start_monitor`, the agent's default intervals, its NVML inventory and NVML
-per-process figures, the host's /proc and cgroup mount) for the claims SPEC describes, each a Limiter
-claim on the checked GPU used by one pod (its container's ID names the cgroup the check makes for it; the pod is
-listed in the in-memory API server as a running pod). It prints `pods=` (each pod's UID, which
-the API server gave it and the check names the pod's cgroup after) and `ready`, enforces until its
-stdin reaches end of file, stops (which thaws whatever it froze) and prints one line of JSON: the Events
-the watchdog wrote, the compute hold's constants and each claim's freezes.
+per-process figures, the host's /proc and cgroup mount), with one difference: only the check's own pods are
+pods to it (`_only`), so that no tenant's process on the node is ever signalled or frozen by it. The claims
+SPEC describes are each a Limiter claim on the checked GPU used by one pod, listed in the in-memory API server
+as running; the check names the pod's container cgroup after the pod's UID and the container's ID. It prints
+`pods=` (each pod's UID, which the API server gave it) and `ready`, enforces until its stdin reaches end of
+file, stops (which thaws whatever it froze) and prints one line of JSON: the Events the watchdog wrote, the
+compute hold's constants and each claim's freezes.
 
-SPEC: {"node", "state_dir", "gpu", "limiter" (the library file, or null), "inventory" ("nvml": the agent's NVML
-inventory; "checked": only the checked GPU, by its UUID, with NVML's per-process figures all the same, for an
-NVML that answers the per-process queries but not all of the inventory's, as the limiter's fake NVML), "claims": [{"uid", "name", "memory" (bytes or null), "cores" (percent or null), "pod",
+SPEC: {"node", "state_dir", "gpu", "limiter" (the library file, or null), "inventory" ("nvml": the agent's
+NVML inventory; "checked": the checked GPU alone, by its UUID, with NVML's per-process figures all the same,
+for an NVML that answers the per-process queries but not all of the inventory's, as the limiter's fake NVML
+does), "claims": [{"uid", "name", "memory" (bytes or null), "cores" (percent or null), "pod",
 "container_id"}]}.
 """
 
@@ -74,6 +76,20 @@ def add_pod(api: Any, node: str, name: str, container_id: str, claim: str) -> st
     return str(pod["metadata"]["uid"])
 
 
+def _only(pods: set[str]) -> Any:
+    """The agent's reader of host processes, to which only the check's pods are pods: a process of another pod
+    on this node (a tenant's, on a node that serves work) is one outside pods, which the watchdog only reports
+    and the hold never freezes, where the agent would stop it as a process on a GPU that no claim owns."""
+    from dra_gpu.monitor.process_owner import PodRef, ProcReader
+
+    class OnlyThesePods(ProcReader):
+        def pod_of(self, pid: int) -> PodRef | None:
+            ref = super().pod_of(pid)
+            return ref if ref is not None and ref.pod_uid in pods else None
+
+    return OnlyThesePods
+
+
 def serve(
     spec: dict[str, Any], wait: Callable[[dict[str, str]], None], inventory: Any = None, nvml: Any = None
 ) -> dict[str, Any]:
@@ -84,7 +100,7 @@ def serve(
     from dra_gpu.config import Strategy
     from dra_gpu.inventory import open_inventory
     from dra_gpu.kube.fake import FakeKube
-    from dra_gpu.monitor import ClaimHoldings, MonitorConfig, start_monitor
+    from dra_gpu.monitor import ClaimHoldings, MonitorConfig, setup, start_monitor
     from dra_gpu.monitor.monitor import Held
     from dra_gpu.monitor.watchdog import ClaimRef
     from dra_gpu.node_agent import NodeAgentConfig
@@ -117,7 +133,13 @@ def serve(
         opened = CheckedGpu(str(spec["gpu"]))
     else:
         opened = open_inventory(kind, seed=node)
-    monitor = start_monitor(config, api, opened, CollectorRegistry(), lambda: holdings, nvml=nvml)
+    name = "ProcReader"  # what start_monitor reads host processes with
+    reader = getattr(setup, name)
+    setattr(setup, name, _only(set(pods.values())))
+    try:
+        monitor = start_monitor(config, api, opened, CollectorRegistry(), lambda: holdings, nvml=nvml)
+    finally:
+        setattr(setup, name, reader)
     accounts: dict[str, dict[str, Any]] = {}
     try:
         wait(pods)

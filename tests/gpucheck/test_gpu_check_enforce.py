@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -345,25 +346,30 @@ def test_the_agent_freezes_a_process_running_past_its_ceiling_and_never_the_neig
     def body(pods: dict[str, str]) -> None:
         with cgroups.pods("gpu-check-test") as made:
             containers = {n: made.add(n, pods[f"{n}-pod"], ids[n]) for n, _ in claims}
+            # A tenant's pod on the node, not the check's: its process on the GPU must be left alone.
+            tenant_cgroup = made.add("tenant", str(uuid.uuid4()), cgroups.container_id())
             hog = _sleeper(containers["hog"].argv(SPINNER))
             honest = _sleeper(containers["honest"].argv(SLEEPER))
+            tenant = _sleeper(tenant_cgroup.argv(SPINNER))
             gpu = fake_nvml.gpus[0]
-            for child in (hog, honest):
+            for child in (hog, honest, tenant):
                 gpu.processes[child.pid] = 2**30
                 gpu.runs_on_cpu[child.pid] = (0, 0)
+            gpu.processes[tenant.pid] = 70 * 2**30
             try:
-                with cgroups.Watcher(containers) as watch:
+                with cgroups.Watcher({**containers, "tenant": tenant_cgroup}) as watch:
                     wait_for(lambda: watch.freezes.get("hog"), 60, "the hog to be frozen")
-                seen.update(freezes=dict(watch.freezes), top=made.top)
+                    wait_for(lambda: watch.freezes["hog"] >= 2, 60, "a second freeze")
+                seen.update(freezes=dict(watch.freezes), top=made.top, tenant=tenant.poll())
             finally:
-                hog.kill()
-                honest.kill()
-                hog.wait()
-                honest.wait()
+                for child in (hog, honest, tenant):
+                    child.kill()
+                    child.wait()
 
     out = enforce_agent.serve(spec, body, inventory=enforce_agent.CheckedGpu(UUID), nvml=fake_pynvml)
     assert seen["freezes"]["hog"] >= 1
     assert seen["freezes"]["honest"] == 0
+    assert seen["tenant"] is None and seen["freezes"]["tenant"] == 0, "another pod's process: never touched"
     assert out["accounts"]["uid-hog"]["freezes"] >= 1
     assert {e["reason"] for e in out["events"] if e["name"] == "hog"} >= {"ComputeOverCeiling"}
     assert not [e for e in out["events"] if e["name"] in ("honest", "honest-pod")]
