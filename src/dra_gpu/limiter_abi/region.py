@@ -115,7 +115,9 @@ def _slot_alive(fd: int, slot: int) -> bool:
 def _shared_bytes(fd: int, totals: list[int]) -> None:
     """Adds the export entries that a live process still holds (each counted once, however many hold it)."""
     table = os.pread(fd, EXPORT_COUNT * EXPORT_BYTES, HEADER_BYTES)
-    for at in range(0, len(table) - EXPORT_BYTES + 1, EXPORT_BYTES):
+    table = table[: len(table) - len(table) % EXPORT_BYTES]
+    flags = memoryview(table).cast("I")[:: EXPORT_BYTES // 4]  # each entry's first field: live
+    for at in (i * EXPORT_BYTES for i, flag in enumerate(flags) if flag):
         live, device, used = _EXPORT.unpack_from(table, at)
         if not live or device >= DEVICE_COUNT or used <= 0:
             continue
