@@ -56,6 +56,22 @@ class MemoryCaps:
             for key in [k for k in growth if k not in nvml_memory and k[1] in answered]:
                 del growth[key]
 
+    def over_caps(
+        self, held: dict[tuple[str, str], Held], nvml_memory: dict[tuple[str, str], Procs]
+    ) -> list[Violation]:
+        """`over_cap` of every share with processes (`nvml_memory`: a pass's, per share): a share whose
+        processes hold no more than its cap and the smallest allowance is passed over in a few operations."""
+        out: list[Violation] = []
+        least = min(self.limiter_allowance, self.context_allowance)
+        for key, procs in nvml_memory.items():
+            h = held[key]
+            if h.memory_limit is None:
+                continue
+            used = procs[0][1] if len(procs) == 1 else sum(p[1] for p in procs)
+            if used > h.memory_limit + least:
+                out += self.over_cap(h, procs)
+        return out
+
     def over_cap(self, h: Held, procs: Procs) -> list[Violation]:
         """MemoryOverLimit for the claim's offenders when NVML counts more than its cap and the allowance:
         once per claim under the limiter (its contexts are charged), per process without it (they are not)."""

@@ -284,9 +284,7 @@ class Monitor:
             self._floors_at = time.monotonic()
         self.caps.note_growth(nvml_memory, processes)
         if not full:
-            for key, procs in nvml_memory.items():
-                if key[1] in processes and procs:
-                    violations.extend(self.caps.over_cap(held[key], procs))
+            violations += self.caps.over_caps(held, nvml_memory)
             # What only a full sample finds stays active in between, and a claim held back stays so.
             carried = (Reason.MISMATCH,) if busy_due else (Reason.MISMATCH, Reason.COMPUTE)
             violations += [v for v in self.watchdog.active if v.reason in carried and v.pid in live]
