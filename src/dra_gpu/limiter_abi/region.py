@@ -276,6 +276,47 @@ def hand_back(state_dir: Path | str, gone: list[tuple[int, SlotOwner]]) -> int:
     return marked
 
 
+def read_region_slots(state_dir: Path | str) -> tuple[list[RegionDevice] | None, list[tuple[int, SlotOwner]]]:
+    """`read_region`'s figures and `unlocked_slots`' candidates, from one open of the region and one look at
+    each slot in use (a sample reads both for every claim): (None, []) where there is no region of this
+    layout; no candidates where the file is not a whole region."""
+    try:
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, []
+    unlocked: list[tuple[int, SlotOwner]] = []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, []
+        devices = parse_header(os.pread(fd, HEADER_BYTES, 0))
+        if devices is None:
+            return None, []
+        whole = st.st_size == REGION_BYTES
+        totals = [0] * DEVICE_COUNT
+        _shared_bytes(fd, totals)
+        for first in range(0, SLOT_COUNT, _SLOT_CHUNK):
+            chunk = os.pread(fd, _SLOT_CHUNK * SLOT_BYTES, SLOTS_AT + first * SLOT_BYTES)
+            chunk = chunk[: len(chunk) - len(chunk) % SLOT_BYTES]
+            in_use = memoryview(chunk).cast("I")[:: SLOT_BYTES // 4]  # each slot's first field
+            busy = [i for i, flag in enumerate(in_use) if flag]
+            if not busy:
+                break
+            for i in busy:
+                if _slot_alive(fd, first + i):
+                    for d, used in enumerate(_SLOT_USED.unpack_from(chunk, i * SLOT_BYTES + _SLOT_USED_AT)):
+                        totals[d] += max(used, 0)
+                elif whole:
+                    state, owner = _slot_owner(chunk[i * SLOT_BYTES : i * SLOT_BYTES + _SLOT_OWNER.size])
+                    if state == SLOT_OWNED and owner.pid > 0 and owner.pidns and owner.start:
+                        unlocked.append((first + i, owner))
+    except OSError:
+        return None, []
+    finally:
+        os.close(fd)
+    return [replace(d, used_bytes=min(d.used_bytes, totals[d.index])) for d in devices], unlocked
+
+
 # -- The floor: what the driver says a claim's processes hold (region.c's struct floor_file) --------------
 
 FLOOR_FILE = "dragpu-limiter.floor"

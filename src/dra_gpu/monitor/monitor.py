@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dra_gpu.config import WatchdogPolicy
 from dra_gpu.limiter_abi.board import GPUS_DIR
-from dra_gpu.limiter_abi.region import RegionDevice, hand_back, read_region, unlocked_slots
+from dra_gpu.limiter_abi.region import RegionDevice, SlotOwner, hand_back, read_region_slots
 from dra_gpu.monitor.claim_files import ClaimFiles
 from dra_gpu.monitor.compute_hold import ComputeHold
 from dra_gpu.monitor.contradicted import Contradictions
@@ -362,11 +362,15 @@ class Monitor:
     ) -> Snapshot:
         """A full sample's figures per claim and container, from the regions and NVML; the watchdog acts."""
         held = view.held
-        self._reclaim_slots(list(held.values()))
+        regions: dict[str, list[RegionDevice] | None] = {}
+        candidates: dict[str, list[tuple[int, SlotOwner]]] = {}
+        for uid in view.limited_claims:
+            regions[uid], candidates[uid] = read_region_slots(f"{self._claims_dir}/{uid}/limiter")
+        self._reclaim_slots(view, candidates)
         self.placement.reread_library()
         for key, fig in snap.claims.items():
             h = fig.held
-            region = self._region(h) if h.sharing == LIMITER else None
+            region = _device(regions.get(h.claim.uid), h.gpu) if h.sharing == LIMITER else None
             procs = nvml_memory.get(key, [])
             nvml_used = sum(p[1] for p in procs) if key[1] in processes else None
             fig.memory_used = region.used_bytes if region is not None else nvml_used
@@ -444,16 +448,14 @@ class Monitor:
                 out.append(self.placement.violation(Reason.COMPUTE, pid, h, WatchdogPolicy.REPORT, detail))
         return out
 
-    def _reclaim_slots(self, held: list[Held]) -> None:
+    def _reclaim_slots(self, view: ClaimsView, candidates: dict[str, list[tuple[int, SlotOwner]]]) -> None:
         """Hands back the region slots of processes that are gone, in every limiter claim's region.
 
         The library frees a slot only for a process it can prove dead, which it cannot from another PID
         namespace: without this, every restarted pod or exited container of a claim shared by several pods
         would leave its memory charged for the claim's lifetime. The agent sees every process of the node
         (its proc root is the host's); /proc is scanned once per sampling, and only when a region has a
-        slot whose lock no process holds."""
-        claims = {h.claim.uid: h.claim for h in held if h.sharing == LIMITER}
-        candidates = {uid: unlocked_slots(f"{self._claims_dir}/{uid}/limiter") for uid in claims}
+        slot whose lock no process holds (`candidates`: per limiter claim, from `read_region_slots`)."""
         if not any(candidates.values()):
             return
         index = self._proc.process_index()  # after the candidates were read: see `hand_back`
@@ -462,7 +464,7 @@ class Monitor:
                 f"{self._claims_dir}/{uid}/limiter", [s for s in slots if index.alive(s[1]) is False]
             )
             if marked:
-                claim = claims[uid]
+                claim = view.held_by_claim[uid][0].claim
                 key = (claim.namespace, claim.name)
                 self.slots_reclaimed[key] = self.slots_reclaimed.get(key, 0) + marked
                 log.info(
@@ -470,11 +472,12 @@ class Monitor:
                     extra={"claim": f"{claim.namespace}/{claim.name}", "slots": marked},
                 )
 
-    def _region(self, h: Held) -> RegionDevice | None:
-        devices = read_region(f"{self._claims_dir}/{h.claim.uid}/limiter")
-        if devices is None:
-            return None
-        wanted = h.gpu.lower().removeprefix("gpu-").removeprefix("mig-")
-        return next(
-            (d for d in devices if d.uuid.lower().removeprefix("gpu-").removeprefix("mig-") == wanted), None
-        )
+
+def _device(devices: list[RegionDevice] | None, gpu: str) -> RegionDevice | None:
+    """The region's entry for the GPU (the library writes UUIDs as the driver reports them)."""
+    if devices is None:
+        return None
+    wanted = gpu.lower().removeprefix("gpu-").removeprefix("mig-")
+    return next(
+        (d for d in devices if d.uuid.lower().removeprefix("gpu-").removeprefix("mig-") == wanted), None
+    )
