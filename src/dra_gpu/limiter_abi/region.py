@@ -93,11 +93,11 @@ def parse_header(header: bytes) -> list[RegionDevice] | None:
     ):
         return None
     out = []
-    for i in range(DEVICE_COUNT):
-        base = _DEVS_AT + i * _DEV_BYTES
-        (ready,) = struct.unpack_from("=I", header, base + _READY_AT)
+    words = memoryview(header)[_DEVS_AT : _DEVS_AT + DEVICE_COUNT * _DEV_BYTES].cast("I")
+    for i, ready in enumerate(words[_READY_AT // 4 :: _DEV_BYTES // 4]):
         if not ready:
             continue
+        base = _DEVS_AT + i * _DEV_BYTES
         uuid = header[base : base + _UUID_LEN].split(b"\0", 1)[0].decode("ascii", "replace")
         (used,) = struct.unpack_from("=q", header, base + _USED_AT)
         refused, throttled_ns, busy_ns, _ = _STATS.unpack_from(header, _STATS_AT + i * _STATS.size)
@@ -117,6 +117,8 @@ def _shared_bytes(fd: int, totals: list[int]) -> None:
     table = os.pread(fd, EXPORT_COUNT * EXPORT_BYTES, HEADER_BYTES)
     table = table[: len(table) - len(table) % EXPORT_BYTES]
     flags = memoryview(table).cast("I")[:: EXPORT_BYTES // 4]  # each entry's first field: live
+    if not flags.tobytes().strip(b"\0"):
+        return  # no entry live: the table of a claim that shares no memory
     for at in (i * EXPORT_BYTES for i, flag in enumerate(flags) if flag):
         live, device, used = _EXPORT.unpack_from(table, at)
         if not live or device >= DEVICE_COUNT or used <= 0:
