@@ -327,6 +327,8 @@ FLOOR_VERSION = 1
 FLOOR_BYTES = 4096
 _FLOOR_HEAD = struct.Struct("=QII")  # magic, version, device_count
 _FLOOR_SEQ_AT = 16
+_FLOOR_SEQ = struct.Struct("=Q")
+_FLOOR_FIGURES = struct.Struct("=qq")  # an entry's figures, after its uuid
 _FLOOR_DEVS_AT = 64
 _FLOOR_DEV = struct.Struct(f"={_UUID_LEN}sqq")  # uuid, bytes (NVML), the region's count the agent read before
 FLOOR_MODE = 0o644
@@ -387,15 +389,14 @@ def write_floor(path: Path | str, floors: dict[str, tuple[int, int]], uuids: lis
     except OSError:
         return False
     try:
-        (seq,) = struct.unpack("=Q", os.pread(fd, 8, _FLOOR_SEQ_AT))
+        (seq,) = _FLOOR_SEQ.unpack(os.pread(fd, 8, _FLOOR_SEQ_AT))
         seq += 2 if seq % 2 == 0 else 1
-        os.pwrite(fd, struct.pack("=Q", seq - 1), _FLOOR_SEQ_AT)
+        os.pwrite(fd, _FLOOR_SEQ.pack(seq - 1), _FLOOR_SEQ_AT)
         for i, uuid in enumerate(uuids):
             if uuid in floors:
-                used, region = floors[uuid]
                 at = _FLOOR_DEVS_AT + i * _FLOOR_DEV.size + _UUID_LEN
-                os.pwrite(fd, struct.pack("=qq", used, region), at)
-        os.pwrite(fd, struct.pack("=Q", seq), _FLOOR_SEQ_AT)
+                os.pwrite(fd, _FLOOR_FIGURES.pack(*floors[uuid]), at)
+        os.pwrite(fd, _FLOOR_SEQ.pack(seq), _FLOOR_SEQ_AT)
     except OSError:
         return False
     finally:
