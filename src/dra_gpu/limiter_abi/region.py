@@ -389,19 +389,33 @@ def write_floor(path: Path | str, floors: dict[str, tuple[int, int]], uuids: lis
     except OSError:
         return False
     try:
-        (seq,) = _FLOOR_SEQ.unpack(os.pread(fd, 8, _FLOOR_SEQ_AT))
-        seq += 2 if seq % 2 == 0 else 1
-        os.pwrite(fd, _FLOOR_SEQ.pack(seq - 1), _FLOOR_SEQ_AT)
-        for i, uuid in enumerate(uuids):
-            if uuid in floors:
-                at = _FLOOR_DEVS_AT + i * _FLOOR_DEV.size + _UUID_LEN
-                os.pwrite(fd, _FLOOR_FIGURES.pack(*floors[uuid]), at)
-        os.pwrite(fd, _FLOOR_SEQ.pack(seq), _FLOOR_SEQ_AT)
+        publish_floor(fd, floors, uuids)
     except OSError:
         return False
     finally:
         os.close(fd)
     return True
+
+
+def open_floor(path: Path | str) -> int | None:
+    """The floor file open for `publish_floor`, as `write_floor` opens it; None where it cannot be."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+
+
+def publish_floor(fd: int, floors: dict[str, tuple[int, int]], uuids: list[str]) -> None:
+    """`write_floor` on a floor file the caller keeps open (`uuids`: its entries, in order); OSError when it
+    cannot be written."""
+    (seq,) = _FLOOR_SEQ.unpack(os.pread(fd, 8, _FLOOR_SEQ_AT))
+    seq += 2 if seq % 2 == 0 else 1
+    os.pwrite(fd, _FLOOR_SEQ.pack(seq - 1), _FLOOR_SEQ_AT)
+    for i, uuid in enumerate(uuids):
+        if uuid in floors:
+            at = _FLOOR_DEVS_AT + i * _FLOOR_DEV.size + _UUID_LEN
+            os.pwrite(fd, _FLOOR_FIGURES.pack(*floors[uuid]), at)
+    os.pwrite(fd, _FLOOR_SEQ.pack(seq), _FLOOR_SEQ_AT)
 
 
 def region_counts(state_dir: Path | str) -> dict[str, int]:

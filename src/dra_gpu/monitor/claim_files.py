@@ -21,7 +21,8 @@ from dra_gpu.limiter_abi.region import HEADER_BYTES, REGION_FILE, parse_header
 _FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
-def _budget() -> int:
+def fd_budget() -> int:
+    """How many descriptors a reader of the claims' files may keep: a quarter of the open-file limit."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return 1 << 16 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
 
@@ -36,7 +37,7 @@ class ClaimFiles:
         """path -> the descriptor kept open on it."""
         self._headers: dict[str, tuple[bytes, dict[str, int]]] = {}
         """claim uid -> the region header last read and the counts parsed from it."""
-        self._budget = _budget()
+        self._budget = fd_budget()
 
     def counts(self, uid: str) -> dict[str, int]:
         """The region's claim-wide count per GPU UUID (dead slots included); {} when there is no region."""

@@ -195,6 +195,7 @@ class Monitor:
             self.hold.close(time.monotonic())
             if locked:
                 self.files.reopen()
+                self.floors.reopen()
         finally:
             if locked:
                 self._lock.release()
@@ -238,9 +239,11 @@ class Monitor:
         if prepared != self._view.prepared:
             self._view = ClaimsView(prepared)
             self.files.reopen()  # a claim prepared again may have new files under the same name
+            self.floors.reopen()
             self.files.retain({uid for uid, _ in self._view.held})
         elif full:
             self.files.reopen()  # a file replaced in place is read again within a sample
+            self.floors.reopen()
         view = self._view
         held = view.held
         processes: dict[str, GpuProcesses] = {}
