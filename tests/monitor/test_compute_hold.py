@@ -136,6 +136,30 @@ def test_a_bypassing_process_gets_its_ceiling_over_every_window() -> None:
     assert hold.accounts[("honest", "gpu")].freezes == 0
 
 
+def test_an_honest_claim_frozen_once_by_a_glitch_is_not_held_below_its_ceiling() -> None:
+    """A claim the limiter paces to its 30 % ceiling (the driver reads it a point above), whose figures once
+    said it ran 2 s more than it did (a glitch): it is frozen for that, and repays; but as it runs no more than
+    its ceiling and the margin whenever it is thawed, it stops repaying within a window or two and is not
+    frozen again while it keeps to its ceiling."""
+    FakeFreezer.states = {}
+    freezer = FakeFreezer("/c/honest", 2)
+    hold = ComputeHold(lambda pid: freezer)
+    now = 0.0
+    hold.feed(now, {("honest", "gpu"): (0.3, 0.0, [1])})
+    freezes_at: dict[float, int] = {}
+    while now < 90.0:
+        ran = 0.0 if freezer.frozen() else 0.31 * 0.25
+        now += 0.25
+        glitch = 2.0 if abs(now - 5.0) < 1e-9 else 0.0
+        hold.tick(now)
+        hold.feed(now, {("honest", "gpu"): (0.3, ran + glitch, [1])})
+        freezes_at[now] = hold.accounts[("honest", "gpu")].freezes
+    account = hold.accounts[("honest", "gpu")]
+    assert freezes_at[6.0] >= 1, "the glitch froze it"
+    assert not account.repaying
+    assert account.freezes == freezes_at[45.0], "not frozen again once it had repaid the glitch"
+
+
 def test_what_was_taken_is_repaid() -> None:
     """A claim that ran at 100 % for 10 s before the node saw it (its debt came in one feed) is held below
     its ceiling until it has paid that back: over the 60 s that follow, its share is its ceiling's."""

@@ -62,6 +62,15 @@ class Account:
     """Frozen since it last stayed out of debt for a whole WINDOW_S: it earns less by the duty cycle's swing."""
     debt_at: float = 0.0
     """When its balance was last below zero."""
+    repaying_since: float = 0.0
+    runs: deque[tuple[float, float, float]] = field(default_factory=deque)
+    """While it repays, per feed of the last window: (when, busy seconds, seconds it was not frozen)."""
+    frozen_mark: float = 0.0
+    """Its frozen seconds (`frozen_total`) at the last feed."""
+
+    def frozen_total(self, now: float) -> float:
+        """Seconds it has been frozen, the freeze under way included."""
+        return self.frozen_seconds + (now - self.frozen_at if self.frozen_until is not None else 0.0)
 
 
 class ComputeHold:
@@ -122,16 +131,37 @@ class ComputeHold:
                 rate = max(ceiling / 2, rate - swing / self.window_s, self.margin / 2)
             if account.fed_at is not None:
                 account.balance = min(self.burst_s, account.balance + rate * (now - account.fed_at) - busy)
+                if account.repaying:
+                    self._repaid(account, now, ceiling, busy)
             account.fed_at = now
+            account.frozen_mark = account.frozen_total(now)
             if account.balance < 0:
                 account.debt_at = now
-            elif account.repaying and now - account.debt_at >= self.window_s:
-                account.repaying = False
             if account.frozen_until is None:
                 account.freezers = {f for f in map(self._freezer_of, pids) if f is not None}
             if account.balance < 0 and account.frozen_until is None and now >= account.run_until and rate > 0:
                 self._freeze(key, now, min(-account.balance / rate, self.max_freeze_s))
         self.fed_at = now
+
+    def _repaid(self, account: Account, now: float, ceiling: float, busy: float) -> None:
+        """Ends the repaying of a claim that stayed out of debt for a whole window, or that over a whole window
+        ran no more than its ceiling plus the margin of the time it was not frozen: a claim the limiter paces
+        (frozen once by a glitch of the figures) is not held below its ceiling for long, a process that runs
+        flat out whenever it is thawed is."""
+        assert account.fed_at is not None
+        thawed = max(0.0, now - account.fed_at - (account.frozen_total(now) - account.frozen_mark))
+        account.runs.append((now, busy, thawed))
+        while account.runs[0][0] <= now - self.window_s:
+            account.runs.popleft()
+        if now - account.repaying_since < self.window_s:
+            return
+        ran = sum(r[1] for r in account.runs)
+        up = sum(r[2] for r in account.runs)
+        if (account.balance >= 0 and now - account.debt_at >= self.window_s) or (
+            up > 0 and ran <= min(1.0, ceiling + self.margin) * up
+        ):
+            account.repaying = False
+            account.runs.clear()
 
     def tick(self, now: float) -> None:
         """Thaws what is due."""
@@ -149,7 +179,8 @@ class ComputeHold:
         account = self.accounts[key]
         account.frozen_at, account.frozen_until = now, now + seconds
         account.freezes += 1
-        account.repaying = True
+        if not account.repaying:
+            account.repaying, account.repaying_since = True, now
         for freezer in account.freezers:
             if not self.records.add(freezer):
                 continue  # unrecorded, a freeze could outlive an agent killed before the thaw
