@@ -6,8 +6,8 @@ read is not parsed again.
 A descriptor is opened as the one-off reads open the file (non-blocking, no symbolic link, regular files only:
 the claim's state directory is the tenant's to write on some hosts) and dropped when the claim is gone, when
 the claims prepared change and at every full sample, so a file replaced in place (an upgrade's new activity
-file, say) is read again within a sample. At most a quarter of the process's open-file limit is kept; past it,
-a file is opened for each read."""
+file, say) is read again within a sample; a file that cannot be opened is tried again then. At most a quarter
+of the process's open-file limit is kept; past it, a file is opened for each read."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ class ClaimFiles:
         self._headers: dict[str, tuple[bytes, dict[str, int]]] = {}
         """claim uid -> the region header last read and the counts parsed from it."""
         self._budget = fd_budget()
+        self._missing: set[str] = set()
+        """Paths that could not be opened: not tried again before the next `reopen` (a claim without an
+        activity file, say, costs nothing between full samples)."""
 
     def counts(self, uid: str) -> dict[str, int]:
         """The region's claim-wide count per GPU UUID (dead slots included); {} when there is no region."""
@@ -62,6 +65,7 @@ class ClaimFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._missing.clear()
 
     def retain(self, uids: set[str]) -> None:
         """Forgets the headers of claims no longer prepared."""
@@ -77,13 +81,17 @@ class ClaimFiles:
                 del self._fds[path]
                 os.close(fd)
                 return None
+        if path in self._missing:
+            return None
         try:
             fd = os.open(path, _FLAGS)
         except OSError:
+            self._missing.add(path)
             return None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
+                self._missing.add(path)
                 return None
             data = os.pread(fd, size, 0)
         except OSError:
