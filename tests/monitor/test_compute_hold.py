@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from waiting import wait_for
 
 from dra_gpu.kube.fake import FakeKube
 from dra_gpu.monitor import Monitor, PodDirectory
-from dra_gpu.monitor.compute_hold import BURST_S, MARGIN, MAX_FREEZE_S, ComputeHold
+from dra_gpu.monitor.compute_hold import BURST_S, MARGIN, MAX_FREEZE_S, WINDOW_S, ComputeHold
 from dra_gpu.monitor.freezer import RECORDS_DIR, CgroupFreezer, freezer_of, namespace_root
 from dra_gpu.monitor.process_owner import ProcReader
 from dra_gpu.monitor.watchdog import Watchdog
@@ -93,6 +94,70 @@ def test_a_claim_past_its_ceiling_is_brought_back_and_an_honest_one_never_frozen
     assert freezes["honest"] == 0 and freezes["idle"] == 0
     assert freezes["bypass"] > 0
     assert isinstance(result["longest"], float) and result["longest"] <= MAX_FREEZE_S + 0.25
+
+
+def test_a_bypassing_process_gets_its_ceiling_over_every_window() -> None:
+    """A process that runs flat out past a 30 % claim, watched at uneven intervals (a loaded node's watch
+    comes 250 to 400 ms apart): over every 10 s window after its first freeze, its share stays within its
+    ceiling plus the margin - the swing of the duty cycle (what it runs between two watches) included - and
+    an honest neighbour that runs its ceiling is never frozen."""
+    FakeFreezer.states = {}
+    freezers = {1: FakeFreezer("/c/bypass", 2), 2: FakeFreezer("/c/honest", 2)}
+    hold = ComputeHold(lambda pid: freezers[pid])
+    clock = random.Random(7)
+    now = 0.0
+    hold.feed(now, {("bypass", "gpu"): (0.3, 0.0, [1]), ("honest", "gpu"): (0.3, 0.0, [2])})
+    steps: list[tuple[float, float]] = []  # (when the step ended, what the bypassing process ran in it)
+    first = None
+    while now < 180.0:
+        step = clock.uniform(0.25, 0.4)
+        ran = 0.0 if freezers[1].frozen() else step
+        honest = 0.0 if freezers[2].frozen() else 0.3 * step
+        now += step
+        steps.append((now, ran))
+        hold.tick(now)
+        hold.feed(now, {("bypass", "gpu"): (0.3, ran, [1]), ("honest", "gpu"): (0.3, honest, [2])})
+        if first is None and freezers[1].frozen():
+            first = len(steps)
+    assert first is not None, "the bypassing process was frozen"
+    worst = 0.0
+    for i in range(first, len(steps)):
+        start = steps[i - 1][0]
+        ran, j = 0.0, i
+        while j < len(steps) and steps[j][0] - start < WINDOW_S:
+            ran += steps[j][1]
+            j += 1
+        if j == len(steps):
+            break
+        ran += steps[j][1]
+        worst = max(worst, ran / (steps[j][0] - start))
+    assert worst <= 0.30 + MARGIN, f"{worst:.3f} of the GPU over a {WINDOW_S:g} s window"
+    assert worst >= 0.25, "held back, not starved"
+    assert hold.accounts[("honest", "gpu")].freezes == 0
+
+
+def test_an_honest_claim_frozen_once_by_a_glitch_is_not_held_below_its_ceiling() -> None:
+    """A claim the limiter paces to its 30 % ceiling (the driver reads it a point above), whose figures once
+    said it ran 2 s more than it did (a glitch): it is frozen for that, and repays; but as it runs no more than
+    its ceiling and the margin whenever it is thawed, it stops repaying within a window or two and is not
+    frozen again while it keeps to its ceiling."""
+    FakeFreezer.states = {}
+    freezer = FakeFreezer("/c/honest", 2)
+    hold = ComputeHold(lambda pid: freezer)
+    now = 0.0
+    hold.feed(now, {("honest", "gpu"): (0.3, 0.0, [1])})
+    freezes_at: dict[float, int] = {}
+    while now < 90.0:
+        ran = 0.0 if freezer.frozen() else 0.31 * 0.25
+        now += 0.25
+        glitch = 2.0 if abs(now - 5.0) < 1e-9 else 0.0
+        hold.tick(now)
+        hold.feed(now, {("honest", "gpu"): (0.3, ran + glitch, [1])})
+        freezes_at[now] = hold.accounts[("honest", "gpu")].freezes
+    account = hold.accounts[("honest", "gpu")]
+    assert freezes_at[6.0] >= 1, "the glitch froze it"
+    assert not account.repaying
+    assert account.freezes == freezes_at[45.0], "not frozen again once it had repaid the glitch"
 
 
 def test_what_was_taken_is_repaid() -> None:

@@ -542,9 +542,18 @@ def read_activity(path: Path) -> Activity | None:
     that damaged its own file reports nothing)."""
     try:
         with open(path, "rb", buffering=0) as f:
-            data = f.read(_ACTIVITY_HEADER.size + _ACTIVITY_FIELDS.size)
+            data = f.read(ACTIVITY_READ)
     except OSError:
         return None
+    return parse_activity(data)
+
+
+ACTIVITY_READ = _ACTIVITY_HEADER.size + _ACTIVITY_FIELDS.size
+"""The bytes of an activity file a reader takes (`parse_activity`)."""
+
+
+def parse_activity(data: bytes) -> Activity | None:
+    """The first ACTIVITY_READ bytes of an activity file, read; None when they are not an activity file's."""
     if len(data) < _ACTIVITY_HEADER.size + _ACTIVITY_FIELDS.size:
         return None
     magic, version, _ = _ACTIVITY_HEADER.unpack_from(data)

@@ -93,11 +93,11 @@ def parse_header(header: bytes) -> list[RegionDevice] | None:
     ):
         return None
     out = []
-    for i in range(DEVICE_COUNT):
-        base = _DEVS_AT + i * _DEV_BYTES
-        (ready,) = struct.unpack_from("=I", header, base + _READY_AT)
+    words = memoryview(header)[_DEVS_AT : _DEVS_AT + DEVICE_COUNT * _DEV_BYTES].cast("I")
+    for i, ready in enumerate(words[_READY_AT // 4 :: _DEV_BYTES // 4]):
         if not ready:
             continue
+        base = _DEVS_AT + i * _DEV_BYTES
         uuid = header[base : base + _UUID_LEN].split(b"\0", 1)[0].decode("ascii", "replace")
         (used,) = struct.unpack_from("=q", header, base + _USED_AT)
         refused, throttled_ns, busy_ns, _ = _STATS.unpack_from(header, _STATS_AT + i * _STATS.size)
@@ -115,7 +115,11 @@ def _slot_alive(fd: int, slot: int) -> bool:
 def _shared_bytes(fd: int, totals: list[int]) -> None:
     """Adds the export entries that a live process still holds (each counted once, however many hold it)."""
     table = os.pread(fd, EXPORT_COUNT * EXPORT_BYTES, HEADER_BYTES)
-    for at in range(0, len(table) - EXPORT_BYTES + 1, EXPORT_BYTES):
+    table = table[: len(table) - len(table) % EXPORT_BYTES]
+    flags = memoryview(table).cast("I")[:: EXPORT_BYTES // 4]  # each entry's first field: live
+    if not flags.tobytes().strip(b"\0"):
+        return  # no entry live: the table of a claim that shares no memory
+    for at in (i * EXPORT_BYTES for i, flag in enumerate(flags) if flag):
         live, device, used = _EXPORT.unpack_from(table, at)
         if not live or device >= DEVICE_COUNT or used <= 0:
             continue
@@ -274,6 +278,47 @@ def hand_back(state_dir: Path | str, gone: list[tuple[int, SlotOwner]]) -> int:
     return marked
 
 
+def read_region_slots(state_dir: Path | str) -> tuple[list[RegionDevice] | None, list[tuple[int, SlotOwner]]]:
+    """`read_region`'s figures and `unlocked_slots`' candidates, from one open of the region and one look at
+    each slot in use (a sample reads both for every claim): (None, []) where there is no region of this
+    layout; no candidates where the file is not a whole region."""
+    try:
+        fd = os.open(f"{state_dir}/{REGION_FILE}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, []
+    unlocked: list[tuple[int, SlotOwner]] = []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, []
+        devices = parse_header(os.pread(fd, HEADER_BYTES, 0))
+        if devices is None:
+            return None, []
+        whole = st.st_size == REGION_BYTES
+        totals = [0] * DEVICE_COUNT
+        _shared_bytes(fd, totals)
+        for first in range(0, SLOT_COUNT, _SLOT_CHUNK):
+            chunk = os.pread(fd, _SLOT_CHUNK * SLOT_BYTES, SLOTS_AT + first * SLOT_BYTES)
+            chunk = chunk[: len(chunk) - len(chunk) % SLOT_BYTES]
+            in_use = memoryview(chunk).cast("I")[:: SLOT_BYTES // 4]  # each slot's first field
+            busy = [i for i, flag in enumerate(in_use) if flag]
+            if not busy:
+                break
+            for i in busy:
+                if _slot_alive(fd, first + i):
+                    for d, used in enumerate(_SLOT_USED.unpack_from(chunk, i * SLOT_BYTES + _SLOT_USED_AT)):
+                        totals[d] += max(used, 0)
+                elif whole:
+                    state, owner = _slot_owner(chunk[i * SLOT_BYTES : i * SLOT_BYTES + _SLOT_OWNER.size])
+                    if state == SLOT_OWNED and owner.pid > 0 and owner.pidns and owner.start:
+                        unlocked.append((first + i, owner))
+    except OSError:
+        return None, []
+    finally:
+        os.close(fd)
+    return [replace(d, used_bytes=min(d.used_bytes, totals[d.index])) for d in devices], unlocked
+
+
 # -- The floor: what the driver says a claim's processes hold (region.c's struct floor_file) --------------
 
 FLOOR_FILE = "dragpu-limiter.floor"
@@ -282,6 +327,8 @@ FLOOR_VERSION = 1
 FLOOR_BYTES = 4096
 _FLOOR_HEAD = struct.Struct("=QII")  # magic, version, device_count
 _FLOOR_SEQ_AT = 16
+_FLOOR_SEQ = struct.Struct("=Q")
+_FLOOR_FIGURES = struct.Struct("=qq")  # an entry's figures, after its uuid
 _FLOOR_DEVS_AT = 64
 _FLOOR_DEV = struct.Struct(f"={_UUID_LEN}sqq")  # uuid, bytes (NVML), the region's count the agent read before
 FLOOR_MODE = 0o644
@@ -342,20 +389,33 @@ def write_floor(path: Path | str, floors: dict[str, tuple[int, int]], uuids: lis
     except OSError:
         return False
     try:
-        (seq,) = struct.unpack("=Q", os.pread(fd, 8, _FLOOR_SEQ_AT))
-        seq += 2 if seq % 2 == 0 else 1
-        os.pwrite(fd, struct.pack("=Q", seq - 1), _FLOOR_SEQ_AT)
-        for i, uuid in enumerate(uuids):
-            if uuid in floors:
-                used, region = floors[uuid]
-                at = _FLOOR_DEVS_AT + i * _FLOOR_DEV.size + _UUID_LEN
-                os.pwrite(fd, struct.pack("=qq", used, region), at)
-        os.pwrite(fd, struct.pack("=Q", seq), _FLOOR_SEQ_AT)
+        publish_floor(fd, floors, uuids)
     except OSError:
         return False
     finally:
         os.close(fd)
     return True
+
+
+def open_floor(path: Path | str) -> int | None:
+    """The floor file open for `publish_floor`, as `write_floor` opens it; None where it cannot be."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+
+
+def publish_floor(fd: int, floors: dict[str, tuple[int, int]], uuids: list[str]) -> None:
+    """`write_floor` on a floor file the caller keeps open (`uuids`: its entries, in order); OSError when it
+    cannot be written."""
+    (seq,) = _FLOOR_SEQ.unpack(os.pread(fd, 8, _FLOOR_SEQ_AT))
+    seq += 2 if seq % 2 == 0 else 1
+    os.pwrite(fd, _FLOOR_SEQ.pack(seq - 1), _FLOOR_SEQ_AT)
+    for i, uuid in enumerate(uuids):
+        if uuid in floors:
+            at = _FLOOR_DEVS_AT + i * _FLOOR_DEV.size + _UUID_LEN
+            os.pwrite(fd, _FLOOR_FIGURES.pack(*floors[uuid]), at)
+    os.pwrite(fd, _FLOOR_SEQ.pack(seq), _FLOOR_SEQ_AT)
 
 
 def region_counts(state_dir: Path | str) -> dict[str, int]:

@@ -7,7 +7,7 @@ trusted for anyone's share, and bounded here so that one claim's numbers cannot 
 per GPU and sampling interval: the time borrowed on the GPU is charged to the claims that left part of
 their floor idle, in proportion to what each left idle, and never more than that.
 
-What a claim says of itself is checked against the driver (`monitor.Monitor._check_activity`): a claim whose
+What a claim says of itself is checked against the driver (`contradicted.Contradictions`): a claim whose
 activity file says it wants the GPU while the driver sees it run nothing is marked on its GPU's board
 (`publish_marks`), a flag only the agent can write, and the library then counts none of its demand: it holds
 no other claim back. The mark goes when the driver sees the claim run again (or its word stops saying busy).

@@ -121,8 +121,11 @@ class ProcReader:
     def start_time(self, pid: int) -> int | None:
         """The process's start time (field 22 of `stat`, clock ticks since boot); None if it is gone."""
         try:
-            with open(f"{self._prefix}{pid}/stat", "rb") as f:
-                text = f.read(4096)
+            fd = os.open(f"{self._prefix}{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                text = os.read(fd, 4096)  # read at every floors pass for every GPU process: no file object
+            finally:
+                os.close(fd)
             return int(text[text.rindex(b")") + 2 :].split()[19])
         except (OSError, ValueError, IndexError):
             return None

@@ -47,11 +47,20 @@ def prepared_holdings(load: Callable[[], Checkpoint]) -> PreparedClaims:
     """uid -> the record last read and what it holds: a record is replaced, never changed, so a record read
     again is the same object and its holdings are not worked out again (the monitor asks at every watch)."""
 
+    last_records: list[tuple[str, PreparedClaim]] = []
+    last_out: list[ClaimHoldings] = []
+    """The claims' records at the last call and the list made of them: the same records again (each the same
+    object: a copy of the checkpoint shares them) give the same list, compared in one step."""
+
     def prepared() -> list[ClaimHoldings]:
+        nonlocal last_records, last_out
         try:
             checkpoint = load()
         except CheckpointCorrupt:
             return []
+        records = list(checkpoint.claims.items())
+        if records == last_records:
+            return last_out
         out = []
         for uid, claim in checkpoint.claims.items():
             if claim.state != ClaimState.PREPARE_COMPLETED:
@@ -65,6 +74,7 @@ def prepared_holdings(load: Callable[[], Checkpoint]) -> PreparedClaims:
                 u for u in made if u not in checkpoint.claims or made[u][0] is not checkpoint.claims[u]
             ]:
                 del made[uid]
+        last_records, last_out = records, out
         return out
 
     return prepared
