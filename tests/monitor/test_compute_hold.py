@@ -136,6 +136,54 @@ def test_a_bypassing_process_gets_its_ceiling_over_every_window() -> None:
     assert hold.accounts[("honest", "gpu")].freezes == 0
 
 
+@pytest.mark.parametrize("ceiling", [0.1, 0.3])
+def test_a_bypassing_process_gets_its_ceiling_at_the_default_one_second_watch(ceiling: float) -> None:
+    """The agent's default memory watch is 1 s: the monitor then looks at a held claim when the hold asks
+    (`next_look`: a thaw due, or HELD_LOOK_S while it repays), each look up to 50 ms late. A process that runs
+    flat out gets at most its ceiling plus the margin over every 10 s window after its first freeze - a look
+    only once a second would leave it a whole second of running after each thaw, a third of the GPU."""
+    FakeFreezer.states = {}
+    freezer = FakeFreezer("/c/bypass", 2)
+    hold = ComputeHold(lambda pid: freezer)
+    late = random.Random(11)
+    now = 0.0
+    hold.feed(now, {("bypass", "gpu"): (ceiling, 0.0, [1])})
+    steps: list[tuple[float, float]] = []
+    first = None
+    while now < 120.0:
+        look = hold.next_look(now)
+        step = min(1.0, (look - now) if look is not None else 1.0) + late.uniform(0.0, 0.05)
+        ran = 0.0 if freezer.frozen() else step
+        now += step
+        steps.append((now, ran))
+        hold.tick(now)
+        hold.feed(now, {("bypass", "gpu"): (ceiling, ran, [1])})
+        if first is None and freezer.frozen():
+            first = len(steps)
+    assert first is not None, "the bypassing process was frozen"
+    worst = 0.0
+    for i in range(first, len(steps)):
+        start, ran, j = steps[i - 1][0], 0.0, i
+        while j < len(steps) and steps[j][0] - start < WINDOW_S:
+            ran += steps[j][1]
+            j += 1
+        if j == len(steps):
+            break
+        worst = max(worst, (ran + steps[j][1]) / (steps[j][0] - start))
+    assert worst <= ceiling + MARGIN, f"{worst:.3f} of the GPU over a {WINDOW_S:g} s window"
+    assert worst >= ceiling / 2, "held back, not starved"
+
+
+def test_the_hold_asks_for_no_early_look_while_no_claim_is_held() -> None:
+    """An honest claim under its ceiling leaves the monitor to its own interval (no extra NVML reads)."""
+    FakeFreezer.states = {}
+    hold = ComputeHold(lambda pid: FakeFreezer("/c/honest", 2))
+    hold.feed(0.0, {("honest", "gpu"): (0.3, 0.0, [1])})
+    for n in range(1, 20):
+        hold.feed(float(n), {("honest", "gpu"): (0.3, 0.25, [1])})
+        assert hold.next_look(float(n)) is None
+
+
 def test_an_honest_claim_frozen_once_by_a_glitch_is_not_held_below_its_ceiling() -> None:
     """A claim the limiter paces to its 30 % ceiling (the driver reads it a point above), whose figures once
     said it ran 2 s more than it did (a glitch): it is frozen for that, and repays; but as it runs no more than

@@ -38,8 +38,12 @@ BURST_S = 0.2
 """GPU seconds a claim may run ahead of its account: 2 points of a 10 s window."""
 MAX_FREEZE_S = 2.0
 """The longest one freeze lasts: a probe with a timeout above it, or a retried one, still succeeds."""
-MIN_RUN_S = 0.25
+MIN_RUN_S = 0.15
 """The shortest run between two freezes."""
+HELD_LOOK_S = 0.15
+"""While a claim is held (frozen, repaying or in debt), the longest gap between two looks at it, whatever the
+memory watch's interval: at the default 1 s watch a claim would run a whole second unseen after each thaw, and
+a freeze of at most MAX_FREEZE_S could not bring it below a third of the GPU."""
 WINDOW_S = 10.0
 """The window the share is held over: a claim frozen once earns less than its rate (its ceiling plus the
 margin) by the duty cycle's swing until it has stayed out of debt for this long."""
@@ -112,6 +116,14 @@ class ComputeHold:
         so a claim that starts to run flat out is caught within a watch of its debt."""
         low = self.burst_s / 2
         return any(a.balance < low or a.frozen_until is not None for a in self.accounts.values())
+
+    def next_look(self, now: float) -> float | None:
+        """When the monitor should look next (time.monotonic) for the claims it holds: a thaw that falls due, or
+        HELD_LOOK_S after now while any claim is frozen, repaying or on its way into debt; None when none is."""
+        if not self.watching() and not any(a.repaying for a in self.accounts.values()):
+            return None
+        due = [a.frozen_until for a in self.accounts.values() if a.frozen_until is not None]
+        return min([now + HELD_LOOK_S, *due])
 
     def feed(self, now: float, usage: dict[Key, tuple[float, float, list[int]]]) -> None:
         """`usage`: per enforced claim and GPU, (ceiling as a fraction, busy seconds since the last feed,

@@ -214,7 +214,11 @@ class Monitor:
                     self.watch_once()
             except Exception:
                 log.exception("usage sampling failed; retrying at the next interval")
-            self._stop.wait(max(0.0, min(self.watch_interval_s, full_due - time.monotonic())))
+            now = time.monotonic()
+            wake = min(now + self.watch_interval_s, full_due)
+            with self._lock:
+                held = self.hold.next_look(now)
+            self._stop.wait(max(0.0, min(wake, held if held is not None else wake) - now))
 
     def stalled(self) -> str | None:
         """Why /healthz should fail: no sampling has finished for several intervals (a hung read, a hung
