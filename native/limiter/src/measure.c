@@ -49,7 +49,6 @@
 #include "capture.h"
 #include "clock.h"
 #include "common.h"
-#include "contexts.h"
 #include "devices.h"
 #include "driver.h"
 #include "log.h"
