@@ -4,9 +4,12 @@
  * ledger, so this file, which nothing below calls, names them all.
  */
 #include "fork.h"
+#include "arbiter.h"
+#include "capture.h"
 #include "contexts.h"
 #include "devices.h"
 #include "ledger.h"
+#include "measure.h"
 #include "pools.h"
 
 void dl_fork_prepare(void) { dl_ledger_before_fork(); }
@@ -18,4 +21,10 @@ void dl_memory_reset_after_fork(void) {
     dl_contexts_reset_after_fork();
     dl_ledger_reset_after_fork();
     dl_devices_reset_after_fork();
+}
+
+void dl_throttle_reset_after_fork(void) {
+    dl_arbiter_reset_after_fork();
+    dl_measure_reset_after_fork();
+    dl_capture_reset_after_fork();
 }

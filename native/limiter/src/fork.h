@@ -8,5 +8,8 @@ void dl_fork_parent(void);
 /* In the child: the parent's pools, contexts, live allocations and device facts are not the child's (CUDA contexts
  * do not survive fork). */
 void dl_memory_reset_after_fork(void);
+/* In the child: the compute limiter's process state (the arbiter's view, the launches being measured, the captures
+ * open) is the parent's. */
+void dl_throttle_reset_after_fork(void);
 
 #endif
