@@ -1,5 +1,5 @@
-/* driver.c: the real libcuda/libnvidia-ml: the entry points the library wraps (hooks.h) or calls itself, loaded
- * on first use; the C library's dlsym. */
+/* driver.c: the real libcuda/libnvidia-ml: the entry points the library wraps (their wrappers are declared here,
+ * hooks.c routes to them) or calls itself, loaded on first use; the C library's dlsym. */
 #ifndef DRAGPU_DRIVER_H
 #define DRAGPU_DRIVER_H
 

@@ -21,6 +21,11 @@
  *
  * The pool table's mutex is never held across a driver call: the driver is read first, then the charge is
  * moved to the value read.
+ *
+ * Why one file of more than 600 lines: the pool table and the graph memory pools are one state under one mutex
+ * (mu), settled by the same code (settle, sync_pool, sync_graphmem) from the allocation path, the charges' reclaim
+ * and the driver entry points below that change what a pool holds; split over files, that lock and the tables it
+ * guards would become an interface of their own.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
