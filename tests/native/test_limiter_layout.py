@@ -1,5 +1,6 @@
 """The limiter's C tree is modules with a header each: no catch-all header, and every header compiles on its own
-(it includes what it uses), so a file that includes one module's header gets that module and nothing else."""
+(it includes what it uses), so a file that includes one module's header gets that module and nothing else; no two
+modules include each other's header or call each other, and a file too long to read whole says why it is one file."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from repo_paths import ROOT
 
 SRC = ROOT / "native" / "limiter" / "src"
@@ -37,6 +39,26 @@ def test_no_header_includes_every_module() -> None:
         if f.endswith(".h"):
             assert len(hs - {"common.h"}) <= 2, f"{f} includes {sorted(hs)}"
     assert not (SRC / "limiter.h").exists()
+
+
+@pytest.mark.limiter
+def test_no_two_modules_include_or_call_each_other(built: Path) -> None:
+    """tools/limiter_layout.py --check against the built library: each pair it finds is named."""
+    tool = layout_tool()
+    objects = [o for o in (built / "obj").glob("*.o") if (SRC / f"{o.stem}.c").exists()]
+    assert objects, f"no objects of the library's sources under {built / 'obj'}"
+    include_pairs = [f"{a}<->{b}" for a, b in tool.include_pairs(tool.includes())]
+    assert not include_pairs, f"modules whose files include each other's header: {include_pairs}"
+    call_pairs = [f"{a}<->{b}" for a, b in tool.call_pairs(built)]
+    assert not call_pairs, f"modules that each call (or use a variable of) the other: {call_pairs}"
+
+
+def test_long_files_say_why_they_are_one_file() -> None:
+    tool = layout_tool()
+    unexplained = sorted(name for name, has_reason in tool.long_files().items() if not has_reason)
+    assert not unexplained, (
+        f"files over {tool.LONG_LINES} lines without the reason at their top ({tool.REASON!r}): {unexplained}"
+    )
 
 
 def test_each_header_compiles_on_its_own(tmp_path: Path) -> None:

@@ -24,11 +24,9 @@
 
 #include "admission.h"
 #include "arbiter.h"
-#include "capture.h"
 #include "clock.h"
 #include "common.h"
 #include "log.h"
-#include "measure.h"
 #include "region.h"
 
 #define BURST_NS 4000000LL        /* how far ahead of wall time admitted work may run */
@@ -42,12 +40,6 @@ void dl_throttle_configure(int pct) { /* 1..100 (config.c) */
     wall_per_gpu_ns = 100.0 / pct;
     dl_throttle_on = pct < 100;
     if (dl_throttle_on) dl_debug("compute share %d%%", pct);
-}
-
-void dl_throttle_reset_after_fork(void) {
-    dl_arbiter_reset_after_fork();
-    dl_measure_reset_after_fork();
-    dl_capture_reset_after_fork();
 }
 
 #define HELD_SLICE_NS 200000LL
@@ -65,40 +57,40 @@ void dl_sleep_ns(int64_t ns) {
 
 /* GCRA admission on the claim's shared clock for this device. */
 /* Sleeps a slice of a wait for admission, counted as the claim's (and, held by a latency claim, as held). */
-static void wait_slice(int dev, int64_t ns, int64_t now, int held) {
+static void wait_slice(int dev, int64_t ns, int64_t now, int held, const struct dl_measured *m) {
     dl_arbiter_waiting(dev, 1, now);
     dl_sleep_ns(ns);
     int64_t slept = (int64_t)dl_now_ns() - now;
     dl_arbiter_waiting(dev, -1, now);
     dl_arbiter_slept(dev, slept, held);
     dl_region_add_throttled(dev, slept);
-    dl_measure_poll();
+    m->poll();
 }
 
-void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
+void dl_admit(int dev, int64_t gpu_ns, int64_t now, const struct dl_measured *m) {
     _Atomic int64_t *tat = dl_region_tat(dev);
     for (int first = 1;; first = 0) {
         if (!first) now = (int64_t)dl_now_ns();
         struct dl_share sh;
         dl_arbiter_share(dev, now, wall_per_gpu_ns, BURST_NS, &sh);
         if (DL_UNLIKELY(sh.wall_per_gpu < 0)) { /* held to nothing: it waits, wanting the GPU, until it may run */
-            wait_slice(dev, HELD_SLICE_NS, now, sh.held);
+            wait_slice(dev, HELD_SLICE_NS, now, sh.held, m);
             continue;
         }
         /* A borrowed share may reach the whole GPU, where the clock alone would let this process queue far more
          * than the device runs (the gaps between kernels are not charged): while it borrows, its queue is held to
          * BORROW_QUEUE_NS (at most the burst), so that a claim waking up waits for no deep queue of a borrower's. */
-        int64_t queued = sh.borrowing ? dl_measure_queued_ahead(dev, now) : 0;
+        int64_t queued = sh.borrowing ? m->queued_ahead(dev, now) : 0;
         int64_t deep = sh.burst_ns < BORROW_QUEUE_NS ? sh.burst_ns : BORROW_QUEUE_NS;
         if (DL_UNLIKELY(queued > deep)) {
             int64_t wait = queued - deep;
-            wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);
+            wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held, m);
             continue;
         }
         /* The device runs far behind the charges (a measurement long overdue): wait for it, a second at most. */
-        int64_t stalled = dl_measure_stalled(now);
+        int64_t stalled = m->stalled(now);
         if (DL_UNLIKELY(stalled) && stalled < STALL_WAIT_MAX_NS) {
-            wait_slice(dev, SLICE_NS / 4, now, sh.held);
+            wait_slice(dev, SLICE_NS / 4, now, sh.held, m);
             continue;
         }
         int64_t wall = (int64_t)((double)gpu_ns * sh.wall_per_gpu);
@@ -110,7 +102,7 @@ void dl_admit(int dev, int64_t gpu_ns, int64_t now) {
                 continue;
             }
             int64_t wait = base - now - sh.burst_ns;
-            wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held);
+            wait_slice(dev, wait < SLICE_NS ? wait : SLICE_NS, now, sh.held, m);
             continue;
         }
         if (atomic_compare_exchange_weak(tat, &t, base + wall)) {

@@ -54,7 +54,6 @@
 #include "claim_limits.h"
 #include "clock.h"
 #include "common.h"
-#include "init.h"
 #include "log.h"
 
 #define BOARD_BYTES 16384

@@ -4,6 +4,7 @@
 #define DRAGPU_CLAIM_LIMITS_H
 
 #include "common.h"
+#include "config.h"
 
 #define DL_MAX_CLAIMS 8 /* claims with a limits file in one container */
 struct dl_claim_device {
@@ -28,6 +29,8 @@ struct dl_claims {
     bool closed_all; /* a limits file whose devices are unknown, or too many: no device gets memory */
 };
 extern struct dl_claims dl_claims; /* loaded by init */
+/* The process's DRAGPU_* environment (loaded by init): the environment's limits, which lower the files'. */
+extern struct dl_config dl_cfg;
 const char *dl_claims_root(void);
 /* Where the container sees the node agent's per-GPU arbitration directories (GPUS_ROOT/<gpu-uuid>/). */
 const char *dl_gpus_root(void);

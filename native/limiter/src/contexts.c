@@ -45,8 +45,6 @@ static struct {
     _Atomic(CUcontext) ctx;
 } primary[DL_MAX_DEVICES];
 
-_Atomic unsigned dl_ctx_epoch;
-
 /* The last context measured on each device by this process (bytes; 0: none yet). */
 static _Atomic uint64_t measured[DL_MAX_DEVICES];
 

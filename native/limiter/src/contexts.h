@@ -7,7 +7,5 @@
 /* A context is charged at most its limits' formula plus this much of what the driver took. */
 #define DL_CTX_SLACK (1ull << 30)
 void dl_contexts_reset_after_fork(void);
-/* Bumped whenever a context may be gone (destroyed, reset, released): cached context facts expire. */
-extern _Atomic unsigned dl_ctx_epoch;
 
 #endif

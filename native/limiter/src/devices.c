@@ -17,6 +17,8 @@
 #include "log.h"
 #include "region.h"
 
+_Atomic unsigned dl_ctx_epoch;
+
 /* ---- per-device resolution: CUDA ordinal -> UUID -> region entry and limit ---- */
 
 static _Atomic int dev_index[DL_MAX_DEVICES]; /* region index + 1; 0 = not resolved yet */

@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include "common.h"
 #include "driver.h"
+#include "hooks.h"
 
 #define DL_RTLD_NEXT ((void *)-1l)
 #define DL_RTLD_DEFAULT ((void *)0)

@@ -1,13 +1,7 @@
 /*
- * Reaching the real driver, and making every route to the driver end in our wrappers.
- *
- * Routes: (1) programs linked with -lcuda bind to our exported wrappers (a preloaded object comes first
- * in the global lookup order); (2) dlsym(handle, "cuX") is interposed in dlsym.c; (3) the CUDA runtime
- * resolves nearly everything through cuGetProcAddress_v2 by base name and ABI version. For (3) we ask
- * the real resolver and map the pointer it returns back to the exact driver symbol it belongs to
- * (pointer routing): the wrapper of that exact symbol (cuLaunchKernel vs cuLaunchKernel_ptsz,
- * cuGetProcAddress vs cuGetProcAddress_v2, ...) replaces it, so the caller always receives the ABI the
- * driver chose. Pointers of symbols we do not wrap come back unchanged.
+ * Reaching the real driver: libcuda.so.1 and libnvidia-ml.so.1, loaded on the first call that needs them, with
+ * the real entry points of every name the library wraps (hooks.c routes callers to the wrappers) and of the
+ * few it calls itself; and the C library's own dlsym, which dlsym.c's interposer and the loading here use.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,20 +18,12 @@ struct dl_real_cuda dl_cuda;
 struct dl_real_nvml dl_nvml;
 _Atomic int dl_cuda_ready, dl_nvml_ready;
 
-struct hook {
-    const char *name;
-    void *wrapper;
-    void **real;
-};
-
-#define DL_HOOK_ENTRY(name, type) {#name, (void *)name, (void **)&dl_cuda.name},
-static const struct hook cuda_hooks[] = {DL_CUDA_HOOKED(DL_HOOK_ENTRY)};
-#undef DL_HOOK_ENTRY
-#define DL_HOOK_ENTRY(name, type) {#name, (void *)name, (void **)&dl_nvml.name},
-static const struct hook nvml_hooks[] = {DL_NVML_HOOKED(DL_HOOK_ENTRY)};
-#undef DL_HOOK_ENTRY
-#define N_CUDA_HOOKS (sizeof cuda_hooks / sizeof cuda_hooks[0])
-#define N_NVML_HOOKS (sizeof nvml_hooks / sizeof nvml_hooks[0])
+#define DL_NAME(name, type) #name,
+static const char *const cuda_hooked_names[] = {DL_CUDA_HOOKED(DL_NAME)};
+static const char *const nvml_hooked_names[] = {DL_NVML_HOOKED(DL_NAME)};
+#undef DL_NAME
+#define N_CUDA_HOOKS (sizeof cuda_hooked_names / sizeof cuda_hooked_names[0])
+#define N_NVML_HOOKS (sizeof nvml_hooked_names / sizeof nvml_hooked_names[0])
 
 /* The C library's dlsym and dlvsym (libc.c: a reference from here would bind to the library's own). */
 static _Atomic(dl_dlsym_fn) real_dlsym_fn;
@@ -59,20 +45,7 @@ DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void) {
     return f;
 }
 
-/* A plain loop, not strcmp: the sanitizers intercept strcmp, and this runs during their start-up. */
-DL_NO_SANITIZE static void *find_wrapper(const struct hook *hooks, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++) {
-        const char *a = hooks[i].name, *b = name;
-        while (*a && *a == *b) a++, b++;
-        if (*a == *b) return hooks[i].wrapper;
-    }
-    return NULL;
-}
-
-DL_NO_SANITIZE void *dl_cuda_wrapper(const char *name) { return find_wrapper(cuda_hooks, N_CUDA_HOOKS, name); }
-DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name) { return find_wrapper(nvml_hooks, N_NVML_HOOKS, name); }
-
-static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, void **real_hooked, void **used,
+static void *load(const char *soname, const char *const *hooked_names, size_t n_hooks, void **real_hooked, void **used,
                   const char *const *used_names, size_t n_used) {
     void *h = dlopen(soname, RTLD_NOW | RTLD_NODELETE);
     if (!h) {
@@ -81,8 +54,8 @@ static void *load(const char *soname, const struct hook *hooks, size_t n_hooks, 
     }
     dl_dlsym_fn real = dl_real_dlsym();
     for (size_t i = 0; i < n_hooks; i++) {
-        real_hooked[i] = real(h, hooks[i].name);
-        if (!real_hooked[i]) dl_debug("%s has no %s", soname, hooks[i].name);
+        real_hooked[i] = real(h, hooked_names[i]);
+        if (!real_hooked[i]) dl_debug("%s has no %s", soname, hooked_names[i]);
     }
     for (size_t i = 0; i < n_used; i++) used[i] = real(h, used_names[i]);
     return h;
@@ -124,8 +97,11 @@ struct nvml_resolved {
 
 static void copy_cuda(void *arg) {
     const struct cuda_resolved *r = arg;
-    for (size_t i = 0; i < N_CUDA_HOOKS; i++) *cuda_hooks[i].real = r->hooked[i];
     size_t i = 0;
+#define DL_ASSIGN(name, type) dl_cuda.name = (type)r->hooked[i++];
+    DL_CUDA_HOOKED(DL_ASSIGN)
+#undef DL_ASSIGN
+    i = 0;
 #define DL_ASSIGN(name, type) dl_cuda.name = (type)r->used[i++];
     DL_CUDA_USED(DL_ASSIGN)
 #undef DL_ASSIGN
@@ -133,8 +109,11 @@ static void copy_cuda(void *arg) {
 
 static void copy_nvml(void *arg) {
     const struct nvml_resolved *r = arg;
-    for (size_t i = 0; i < N_NVML_HOOKS; i++) *nvml_hooks[i].real = r->hooked[i];
     size_t i = 0;
+#define DL_ASSIGN(name, type) dl_nvml.name = (type)r->hooked[i++];
+    DL_NVML_HOOKED(DL_ASSIGN)
+#undef DL_ASSIGN
+    i = 0;
 #define DL_ASSIGN(name, type) dl_nvml.name = (type)r->used[i++];
     DL_NVML_USED(DL_ASSIGN)
 #undef DL_ASSIGN
@@ -142,8 +121,9 @@ static void copy_nvml(void *arg) {
 
 static _Atomic int cuda_claimed, nvml_claimed;
 
-/* A fork() while another thread was publishing: the child (which has no such thread) resolves again. */
-void dl_driver_reset_after_fork(void) {
+/* A fork() while another thread was publishing: the child (which has no such thread) resolves again. Registered
+ * with init.c (dl_core_on_fork_child) before this process claims a load. */
+static void reset_after_fork(void) {
     if (!atomic_load(&dl_cuda_ready)) atomic_store(&cuda_claimed, 0);
     if (!atomic_load(&dl_nvml_ready)) atomic_store(&nvml_claimed, 0);
 }
@@ -151,10 +131,11 @@ void dl_driver_reset_after_fork(void) {
 void dl_cuda_init_slow(void) {
     if (loading) return;
     dl_core_init(); /* log level first */
+    dl_core_on_fork_child(reset_after_fork);
     loading = 1;
     struct cuda_resolved r;
     memset(&r, 0, sizeof r);
-    load("libcuda.so.1", cuda_hooks, N_CUDA_HOOKS, r.hooked, r.used, cuda_used_names, N_CUDA_USED);
+    load("libcuda.so.1", cuda_hooked_names, N_CUDA_HOOKS, r.hooked, r.used, cuda_used_names, N_CUDA_USED);
     publish(&cuda_claimed, &dl_cuda_ready, copy_cuda, &r);
     loading = 0;
 }
@@ -162,44 +143,11 @@ void dl_cuda_init_slow(void) {
 void dl_nvml_init_slow(void) {
     if (loading) return;
     dl_core_init();
+    dl_core_on_fork_child(reset_after_fork);
     loading = 1;
     struct nvml_resolved r;
     memset(&r, 0, sizeof r);
-    load("libnvidia-ml.so.1", nvml_hooks, N_NVML_HOOKS, r.hooked, r.used, nvml_used_names, N_NVML_USED);
+    load("libnvidia-ml.so.1", nvml_hooked_names, N_NVML_HOOKS, r.hooked, r.used, nvml_used_names, N_NVML_USED);
     publish(&nvml_claimed, &dl_nvml_ready, copy_nvml, &r);
     loading = 0;
-}
-
-/* Maps a pointer returned by the real resolver to our wrapper of the same exact symbol. Should a driver
- * alias two variants to one address, the variant matching the requested stream semantics wins. */
-static void *route(void *p, const char *symbol, int version, cuuint64_t flags) {
-    if (!p) return p;
-    int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    const struct hook *found = NULL;
-    for (size_t i = 0; i < N_CUDA_HOOKS; i++) {
-        if (*cuda_hooks[i].real != p) continue;
-        found = &cuda_hooks[i];
-        if ((strstr(found->name, "_ptsz") != NULL) == want_ptsz) break;
-    }
-    if (!found) return p;
-    dl_debug("cuGetProcAddress(%s, %d, %llu) -> %s", symbol ? symbol : "(null)", version, (unsigned long long)flags,
-             found->name);
-    return found->wrapper;
-}
-
-DL_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                                       CUdriverProcAddressQueryResult *symbolStatus) {
-    dl_cuda_init();
-    if (!dl_cuda.cuGetProcAddress_v2) return CUDA_ERROR_NOT_FOUND;
-    CUresult r = dl_cuda.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (r == CUDA_SUCCESS && pfn) *pfn = route(*pfn, symbol, cudaVersion, flags);
-    return r;
-}
-
-DL_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
-    dl_cuda_init();
-    if (!dl_cuda.cuGetProcAddress) return CUDA_ERROR_NOT_FOUND;
-    CUresult r = dl_cuda.cuGetProcAddress(symbol, pfn, cudaVersion, flags);
-    if (r == CUDA_SUCCESS && pfn) *pfn = route(*pfn, symbol, cudaVersion, flags);
-    return r;
 }

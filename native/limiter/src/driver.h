@@ -1,5 +1,5 @@
-/* driver.c: the real libcuda/libnvidia-ml, the wrappers exported under their names, the dlsym and
- * cuGetProcAddress routing. */
+/* driver.c: the real libcuda/libnvidia-ml: the entry points the library wraps (their wrappers are declared here,
+ * hooks.c routes to them) or calls itself, loaded on first use; the C library's dlsym. */
 #ifndef DRAGPU_DRIVER_H
 #define DRAGPU_DRIVER_H
 
@@ -140,6 +140,13 @@
     X(nvmlShutdown, dl_pfn_nvmlShutdown)                                                                               \
     X(nvmlDeviceGetHandleByUUID, dl_pfn_nvmlDeviceGetHandleByUUID)
 
+/* Our wrappers, exported under the driver's exact names: each defined by the module of its job (memory.c,
+ * launch.c, ...), all named in hooks.c's table. */
+#define DL_DECLARE(name, type) DL_EXPORT extern __typeof__(*(type)0) name;
+DL_CUDA_HOOKED(DL_DECLARE)
+DL_NVML_HOOKED(DL_DECLARE)
+#undef DL_DECLARE
+
 struct dl_real_cuda {
 #define DL_FIELD(name, type) type name;
     DL_CUDA_HOOKED(DL_FIELD)
@@ -151,15 +158,6 @@ struct dl_real_nvml {
 #undef DL_FIELD
 };
 
-/* Our wrappers, exported under the driver's exact names. */
-#define DL_DECLARE(name, type) DL_EXPORT extern __typeof__(*(type)0) name;
-DL_CUDA_HOOKED(DL_DECLARE)
-DL_NVML_HOOKED(DL_DECLARE)
-#undef DL_DECLARE
-
-/* The wrapper with exactly this exported name, or NULL if we wrap none. */
-DL_NO_SANITIZE void *dl_cuda_wrapper(const char *name);
-DL_NO_SANITIZE void *dl_nvml_wrapper(const char *name);
 /* The C library's dlsym (never our interposer). */
 typedef void *(*dl_dlsym_fn)(void *, const char *);
 DL_NO_SANITIZE dl_dlsym_fn dl_real_dlsym(void);
@@ -171,7 +169,6 @@ extern struct dl_real_nvml dl_nvml; /* valid after dl_nvml_init() */
 extern _Atomic int dl_cuda_ready, dl_nvml_ready;
 void dl_cuda_init_slow(void);
 void dl_nvml_init_slow(void);
-void dl_driver_reset_after_fork(void);
 static inline void dl_cuda_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_cuda_ready, memory_order_acquire))) dl_cuda_init_slow();
 }

@@ -22,8 +22,7 @@
 #include "claim_limits.h"
 #include "common.h"
 #include "config.h"
-#include "driver.h"
-#include "ledger.h"
+#include "fork.h"
 #include "log.h"
 #include "region.h"
 
@@ -32,14 +31,28 @@ extern char **environ;
 /* The release of dra-gpu this library belongs to (the Makefile passes it from the Python package's version). */
 static const char release[] = "dragpu-limiter release " DL_RELEASE;
 
-struct dl_config dl_cfg;
 _Atomic int dl_core_ready;
 static _Atomic int init_started;
 static _Atomic int atfork_registered;
 static __thread int initialising;
 
+/* The resets modules below this one registered (dl_core_on_fork_child), in the order registered. */
+#define FORK_RESETS 4
+static _Atomic(dl_fork_reset_fn) fork_resets[FORK_RESETS];
+
+void dl_core_on_fork_child(dl_fork_reset_fn reset) {
+    for (int i = 0; i < FORK_RESETS; i++) {
+        dl_fork_reset_fn expected = NULL;
+        if (atomic_compare_exchange_strong(&fork_resets[i], &expected, reset) || expected == reset) return;
+    }
+    dl_warn("no room for another fork reset"); /* a build with more modules than FORK_RESETS: raise it */
+}
+
 static void after_fork_child(void) {
-    dl_driver_reset_after_fork();
+    for (int i = 0; i < FORK_RESETS; i++) {
+        dl_fork_reset_fn reset = atomic_load(&fork_resets[i]);
+        if (reset) reset();
+    }
     if (atomic_load(&init_started)) {
         dl_region_reset_after_fork();
         dl_memory_reset_after_fork();
@@ -51,8 +64,7 @@ static void after_fork_child(void) {
 
 static void initialise(void) {
     /* First: a fork() in the middle of what follows must leave the child able to start over. */
-    if (atomic_exchange(&atfork_registered, 1) == 0)
-        pthread_atfork(dl_ledger_before_fork, dl_ledger_after_fork_parent, after_fork_child);
+    if (atomic_exchange(&atfork_registered, 1) == 0) pthread_atfork(dl_fork_prepare, dl_fork_parent, after_fork_child);
     dl_config_load(&dl_cfg, environ);
     dl_log_level = dl_cfg.log_level;
     dl_claims_load(&dl_claims, dl_claims_root());

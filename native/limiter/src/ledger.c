@@ -14,11 +14,9 @@
 
 #include "ledger.h"
 #include "common.h"
-#include "contexts.h"
 #include "devices.h"
 #include "init.h"
 #include "log.h"
-#include "pools.h"
 #include "region.h"
 
 /* ---- what each live allocation charged ---- */
@@ -51,7 +49,7 @@ static void stripe_lock(struct stripe *s) {
 }
 static void stripe_unlock(struct stripe *s) { atomic_store_explicit(&s->locked, 0, memory_order_release); }
 
-/* fork(): no stripe may be held by a thread the child will not have (init.c registers these). */
+/* fork(): no stripe may be held by a thread the child will not have (fork.c, for init.c's handlers). */
 void dl_ledger_before_fork(void) {
     for (int i = 0; i < STRIPES; i++) stripe_lock(&stripes[i]);
 }
@@ -212,20 +210,21 @@ void dl_handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes, u
     else if (known) dl_handle_ref(handle);
 }
 
-void dl_memory_reset_after_fork(void) {
-    dl_pools_reset_after_fork();
-    dl_contexts_reset_after_fork();
-    /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
+/* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
+void dl_ledger_reset_after_fork(void) {
     for (int i = 0; i < STRIPES; i++) {
         free(stripes[i].tab);
         stripes[i].tab = NULL;
         stripes[i].cap = stripes[i].live = stripes[i].used = 0;
         atomic_store(&stripes[i].locked, 0); /* taken by dl_ledger_before_fork */
     }
-    dl_devices_reset_after_fork();
 }
 
 /* ---- charging ---- */
+
+static _Atomic(const struct dl_reclaimer *) reclaimer;
+
+void dl_charge_reclaimer(const struct dl_reclaimer *r) { atomic_store_explicit(&reclaimer, r, memory_order_release); }
 
 /* Charges bytes, rounded up to the device's allocation granularity, to a device; CUDA_ERROR_OUT_OF_MEMORY
  * over the limit (after giving back what pools and graphs of the process no longer hold). An unknown device
@@ -242,7 +241,10 @@ CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c) {
     /* Pools or graphs of this process may have given memory back since they were last read: settle them
      * before the charge is admitted or refused (the refusal counter the node agent reads counts only real
      * refusals). A few attribute reads, and only in processes that use pools or graph memory. */
-    if (limit != DL_NO_LIMIT && dl_pools_active()) dl_pools_reclaim(ordinal);
+    if (limit != DL_NO_LIMIT) {
+        const struct dl_reclaimer *rc = atomic_load_explicit(&reclaimer, memory_order_acquire);
+        if (rc && rc->active()) rc->reclaim(ordinal);
+    }
     int r = dl_region_reserve(dev, bytes, limit);
     if (r < 0) {
         dl_info("refusing %llu bytes on device %d: the claim would exceed its limit of %llu bytes",

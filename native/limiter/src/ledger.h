@@ -4,7 +4,7 @@
 
 #include "common.h"
 
-void dl_memory_reset_after_fork(void);
+void dl_ledger_reset_after_fork(void);
 void dl_ledger_before_fork(void);
 void dl_ledger_after_fork_parent(void);
 /* Records that other modules keep in the ledger's table of live allocations: a key of a kind, with a device,
@@ -28,6 +28,13 @@ struct dl_charge {
     uint64_t bytes;
 };
 CUresult dl_charge(int ordinal, uint64_t bytes, struct dl_charge *c);
+/* What a charge settles first (pools.c's: it registers before it first holds memory to give back): whether there is
+ * anything, and giving back on a device what the driver no longer holds. */
+struct dl_reclaimer {
+    bool (*active)(void);
+    void (*reclaim)(int ordinal);
+};
+void dl_charge_reclaimer(const struct dl_reclaimer *r);
 void dl_refund(const struct dl_charge *c);
 /* A charge kept when the driver call succeeded (remembered under key), refunded when it failed. */
 void dl_settle(CUresult r, unsigned kind, uint64_t key, const struct dl_charge *c);

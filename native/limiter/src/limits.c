@@ -29,7 +29,6 @@
 #include "claim_limits.h"
 #include "common.h"
 #include "config.h"
-#include "init.h"
 #include "log.h"
 
 #ifndef DL_CLAIMS_ROOT
@@ -39,6 +38,7 @@
 #define LIMITS_MAX_BYTES 65536
 
 struct dl_claims dl_claims;
+struct dl_config dl_cfg;
 
 #ifndef DL_GPUS_ROOT
 #define DL_GPUS_ROOT "/run/dra-gpu/gpus"

@@ -49,7 +49,6 @@
 #include "capture.h"
 #include "clock.h"
 #include "common.h"
-#include "contexts.h"
 #include "devices.h"
 #include "driver.h"
 #include "log.h"
@@ -694,6 +693,9 @@ static void start_reaper(void) {
     }
 }
 
+/* What admission (admission.c) asks of the launches being measured while a launch waits. */
+static const struct dl_measured measured = {dl_measure_poll, dl_measure_queued_ahead, dl_measure_stalled};
+
 void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
     t->first = 0;
@@ -768,7 +770,7 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
                   "launches that cannot be timed by events are timed by synchronising their stream (an upper bound)");
 
     t->dev = dev;
-    dl_admit(dev, t->charged_ns, now);
+    dl_admit(dev, t->charged_ns, now, &measured);
     if (t->measure && record(t->ctx, t->start, stream, ptsz) != CUDA_SUCCESS) {
         dl_cuda.cuEventDestroy_v2(t->start);
         dl_cuda.cuEventDestroy_v2(t->end);

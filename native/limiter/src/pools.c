@@ -21,6 +21,11 @@
  *
  * The pool table's mutex is never held across a driver call: the driver is read first, then the charge is
  * moved to the value read.
+ *
+ * Why one file of more than 600 lines: the pool table and the graph memory pools are one state under one mutex
+ * (mu), settled by the same code (settle, sync_pool, sync_graphmem) from the allocation path, the charges' reclaim
+ * and the driver entry points below that change what a pool holds; split over files, that lock and the tables it
+ * guards would become an interface of their own.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -50,6 +55,13 @@ static struct {
 _Atomic int dl_graphmem_pending;  /* executable graphs whose allocations are not charged yet */
 static _Atomic int graphmem_used; /* 1 once any graph allocation was seen */
 static _Atomic bool active;       /* set once the process has a pool or a graph memory pool in the tables */
+
+/* Charges of the device settle pools first (the ledger calls back, once it has been told to here). */
+static const struct dl_reclaimer reclaimer = {dl_pools_active, dl_pools_reclaim};
+static void mark_active(void) {
+    dl_charge_reclaimer(&reclaimer);
+    atomic_store(&active, true);
+}
 
 void dl_pools_reset_after_fork(void) {
     pthread_mutex_init(&mu, NULL);
@@ -133,7 +145,7 @@ static struct pool_rec *pool_entry(CUmemoryPool pool, int ordinal, int dev) {
         return NULL;
     }
     *free_rec = (struct pool_rec){pool, ordinal, dev, 0};
-    atomic_store(&active, true);
+    mark_active();
     return free_rec;
 }
 
@@ -164,7 +176,7 @@ static int sync_graphmem(int ordinal, struct dl_charge *pre, int enforce) {
     }
     pthread_mutex_lock(&mu);
     graphmem[ordinal].dev = dev + 1;
-    atomic_store(&active, true);
+    mark_active();
     int r = settle(&graphmem[ordinal].charged, dev, reserved, pre, enforce ? limit : DL_NO_LIMIT);
     pthread_mutex_unlock(&mu);
     return r;

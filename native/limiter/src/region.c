@@ -54,6 +54,11 @@
  *
  * When no state directory is given, or the environment's cannot be used, the same layout lives in
  * private anonymous memory: the limits then apply to this process alone.
+ *
+ * Why one file of more than 600 lines: the charges and the export table are one state under the byte-0 lock: the
+ * sweep that gives a dead process's charges back also settles the export entries it held (sweep,
+ * settle_descriptors), and both move the device totals every charge is admitted against. What shares none of that
+ * state, the file's layout, locks and mapping, is region_file.c's already.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -12,11 +12,8 @@
 #include "check.h"
 
 #include "config.h"
-#include "init.h"
 #include "claim_limits.h"
 #include "log.h"
-
-struct dl_config dl_cfg; /* what init.c defines in the library; limits.c reads it */
 
 /* ---- captured log lines ---- */
 static char lines[64][1024];
