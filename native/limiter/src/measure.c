@@ -155,6 +155,12 @@ static struct {
 #define STALL_NS 20000000LL
 #define SAMPLE_AFTER 8
 #define SAMPLE_EVERY 8
+/* ... or fewer, of a kind whose kernels are short: a timed launch costs the host about 3.5 us (two event records and
+ * the queries), which at one in 8 launches of 2 us kernels was 0.45 us a launch, a tenth of the host's launch time
+ * (46 % busy without the library, 39 % with it at any cap above). One in up to SAMPLE_MOST, so that the launches one
+ * timed launch stands for hold the device SAMPLE_SPAN_NS by their estimate. */
+#define SAMPLE_MOST 64
+#define SAMPLE_SPAN_NS 128000LL
 #define SPREAD_TIMED_ALL 5
 #define SPREAD_NOISE_NS 1000 /* less is the bracket's own jitter (its gaps' p10-p90: 0.6 us on an H200) */
 /* The draws are SipHash-2-4 of a counter under a key from getrandom(), made when the process (or a forked child)
@@ -207,15 +213,16 @@ static void seed_sampling(void) {
     sample_seeded = 1;
 }
 
-static int sample_drawn(void) {
+/* Whether this launch is timed: one in 2^bits. */
+static int sample_drawn(int bits) {
     if (DL_UNLIKELY(!sample_seeded)) seed_sampling();
-    if (sample_left < 3) {
+    if (sample_left < bits) {
         sample_bits = siphash(sip_key, sip_counter++);
         sample_left = 64;
     }
-    int drawn = (sample_bits & (SAMPLE_EVERY - 1)) == 0;
-    sample_bits >>= 3;
-    sample_left -= 3;
+    int drawn = (sample_bits & ((1u << bits) - 1)) == 0;
+    sample_bits >>= bits;
+    sample_left -= bits;
     return drawn;
 }
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
@@ -385,9 +392,9 @@ static void done_by(int dev, int64_t sum, int64_t now) {
     while (until > most &&
            !atomic_compare_exchange_weak_explicit(q, &until, most, memory_order_relaxed, memory_order_relaxed)) {}
 }
-/* What a launch drawn at random to be timed (one in SAMPLE_EVERY of a learned kind) settles for the launches of its
- * kind that were not timed: each was charged the estimate it was charged, so its measurement's difference from that
- * estimate is theirs too, SAMPLE_EVERY - 1 times over (in expectation: the draws are random). A kind whose kernels
+/* What a launch drawn at random to be timed (one in SAMPLE_EVERY or more of a learned kind) settles for the launches
+ * of its kind that were not timed: each was charged the estimate it was charged, so its measurement's difference from
+ * that estimate is theirs too, stands_for - 1 times over (in expectation: the draws are random). A kind whose kernels
  * turn long is so charged for the launches that ran at the old estimate, as their timed ones complete, not only
  * from the first of them on (t_launch changed-short: a kind learned at 2 us that turned 1 ms kept a 30 % claim
  * 70 % busy over the second after the change); one that turns short is given back what they were overcharged,
@@ -785,13 +792,16 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
     }
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
     if (ring_count >= RING / 2) atomic_store_explicit(&last_poll, 0, memory_order_relaxed); /* poll next time */
-    /* A launch whose kind has been measured often enough, with times that agree, is timed one time in SAMPLE_EVERY,
-     * at random; the others are charged the estimate that those measurements keep current. */
+    /* A launch whose kind has been measured often enough, with times that agree, is timed one time in SAMPLE_EVERY (up
+     * to SAMPLE_MOST when short), at random; the others are charged the estimate that those measurements keep
+     * current. */
     int every = estimates[slot].key != key || estimates[slot].measured < SAMPLE_AFTER ||
                 (estimates[slot].spread_ns > SPREAD_NOISE_NS &&
                  estimates[slot].spread_ns * SPREAD_TIMED_ALL > estimates[slot].ns);
-    int sample = every || sample_drawn();
-    t->stands_for = every ? 1 : SAMPLE_EVERY;
+    int bits = 3; /* log2(SAMPLE_EVERY) */
+    while ((1 << bits) < SAMPLE_MOST && (estimates[slot].ns << bits) < SAMPLE_SPAN_NS) bits++;
+    int sample = every || sample_drawn(bits);
+    t->stands_for = every ? 1 : 1 << bits;
     struct pool *p = have_ctx && !ring_full && sample ? pool_for(t->ctx, 1) : NULL;
     if (p && p->n >= 2) {
         t->end = p->ev[--p->n];
