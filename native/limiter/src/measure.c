@@ -138,6 +138,7 @@ static struct {
     int64_t ns;        /* running average of its measurements */
     int64_t spread_ns; /* running average of how far a measurement fell from the average before it */
     uint32_t measured; /* measurements of this key */
+    uint32_t untimed;  /* its launches charged the estimate since the last one timed */
 } estimates[EST_SLOTS];
 /* Which launches are timed. Every launch of a kind (function and grid) until it has been measured SAMPLE_AFTER
  * times, and every launch of a kind whose times spread by more than 1/SPREAD_TIMED_ALL of their average (and by
@@ -288,6 +289,7 @@ static void learn(uint64_t key, int64_t ns) {
     estimates[i].spread_ns = same ? (3 * estimates[i].spread_ns + (off < 0 ? -off : off)) / 4 : 0;
     estimates[i].ns = same ? (3 * estimates[i].ns + ns) / 4 : ns;
     estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
+    if (!same) estimates[i].untimed = 0;
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
     if (probes[i].key == key) probes[i].since = 0;
@@ -801,7 +803,11 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
     int bits = 3; /* log2(SAMPLE_EVERY) */
     while ((1 << bits) < SAMPLE_MOST && (estimates[slot].ns << bits) < SAMPLE_SPAN_NS) bits++;
     int sample = every || sample_drawn(bits);
-    t->stands_for = every ? 1 : 1 << bits;
+    /* A timed launch stands for itself and the launches of its kind charged the estimate since the one timed before
+     * (as many as the draws made: 1 << bits on average, but the count is exact, not a multiple of an average). */
+    int same = estimates[slot].key == key;
+    t->stands_for = every || !same ? 1 : (int)estimates[slot].untimed + 1;
+    if (same) estimates[slot].untimed = sample ? 0 : estimates[slot].untimed + (estimates[slot].untimed < 1u << 20);
     struct pool *p = have_ctx && !ring_full && sample ? pool_for(t->ctx, 1) : NULL;
     if (p && p->n >= 2) {
         t->end = p->ev[--p->n];
