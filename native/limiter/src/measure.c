@@ -17,6 +17,10 @@
  *     it holds is told by whether the device had reached the start event when the launch returned: if so,
  *     the host's time since then and the idle gap; if not (the device was busy with our earlier work or with
  *     another context's: another process of the claim, a neighbour), only the events' and the queued gap.
+ *     When the start was reached is told by a look at it as soon as it is recorded (reached: the device was
+ *     idle, it is stamped then) and, when it was not, by its distance from the latest start that was (an
+ *     anchor: the two clocks' offset); an end event reached as soon as it is recorded was stamped late, after
+ *     the kernel (the thread preempted): its bracket only bounds the kernel.
  *     The rest is the launch's: a kernel's work after its last useful instruction (its blocks' atomics and
  *     fences, their exit) and a graph's gaps between its nodes hold the device as much as the kernels do.
  *
@@ -65,11 +69,17 @@
  * return (measured per launch) and then the device's gap before the kernel: 1.93 to 2.23 us (bracket.idle and
  * bracket.full.idle extra_ns). When the start event was still pending (the device busy with our earlier work or
  * another context's), the events' own device time and the gap: 2.82 to 3.14 us (bracket.queued and
- * bracket.full.queued extra_ns). Each is set between the two machines' medians: at most a few hundred
+ * bracket.full.queued extra_ns). The queued one is set between the two machines' medians: at most a few hundred
  * nanoseconds of a kernel go uncharged on the faster one, and the slower one's kernels are not charged its
- * longer gaps. */
-#define GAP_IDLE_NS 2100LL
+ * longer gaps. The idle one is the one-block kernels' median (1931 ns; the fake's H100 1930): a kernel of a few
+ * microseconds launched onto an idle device - a launcher bound by the host's launch time - is charged the few
+ * hundred nanoseconds of a full grid's longer gap rather than run them uncharged (2100 here was 8 % of a 2 us
+ * kernel uncharged: 32 % busy for a 30 % cap). */
+#define GAP_IDLE_NS 1930LL
 #define GAP_PENDING_NS 2950LL
+/* The device's gap before a kernel queued behind another without events between them (timing.queued_50us_kernel_
+ * overhead_ns: 2128 ns on an H100): what the queue's estimate (queued_until) adds per launch that is not timed. */
+#define GAP_QUEUED_NS 2130LL
 #define MIN_CHARGE_NS 1000LL /* a kernel is charged at least this much of its bracket */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -86,6 +96,10 @@ struct pending {
     int64_t recorded_ns; /* when its start event was recorded (host clock) */
     int64_t queued_sum;  /* the device's queued_sum once it was launched */
     int stands_for;      /* the launches of its kind its measurement settles (the ticket's) */
+    int end_late;      /* the end event was stamped when recorded, after the kernel: the bracket is the kernel's most */
+    int64_t unsure_ns; /* how much more of the bracket may be the host's: the start reached at an unknown time */
+    int64_t returned_ns; /* when the launch returned (host clock) */
+    int idle_start;      /* its start event was stamped when recorded (recorded_ns): an anchor */
 };
 static struct pending ring[RING];
 static unsigned ring_head, ring_count;
@@ -94,7 +108,12 @@ struct pool {
     CUcontext ctx;
     int n;
     CUevent ev[POOL_EVENTS];
+    /* The latest start event recorded onto an idle device, so stamped when its record returned (anchor_ns, host
+     * clock): what a start event reached at an unknown time is timed against (0: none). */
+    CUevent anchor;
+    int64_t anchor_ns;
 };
+#define ANCHOR_AGE_NS 20000000LL /* an anchor older than this is not used: the two clocks may drift apart */
 static struct pool pools[POOLS];
 /* The thread that polls the ring owns its head (others only append): at most one polls at a time. */
 static _Atomic int polling;
@@ -118,6 +137,7 @@ static struct {
     int64_t ns;        /* running average of its measurements */
     int64_t spread_ns; /* running average of how far a measurement fell from the average before it */
     uint32_t measured; /* measurements of this key */
+    uint32_t untimed;  /* its launches charged the estimate since the last one timed */
 } estimates[EST_SLOTS];
 /* Which launches are timed. Every launch of a kind (function and grid) until it has been measured SAMPLE_AFTER
  * times, and every launch of a kind whose times spread by more than 1/SPREAD_TIMED_ALL of their average (and by
@@ -135,6 +155,12 @@ static struct {
 #define STALL_NS 20000000LL
 #define SAMPLE_AFTER 8
 #define SAMPLE_EVERY 8
+/* ... or fewer, of a kind whose kernels are short: a timed launch costs the host about 3.5 us (two event records and
+ * the queries), which at one in 8 launches of 2 us kernels was 0.45 us a launch, a tenth of the host's launch time
+ * (46 % busy without the library, 39 % with it at any cap above). One in up to SAMPLE_MOST, so that the launches one
+ * timed launch stands for hold the device SAMPLE_SPAN_NS by their estimate. */
+#define SAMPLE_MOST 64
+#define SAMPLE_SPAN_NS 128000LL
 #define SPREAD_TIMED_ALL 5
 #define SPREAD_NOISE_NS 1000 /* less is the bracket's own jitter (its gaps' p10-p90: 0.6 us on an H200) */
 /* The draws are SipHash-2-4 of a counter under a key from getrandom(), made when the process (or a forked child)
@@ -187,15 +213,16 @@ static void seed_sampling(void) {
     sample_seeded = 1;
 }
 
-static int sample_drawn(void) {
+/* Whether this launch is timed: one in 2^bits. */
+static int sample_drawn(int bits) {
     if (DL_UNLIKELY(!sample_seeded)) seed_sampling();
-    if (sample_left < 3) {
+    if (sample_left < bits) {
         sample_bits = siphash(sip_key, sip_counter++);
         sample_left = 64;
     }
-    int drawn = (sample_bits & (SAMPLE_EVERY - 1)) == 0;
-    sample_bits >>= 3;
-    sample_left -= 3;
+    int drawn = (sample_bits & ((1u << bits) - 1)) == 0;
+    sample_bits >>= bits;
+    sample_left -= bits;
     return drawn;
 }
 static int64_t average_ns; /* estimate for a launch never measured; 0 until the first measurement */
@@ -261,6 +288,7 @@ static void learn(uint64_t key, int64_t ns) {
     estimates[i].spread_ns = same ? (3 * estimates[i].spread_ns + (off < 0 ? -off : off)) / 4 : 0;
     estimates[i].ns = same ? (3 * estimates[i].ns + ns) / 4 : ns;
     estimates[i].measured = same ? estimates[i].measured + (estimates[i].measured < UINT32_MAX) : 1;
+    if (!same) estimates[i].untimed = 0;
     estimates[i].key = key;
     average_ns = average_ns ? (7 * average_ns + ns) / 8 : ns;
     if (probes[i].key == key) probes[i].since = 0;
@@ -320,7 +348,7 @@ static int get_event(CUcontext ctx, CUevent *e) {
  * their estimate), so no event of a destroyed context is ever used again - a new context may get the same
  * address. ctx NULL: every context (the primary context of a device we cannot name). */
 static void forget_context(CUcontext ctx) {
-    CUevent doomed[POOLS * POOL_EVENTS + 2 * RING];
+    CUevent doomed[POOLS * (POOL_EVENTS + 1) + 2 * RING];
     int n = 0;
     /* The poller may be between reading the ring's head and applying it: let it finish first. */
     for (int expected = 0; !atomic_compare_exchange_weak(&polling, &expected, 1); expected = 0) sched_yield();
@@ -328,6 +356,8 @@ static void forget_context(CUcontext ctx) {
     for (int i = 0; i < POOLS; i++) {
         if (!pools[i].ctx || (ctx && pools[i].ctx != ctx)) continue;
         for (int k = 0; k < pools[i].n; k++) doomed[n++] = pools[i].ev[k];
+        if (pools[i].anchor_ns) doomed[n++] = pools[i].anchor;
+        pools[i].anchor_ns = 0;
         pools[i].n = 0;
         pools[i].ctx = NULL;
     }
@@ -363,9 +393,9 @@ static void done_by(int dev, int64_t sum, int64_t now) {
     while (until > most &&
            !atomic_compare_exchange_weak_explicit(q, &until, most, memory_order_relaxed, memory_order_relaxed)) {}
 }
-/* What a launch drawn at random to be timed (one in SAMPLE_EVERY of a learned kind) settles for the launches of its
- * kind that were not timed: each was charged the estimate it was charged, so its measurement's difference from that
- * estimate is theirs too, SAMPLE_EVERY - 1 times over (in expectation: the draws are random). A kind whose kernels
+/* What a launch drawn at random to be timed (one in SAMPLE_EVERY or more of a learned kind) settles for the launches
+ * of its kind that were not timed: each was charged the estimate it was charged, so its measurement's difference from
+ * that estimate is theirs too, stands_for - 1 times over (in expectation: the draws are random). A kind whose kernels
  * turn long is so charged for the launches that ran at the old estimate, as their timed ones complete, not only
  * from the first of them on (t_launch changed-short: a kind learned at 2 us that turned 1 ms kept a 30 % claim
  * 70 % busy over the second after the change); one that turns short is given back what they were overcharged,
@@ -400,7 +430,30 @@ static void poll_completed(void) {
             float ms;
             if (q == CUDA_SUCCESS) done_by(p->dev, p->queued_sum, (int64_t)dl_now_ns());
             if (q == CUDA_SUCCESS && elapsed_ms(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
-                actual[done] = kernel_time((int64_t)((double)ms * 1e6), p->extra_ns);
+                int64_t bracket = (int64_t)((double)ms * 1e6);
+                actual[done] = kernel_time(bracket, p->extra_ns);
+                /* A start event reached at an unknown time between its record and the launch's return: the kernel
+                 * took between the bracket less all that host time and the bracket less none of it. Within that, the
+                 * charge stands (the measurements whose start is known move it); outside, the nearer end. */
+                int64_t least = kernel_time(bracket, p->extra_ns + p->unsure_ns);
+                /* When, on the host's clock, the start was reached: an anchor's time and the events' distance. */
+                pthread_mutex_lock(&mu);
+                struct pool *pl = p->unsure_ns ? pool_for(p->ctx, 0) : NULL;
+                CUevent anchor = pl && pl->anchor_ns && p->recorded_ns - pl->anchor_ns < ANCHOR_AGE_NS ? pl->anchor : 0;
+                int64_t anchor_ns = anchor ? pl->anchor_ns : 0;
+                pthread_mutex_unlock(&mu);
+                float since;
+                if (anchor && elapsed_ms(&since, anchor, p->start) == CUDA_SUCCESS && since >= 0) {
+                    int64_t host = p->returned_ns - anchor_ns - (int64_t)((double)since * 1e6);
+                    host = host < 0 ? 0 : host > p->unsure_ns ? p->unsure_ns : host;
+                    actual[done] = kernel_time(bracket, p->extra_ns + host);
+                } else if (p->unsure_ns)
+                    actual[done] = p->charged_ns < least          ? least
+                                   : p->charged_ns > actual[done] ? actual[done]
+                                                                  : p->charged_ns;
+                /* An end event stamped when it was recorded holds the host's delay after the kernel (however long the
+                 * thread was preempted): the kernel took no longer than the bracket says, and no more is known. */
+                if (p->end_late && actual[done] > p->charged_ns) actual[done] = p->charged_ns;
                 atomic_fetch_add(dl_region_tat(p->dev),
                                  dl_wall_cost(p->dev, actual[done] - p->charged_ns - p->accrued_ns +
                                                           settled_with(p->stands_for, actual[done], p->charged_ns)));
@@ -439,7 +492,15 @@ static void poll_completed(void) {
             learn(p->key, actual[k]);
             struct pool *pl = pool_for(p->ctx, 1);
             CUevent ev[2] = {p->start, p->end};
+            if (pl && p->idle_start && p->recorded_ns > pl->anchor_ns) { /* the newer anchor; the old one is spare */
+                CUevent old = pl->anchor;
+                int had = pl->anchor_ns != 0;
+                pl->anchor = p->start;
+                pl->anchor_ns = p->recorded_ns;
+                ev[0] = had ? old : NULL;
+            }
             for (int e = 0; e < 2; e++) {
+                if (!ev[e]) continue;
                 if (pl && pl->n < POOL_EVENTS) pl->ev[pl->n++] = ev[e];
                 else doomed[nd++] = ev[e];
             }
@@ -695,6 +756,7 @@ static void start_reaper(void) {
 
 /* What admission (admission.c) asks of the launches being measured while a launch waits. */
 static const struct dl_measured measured = {dl_measure_poll, dl_measure_queued_ahead, dl_measure_stalled};
+static int start_pending(CUevent start);
 
 void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz) {
     t->dev = -1;
@@ -733,13 +795,20 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
     }
     int ring_full = ring_count >= RING; /* then the estimate stands: later launches are measured */
     if (ring_count >= RING / 2) atomic_store_explicit(&last_poll, 0, memory_order_relaxed); /* poll next time */
-    /* A launch whose kind has been measured often enough, with times that agree, is timed one time in SAMPLE_EVERY,
-     * at random; the others are charged the estimate that those measurements keep current. */
+    /* A launch whose kind has been measured often enough, with times that agree, is timed one time in SAMPLE_EVERY (up
+     * to SAMPLE_MOST when short), at random; the others are charged the estimate that those measurements keep
+     * current. */
     int every = estimates[slot].key != key || estimates[slot].measured < SAMPLE_AFTER ||
                 (estimates[slot].spread_ns > SPREAD_NOISE_NS &&
                  estimates[slot].spread_ns * SPREAD_TIMED_ALL > estimates[slot].ns);
-    int sample = every || sample_drawn();
-    t->stands_for = every ? 1 : SAMPLE_EVERY;
+    int bits = 3; /* log2(SAMPLE_EVERY) */
+    while ((1 << bits) < SAMPLE_MOST && (estimates[slot].ns << bits) < SAMPLE_SPAN_NS) bits++;
+    int sample = every || sample_drawn(bits);
+    /* A timed launch stands for itself and the launches of its kind charged the estimate since the one timed before
+     * (as many as the draws made: 1 << bits on average, but the count is exact, not a multiple of an average). */
+    int same = estimates[slot].key == key;
+    t->stands_for = every || !same ? 1 : (int)estimates[slot].untimed + 1;
+    if (same) estimates[slot].untimed = sample ? 0 : estimates[slot].untimed + (estimates[slot].untimed < 1u << 20);
     struct pool *p = have_ctx && !ring_full && sample ? pool_for(t->ctx, 1) : NULL;
     if (p && p->n >= 2) {
         t->end = p->ev[--p->n];
@@ -782,8 +851,7 @@ void dl_ticket_open(struct dl_ticket *t, uint64_t key, CUstream stream, int ptsz
     }
     if (t->measure) {
         t->recorded = (int64_t)dl_now_ns();
-        int64_t q = atomic_load_explicit(&queued_until[dev % DL_MAX_DEVICES], memory_order_relaxed) - t->recorded;
-        t->backlog = q > 0 ? q : 0;
+        t->backlog = start_pending(t->start); /* 0: the device was idle, the start is stamped now */
     }
     /* Without events the launch is timed from admission to the end of its stream's work: an upper bound
      * (it includes what was queued before), so the share errs on the side of the limit. */
@@ -810,16 +878,18 @@ static int start_pending(CUevent start) {
     return q == CUDA_ERROR_NOT_READY;
 }
 
-/* The launch is queued now: our work on the device ends its estimate (and a launch gap) later. */
+/* The launch is queued now: our work on the device ends its estimate (and a launch gap) later - the gap of a
+ * launch onto an idle device, or of one queued behind our work (a bracketed launch's events hold the device too). */
 static int64_t launched(struct dl_ticket *t) {
     int64_t now = (int64_t)dl_now_ns();
     _Atomic int64_t *q = &queued_until[t->dev % DL_MAX_DEVICES];
     int64_t until = atomic_load_explicit(q, memory_order_relaxed), next;
-    do next = (until > now ? until : now) + GAP_PENDING_NS + t->charged_ns;
+    int64_t gap = t->measure ? GAP_PENDING_NS : GAP_QUEUED_NS;
+    do next = (until > now ? until + gap : now + GAP_IDLE_NS) + t->charged_ns;
     while (!atomic_compare_exchange_weak_explicit(q, &until, next, memory_order_relaxed, memory_order_relaxed));
-    t->queued_sum = atomic_fetch_add_explicit(&queued_sum[t->dev % DL_MAX_DEVICES], GAP_PENDING_NS + t->charged_ns,
-                                              memory_order_relaxed) +
-                    GAP_PENDING_NS + t->charged_ns;
+    t->queued_sum =
+        atomic_fetch_add_explicit(&queued_sum[t->dev % DL_MAX_DEVICES], gap + t->charged_ns, memory_order_relaxed) +
+        gap + t->charged_ns;
     return now;
 }
 
@@ -850,18 +920,42 @@ void dl_ticket_close(struct dl_ticket *t, CUresult r, CUstream stream, int ptsz)
         charged(t->dev, t->charged_ns);
         return;
     }
+    /* The device reached the end event as soon as it was recorded: the kernel had ended before, and the event was
+     * stamped with the record's time, however late the thread came to it (preempted after the launch returned: a
+     * 2 us kernel's bracket held 20 us to 8 ms on a loaded host). */
+    int end_late = !start_pending(t->end);
     /* The host time from the start event to the launch's return that no queued work of ours covered. It was
      * in the bracket only if the device reached the start event meanwhile: a start event still pending when
      * the launch returned waited for other work (another process's context holding the device), and the
      * bracket began after the launch's host time. */
-    int64_t idle = returned - t->recorded - t->backlog;
-    int64_t extra = start_pending(t->start) ? GAP_PENDING_NS : GAP_IDLE_NS + (idle > 0 ? idle : 0);
+    int64_t host = returned - t->recorded;
+    int pending = start_pending(t->start);
+    /* Reached before the launch returned but not when it was recorded (our earlier work ran then): when, between the
+     * two, is not known - the queue's estimate of it moved with the charges it is made of, and kept them wrong. */
+    int64_t unsure = !pending && t->backlog && host > 0 ? host : 0;
+    int64_t extra = pending ? GAP_PENDING_NS : GAP_IDLE_NS + (!t->backlog && host > 0 ? host : 0);
+    /* The device reached the start event before the launch returned: what was queued before it is done, and the queue
+     * holds no more than this launch (and any launched since, by other threads). Without that, the queue's estimate
+     * runs on from one measured launch's completion to the next poll's (kernels of 2 us launched 4 us apart by the
+     * host, each estimated at a queued gap and its charge), and the next bracketed launch takes no host time off. */
+    if (!pending) done_by(t->dev, t->queued_sum - GAP_PENDING_NS - t->charged_ns, returned);
     pthread_mutex_lock(&mu);
     int queued = ring_count < RING;
     if (queued) {
-        ring[(ring_head + ring_count) % RING] =
-            (struct pending){t->ctx, t->start, t->end, t->key,      t->dev,        t->charged_ns,
-                             extra,  0,        0,      t->recorded, t->queued_sum, t->stands_for};
+        ring[(ring_head + ring_count) % RING] = (struct pending){.ctx = t->ctx,
+                                                                 .start = t->start,
+                                                                 .end = t->end,
+                                                                 .key = t->key,
+                                                                 .dev = t->dev,
+                                                                 .charged_ns = t->charged_ns,
+                                                                 .extra_ns = extra,
+                                                                 .recorded_ns = t->recorded,
+                                                                 .queued_sum = t->queued_sum,
+                                                                 .stands_for = t->stands_for,
+                                                                 .end_late = end_late,
+                                                                 .unsure_ns = unsure,
+                                                                 .returned_ns = returned,
+                                                                 .idle_start = !pending && !t->backlog};
         if (ring_count++ == 0) atomic_store_explicit(&oldest_recorded, t->recorded, memory_order_relaxed);
     }
     if (!queued) probe_dropped(t->key);

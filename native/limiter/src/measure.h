@@ -11,7 +11,7 @@ struct dl_ticket {
     int first;        /* the first launch of its kind, being measured (probe) */
     int stands_for;   /* the launches its measurement settles: SAMPLE_EVERY when drawn at random, else 1 */
     int64_t recorded; /* measured: the host time its start event was recorded */
-    int64_t backlog;  /* and how long our work queued on the device before it was still to run then */
+    int64_t backlog;  /* and whether the device had not reached its start event when it was recorded */
     int64_t synced;   /* not: the wall time at admission, for timing by synchronising the stream */
     int64_t charged_ns;
     int64_t queued_sum; /* the device's queued_sum (measure.c) once this launch was added to it */
