@@ -117,11 +117,13 @@ CASES = [
     "compute 30%, H100 timing",
     *(f"compute {pct}%, {us} us kernels, H100 timing" for us in (50, 5000) for pct in (10, 30, 50, 70)),
     *(f"compute {pct}%, 50 us kernels, H100 timing, a neighbour's context" for pct in (30, 50)),
+    *(f"compute {pct}%, 2 us kernels, H100 timing" for pct in (10, 30, 50)),
 ]
 BUILDS = ["build", "sanitize", "tsan"]
 PLAIN_ONLY = {
     "t_launch changed-short",
     *(f"compute {pct}%, {us} us kernels, H100 timing" for us in (50, 5000) for pct in (10, 50, 70)),
+    *(f"compute {pct}%, 2 us kernels, H100 timing" for pct in (10, 30, 50)),
 }
 """Cases that measure a share on the same path as others, run in the plain build only (tests/run.sh says why)."""
 
