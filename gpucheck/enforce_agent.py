@@ -53,27 +53,13 @@ class CheckedGpu:
 def add_pod(api: Any, node: str, name: str, container_id: str, claim: str) -> str:
     """A running pod of one container using `claim`; its UID (the API server's, which the kubelet names the
     pod's cgroup after)."""
+    from dra_gpu.kube import builders, objects
+
     pod = api.create(
-        "Pod",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {
-                "nodeName": node,
-                "containers": [
-                    {"name": "main", "image": "gpu-check", "resources": {"claims": [{"name": claim}]}}
-                ],
-                "resourceClaims": [{"name": claim, "resourceClaimName": claim}],
-            },
-        },
+        "Pod", builders.pod(name, [claim], namespace=NAMESPACE, node_name=node, image="gpu-check")
     )
-    pod["status"] = {
-        "phase": "Running",
-        "containerStatuses": [{"name": "main", "containerID": f"containerd://{container_id}"}],
-    }
-    api.update_status("Pod", pod)
-    return str(pod["metadata"]["uid"])
+    api.update_status("Pod", builders.with_container_ids(pod, {"main": f"containerd://{container_id}"}))
+    return objects.uid(pod)
 
 
 def _only(pods: set[str]) -> Any:
