@@ -18,6 +18,7 @@ import fcntl
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -133,18 +134,29 @@ def live_bytes(fd: int) -> list[int]:
     """Per device index: the bytes held by processes that are alive."""
     totals = [0] * DEVICE_COUNT
     _shared_bytes(fd, totals)
+    for slot, chunk, at in _slots_in_use(fd):
+        if _slot_alive(fd, slot):
+            _add_used(totals, chunk, at)
+    return totals
+
+
+def _slots_in_use(fd: int) -> Iterator[tuple[int, bytes, int]]:
+    """(slot index, the chunk of slots read with it, its offset in that chunk) of every slot marked in use, in
+    order: slots are taken lowest first, so a chunk with none in use ends the table."""
     for first in range(0, SLOT_COUNT, _SLOT_CHUNK):
         chunk = os.pread(fd, _SLOT_CHUNK * SLOT_BYTES, SLOTS_AT + first * SLOT_BYTES)
         chunk = chunk[: len(chunk) - len(chunk) % SLOT_BYTES]
         in_use = memoryview(chunk).cast("I")[:: SLOT_BYTES // 4]  # each slot's first field
         busy = [i for i, flag in enumerate(in_use) if flag]
         if not busy:
-            break
+            return
         for i in busy:
-            if _slot_alive(fd, first + i):
-                for d, used in enumerate(_SLOT_USED.unpack_from(chunk, i * SLOT_BYTES + _SLOT_USED_AT)):
-                    totals[d] += max(used, 0)
-    return totals
+            yield first + i, chunk, i * SLOT_BYTES
+
+
+def _add_used(totals: list[int], chunk: bytes, at: int) -> None:
+    for d, used in enumerate(_SLOT_USED.unpack_from(chunk, at + _SLOT_USED_AT)):
+        totals[d] += max(used, 0)
 
 
 def read_region(state_dir: Path | str) -> list[RegionDevice] | None:
@@ -297,21 +309,13 @@ def read_region_slots(state_dir: Path | str) -> tuple[list[RegionDevice] | None,
         whole = st.st_size == REGION_BYTES
         totals = [0] * DEVICE_COUNT
         _shared_bytes(fd, totals)
-        for first in range(0, SLOT_COUNT, _SLOT_CHUNK):
-            chunk = os.pread(fd, _SLOT_CHUNK * SLOT_BYTES, SLOTS_AT + first * SLOT_BYTES)
-            chunk = chunk[: len(chunk) - len(chunk) % SLOT_BYTES]
-            in_use = memoryview(chunk).cast("I")[:: SLOT_BYTES // 4]  # each slot's first field
-            busy = [i for i, flag in enumerate(in_use) if flag]
-            if not busy:
-                break
-            for i in busy:
-                if _slot_alive(fd, first + i):
-                    for d, used in enumerate(_SLOT_USED.unpack_from(chunk, i * SLOT_BYTES + _SLOT_USED_AT)):
-                        totals[d] += max(used, 0)
-                elif whole:
-                    state, owner = _slot_owner(chunk[i * SLOT_BYTES : i * SLOT_BYTES + _SLOT_OWNER.size])
-                    if state == SLOT_OWNED and owner.pid > 0 and owner.pidns and owner.start:
-                        unlocked.append((first + i, owner))
+        for slot, chunk, at in _slots_in_use(fd):
+            if _slot_alive(fd, slot):
+                _add_used(totals, chunk, at)
+            elif whole:
+                state, owner = _slot_owner(chunk[at : at + _SLOT_OWNER.size])
+                if state == SLOT_OWNED and owner.pid > 0 and owner.pidns and owner.start:
+                    unlocked.append((slot, owner))
     except OSError:
         return None, []
     finally:
