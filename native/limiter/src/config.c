@@ -17,7 +17,6 @@
 #define ENV_BY_UUID "DRAGPU_MEMORY_LIMIT_BY_UUID"
 #define ENV_CORES "DRAGPU_CORES_LIMIT"
 #define ENV_STATE_DIR "DRAGPU_LIMITER_STATE_DIR"
-#define ENV_LOG_LEVEL "DRAGPU_LOG_LEVEL"
 
 static const char *skip_space(const char *s) {
     while (*s == ' ' || *s == '\t') s++;
@@ -76,18 +75,6 @@ int dl_parse_percent(const char *s, int *out) {
     return 0;
 }
 
-int dl_parse_log_level(const char *s, int *out) {
-    static const char *const names[] = {"error", "warn", "info", "debug"};
-    if (!s) return -1;
-    for (int i = 0; i < 4; i++) {
-        if (strcasecmp(s, names[i]) == 0) {
-            *out = i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* A GPU or MIG UUID as NVML prints it: "GPU-" or "MIG-", then 8-4-4-4-12 hex digits. */
 bool dl_uuid_valid(const char *s, size_t len) {
     static const char shape[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
@@ -142,17 +129,15 @@ void dl_config_load(struct dl_config *cfg, char *const *envp) {
     cfg->log_level = DL_LOG_WARN;
     if (!envp) return;
 
-    /* The log level first, so that the warnings about the other variables obey it. */
-    for (char *const *e = envp; *e; e++) {
-        if (strncmp(*e, ENV_LOG_LEVEL "=", sizeof ENV_LOG_LEVEL) == 0) {
-            const char *v = *e + sizeof ENV_LOG_LEVEL;
-            if (dl_parse_log_level(v, &cfg->log_level) != 0) {
-                cfg->log_level = DL_LOG_WARN;
-                dl_log_level = cfg->log_level;
-                malformed(ENV_LOG_LEVEL, v, "error, warn, info or debug");
-            }
+    /* The log level first (log.c's spelling and parsing), so that the warnings about the other variables obey it. */
+    const char *level = dl_log_level_setting(envp);
+    if (level) {
+        if (dl_parse_log_level(level, &cfg->log_level) != 0) {
+            cfg->log_level = DL_LOG_WARN;
             dl_log_level = cfg->log_level;
+            malformed(DL_ENV_LOG_LEVEL, level, "error, warn, info or debug");
         }
+        dl_log_level = cfg->log_level;
     }
 
     for (char *const *e = envp; *e; e++) {
@@ -169,7 +154,7 @@ void dl_config_load(struct dl_config *cfg, char *const *envp) {
         memcpy(name, entry, nlen);
         name[nlen] = '\0';
 
-        if (strcmp(name, ENV_LOG_LEVEL) == 0) continue;
+        if (strcmp(name, DL_ENV_LOG_LEVEL) == 0) continue;
         if (strcmp(name, ENV_PREFIX_LIMIT) == 0) {
             uint64_t b;
             if (dl_parse_bytes(v, &b) == 0) {

@@ -3,6 +3,7 @@
 #define DRAGPU_CONFIG_H
 
 #include "common.h"
+#include "log.h" /* dl_parse_log_level */
 
 struct dl_uuid_limit {
     char uuid[DL_UUID_LEN];
@@ -23,7 +24,6 @@ struct dl_config {
 
 int dl_parse_bytes(const char *s, uint64_t *out);
 int dl_parse_percent(const char *s, int *out);
-int dl_parse_log_level(const char *s, int *out);
 int dl_parse_uuid_limits(const char *s, struct dl_uuid_limit *out, int max, int *n);
 /* Reads DRAGPU_* from envp (the process environment in production); malformed values are logged and
  * ignored. */

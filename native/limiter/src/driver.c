@@ -5,12 +5,12 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sched.h>
 #include <string.h>
 
 #include "driver.h"
 #include "common.h"
-#include "init.h"
 #include "libc.h"
 #include "log.h"
 
@@ -121,17 +121,23 @@ static void copy_nvml(void *arg) {
 
 static _Atomic int cuda_claimed, nvml_claimed;
 
-/* A fork() while another thread was publishing: the child (which has no such thread) resolves again. Registered
- * with init.c (dl_core_on_fork_child) before this process claims a load. */
-static void reset_after_fork(void) {
+/* A fork() while another thread was publishing: the child (which has no such thread) resolves again. */
+void dl_driver_reset_after_fork(void) {
     if (!atomic_load(&dl_cuda_ready)) atomic_store(&cuda_claimed, 0);
     if (!atomic_load(&dl_nvml_ready)) atomic_store(&nvml_claimed, 0);
 }
 
+/* Before this process claims a load: a child forked while one is being published must be able to start over, whether
+ * or not the rest of the library has initialised (and registered its own handlers) by then. The log level needs no
+ * initialisation: log.c settles it from the environment on the first line. */
+static void before_load(void) {
+    static _Atomic int atfork_registered;
+    if (atomic_exchange(&atfork_registered, 1) == 0) pthread_atfork(NULL, NULL, dl_driver_reset_after_fork);
+}
+
 void dl_cuda_init_slow(void) {
     if (loading) return;
-    dl_core_init(); /* log level first */
-    dl_core_on_fork_child(reset_after_fork);
+    before_load();
     loading = 1;
     struct cuda_resolved r;
     memset(&r, 0, sizeof r);
@@ -142,8 +148,7 @@ void dl_cuda_init_slow(void) {
 
 void dl_nvml_init_slow(void) {
     if (loading) return;
-    dl_core_init();
-    dl_core_on_fork_child(reset_after_fork);
+    before_load();
     loading = 1;
     struct nvml_resolved r;
     memset(&r, 0, sizeof r);

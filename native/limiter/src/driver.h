@@ -175,5 +175,9 @@ static inline void dl_cuda_init(void) {
 static inline void dl_nvml_init(void) {
     if (DL_UNLIKELY(!atomic_load_explicit(&dl_nvml_ready, memory_order_acquire))) dl_nvml_init_slow();
 }
+/* In the child of a fork(): a load another thread of the parent was publishing starts over. It must run before
+ * anything else of the child's resets (it waits for nothing and calls nothing): driver.c registers it with the C
+ * library before its first load, and init.c's child handler calls it first too; running twice is harmless. */
+void dl_driver_reset_after_fork(void);
 
 #endif

@@ -22,6 +22,7 @@
 #include "claim_limits.h"
 #include "common.h"
 #include "config.h"
+#include "driver.h"
 #include "fork.h"
 #include "log.h"
 #include "region.h"
@@ -36,23 +37,8 @@ static _Atomic int init_started;
 static _Atomic int atfork_registered;
 static __thread int initialising;
 
-/* The resets modules below this one registered (dl_core_on_fork_child), in the order registered. */
-#define FORK_RESETS 4
-static _Atomic(dl_fork_reset_fn) fork_resets[FORK_RESETS];
-
-void dl_core_on_fork_child(dl_fork_reset_fn reset) {
-    for (int i = 0; i < FORK_RESETS; i++) {
-        dl_fork_reset_fn expected = NULL;
-        if (atomic_compare_exchange_strong(&fork_resets[i], &expected, reset) || expected == reset) return;
-    }
-    dl_warn("no room for another fork reset"); /* a build with more modules than FORK_RESETS: raise it */
-}
-
 static void after_fork_child(void) {
-    for (int i = 0; i < FORK_RESETS; i++) {
-        dl_fork_reset_fn reset = atomic_load(&fork_resets[i]);
-        if (reset) reset();
-    }
+    dl_driver_reset_after_fork(); /* first: the driver's load, below everything reset here */
     if (atomic_load(&init_started)) {
         dl_region_reset_after_fork();
         dl_memory_reset_after_fork();
