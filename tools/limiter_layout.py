@@ -12,8 +12,8 @@
 - largest files: the five longest .c and .h files, by lines; a .c file over LONG_LINES says whether its top
   comment gives the reason it is one file (the words "more than 600 lines").
 
-Exits 0; ``--check`` exits 1 when any include pair or call pair is found, or a .c file over LONG_LINES lacks its
-reason.
+Exits 0; ``--check`` exits 1 when any include pair, call pair or include circle is found, or a .c file over LONG_LINES
+lacks its reason.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     shown = [name for _, name in sizes[:5]]
     print("largest files:", ", ".join(size(name, n) for n, name in sizes if name in shown or name in long))
     unexplained = [name for name, ok in long.items() if not ok]
-    return 1 if check and (ipairs or cpairs or unexplained) else 0
+    return 1 if check and (ipairs or cpairs or circles or unexplained) else 0
 
 
 if __name__ == "__main__":

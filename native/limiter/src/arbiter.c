@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "arbiter.h"
+#include "fork.h"
 #include "claim_limits.h"
 #include "clock.h"
 #include "common.h"
@@ -184,10 +185,11 @@ void dl_arbiter_bind(int dev, const char *uuid) {
     pthread_mutex_unlock(&a->mu);
 }
 
-void dl_arbiter_reset_after_fork(void) {
+static void dl_arbiter_reset_after_fork(void) {
     /* The mappings and descriptors are shared and stay valid in the child; only the locks are the parent's. */
     for (int i = 0; i < DEVS; i++) pthread_mutex_init(&arbs[i].mu, NULL);
 }
+DL_FORK_HANDLERS(DL_FORK_ARBITER, NULL, NULL, dl_arbiter_reset_after_fork);
 
 /* The file at path, opened read-only or read-write, checked to be a regular file of exactly bytes bytes
  * beginning with magic and version, mapped shared. NULL with *why set. */

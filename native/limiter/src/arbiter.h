@@ -29,6 +29,5 @@ void dl_arbiter_waiting(int dev, int delta, int64_t now);
 void dl_arbiter_slept(int dev, int64_t ns, int held);
 /* GPU time charged to the claim for a launch on dev (the final figure: measured, or the estimate). */
 void dl_arbiter_charged(int dev, int64_t ns);
-void dl_arbiter_reset_after_fork(void);
 
 #endif

@@ -12,12 +12,14 @@
  */
 #define _GNU_SOURCE
 #include "capture.h"
+#include "fork.h"
 #include "common.h"
 #include "driver.h"
 
 _Atomic int dl_captures;
 
-void dl_capture_reset_after_fork(void) { atomic_store(&dl_captures, 0); }
+static void dl_capture_reset_after_fork(void) { atomic_store(&dl_captures, 0); }
+DL_FORK_HANDLERS(DL_FORK_CAPTURE, NULL, NULL, dl_capture_reset_after_fork);
 
 int dl_capture_relax(void) {
     if (DL_LIKELY(!atomic_load_explicit(&dl_captures, memory_order_relaxed))) return -1;

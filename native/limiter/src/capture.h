@@ -17,6 +17,5 @@ int dl_captures_open(void);
  * cuStreamIsCapturing is the one question about a capturing stream that leaves its capture valid: a stream that
  * may be capturing must not be asked for its device or context, synchronised or queried. */
 int dl_stream_capture_status(CUstream s, int ptsz);
-void dl_capture_reset_after_fork(void);
 
 #endif

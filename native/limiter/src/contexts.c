@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "contexts.h"
+#include "fork.h"
 #include "common.h"
 #include "devices.h"
 #include "driver.h"
@@ -48,7 +49,8 @@ static struct {
 /* The last context measured on each device by this process (bytes; 0: none yet). */
 static _Atomic uint64_t measured[DL_MAX_DEVICES];
 
-void dl_contexts_reset_after_fork(void) { memset(primary, 0, sizeof primary); }
+static void dl_contexts_reset_after_fork(void) { memset(primary, 0, sizeof primary); }
+DL_FORK_HANDLERS(DL_FORK_CONTEXTS, NULL, NULL, dl_contexts_reset_after_fork);
 
 #define REAL_OR_NOT_FOUND(name)                                                                                        \
     dl_cuda_init();                                                                                                    \

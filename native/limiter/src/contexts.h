@@ -6,6 +6,5 @@
 
 /* A context is charged at most its limits' formula plus this much of what the driver took. */
 #define DL_CTX_SLACK (1ull << 30)
-void dl_contexts_reset_after_fork(void);
 
 #endif

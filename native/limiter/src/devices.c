@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "devices.h"
+#include "fork.h"
 #include "arbiter.h"
 #include "capture.h"
 #include "common.h"
@@ -127,6 +128,7 @@ void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_
     *free_bytes = f < real_free ? f : real_free;
 }
 
-void dl_devices_reset_after_fork(void) {
+static void dl_devices_reset_after_fork(void) {
     for (int i = 0; i < DL_MAX_DEVICES; i++) atomic_store(&dev_index[i], 0);
 }
+DL_FORK_HANDLERS(DL_FORK_DEVICES, NULL, NULL, dl_devices_reset_after_fork);

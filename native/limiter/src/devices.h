@@ -9,7 +9,6 @@ int dl_device_for_ordinal(int ordinal, uint64_t *limit);
 /* The capped (total, free) view shared by the CUDA and NVML queries. */
 void dl_capped_view(int dev, uint64_t limit, uint64_t real_total, uint64_t real_free, uint64_t *total,
                     uint64_t *free_bytes);
-void dl_devices_reset_after_fork(void);
 /* Bumped whenever a context may be gone (destroyed, reset, released: contexts.c): cached context facts expire. */
 extern _Atomic unsigned dl_ctx_epoch;
 /* The current context's CUDA ordinal, -1 without one. */

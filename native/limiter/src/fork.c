@@ -1,30 +1,31 @@
 /*
- * fork(): the memory accounting the child must not inherit. init.c's fork handlers call these. init.c cannot name
- * the modules reset here itself, nor can one of them name the others: they call init.c (dl_core_init) and the
- * ledger, so this file, which nothing below calls, names them all.
+ * fork(): the walk over the handlers the modules declare (fork.h), slot by slot. init.c registers these with
+ * pthread_atfork on first initialisation; this file names no module, so any module may declare handlers.
  */
 #include "fork.h"
-#include "arbiter.h"
-#include "capture.h"
-#include "contexts.h"
-#include "devices.h"
-#include "ledger.h"
-#include "measure.h"
-#include "pools.h"
 
-void dl_fork_prepare(void) { dl_ledger_before_fork(); }
+/* The handlers the modules declare, gathered by the linker into one section (weak: a link of none has none). */
+extern const struct dl_fork_handlers __start_dl_fork_handlers[] __attribute__((weak, visibility("hidden")));
+extern const struct dl_fork_handlers __stop_dl_fork_handlers[] __attribute__((weak, visibility("hidden")));
 
-void dl_fork_parent(void) { dl_ledger_after_fork_parent(); }
+enum phase { PREPARE, PARENT, CHILD };
 
-void dl_memory_reset_after_fork(void) {
-    dl_pools_reset_after_fork();
-    dl_contexts_reset_after_fork();
-    dl_ledger_reset_after_fork();
-    dl_devices_reset_after_fork();
+static void run_slot(int slot, enum phase phase) {
+    for (const struct dl_fork_handlers *h = __start_dl_fork_handlers; h < __stop_dl_fork_handlers; h++) {
+        if ((int)h->slot != slot) continue;
+        void (*f)(void) = phase == PREPARE ? h->prepare : phase == PARENT ? h->parent : h->child;
+        if (f) f();
+    }
 }
 
-void dl_throttle_reset_after_fork(void) {
-    dl_arbiter_reset_after_fork();
-    dl_measure_reset_after_fork();
-    dl_capture_reset_after_fork();
+void dl_fork_prepare(void) {
+    for (int slot = 0; slot < DL_FORK_SLOTS; slot++) run_slot(slot, PREPARE);
+}
+
+void dl_fork_parent(void) {
+    for (int slot = DL_FORK_SLOTS - 1; slot >= 0; slot--) run_slot(slot, PARENT);
+}
+
+void dl_fork_child(void) {
+    for (int slot = 0; slot < DL_FORK_SLOTS; slot++) run_slot(slot, CHILD);
 }

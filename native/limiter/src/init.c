@@ -41,8 +41,7 @@ static void after_fork_child(void) {
     dl_driver_reset_after_fork(); /* first: the driver's load, below everything reset here */
     if (atomic_load(&init_started)) {
         dl_region_reset_after_fork();
-        dl_memory_reset_after_fork();
-        dl_throttle_reset_after_fork();
+        dl_fork_child();
         atomic_store(&dl_core_ready, 0);
         atomic_store(&init_started, 0);
     }

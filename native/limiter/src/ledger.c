@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "ledger.h"
+#include "fork.h"
 #include "common.h"
 #include "devices.h"
 #include "init.h"
@@ -49,11 +50,11 @@ static void stripe_lock(struct stripe *s) {
 }
 static void stripe_unlock(struct stripe *s) { atomic_store_explicit(&s->locked, 0, memory_order_release); }
 
-/* fork(): no stripe may be held by a thread the child will not have (fork.c, for init.c's handlers). */
-void dl_ledger_before_fork(void) {
+/* fork(): no stripe may be held by a thread the child will not have (its fork handlers below, fork.h). */
+static void dl_ledger_before_fork(void) {
     for (int i = 0; i < STRIPES; i++) stripe_lock(&stripes[i]);
 }
-void dl_ledger_after_fork_parent(void) {
+static void dl_ledger_after_fork_parent(void) {
     for (int i = STRIPES - 1; i >= 0; i--) stripe_unlock(&stripes[i]);
 }
 
@@ -211,7 +212,7 @@ void dl_handle_unref_undo(uint64_t handle, int known, int dev, uint64_t bytes, u
 }
 
 /* The parent's allocations are not the child's (CUDA contexts do not survive fork). */
-void dl_ledger_reset_after_fork(void) {
+static void dl_ledger_reset_after_fork(void) {
     for (int i = 0; i < STRIPES; i++) {
         free(stripes[i].tab);
         stripes[i].tab = NULL;
@@ -219,6 +220,7 @@ void dl_ledger_reset_after_fork(void) {
         atomic_store(&stripes[i].locked, 0); /* taken by dl_ledger_before_fork */
     }
 }
+DL_FORK_HANDLERS(DL_FORK_LEDGER, dl_ledger_before_fork, dl_ledger_after_fork_parent, dl_ledger_reset_after_fork);
 
 /* ---- charging ---- */
 

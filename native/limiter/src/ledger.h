@@ -4,9 +4,6 @@
 
 #include "common.h"
 
-void dl_ledger_reset_after_fork(void);
-void dl_ledger_before_fork(void);
-void dl_ledger_after_fork_parent(void);
 /* Records that other modules keep in the ledger's table of live allocations: a key of a kind, with a device,
  * bytes and one more value; put replaces, take removes and reports (0 if absent). */
 enum {

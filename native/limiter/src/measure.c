@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "measure.h"
+#include "fork.h"
 #include "admission.h"
 #include "arbiter.h"
 #include "capture.h"
@@ -251,7 +252,7 @@ static void charged(int dev, int64_t ns) {
     dl_arbiter_charged(dev, ns);
 }
 
-void dl_measure_reset_after_fork(void) {
+static void dl_measure_reset_after_fork(void) {
     /* Events belong to the parent's contexts, which the child does not have. */
     pthread_mutex_init(&mu, NULL);
     memset(ring, 0, sizeof ring);
@@ -267,6 +268,7 @@ void dl_measure_reset_after_fork(void) {
     sample_seeded = 0; /* the child draws its own key: it must not repeat the parent's sequence */
     sample_left = 0;
 }
+DL_FORK_HANDLERS(DL_FORK_MEASURE, NULL, NULL, dl_measure_reset_after_fork);
 
 /* The kernel's own time in a bracket of events: the bracket less what it holds besides the kernel (the gaps,
  * the host's time while the device was idle), never below MIN_CHARGE_NS (nor above the bracket). */

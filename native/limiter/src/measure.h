@@ -38,6 +38,5 @@ void dl_measure_poll(void);
 /* Before a context goes: the timing events kept for it are destroyed while it exists (NULL: every
  * context's). */
 void dl_throttle_forget_context(CUcontext ctx);
-void dl_measure_reset_after_fork(void);
 
 #endif

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "pools.h"
+#include "fork.h"
 #include "capture.h"
 #include "common.h"
 #include "devices.h"
@@ -63,7 +64,7 @@ static void mark_active(void) {
     atomic_store(&active, true);
 }
 
-void dl_pools_reset_after_fork(void) {
+static void dl_pools_reset_after_fork(void) {
     pthread_mutex_init(&mu, NULL);
     memset(pools, 0, sizeof pools);
     memset(graphmem, 0, sizeof graphmem);
@@ -71,6 +72,7 @@ void dl_pools_reset_after_fork(void) {
     atomic_store(&graphmem_used, 0);
     atomic_store(&active, false);
 }
+DL_FORK_HANDLERS(DL_FORK_POOLS, NULL, NULL, dl_pools_reset_after_fork);
 
 /* Moves a charge to `reserved`, what the driver says it holds now. pre (may be NULL) is a charge made for
  * the call that changed it, absorbed here. Enforcing a limit, a growth beyond it is refused (-1) and

@@ -35,6 +35,5 @@ struct dl_graph_ticket {
 };
 CUresult dl_graphmem_before_launch(CUgraphExec g, struct dl_graph_ticket *t);
 void dl_graphmem_after_launch(CUgraphExec g, CUresult r, struct dl_graph_ticket *t);
-void dl_pools_reset_after_fork(void);
 
 #endif
