@@ -25,6 +25,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from import_graph import cycles  # tools/import_graph.py: the same search for the Python imports
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "native" / "limiter" / "src"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -65,41 +68,9 @@ def include_pairs(inc: dict[str, set[str]]) -> list[tuple[str, str]]:
 def include_circles(inc: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected sets of modules (two or more) of the graph x.c -> y.c where x.c includes y.h."""
     graph = {
-        f: sorted(m for m in map(module, hs) if m != f and m in inc)
-        for f, hs in inc.items()
-        if f.endswith(".c")
+        f: {m for m in map(module, hs) if m != f and m in inc} for f, hs in inc.items() if f.endswith(".c")
     }
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    circles: list[list[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan's algorithm; the graph is a few dozen files, recursion is fine
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            members = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                members.append(w)
-                if w == v:
-                    break
-            if len(members) > 1:
-                circles.append(sorted(members))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(circles)
+    return cycles(graph)
 
 
 def long_files() -> dict[str, bool]:
