@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import stat
+from collections.abc import Container
 
 from dra_gpu.limiter_abi.board import ACTIVITY_READ, Activity, activity_name, parse_activity
 from dra_gpu.limiter_abi.region import HEADER_BYTES, REGION_FILE, parse_header
@@ -27,17 +28,55 @@ def fd_budget() -> int:
     return 1 << 16 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
 
 
+class KeptFds:
+    """Descriptors kept open by key, at most `fd_budget()` of them: past it, one handed in is closed."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._budget = fd_budget()
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def get(self, key: str) -> int | None:
+        return self._fds.get(key)
+
+    def take(self, key: str) -> int | None:
+        """The descriptor kept for key, no longer kept (the caller keeps it again or closes it)."""
+        return self._fds.pop(key, None)
+
+    def keep(self, key: str, fd: int) -> None:
+        if len(self._fds) < self._budget:
+            self._fds[key] = fd
+        else:
+            os.close(fd)
+
+    def close(self, key: str) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def retain(self, keys: Container[str]) -> None:
+        """Closes the descriptors of keys not in `keys`."""
+        for key in [k for k in self._fds if k not in keys]:
+            os.close(self._fds.pop(key))
+
+
 class ClaimFiles:
     """Region counts and activity files of the claims, read on kept descriptors."""
 
     def __init__(self, claims_dir: str, boards_dir: str) -> None:
         self._claims_dir = claims_dir
         self._boards_dir = boards_dir
-        self._fds: dict[str, int] = {}
+        self._fds = KeptFds()
         """path -> the descriptor kept open on it."""
         self._headers: dict[str, tuple[bytes, dict[str, int]]] = {}
         """claim uid -> the region header last read and the counts parsed from it."""
-        self._budget = fd_budget()
         self._missing: set[str] = set()
         """Paths that could not be opened: not tried again before the next `reopen` (a claim without an
         activity file, say, costs nothing between full samples)."""
@@ -62,9 +101,7 @@ class ClaimFiles:
 
     def reopen(self) -> None:
         """Drops every kept descriptor: the next reads open the files again."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._fds.close_all()
         self._missing.clear()
 
     def retain(self, uids: set[str]) -> None:
@@ -78,8 +115,7 @@ class ClaimFiles:
             try:
                 return os.pread(fd, size, 0)
             except OSError:
-                del self._fds[path]
-                os.close(fd)
+                self._fds.close(path)
                 return None
         if path in self._missing:
             return None
@@ -97,8 +133,5 @@ class ClaimFiles:
         except OSError:
             os.close(fd)
             return None
-        if len(self._fds) < self._budget:
-            self._fds[path] = fd
-        else:
-            os.close(fd)
+        self._fds.keep(path, fd)
         return data

@@ -13,7 +13,7 @@ import os
 from collections.abc import Container
 
 from dra_gpu.limiter_abi.region import FLOOR_FILE, floor_uuids, open_floor, publish_floor
-from dra_gpu.monitor.claim_files import fd_budget
+from dra_gpu.monitor.claim_files import KeptFds
 from dra_gpu.monitor.figures import Held
 from dra_gpu.monitor.memory_caps import Procs
 
@@ -25,15 +25,12 @@ class FloorPublisher:
         self._claims_dir = claims_dir
         self._floors: dict[str, tuple[list[str], dict[str, tuple[int, int]]]] = {}
         """claim uid -> the floor file's GPUs and what was last published there."""
-        self._fds: dict[str, int] = {}
+        self._fds = KeptFds()
         """claim uid -> the floor file, kept open."""
-        self._budget = fd_budget()
 
     def reopen(self) -> None:
         """Drops every kept descriptor: the next writes open the files again."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._fds.close_all()
 
     def publish(
         self,
@@ -65,11 +62,10 @@ class FloorPublisher:
                 self._floors.pop(uid, None)
         if len(self._floors) > len(floors) or len(self._fds) > len(floors):
             self._floors = {uid: v for uid, v in self._floors.items() if uid in floors}
-            for uid in [u for u in self._fds if u not in floors]:
-                os.close(self._fds.pop(uid))
+            self._fds.retain(floors)
 
     def _write(self, uid: str, path: str, figures: dict[str, tuple[int, int]], uuids: list[str]) -> bool:
-        fd = self._fds.pop(uid, None)
+        fd = self._fds.take(uid)
         if fd is None:
             fd = open_floor(path)
             if fd is None:
@@ -79,10 +75,7 @@ class FloorPublisher:
         except OSError:
             os.close(fd)
             return False
-        if len(self._fds) < self._budget:
-            self._fds[uid] = fd
-        else:
-            os.close(fd)
+        self._fds.keep(uid, fd)
         return True
 
 
