@@ -217,8 +217,8 @@ class Monitor:
             now = time.monotonic()
             wake = min(now + self.watch_interval_s, full_due)
             with self._lock:
-                held = self.hold.next_look(now)
-            self._stop.wait(max(0.0, min(wake, held if held is not None else wake) - now))
+                look = self.hold.next_look(now)
+            self._stop.wait(max(0.0, (wake if look is None else min(wake, look)) - now))
 
     def stalled(self) -> str | None:
         """Why /healthz should fail: no sampling has finished for several intervals (a hung read, a hung
