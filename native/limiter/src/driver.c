@@ -21,9 +21,14 @@ _Atomic int dl_cuda_ready, dl_nvml_ready;
 #define DL_NAME(name, type) #name,
 static const char *const cuda_hooked_names[] = {DL_CUDA_HOOKED(DL_NAME)};
 static const char *const nvml_hooked_names[] = {DL_NVML_HOOKED(DL_NAME)};
+static const char *const cuda_used_names[] = {DL_CUDA_USED(DL_NAME)};
+static const char *const nvml_used_names[] = {DL_NVML_USED(DL_NAME)};
 #undef DL_NAME
-#define N_CUDA_HOOKS (sizeof cuda_hooked_names / sizeof cuda_hooked_names[0])
-#define N_NVML_HOOKS (sizeof nvml_hooked_names / sizeof nvml_hooked_names[0])
+#define N_OF(names) (sizeof names / sizeof names[0])
+#define N_CUDA_HOOKS N_OF(cuda_hooked_names)
+#define N_NVML_HOOKS N_OF(nvml_hooked_names)
+#define N_CUDA_USED N_OF(cuda_used_names)
+#define N_NVML_USED N_OF(nvml_used_names)
 
 /* The C library's dlsym and dlvsym (libc.c: a reference from here would bind to the library's own). */
 static _Atomic(dl_dlsym_fn) real_dlsym_fn;
@@ -78,13 +83,6 @@ static void publish(_Atomic int *claimed, _Atomic int *ready, void (*copy)(void 
     }
     while (!atomic_load_explicit(ready, memory_order_acquire)) sched_yield();
 }
-
-#define DL_NAME(name, type) #name,
-static const char *const cuda_used_names[] = {DL_CUDA_USED(DL_NAME)};
-static const char *const nvml_used_names[] = {DL_NVML_USED(DL_NAME)};
-#undef DL_NAME
-#define N_CUDA_USED (sizeof cuda_used_names / sizeof cuda_used_names[0])
-#define N_NVML_USED (sizeof nvml_used_names / sizeof nvml_used_names[0])
 
 struct cuda_resolved {
     void *hooked[N_CUDA_HOOKS];
